@@ -1,0 +1,150 @@
+# collie — one non-recursive Makefile.
+#
+#   make                 library (build/lib/libcollie.{so,a}), tools, examples, tests
+#   make run             the demo: several local ranks doing non-blocking work
+#   make test            format check, the suite, the suite under ASan+UBSan,
+#                        engine/work/store tests under TSan
+#   make valgrind        the suite under valgrind (by hand; slow)
+#
+# Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
+# build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
+# (default /usr/local/cuda), WITH_NCCL=auto|0|1.
+
+CC        ?= gcc
+CUDA_HOME ?= /usr/local/cuda
+WITH_NCCL ?= auto
+
+ifeq ($(ASAN),1)
+  BUILD   ?= build/asan
+  SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  OPTFLAGS = -O1 -g
+else ifeq ($(TSAN),1)
+  BUILD   ?= build/tsan
+  SANFLAGS = -fsanitize=thread
+  OPTFLAGS = -O1 -g
+else ifeq ($(DEBUG),1)
+  BUILD   ?= build/debug
+  OPTFLAGS = -O0 -g3
+else
+  BUILD   ?= build
+  OPTFLAGS = -O2 -g
+endif
+
+CFLAGS_ALL = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread \
+             -fvisibility=hidden -I include -I . $(OPTFLAGS) $(SANFLAGS) $(CFLAGS)
+LDFLAGS_ALL = -pthread $(SANFLAGS) $(LDFLAGS)
+LIBS       = -levent -lcrypto
+TEST_LIBS  = -lcmocka
+
+# ---- sources ----------------------------------------------------------------
+CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+TOOLS    := $(patsubst tools/collie_%.c,$(BUILD)/bin/collie-%,$(wildcard tools/collie_*.c))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+TESTS    := $(patsubst tests/test_%.c,$(BUILD)/tests/test_%,$(wildcard tests/test_*.c))
+TEST_HELPERS_SRC := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
+TEST_HELPERS_OBJ := $(TEST_HELPERS_SRC:%.c=$(BUILD)/obj/%.o)
+
+LIB_A  := $(BUILD)/lib/libcollie.a
+LIB_SO := $(BUILD)/lib/libcollie.so
+
+DEPS_STAMP := build/.deps-ok
+
+.PHONY: all lib tools examples tests run test test-normal test-asan test-tsan \
+        format format-check valgrind clean nccl-check deps
+
+all: lib tools examples tests
+
+lib: $(LIB_A) $(LIB_SO)
+tools: $(TOOLS)
+examples: $(EXAMPLES)
+tests: $(TESTS)
+
+# Missing Debian packages are installed (as root) before anything compiles.
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): tools/deps.sh
+	@tools/deps.sh
+	@mkdir -p $(@D) && touch $@
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(LIB_A): $(CORE_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+# The shared library exports only the COLLIE_API (visibility default) symbols.
+$(LIB_SO): $(CORE_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -Wl,-soname,libcollie.so.0 $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
+
+$(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+
+# Tests link the static library so they can reach internal cl_* functions.
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPERS_OBJ) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- running ----------------------------------------------------------------
+DEMO_RANKS ?= 4
+run: all
+	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
+
+# TSan runs the tests of the modules with the most cross-thread logic.
+TSAN_TESTS ?= engine work cq store
+
+test:
+	@rm -rf build/test-results
+	$(MAKE) --no-print-directory format-check
+	$(MAKE) --no-print-directory test-normal
+	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-tsan
+	@tools/test-summary.sh build/test-results
+
+test-normal: all
+	@tools/run-tests.sh normal $(BUILD) $(TESTS)
+
+test-asan:
+	$(MAKE) --no-print-directory ASAN=1 tests tools examples
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  tools/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
+
+test-tsan:
+	$(MAKE) --no-print-directory TSAN=1 $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS)) tools
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
+
+valgrind: all
+	@for t in $(TESTS); do \
+	  echo "== valgrind $$t"; \
+	  valgrind --error-exitcode=1 --leak-check=full -q $$t || exit 1; \
+	done
+
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build/*')
+format:
+	clang-format -i $(FORMAT_SRC)
+format-check: $(DEPS_STAMP)
+	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
+
+# ---- NCCL -------------------------------------------------------------------
+# WITH_NCCL=auto builds the NCCL pieces when $(CUDA_HOME) has nccl.h and
+# libnccl; =1 fails loudly without them; =0 skips them.
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && \
+               ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo 1)
+ifeq ($(WITH_NCCL),1)
+  ifneq ($(HAVE_NCCL),1)
+    $(error WITH_NCCL=1 but nccl.h/libnccl.so were not found under CUDA_HOME=$(CUDA_HOME))
+  endif
+endif
+
+clean:
+	rm -rf build

@@ -1,0 +1,181 @@
+/*
+ * config.c — the one table of COLLIE_* environment settings.
+ *
+ * Design notes: the environment is read once (pthread_once) into a static
+ * cl_config. A value that does not parse keeps the default in the struct
+ * but is remembered as an error; cl_config_check() (called by every create
+ * function) turns it into COLLIE_EINVAL naming the variable, the value and
+ * what is allowed. Unknown COLLIE_* variables are warned about (typos).
+ * The table below is the single source of truth: the README's settings
+ * table is printed from it (`collie-store --settings`).
+ */
+#include "engine/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "collie.h"
+#include "engine/common.h"
+#include "engine/log.h"
+
+extern char **environ;
+
+enum cl_setting_type { CL_SET_MS, CL_SET_INT, CL_SET_STRING, CL_SET_LOGLEVEL };
+
+typedef struct cl_setting {
+    const char *name;
+    enum cl_setting_type type;
+    size_t offset;    /* field in cl_config */
+    int64_t min;      /* for numbers */
+    const char *dflt; /* documented default */
+    const char *help;
+} cl_setting;
+
+#define CL_OFF(f) offsetof(cl_config, f)
+
+static const cl_setting cl_settings[] = {
+    {"COLLIE_LOG", CL_SET_LOGLEVEL, CL_OFF(log_level), 0, "warn",
+     "log level: error, warn, info or debug"},
+    {"COLLIE_TIMEOUT_MS", CL_SET_MS, CL_OFF(timeout_ms), 1, "60000",
+     "default deadline of every operation, in ms"},
+    {"COLLIE_STALL_MS", CL_SET_MS, CL_OFF(stall_ms), 1, "10000",
+     "report the progress loop as stalled after this many ms without turning"},
+    {"COLLIE_STORE_ADDR", CL_SET_STRING, CL_OFF(store_addr), 0, "(none)",
+     "host:port of the key/value store (set by collie-run)"},
+    {"COLLIE_STORE_TOKEN", CL_SET_STRING, CL_OFF(store_token), 0, "(none)",
+     "shared secret for store authentication (HMAC-SHA256 challenge-response)"},
+    {"COLLIE_RANK", CL_SET_INT, CL_OFF(rank), 0, "(none)",
+     "this process's rank (set by collie-run)"},
+    {"COLLIE_WORLD_SIZE", CL_SET_INT, CL_OFF(world_size), 1, "(none)",
+     "number of ranks (set by collie-run)"},
+    {"COLLIE_DUMP_DIR", CL_SET_STRING, CL_OFF(dump_dir), 0, "(none)",
+     "directory where flight-recorder dumps are written on abort"},
+};
+
+#define CL_NSETTINGS (sizeof cl_settings / sizeof cl_settings[0])
+
+static const cl_config cl_cfg_defaults = {
+    .log_level = 1, .timeout_ms = 60000, .stall_ms = 10000, .rank = -1, .world_size = -1};
+static cl_config cl_cfg = cl_cfg_defaults;
+static char cl_cfg_error[512];
+static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic bool cl_cfg_parsed;
+
+static bool config_parse_int(const char *s, int64_t min, int64_t max, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+static void config_error(const cl_setting *st, const char *val, const char *allowed) {
+    if (cl_cfg_error[0]) return; /* report the first one */
+    snprintf(cl_cfg_error, sizeof cl_cfg_error, "%s='%s' is invalid: expected %s", st->name, val,
+             allowed);
+}
+
+static void config_apply(const cl_setting *st, const char *val) {
+    char *field = (char *)&cl_cfg + st->offset;
+    int64_t v;
+    switch (st->type) {
+    case CL_SET_LOGLEVEL: {
+        static const char *const names[] = {"error", "warn", "info", "debug"};
+        for (int i = 0; i < 4; i++)
+            if (strcasecmp(val, names[i]) == 0) {
+                *(int *)field = i;
+                return;
+            }
+        config_error(st, val, "one of error, warn, info, debug");
+        return;
+    }
+    case CL_SET_MS:
+        if (!config_parse_int(val, st->min, INT32_MAX, &v)) {
+            config_error(st, val, "a positive number of milliseconds");
+            return;
+        }
+        *(int32_t *)field = (int32_t)v;
+        return;
+    case CL_SET_INT:
+        if (!config_parse_int(val, st->min, INT32_MAX, &v)) {
+            config_error(st, val, st->min > 0 ? "an integer >= 1" : "an integer >= 0");
+            return;
+        }
+        *(int32_t *)field = (int32_t)v;
+        return;
+    case CL_SET_STRING:
+        if (val[0] == '\0') {
+            config_error(st, val, "a non-empty value (unset the variable instead)");
+            return;
+        }
+        *(const char **)field = val;
+        return;
+    }
+}
+
+static void config_parse(void) {
+    for (size_t i = 0; i < CL_NSETTINGS; i++) {
+        const char *val = getenv(cl_settings[i].name);
+        if (val) config_apply(&cl_settings[i], val);
+    }
+}
+
+const cl_config *cl_config_get(void) {
+    if (atomic_load_explicit(&cl_cfg_parsed, memory_order_acquire)) return &cl_cfg;
+    pthread_mutex_lock(&cl_cfg_mu);
+    if (!atomic_load_explicit(&cl_cfg_parsed, memory_order_relaxed)) {
+        config_parse();
+        atomic_store_explicit(&cl_cfg_parsed, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&cl_cfg_mu);
+    return &cl_cfg;
+}
+
+void cl_config_reload(void) {
+    pthread_mutex_lock(&cl_cfg_mu);
+    cl_cfg = cl_cfg_defaults;
+    cl_cfg_error[0] = '\0';
+    config_parse();
+    atomic_store_explicit(&cl_cfg_parsed, true, memory_order_release);
+    pthread_mutex_unlock(&cl_cfg_mu);
+}
+
+static void config_warn_unknown(void) {
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "COLLIE_", 7) != 0) continue;
+        size_t len = strcspn(*e, "=");
+        bool known = false;
+        for (size_t i = 0; i < CL_NSETTINGS && !known; i++)
+            known =
+                strlen(cl_settings[i].name) == len && strncmp(*e, cl_settings[i].name, len) == 0;
+        if (!known)
+            CL_WARN("config", "unknown setting %.*s ignored (see the README's settings table)",
+                    (int)len, *e);
+    }
+}
+
+static pthread_once_t cl_cfg_warn_once = PTHREAD_ONCE_INIT;
+
+int cl_config_check(void) {
+    cl_config_get();
+    pthread_once(&cl_cfg_warn_once, config_warn_unknown);
+    if (cl_cfg_error[0]) {
+        CL_ERROR("config", "%s", cl_cfg_error);
+        return cl_set_last_error(COLLIE_EINVAL, "%s", cl_cfg_error);
+    }
+    return COLLIE_OK;
+}
+
+void cl_config_print_table(FILE *f) {
+    fprintf(f, "| variable | default | meaning |\n|---|---|---|\n");
+    for (size_t i = 0; i < CL_NSETTINGS; i++)
+        fprintf(f, "| `%s` | %s | %s |\n", cl_settings[i].name, cl_settings[i].dflt,
+                cl_settings[i].help);
+}

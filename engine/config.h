@@ -1,0 +1,41 @@
+/*
+ * config.h — the one table of COLLIE_* environment settings, parsed once.
+ * Every setting is declared in engine/config.c with its type, default,
+ * allowed values and documentation (the README's table is generated from
+ * `collie-store --help-env`... see docs). A value that does not parse is an
+ * error reported by cl_config_check(), never silently replaced by a default.
+ */
+#ifndef CL_CONFIG_H
+#define CL_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct cl_config {
+    int log_level;           /* COLLIE_LOG */
+    int32_t timeout_ms;      /* COLLIE_TIMEOUT_MS: default op timeout */
+    int32_t stall_ms;        /* COLLIE_STALL_MS: engine-stall threshold */
+    const char *store_addr;  /* COLLIE_STORE_ADDR (NULL if unset) */
+    const char *store_token; /* COLLIE_STORE_TOKEN (NULL if unset) */
+    int32_t rank;            /* COLLIE_RANK (-1 if unset) */
+    int32_t world_size;      /* COLLIE_WORLD_SIZE (-1 if unset) */
+    const char *dump_dir;    /* COLLIE_DUMP_DIR (NULL if unset) */
+} cl_config;
+
+/* cl_config_get: the parsed settings (parsed on first use; invalid values
+ * fall back to defaults here, but cl_config_check reports them). */
+const cl_config *cl_config_get(void);
+
+/* cl_config_reload: parse the environment again (for tests, and for
+ * programs that set COLLIE_* variables before their first collie call but
+ * after something already read them). Not safe while other threads read. */
+void cl_config_reload(void);
+
+/* cl_config_check: COLLIE_OK, or COLLIE_EINVAL with collie_last_error naming
+ * the variable, its value and the allowed values. Logged once. */
+int cl_config_check(void);
+
+/* cl_config_print_table: write the settings table (name, default, meaning). */
+void cl_config_print_table(FILE *f);
+
+#endif

@@ -1,0 +1,459 @@
+/*
+ * engine.c — the progress thread, its event base and the command queue.
+ *
+ * Design notes
+ *  - The event_base and every libevent object on it belong to the progress
+ *    thread ("loop thread"). Other threads reach it only through the
+ *    command queue: a mutex-protected intrusive FIFO plus one eventfd. The
+ *    eventfd is written only on the empty→non-empty edge (wake_pending), so
+ *    a burst of posts costs one wake-up.
+ *  - Shutdown (collie_engine_destroy): `closing` is set (new works are
+ *    refused), the loop is broken, then on the loop thread: drain commands,
+ *    shut residents down (they close their sockets), fail every tracked work
+ *    with COLLIE_ECLOSED, keep draining until every work is retired (a
+ *    foreign finisher may still be posting its retire command), mark the
+ *    queue stopped, free every libevent object, free the base. Only then is
+ *    the thread joined.
+ *  - Lock order: qmu is a leaf lock; no callback runs while it is held.
+ *  - SIGPIPE and the other asynchronous signals are blocked in the progress
+ *    and monitor threads so the application's handlers run on its threads
+ *    and a dead socket gives EPIPE, not a signal.
+ */
+#include "engine/engine_impl.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+#include "work/work.h"
+
+static _Thread_local collie_engine *cl_tls_loop_engine;
+
+bool cl_engine_on_loop(const collie_engine *e) { return e != NULL && cl_tls_loop_engine == e; }
+
+bool collie_engine_on_progress_thread(const collie_engine *e) { return cl_engine_on_loop(e); }
+
+bool cl_engine_closing(const collie_engine *e) {
+    return atomic_load_explicit(&((collie_engine *)e)->closing, memory_order_acquire);
+}
+
+struct event_base *cl_engine_base(collie_engine *e) {
+    return e->base;
+}
+
+const char *cl_engine_name(const collie_engine *e) { return e->name; }
+
+uint64_t cl_engine_stall_count(const collie_engine *e) {
+    return atomic_load(&((collie_engine *)e)->stalls);
+}
+
+const char *cl_engine_set_activity(collie_engine *e, const char *what) {
+    return atomic_exchange_explicit(&e->activity, what, memory_order_relaxed);
+}
+
+/* ---- command queue ------------------------------------------------------ */
+
+int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
+    bool wake = false;
+    c->next = NULL;
+    pthread_mutex_lock(&e->qmu);
+    if (e->stopped) {
+        pthread_mutex_unlock(&e->qmu);
+        return COLLIE_ECLOSED;
+    }
+    if (e->qtail)
+        e->qtail->next = c;
+    else
+        e->qhead = c;
+    e->qtail = c;
+    if (!e->wake_pending) {
+        e->wake_pending = true;
+        wake = true;
+    }
+    pthread_mutex_unlock(&e->qmu);
+    if (wake) {
+        uint64_t one = 1;
+        ssize_t n = write(e->wake_fd, &one, sizeof one);
+        CL_UNUSED(n); /* EAGAIN: the counter is already non-zero, the loop wakes anyway */
+    }
+    return COLLIE_OK;
+}
+
+/* Take every queued command and run it. Returns how many ran. */
+static size_t engine_drain_cmds(collie_engine *e) {
+    size_t ran = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->qmu);
+        cl_cmd *c = e->qhead;
+        e->qhead = e->qtail = NULL;
+        e->wake_pending = false;
+        pthread_mutex_unlock(&e->qmu);
+        if (!c) break;
+        while (c) {
+            cl_cmd *next = c->next; /* c may be freed or re-queued by fn */
+            const char *prev = cl_engine_set_activity(e, "engine command");
+            c->fn(c);
+            cl_engine_set_activity(e, prev);
+            /* retire what this command finished before running the next
+             * one, so a command queued after a completion sees it retired */
+            cl_works_run_retired(e);
+            c = next;
+            ran++;
+        }
+    }
+    return ran;
+}
+
+static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(what);
+    collie_engine *e = arg;
+    uint64_t v;
+    ssize_t n = read(fd, &v, sizeof v);
+    CL_UNUSED(n);
+    engine_drain_cmds(e);
+    cl_works_run_retired(e);
+    if (atomic_load_explicit(&e->stop_requested, memory_order_acquire))
+        event_base_loopbreak(e->base);
+}
+
+/* ---- synchronous calls --------------------------------------------------- */
+
+typedef struct engine_call {
+    cl_cmd cmd;
+    void (*fn)(void *);
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    _Atomic int refs; /* caller + loop: whoever drops the last frees */
+} engine_call;
+
+static void engine_call_release(engine_call *c) {
+    if (atomic_fetch_sub(&c->refs, 1) == 1) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+    }
+}
+
+static void engine_call_run(cl_cmd *cmd) {
+    engine_call *c = cl_container_of(cmd, engine_call, cmd);
+    c->fn(c->arg);
+    pthread_mutex_lock(&c->mu);
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    engine_call_release(c);
+}
+
+int cl_engine_call(collie_engine *e, void (*fn)(void *), void *arg, int32_t timeout_ms) {
+    if (cl_engine_on_loop(e)) {
+        fn(arg);
+        return COLLIE_OK;
+    }
+    engine_call *c = calloc(1, sizeof *c);
+    if (!c) return COLLIE_ENOMEM;
+    c->fn = fn;
+    c->arg = arg;
+    c->cmd.fn = engine_call_run;
+    atomic_init(&c->refs, 2);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&c->mu, NULL);
+    if (cl_engine_post_cmd(e, &c->cmd) != COLLIE_OK) {
+        atomic_store(&c->refs, 1);
+        engine_call_release(c);
+        return COLLIE_ECLOSED;
+    }
+    int64_t until = cl_deadline_ns(cl_now_ns(), timeout_ms);
+    struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    int rc = COLLIE_OK;
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) {
+        int r = (until == INT64_MAX) ? pthread_cond_wait(&c->cv, &c->mu)
+                                     : pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        if (r == ETIMEDOUT && !c->done) {
+            rc = COLLIE_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (rc == COLLIE_ETIMEDOUT)
+        CL_ERROR("engine", "%s: the progress loop did not run a call within %d ms (stuck in %s)",
+                 e->name, timeout_ms, atomic_load(&e->activity));
+    engine_call_release(c);
+    return rc;
+}
+
+/* ---- residents ------------------------------------------------------------ */
+
+int cl_engine_add_resident(collie_engine *e, cl_resident *r) {
+    if (cl_engine_closing(e)) return COLLIE_ECLOSED;
+    r->prev = NULL;
+    r->next = e->residents;
+    if (e->residents) e->residents->prev = r;
+    e->residents = r;
+    return COLLIE_OK;
+}
+
+void cl_engine_remove_resident(collie_engine *e, cl_resident *r) {
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (e->residents == r)
+        e->residents = r->next;
+    else
+        return; /* not linked */
+    if (r->next) r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+}
+
+/* ---- timers --------------------------------------------------------------- */
+
+void cl_engine_arm_deadline(collie_engine *e, int64_t when_ns) {
+    cl_work_registry *reg = &e->works;
+    if (when_ns == INT64_MAX) {
+        if (reg->armed_ns != INT64_MAX) event_del(reg->deadline_ev);
+        reg->armed_ns = INT64_MAX;
+        return;
+    }
+    int64_t delta = when_ns - cl_now_ns();
+    if (delta < 0) delta = 0;
+    struct timeval tv = {.tv_sec = delta / 1000000000LL, .tv_usec = (delta % 1000000000LL) / 1000};
+    event_add(reg->deadline_ev, &tv);
+    reg->armed_ns = when_ns;
+}
+
+static void engine_on_deadline(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    collie_engine *e = arg;
+    e->works.armed_ns = INT64_MAX;
+    cl_works_sweep_deadlines(e, cl_now_ns());
+}
+
+static void engine_on_heartbeat(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    collie_engine *e = arg;
+    atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
+}
+
+static void engine_on_done(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    cl_works_run_retired(arg);
+}
+
+/* ---- the progress thread --------------------------------------------------- */
+
+void cl_block_async_signals(void);
+
+void cl_block_async_signals(void) {
+    sigset_t set;
+    sigfillset(&set);
+    /* synchronous faults must still reach their handlers */
+    sigdelset(&set, SIGSEGV);
+    sigdelset(&set, SIGBUS);
+    sigdelset(&set, SIGFPE);
+    sigdelset(&set, SIGILL);
+    sigdelset(&set, SIGABRT);
+    sigdelset(&set, SIGTRAP);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static void engine_shutdown_on_loop(collie_engine *e) {
+    engine_drain_cmds(e);
+    for (cl_resident *r = e->residents; r;) {
+        cl_resident *next = r->next;
+        const char *prev = cl_engine_set_activity(e, r->what ? r->what : "resident shutdown");
+        r->shutdown(r);
+        cl_engine_set_activity(e, prev);
+        r = next;
+    }
+    e->residents = NULL;
+    cl_works_fail_all(e, COLLIE_ECLOSED, "the engine is shutting down");
+    /* Every tracked work is now finished; a foreign thread that won a claim
+     * may still be about to post its retire command. Wait for them, bounded. */
+    int64_t give_up = cl_now_ns() + 2000 * CL_NS_PER_MS;
+    for (;;) {
+        engine_drain_cmds(e);
+        cl_works_run_retired(e);
+        if (cl_works_tracked(e) == 0) break;
+        if (cl_now_ns() > give_up) {
+            CL_ERROR("engine", "%s: %zu works were never retired at shutdown", e->name,
+                     cl_works_tracked(e));
+            break;
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&e->qmu);
+    e->stopped = true;
+    cl_cmd *left = e->qhead;
+    e->qhead = e->qtail = NULL;
+    pthread_mutex_unlock(&e->qmu);
+    while (left) { /* posted between the last drain and `stopped`: run them */
+        cl_cmd *next = left->next;
+        left->fn(left);
+        left = next;
+    }
+    cl_works_run_retired(e);
+}
+
+static void *engine_thread_main(void *arg) {
+    collie_engine *e = arg;
+    cl_block_async_signals();
+    char tname[16];
+    snprintf(tname, sizeof tname, "cl-%.12s", e->name);
+    pthread_setname_np(pthread_self(), tname);
+    cl_tls_loop_engine = e;
+    atomic_store(&e->heartbeat_ns, cl_now_ns());
+    event_base_loop(e->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    engine_shutdown_on_loop(e);
+    event_free(e->wake_ev);
+    event_free(e->heartbeat_ev);
+    event_free(e->works.done_ev);
+    event_free(e->works.deadline_ev);
+    event_base_free(e->base);
+    e->base = NULL;
+    cl_tls_loop_engine = NULL;
+    return NULL;
+}
+
+static void engine_free(collie_engine *e) {
+    if (e->wake_fd >= 0) close(e->wake_fd);
+    free(e->works.heap);
+    pthread_mutex_destroy(&e->qmu);
+    free(e);
+}
+
+int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
+    int res = COLLIE_OK;
+    collie_engine *e = NULL;
+    if (out) *out = NULL;
+    cl_clear_last_error();
+    if (!out) return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: out is NULL");
+    if (!cl_opts_ok(o, offsetof(collie_engine_opts, on_stall)))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: opts.size not set "
+                                                "(use COLLIE_ENGINE_OPTS_INIT)");
+    CL_CHECK_GOTO(cl_config_check(), res, fail);
+    int32_t stall_ms = cl_opt(o, stall_ms, 0);
+    if (stall_ms < 0) {
+        res = cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: stall_ms %d is negative",
+                                (int)stall_ms);
+        goto fail;
+    }
+    if (stall_ms == 0) stall_ms = cl_config_get()->stall_ms;
+
+    e = calloc(1, sizeof *e);
+    if (!e) {
+        res = COLLIE_ENOMEM;
+        goto fail;
+    }
+    e->wake_fd = -1;
+    pthread_mutex_init(&e->qmu, NULL);
+    const char *name = cl_opt(o, name, NULL);
+    snprintf(e->name, sizeof e->name, "%s", name ? name : "collie");
+    atomic_init(&e->activity, "idle");
+    e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (e->wake_fd < 0) {
+        res = cl_set_last_error(COLLIE_ESYSTEM, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    struct event_config *cfg = event_config_new();
+    if (!cfg) {
+        res = COLLIE_ENOMEM;
+        goto fail;
+    }
+    /* The base is used by one thread only: no libevent locking needed. */
+    event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK);
+    e->base = event_base_new_with_config(cfg);
+    event_config_free(cfg);
+    if (!e->base) {
+        res = cl_set_last_error(COLLIE_ESYSTEM, "event_base_new failed");
+        goto fail;
+    }
+    e->wake_ev = event_new(e->base, e->wake_fd, EV_READ | EV_PERSIST, engine_on_wake, e);
+    e->heartbeat_ev = event_new(e->base, -1, EV_PERSIST, engine_on_heartbeat, e);
+    e->works.done_ev = event_new(e->base, -1, 0, engine_on_done, e);
+    e->works.deadline_ev = event_new(e->base, -1, 0, engine_on_deadline, e);
+    if (!e->wake_ev || !e->heartbeat_ev || !e->works.done_ev || !e->works.deadline_ev) {
+        res = COLLIE_ENOMEM;
+        goto fail_events;
+    }
+    cl_works_engine_init(e);
+    int32_t period = cl_monitor_period_ms(stall_ms);
+    struct timeval hb = {.tv_sec = period / 1000, .tv_usec = (period % 1000) * 1000};
+    event_add(e->wake_ev, NULL);
+    event_add(e->heartbeat_ev, &hb);
+    atomic_store(&e->heartbeat_ns, cl_now_ns());
+
+    int r = pthread_create(&e->thread, NULL, engine_thread_main, e);
+    if (r != 0) {
+        res = cl_set_last_error(COLLIE_ESYSTEM, "pthread_create: %s", strerror(r));
+        goto fail_events;
+    }
+    res = cl_monitor_start(e, stall_ms, cl_opt(o, on_stall, NULL), cl_opt(o, on_stall_arg, NULL));
+    if (res != COLLIE_OK) {
+        collie_engine_destroy(e);
+        return res;
+    }
+    CL_INFO("engine", "%s: started (stall threshold %d ms)", e->name, (int)stall_ms);
+    *out = e;
+    return COLLIE_OK;
+
+fail_events:
+    if (e->wake_ev) event_free(e->wake_ev);
+    if (e->heartbeat_ev) event_free(e->heartbeat_ev);
+    if (e->works.done_ev) event_free(e->works.done_ev);
+    if (e->works.deadline_ev) event_free(e->works.deadline_ev);
+    event_base_free(e->base);
+fail:
+    if (e) engine_free(e);
+    return res;
+}
+
+int collie_engine_destroy(collie_engine *e) {
+    if (!e) return COLLIE_OK;
+    if (cl_engine_on_loop(e))
+        return cl_set_last_error(COLLIE_ESTATE,
+                                 "collie_engine_destroy called on its own progress thread");
+    atomic_store_explicit(&e->closing, true, memory_order_release);
+    atomic_store_explicit(&e->stop_requested, true, memory_order_release);
+    uint64_t one = 1; /* wake the loop; engine_on_wake sees stop_requested */
+    ssize_t n = write(e->wake_fd, &one, sizeof one);
+    CL_UNUSED(n);
+    /* Bounded join: a user callback that never returns must not hang us. */
+    int64_t until = cl_deadline_ns(cl_now_ns(), CL_ENGINE_CALL_TIMEOUT_MS);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t rt = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (until - cl_now_ns());
+    ts.tv_sec = rt / 1000000000LL;
+    ts.tv_nsec = rt % 1000000000LL;
+    int jr = pthread_timedjoin_np(e->thread, NULL, &ts);
+    if (jr != 0) {
+        CL_ERROR("engine",
+                 "%s: progress thread did not stop within %d ms (stuck in %s); "
+                 "leaking the engine",
+                 e->name, CL_ENGINE_CALL_TIMEOUT_MS, atomic_load(&e->activity));
+        cl_monitor_stop(e);
+        return cl_set_last_error(COLLIE_ETIMEDOUT, "engine %s: progress thread stuck in %s",
+                                 e->name, atomic_load(&e->activity));
+    }
+    cl_monitor_stop(e);
+    CL_INFO("engine", "%s: stopped", e->name);
+    engine_free(e);
+    return COLLIE_OK;
+}

@@ -1,0 +1,79 @@
+/*
+ * engine.h — internal interface of the progress engine (collie_engine).
+ *
+ * The engine owns one libevent event_base and the progress thread that runs
+ * it. Only that thread may touch the base or any libevent object created on
+ * it ("loop thread" below). Other threads hand work to it as commands.
+ */
+#ifndef CL_ENGINE_H
+#define CL_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collie.h"
+
+struct event_base;
+struct collie_work;
+
+/* A command: a function the loop thread runs. Embed it in the object it
+ * acts on (no allocation per command). A command may be queued only once at
+ * a time. */
+typedef struct cl_cmd {
+    struct cl_cmd *next;
+    void (*fn)(struct cl_cmd *c);
+} cl_cmd;
+
+/* cl_engine_post_cmd: queue c for the loop thread (any thread; from the
+ * loop thread it runs after the current callback returns). The wake-up is
+ * coalesced: at most one eventfd write while the loop sleeps. Returns
+ * COLLIE_ECLOSED once the engine has stopped; c->fn is then not run. */
+int cl_engine_post_cmd(collie_engine *e, cl_cmd *c);
+
+/* cl_engine_call: run fn(arg) on the loop thread and wait for it to return,
+ * at most timeout_ms. Runs inline on the loop thread. Returns COLLIE_OK,
+ * COLLIE_ECLOSED (engine stopped, fn not run) or COLLIE_ETIMEDOUT (the loop
+ * did not run it in time: it may still run later, so `arg` must stay valid —
+ * callers then leak it deliberately and log). */
+int cl_engine_call(collie_engine *e, void (*fn)(void *arg), void *arg, int32_t timeout_ms);
+
+/* cl_engine_base: the event base (loop thread only). */
+struct event_base *cl_engine_base(collie_engine *e);
+
+/* cl_engine_on_loop: true on e's progress thread. */
+bool cl_engine_on_loop(const collie_engine *e);
+
+/* cl_engine_closing: true once destroy has begun (new posts are refused). */
+bool cl_engine_closing(const collie_engine *e);
+
+/* cl_engine_name: the engine's name, for log lines. */
+const char *cl_engine_name(const collie_engine *e);
+
+/* cl_engine_set_activity: tell the stall monitor what the loop is doing
+ * now (a static string); returns the previous one so callers can restore
+ * it. Loop thread only. */
+const char *cl_engine_set_activity(collie_engine *e, const char *what);
+
+/* cl_engine_stall_count: stalls the monitor has reported so far. */
+uint64_t cl_engine_stall_count(const collie_engine *e);
+
+/* A resident: an object living on the engine (store server, store client,
+ * communicator) that must be closed when the engine stops. shutdown() runs
+ * on the loop thread during collie_engine_destroy, before pending works are
+ * failed; it closes the object's libevent objects and must not free the
+ * object itself (its owner's destroy does that). */
+typedef struct cl_resident {
+    struct cl_resident *next, *prev;
+    void (*shutdown)(struct cl_resident *r);
+    const char *what;
+} cl_resident;
+
+/* cl_engine_add_resident / cl_engine_remove_resident: loop thread only.
+ * add fails with COLLIE_ECLOSED while the engine is closing. */
+int cl_engine_add_resident(collie_engine *e, cl_resident *r);
+void cl_engine_remove_resident(collie_engine *e, cl_resident *r);
+
+/* The default call bound for synchronous hand-offs (destroy of objects). */
+#define CL_ENGINE_CALL_TIMEOUT_MS 10000
+
+#endif

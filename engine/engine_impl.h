@@ -1,0 +1,76 @@
+/*
+ * engine_impl.h — the engine's private state, shared by the engine files and
+ * the work module (which keeps its per-engine lists here). Nothing else may
+ * include it.
+ */
+#ifndef CL_ENGINE_IMPL_H
+#define CL_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "collie.h"
+#include "engine/engine.h"
+
+struct event;
+
+/* Per-engine bookkeeping of the work module (loop thread only). */
+typedef struct cl_work_registry {
+    collie_work *trk_head; /* posted, not yet retired */
+    size_t ntracked;
+    collie_work *done_head, *done_tail; /* finished, waiting to be retired */
+    collie_work **heap;                 /* deadline min-heap */
+    size_t heap_len, heap_cap;
+    int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
+    struct event *done_ev;     /* activated to run the retire list */
+    struct event *deadline_ev; /* the one deadline timer */
+    uint64_t retired;          /* total retired (stats) */
+} cl_work_registry;
+
+typedef struct cl_monitor {
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    int32_t stall_ms;
+    collie_stall_cb cb;
+    void *cb_arg;
+} cl_monitor;
+
+struct collie_engine {
+    char name[32];
+    pthread_t thread;
+    struct event_base *base;
+
+    /* command queue */
+    pthread_mutex_t qmu;
+    cl_cmd *qhead, *qtail;
+    bool wake_pending;
+    _Atomic bool stop_requested;
+    _Atomic bool closing; /* destroy began: posts of new works are refused */
+    bool stopped;         /* under qmu: the loop is gone, commands refused */
+    int wake_fd;          /* eventfd */
+    struct event *wake_ev;
+    struct event *heartbeat_ev;
+
+    cl_resident *residents;
+    cl_work_registry works;
+
+    /* watched by the monitor thread */
+    _Atomic int64_t heartbeat_ns;
+    _Atomic(const char *) activity;
+    _Atomic uint64_t stalls;
+    cl_monitor mon;
+};
+
+/* monitor.c */
+int cl_monitor_start(collie_engine *e, int32_t stall_ms, collie_stall_cb cb, void *arg);
+void cl_monitor_stop(collie_engine *e);
+int32_t cl_monitor_period_ms(int32_t stall_ms);
+
+/* engine.c: (re)arm the one deadline timer to fire at `when_ns` */
+void cl_engine_arm_deadline(collie_engine *e, int64_t when_ns);
+
+#endif

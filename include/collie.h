@@ -1,0 +1,418 @@
+/*
+ * collie.h — non-blocking collective communication with a watchdog.
+ *
+ * Everything asynchronous in collie is a work handle (collie_work): a future
+ * that completes exactly once, with a status and, on error, a message. Works
+ * are driven by one progress thread per engine (collie_engine). Every work has
+ * a deadline; nothing in collie waits without a bound.
+ *
+ * Conventions (see docs and ../shared/STYLE.md):
+ *  - Calls that can fail return an int status: COLLIE_OK (0), or a negative
+ *    COLLIE_E* code. Outputs go last and are set to NULL/0 on failure. A call
+ *    that fails has no side effects and never runs its callback.
+ *  - All functions are thread-safe unless their comment says otherwise.
+ *  - Durations are int32_t milliseconds; deadlines use the monotonic clock.
+ *  - Option structs start with a `size` field (set it with the *_INIT macros)
+ *    so they can grow without breaking old callers.
+ */
+#ifndef COLLIE_H
+#define COLLIE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define COLLIE_API __attribute__((visibility("default")))
+#else
+#define COLLIE_API
+#endif
+
+#define COLLIE_VERSION_MAJOR 0
+#define COLLIE_VERSION_MINOR 1
+#define COLLIE_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* collie_status: the one status enum. 0 is success, 1 means "not finished
+ * yet", every error is negative. */
+typedef enum collie_status {
+    COLLIE_OK = 0,
+    COLLIE_INPROGRESS = 1,  /* not finished yet (work pending, wait gave up) */
+    COLLIE_EINVAL = -1,     /* invalid argument or configuration value */
+    COLLIE_ENOMEM = -2,     /* out of memory */
+    COLLIE_ETIMEDOUT = -3,  /* the operation's deadline passed */
+    COLLIE_ECANCELED = -4,  /* cancelled by the application */
+    COLLIE_EABORTED = -5,   /* taken down by an abort (the message names the root cause) */
+    COLLIE_EPEER = -6,      /* a peer (or the store server) died or closed the connection */
+    COLLIE_ECLOSED = -7,    /* the object (engine, store, comm) is closed */
+    COLLIE_ENOTMEMBER = -8, /* this rank is not a member of the group */
+    COLLIE_EBACKEND = -9,   /* the backend (NCCL/CUDA) reported an error */
+    COLLIE_EPROTO = -10,    /* protocol violation or mismatch between ranks */
+    COLLIE_EAUTH = -11,     /* authentication failed */
+    COLLIE_ENOTSUP = -12,   /* not supported */
+    COLLIE_ESTATE = -13,    /* the call is not valid in the object's current state */
+    COLLIE_ESYSTEM = -14,   /* an operating-system call failed (the message says which) */
+    COLLIE_ELIMIT = -15,    /* a configured limit was exceeded (size, count) */
+    COLLIE_EEXIST = -16,    /* the name is already in use */
+    COLLIE_ENOENT = -17,    /* no such object */
+} collie_status;
+
+/* collie_strerror: a short constant description of a status code
+ * ("operation timed out"). Never NULL; unknown codes give "unknown status". */
+COLLIE_API const char *collie_strerror(int status);
+
+/* collie_status_name: the code's name ("COLLIE_ETIMEDOUT"). Never NULL. */
+COLLIE_API const char *collie_status_name(int status);
+
+/* ------------------------------------------------------------------------ */
+/* Timeouts                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* For posts: COLLIE_TIMEOUT_DEFAULT takes the owner's default op timeout
+ * (the store's or communicator's; COLLIE_TIMEOUT_MS, else 60 s).
+ * COLLIE_TIMEOUT_INFINITE means no deadline. For waits, 0 means poll. */
+#define COLLIE_TIMEOUT_DEFAULT  0
+#define COLLIE_TIMEOUT_INFINITE (-1)
+
+/* ------------------------------------------------------------------------ */
+/* Objects                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_engine collie_engine;
+typedef struct collie_work collie_work;
+typedef struct collie_cq collie_cq;
+typedef struct collie_store collie_store;
+typedef struct collie_store_server collie_store_server;
+
+/* ------------------------------------------------------------------------ */
+/* Engine                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* collie_stall_cb: called on the engine's monitor thread (not the progress
+ * thread) when the progress loop has not turned for `stalled_ms`; `activity`
+ * names what the loop was doing ("store server: read", "user callback").
+ * Called once per stall. Must not block. */
+typedef void (*collie_stall_cb)(collie_engine *e, int64_t stalled_ms, const char *activity,
+                                void *arg);
+
+typedef struct collie_engine_opts {
+    size_t size;      /* sizeof(collie_engine_opts) */
+    const char *name; /* for logs and the thread name; NULL: "collie" */
+    int32_t stall_ms; /* stall threshold; 0: COLLIE_STALL_MS, else 10000 */
+    collie_stall_cb on_stall;
+    void *on_stall_arg;
+} collie_engine_opts;
+
+#define COLLIE_ENGINE_OPTS_INIT                                                                    \
+    { sizeof(collie_engine_opts), NULL, 0, NULL, NULL }
+
+/* collie_engine_create: start an engine: a progress thread running the
+ * event loop and a monitor thread watching it. `o` may be NULL.
+ * Validates the COLLIE_* environment first: a bad value is COLLIE_EINVAL with
+ * the reason logged. Errors: EINVAL, ENOMEM, ESYSTEM. */
+COLLIE_API int collie_engine_create(const collie_engine_opts *o, collie_engine **out);
+
+/* collie_engine_destroy: stop the engine. Every work still pending fails
+ * with COLLIE_ECLOSED (callbacks run), every object living on the engine
+ * (store servers, store clients) is closed, then the threads are joined.
+ * Objects must still be destroyed by their owners afterwards (their destroy
+ * calls then only free memory). Must not be called on the progress thread
+ * (returns COLLIE_ESTATE). NULL is a no-op. */
+COLLIE_API int collie_engine_destroy(collie_engine *e);
+
+/* collie_engine_on_progress_thread: true when the caller runs on e's
+ * progress thread (inside a callback). */
+COLLIE_API bool collie_engine_on_progress_thread(const collie_engine *e);
+
+/* ------------------------------------------------------------------------ */
+/* Work handles                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* collie_work_cb: completion callback, run exactly once on the progress
+ * thread after the work completes (whatever its status). It must not block;
+ * it may post new works, cancel, and release `w` (the engine holds its own
+ * reference until the callback returns). */
+typedef void (*collie_work_cb)(collie_work *w, void *arg);
+
+/* collie_post_opts: options for every post call. NULL means all defaults. */
+typedef struct collie_post_opts {
+    size_t size;        /* sizeof(collie_post_opts) */
+    int32_t timeout_ms; /* > 0, COLLIE_TIMEOUT_DEFAULT or COLLIE_TIMEOUT_INFINITE */
+    collie_work_cb cb;  /* completion callback, or NULL */
+    void *cb_arg;
+    collie_cq *cq; /* completion queue to receive the work, or NULL */
+    uint64_t tag;  /* the application's value, see collie_work_tag */
+} collie_post_opts;
+
+#define COLLIE_POST_OPTS_INIT                                                                      \
+    { sizeof(collie_post_opts), COLLIE_TIMEOUT_DEFAULT, NULL, NULL, NULL, 0 }
+
+/* collie_work_details: what a work is and when things happened to it. Times
+ * are CLOCK_MONOTONIC nanoseconds; 0 means "not yet". */
+typedef struct collie_work_details {
+    const char *op;     /* "store.get", "allreduce", ... (static string) */
+    uint64_t seq;       /* sequence number within its owner */
+    uint64_t bytes;     /* payload bytes */
+    int status;         /* COLLIE_INPROGRESS until done */
+    int32_t timeout_ms; /* effective timeout (COLLIE_TIMEOUT_INFINITE for none) */
+    int64_t post_ns, start_ns, end_ns, deadline_ns;
+} collie_work_details;
+
+/* collie_work_test: true once the work is done (any status). Never blocks. */
+COLLIE_API bool collie_work_test(const collie_work *w);
+
+/* collie_work_result: the work's status: COLLIE_INPROGRESS until done, then
+ * COLLIE_OK or the error, which never changes afterwards. */
+COLLIE_API int collie_work_result(const collie_work *w);
+
+/* collie_work_wait: block the caller until the work is done or timeout_ms
+ * elapses (0 polls, COLLIE_TIMEOUT_INFINITE waits for the work, which is
+ * still bounded by the work's own deadline). Returns the work's status, or
+ * COLLIE_INPROGRESS if the wait gave up first (the work goes on). If the
+ * work's deadline passes while the progress thread is blocked, the waiter
+ * completes the work with COLLIE_ETIMEDOUT itself. On the progress thread a
+ * pending work returns COLLIE_ESTATE instead of deadlocking. */
+COLLIE_API int collie_work_wait(collie_work *w, int32_t timeout_ms);
+
+/* collie_work_wait_any: wait until one of the n works is done; *idx is set
+ * to the first done one (in array order) and its status returned. NULL
+ * entries are skipped. Returns COLLIE_INPROGRESS (and *idx = n) if none
+ * finished in time, COLLIE_EINVAL for n == 0 or all-NULL. */
+COLLIE_API int collie_work_wait_any(collie_work *const *ws, size_t n, int32_t timeout_ms,
+                                    size_t *idx);
+
+/* collie_work_cancel: complete the work with COLLIE_ECANCELED if it is not
+ * done yet. Returns COLLIE_OK if this call cancelled it (the completion may
+ * be published a moment later if the progress thread is mid-step on it),
+ * COLLIE_ESTATE if it had already completed. For store requests cancel is
+ * clean; for collectives it is a local fault (the comm's policy applies). */
+COLLIE_API int collie_work_cancel(collie_work *w);
+
+/* collie_work_hold / collie_work_release: take / drop a reference. The
+ * poster owns one reference to each work it gets; releasing never cancels.
+ * release is legal inside the work's own callback. NULL is a no-op. */
+COLLIE_API void collie_work_hold(collie_work *w);
+COLLIE_API void collie_work_release(collie_work *w);
+
+/* collie_work_error_message: a sentence naming the op, its sequence number
+ * and the cause ("store.get seq 12 (key 'a'): deadline of 500 ms passed");
+ * "" while pending or on success. Valid while the caller holds the work. */
+COLLIE_API const char *collie_work_error_message(const collie_work *w);
+
+/* collie_work_seq: the work's sequence number within its owner. */
+COLLIE_API uint64_t collie_work_seq(const collie_work *w);
+
+/* collie_work_tag: the tag given in collie_post_opts. */
+COLLIE_API uint64_t collie_work_tag(const collie_work *w);
+
+/* collie_work_info: fill *info. Errors: EINVAL for NULL arguments. */
+COLLIE_API int collie_work_info(const collie_work *w, collie_work_details *info);
+
+/* ------------------------------------------------------------------------ */
+/* Completion queues                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* collie_cq_create: a completion queue. Works are attached at post time
+ * (collie_post_opts.cq); when an attached work completes, the queue takes a
+ * reference to it and its fd becomes readable (level-triggered: readable
+ * while the queue is not empty). Errors: ENOMEM, ESYSTEM. */
+COLLIE_API int collie_cq_create(collie_cq **out);
+
+/* collie_cq_fd: the file descriptor to watch for POLLIN (epoll, libevent,
+ * asio). Never read it yourself; use collie_cq_pop. */
+COLLIE_API int collie_cq_fd(const collie_cq *cq);
+
+/* collie_cq_pop: hand the oldest completed work to the caller (who then
+ * owns that reference and must release it). Waits up to timeout_ms (0:
+ * poll). Returns COLLIE_OK with *out set, COLLIE_INPROGRESS (and *out NULL)
+ * if the queue stayed empty, COLLIE_ECLOSED if the queue was destroyed. */
+COLLIE_API int collie_cq_pop(collie_cq *cq, int32_t timeout_ms, collie_work **out);
+
+/* collie_cq_size: number of completed works waiting in the queue. */
+COLLIE_API size_t collie_cq_size(const collie_cq *cq);
+
+/* collie_cq_destroy: release the queue and every work still in it. Works
+ * attached but not completed yet are released when they complete. Must
+ * not race with collie_cq_pop on the same queue. NULL is a no-op. */
+COLLIE_API void collie_cq_destroy(collie_cq *cq);
+
+/* ------------------------------------------------------------------------ */
+/* Key/value store                                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_store_server_opts {
+    size_t size;              /* sizeof(collie_store_server_opts) */
+    const char *token;        /* shared secret; NULL: COLLIE_STORE_TOKEN or none */
+    uint32_t max_key_size;    /* 0: 4096 bytes */
+    uint32_t max_value_size;  /* 0: 64 MiB */
+    uint32_t max_keys;        /* 0: 1,000,000 */
+    uint32_t max_connections; /* 0: 16384 */
+} collie_store_server_opts;
+
+#define COLLIE_STORE_SERVER_OPTS_INIT                                                              \
+    { sizeof(collie_store_server_opts), NULL, 0, 0, 0, 0 }
+
+/* collie_store_server_create: serve a key/value store from engine e,
+ * listening on bind_addr ("127.0.0.1", "0.0.0.0", "::1"; NULL: 0.0.0.0)
+ * and port (0: pick a free one). `o` may be NULL. Errors: EINVAL (bad
+ * address), ESYSTEM (bind/listen failed; the message is logged), ENOMEM,
+ * ECLOSED (engine closing). */
+COLLIE_API int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t port,
+                                          const collie_store_server_opts *o,
+                                          collie_store_server **out);
+
+/* collie_store_server_port: the port the server listens on. */
+COLLIE_API uint16_t collie_store_server_port(const collie_store_server *s);
+
+/* collie_store_server_num_connections: connections currently open. */
+COLLIE_API size_t collie_store_server_num_connections(const collie_store_server *s);
+
+/* collie_store_server_destroy: stop listening, close every connection (their
+ * pending requests fail with COLLIE_EPEER on the clients) and free the
+ * server. Not on the progress thread of its engine. NULL is a no-op. */
+COLLIE_API void collie_store_server_destroy(collie_store_server *s);
+
+typedef struct collie_store_opts {
+    size_t size;            /* sizeof(collie_store_opts) */
+    const char *token;      /* shared secret; NULL: COLLIE_STORE_TOKEN or none */
+    int32_t timeout_ms;     /* default op timeout; 0: COLLIE_TIMEOUT_MS or 60 s */
+    int32_t max_backoff_ms; /* reconnect backoff cap; 0: 1000 */
+} collie_store_opts;
+
+#define COLLIE_STORE_OPTS_INIT                                                                     \
+    { sizeof(collie_store_opts), NULL, 0, 0 }
+
+/* collie_store_connect: a client of the store server at addr ("host:port",
+ * "[::1]:port"; NULL: COLLIE_STORE_ADDR). Returns at once: the connection
+ * is made (and remade, with exponential backoff and jitter) by the engine
+ * when requests need it. Errors: EINVAL (bad address), ENOMEM, ECLOSED. */
+COLLIE_API int collie_store_connect(collie_engine *e, const char *addr, const collie_store_opts *o,
+                                    collie_store **out);
+
+/* collie_store_prefix: a view of `s` in which every key is prefixed by
+ * `prefix`; views compose (a view of a view concatenates). The view shares
+ * the connection and must be destroyed like any store handle. */
+COLLIE_API int collie_store_prefix(collie_store *s, const char *prefix, collie_store **out);
+
+/* collie_store_destroy: destroy a handle. The connection closes with the
+ * last handle; requests still pending then fail with COLLIE_ECLOSED. Not
+ * on the progress thread. NULL is a no-op. */
+COLLIE_API void collie_store_destroy(collie_store *s);
+
+/* collie_store_address: "host:port" of the server this handle talks to. */
+COLLIE_API const char *collie_store_address(const collie_store *s);
+
+/* Asynchronous store requests. Each returns COLLIE_OK and a new work (the
+ * caller owns one reference), or an error and no work. Keys are byte
+ * strings given as C strings (the view's prefix is prepended); values are
+ * arbitrary bytes. Results are read from the finished work with the
+ * collie_store_work_* accessors. */
+
+/* set key = value. */
+COLLIE_API int collie_store_post_set(collie_store *s, const char *key, const void *val, size_t len,
+                                     const collie_post_opts *o, collie_work **out);
+/* get: waits (server side) until key exists, bounded by the deadline.
+ * Result: collie_store_work_value. */
+COLLIE_API int collie_store_post_get(collie_store *s, const char *key, const collie_post_opts *o,
+                                     collie_work **out);
+/* add: key += delta (a missing key counts as 0; the value is stored as
+ * decimal text). Result: collie_store_work_int (the new value). */
+COLLIE_API int collie_store_post_add(collie_store *s, const char *key, int64_t delta,
+                                     const collie_post_opts *o, collie_work **out);
+/* compare_set: if key's value equals `expected` (or the key is missing and
+ * expected_len is 0) set it to `desired`. Result: collie_store_work_value
+ * (the value stored afterwards). */
+COLLIE_API int collie_store_post_compare_set(collie_store *s, const char *key, const void *expected,
+                                             size_t expected_len, const void *desired,
+                                             size_t desired_len, const collie_post_opts *o,
+                                             collie_work **out);
+/* check: do all keys exist (no waiting)? Result: collie_store_work_int 1/0. */
+COLLIE_API int collie_store_post_check(collie_store *s, const char *const *keys, size_t n,
+                                       const collie_post_opts *o, collie_work **out);
+/* wait: until all keys exist, bounded by the deadline. */
+COLLIE_API int collie_store_post_wait(collie_store *s, const char *const *keys, size_t n,
+                                      const collie_post_opts *o, collie_work **out);
+/* delete: Result: collie_store_work_int 1 if it existed, else 0. */
+COLLIE_API int collie_store_post_delete(collie_store *s, const char *key, const collie_post_opts *o,
+                                        collie_work **out);
+/* num_keys: keys in the whole store. Result: collie_store_work_int. */
+COLLIE_API int collie_store_post_num_keys(collie_store *s, const collie_post_opts *o,
+                                          collie_work **out);
+/* multi_get: waits until all keys exist. Result: collie_store_work_value_at. */
+COLLIE_API int collie_store_post_multi_get(collie_store *s, const char *const *keys, size_t n,
+                                           const collie_post_opts *o, collie_work **out);
+/* multi_set: set n keys at once (atomically on the server). */
+COLLIE_API int collie_store_post_multi_set(collie_store *s, const char *const *keys,
+                                           const void *const *vals, const size_t *lens, size_t n,
+                                           const collie_post_opts *o, collie_work **out);
+/* append: key = key + value (creates it if missing). */
+COLLIE_API int collie_store_post_append(collie_store *s, const char *key, const void *val,
+                                        size_t len, const collie_post_opts *o, collie_work **out);
+/* barrier: completes when n clients have entered the barrier on `key`.
+ * Reusable: round k completes when the counter reaches k*n, so every round
+ * needs all n participants. One request per client. */
+COLLIE_API int collie_store_post_barrier(collie_store *s, const char *key, uint32_t n,
+                                         const collie_post_opts *o, collie_work **out);
+
+/* collie_store_work_value: the value a finished get/compare_set returned.
+ * The bytes belong to the work (valid while the caller holds it) and are
+ * followed by a NUL byte so text values can be used as C strings.
+ * Errors: EINVAL (not such a work), the work's status if it failed,
+ * INPROGRESS if not done. */
+COLLIE_API int collie_store_work_value(const collie_work *w, const void **val, size_t *len);
+/* collie_store_work_value_at: the i-th value of a finished multi_get. */
+COLLIE_API int collie_store_work_value_at(const collie_work *w, size_t i, const void **val,
+                                          size_t *len);
+/* collie_store_work_int: the integer result of add/check/delete/num_keys. */
+COLLIE_API int collie_store_work_int(const collie_work *w, int64_t *out);
+
+/* Synchronous wrappers: post, wait (bounded by timeout_ms, with
+ * COLLIE_TIMEOUT_DEFAULT = the store's default) and return the status.
+ * Not on the progress thread. */
+COLLIE_API int collie_store_set(collie_store *s, const char *key, const void *val, size_t len,
+                                int32_t timeout_ms);
+/* *val is malloc'd (NUL-terminated, free() it); NULL on error. */
+COLLIE_API int collie_store_get(collie_store *s, const char *key, int32_t timeout_ms, void **val,
+                                size_t *len);
+COLLIE_API int collie_store_add(collie_store *s, const char *key, int64_t delta, int32_t timeout_ms,
+                                int64_t *out);
+/* *cur is malloc'd: the value stored afterwards. */
+COLLIE_API int collie_store_compare_set(collie_store *s, const char *key, const void *expected,
+                                        size_t expected_len, const void *desired,
+                                        size_t desired_len, int32_t timeout_ms, void **cur,
+                                        size_t *cur_len);
+COLLIE_API int collie_store_check(collie_store *s, const char *const *keys, size_t n,
+                                  int32_t timeout_ms, bool *all_exist);
+COLLIE_API int collie_store_wait(collie_store *s, const char *const *keys, size_t n,
+                                 int32_t timeout_ms);
+COLLIE_API int collie_store_delete(collie_store *s, const char *key, int32_t timeout_ms,
+                                   bool *existed);
+COLLIE_API int collie_store_num_keys(collie_store *s, int32_t timeout_ms, int64_t *out);
+/* vals[i] are malloc'd (free() each); all NULL on error. */
+COLLIE_API int collie_store_multi_get(collie_store *s, const char *const *keys, size_t n,
+                                      int32_t timeout_ms, void **vals, size_t *lens);
+COLLIE_API int collie_store_multi_set(collie_store *s, const char *const *keys,
+                                      const void *const *vals, const size_t *lens, size_t n,
+                                      int32_t timeout_ms);
+COLLIE_API int collie_store_append(collie_store *s, const char *key, const void *val, size_t len,
+                                   int32_t timeout_ms);
+COLLIE_API int collie_store_barrier(collie_store *s, const char *key, uint32_t n,
+                                    int32_t timeout_ms);
+
+/* collie_last_error: the detailed message of the last failed call made by
+ * this thread (for failures that produce no work: "store address 'x': no
+ * port"). "" if none. Thread-local; valid until the thread's next call. */
+COLLIE_API const char *collie_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLLIE_H */

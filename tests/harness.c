@@ -1,0 +1,72 @@
+/*
+ * harness.c — see harness.h.
+ */
+#include "harness.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+
+#include "engine/common.h"
+
+static void manual_start(collie_work *w) {
+    manual_work *m = (manual_work *)w;
+    atomic_fetch_add(&m->started, 1);
+    if (m->auto_finish) cl_work_finish(w, m->auto_status, m->auto_status ? "auto failure" : NULL);
+}
+
+static void manual_detach(collie_work *w) { atomic_fetch_add(&((manual_work *)w)->detached, 1); }
+
+static void manual_free(collie_work *w) {
+    manual_work *m = (manual_work *)w;
+    if (m->freed_counter) atomic_fetch_add(m->freed_counter, 1);
+    free(m);
+}
+
+static const cl_work_ops manual_ops = {
+    .name = "test.manual", .start = manual_start, .detach = manual_detach, .free = manual_free};
+
+int manual_post(collie_engine *e, const collie_post_opts *o, bool auto_finish, int auto_status,
+                _Atomic int *freed_counter, manual_work **out) {
+    *out = NULL;
+    manual_work *m = calloc(1, sizeof *m);
+    if (!m) return COLLIE_ENOMEM;
+    int r = cl_work_init(&m->base, e, &manual_ops, o, 60000);
+    if (r != COLLIE_OK) {
+        free(m);
+        return r;
+    }
+    static _Atomic uint64_t seq;
+    m->base.seq = atomic_fetch_add(&seq, 1) + 1;
+    m->auto_finish = auto_finish;
+    m->auto_status = auto_status;
+    m->freed_counter = freed_counter;
+    r = cl_work_post(&m->base);
+    if (r != COLLIE_OK) {
+        free(m);
+        return r;
+    }
+    *out = m;
+    return COLLIE_OK;
+}
+
+static int count_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+int count_open_fds(void) { return count_dir("/proc/self/fd"); }
+int count_threads(void) { return count_dir("/proc/self/task"); }
+
+static void sync_noop(void *arg) { (void)arg; }
+
+void engine_sync(collie_engine *e) {
+    assert_int_equal(cl_engine_call(e, sync_noop, NULL, 10000), COLLIE_OK);
+}
+
+int64_t now_ms(void) { return cl_now_ns() / 1000000; }

@@ -1,0 +1,43 @@
+/*
+ * harness.h — helpers shared by the cmocka tests: a hand-driven work
+ * producer ("manual works") and process resource counters.
+ */
+#ifndef CL_TEST_HARNESS_H
+#define CL_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "collie.h"
+#include "work/work.h"
+
+/* A manual work: start does nothing (the test finishes it), or finishes
+ * at once with `auto_status` when auto_finish is set. Counts hook calls. */
+typedef struct manual_work {
+    collie_work base;
+    _Atomic int started, detached;
+    bool auto_finish;
+    int auto_status;
+    _Atomic int *freed_counter; /* incremented on free, if set */
+} manual_work;
+
+/* manual_post: post a manual work on e; returns the status of the post. */
+int manual_post(collie_engine *e, const collie_post_opts *o, bool auto_finish, int auto_status,
+                _Atomic int *freed_counter, manual_work **out);
+
+/* Open file descriptors and threads of this process. */
+int count_open_fds(void);
+int count_threads(void);
+
+/* engine_sync: run nothing on the loop and wait for it: every command
+ * queued before has run when this returns. */
+void engine_sync(collie_engine *e);
+
+/* now_ms: monotonic milliseconds. */
+int64_t now_ms(void);
+
+#endif

@@ -1,0 +1,308 @@
+/*
+ * test_engine.c — the progress engine: lifecycle, command queue, calls,
+ * shutdown semantics, the stall monitor, signals, configuration.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "harness.h"
+
+static void test_create_destroy_cycles(void **state) {
+    (void)state;
+    /* warm up lazily allocated process state (config, libevent globals) */
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    int fds = count_open_fds(), threads = count_threads();
+    int cycles = getenv("COLLIE_TEST_QUICK") ? 200 : 1000;
+    for (int i = 0; i < cycles; i++) {
+        assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+        assert_non_null(e);
+        assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    }
+    assert_int_equal(count_open_fds(), fds);
+    assert_int_equal(count_threads(), threads);
+}
+
+static void test_create_rejects_bad_args(void **state) {
+    (void)state;
+    collie_engine *e = (collie_engine *)0x1;
+    assert_int_equal(collie_engine_create(NULL, NULL), COLLIE_EINVAL);
+    collie_engine_opts o = {0}; /* size not set */
+    assert_int_equal(collie_engine_create(&o, &e), COLLIE_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(collie_last_error(), "size"));
+    collie_engine_opts o2 = COLLIE_ENGINE_OPTS_INIT;
+    o2.stall_ms = -5;
+    assert_int_equal(collie_engine_create(&o2, &e), COLLIE_EINVAL);
+    assert_null(e);
+    assert_int_equal(collie_engine_destroy(NULL), COLLIE_OK);
+}
+
+/* ---- command queue under 4 producers ---------------------------------------- */
+
+#define PRODUCERS    4
+#define PER_PRODUCER 20000
+
+typedef struct q_item {
+    cl_cmd cmd;
+    int producer, index;
+} q_item;
+
+static int q_last[PRODUCERS]; /* loop thread only */
+static _Atomic int q_ran, q_order_errors;
+static collie_engine *q_engine;
+
+static void q_item_run(cl_cmd *c) {
+    q_item *it = cl_container_of(c, q_item, cmd);
+    if (!cl_engine_on_loop(q_engine)) atomic_fetch_add(&q_order_errors, 1);
+    if (it->index != q_last[it->producer] + 1) atomic_fetch_add(&q_order_errors, 1);
+    q_last[it->producer] = it->index;
+    atomic_fetch_add(&q_ran, 1);
+    free(it);
+}
+
+static void *q_producer(void *arg) {
+    int p = (int)(intptr_t)arg;
+    for (int i = 1; i <= PER_PRODUCER; i++) {
+        q_item *it = malloc(sizeof *it);
+        it->producer = p;
+        it->index = i;
+        it->cmd.fn = q_item_run;
+        if (cl_engine_post_cmd(q_engine, &it->cmd) != COLLIE_OK) abort();
+    }
+    return NULL;
+}
+
+static void test_command_queue_four_producers(void **state) {
+    (void)state;
+    assert_int_equal(collie_engine_create(NULL, &q_engine), COLLIE_OK);
+    memset(q_last, 0, sizeof q_last);
+    atomic_store(&q_ran, 0);
+    pthread_t th[PRODUCERS];
+    for (int p = 0; p < PRODUCERS; p++)
+        pthread_create(&th[p], NULL, q_producer, (void *)(intptr_t)p);
+    for (int p = 0; p < PRODUCERS; p++)
+        pthread_join(th[p], NULL);
+    engine_sync(q_engine);
+    assert_int_equal(atomic_load(&q_ran), PRODUCERS * PER_PRODUCER);
+    assert_int_equal(atomic_load(&q_order_errors), 0); /* FIFO per producer, on the loop */
+    for (int p = 0; p < PRODUCERS; p++)
+        assert_int_equal(q_last[p], PER_PRODUCER);
+    assert_int_equal(collie_engine_destroy(q_engine), COLLIE_OK);
+}
+
+/* ---- calls, thread identity, signals -------------------------------------- */
+
+typedef struct call_probe {
+    collie_engine *e;
+    bool on_loop;
+    bool sigpipe_blocked;
+    int destroy_rc;
+} call_probe;
+
+static void call_probe_fn(void *arg) {
+    call_probe *p = arg;
+    p->on_loop = collie_engine_on_progress_thread(p->e);
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    p->sigpipe_blocked = sigismember(&cur, SIGPIPE);
+    p->destroy_rc = collie_engine_destroy(p->e); /* on the loop: refused */
+}
+
+static void test_call_runs_on_loop_with_sigpipe_blocked(void **state) {
+    (void)state;
+    call_probe p = {0};
+    assert_int_equal(collie_engine_create(NULL, &p.e), COLLIE_OK);
+    assert_false(collie_engine_on_progress_thread(p.e));
+    assert_int_equal(cl_engine_call(p.e, call_probe_fn, &p, 5000), COLLIE_OK);
+    assert_true(p.on_loop);
+    assert_true(p.sigpipe_blocked);
+    assert_int_equal(p.destroy_rc, COLLIE_ESTATE);
+    assert_int_equal(collie_engine_destroy(p.e), COLLIE_OK);
+}
+
+/* ---- shutdown fails pending works --------------------------------------------- */
+
+static _Atomic int shutdown_cb_calls;
+static void count_cb(collie_work *w, void *arg) {
+    (void)arg;
+    if (collie_work_result(w) == COLLIE_ECLOSED) atomic_fetch_add(&shutdown_cb_calls, 1);
+}
+
+static void test_destroy_fails_pending_with_closed(void **state) {
+    (void)state;
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    atomic_store(&shutdown_cb_calls, 0);
+    _Atomic int freed = 0;
+    manual_work *ws[16];
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = count_cb;
+    o.timeout_ms = COLLIE_TIMEOUT_INFINITE;
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(manual_post(e, &o, false, 0, &freed, &ws[i]), 0);
+    engine_sync(e);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    assert_int_equal(atomic_load(&shutdown_cb_calls), 16);
+    for (int i = 0; i < 16; i++) {
+        assert_true(collie_work_test(&ws[i]->base));
+        assert_int_equal(collie_work_result(&ws[i]->base), COLLIE_ECLOSED);
+        assert_non_null(strstr(collie_work_error_message(&ws[i]->base), "shutting down"));
+        assert_int_equal(atomic_load(&ws[i]->detached), 1);
+        collie_work_release(&ws[i]->base);
+    }
+    assert_int_equal(atomic_load(&freed), 16);
+}
+
+static _Atomic int repost_rc = 1;
+static void repost_cb(collie_work *w, void *arg) {
+    (void)arg;
+    manual_work *m = NULL;
+    atomic_store(&repost_rc, manual_post(w->engine, NULL, true, COLLIE_OK, NULL, &m));
+    if (m) collie_work_release(&m->base);
+}
+
+static void test_post_after_destroy_begins_is_refused(void **state) {
+    (void)state;
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = repost_cb; /* runs during shutdown, tries to post again */
+    manual_work *m;
+    assert_int_equal(manual_post(e, &o, false, 0, NULL, &m), COLLIE_OK);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    assert_int_equal(atomic_load(&repost_rc), COLLIE_ECLOSED);
+    collie_work_release(&m->base);
+}
+
+/* ---- stall monitor -------------------------------------------------------------- */
+
+static _Atomic int stall_reports;
+static char stall_activity[128];
+static void on_stall(collie_engine *e, int64_t ms, const char *activity, void *arg) {
+    (void)e;
+    (void)arg;
+    assert_true(ms >= 100);
+    snprintf(stall_activity, sizeof stall_activity, "%s", activity);
+    atomic_fetch_add(&stall_reports, 1);
+}
+
+static void slow_callback(collie_work *w, void *arg) {
+    (void)w;
+    (void)arg;
+    usleep(600 * 1000); /* a misbehaving callback: blocks the loop */
+}
+
+static void test_stall_monitor_reports_blocked_loop(void **state) {
+    (void)state;
+    collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
+    eo.stall_ms = 100;
+    eo.on_stall = on_stall;
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(&eo, &e), COLLIE_OK);
+    atomic_store(&stall_reports, 0);
+    /* an idle loop is not a stall */
+    usleep(400 * 1000);
+    assert_int_equal(atomic_load(&stall_reports), 0);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = slow_callback;
+    manual_work *m;
+    assert_int_equal(manual_post(e, &o, true, COLLIE_OK, NULL, &m), COLLIE_OK);
+    assert_int_equal(collie_work_wait(&m->base, 5000), COLLIE_OK);
+    engine_sync(e);                                   /* returns once the slow callback is over */
+    assert_int_equal(atomic_load(&stall_reports), 1); /* reported once per stall */
+    assert_string_equal(stall_activity, "user completion callback");
+    assert_int_equal(cl_engine_stall_count(e), 1);
+    collie_work_release(&m->base);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ---- configuration (in children: the environment is parsed once) ------------- */
+
+static int child_create_with_env(const char *name, const char *value, char *err, size_t errlen) {
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        setenv(name, value, 1);
+        cl_config_reload();
+        collie_engine *e;
+        int r = collie_engine_create(NULL, &e);
+        const char *msg = collie_last_error();
+        ssize_t n = write(pfd[1], msg, strlen(msg));
+        (void)n;
+        if (r == COLLIE_OK) collie_engine_destroy(e);
+        _exit(r == COLLIE_OK ? 0 : -r);
+    }
+    close(pfd[1]);
+    ssize_t n = read(pfd[0], err, errlen - 1);
+    err[n > 0 ? n : 0] = '\0';
+    close(pfd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    return -WEXITSTATUS(st);
+}
+
+static void test_config_rejects_bad_values(void **state) {
+    (void)state;
+    char err[512];
+    assert_int_equal(child_create_with_env("COLLIE_LOG", "verbose", err, sizeof err),
+                     COLLIE_EINVAL);
+    assert_non_null(strstr(err, "COLLIE_LOG='verbose'"));
+    assert_non_null(strstr(err, "error, warn, info, debug"));
+    assert_int_equal(child_create_with_env("COLLIE_TIMEOUT_MS", "10s", err, sizeof err),
+                     COLLIE_EINVAL);
+    assert_non_null(strstr(err, "COLLIE_TIMEOUT_MS"));
+    assert_int_equal(child_create_with_env("COLLIE_STALL_MS", "-1", err, sizeof err),
+                     COLLIE_EINVAL);
+    assert_int_equal(child_create_with_env("COLLIE_LOG", "DEBUG", err, sizeof err), COLLIE_OK);
+    assert_int_equal(child_create_with_env("COLLIE_TIMEOUT_MS", "2500", err, sizeof err),
+                     COLLIE_OK);
+}
+
+static void test_config_values_parsed(void **state) {
+    (void)state;
+    const cl_config *c = cl_config_get();
+    assert_true(c->timeout_ms > 0);
+    assert_true(c->stall_ms > 0);
+}
+
+static void test_strerror_covers_every_code(void **state) {
+    (void)state;
+    for (int s = COLLIE_ENOENT; s <= COLLIE_INPROGRESS; s++) {
+        assert_string_not_equal(collie_strerror(s), "unknown status");
+        assert_string_not_equal(collie_status_name(s), "COLLIE_UNKNOWN");
+    }
+    assert_string_equal(collie_strerror(-999), "unknown status");
+    assert_string_equal(collie_status_name(COLLIE_ETIMEDOUT), "COLLIE_ETIMEDOUT");
+    assert_int_equal(cl_errno_status(ECONNRESET), COLLIE_EPEER);
+    assert_int_equal(cl_errno_status(ETIMEDOUT), COLLIE_ETIMEDOUT);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_rejects_bad_args),
+        cmocka_unit_test(test_create_destroy_cycles),
+        cmocka_unit_test(test_command_queue_four_producers),
+        cmocka_unit_test(test_call_runs_on_loop_with_sigpipe_blocked),
+        cmocka_unit_test(test_destroy_fails_pending_with_closed),
+        cmocka_unit_test(test_post_after_destroy_begins_is_refused),
+        cmocka_unit_test(test_stall_monitor_reports_blocked_loop),
+        cmocka_unit_test(test_config_rejects_bad_values),
+        cmocka_unit_test(test_config_values_parsed),
+        cmocka_unit_test(test_strerror_covers_every_code),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# deps.sh — make sure the Debian packages collie builds and tests with are
+# installed. Called by the Makefile before anything is compiled. As root it
+# installs what is missing (apt-get); otherwise it says what to install.
+set -euo pipefail
+
+# header or tool that proves the package is there -> package name
+need=(
+  "/usr/include/event2/event.h:libevent-dev"
+  "/usr/include/cmocka.h:libcmocka-dev"
+  "/usr/include/openssl/hmac.h:libssl-dev"
+  "/usr/bin/pkg-config:pkg-config"
+  "/usr/bin/clang-format:clang-format"
+  "/usr/bin/python3:python3"
+  "/usr/sbin/ip:iproute2"
+)
+missing=()
+for pair in "${need[@]}"; do
+  path=${pair%%:*}; pkg=${pair#*:}
+  [ -e "$path" ] || missing+=("$pkg")
+done
+# sanitizer runtimes ship with gcc; make sure the shared objects are there
+for lib in libasan.so libubsan.so libtsan.so; do
+  if ! gcc -print-file-name="$lib" | grep -q /; then missing+=("libgcc-12-dev"); break; fi
+done
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "collie: missing packages: ${missing[*]}" >&2
+  echo "collie: install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "collie: missing packages: ${missing[*]} and no apt-get to install them" >&2
+  exit 1
+fi
+echo "collie: installing missing packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get update -qq || ! apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+  echo "collie: could not install ${missing[*]} (no network to the Debian mirror?)" >&2
+  exit 1
+fi

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# run-tests.sh SUITE BUILD_DIR TEST_BINARY... — run cmocka test binaries, each
+# bounded by a timeout, and record passed/failed counts per binary in
+# build/test-results/SUITE.txt for tools/test-summary.sh.
+set -uo pipefail
+suite=$1; build=$2; shift 2
+per_test_timeout=${COLLIE_TEST_TIMEOUT:-600}
+results=build/test-results
+mkdir -p "$results" "$build/test-logs"
+: > "$results/$suite.txt"
+fail=0
+for t in "$@"; do
+  name=$(basename "$t")
+  log="$build/test-logs/$name.log"
+  start=$(date +%s%N)
+  # the bin dir first on PATH so tests can find collie-run/collie-store
+  PATH="$build/bin:$PATH" COLLIE_BUILD_DIR="$build" \
+    timeout -k 10 "$per_test_timeout" "$t" > "$log" 2>&1
+  rc=$?
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  secs="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
+  passed=$(grep -aoE '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+  failed=$(grep -aoE '^\[  FAILED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+  if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    failed=1 # crashed, timed out or a sanitizer stopped it
+  fi
+  echo "$name $passed $failed" >> "$results/$suite.txt"
+  if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
+    echo "[$suite] $name: $passed passed (${secs}s)"
+  else
+    fail=1
+    echo "[$suite] $name: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
+    tail -n 60 "$log" | sed 's/^/    /'
+    [ "$rc" -eq 124 ] && echo "    (timed out after ${per_test_timeout}s)"
+  fi
+done
+exit $fail

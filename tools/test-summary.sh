@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# test-summary.sh DIR — add up the per-suite counts written by run-tests.sh.
+set -euo pipefail
+dir=$1
+cat "$dir"/*.txt | awk '{p+=$2; f+=$3} END {printf "%d passed, %d failed\n", p, f; exit (f > 0)}'

@@ -1,0 +1,217 @@
+/*
+ * registry.c — the engine's view of works: the tracked list, the deadline
+ * heap with its one timer, and retirement.
+ *
+ * Design notes
+ *  - Everything here runs on the loop thread and needs no lock.
+ *  - A posted work is tracked from its start command until it is retired;
+ *    shutdown fails whatever is still tracked.
+ *  - Deadlines live in one binary min-heap keyed by deadline_ns (the work
+ *    stores its slot), armed on one libevent timer: no event per work. The
+ *    timer is re-armed only when the earliest deadline moves earlier.
+ *  - Retire = untrack, producer's detach hook, completion queue push, user
+ *    callback, drop the engine's reference — exactly once, in that order.
+ *    A finish on the loop thread queues the work on the retire list and
+ *    activates one event (callbacks never run inside the finisher's stack);
+ *    a finish on another thread posts the work's retire command.
+ */
+#include <event2/event.h>
+#include <stdlib.h>
+
+#include "engine/common.h"
+#include "engine/engine_impl.h"
+#include "engine/log.h"
+#include "work/internal.h"
+
+void cl_works_engine_init(collie_engine *e) { e->works.armed_ns = INT64_MAX; }
+
+size_t cl_works_tracked(collie_engine *e) { return e->works.ntracked; }
+
+/* ---- deadline heap ---------------------------------------------------------- */
+
+static void heap_set(cl_work_registry *r, size_t i, collie_work *w) {
+    r->heap[i] = w;
+    w->heap_idx = i;
+}
+
+static void heap_up(cl_work_registry *r, size_t i) {
+    collie_work *w = r->heap[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (r->heap[p]->deadline_ns <= w->deadline_ns) break;
+        heap_set(r, i, r->heap[p]);
+        i = p;
+    }
+    heap_set(r, i, w);
+}
+
+static void heap_down(cl_work_registry *r, size_t i) {
+    collie_work *w = r->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= r->heap_len) break;
+        if (c + 1 < r->heap_len && r->heap[c + 1]->deadline_ns < r->heap[c]->deadline_ns) c++;
+        if (r->heap[c]->deadline_ns >= w->deadline_ns) break;
+        heap_set(r, i, r->heap[c]);
+        i = c;
+    }
+    heap_set(r, i, w);
+}
+
+static bool heap_push(cl_work_registry *r, collie_work *w) {
+    if (r->heap_len == r->heap_cap) {
+        size_t cap = r->heap_cap ? r->heap_cap * 2 : 64;
+        collie_work **h = realloc(r->heap, cap * sizeof *h);
+        if (!h) return false;
+        r->heap = h;
+        r->heap_cap = cap;
+    }
+    heap_set(r, r->heap_len++, w);
+    heap_up(r, r->heap_len - 1);
+    return true;
+}
+
+static void heap_remove(cl_work_registry *r, collie_work *w) {
+    size_t i = w->heap_idx;
+    if (i == SIZE_MAX) return;
+    w->heap_idx = SIZE_MAX;
+    collie_work *last = r->heap[--r->heap_len];
+    if (i == r->heap_len) return;
+    heap_set(r, i, last);
+    heap_down(r, i);
+    heap_up(r, last->heap_idx);
+}
+
+/* ---- tracking ----------------------------------------------------------------- */
+
+static void work_track(collie_engine *e, collie_work *w) {
+    cl_work_registry *r = &e->works;
+    w->tracked = true;
+    w->trk_prev = NULL;
+    w->trk_next = r->trk_head;
+    if (r->trk_head) r->trk_head->trk_prev = w;
+    r->trk_head = w;
+    r->ntracked++;
+    if (w->deadline_ns == INT64_MAX) return;
+    if (!heap_push(r, w)) {
+        cl_work_finish(w, COLLIE_ENOMEM, "no memory to track the deadline");
+        return;
+    }
+    if (w->deadline_ns < r->armed_ns) cl_engine_arm_deadline(e, w->deadline_ns);
+}
+
+static void work_untrack(collie_engine *e, collie_work *w) {
+    cl_work_registry *r = &e->works;
+    if (!w->tracked) return;
+    w->tracked = false;
+    heap_remove(r, w);
+    if (w->trk_prev)
+        w->trk_prev->trk_next = w->trk_next;
+    else
+        r->trk_head = w->trk_next;
+    if (w->trk_next) w->trk_next->trk_prev = w->trk_prev;
+    r->ntracked--;
+}
+
+void cl_work_start_cmd(cl_cmd *c) {
+    collie_work *w = cl_container_of(c, collie_work, start_cmd);
+    collie_engine *e = w->engine;
+    w->start_ns = cl_now_ns();
+    work_track(e, w);
+    if (cl_engine_closing(e)) {
+        cl_work_finish(w, COLLIE_ECLOSED, "engine %s is shutting down", cl_engine_name(e));
+        return;
+    }
+    uint32_t s = CL_WORK_QUEUED;
+    if (!atomic_compare_exchange_strong_explicit(&w->state, &s, CL_WORK_ACTIVE,
+                                                 memory_order_acq_rel, memory_order_acquire))
+        return; /* finished before it started (cancel, waiter); its retire follows */
+    if (w->deadline_ns <= w->start_ns) {
+        cl_work_finish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed before it started",
+                       (int)w->timeout_ms);
+        return;
+    }
+    const char *prev = cl_engine_set_activity(e, w->ops->name);
+    w->ops->start(w);
+    cl_engine_set_activity(e, prev);
+}
+
+/* ---- retirement ---------------------------------------------------------------- */
+
+static void work_retire_cmd(cl_cmd *c) {
+    collie_work *w = cl_container_of(c, collie_work, retire_cmd);
+    cl_work_registry *r = &w->engine->works;
+    w->done_next = NULL;
+    if (r->done_tail)
+        r->done_tail->done_next = w;
+    else
+        r->done_head = w;
+    r->done_tail = w;
+    cl_works_run_retired(w->engine);
+}
+
+void cl_work_schedule_retire(collie_work *w) {
+    collie_engine *e = w->engine;
+    if (!cl_engine_on_loop(e)) {
+        w->retire_cmd.fn = work_retire_cmd;
+        if (cl_engine_post_cmd(e, &w->retire_cmd) != COLLIE_OK)
+            CL_ERROR("work", "%s seq %llu finished after its engine stopped", w->ops->name,
+                     (unsigned long long)w->seq);
+        return;
+    }
+    cl_work_registry *r = &e->works;
+    w->done_next = NULL;
+    if (r->done_tail)
+        r->done_tail->done_next = w;
+    else
+        r->done_head = w;
+    r->done_tail = w;
+    event_active(r->done_ev, 0, 0);
+}
+
+static void work_retire(collie_engine *e, collie_work *w) {
+    work_untrack(e, w);
+    const char *prev = cl_engine_set_activity(e, w->ops->name);
+    if (w->ops->detach) w->ops->detach(w);
+    if (w->cq) cl_cq_push(w->cq, w);
+    if (w->cb) {
+        cl_engine_set_activity(e, "user completion callback");
+        w->cb(w, w->cb_arg);
+    }
+    cl_engine_set_activity(e, prev);
+    e->works.retired++;
+    collie_work_release(w); /* the engine's reference */
+}
+
+size_t cl_works_run_retired(collie_engine *e) {
+    cl_work_registry *r = &e->works;
+    size_t n = 0;
+    while (r->done_head) {
+        collie_work *w = r->done_head;
+        r->done_head = w->done_next;
+        if (!r->done_head) r->done_tail = NULL;
+        work_retire(e, w);
+        n++;
+    }
+    return n;
+}
+
+int64_t cl_works_sweep_deadlines(collie_engine *e, int64_t now_ns) {
+    cl_work_registry *r = &e->works;
+    while (r->heap_len > 0 && r->heap[0]->deadline_ns <= now_ns) {
+        collie_work *w = r->heap[0];
+        heap_remove(r, w); /* it stays tracked until retired */
+        cl_work_finish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
+    }
+    if (r->heap_len == 0) {
+        cl_engine_arm_deadline(e, INT64_MAX);
+        return -1;
+    }
+    cl_engine_arm_deadline(e, r->heap[0]->deadline_ns);
+    return (r->heap[0]->deadline_ns - now_ns) / CL_NS_PER_MS;
+}
+
+void cl_works_fail_all(collie_engine *e, int status, const char *why) {
+    for (collie_work *w = e->works.trk_head; w; w = w->trk_next)
+        cl_work_finish(w, status, "%s", why);
+}

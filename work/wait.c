@@ -1,0 +1,163 @@
+/*
+ * wait.c — blocking waits on works: collie_work_wait, collie_work_wait_any.
+ *
+ * Design notes
+ *  - One process-wide mutex (cl_wait_mu) guards every work's waiter list;
+ *    each waiting thread brings its own condition variable (on its stack).
+ *    It is taken only when somebody actually waits: a finisher checks the
+ *    work's `nwaiters` after publishing DONE (both seq_cst, so either the
+ *    finisher sees the waiter or the waiter sees DONE).
+ *  - A waiter is bounded by each work's own deadline, not by the progress
+ *    thread: when a deadline passes and the work is still pending (the loop
+ *    is stuck), the waiter finishes it with COLLIE_ETIMEDOUT itself.
+ *  - On the progress thread a pending work cannot complete while we block,
+ *    so waiting there returns COLLIE_ESTATE.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "engine/common.h"
+#include "engine/log.h"
+#include "work/internal.h"
+
+typedef struct cl_waiter {
+    pthread_cond_t cv;
+    bool fired;
+} cl_waiter;
+
+struct cl_waiter_link {
+    struct cl_waiter_link *next, *prev;
+    cl_waiter *waiter;
+    collie_work *work;
+};
+
+static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void cl_work_wake_waiters(collie_work *w) {
+    pthread_mutex_lock(&cl_wait_mu);
+    for (struct cl_waiter_link *l = w->waiters; l; l = l->next) {
+        l->waiter->fired = true;
+        pthread_cond_signal(&l->waiter->cv);
+    }
+    pthread_mutex_unlock(&cl_wait_mu);
+}
+
+static void link_add(struct cl_waiter_link *l, collie_work *w, cl_waiter *wt) {
+    l->waiter = wt;
+    l->work = w;
+    l->prev = NULL;
+    l->next = w->waiters;
+    if (w->waiters) w->waiters->prev = l;
+    w->waiters = l;
+    atomic_fetch_add_explicit(&w->nwaiters, 1, memory_order_seq_cst);
+}
+
+static void link_del(struct cl_waiter_link *l) {
+    collie_work *w = l->work;
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        w->waiters = l->next;
+    if (l->next) l->next->prev = l->prev;
+    atomic_fetch_sub_explicit(&w->nwaiters, 1, memory_order_seq_cst);
+}
+
+static size_t first_done(collie_work *const *ws, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ws[i] && cl_work_done(ws[i])) return i;
+    return n;
+}
+
+/* The core: wait until one of ws is done or until_ns. `expire`: finish works
+ * whose deadline passed ourselves. Returns the index of a done work or n. */
+static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
+    size_t idx = first_done(ws, n);
+    if (idx < n || cl_now_ns() >= until_ns) return idx;
+
+    struct cl_waiter_link small[8];
+    struct cl_waiter_link *links = n <= 8 ? small : calloc(n, sizeof *links);
+    if (!links) { /* no memory to block properly: degrade to bounded polling */
+        while ((idx = first_done(ws, n)) == n && cl_now_ns() < until_ns) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        return idx;
+    }
+    cl_waiter wt = {.fired = false};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wt.cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    pthread_mutex_lock(&cl_wait_mu);
+    for (size_t i = 0; i < n; i++)
+        if (ws[i]) link_add(&links[i], ws[i], &wt);
+    for (;;) {
+        idx = first_done(ws, n);
+        if (idx < n) break;
+        int64_t now = cl_now_ns();
+        if (now >= until_ns) break;
+        int64_t next = until_ns;
+        collie_work *expired = NULL;
+        for (size_t i = 0; i < n; i++) {
+            if (!ws[i] || !expire) continue;
+            if (ws[i]->deadline_ns <= now)
+                expired = ws[i];
+            else if (ws[i]->deadline_ns < next)
+                next = ws[i]->deadline_ns;
+        }
+        if (expired) {
+            pthread_mutex_unlock(&cl_wait_mu); /* finishing wakes waiters: needs the lock */
+            if (cl_work_finish(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
+                               (int)expired->timeout_ms))
+                CL_DEBUG("work", "%s seq %llu expired by its waiter", expired->ops->name,
+                         (unsigned long long)expired->seq);
+            pthread_mutex_lock(&cl_wait_mu);
+            continue;
+        }
+        struct timespec ts = {.tv_sec = next / 1000000000LL, .tv_nsec = next % 1000000000LL};
+        if (!wt.fired) pthread_cond_timedwait(&wt.cv, &cl_wait_mu, &ts);
+        wt.fired = false;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ws[i]) link_del(&links[i]);
+    pthread_mutex_unlock(&cl_wait_mu);
+    pthread_cond_destroy(&wt.cv);
+    if (links != small) free(links);
+    return idx;
+}
+
+bool cl_work_wait_until(collie_work *w, int64_t until_ns) {
+    return wait_core(&w, 1, until_ns, false) == 0;
+}
+
+int collie_work_wait_any(collie_work *const *ws, size_t n, int32_t timeout_ms, size_t *idx) {
+    if (idx) *idx = n;
+    if (!ws || !idx || n == 0) return COLLIE_EINVAL;
+    if (timeout_ms < COLLIE_TIMEOUT_INFINITE) return COLLIE_EINVAL;
+    bool any = false, on_loop = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!ws[i]) continue;
+        any = true;
+        on_loop |= cl_engine_on_loop(ws[i]->engine);
+    }
+    if (!any) return COLLIE_EINVAL;
+    size_t i = first_done(ws, n);
+    if (i == n && timeout_ms != 0) {
+        if (on_loop)
+            return cl_set_last_error(COLLIE_ESTATE,
+                                     "collie_work_wait on the progress thread would deadlock");
+        i = wait_core(ws, n, cl_deadline_ns(cl_now_ns(), timeout_ms), true);
+    }
+    *idx = i;
+    return i < n ? ws[i]->status : COLLIE_INPROGRESS;
+}
+
+int collie_work_wait(collie_work *w, int32_t timeout_ms) {
+    size_t idx;
+    if (!w) return COLLIE_EINVAL;
+    return collie_work_wait_any(&w, 1, timeout_ms, &idx);
+}

@@ -1,0 +1,147 @@
+/*
+ * work.h — internal interface of work handles, for the modules that
+ * produce works (store client, transports).
+ *
+ * A producer embeds `struct collie_work` as the first member of its own
+ * request struct, fills an ops table, and calls cl_work_init + cl_work_post.
+ * From then on:
+ *   - ops->start runs on the loop thread (unless the work was already
+ *     finished, e.g. cancelled before it started);
+ *   - the producer finishes it with cl_work_finish (or cl_work_claim, fill
+ *     results, cl_work_publish) from the loop thread;
+ *   - anyone else may finish it too (deadline sweep, cancel, a waiter whose
+ *     deadline passed, engine shutdown): the first finish wins (CAS);
+ *   - ops->detach then runs exactly once on the loop thread, whoever
+ *     finished it, so the producer drops its references (request tables,
+ *     transport queues). After detach the producer must not touch the work.
+ *   - ops->free runs when the last reference is dropped (any thread).
+ */
+#ifndef CL_WORK_H
+#define CL_WORK_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collie.h"
+#include "engine/engine.h"
+
+typedef struct cl_work_ops {
+    const char *name; /* op name for messages: "store.get" */
+    void (*start)(collie_work *w);
+    void (*detach)(collie_work *w);
+    void (*free)(collie_work *w);
+    /* describe: optional; append " (key 'x')" style context to messages. */
+    void (*describe)(const collie_work *w, char *buf, size_t len);
+} cl_work_ops;
+
+/* Work states (low bits of `state`). */
+enum {
+    CL_WORK_QUEUED = 0,    /* posted, start not yet run */
+    CL_WORK_ACTIVE = 1,    /* started */
+    CL_WORK_FINISHING = 2, /* claimed: the winner is filling in the result */
+    CL_WORK_DONE = 3,      /* result published; never changes again */
+    CL_WORK_STATE_MASK = 3,
+    CL_WORK_BUSY = 4, /* the loop is touching the work's buffers right now */
+    CL_WORK_KILL = 8, /* a foreign finish was requested while BUSY */
+};
+
+struct cl_waiter_link;
+
+struct collie_work {
+    _Atomic uint32_t state;
+    _Atomic int32_t refs;
+    const cl_work_ops *ops;
+    collie_engine *engine;
+
+    int status;   /* valid once DONE */
+    char *errmsg; /* malloc'd, valid once DONE; NULL on success */
+    int kill_status;
+
+    uint64_t seq, tag, bytes;
+    int32_t timeout_ms;
+    int64_t post_ns, start_ns, end_ns, deadline_ns;
+
+    collie_work_cb cb;
+    void *cb_arg;
+    collie_cq *cq;
+
+    /* loop-thread bookkeeping */
+    struct collie_work *trk_next, *trk_prev; /* engine's tracked list */
+    struct collie_work *done_next;           /* engine's retire list */
+    size_t heap_idx;                         /* deadline heap slot, SIZE_MAX if none */
+    bool tracked;
+    cl_cmd start_cmd, retire_cmd;
+
+    /* waiters (under the global wait lock) */
+    _Atomic int nwaiters;
+    struct cl_waiter_link *waiters;
+
+    /* completion queue link (under the cq's lock) */
+    struct collie_work *cq_next;
+};
+
+/* cl_work_init: initialise a work for engine e (one reference, the
+ * caller's). Validates and applies the post options: returns COLLIE_EINVAL
+ * (with collie_last_error set) for a bad options struct or timeout. The
+ * default timeout is `default_timeout_ms` (> 0 or INFINITE). */
+int cl_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
+                 const collie_post_opts *o, int32_t default_timeout_ms);
+
+/* cl_work_post: hand the work to the engine. On success the engine holds
+ * its own reference until the work is retired and the caller's reference
+ * is returned to the user. On error (COLLIE_ECLOSED) nothing happened: the
+ * caller still owns the work and frees it. */
+int cl_work_post(collie_work *w);
+
+/* cl_work_claim: become the one finisher. True if this call won. From a
+ * foreign thread it fails while the loop holds BUSY (use cl_work_finish,
+ * which then leaves a kill request). */
+bool cl_work_claim(collie_work *w);
+
+/* cl_work_publish: after a successful claim: record status and message
+ * (printf-style; NULL for none), mark DONE, wake waiters, schedule retire. */
+void cl_work_publish(collie_work *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap);
+
+/* cl_work_finish: claim + publish. Returns true if this call finished it.
+ * From a foreign thread while the loop holds BUSY, records a kill request
+ * (honoured by cl_work_busy_exit) and returns true if it was the first. */
+bool cl_work_finish(collie_work *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* cl_work_busy_enter / cl_work_busy_exit: bracket loop-thread access to the
+ * work's user buffers. enter returns false if the work is already finished
+ * (then do not touch the buffers). exit publishes a pending kill request. */
+bool cl_work_busy_enter(collie_work *w);
+void cl_work_busy_exit(collie_work *w);
+
+/* cl_work_done: DONE has been published (acquire). */
+static inline bool cl_work_done(const collie_work *w) {
+    return (atomic_load_explicit(&((collie_work *)w)->state, memory_order_acquire) &
+            CL_WORK_STATE_MASK) == CL_WORK_DONE;
+}
+
+/* cl_work_is: does w belong to this ops table? (for typed accessors) */
+static inline bool cl_work_is(const collie_work *w, const cl_work_ops *ops) {
+    return w != NULL && w->ops == ops;
+}
+
+/* cl_work_wait_ns: wait until DONE or until the absolute monotonic time
+ * `until_ns`, without expiring the work (used by sync wrappers and tests). */
+bool cl_work_wait_until(collie_work *w, int64_t until_ns);
+
+/* Engine-side hooks (engine.c calls these on the loop thread). */
+void cl_works_engine_init(collie_engine *e);
+/* run the retire list; returns the number retired */
+size_t cl_works_run_retired(collie_engine *e);
+/* sweep expired deadlines; returns ms until the next one (-1: none) */
+int64_t cl_works_sweep_deadlines(collie_engine *e, int64_t now_ns);
+/* fail every tracked work with `status` (shutdown) */
+void cl_works_fail_all(collie_engine *e, int status, const char *why);
+/* number of tracked (posted, not retired) works */
+size_t cl_works_tracked(collie_engine *e);
+
+#endif
