@@ -92,6 +92,9 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPERS_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
 
+# keep objects of pattern chains (tests, tools) instead of deleting them
+.SECONDARY:
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # ---- running ----------------------------------------------------------------

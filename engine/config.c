@@ -6,8 +6,8 @@
  * but is remembered as an error; cl_config_check() (called by every create
  * function) turns it into COLLIE_EINVAL naming the variable, the value and
  * what is allowed. Unknown COLLIE_* variables are warned about (typos).
- * The table below is the single source of truth: the README's settings
- * table is printed from it (`collie-store --settings`).
+ * The table below is the single source of truth: test_engine checks that
+ * the README's settings table is exactly what cl_config_print_table prints.
  */
 #include "engine/config.h"
 

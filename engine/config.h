@@ -1,9 +1,9 @@
 /*
  * config.h — the one table of COLLIE_* environment settings, parsed once.
  * Every setting is declared in engine/config.c with its type, default,
- * allowed values and documentation (the README's table is generated from
- * `collie-store --help-env`... see docs). A value that does not parse is an
- * error reported by cl_config_check(), never silently replaced by a default.
+ * allowed values and documentation (the README's table must match it; a
+ * test checks). A value that does not parse is an error reported by
+ * cl_config_check(), never silently replaced by a default.
  */
 #ifndef CL_CONFIG_H
 #define CL_CONFIG_H
