@@ -56,6 +56,18 @@ static const cl_setting cl_settings[] = {
      "number of ranks (set by collie-run)"},
     {"COLLIE_DUMP_DIR", CL_SET_STRING, CL_OFF(dump_dir), 0, "(none)",
      "directory where flight-recorder dumps are written on abort"},
+    {"COLLIE_PLUGIN_PATH", CL_SET_STRING, CL_OFF(plugin_path), 0, "(none)",
+     "colon-separated directories searched for backend plugins (libcollie_<name>.so)"},
+    {"COLLIE_SOCKET_IFNAME", CL_SET_STRING, CL_OFF(socket_ifname), 0, "(none)",
+     "network interface whose IPv4 address the TCP transport listens on"},
+    {"COLLIE_SOCKET_ADDR", CL_SET_STRING, CL_OFF(socket_addr), 0, "127.0.0.1",
+     "address the TCP transport listens on (when COLLIE_SOCKET_IFNAME is unset)"},
+    {"COLLIE_BLOCKING_WAIT", CL_SET_STRING, CL_OFF(blocking_wait), 0, "0",
+     "1: error policy BLOCKING_WAIT (the waiter gets the error; nothing happens in the "
+     "background)"},
+    {"COLLIE_ASYNC_ERROR_HANDLING", CL_SET_STRING, CL_OFF(async_error), 0, "abort_comm",
+     "error policy: abort_comm, abort_process, none, or PyTorch's 0 (none), 1 and 3 "
+     "(abort_process), 2 (abort_comm)"},
 };
 
 #define CL_NSETTINGS (sizeof cl_settings / sizeof cl_settings[0])

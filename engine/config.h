@@ -20,6 +20,11 @@ typedef struct cl_config {
     int32_t rank;            /* COLLIE_RANK (-1 if unset) */
     int32_t world_size;      /* COLLIE_WORLD_SIZE (-1 if unset) */
     const char *dump_dir;    /* COLLIE_DUMP_DIR (NULL if unset) */
+    const char *plugin_path;   /* COLLIE_PLUGIN_PATH (NULL if unset) */
+    const char *socket_ifname; /* COLLIE_SOCKET_IFNAME (NULL if unset) */
+    const char *socket_addr;   /* COLLIE_SOCKET_ADDR (NULL if unset) */
+    const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
+    const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
 } cl_config;
 
 /* cl_config_get: the parsed settings (parsed on first use; invalid values

@@ -82,6 +82,41 @@ COLLIE_API const char *collie_status_name(int status);
 #define COLLIE_TIMEOUT_INFINITE (-1)
 
 /* ------------------------------------------------------------------------ */
+/* Data types and reductions                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* collie_dtype: element types of collective buffers. */
+typedef enum collie_dtype {
+    COLLIE_INT8 = 0,
+    COLLIE_UINT8 = 1,
+    COLLIE_INT32 = 2,
+    COLLIE_INT64 = 3,
+    COLLIE_FP16 = 4, /* IEEE 754 binary16 */
+    COLLIE_BF16 = 5, /* bfloat16 */
+    COLLIE_FP32 = 6,
+    COLLIE_FP64 = 7,
+    COLLIE_NUM_DTYPES
+} collie_dtype;
+
+/* collie_redop: reductions. Integer arithmetic wraps (computed unsigned);
+ * integer AVG truncates toward zero; fp16/bf16 are computed in float. */
+typedef enum collie_redop {
+    COLLIE_SUM = 0,
+    COLLIE_PROD = 1,
+    COLLIE_MIN = 2,
+    COLLIE_MAX = 3,
+    COLLIE_AVG = 4,
+    COLLIE_NUM_REDOPS
+} collie_redop;
+
+/* collie_dtype_size: bytes per element (0 for an invalid dtype). */
+COLLIE_API size_t collie_dtype_size(collie_dtype dt);
+
+/* collie_dtype_name / collie_redop_name: "fp32", "sum" ("?" if invalid). */
+COLLIE_API const char *collie_dtype_name(collie_dtype dt);
+COLLIE_API const char *collie_redop_name(collie_redop op);
+
+/* ------------------------------------------------------------------------ */
 /* Objects                                                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -405,6 +440,155 @@ COLLIE_API int collie_store_append(collie_store *s, const char *key, const void 
                                    int32_t timeout_ms);
 COLLIE_API int collie_store_barrier(collie_store *s, const char *key, uint32_t n,
                                     int32_t timeout_ms);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_comm collie_comm;
+
+/* collie_error_policy: what a fault (deadline, dead peer, backend error)
+ * does to the communicator. See the README, "When things go wrong". */
+typedef enum collie_error_policy {
+    COLLIE_POLICY_DEFAULT = 0,   /* from COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING,
+                                    else ABORT_COMM */
+    COLLIE_POLICY_ABORT_COMM,    /* fail the work, abort the comm, tell the peers */
+    COLLIE_POLICY_BLOCKING_WAIT, /* fail the comm's works; the application decides */
+    COLLIE_POLICY_ABORT_PROCESS, /* as ABORT_COMM, then terminate the process */
+    COLLIE_POLICY_NONE,          /* only fail the work (debugging) */
+} collie_error_policy;
+
+/* collie_comm_error_cb: called once, on the progress thread, when the comm
+ * faults, with the root cause. Must not block. */
+typedef void (*collie_comm_error_cb)(collie_comm *c, int status, const char *msg, void *arg);
+
+typedef struct collie_comm_opts {
+    size_t size;               /* sizeof(collie_comm_opts) */
+    const char *name;          /* store namespace, at most 64 chars [A-Za-z0-9_.-]; NULL: "world" */
+    const char *backend;       /* "tcp", "nccl", "cpu:tcp,cuda:nccl"; NULL: "tcp" */
+    int32_t timeout_ms;        /* default op timeout; 0: COLLIE_TIMEOUT_MS, else 60 s */
+    int32_t create_timeout_ms; /* bound of the creation rendezvous; 0: timeout_ms */
+    collie_error_policy policy;
+    collie_comm_error_cb on_error;
+    void *on_error_arg;
+    int device; /* CUDA device for a cuda backend; -1: none / current */
+} collie_comm_opts;
+
+#define COLLIE_COMM_OPTS_INIT                                                                     \
+    {sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1}
+
+/* COLLIE_UNDEFINED: the colour of a rank that joins no group in
+ * collie_comm_split. */
+#define COLLIE_UNDEFINED (-1)
+
+/* collie_comm_create: create a communicator of `size` ranks; every rank
+ * calls it once per incarnation with the same name. Collective over the
+ * store and bounded by create_timeout_ms. The store handle must outlive the
+ * comm. Errors: EINVAL (bad rank/size/options/backend spec, with
+ * collie_last_error saying which), ETIMEDOUT (not every rank arrived:
+ * the message says how many did), EPEER (store lost), ENOMEM, ECLOSED. */
+COLLIE_API int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
+                                  const collie_comm_opts *o, collie_comm **out);
+
+/* collie_comm_create_post: the non-blocking form. Returns the comm at once
+ * and a work that completes when the rendezvous is done; collectives posted
+ * before then queue behind it (and fail with the creation's error). */
+COLLIE_API int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
+                                       const collie_comm_opts *o, collie_comm **out,
+                                       collie_work **work);
+
+/* collie_comm_create_from_env: connect to COLLIE_STORE_ADDR and create a
+ * comm with COLLIE_RANK and COLLIE_WORLD_SIZE (as set by collie-run). The
+ * comm owns that store connection. */
+COLLIE_API int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o,
+                                           collie_comm **out);
+
+/* collie_comm_split: new comms from the ranks of `c` with the same colour,
+ * ordered by (key, parent rank). Every rank of `c` calls it, in the same
+ * order relative to other collectives. A rank passing COLLIE_UNDEFINED gets
+ * COLLIE_ENOTMEMBER and *out = NULL. The name is "<parent>.split<k>.<color>". */
+COLLIE_API int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts *o,
+                                 collie_comm **out);
+
+/* collie_comm_new_group: a comm of the listed parent ranks (in that order).
+ * Every rank of `c` calls it with the same list; non-members get
+ * COLLIE_ENOTMEMBER and *out = NULL. */
+COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
+                                     const collie_comm_opts *o, collie_comm **out);
+
+/* collie_comm_destroy: graceful: waits for pending works up to the comm's
+ * timeout, then aborts the rest; frees everything and releases its name.
+ * Idempotent with respect to an earlier abort. Not on the progress thread.
+ * NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED if works had to be
+ * aborted. */
+COLLIE_API int collie_comm_destroy(collie_comm *c);
+
+/* collie_comm_abort: fail every pending work with COLLIE_EABORTED (naming
+ * `reason`) and close the transport. Any thread, also inside a callback;
+ * idempotent; never blocks on the network. */
+COLLIE_API int collie_comm_abort(collie_comm *c, const char *reason);
+
+/* collie_comm_error: the comm's state: COLLIE_OK while healthy, else the
+ * root status of its fault; *msg (if not NULL) the root cause ("" if none),
+ * valid until the comm is destroyed. */
+COLLIE_API int collie_comm_error(const collie_comm *c, int *status, const char **msg);
+
+COLLIE_API int collie_comm_rank(const collie_comm *c);
+COLLIE_API int collie_comm_size(const collie_comm *c);
+COLLIE_API const char *collie_comm_name(const collie_comm *c);
+/* collie_comm_generation: the incarnation number of this comm's name. */
+COLLIE_API uint64_t collie_comm_generation(const collie_comm *c);
+
+/* collie_comm_register: make the comm findable by its name in this process.
+ * Errors: EEXIST if another comm holds the name. Unregistered on destroy. */
+COLLIE_API int collie_comm_register(collie_comm *c);
+/* collie_comm_lookup: the registered comm of that name, or ENOENT. */
+COLLIE_API int collie_comm_lookup(const char *name, collie_comm **out);
+
+/* ------------------------------------------------------------------------ */
+/* Collectives (CPU buffers; the comm's cpu backend)                         */
+/* ------------------------------------------------------------------------ */
+
+/* Every collective is non-blocking: it returns COLLIE_OK and a work, or an
+ * error and no work. Collectives of one comm run in post order, and every
+ * rank must post the same sequence (a mismatch is COLLIE_EPROTO naming both
+ * ranks). Buffers must stay valid and untouched until the work completes;
+ * once its completion is visible collie never touches them again.
+ * Counts are in elements. In-place forms follow NCCL: allreduce/broadcast/
+ * reduce with sendbuf == recvbuf; allgather/gather with
+ * sendbuf == recvbuf + rank*count; reduce_scatter with
+ * recvbuf == sendbuf + rank*recvcount. */
+COLLIE_API int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                                collie_dtype dt, collie_redop op, const collie_post_opts *o,
+                                collie_work **out);
+COLLIE_API int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
+                                const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                             collie_dtype dt, collie_redop op, int root,
+                             const collie_post_opts *o, collie_work **out);
+/* recvbuf holds size*count elements, rank r's block at r*count. */
+COLLIE_API int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                                collie_dtype dt, const collie_post_opts *o, collie_work **out);
+/* sendbuf holds size*recvcount elements; rank r receives block r reduced. */
+COLLIE_API int collie_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf,
+                                     size_t recvcount, collie_dtype dt, collie_redop op,
+                                     const collie_post_opts *o, collie_work **out);
+/* count elements per peer: block p of sendbuf goes to rank p, block p of
+ * recvbuf comes from rank p. */
+COLLIE_API int collie_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                               collie_dtype dt, const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                             collie_dtype dt, int root, const collie_post_opts *o,
+                             collie_work **out);
+COLLIE_API int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                              collie_dtype dt, int root, const collie_post_opts *o,
+                              collie_work **out);
+COLLIE_API int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out);
+/* Point to point, matched by (peer, tag) outside the collective order. */
+COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt,
+                           int peer, uint64_t tag, const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
+                           uint64_t tag, const collie_post_opts *o, collie_work **out);
 
 /* collie_last_error: the detailed message of the last failed call made by
  * this thread (for failures that produce no work: "store address 'x': no

@@ -1,0 +1,224 @@
+/*
+ * backend.c — the backend registry, plugin loading and spec parsing.
+ *
+ * Design notes
+ *  - Registered backends live in a small fixed table under one mutex;
+ *    entries are never removed, so a looked-up ops pointer stays valid for
+ *    the life of the process (plugins are never dlclose'd).
+ *  - Names are compared case-insensitively everywhere ("TCP" == "tcp").
+ *  - A name that is not registered is looked for as a plugin,
+ *    libcollie_<name>.so in the COLLIE_PLUGIN_PATH directories, then the
+ *    default library search path; its collie_backend_plugin_v1() must return
+ *    ops with the ABI version this core speaks (checked before use).
+ *  - Spec grammar: "name" (the backend's own device) or a comma list of
+ *    "device:name" with devices cpu and cuda, each at most once.
+ */
+#include <ctype.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+
+#define CL_MAX_BACKENDS 32
+
+static pthread_mutex_t cl_backends_mu = PTHREAD_MUTEX_INITIALIZER;
+static const collie_backend_ops *cl_backends[CL_MAX_BACKENDS];
+static size_t cl_nbackends;
+static bool cl_builtins_done;
+
+static const collie_backend_ops *backend_find_locked(const char *name) {
+    for (size_t i = 0; i < cl_nbackends; i++)
+        if (strcasecmp(cl_backends[i]->name, name) == 0) return cl_backends[i];
+    return NULL;
+}
+
+static int backend_check_ops(const collie_backend_ops *ops, const char *origin) {
+    if (!ops) return cl_set_last_error(COLLIE_EINVAL, "%s: backend ops are NULL", origin);
+    if (ops->abi_version != COLLIE_BACKEND_ABI_VERSION)
+        return cl_set_last_error(COLLIE_ENOTSUP,
+                                 "%s: backend ABI version %u, but this collie speaks version %u",
+                                 origin, ops->abi_version, COLLIE_BACKEND_ABI_VERSION);
+    if (!ops->name || !ops->name[0] || strlen(ops->name) > 32)
+        return cl_set_last_error(COLLIE_EINVAL, "%s: backend has no valid name", origin);
+    for (const char *p = ops->name; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-')
+            return cl_set_last_error(COLLIE_EINVAL, "%s: backend name '%s' has a '%c'", origin,
+                                     ops->name, *p);
+    if (!ops->device || (strcmp(ops->device, "cpu") != 0 && strcmp(ops->device, "cuda") != 0))
+        return cl_set_last_error(COLLIE_EINVAL, "%s: backend '%s' device must be cpu or cuda",
+                                 origin, ops->name);
+    if (!ops->init || !ops->start || !ops->detach || !ops->abort || !ops->destroy)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "%s: backend '%s' lacks a hook (init, start, detach, abort "
+                                 "and destroy are required)",
+                                 origin, ops->name);
+    return COLLIE_OK;
+}
+
+static int backend_add_locked(const collie_backend_ops *ops, const char *origin) {
+    int r = backend_check_ops(ops, origin);
+    if (r != COLLIE_OK) return r;
+    if (backend_find_locked(ops->name))
+        return cl_set_last_error(COLLIE_EEXIST, "%s: a backend named '%s' is already registered",
+                                 origin, ops->name);
+    if (cl_nbackends == CL_MAX_BACKENDS)
+        return cl_set_last_error(COLLIE_ELIMIT, "%s: too many backends (%d)", origin,
+                                 CL_MAX_BACKENDS);
+    cl_backends[cl_nbackends++] = ops;
+    return COLLIE_OK;
+}
+
+static void backend_builtins_locked(void) {
+    if (cl_builtins_done) return;
+    cl_builtins_done = true;
+    backend_add_locked(cl_tcp_backend_ops(), "built-in");
+}
+
+int collie_backend_register(const collie_backend_ops *ops) {
+    pthread_mutex_lock(&cl_backends_mu);
+    backend_builtins_locked();
+    int r = backend_add_locked(ops, "collie_backend_register");
+    pthread_mutex_unlock(&cl_backends_mu);
+    return r;
+}
+
+/* Try dlopen of one candidate path; on success register and return ops. */
+static int backend_try_plugin(const char *path, const collie_backend_ops **out, char *why,
+                              size_t whylen) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *err = dlerror();
+        snprintf(why, whylen, "%s", err ? err : "dlopen failed");
+        return COLLIE_ENOENT;
+    }
+    const collie_backend_ops *(*entry)(void);
+    *(void **)&entry = dlsym(h, COLLIE_BACKEND_PLUGIN_SYMBOL);
+    if (!entry) {
+        snprintf(why, whylen, "%s does not export %s", path, COLLIE_BACKEND_PLUGIN_SYMBOL);
+        dlclose(h);
+        return COLLIE_EINVAL;
+    }
+    const collie_backend_ops *ops = entry();
+    int r = backend_check_ops(ops, path);
+    if (r != COLLIE_OK) {
+        snprintf(why, whylen, "%s", collie_last_error());
+        dlclose(h);
+        return r;
+    }
+    r = backend_add_locked(ops, path);
+    if (r == COLLIE_EEXIST) { /* same plugin found twice: use the registered one */
+        *out = backend_find_locked(ops->name);
+        return COLLIE_OK;
+    }
+    if (r != COLLIE_OK) {
+        snprintf(why, whylen, "%s", collie_last_error());
+        dlclose(h);
+        return r;
+    }
+    CL_INFO("backend", "loaded plugin '%s' from %s", ops->name, path);
+    *out = ops; /* never dlclose'd: works may point into it */
+    return COLLIE_OK;
+}
+
+static int backend_load_plugin_locked(const char *name, const collie_backend_ops **out) {
+    char lower[40];
+    size_t n = strlen(name);
+    for (size_t i = 0; i <= n; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+    char file[64], path[4096], why[512] = "";
+    snprintf(file, sizeof file, "libcollie_%s.so", lower);
+    const char *dirs = cl_config_get()->plugin_path;
+    int last = COLLIE_ENOENT;
+    if (dirs) {
+        const char *p = dirs;
+        while (*p) {
+            size_t len = strcspn(p, ":");
+            if (len > 0) {
+                snprintf(path, sizeof path, "%.*s/%s", (int)len, p, file);
+                last = backend_try_plugin(path, out, why, sizeof why);
+                if (last == COLLIE_OK) return COLLIE_OK;
+                if (last != COLLIE_ENOENT) break; /* found but broken: report it */
+            }
+            p += len + (p[len] == ':');
+        }
+    }
+    if (last == COLLIE_ENOENT) {
+        last = backend_try_plugin(file, out, why, sizeof why);
+        if (last == COLLIE_OK) return COLLIE_OK;
+    }
+    if (last == COLLIE_ENOENT)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "unknown backend '%s': not built in, not registered, and no "
+                                 "plugin %s in COLLIE_PLUGIN_PATH (%s) or the library path",
+                                 name, file, dirs ? dirs : "unset");
+    return cl_set_last_error(last, "backend '%s': plugin %s is unusable: %s", name, file, why);
+}
+
+static int backend_get(const char *name, const collie_backend_ops **out) {
+    pthread_mutex_lock(&cl_backends_mu);
+    backend_builtins_locked();
+    int r = COLLIE_OK;
+    *out = backend_find_locked(name);
+    if (!*out) r = backend_load_plugin_locked(name, out);
+    pthread_mutex_unlock(&cl_backends_mu);
+    return r;
+}
+
+static int device_index(const char *dev, size_t len) {
+    if (len == 3 && strncasecmp(dev, "cpu", 3) == 0) return CL_DEV_CPU;
+    if (len == 4 && strncasecmp(dev, "cuda", 4) == 0) return CL_DEV_CUDA;
+    return -1;
+}
+
+int cl_backend_parse_spec(const char *spec, cl_backend_spec *out) {
+    memset(out, 0, sizeof *out);
+    if (!spec) spec = "tcp";
+    if (!spec[0]) return cl_set_last_error(COLLIE_EINVAL, "backend spec is empty");
+    const char *p = spec;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        char item[80];
+        if (len == 0 || len >= sizeof item)
+            return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': empty or overlong item",
+                                     spec);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *colon = strchr(item, ':');
+        const char *name = colon ? colon + 1 : item;
+        int dev = -1;
+        if (colon) {
+            dev = device_index(item, (size_t)(colon - item));
+            if (dev < 0)
+                return cl_set_last_error(COLLIE_EINVAL,
+                                         "backend spec '%s': unknown device '%.*s' (use cpu or "
+                                         "cuda)",
+                                         spec, (int)(colon - item), item);
+        }
+        if (!name[0])
+            return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': missing backend name",
+                                     spec);
+        const collie_backend_ops *ops;
+        int r = backend_get(name, &ops);
+        if (r != COLLIE_OK) return r;
+        int own = device_index(ops->device, strlen(ops->device));
+        if (dev < 0) dev = own;
+        if (dev != own)
+            return cl_set_last_error(COLLIE_EINVAL,
+                                     "backend spec '%s': backend '%s' serves %s buffers, not "
+                                     "%s",
+                                     spec, ops->name, ops->device, dev == CL_DEV_CPU ? "cpu"
+                                                                                     : "cuda");
+        if (out->ops[dev])
+            return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': device %s given twice",
+                                     spec, dev == CL_DEV_CPU ? "cpu" : "cuda");
+        out->ops[dev] = ops;
+        p += len + (p[len] == ',');
+    }
+    return COLLIE_OK;
+}

@@ -1,0 +1,192 @@
+/*
+ * backend_services.c — the const table of core services handed to every
+ * backend (collie_backend.h). Thin adapters over the core's internals, so
+ * that a plugin never links against them.
+ */
+#include <event2/event.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+
+void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
+int cl_store_token(const collie_store *s, const char **token, size_t *len);
+
+static int svc_rank(const collie_bcomm *bc) { return bc->comm->rank; }
+static int svc_size(const collie_bcomm *bc) { return bc->comm->size; }
+static const char *svc_name(const collie_bcomm *bc) { return bc->comm->name; }
+static uint64_t svc_generation(const collie_bcomm *bc) { return bc->comm->generation; }
+static uint64_t svc_comm_id(const collie_bcomm *bc) { return bc->comm->id; }
+
+static struct event_base *svc_event_base(collie_bcomm *bc) {
+    return cl_engine_base(bc->comm->engine);
+}
+
+static bool svc_on_progress_thread(const collie_bcomm *bc) {
+    return cl_engine_on_loop(bc->comm->engine);
+}
+
+static void svc_work_publish(collie_work *w, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cl_work_vpublish(w, status, fmt, ap);
+    va_end(ap);
+}
+
+static bool svc_work_finish(collie_work *w, int status, const char *fmt, ...) {
+    if (!cl_work_claim(w)) return false;
+    va_list ap;
+    va_start(ap, fmt);
+    cl_work_vpublish(w, status, fmt, ap);
+    va_end(ap);
+    return true;
+}
+
+static void *svc_work_backend_data(collie_work *w) { return ((cl_coll_work *)w)->backend_data; }
+
+static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (w) cl_work_finish(w, status, "%s", msg);
+    cl_comm_fault(bc->comm, status, "%s", msg);
+}
+
+static void svc_init_done(collie_bcomm *bc, int status, const char *fmt, ...) {
+    char msg[512] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+    }
+    cl_comm_backend_init_done(bc, status, msg);
+}
+
+static int svc_key(collie_bcomm *bc, const char *key, char *out, size_t len) {
+    int n = snprintf(out, len, "%s%s", bc->comm->prefix, key);
+    if (n < 0 || (size_t)n >= len) return cl_set_last_error(COLLIE_EINVAL, "store key too long");
+    return COLLIE_OK;
+}
+
+static int svc_store_set(collie_bcomm *bc, const char *key, const void *val, size_t len,
+                         collie_work_cb cb, void *arg, collie_work **out) {
+    char k[512];
+    int r = svc_key(bc, key, k, sizeof k);
+    if (r != COLLIE_OK) return r;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = cb;
+    o.cb_arg = arg;
+    o.timeout_ms = bc->comm->create_timeout_ms;
+    return collie_store_post_set(bc->comm->store, k, val, len, &o, out);
+}
+
+static int svc_store_get(collie_bcomm *bc, const char *key, int32_t timeout_ms, collie_work_cb cb,
+                         void *arg, collie_work **out) {
+    char k[512];
+    int r = svc_key(bc, key, k, sizeof k);
+    if (r != COLLIE_OK) return r;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = cb;
+    o.cb_arg = arg;
+    o.timeout_ms = timeout_ms;
+    return collie_store_post_get(bc->comm->store, k, &o, out);
+}
+
+static void svc_auth_mac(const collie_bcomm *bc, const void *msg, size_t len,
+                         unsigned char out[32]) {
+    const char *tok = NULL;
+    size_t tlen = 0;
+    cl_store_token(bc->comm->store, &tok, &tlen);
+    if (!tok) {
+        memset(out, 0, 32);
+        return;
+    }
+    unsigned int olen = 32;
+    HMAC(EVP_sha256(), tok, (int)tlen, msg, len, out, &olen);
+}
+
+static bool svc_auth_enabled(const collie_bcomm *bc) {
+    const char *tok = NULL;
+    size_t tlen = 0;
+    cl_store_token(bc->comm->store, &tok, &tlen);
+    return tok != NULL;
+}
+
+static void svc_log(int level, const char *module, const char *fmt, ...) {
+    if (level < CL_LOG_ERROR) level = CL_LOG_ERROR;
+    if (level > CL_LOG_DEBUG) level = CL_LOG_DEBUG;
+    if (!cl_log_enabled(level)) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cl_log(level, module, "%s", msg);
+}
+
+static void svc_poll_cb(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    collie_bcomm *bc = arg;
+    if (bc->state && bc->ops->poll) bc->ops->poll(bc->state);
+}
+
+static void svc_want_poll(collie_bcomm *bc, bool on, int32_t interval_us) {
+    if (!bc->poll_ev) {
+        if (!on) return;
+        bc->poll_ev = event_new(cl_engine_base(bc->comm->engine), -1, EV_PERSIST, svc_poll_cb, bc);
+        if (!bc->poll_ev) return;
+    }
+    if (on == bc->poll_on && interval_us == bc->poll_interval_us) return;
+    event_del(bc->poll_ev);
+    bc->poll_on = on;
+    bc->poll_interval_us = interval_us;
+    if (!on) return;
+    if (interval_us < 1) interval_us = 1;
+    struct timeval tv = {.tv_sec = interval_us / 1000000, .tv_usec = interval_us % 1000000};
+    event_add(bc->poll_ev, &tv);
+}
+
+static const char *svc_setting(const char *name) {
+    const cl_config *c = cl_config_get();
+    if (!strcmp(name, "COLLIE_SOCKET_IFNAME")) return c->socket_ifname;
+    if (!strcmp(name, "COLLIE_SOCKET_ADDR")) return c->socket_addr;
+    if (!strcmp(name, "COLLIE_DUMP_DIR")) return c->dump_dir;
+    return NULL;
+}
+
+const collie_core_services cl_core_services = {
+    .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .rank = svc_rank,
+    .size = svc_size,
+    .name = svc_name,
+    .generation = svc_generation,
+    .comm_id = svc_comm_id,
+    .event_base = svc_event_base,
+    .on_progress_thread = svc_on_progress_thread,
+    .work_claim = cl_work_claim,
+    .work_publish = svc_work_publish,
+    .work_finish = svc_work_finish,
+    .work_busy_enter = cl_work_busy_enter,
+    .work_busy_exit = cl_work_busy_exit,
+    .work_backend_data = svc_work_backend_data,
+    .fault = svc_fault,
+    .init_done = svc_init_done,
+    .store_set = svc_store_set,
+    .store_get = svc_store_get,
+    .store_value = collie_store_work_value,
+    .auth_mac = svc_auth_mac,
+    .auth_enabled = svc_auth_enabled,
+    .log = svc_log,
+    .want_poll = svc_want_poll,
+    .setting = svc_setting,
+};

@@ -1,0 +1,237 @@
+/*
+ * coll.c — the public collective calls: argument validation, work
+ * creation, sequence numbers, hand-off to the engine.
+ *
+ * Design notes
+ *  - Everything is checked on the caller's thread before anything happens:
+ *    a rejected call returns COLLIE_EINVAL (collie_last_error says which
+ *    argument) and leaves no trace.
+ *  - Collectives and point-to-point operations have separate sequence
+ *    counters: every rank must agree on collective sequence numbers even
+ *    when only some ranks exchange point-to-point messages.
+ *  - The sequence number is taken and the work queued under the comm's
+ *    mutex, so the loop starts works in sequence order even when several
+ *    threads post on one comm.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "transports/reduce.h"
+
+static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+    "gather",    "scatter",   "barrier", "send",     "recv"};
+
+static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
+static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
+
+static void coll_free(collie_work *w) {
+    cl_coll_work *cw = (cl_coll_work *)w;
+    collie_comm *c = cw->comm;
+    free(cw);
+    cl_comm_release(c);
+}
+
+static void coll_describe(const collie_work *w, char *buf, size_t len) {
+    const cl_coll_work *cw = (const cl_coll_work *)w;
+    const collie_coll_args *a = &cw->args;
+    if (a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV)
+        snprintf(buf, len, " (comm '%s' rank %d, peer %d, tag %llu)", cw->comm->name,
+                 cw->comm->rank, a->peer, (unsigned long long)a->tag);
+    else
+        snprintf(buf, len, " (comm '%s' rank %d)", cw->comm->name, cw->comm->rank);
+}
+
+#define COLL_OPS(i)                                                                               \
+    {.name = NULL, .start = coll_start, .detach = coll_detach, .free = coll_free,                \
+     .describe = coll_describe}
+
+static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];
+static pthread_once_t cl_coll_ops_once = PTHREAD_ONCE_INIT;
+
+static void coll_ops_init(void) {
+    for (int k = 0; k < COLLIE_COLL_NUM_KINDS; k++) {
+        cl_coll_ops[k] = (cl_work_ops)COLL_OPS(k);
+        cl_coll_ops[k].name = cl_coll_names[k];
+    }
+}
+
+/* ---- validation ----------------------------------------------------------- */
+
+static int coll_check(collie_comm *c, const collie_coll_args *a, collie_work **out) {
+    const char *op = cl_coll_names[a->kind];
+    if (out) *out = NULL;
+    if (!c || !out) return cl_set_last_error(COLLIE_EINVAL, "%s: comm and out are required", op);
+    if (a->kind != COLLIE_COLL_BARRIER && !cl_dtype_valid(a->dtype))
+        return cl_set_last_error(COLLIE_EINVAL, "%s: invalid dtype %d", op, (int)a->dtype);
+    bool reduces = a->kind == COLLIE_COLL_ALLREDUCE || a->kind == COLLIE_COLL_REDUCE ||
+                   a->kind == COLLIE_COLL_REDUCE_SCATTER;
+    if (reduces && !cl_redop_valid(a->op))
+        return cl_set_last_error(COLLIE_EINVAL, "%s: invalid reduction op %d", op, (int)a->op);
+    size_t es = a->kind == COLLIE_COLL_BARRIER ? 1 : collie_dtype_size(a->dtype);
+    size_t n = (size_t)c->size;
+    /* the largest buffer any rank touches: count * size elements */
+    if (a->count > SIZE_MAX / es / n || a->count * es * n > (size_t)INT64_MAX)
+        return cl_set_last_error(COLLIE_EINVAL, "%s: count %zu overflows the buffer size", op,
+                                 a->count);
+    bool rooted = a->kind == COLLIE_COLL_BROADCAST || a->kind == COLLIE_COLL_REDUCE ||
+                  a->kind == COLLIE_COLL_GATHER || a->kind == COLLIE_COLL_SCATTER;
+    if (rooted && (a->root < 0 || a->root >= c->size))
+        return cl_set_last_error(COLLIE_EINVAL, "%s: root %d is not a rank of comm '%s' (size %d)",
+                                 op, a->root, c->name, c->size);
+    bool p2p = a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV;
+    if (p2p && (a->peer < 0 || a->peer >= c->size || a->peer == c->rank))
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "%s: peer %d must be another rank of comm '%s' (size %d)", op,
+                                 a->peer, c->name, c->size);
+    if (a->count > 0) {
+        bool is_root = rooted && a->root == c->rank;
+        bool need_send = true, need_recv = true;
+        switch (a->kind) {
+        case COLLIE_COLL_REDUCE:
+        case COLLIE_COLL_GATHER: need_recv = is_root; break;
+        case COLLIE_COLL_SCATTER: need_send = is_root; break;
+        case COLLIE_COLL_SEND: need_recv = false; break;
+        case COLLIE_COLL_RECV: need_send = false; break;
+        case COLLIE_COLL_BARRIER: need_send = need_recv = false; break;
+        default: break;
+        }
+        if (need_send && !a->sendbuf)
+            return cl_set_last_error(COLLIE_EINVAL, "%s: send buffer is NULL", op);
+        if (need_recv && !a->recvbuf)
+            return cl_set_last_error(COLLIE_EINVAL, "%s: receive buffer is NULL", op);
+    }
+    if (!c->spec.ops[CL_DEV_CPU])
+        return cl_set_last_error(COLLIE_ENOTSUP, "%s: comm '%s' has no cpu backend (spec)", op,
+                                 c->name);
+    int st = atomic_load_explicit(&c->err_status, memory_order_acquire);
+    if (st != COLLIE_OK && atomic_load(&c->state) == CL_COMM_FAILED)
+        return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' has failed: %s", op, c->name,
+                                 c->err_msg);
+    return COLLIE_OK;
+}
+
+static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_post_opts *o,
+                     collie_work **out) {
+    cl_clear_last_error();
+    int r = coll_check(c, a, out);
+    if (r != COLLIE_OK) return r;
+    pthread_once(&cl_coll_ops_once, coll_ops_init);
+    collie_bcomm *bc = &c->bcs[CL_DEV_CPU];
+    cl_coll_work *cw = calloc(1, sizeof *cw + bc->ops->work_data_size);
+    if (!cw) return COLLIE_ENOMEM;
+    r = cl_work_init(&cw->base, c->engine, &cl_coll_ops[a->kind], o, c->timeout_ms);
+    if (r != COLLIE_OK) {
+        free(cw);
+        return r;
+    }
+    cw->comm = c;
+    cw->bc = bc;
+    cw->args = *a;
+    size_t es = a->kind == COLLIE_COLL_BARRIER ? 0 : collie_dtype_size(a->dtype);
+    cw->base.bytes = a->count * es;
+    cl_comm_hold(c);
+    bool p2p = a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV;
+    pthread_mutex_lock(&c->mu);
+    cw->base.seq = p2p ? ++c->next_p2p_seq : ++c->next_seq;
+    atomic_fetch_add(&c->nactive, 1);
+    r = cl_work_post(&cw->base);
+    if (r != COLLIE_OK) {
+        if (p2p)
+            c->next_p2p_seq--;
+        else
+            c->next_seq--;
+        atomic_fetch_sub(&c->nactive, 1);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (r != COLLIE_OK) {
+        cl_comm_release(c);
+        free(cw);
+        return r;
+    }
+    *out = &cw->base;
+    return COLLIE_OK;
+}
+
+/* ---- the public calls ----------------------------------------------------------- */
+
+int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                     collie_dtype dt, collie_redop op, const collie_post_opts *o,
+                     collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLREDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt, .op = op};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
+                     const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_BROADCAST, .sendbuf = buf, .recvbuf = buf,
+                          .count = count, .dtype = dt, .root = root};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                  collie_dtype dt, collie_redop op, int root, const collie_post_opts *o,
+                  collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt, .op = op, .root = root};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                     collie_dtype dt, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                          collie_dtype dt, collie_redop op, const collie_post_opts *o,
+                          collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE_SCATTER, .sendbuf = sendbuf,
+                          .recvbuf = recvbuf, .count = recvcount, .dtype = dt, .op = op};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                    collie_dtype dt, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                  collie_dtype dt, int root, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt, .root = root};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                   collie_dtype dt, int root, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                          .count = count, .dtype = dt, .root = root};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_BARRIER, .dtype = COLLIE_UINT8};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
+                uint64_t tag, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_SEND, .sendbuf = buf, .count = count, .dtype = dt,
+                          .peer = peer, .tag = tag};
+    return coll_post(c, &a, o, out);
+}
+
+int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer, uint64_t tag,
+                const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_RECV, .recvbuf = buf, .count = count, .dtype = dt,
+                          .peer = peer, .tag = tag};
+    return coll_post(c, &a, o, out);
+}

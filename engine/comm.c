@@ -1,0 +1,402 @@
+/*
+ * comm.c — communicator lifetime: create/destroy/abort, faults and error
+ * policy, starting collective works on their backend, the name registry.
+ *
+ * Design notes
+ *  - Threads: posts happen on any thread (under `mu`, which makes the
+ *    sequence number and the queue order agree); everything that touches
+ *    backends, the waiting queue and the active list runs on the loop.
+ *  - States: CREATING → READY → FAILED. Works started while CREATING wait
+ *    in the comm's queue (their deadlines keep running) and start in post
+ *    order when the rendezvous completes. In FAILED, new works fail fast
+ *    with COLLIE_EABORTED naming the root cause.
+ *  - The root cause is recorded once (err_status, err_msg); err_msg is
+ *    written before err_status is published, and never changes after.
+ *  - A collective that ends by deadline or cancel leaves the byte stream
+ *    between ranks in an unknown state, so it is a comm fault: the comm's
+ *    policy applies (NONE excepted). Faults reported by a backend (dead
+ *    peer, protocol error) go through the same cl_comm_fault.
+ *  - Lifetime: the comm is refcounted (user + one per work + the creation
+ *    state); destroy = wait for pending works (bounded) → abort the rest →
+ *    backends destroyed on the loop → release. When the engine stops first,
+ *    the resident hook aborts the comm and destroy only frees memory.
+ */
+#include <event2/event.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+
+void cl_comm_hold(collie_comm *c) { atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); }
+
+void cl_comm_release(collie_comm *c) {
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* ---- accessors ----------------------------------------------------------- */
+
+int collie_comm_rank(const collie_comm *c) { return c ? c->rank : -1; }
+int collie_comm_size(const collie_comm *c) { return c ? c->size : -1; }
+const char *collie_comm_name(const collie_comm *c) { return c ? c->name : ""; }
+uint64_t collie_comm_generation(const collie_comm *c) { return c ? c->generation : 0; }
+
+int collie_comm_error(const collie_comm *c, int *status, const char **msg) {
+    if (!c) return COLLIE_EINVAL;
+    int st = atomic_load_explicit(&((collie_comm *)c)->err_status, memory_order_acquire);
+    if (status) *status = st;
+    if (msg) *msg = st == COLLIE_OK ? "" : c->err_msg;
+    return st;
+}
+
+/* Record the root cause once. Returns true for the first fault. */
+static bool comm_record_error(collie_comm *c, int status, const char *fmt, va_list ap) {
+    bool first = false;
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load_explicit(&c->err_status, memory_order_relaxed) == COLLIE_OK) {
+        vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+        atomic_store_explicit(&c->err_status, status, memory_order_release);
+        first = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return first;
+}
+
+/* ---- starting works ---------------------------------------------------------- */
+
+static void comm_active_add(collie_comm *c, cl_coll_work *cw) {
+    cw->a_prev = NULL;
+    cw->a_next = c->active_head;
+    if (c->active_head) c->active_head->a_prev = cw;
+    c->active_head = cw;
+}
+
+static void comm_active_del(collie_comm *c, cl_coll_work *cw) {
+    if (cw->a_prev)
+        cw->a_prev->a_next = cw->a_next;
+    else if (c->active_head == cw)
+        c->active_head = cw->a_next;
+    if (cw->a_next) cw->a_next->a_prev = cw->a_prev;
+    cw->a_next = cw->a_prev = NULL;
+}
+
+static void comm_fail_fast(cl_coll_work *cw) {
+    collie_comm *c = cw->comm;
+    cl_work_finish(&cw->base, COLLIE_EABORTED, "comm '%s' has failed: %s", c->name, c->err_msg);
+}
+
+static void comm_start_now(cl_coll_work *cw) {
+    collie_comm *c = cw->comm;
+    collie_bcomm *bc = cw->bc;
+    comm_active_add(c, cw);
+    cw->started = true;
+    int r = bc->ops->start(bc->state, &cw->base, &cw->args);
+    if (r != COLLIE_OK)
+        cl_work_finish(&cw->base, r, "backend %s could not start it: %s", bc->ops->name,
+                       collie_strerror(r));
+}
+
+void cl_comm_start_work(cl_coll_work *cw) {
+    collie_comm *c = cw->comm;
+    switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
+    case CL_COMM_FAILED: comm_fail_fast(cw); return;
+    case CL_COMM_CREATING:
+        cw->q_next = NULL;
+        if (c->wait_tail)
+            c->wait_tail->q_next = cw;
+        else
+            c->wait_head = cw;
+        c->wait_tail = cw;
+        return;
+    default: comm_start_now(cw); return;
+    }
+}
+
+static void comm_wait_remove(collie_comm *c, cl_coll_work *cw) {
+    cl_coll_work **pp = &c->wait_head, *prev = NULL;
+    while (*pp && *pp != cw) {
+        prev = *pp;
+        pp = &(*pp)->q_next;
+    }
+    if (!*pp) return;
+    *pp = cw->q_next;
+    if (c->wait_tail == cw) c->wait_tail = prev;
+}
+
+void cl_comm_detach_work(cl_coll_work *cw) {
+    collie_comm *c = cw->comm;
+    collie_work *w = &cw->base;
+    if (cw->started) {
+        comm_active_del(c, cw);
+        cw->bc->ops->detach(cw->bc->state, w);
+    } else {
+        comm_wait_remove(c, cw);
+    }
+    /* a deadline or cancel leaves the peers mid-operation: a comm fault */
+    if (w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED)
+        cl_comm_fault(c, w->status, "%s", collie_work_error_message(w));
+    pthread_mutex_lock(&c->mu);
+    atomic_fetch_sub(&c->nactive, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- faults and aborts ---------------------------------------------------------- */
+
+/* Fail everything pending on the comm (loop). */
+static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
+    while (c->wait_head) {
+        cl_coll_work *cw = c->wait_head;
+        c->wait_head = cw->q_next;
+        if (!c->wait_head) c->wait_tail = NULL;
+        cl_work_finish(&cw->base, status, "%s", reason);
+    }
+    for (int d = 0; d < CL_NUM_DEVICES; d++) {
+        collie_bcomm *bc = &c->bcs[d];
+        if (bc->state) bc->ops->abort(bc->state, status, reason);
+    }
+    if (c->create_work) cl_work_finish(c->create_work, status, "%s", reason);
+}
+
+void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    bool first = comm_record_error(c, status, fmt, ap);
+    va_end(ap);
+    if (!first || c->policy == COLLIE_POLICY_NONE) return;
+    atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
+    char reason[640];
+    snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
+    CL_WARN("comm", "comm '%s' rank %d: %s (%s)", c->name, c->rank, c->err_msg,
+            collie_status_name(status));
+    comm_abort_on_loop(c, COLLIE_EABORTED, reason);
+    if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return; /* the application decides */
+    if (c->on_error) {
+        const char *prev = cl_engine_set_activity(c->engine, "comm error callback");
+        c->on_error(c, status, c->err_msg, c->on_error_arg);
+        cl_engine_set_activity(c->engine, prev);
+    }
+    if (c->policy == COLLIE_POLICY_ABORT_PROCESS) {
+        CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
+                 c->rank);
+        abort();
+    }
+}
+
+static void comm_abort_cmd(cl_cmd *cmd) {
+    collie_comm *c = cl_container_of(cmd, collie_comm, abort_cmd);
+    char msg[600];
+    snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
+    if (!c->engine_gone) comm_abort_on_loop(c, COLLIE_EABORTED, msg);
+    cl_comm_release(c);
+}
+
+int collie_comm_abort(collie_comm *c, const char *reason) {
+    if (!c) return COLLIE_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load_explicit(&c->err_status, memory_order_relaxed) == COLLIE_OK) {
+        snprintf(c->err_msg, sizeof c->err_msg, "rank %d aborted the comm: %s", c->rank,
+                 reason ? reason : "collie_comm_abort");
+        atomic_store_explicit(&c->err_status, COLLIE_EABORTED, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->mu);
+    atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
+    if (c->engine_gone) return COLLIE_OK;
+    if (cl_engine_on_loop(c->engine)) { /* inside a callback: at once */
+        char msg[600];
+        snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
+        comm_abort_on_loop(c, COLLIE_EABORTED, msg);
+        return COLLIE_OK;
+    }
+    /* any other thread: hand it to the loop and return; never blocks */
+    if (atomic_exchange(&c->abort_queued, true)) return COLLIE_OK;
+    cl_comm_hold(c);
+    c->abort_cmd.fn = comm_abort_cmd;
+    if (cl_engine_post_cmd(c->engine, &c->abort_cmd) != COLLIE_OK) cl_comm_release(c);
+    return COLLIE_OK;
+}
+
+/* ---- rendezvous done ---------------------------------------------------------------- */
+
+void cl_comm_created(collie_comm *c, int status, const char *msg) {
+    if (status == COLLIE_OK) {
+        int expect = CL_COMM_CREATING;
+        if (!atomic_compare_exchange_strong(&c->state, &expect, CL_COMM_READY)) return;
+        CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
+                (unsigned long long)c->generation, c->rank, c->size);
+        while (c->wait_head) {
+            cl_coll_work *cw = c->wait_head;
+            c->wait_head = cw->q_next;
+            if (!c->wait_head) c->wait_tail = NULL;
+            comm_start_now(cw);
+        }
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load(&c->err_status) == COLLIE_OK) {
+        snprintf(c->err_msg, sizeof c->err_msg, "creation failed: %s", msg);
+        atomic_store_explicit(&c->err_status, status, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->mu);
+    atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
+    char reason[640];
+    snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
+    comm_abort_on_loop(c, COLLIE_EABORTED, reason);
+}
+
+/* ---- engine shutdown --------------------------------------------------------------- */
+
+static void comm_backends_destroy(collie_comm *c) {
+    for (int d = 0; d < CL_NUM_DEVICES; d++) {
+        collie_bcomm *bc = &c->bcs[d];
+        if (bc->poll_ev) {
+            event_free(bc->poll_ev);
+            bc->poll_ev = NULL;
+        }
+        if (bc->state) {
+            bc->ops->destroy(bc->state);
+            bc->state = NULL;
+        }
+    }
+}
+
+static void comm_on_engine_shutdown(cl_resident *r) {
+    collie_comm *c = cl_container_of(r, collie_comm, resident);
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load(&c->err_status) == COLLIE_OK) {
+        snprintf(c->err_msg, sizeof c->err_msg, "the engine was destroyed");
+        atomic_store_explicit(&c->err_status, COLLIE_ECLOSED, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->mu);
+    atomic_store(&c->state, CL_COMM_FAILED);
+    comm_abort_on_loop(c, COLLIE_ECLOSED, "the engine is shutting down");
+    comm_backends_destroy(c);
+    c->engine_gone = true;
+    c->resident_added = false;
+}
+
+static void comm_add_resident_fn(void *arg) {
+    collie_comm *c = arg;
+    c->resident.shutdown = comm_on_engine_shutdown;
+    c->resident.what = "comm shutdown";
+    c->resident_added = cl_engine_add_resident(c->engine, &c->resident) == COLLIE_OK;
+}
+
+int cl_comm_attach_engine(collie_comm *c);
+int cl_comm_attach_engine(collie_comm *c) {
+    int r = cl_engine_call(c->engine, comm_add_resident_fn, c, CL_ENGINE_CALL_TIMEOUT_MS);
+    if (r != COLLIE_OK) return r;
+    return c->resident_added ? COLLIE_OK : COLLIE_ECLOSED;
+}
+
+/* ---- destroy ----------------------------------------------------------------------- */
+
+static void comm_destroy_on_loop(void *arg) {
+    collie_comm *c = arg;
+    if (c->engine_gone) return;
+    comm_abort_on_loop(c, COLLIE_ECLOSED, "the comm was destroyed");
+    comm_backends_destroy(c);
+    if (c->resident_added) cl_engine_remove_resident(c->engine, &c->resident);
+    c->resident_added = false;
+}
+
+static bool comm_wait_idle(collie_comm *c, int64_t until_ns) {
+    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
+    pthread_mutex_lock(&c->mu);
+    while (atomic_load(&c->nactive) > 0) {
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
+    }
+    bool idle = atomic_load(&c->nactive) == 0;
+    pthread_mutex_unlock(&c->mu);
+    return idle;
+}
+
+int collie_comm_destroy(collie_comm *c) {
+    if (!c) return COLLIE_OK;
+    if (!c->engine_gone && cl_engine_on_loop(c->engine))
+        return cl_set_last_error(COLLIE_ESTATE, "collie_comm_destroy on the progress thread");
+    int res = COLLIE_OK;
+    cl_comm_unregister(c);
+    if (!c->engine_gone) {
+        /* graceful: let pending works finish, bounded by the op timeout */
+        int64_t until = cl_deadline_ns(cl_now_ns(), c->timeout_ms);
+        if (!comm_wait_idle(c, until)) {
+            res = COLLIE_EABORTED;
+            collie_comm_abort(c, "destroyed with works still pending");
+        }
+        if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=
+            COLLIE_OK && !c->engine_gone) {
+            CL_ERROR("comm", "comm '%s': destroy not processed by the progress loop; leaking it",
+                     c->name);
+            return COLLIE_ETIMEDOUT;
+        }
+        /* works failed by the abort retire promptly; wait for them (bounded) */
+        comm_wait_idle(c, cl_now_ns() + 2000 * CL_NS_PER_MS);
+    }
+    if (c->owns_store) collie_store_destroy(c->store);
+    c->store = NULL;
+    cl_comm_release(c);
+    return res;
+}
+
+/* ---- named registry ------------------------------------------------------------------ */
+
+static pthread_mutex_t cl_registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static collie_comm *cl_registry[256];
+
+int collie_comm_register(collie_comm *c) {
+    if (!c) return COLLIE_EINVAL;
+    int res = COLLIE_OK;
+    pthread_mutex_lock(&cl_registry_mu);
+    size_t free_slot = SIZE_MAX;
+    for (size_t i = 0; i < 256; i++) {
+        if (cl_registry[i] == c) goto out; /* already registered */
+        if (cl_registry[i] && strcmp(cl_registry[i]->name, c->name) == 0) {
+            res = cl_set_last_error(COLLIE_EEXIST, "a comm named '%s' is already registered",
+                                    c->name);
+            goto out;
+        }
+        if (!cl_registry[i] && free_slot == SIZE_MAX) free_slot = i;
+    }
+    if (free_slot == SIZE_MAX) {
+        res = cl_set_last_error(COLLIE_ELIMIT, "the comm registry is full (256 names)");
+        goto out;
+    }
+    cl_registry[free_slot] = c;
+    c->registered = true;
+out:
+    pthread_mutex_unlock(&cl_registry_mu);
+    return res;
+}
+
+void cl_comm_unregister(collie_comm *c) {
+    pthread_mutex_lock(&cl_registry_mu);
+    for (size_t i = 0; i < 256; i++)
+        if (cl_registry[i] == c) cl_registry[i] = NULL;
+    c->registered = false;
+    pthread_mutex_unlock(&cl_registry_mu);
+}
+
+int collie_comm_lookup(const char *name, collie_comm **out) {
+    if (out) *out = NULL;
+    if (!name || !out) return COLLIE_EINVAL;
+    int res = cl_set_last_error(COLLIE_ENOENT, "no comm named '%s' is registered", name);
+    pthread_mutex_lock(&cl_registry_mu);
+    for (size_t i = 0; i < 256; i++)
+        if (cl_registry[i] && strcmp(cl_registry[i]->name, name) == 0) {
+            *out = cl_registry[i];
+            res = COLLIE_OK;
+            break;
+        }
+    pthread_mutex_unlock(&cl_registry_mu);
+    return res;
+}

@@ -1,0 +1,112 @@
+/*
+ * comm.h — communicators: internal state shared by engine/comm*.c,
+ * engine/coll.c and engine/backend.c.
+ */
+#ifndef CL_COMM_H
+#define CL_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "collie.h"
+#include "collie_backend.h"
+#include "engine/engine.h"
+#include "work/work.h"
+
+enum cl_device { CL_DEV_CPU = 0, CL_DEV_CUDA = 1, CL_NUM_DEVICES };
+
+/* backend.c: the parsed backend spec of a comm */
+typedef struct cl_backend_spec {
+    const collie_backend_ops *ops[CL_NUM_DEVICES]; /* NULL: device not served */
+} cl_backend_spec;
+
+int cl_backend_parse_spec(const char *spec, cl_backend_spec *out);
+const collie_backend_ops *cl_tcp_backend_ops(void);
+extern const collie_core_services cl_core_services;
+
+enum cl_comm_state {
+    CL_COMM_CREATING = 0,
+    CL_COMM_READY = 1,
+    CL_COMM_FAILED = 2, /* faulted or aborted: posts fail fast */
+};
+
+/* One backend instance of a comm. */
+struct collie_bcomm {
+    collie_comm *comm;
+    const collie_backend_ops *ops;
+    void *state;
+    bool init_called, ready, poll_on;
+    struct event *poll_ev;
+    int32_t poll_interval_us;
+};
+
+/* A collective work. The backend's per-work data follows it. */
+typedef struct cl_coll_work {
+    collie_work base;
+    collie_comm *comm;
+    collie_bcomm *bc;
+    collie_coll_args args;
+    bool started;                 /* backend start ran (loop) */
+    struct cl_coll_work *q_next;  /* comm's waiting queue (loop) */
+    struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
+    _Alignas(16) unsigned char backend_data[];
+} cl_coll_work;
+
+struct collie_comm {
+    collie_engine *engine;
+    collie_store *store;    /* the user's (or owned) store handle */
+    char prefix[112];       /* store namespace "collie/<name>/<gen>/" */
+    bool owns_store;
+    char name[72];
+    int rank, size;
+    uint64_t generation, id;
+    int32_t timeout_ms, create_timeout_ms;
+    collie_error_policy policy;
+    collie_comm_error_cb on_error;
+    void *on_error_arg;
+    int device;
+    cl_backend_spec spec;
+    collie_bcomm bcs[CL_NUM_DEVICES];
+
+    _Atomic int state;       /* enum cl_comm_state */
+    _Atomic int err_status;  /* COLLIE_OK until the first fault */
+    char err_msg[512];       /* written once, before err_status is published */
+    pthread_mutex_t mu;      /* post ordering (seq + enqueue), err_msg, destroy */
+    pthread_cond_t cv;       /* nactive changes (destroy waits) */
+    uint64_t next_seq;       /* collectives, under mu */
+    uint64_t next_p2p_seq;   /* send/recv, under mu */
+    _Atomic int32_t refs;    /* user + each work + create state */
+    _Atomic int nactive;     /* works posted and not retired */
+
+    /* loop-thread state */
+    cl_coll_work *wait_head, *wait_tail; /* started before the comm was ready */
+    cl_coll_work *active_head;           /* handed to a backend */
+    collie_work *create_work;
+    void *create_state;
+    cl_resident resident;
+    cl_cmd abort_cmd;
+    _Atomic bool abort_queued;
+    bool resident_added, engine_gone, destroyed, registered;
+    int split_count; /* loop: number of splits made from this comm */
+};
+
+/* comm.c */
+void cl_comm_hold(collie_comm *c);
+void cl_comm_release(collie_comm *c);
+/* record the first fault and apply the comm's policy (loop) */
+void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* the rendezvous finished (loop): start queued works or fail them */
+void cl_comm_created(collie_comm *c, int status, const char *msg);
+/* start a work on its backend, or queue it (loop) */
+void cl_comm_start_work(cl_coll_work *cw);
+void cl_comm_detach_work(cl_coll_work *cw);
+
+/* comm_create.c: begin the rendezvous on the loop thread */
+void cl_comm_create_begin(collie_comm *c);
+void cl_comm_create_cancel(collie_comm *c);
+
+/* registry (comm.c) */
+void cl_comm_unregister(collie_comm *c);
+
+#endif

@@ -1,0 +1,363 @@
+/*
+ * comm_create.c — creating a communicator: options, the rendezvous over the
+ * store, backend initialisation.
+ *
+ * Design notes
+ *  - The rendezvous is a work ("comm.create") driven by store-work
+ *    callbacks on the loop thread, so a non-blocking create costs the caller
+ *    nothing and the blocking create is just post + wait:
+ *      JOIN     add("collie/<name>/joins", 1) = v; generation = (v-1)/size
+ *               — every member of one incarnation computes the same number
+ *               without further messages, and a later incarnation of the
+ *               same name gets a fresh key space "collie/<name>/<gen>/";
+ *      INIT     each backend's init (the TCP transport publishes its
+ *               listening address), reported through init_done;
+ *      BARRIER  barrier("collie/<name>/<gen>/created", size).
+ *  - The create work's deadline bounds all of it. When it ends early
+ *    (deadline, abort), its detach cancels the store request in flight; the
+ *    step callback then sees the cancellation and stops.
+ *  - The create state holds a comm reference until its last callback.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+
+int cl_comm_attach_engine(collie_comm *c);
+
+enum create_step { STEP_JOIN, STEP_INIT, STEP_BARRIER, STEP_DONE };
+
+typedef struct create_state {
+    collie_work base; /* the "comm.create" work */
+    collie_comm *comm;
+    int step;
+    collie_work *req; /* store request in flight (loop) */
+    int inits_pending;
+} create_state;
+
+static void create_fail(create_state *cs, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void create_fail(create_state *cs, int status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cs->step = STEP_DONE;
+    cl_work_finish(&cs->base, status, "%s", msg);
+}
+
+static int32_t create_remaining_ms(create_state *cs) {
+    if (cs->base.deadline_ns == INT64_MAX) return COLLIE_TIMEOUT_INFINITE;
+    int64_t left = (cs->base.deadline_ns - cl_now_ns()) / CL_NS_PER_MS;
+    return left < 1 ? 1 : (int32_t)left;
+}
+
+static void create_on_step(collie_work *w, void *arg);
+
+static int create_post_step(create_state *cs) {
+    collie_comm *c = cs->comm;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = create_on_step;
+    o.cb_arg = cs;
+    o.timeout_ms = create_remaining_ms(cs);
+    char key[160];
+    switch (cs->step) {
+    case STEP_JOIN:
+        snprintf(key, sizeof key, "collie/%s/joins", c->name);
+        return collie_store_post_add(c->store, key, 1, &o, &cs->req);
+    case STEP_BARRIER:
+        snprintf(key, sizeof key, "%screated", c->prefix);
+        return collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+    default: return COLLIE_EINVAL;
+    }
+}
+
+static void create_init_backends(create_state *cs) {
+    collie_comm *c = cs->comm;
+    cs->step = STEP_INIT;
+    cs->inits_pending = 0;
+    for (int d = 0; d < CL_NUM_DEVICES; d++)
+        if (c->bcs[d].ops) cs->inits_pending++;
+    for (int d = 0; d < CL_NUM_DEVICES && cs->step == STEP_INIT; d++) {
+        collie_bcomm *bc = &c->bcs[d];
+        if (!bc->ops) continue;
+        bc->init_called = true;
+        int r = bc->ops->init(bc, &cl_core_services, &bc->state);
+        if (r != COLLIE_OK) {
+            create_fail(cs, r, "backend %s failed to initialise: %s", bc->ops->name,
+                        collie_last_error());
+            return;
+        }
+    }
+}
+
+/* Called by backends through the core services (loop). */
+void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
+void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
+    collie_comm *c = bc->comm;
+    create_state *cs = c->create_state;
+    if (!cs || cs->step != STEP_INIT) return;
+    if (status != COLLIE_OK) {
+        create_fail(cs, status, "backend %s failed to initialise: %s", bc->ops->name, msg);
+        return;
+    }
+    bc->ready = true;
+    if (--cs->inits_pending > 0) return;
+    cs->step = STEP_BARRIER;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK) create_fail(cs, r, "store barrier: %s", collie_last_error());
+}
+
+static void create_on_step(collie_work *w, void *arg) {
+    create_state *cs = arg;
+    collie_comm *c = cs->comm;
+    int st = collie_work_result(w);
+    cs->req = NULL;
+    if (cs->step == STEP_DONE || cl_work_done(&cs->base)) {
+        collie_work_release(w);
+        return;
+    }
+    if (st != COLLIE_OK) {
+        const char *what = cs->step == STEP_JOIN ? "joining" : "waiting for every rank";
+        if (st == COLLIE_ETIMEDOUT)
+            create_fail(cs, COLLIE_ETIMEDOUT,
+                        "rank %d of %d: not every rank arrived within %d ms (%s: %s)", c->rank,
+                        c->size, (int)c->create_timeout_ms, what, collie_work_error_message(w));
+        else
+            create_fail(cs, st, "rank %d of %d: %s: %s", c->rank, c->size, what,
+                        collie_work_error_message(w));
+        collie_work_release(w);
+        return;
+    }
+    if (cs->step == STEP_JOIN) {
+        int64_t v = 0;
+        collie_store_work_int(w, &v);
+        collie_work_release(w);
+        c->generation = (uint64_t)(v - 1) / (uint64_t)c->size;
+        snprintf(c->prefix, sizeof c->prefix, "collie/%s/%llu/", c->name,
+                 (unsigned long long)c->generation);
+        /* FNV-1a of the prefix: the comm id carried in transport handshakes */
+        uint64_t h = 1469598103934665603ULL;
+        for (const char *p = c->prefix; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        c->id = h;
+        create_init_backends(cs);
+        return;
+    }
+    collie_work_release(w);
+    cs->step = STEP_DONE;
+    cl_work_finish(&cs->base, COLLIE_OK, NULL);
+}
+
+static void create_start(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    cs->comm->create_state = cs;
+    cs->step = STEP_JOIN;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
+}
+
+static void create_detach(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    collie_comm *c = cs->comm;
+    cs->step = STEP_DONE;
+    if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
+    c->create_state = NULL;
+    c->create_work = NULL;
+    cl_comm_created(c, w->status, collie_work_error_message(w));
+}
+
+static void create_free(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    cl_comm_release(cs->comm);
+    free(cs);
+}
+
+static void create_describe(const collie_work *w, char *buf, size_t len) {
+    const create_state *cs = (const create_state *)w;
+    snprintf(buf, len, " (comm '%s')", cs->comm->name);
+}
+
+static const cl_work_ops create_ops = {.name = "comm.create",
+                                       .start = create_start,
+                                       .detach = create_detach,
+                                       .free = create_free,
+                                       .describe = create_describe};
+
+/* ---- options ------------------------------------------------------------------------ */
+
+static int comm_check_name(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 64)
+        return cl_set_last_error(COLLIE_EINVAL, "comm name '%s' must have 1 to 64 characters",
+                                 name);
+    for (const char *p = name; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
+            return cl_set_last_error(COLLIE_EINVAL,
+                                     "comm name '%s': character '%c' is not allowed (use "
+                                     "letters, digits, '_', '-', '.')",
+                                     name, *p);
+    return COLLIE_OK;
+}
+
+int cl_comm_policy_from_env(collie_error_policy *out);
+
+static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, int size,
+                               const collie_comm_opts *o, int *res) {
+    *res = COLLIE_OK;
+    collie_comm *c = NULL;
+    if (!e || !store || !o) {
+        *res = cl_set_last_error(COLLIE_EINVAL, "collie_comm_create: engine and store are "
+                                                "required");
+        return NULL;
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+        *res = cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_create: rank %d is not in [0, size %d)", rank, size);
+        return NULL;
+    }
+    const char *name = cl_opt(o, name, NULL);
+    if (!name) name = "world";
+    if ((*res = comm_check_name(name)) != COLLIE_OK) return NULL;
+    int32_t timeout = cl_opt(o, timeout_ms, 0), ctimeout = cl_opt(o, create_timeout_ms, 0);
+    if (timeout < COLLIE_TIMEOUT_INFINITE || ctimeout < COLLIE_TIMEOUT_INFINITE) {
+        *res = cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_create: timeout_ms %d / create_timeout_ms %d "
+                                 "invalid (> 0, 0 for the default, or COLLIE_TIMEOUT_INFINITE)",
+                                 (int)timeout, (int)ctimeout);
+        return NULL;
+    }
+    if (timeout == 0) timeout = cl_config_get()->timeout_ms;
+    if (ctimeout == 0) ctimeout = timeout;
+    collie_error_policy policy = cl_opt(o, policy, COLLIE_POLICY_DEFAULT);
+    if ((int)policy < COLLIE_POLICY_DEFAULT || policy > COLLIE_POLICY_NONE) {
+        *res = cl_set_last_error(COLLIE_EINVAL, "collie_comm_create: unknown error policy %d",
+                                 (int)policy);
+        return NULL;
+    }
+    if (policy == COLLIE_POLICY_DEFAULT && (*res = cl_comm_policy_from_env(&policy)) != COLLIE_OK)
+        return NULL;
+    cl_backend_spec spec;
+    if ((*res = cl_backend_parse_spec(cl_opt(o, backend, NULL), &spec)) != COLLIE_OK) return NULL;
+
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        *res = COLLIE_ENOMEM;
+        return NULL;
+    }
+    c->engine = e;
+    c->store = store;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->rank = rank;
+    c->size = size;
+    c->timeout_ms = timeout;
+    c->create_timeout_ms = ctimeout;
+    c->policy = policy;
+    c->on_error = cl_opt(o, on_error, NULL);
+    c->on_error_arg = cl_opt(o, on_error_arg, NULL);
+    c->device = cl_opt(o, device, -1);
+    c->spec = spec;
+    for (int d = 0; d < CL_NUM_DEVICES; d++) {
+        c->bcs[d].comm = c;
+        c->bcs[d].ops = spec.ops[d];
+    }
+    atomic_init(&c->state, CL_COMM_CREATING);
+    atomic_init(&c->err_status, COLLIE_OK);
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->nactive, 0);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return c;
+}
+
+int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
+                            const collie_comm_opts *o, collie_comm **out, collie_work **work) {
+    if (out) *out = NULL;
+    if (work) *work = NULL;
+    cl_clear_last_error();
+    if (!out || !work) return cl_set_last_error(COLLIE_EINVAL, "collie_comm_create: out is NULL");
+    if (!cl_opts_ok(o, offsetof(collie_comm_opts, device)))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_create: opts.size not set (use "
+                                                "COLLIE_COMM_OPTS_INIT)");
+    collie_comm_opts dflt = COLLIE_COMM_OPTS_INIT;
+    int res = cl_config_check();
+    if (res != COLLIE_OK) return res;
+    collie_comm *c = comm_alloc(e, store, rank, size, o ? o : &dflt, &res);
+    if (!c) return res;
+    create_state *cs = calloc(1, sizeof *cs);
+    if (!cs) {
+        cl_comm_release(c);
+        return COLLIE_ENOMEM;
+    }
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = c->create_timeout_ms;
+    cl_work_init(&cs->base, e, &create_ops, &po, c->create_timeout_ms);
+    cs->comm = c;
+    cl_comm_hold(c); /* the create state's */
+    if ((res = cl_comm_attach_engine(c)) != COLLIE_OK) {
+        free(cs);
+        cl_comm_release(c);
+        cl_comm_release(c);
+        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
+    }
+    c->create_work = &cs->base;
+    if ((res = cl_work_post(&cs->base)) != COLLIE_OK) {
+        c->create_work = NULL;
+        free(cs);
+        cl_comm_release(c);
+        collie_comm_destroy(c);
+        return res;
+    }
+    *out = c;
+    *work = &cs->base;
+    return COLLIE_OK;
+}
+
+int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
+                       const collie_comm_opts *o, collie_comm **out) {
+    collie_work *w;
+    if (out) *out = NULL;
+    int res = collie_comm_create_post(e, store, rank, size, o, out, &w);
+    if (res != COLLIE_OK) return res;
+    res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE); /* bounded by the work's deadline */
+    if (res != COLLIE_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", collie_work_error_message(w));
+        collie_work_release(w);
+        collie_comm_destroy(*out);
+        *out = NULL;
+        return cl_set_last_error(res, "%s", msg);
+    }
+    collie_work_release(w);
+    return COLLIE_OK;
+}
+
+int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, collie_comm **out) {
+    if (out) *out = NULL;
+    int res = cl_config_check();
+    if (res != COLLIE_OK) return res;
+    const cl_config *cfg = cl_config_get();
+    if (cfg->rank < 0 || cfg->world_size < 1 || !cfg->store_addr)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_create_from_env: COLLIE_RANK, COLLIE_WORLD_SIZE "
+                                 "and COLLIE_STORE_ADDR must be set (collie-run sets them)");
+    collie_store *s;
+    if ((res = collie_store_connect(e, cfg->store_addr, NULL, &s)) != COLLIE_OK) return res;
+    res = collie_comm_create(e, s, cfg->rank, cfg->world_size, o, out);
+    if (res != COLLIE_OK) {
+        collie_store_destroy(s);
+        return res;
+    }
+    (*out)->owns_store = true;
+    return COLLIE_OK;
+}

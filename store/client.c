@@ -1,0 +1,682 @@
+/*
+ * client.c — the store client's connection: lazy connect, handshake,
+ * pipelined requests matched by id, reconnect with backoff, teardown.
+ *
+ * Design notes
+ *  - Everything below runs on the engine's loop thread, except create,
+ *    hold/release, close (which hands over to the loop) and describe (which
+ *    reads the connection summary under `mu`, a leaf lock).
+ *  - States: IDLE → CONNECTING → HELLO → (AUTH →) READY; a failure before
+ *    READY goes to BACKOFF (retry after an exponentially growing, jittered
+ *    delay, capped by max_backoff_ms) while requests are queued, else IDLE.
+ *    Nothing reconnects without a request wanting it.
+ *  - A request is QUEUED until the connection is READY, then SENT with a
+ *    fresh request id (in `sent`, looked up when its reply arrives). Queued
+ *    requests survive connection failures and wait, bounded by their own
+ *    deadlines. When a READY connection is lost, every SENT request fails
+ *    with COLLIE_EPEER (COLLIE_EPROTO for a protocol violation): none is
+ *    replayed, because set/add/append/barrier are not idempotent and the
+ *    server may or may not have executed them.
+ *  - Authentication failures and protocol-version refusals are not retried:
+ *    the queued requests fail with the cause (a new request tries again).
+ *  - A request finished by someone else (deadline, cancel) is detached here:
+ *    removed from the queue or the sent table, and if the server is holding
+ *    it (get, wait, multi_get, barrier) a CANCEL frame tells it to drop the
+ *    waiter. A reply for an unknown id (it crossed the cancel) is ignored.
+ *  - The core is a cl_resident: engine shutdown closes the connection and
+ *    fails what is pending with COLLIE_ECLOSED; later destroy calls only
+ *    free memory.
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+#include "store/addr.h"
+#include "store/auth.h"
+#include "store/client.h"
+
+/* Bound on connect + handshake, independent of request deadlines. */
+#define STORE_CLI_HANDSHAKE_MS 10000
+#define STORE_CLI_BACKOFF_START_MS 10
+#define STORE_CLI_DEFAULT_BACKOFF_CAP_MS 1000
+
+static void store_cli_connect(cl_store_core *c);
+
+/* ---- lists ------------------------------------------------------------------------- */
+
+static void store_cli_enqueue(cl_store_core *c, cl_store_req *r) {
+    r->where = CL_STORE_REQ_QUEUED;
+    r->next = NULL;
+    r->prev = c->q_tail;
+    if (c->q_tail)
+        c->q_tail->next = r;
+    else
+        c->q_head = r;
+    c->q_tail = r;
+}
+
+static void store_cli_dequeue(cl_store_core *c, cl_store_req *r) {
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->q_head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        c->q_tail = r->prev;
+    r->next = r->prev = NULL;
+    r->where = CL_STORE_REQ_NOWHERE;
+}
+
+static void store_cli_unsend(cl_store_core *c, cl_store_req *r) {
+    cl_store_idmap_del(&c->sent, r->node.id);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->s_head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+    r->where = CL_STORE_REQ_NOWHERE;
+}
+
+/* Fail every request on one list. The list is detached first: finishing
+ * never calls back into us synchronously, but keep it simple to reason. */
+static void store_cli_fail_all(cl_store_core *c, bool sent, int status, const char *msg) {
+    cl_store_req *r;
+    while ((r = sent ? c->s_head : c->q_head)) {
+        if (sent)
+            store_cli_unsend(c, r);
+        else
+            store_cli_dequeue(c, r);
+        cl_work_finish(&r->work, status, "%s", msg);
+    }
+}
+
+/* ---- connection summary for messages ---------------------------------------------- */
+
+static void store_cli_set_connected(cl_store_core *c, bool up, const char *err) {
+    pthread_mutex_lock(&c->mu);
+    c->connected = up;
+    snprintf(c->last_err, sizeof c->last_err, "%s", err ? err : "");
+    pthread_mutex_unlock(&c->mu);
+}
+
+void cl_store_core_describe(cl_store_core *c, char *buf, size_t len) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->connected && c->last_err[0])
+        snprintf(buf, len, "store %s, not connected: %s", c->addr, c->last_err);
+    else
+        snprintf(buf, len, "store %s", c->addr);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- sending ------------------------------------------------------------------------ */
+
+static void store_cli_free_frame(const void *data, size_t len, void *arg) {
+    CL_UNUSED(len);
+    CL_UNUSED(arg);
+    free((void *)data);
+}
+
+static void store_cli_send(cl_store_core *c, cl_store_req *r) {
+    uint32_t id;
+    do {
+        id = ++c->next_req_id;
+    } while (id == 0 || cl_store_idmap_get(&c->sent, id));
+    r->node.id = id;
+    if (cl_store_idmap_put(&c->sent, &r->node) != COLLIE_OK) {
+        cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
+        return;
+    }
+    /* Hand the frame to libevent without copying it; it frees it once sent. */
+    uint8_t *p = r->frame.p;
+    size_t len = r->frame.len;
+    r->frame.p = NULL;
+    r->frame.len = r->frame.cap = 0;
+    cl_store_hdr_patch_req_id(p, id);
+    if (evbuffer_add_reference(bufferevent_get_output(c->bev), p, len, store_cli_free_frame,
+                               NULL) != 0) {
+        free(p);
+        cl_store_idmap_del(&c->sent, id);
+        cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
+        return;
+    }
+    r->where = CL_STORE_REQ_SENT;
+    r->conn_gen = c->conn_gen;
+    r->prev = NULL;
+    r->next = c->s_head;
+    if (c->s_head) c->s_head->prev = r;
+    c->s_head = r;
+}
+
+/* A small control frame (HELLO, AUTH, CANCEL). */
+static void store_cli_send_ctl(cl_store_core *c, const cl_store_wbuf *b) {
+    if (b->oom || bufferevent_write(c->bev, b->p, b->len) != 0)
+        CL_WARN("store", "client %s: could not queue a control frame", c->addr);
+}
+
+/* A last frame before we hang up on a server we refuse: written straight to
+ * the socket so it leaves before the close (best effort). */
+static void store_cli_send_last(cl_store_core *c, uint8_t kind) {
+    cl_store_wbuf b = {0};
+    cl_store_frame_begin(&b, CL_STORE_OP_AUTH, 0, 0);
+    cl_store_put_u8(&b, kind);
+    cl_store_put_bytes(&b, NULL, 0);
+    if (cl_store_frame_end(&b, 0) == COLLIE_OK) {
+        int fd = bufferevent_getfd(c->bev);
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 && fd >= 0) {
+            ssize_t n = send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+            CL_UNUSED(n);
+        }
+    }
+    cl_store_wbuf_fini(&b);
+}
+
+static void store_cli_send_cancel(cl_store_core *c, uint32_t id) {
+    cl_store_wbuf b = {0};
+    cl_store_frame_begin(&b, CL_STORE_OP_CANCEL, 0, 0);
+    cl_store_put_u32(&b, id);
+    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
+    cl_store_wbuf_fini(&b);
+}
+
+/* ---- connection state ------------------------------------------------------------- */
+
+static uint32_t store_cli_rand(cl_store_core *c) {
+    uint64_t x = c->rng; /* xorshift64* */
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    c->rng = x;
+    return (uint32_t)((x * 2685821657736338717ULL) >> 32);
+}
+
+static void store_cli_schedule_retry(cl_store_core *c) {
+    uint32_t d = c->backoff_ms ? c->backoff_ms : STORE_CLI_BACKOFF_START_MS;
+    if (d > (uint32_t)c->max_backoff_ms) d = (uint32_t)c->max_backoff_ms;
+    uint32_t wait = d / 2 + store_cli_rand(c) % (d - d / 2 + 1); /* jitter: [d/2, d] */
+    c->backoff_ms = d * 2;
+    struct timeval tv = {wait / 1000, (wait % 1000) * 1000};
+    c->state = CL_STORE_BACKOFF;
+    evtimer_add(c->backoff_ev, &tv);
+}
+
+static void store_cli_on_backoff(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    cl_store_core *c = arg;
+    if (c->state != CL_STORE_BACKOFF) return;
+    c->state = CL_STORE_IDLE;
+    if (c->q_head) store_cli_connect(c);
+}
+
+/* The connection (or the attempt) is over. fatal: do not retry; fail the
+ * queued requests with `status` too. */
+static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...) {
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int prev = c->state;
+    if (c->bev) bufferevent_free(c->bev);
+    c->bev = NULL;
+    c->conn_gen++;
+    c->state = CL_STORE_IDLE;
+    /* The requests failed here carry msg as their cause; the connection
+     * summary (for later messages) is updated after, so it is not repeated. */
+    if (prev == CL_STORE_READY) {
+        if (c->s_head)
+            CL_WARN("store", "client of %s: %s; failing the requests in flight", c->addr, msg);
+        else
+            CL_INFO("store", "client of %s: %s", c->addr, msg);
+        store_cli_fail_all(c, true, status == COLLIE_EPROTO ? COLLIE_EPROTO : COLLIE_EPEER, msg);
+    } else if (fatal) {
+        CL_WARN("store", "client of %s: %s", c->addr, msg);
+        store_cli_fail_all(c, false, status, msg);
+    } else {
+        CL_DEBUG("store", "client of %s: %s", c->addr, msg);
+    }
+    store_cli_set_connected(c, false, msg);
+    if (c->q_head) {
+        if (prev == CL_STORE_READY)
+            store_cli_connect(c); /* first retry at once */
+        else
+            store_cli_schedule_retry(c);
+    }
+}
+
+static void store_cli_ready(cl_store_core *c) {
+    c->state = CL_STORE_READY;
+    c->backoff_ms = 0;
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    store_cli_set_connected(c, true, NULL);
+    CL_DEBUG("store", "client of %s: connected", c->addr);
+    while (c->q_head && c->state == CL_STORE_READY) {
+        cl_store_req *r = c->q_head;
+        store_cli_dequeue(c, r);
+        store_cli_send(c, r);
+    }
+}
+
+static void store_cli_on_connected(cl_store_core *c) {
+    int fd = bufferevent_getfd(c->bev), one = 1, idle = 10, intvl = 5, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* a server host that vanishes without a FIN is noticed in ~25 s */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    if (cl_store_auth_random(c->cnonce, sizeof c->cnonce) != COLLIE_OK) {
+        store_cli_conn_lost(c, COLLIE_ESYSTEM, true, "RAND_bytes failed");
+        return;
+    }
+    cl_store_wbuf b = {0};
+    cl_store_frame_begin(&b, CL_STORE_OP_HELLO, 0, 0);
+    cl_store_put_u8(&b, c->token != NULL);
+    cl_store_put_bytes(&b, c->cnonce, sizeof c->cnonce);
+    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
+    cl_store_wbuf_fini(&b);
+    c->state = CL_STORE_HELLO;
+}
+
+/* ---- handshake ---------------------------------------------------------------------- */
+
+static void store_cli_on_hello(cl_store_core *c, const cl_store_msg *m) {
+    bool required = m->num != 0;
+    const uint8_t *snonce = m->vals[0].p;
+    if (required && !c->token) {
+        store_cli_send_last(c, CL_STORE_AUTH_NO_TOKEN);
+        store_cli_conn_lost(c, COLLIE_EAUTH, true,
+                            "the server requires a token and this client has none (set "
+                            "collie_store_opts.token or COLLIE_STORE_TOKEN)");
+        return;
+    }
+    if (!required && c->token) {
+        store_cli_send_last(c, CL_STORE_AUTH_BAD_SERVER);
+        store_cli_conn_lost(c, COLLIE_EAUTH, true,
+                            "the server does not use authentication but this client has a "
+                            "token: refusing to trust it");
+        return;
+    }
+    if (!required) {
+        store_cli_ready(c);
+        return;
+    }
+    if (!cl_store_auth_verify(c->token, c->token_len, true, c->cnonce, snonce, m->vals[1].p,
+                              m->vals[1].len)) {
+        store_cli_send_last(c, CL_STORE_AUTH_BAD_SERVER);
+        store_cli_conn_lost(c, COLLIE_EAUTH, true,
+                            "authentication failed: the server could not prove it knows this "
+                            "client's token (the tokens differ)");
+        return;
+    }
+    uint8_t proof[CL_STORE_PROOF_LEN];
+    if (cl_store_auth_proof(c->token, c->token_len, false, c->cnonce, snonce, proof) !=
+        COLLIE_OK) {
+        store_cli_conn_lost(c, COLLIE_ESYSTEM, true, "HMAC-SHA256 failed");
+        return;
+    }
+    cl_store_wbuf b = {0};
+    cl_store_frame_begin(&b, CL_STORE_OP_AUTH, 0, 0);
+    cl_store_put_u8(&b, CL_STORE_AUTH_PROOF);
+    cl_store_put_bytes(&b, proof, sizeof proof);
+    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
+    cl_store_wbuf_fini(&b);
+    c->state = CL_STORE_AUTH;
+}
+
+/* A frame during the handshake. Returns false if the connection is gone. */
+static bool store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
+                                   const uint8_t *body) {
+    uint8_t want = c->state == CL_STORE_HELLO ? CL_STORE_OP_HELLO : CL_STORE_OP_AUTH;
+    cl_store_msg m;
+    char why[160];
+    if (op != want) {
+        store_cli_conn_lost(c, COLLIE_EPROTO, true, "unexpected %s frame during the handshake",
+                            cl_store_op_name(op));
+        return false;
+    }
+    if (cl_store_reply_decode(op, h->status, body, h->body_len, &m, why, sizeof why) !=
+        COLLIE_OK) {
+        store_cli_conn_lost(c, COLLIE_EPROTO, true, "malformed handshake from the server: %s",
+                            why);
+        return false;
+    }
+    bool alive = true;
+    if (h->status != COLLIE_OK) {
+        int st = h->status == COLLIE_EAUTH ? COLLIE_EAUTH : COLLIE_EPROTO;
+        store_cli_conn_lost(c, st, true, "the server refused the handshake: %.*s",
+                            (int)m.vals[0].len, (const char *)m.vals[0].p);
+        alive = false;
+    } else if (op == CL_STORE_OP_HELLO) {
+        store_cli_on_hello(c, &m);
+        alive = c->bev != NULL;
+    } else {
+        store_cli_ready(c);
+    }
+    cl_store_msg_fini(&m);
+    return alive;
+}
+
+/* ---- reading ------------------------------------------------------------------------- */
+
+/* A reply while READY. Returns false if the connection is gone. */
+static bool store_cli_on_reply(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
+                               const uint8_t *body) {
+    cl_store_idnode *n = cl_store_idmap_get(&c->sent, h->req_id);
+    if (!n) return true; /* cancelled or timed out meanwhile: drop it */
+    cl_store_req *r = cl_container_of(n, cl_store_req, node);
+    if (r->op != op) {
+        store_cli_conn_lost(c, COLLIE_EPROTO, false,
+                            "protocol error: a %s reply to a %s request (id %u)",
+                            cl_store_op_name(op), cl_store_op_name(r->op), h->req_id);
+        return false;
+    }
+    store_cli_unsend(c, r);
+    r->replied = true;
+    if (cl_store_req_reply(r, h, body) != COLLIE_OK) {
+        store_cli_conn_lost(c, COLLIE_EPROTO, false, "protocol error: malformed %s reply",
+                            cl_store_op_name(op));
+        return false;
+    }
+    return true;
+}
+
+static void store_cli_want(cl_store_core *c, size_t need) {
+    size_t high = need > 256 * 1024 ? need : 256 * 1024;
+    bufferevent_setwatermark(c->bev, EV_READ, need, high);
+}
+
+static void store_cli_on_read(struct bufferevent *bev, void *arg) {
+    cl_store_core *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const char *prev = cl_engine_set_activity(c->engine, "store client: read");
+    for (;;) {
+        size_t avail = evbuffer_get_length(in);
+        if (avail < CL_STORE_HDR_LEN) {
+            store_cli_want(c, CL_STORE_HDR_LEN);
+            break;
+        }
+        uint8_t hb[CL_STORE_HDR_LEN];
+        cl_store_hdr h;
+        char why[160];
+        evbuffer_copyout(in, hb, sizeof hb);
+        if (cl_store_hdr_decode(hb, CL_STORE_PROTO_MAX_BODY, &h, why, sizeof why) != COLLIE_OK ||
+            !(h.op & CL_STORE_OP_REPLY)) {
+            if (!(h.op & CL_STORE_OP_REPLY) && !why[0]) snprintf(why, sizeof why, "not a reply");
+            store_cli_conn_lost(c, COLLIE_EPROTO, c->state != CL_STORE_READY,
+                                "protocol error from the server: %s", why);
+            break;
+        }
+        size_t need = CL_STORE_HDR_LEN + (size_t)h.body_len;
+        if (avail < need) {
+            store_cli_want(c, need);
+            break;
+        }
+        const uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)need);
+        if (!frame) {
+            store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory reading a reply");
+            break;
+        }
+        uint8_t op = h.op & (uint8_t)~CL_STORE_OP_REPLY;
+        bool alive = c->state == CL_STORE_READY
+                         ? store_cli_on_reply(c, &h, op, frame + CL_STORE_HDR_LEN)
+                         : store_cli_on_handshake(c, &h, op, frame + CL_STORE_HDR_LEN);
+        if (!alive || c->bev != bev) break; /* the bufferevent (and `in`) is gone */
+        evbuffer_drain(in, need);
+    }
+    cl_engine_set_activity(c->engine, prev);
+}
+
+static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
+    cl_store_core *c = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    if (what & BEV_EVENT_CONNECTED) {
+        store_cli_on_connected(c);
+        return;
+    }
+    int so_err = 0;
+    socklen_t sl = sizeof so_err;
+    int fd = bufferevent_getfd(bev);
+    if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &sl) == 0 && so_err) err = so_err;
+    bool connecting = c->state == CL_STORE_CONNECTING;
+    if (what & BEV_EVENT_TIMEOUT)
+        store_cli_conn_lost(c, COLLIE_ETIMEDOUT, false,
+                            "the server did not %s within %d ms",
+                            connecting ? "accept the connection" : "complete the handshake",
+                            STORE_CLI_HANDSHAKE_MS);
+    else if (connecting)
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect: %s",
+                            err ? strerror(err) : "connection failed");
+    else if (what & BEV_EVENT_EOF)
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
+    else
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "connection to store %s lost: %s", c->addr,
+                            err ? strerror(err) : "unknown error");
+}
+
+static void store_cli_connect(cl_store_core *c) {
+    struct bufferevent *bev =
+        bufferevent_socket_new(cl_engine_base(c->engine), -1, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) {
+        c->state = CL_STORE_CONNECTING;
+        store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory connecting");
+        return;
+    }
+    struct timeval hs = {STORE_CLI_HANDSHAKE_MS / 1000, (STORE_CLI_HANDSHAKE_MS % 1000) * 1000};
+    bufferevent_setcb(bev, store_cli_on_read, NULL, store_cli_on_event, c);
+    bufferevent_set_timeouts(bev, &hs, &hs);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    c->bev = bev;
+    c->state = CL_STORE_CONNECTING;
+    store_cli_want(c, CL_STORE_HDR_LEN);
+    if (bufferevent_socket_connect(bev, (struct sockaddr *)&c->sa, (int)c->salen) != 0) {
+        int err = EVUTIL_SOCKET_ERROR();
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect: %s", strerror(err));
+    }
+}
+
+/* ---- the request hooks ------------------------------------------------------------------ */
+
+/* Before reusing an idle connection: has the server closed it meanwhile
+ * (restarted while we were idle)? Then reconnect instead of sending into a
+ * dead socket; nothing is in flight, so nothing is ambiguous. */
+static bool store_cli_idle_conn_dead(cl_store_core *c) {
+    if (c->s_head) return false; /* busy: its replies will tell */
+    char b;
+    ssize_t n = recv(bufferevent_getfd(c->bev), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void cl_store_core_start(cl_store_req *r) {
+    cl_store_core *c = r->core;
+    switch (c->state) {
+    case CL_STORE_CLOSED:
+        cl_work_finish(&r->work, COLLIE_ECLOSED, "the store handle was destroyed");
+        return;
+    case CL_STORE_READY:
+        if (!store_cli_idle_conn_dead(c)) {
+            store_cli_send(c, r);
+            return;
+        }
+        store_cli_enqueue(c, r); /* conn_lost reconnects at once for it */
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
+        return;
+    case CL_STORE_IDLE:
+        store_cli_enqueue(c, r);
+        store_cli_connect(c);
+        return;
+    default: store_cli_enqueue(c, r); return; /* CONNECTING, HELLO, AUTH, BACKOFF */
+    }
+}
+
+void cl_store_core_detach(cl_store_req *r) {
+    cl_store_core *c = r->core;
+    if (r->where == CL_STORE_REQ_QUEUED) {
+        store_cli_dequeue(c, r);
+    } else if (r->where == CL_STORE_REQ_SENT) {
+        store_cli_unsend(c, r);
+        if (!r->replied && cl_store_op_waits(r->op) && c->state == CL_STORE_READY &&
+            r->conn_gen == c->conn_gen)
+            store_cli_send_cancel(c, r->node.id);
+    }
+    cl_store_wbuf_fini(&r->frame);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+/* Loop thread: close the connection and fail what is pending. */
+static void store_cli_teardown(cl_store_core *c, bool from_engine, const char *why) {
+    if (atomic_load_explicit(&c->shut, memory_order_acquire)) return;
+    if (c->bev) bufferevent_free(c->bev);
+    c->bev = NULL;
+    c->conn_gen++;
+    c->state = CL_STORE_CLOSED;
+    if (c->backoff_ev) event_free(c->backoff_ev);
+    c->backoff_ev = NULL;
+    store_cli_set_connected(c, false, why);
+    store_cli_fail_all(c, true, COLLIE_ECLOSED, why);
+    store_cli_fail_all(c, false, COLLIE_ECLOSED, why);
+    if (!from_engine) cl_engine_remove_resident(c->engine, &c->resident);
+    atomic_store_explicit(&c->shut, true, memory_order_release);
+}
+
+static void store_cli_on_engine_shutdown(cl_resident *res) {
+    store_cli_teardown(cl_container_of(res, cl_store_core, resident), true,
+                       "the engine is shutting down");
+}
+
+static void store_cli_close_call(void *arg) {
+    store_cli_teardown(arg, false, "the store handle was destroyed");
+}
+
+static void store_cli_init_call(void *arg) {
+    cl_store_core *c = arg;
+    c->backoff_ev = evtimer_new(cl_engine_base(c->engine), store_cli_on_backoff, c);
+    if (!c->backoff_ev) {
+        c->init_status = COLLIE_ENOMEM;
+        return;
+    }
+    c->resident.shutdown = store_cli_on_engine_shutdown;
+    c->resident.what = "store client: shutdown";
+    c->init_status = cl_engine_add_resident(c->engine, &c->resident);
+    if (c->init_status != COLLIE_OK) {
+        event_free(c->backoff_ev);
+        c->backoff_ev = NULL;
+    }
+}
+
+static void store_cli_free(cl_store_core *c) {
+    cl_store_idmap_fini(&c->sent);
+    pthread_mutex_destroy(&c->mu);
+    free(c->token);
+    free(c->addr);
+    free(c);
+}
+
+static int store_cli_options(cl_store_core *c, const collie_store_opts *o) {
+    if (!cl_opts_ok(o, offsetof(collie_store_opts, max_backoff_ms)))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_store_connect: opts.size not set (use "
+                                                "COLLIE_STORE_OPTS_INIT)");
+    int32_t t = cl_opt(o, timeout_ms, 0), b = cl_opt(o, max_backoff_ms, 0);
+    if (t < COLLIE_TIMEOUT_INFINITE || b < 0)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_store_connect: timeout_ms %d / max_backoff_ms %d invalid",
+                                 (int)t, (int)b);
+    c->timeout_ms = t == 0 ? cl_config_get()->timeout_ms : t;
+    c->max_backoff_ms = b == 0 ? STORE_CLI_DEFAULT_BACKOFF_CAP_MS : b;
+    if (c->max_backoff_ms < STORE_CLI_BACKOFF_START_MS)
+        c->max_backoff_ms = STORE_CLI_BACKOFF_START_MS;
+    int res = cl_store_auth_token(cl_opt(o, token, NULL), "collie_store_connect", &c->token);
+    c->token_len = c->token ? strlen(c->token) : 0;
+    return res;
+}
+
+int cl_store_core_create(collie_engine *e, const char *addr, const collie_store_opts *o,
+                         cl_store_core **out) {
+    int res = COLLIE_OK;
+    char host[256];
+    uint16_t port = 0;
+    cl_store_core *c = NULL;
+    *out = NULL;
+    if (!addr) addr = cl_config_get()->store_addr;
+    if (!addr)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_store_connect: no address given and "
+                                                "COLLIE_STORE_ADDR is not set");
+    CL_CHECK_GOTO(cl_store_addr_parse(addr, host, sizeof host, &port), res, fail);
+    if (!(c = calloc(1, sizeof *c))) return COLLIE_ENOMEM;
+    pthread_mutex_init(&c->mu, NULL);
+    c->engine = e;
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->handles, 1);
+    CL_CHECK_GOTO(store_cli_options(c, o), res, fail);
+    if (!(c->addr = cl_strdup(addr))) {
+        res = COLLIE_ENOMEM;
+        goto fail;
+    }
+    res = cl_store_addr_resolve(host, port, false, &c->sa, &c->salen);
+    if (res != COLLIE_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", collie_last_error());
+        res = cl_set_last_error(res, "store address '%s': %s", addr, why);
+        goto fail;
+    }
+    if (cl_store_auth_random(&c->rng, sizeof c->rng) != COLLIE_OK || c->rng == 0)
+        c->rng = (uint64_t)cl_now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
+    c->init_status = COLLIE_ECLOSED;
+    res = cl_engine_call(e, store_cli_init_call, c, CL_ENGINE_CALL_TIMEOUT_MS);
+    if (res == COLLIE_ETIMEDOUT) { /* the call may still run and use c: leak it */
+        CL_ERROR("store", "client of %s: engine %s did not respond; leaking the handle", addr,
+                 cl_engine_name(e));
+        return cl_set_last_error(res, "collie_store_connect: engine %s did not respond",
+                                 cl_engine_name(e));
+    }
+    if (res == COLLIE_OK) res = c->init_status;
+    if (res != COLLIE_OK) {
+        cl_set_last_error(res, "collie_store_connect: engine %s is %s", cl_engine_name(e),
+                          res == COLLIE_ECLOSED ? "shutting down" : "out of memory");
+        goto fail;
+    }
+    *out = c;
+    return COLLIE_OK;
+fail:
+    if (c) store_cli_free(c);
+    return res;
+}
+
+void cl_store_core_hold(cl_store_core *c) {
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
+void cl_store_core_release(cl_store_core *c) {
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) store_cli_free(c);
+}
+
+void cl_store_core_close(cl_store_core *c) {
+    if (!atomic_load_explicit(&c->shut, memory_order_acquire)) {
+        int rc = cl_engine_call(c->engine, store_cli_close_call, c, CL_ENGINE_CALL_TIMEOUT_MS);
+        if (rc == COLLIE_ETIMEDOUT) {
+            CL_ERROR("store", "client of %s: the engine did not close it in time; leaking it",
+                     c->addr);
+            return;
+        }
+    }
+    cl_store_core_release(c);
+}

@@ -1,0 +1,112 @@
+/*
+ * server.h — private structures of the store server, shared by
+ * server.c (lifecycle, listener), srv_conn.c (connections: framing,
+ * handshake, teardown) and srv_ops.c (executing requests on the key table).
+ *
+ * Everything below the "loop thread" markers belongs to the engine's
+ * progress thread; the server never takes a lock.
+ */
+#ifndef CL_STORE_SERVER_H
+#define CL_STORE_SERVER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "collie.h"
+#include "engine/engine.h"
+#include "store/idmap.h"
+#include "store/kv.h"
+#include "store/proto.h"
+
+struct bufferevent;
+struct evconnlistener;
+struct event;
+
+/* Waiting requests one connection may hold at once. */
+#define CL_STORE_SRV_MAX_WAITS 65536
+/* Stop reading a connection whose unsent replies exceed this; resume below
+ * half of it (a client that pipelines gets but never reads). */
+#define CL_STORE_SRV_OUT_HIGH (64u * 1024u * 1024u)
+/* Frames before authentication are tiny. */
+#define CL_STORE_SRV_HELLO_MAX_BODY 256u
+
+typedef struct store_srv_conn store_srv_conn;
+
+/* A waiting request (get, wait, multi_get, barrier) of one connection. */
+typedef struct store_srv_wait {
+    cl_store_waiter kw;   /* registered in the server's key table */
+    cl_store_idnode node; /* node.id = the request id, in conn->waits */
+    struct store_srv_wait *next, *prev; /* conn's list */
+    store_srv_conn *conn;
+    uint8_t op;
+} store_srv_wait;
+
+enum store_srv_conn_state {
+    STORE_SRV_HELLO, /* waiting for the client's HELLO */
+    STORE_SRV_AUTH,  /* waiting for its AUTH proof */
+    STORE_SRV_READY, /* serving requests */
+};
+
+struct store_srv_conn {
+    store_srv_conn *next, *prev; /* server's list */
+    collie_store_server *srv;
+    struct bufferevent *bev;
+    char peer[64];
+    int state;
+    bool closing; /* flushing a last reply, then closed */
+    bool paused;  /* reading stopped: too many unsent replies */
+    uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
+    cl_store_idmap waits;
+    store_srv_wait *wait_head;
+    uint32_t nwaits;
+};
+
+struct collie_store_server {
+    collie_engine *engine;
+    char *token; /* NULL: no authentication */
+    size_t token_len;
+    cl_store_kv_limits lim;
+    uint32_t max_conns;
+    uint32_t max_body; /* largest request body accepted once authenticated */
+    struct sockaddr_storage bind_sa;
+    socklen_t bind_salen;
+    _Atomic uint16_t port;
+    _Atomic size_t nconns;
+    _Atomic bool shut; /* loop-side teardown done; destroy only frees memory */
+    char name[272];    /* "127.0.0.1:5000", for log lines */
+
+    /* loop thread */
+    cl_resident resident;
+    struct evconnlistener *lis;
+    struct event *relisten_ev; /* re-enables accept after EMFILE */
+    cl_store_kv *kv;
+    store_srv_conn *conns;
+    uint64_t refused;       /* connections refused since the last report */
+    int64_t refused_log_ns; /* when that was */
+    int start_status;
+    char start_err[512];
+};
+
+/* srv_conn.c */
+void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *sa, int salen);
+/* close now: waits dropped, socket closed, conn freed */
+void cl_store_srv_conn_free(store_srv_conn *c);
+/* send one frame: header + the given body parts (iov-style). Returns
+ * COLLIE_OK or COLLIE_ENOMEM (then the connection is doomed: closing). */
+int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t status,
+                      const cl_store_bytes *parts, size_t nparts);
+/* an error reply carrying `msg` */
+void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int status,
+                             const char *msg);
+
+/* srv_ops.c */
+/* execute one authenticated request; returns COLLIE_OK, or an error that
+ * means "protocol violation: close this connection" (why filled). */
+int cl_store_srv_dispatch(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg *m, char *why,
+                          size_t why_len);
+/* drop every waiting request of c (before it is freed) */
+void cl_store_srv_drop_waits(store_srv_conn *c);
+
+#endif

@@ -1,0 +1,353 @@
+/*
+ * srv_conn.c — one client connection of the store server: framing, the
+ * handshake (HELLO, AUTH), back-pressure and teardown.
+ *
+ * Design notes
+ *  - Loop thread only. Each connection is a bufferevent on the engine's
+ *    base. The read low-watermark is the size of the frame being waited
+ *    for, so the callback runs once per complete frame; the header is
+ *    validated (magic, version, op, body_len against the limit for the
+ *    connection's state) before a single body byte is buffered, and the
+ *    high-watermark keeps what libevent reads ahead bounded.
+ *  - Malformed input closes that connection only (logged at warn with the
+ *    peer's address); nothing a client sends can take the server down.
+ *  - A connection is freed from exactly three places: the read callback
+ *    (protocol violation, then it returns at once), the event callback (EOF,
+ *    error, handshake timeout) and the write callback (`closing`: a final
+ *    reply such as an EAUTH refusal has been flushed). Server teardown frees
+ *    the rest.
+ *  - Back-pressure: a client that pipelines requests without reading the
+ *    replies stops being read once CL_STORE_SRV_OUT_HIGH bytes of replies
+ *    are queued, and is resumed when half of them have been sent.
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/common.h"
+#include "engine/log.h"
+#include "store/addr.h"
+#include "store/auth.h"
+#include "store/server.h"
+
+/* How far ahead of the current frame libevent may read. */
+#define STORE_SRV_READ_AHEAD (256u * 1024u)
+/* A client must finish the handshake within this. */
+#define STORE_SRV_HANDSHAKE_MS 10000
+
+static void store_srv_conn_process(store_srv_conn *c);
+
+void cl_store_srv_conn_free(store_srv_conn *c) {
+    collie_store_server *s = c->srv;
+    cl_store_srv_drop_waits(c);
+    bufferevent_free(c->bev);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+    free(c);
+}
+
+/* Protocol violation: log and close now. The caller returns at once. */
+static void store_srv_conn_reject(store_srv_conn *c, const char *why) {
+    CL_WARN("store", "server %s: closing the connection from %s: %s", c->srv->name, c->peer, why);
+    cl_store_srv_conn_free(c);
+}
+
+/* Close once the output (a final reply) has been flushed. */
+static void store_srv_conn_close_after_flush(store_srv_conn *c) {
+    c->closing = true;
+    bufferevent_disable(c->bev, EV_READ);
+    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t status,
+                      const cl_store_bytes *parts, size_t nparts) {
+    if (c->closing) return COLLIE_OK; /* only the pending final reply goes out */
+    size_t body = 0;
+    for (size_t i = 0; i < nparts; i++) body += parts[i].len;
+    uint8_t hb[CL_STORE_HDR_LEN];
+    cl_store_hdr h = {.version = CL_STORE_PROTO_VERSION,
+                      .op = op,
+                      .body_len = (uint32_t)body,
+                      .req_id = req_id,
+                      .status = status};
+    cl_store_hdr_encode(hb, &h);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    int bad = body > UINT32_MAX || evbuffer_add(out, hb, sizeof hb) != 0;
+    for (size_t i = 0; i < nparts && !bad; i++)
+        if (parts[i].len) bad = evbuffer_add(out, parts[i].p, parts[i].len) != 0;
+    if (bad) {
+        CL_WARN("store", "server %s: cannot queue a %zu-byte reply to %s; closing it", c->srv->name,
+                body, c->peer);
+        store_srv_conn_close_after_flush(c); /* the stream is cut mid-frame: drop the client */
+        return COLLIE_ENOMEM;
+    }
+    return COLLIE_OK;
+}
+
+void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int status,
+                             const char *msg) {
+    uint8_t lb[4];
+    size_t len = strlen(msg);
+    for (int i = 0; i < 4; i++) lb[i] = (uint8_t)((uint32_t)len >> (8 * i));
+    cl_store_bytes parts[2] = {{lb, 4}, {(const uint8_t *)msg, (uint32_t)len}};
+    cl_store_srv_send(c, op | CL_STORE_OP_REPLY, req_id, status, parts, 2);
+}
+
+/* ---- handshake ------------------------------------------------------------------- */
+
+static void store_srv_conn_ready(store_srv_conn *c) {
+    c->state = STORE_SRV_READY;
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    CL_DEBUG("store", "server %s: client %s ready", c->srv->name, c->peer);
+}
+
+static int store_srv_conn_hello(store_srv_conn *c, const cl_store_msg *m, char *why,
+                                size_t why_len) {
+    collie_store_server *s = c->srv;
+    memcpy(c->cnonce, m->vals[0].p, CL_STORE_NONCE_LEN);
+    uint8_t flag = s->token != NULL, proof[CL_STORE_PROOF_LEN];
+    uint8_t l_nonce[4] = {CL_STORE_NONCE_LEN, 0, 0, 0}, l_proof[4] = {0, 0, 0, 0};
+    if (cl_store_auth_random(c->snonce, sizeof c->snonce) != COLLIE_OK ||
+        (s->token && cl_store_auth_proof(s->token, s->token_len, true, c->cnonce, c->snonce,
+                                         proof) != COLLIE_OK)) {
+        snprintf(why, why_len, "cannot compute the handshake (libcrypto failed)");
+        return COLLIE_ESYSTEM;
+    }
+    if (s->token) l_proof[0] = CL_STORE_PROOF_LEN;
+    cl_store_bytes parts[5] = {{&flag, 1},
+                               {l_nonce, 4},
+                               {c->snonce, CL_STORE_NONCE_LEN},
+                               {l_proof, 4},
+                               {proof, s->token ? CL_STORE_PROOF_LEN : 0}};
+    cl_store_srv_send(c, CL_STORE_OP_HELLO | CL_STORE_OP_REPLY, 0, COLLIE_OK, parts, 5);
+    /* A tokenless server is ready at once; a client that expected a token
+     * will refuse it with AUTH(BAD_SERVER), logged in the READY state. */
+    if (s->token)
+        c->state = STORE_SRV_AUTH;
+    else
+        store_srv_conn_ready(c);
+    return COLLIE_OK;
+}
+
+static void store_srv_conn_refuse(store_srv_conn *c, const char *log_why, const char *reply) {
+    CL_WARN("store", "server %s: refused client %s: %s", c->srv->name, c->peer, log_why);
+    cl_store_srv_send_error(c, CL_STORE_OP_AUTH, 0, COLLIE_EAUTH, reply);
+    store_srv_conn_close_after_flush(c);
+}
+
+/* Returns COLLIE_OK (handled; c may be closing) or an error to reject c. */
+static int store_srv_conn_auth(store_srv_conn *c, const cl_store_msg *m, char *why,
+                               size_t why_len) {
+    collie_store_server *s = c->srv;
+    switch (m->num) {
+    case CL_STORE_AUTH_PROOF:
+        if (!cl_store_auth_verify(s->token, s->token_len, false, c->cnonce, c->snonce,
+                                  m->vals[0].p, m->vals[0].len)) {
+            store_srv_conn_refuse(c, "wrong token (its proof does not verify)",
+                                  "authentication failed: the client's token does not match "
+                                  "the server's");
+            return COLLIE_OK;
+        }
+        cl_store_srv_send(c, CL_STORE_OP_AUTH | CL_STORE_OP_REPLY, 0, COLLIE_OK, NULL, 0);
+        store_srv_conn_ready(c);
+        return COLLIE_OK;
+    case CL_STORE_AUTH_NO_TOKEN:
+        store_srv_conn_refuse(c, "it has no token and this server requires one",
+                              "this store requires a token and the client has none");
+        return COLLIE_OK;
+    case CL_STORE_AUTH_BAD_SERVER:
+        snprintf(why, why_len, "the client rejected this server's proof (the tokens differ)");
+        return COLLIE_EAUTH;
+    default: snprintf(why, why_len, "unknown auth kind %lld", (long long)m->num); return COLLIE_EPROTO;
+    }
+}
+
+/* Handle one decoded frame. Returns COLLIE_OK or an error: reject c. */
+static int store_srv_conn_frame(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg *m,
+                                char *why, size_t why_len) {
+    switch (c->state) {
+    case STORE_SRV_HELLO:
+        if (h->op != CL_STORE_OP_HELLO) break;
+        return store_srv_conn_hello(c, m, why, why_len);
+    case STORE_SRV_AUTH:
+        if (h->op != CL_STORE_OP_AUTH) break;
+        return store_srv_conn_auth(c, m, why, why_len);
+    default:
+        if (h->op == CL_STORE_OP_HELLO) break;
+        if (h->op == CL_STORE_OP_AUTH) {
+            if (m->num == CL_STORE_AUTH_BAD_SERVER && !c->srv->token) {
+                snprintf(why, why_len, "the client has a token but this server has none; "
+                                       "it refused to go on");
+                return COLLIE_EAUTH;
+            }
+            break;
+        }
+        return cl_store_srv_dispatch(c, h, m, why, why_len);
+    }
+    snprintf(why, why_len, "unexpected %s frame %s", cl_store_op_name(h->op),
+             c->state == STORE_SRV_READY ? "after the handshake" : "during the handshake");
+    return COLLIE_EPROTO;
+}
+
+/* ---- I/O ----------------------------------------------------------------------------- */
+
+static void store_srv_conn_want(store_srv_conn *c, size_t need) {
+    size_t high = need > STORE_SRV_READ_AHEAD ? need : STORE_SRV_READ_AHEAD;
+    bufferevent_setwatermark(c->bev, EV_READ, need, high);
+}
+
+/* Process every complete frame in the input. May free c (then returns at
+ * once; callers must not touch c afterwards). */
+static void store_srv_conn_process(store_srv_conn *c) {
+    collie_store_server *s = c->srv;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    char why[256] = "";
+    while (!c->closing && !c->paused) {
+        size_t avail = evbuffer_get_length(in);
+        if (avail < CL_STORE_HDR_LEN) {
+            store_srv_conn_want(c, CL_STORE_HDR_LEN);
+            return;
+        }
+        uint8_t hb[CL_STORE_HDR_LEN];
+        cl_store_hdr h;
+        evbuffer_copyout(in, hb, sizeof hb);
+        uint32_t max = c->state == STORE_SRV_READY ? s->max_body : CL_STORE_SRV_HELLO_MAX_BODY;
+        if (cl_store_hdr_decode(hb, max, &h, why, sizeof why) != COLLIE_OK) {
+            store_srv_conn_reject(c, why);
+            return;
+        }
+        if (h.op & CL_STORE_OP_REPLY) {
+            store_srv_conn_reject(c, "a reply frame from a client");
+            return;
+        }
+        size_t need = CL_STORE_HDR_LEN + (size_t)h.body_len;
+        if (avail < need) {
+            store_srv_conn_want(c, need);
+            return;
+        }
+        const uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)need);
+        if (!frame) {
+            store_srv_conn_reject(c, "out of memory for its frame");
+            return;
+        }
+        cl_store_msg m;
+        int rc = cl_store_req_decode(h.op, frame + CL_STORE_HDR_LEN, h.body_len, &m, why,
+                                     sizeof why);
+        if (rc == COLLIE_OK) {
+            rc = store_srv_conn_frame(c, &h, &m, why, sizeof why);
+            cl_store_msg_fini(&m);
+        }
+        if (rc == COLLIE_EAUTH) { /* the client gave up on us: still a refusal to log */
+            CL_WARN("store", "server %s: refused client %s: %s", s->name, c->peer, why);
+            cl_store_srv_conn_free(c);
+            return;
+        }
+        if (rc != COLLIE_OK) {
+            store_srv_conn_reject(c, why);
+            return;
+        }
+        evbuffer_drain(in, need);
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) > CL_STORE_SRV_OUT_HIGH) {
+            c->paused = true;
+            bufferevent_disable(c->bev, EV_READ);
+        }
+    }
+}
+
+static void store_srv_conn_on_read(struct bufferevent *bev, void *arg) {
+    CL_UNUSED(bev);
+    store_srv_conn *c = arg;
+    collie_engine *e = c->srv->engine;
+    const char *prev = cl_engine_set_activity(e, "store server: read");
+    store_srv_conn_process(c);
+    cl_engine_set_activity(e, prev);
+}
+
+static void store_srv_conn_on_write(struct bufferevent *bev, void *arg) {
+    store_srv_conn *c = arg;
+    size_t out = evbuffer_get_length(bufferevent_get_output(bev));
+    if (c->closing) {
+        if (out == 0) cl_store_srv_conn_free(c);
+        return;
+    }
+    if (c->paused && out <= CL_STORE_SRV_OUT_HIGH / 2) {
+        c->paused = false;
+        bufferevent_enable(bev, EV_READ);
+        store_srv_conn_process(c);
+    }
+}
+
+static void store_srv_conn_on_event(struct bufferevent *bev, short what, void *arg) {
+    CL_UNUSED(bev);
+    store_srv_conn *c = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    if (what & BEV_EVENT_TIMEOUT)
+        CL_WARN("store", "server %s: client %s did not complete the handshake in %d ms; closing",
+                c->srv->name, c->peer, STORE_SRV_HANDSHAKE_MS);
+    else if (what & BEV_EVENT_ERROR)
+        CL_DEBUG("store", "server %s: connection from %s failed: %s", c->srv->name, c->peer,
+                 strerror(err));
+    else
+        CL_DEBUG("store", "server %s: client %s closed the connection", c->srv->name, c->peer);
+    cl_store_srv_conn_free(c);
+}
+
+void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *sa, int salen) {
+    CL_UNUSED(salen);
+    char peer[64];
+    cl_store_addr_format(sa, peer, sizeof peer);
+    size_t n = atomic_load_explicit(&s->nconns, memory_order_relaxed);
+    if (n >= s->max_conns) {
+        /* logged at most once a second: a client retrying must not flood the log */
+        int64_t now = cl_now_ns();
+        s->refused++;
+        if (now - s->refused_log_ns >= 1000 * CL_NS_PER_MS) {
+            CL_WARN("store", "server %s: refusing %s: %zu connections open (max_connections %u)"
+                             "; %llu refused since the last report",
+                    s->name, peer, n, s->max_conns, (unsigned long long)s->refused);
+            s->refused_log_ns = now;
+            s->refused = 0;
+        }
+        close(fd);
+        return;
+    }
+    store_srv_conn *c = calloc(1, sizeof *c);
+    struct bufferevent *bev =
+        c ? bufferevent_socket_new(cl_engine_base(s->engine), fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    if (!bev) {
+        CL_WARN("store", "server %s: out of memory accepting %s", s->name, peer);
+        free(c);
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->srv = s;
+    c->bev = bev;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    c->state = STORE_SRV_HELLO;
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
+    struct timeval hs = {STORE_SRV_HANDSHAKE_MS / 1000, (STORE_SRV_HANDSHAKE_MS % 1000) * 1000};
+    bufferevent_setcb(bev, store_srv_conn_on_read, store_srv_conn_on_write,
+                      store_srv_conn_on_event, c);
+    bufferevent_set_timeouts(bev, &hs, NULL);
+    store_srv_conn_want(c, CL_STORE_HDR_LEN);
+    bufferevent_setwatermark(bev, EV_WRITE, CL_STORE_SRV_OUT_HIGH / 2, 0);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    CL_DEBUG("store", "server %s: accepted %s", s->name, peer);
+}

@@ -1,0 +1,740 @@
+/*
+ * collie_run.c — collie-run, the local launcher: hosts the key/value store,
+ * starts N ranks, prefixes their output with the rank, and stops the job when
+ * a rank fails.
+ *
+ *   collie-run -n N [--timeout S] [--grace S] [--keep-going] [--restarts K]
+ *              [--store HOST:PORT] [--] program [args...]
+ *
+ * Design notes
+ *  - One thread of ours runs the job; the engine's threads only serve the
+ *    store and never touch launcher state. Everything happens in one poll()
+ *    loop over a signalfd (SIGCHLD, SIGINT, SIGTERM: blocked before the engine
+ *    starts, so no thread takes them) and the ranks' stdout/stderr pipes. The
+ *    poll timeout is the nearest deadline (job timeout, kill grace), capped
+ *    at RUN_TICK_MS, and children are reaped with WNOHANG.
+ *  - The store is hosted here, not on rank 0, so it outlives any rank: a
+ *    restarted rank finds it and peers still see abort keys. With --store the
+ *    ranks use an external server and no engine is created.
+ *  - Each rank is the leader of its own process group: signals go to the
+ *    group, so they also reach what the rank started (sh -c '...; sleep 30'),
+ *    and Ctrl-C at a terminal reaches only the launcher, which forwards it
+ *    once. Ranks read /dev/null as stdin. PR_SET_PDEATHSIG stops the ranks if
+ *    the launcher itself is killed.
+ *  - The engine's threads exist when we fork, so the child makes only
+ *    async-signal-safe calls: its environment is built before fork and handed
+ *    to execvpe; the "cannot run" message is written with writev.
+ *  - Output: a rank's bytes are cut into lines and every line goes out with
+ *    its "[rank] " prefix inside one buffered write(), so lines of different
+ *    ranks never mix. Lines longer than RUN_LINE_MAX are split; a partial last
+ *    line is completed with '\n'. When a rank is reaped, what is left in its
+ *    pipes is drained and they are closed, so a background process it left
+ *    behind cannot keep the job alive.
+ *  - Writes to our own stdout/stderr block while the reader is slow: that is
+ *    back-pressure (ranks then block on their pipes), the one wait the loop
+ *    does not bound. EPIPE drops that output and the job goes on.
+ *  - States: RUNNING → STOPPING (SIGTERM, or the forwarded signal, to every
+ *    live rank; SIGKILL at the grace deadline; give up RUN_REAP_MS after
+ *    SIGKILL) → done when every rank is reaped. The first cause of a stop
+ *    fixes the exit status: the failing rank's code (128+signal if killed),
+ *    124 for --timeout, 128+signal for SIGINT/SIGTERM. Failures of ranks
+ *    that are being stopped are not reported. Exit 2 is a usage error, 1 a
+ *    launcher error (the store could not start, fork failed).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "collie.h"
+
+#define RUN_MAX_RANKS        1024
+#define RUN_MAX_RESTARTS     1000000
+#define RUN_MAX_SECONDS      1e7          /* --timeout/--grace upper bound (~115 days) */
+#define RUN_LINE_MAX         (64 * 1024)  /* longer lines are split */
+#define RUN_OUT_MAX          (128 * 1024) /* output batch; holds any prefixed line */
+#define RUN_TICK_MS          1000         /* poll at least this often */
+#define RUN_REAP_MS          5000         /* wait this long for SIGKILLed ranks */
+#define RUN_DRAIN_READS      16           /* reads of a reaped rank's pipe, at most */
+#define RUN_DEFAULT_GRACE_MS 3000
+#define RUN_EXIT_USAGE       2
+#define RUN_EXIT_ERROR       1
+#define RUN_EXIT_TIMEOUT     124
+
+extern char **environ;
+
+typedef struct run_opts {
+    int nranks;
+    int64_t timeout_ms; /* 0: none */
+    int64_t grace_ms;
+    bool keep_going;
+    int restarts;
+    const char *store_addr; /* external store, or NULL: host one */
+    char **argv;            /* the program and its arguments */
+} run_opts;
+
+/* One of a rank's output pipes. */
+typedef struct run_stream {
+    int fd;     /* read end, -1 when closed */
+    int out_fd; /* where its lines go: 1 or 2 */
+    char *buf;  /* RUN_LINE_MAX bytes: the incomplete line */
+    size_t len;
+} run_stream;
+
+typedef struct run_rank {
+    int rank;
+    pid_t pid; /* > 0 until reaped; also the process group id */
+    run_stream streams[2];
+    char prefix[16];
+    size_t prefix_len;
+    char **envp;
+    char env_rank[32], env_size[32];
+} run_rank;
+
+typedef enum run_state { RUN_RUNNING, RUN_STOPPING } run_state;
+
+/* What a pollfd of the main loop watches. */
+typedef struct run_watch {
+    run_rank *rank;
+    int k; /* index into rank->streams */
+} run_watch;
+
+typedef struct run_job {
+    run_opts opts;
+    run_rank *ranks;
+    int live; /* ranks not reaped yet */
+    run_state state;
+    int exit_code; /* -1 until something failed */
+    int restarts_used;
+    int64_t start_ms, kill_at_ms, give_up_at_ms;
+    bool killed; /* SIGKILL sent */
+    pid_t self;
+    int sigfd, devnull;
+    struct pollfd *pfds; /* 1 + 2 * nranks: the signalfd, then the pipes */
+    run_watch *watched;  /* parallel to pfds */
+    sigset_t old_mask;
+    struct rlimit old_nofile;
+    char *env_store; /* "COLLIE_STORE_ADDR=host:port" */
+    collie_engine *engine;
+    collie_store_server *server;
+    char *out; /* output batch */
+    size_t out_len;
+    int out_fd;
+    bool out_dead[3]; /* our stdout/stderr got EPIPE */
+} run_job;
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static int64_t run_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void run_signame(int sig, char *buf, size_t n) {
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev)
+        snprintf(buf, n, "SIG%s", abbrev);
+    else
+        snprintf(buf, n, "%d", sig);
+}
+
+static int run_status_code(int wstatus) {
+    return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+}
+
+/* ---- command line -------------------------------------------------------- */
+
+#define RUN_USAGE "usage: collie-run -n N [options] [--] program [args...]\n"
+
+static void run_usage(FILE *f) {
+    fputs(RUN_USAGE "Start N local ranks of program with COLLIE_RANK, COLLIE_WORLD_SIZE and\n"
+                    "COLLIE_STORE_ADDR set, serving the key/value store they share.\n"
+                    "  -n N            number of ranks (1..1024)\n"
+                    "  --timeout S     stop the job after S seconds and exit 124\n"
+                    "  --grace S       seconds from SIGTERM to SIGKILL when stopping (default 3)\n"
+                    "  --keep-going    let the other ranks continue when one fails\n"
+                    "  --restarts K    restart a failed rank, up to K times in all\n"
+                    "  --store ADDR    use the store at host:port instead of hosting one\n"
+                    "  -h, --help      show this help\n",
+          f);
+}
+
+static int run_usage_error(const char *fmt, const char *arg) {
+    fputs("collie-run: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n" RUN_USAGE "Try 'collie-run --help' for more.\n", stderr);
+    return RUN_EXIT_USAGE;
+}
+
+static bool run_parse_int(const char *s, long min, long max, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno != 0 || v < min || v > max) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* Seconds, possibly fractional ("1.5"), as milliseconds. */
+static bool run_parse_seconds(const char *s, bool allow_zero, int64_t *ms) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!((s[0] >= '0' && s[0] <= '9') || s[0] == '.') || *end != '\0' || errno != 0 ||
+        !isfinite(v) || v > RUN_MAX_SECONDS || (v <= 0 && !allow_zero))
+        return false;
+    *ms = (int64_t)(v * 1000.0 + 0.5); /* no -lm: round by hand */
+    if (*ms == 0 && !allow_zero) *ms = 1;
+    return true;
+}
+
+/* host:port with a non-empty host and a port in 1..65535. */
+static bool run_valid_addr(const char *addr) {
+    const char *colon = strrchr(addr, ':');
+    int port;
+    return colon && colon != addr && run_parse_int(colon + 1, 1, 65535, &port);
+}
+
+/* Fills *o; returns -1 to go on, or the exit status (0 for --help). */
+static int run_parse_args(int argc, char **argv, run_opts *o) {
+    enum { OPT_TIMEOUT = 256, OPT_GRACE, OPT_KEEP_GOING, OPT_RESTARTS, OPT_STORE };
+    static const struct option longopts[] = {
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"grace", required_argument, NULL, OPT_GRACE},
+        {"keep-going", no_argument, NULL, OPT_KEEP_GOING},
+        {"restarts", required_argument, NULL, OPT_RESTARTS},
+        {"store", required_argument, NULL, OPT_STORE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (run_opts){.grace_ms = RUN_DEFAULT_GRACE_MS};
+    opterr = 0;
+    int c;
+    /* '+': stop at the program name; ':': report a missing value as ':' */
+    while ((c = getopt_long(argc, argv, "+:n:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            if (!run_parse_int(optarg, 1, RUN_MAX_RANKS, &o->nranks))
+                return run_usage_error("-n needs a number of ranks from 1 to 1024, not '%s'",
+                                       optarg);
+            break;
+        case OPT_TIMEOUT:
+            if (!run_parse_seconds(optarg, false, &o->timeout_ms))
+                return run_usage_error("--timeout needs a number of seconds > 0, not '%s'", optarg);
+            break;
+        case OPT_GRACE:
+            if (!run_parse_seconds(optarg, true, &o->grace_ms))
+                return run_usage_error("--grace needs a number of seconds >= 0, not '%s'", optarg);
+            break;
+        case OPT_KEEP_GOING: o->keep_going = true; break;
+        case OPT_RESTARTS:
+            if (!run_parse_int(optarg, 0, RUN_MAX_RESTARTS, &o->restarts))
+                return run_usage_error("--restarts needs a count >= 0, not '%s'", optarg);
+            break;
+        case OPT_STORE:
+            if (!run_valid_addr(optarg))
+                return run_usage_error("--store needs host:port, not '%s'", optarg);
+            o->store_addr = optarg;
+            break;
+        case 'h': run_usage(stdout); return 0;
+        case ':': return run_usage_error("option '%s' needs a value", argv[optind - 1]);
+        default:
+            if (optopt > 0 && optopt < 256) {
+                char opt[3] = {'-', (char)optopt, '\0'};
+                return run_usage_error("unknown option '%s'", opt);
+            }
+            return run_usage_error("unknown or malformed option '%s'", argv[optind - 1]);
+        }
+    }
+    if (o->nranks == 0) return run_usage_error("%s", "-n N (the number of ranks) is required");
+    if (optind >= argc) return run_usage_error("%s", "no program to run");
+    o->argv = argv + optind;
+    return -1;
+}
+
+/* ---- output -------------------------------------------------------------- */
+
+static void run_out_flush(run_job *job) {
+    const char *p = job->out;
+    size_t left = job->out_len;
+    while (left > 0 && !job->out_dead[job->out_fd]) {
+        ssize_t n = write(job->out_fd, p, left);
+        if (n > 0) {
+            p += n;
+            left -= (size_t)n;
+        } else if (n < 0 && errno == EAGAIN) {
+            /* someone made our stdout non-blocking: wait for room */
+            struct pollfd pfd = {.fd = job->out_fd, .events = POLLOUT};
+            poll(&pfd, 1, RUN_TICK_MS);
+        } else if (n < 0 && errno != EINTR) {
+            job->out_dead[job->out_fd] = true; /* EPIPE or worse: drop it */
+        }
+    }
+    job->out_len = 0;
+}
+
+/* Queue "[rank] line" (plus '\n' if the line lacks one) for fd. */
+static void run_out_line(run_job *job, const run_rank *r, int fd, const char *line, size_t len) {
+    bool nl = len == 0 || line[len - 1] != '\n';
+    size_t need = r->prefix_len + len + nl;
+    if (fd != job->out_fd || job->out_len + need > RUN_OUT_MAX) run_out_flush(job);
+    job->out_fd = fd;
+    memcpy(job->out + job->out_len, r->prefix, r->prefix_len);
+    memcpy(job->out + job->out_len + r->prefix_len, line, len);
+    job->out_len += r->prefix_len + len;
+    if (nl) job->out[job->out_len++] = '\n';
+}
+
+/* Emit the complete lines in s->buf (and the rest too when `all`). */
+static void run_stream_emit(run_job *job, const run_rank *r, run_stream *s, bool all) {
+    size_t start = 0;
+    for (;;) {
+        char *nl = memchr(s->buf + start, '\n', s->len - start);
+        if (!nl) break;
+        size_t end = (size_t)(nl - s->buf) + 1;
+        run_out_line(job, r, s->out_fd, s->buf + start, end - start);
+        start = end;
+    }
+    if (start < s->len && (all || (start == 0 && s->len == RUN_LINE_MAX))) {
+        run_out_line(job, r, s->out_fd, s->buf + start, s->len - start);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+    run_out_flush(job);
+}
+
+static void run_stream_close(run_job *job, const run_rank *r, run_stream *s) {
+    if (s->fd < 0) return;
+    run_stream_emit(job, r, s, true);
+    close(s->fd);
+    s->fd = -1;
+}
+
+/* One read: emit the lines it completed; at EOF (or an error) close the
+ * stream. Returns true when it got bytes. */
+static bool run_stream_read(run_job *job, const run_rank *r, run_stream *s) {
+    ssize_t n = read(s->fd, s->buf + s->len, RUN_LINE_MAX - s->len);
+    if (n > 0) {
+        s->len += (size_t)n;
+        run_stream_emit(job, r, s, false);
+        return true;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) run_stream_close(job, r, s);
+    return false;
+}
+
+/* After a rank is reaped: take what is still in its pipes, then close them
+ * (bounded: a process the rank left behind may still be writing). */
+static void run_rank_drain(run_job *job, run_rank *r) {
+    for (int k = 0; k < 2; k++) {
+        run_stream *s = &r->streams[k];
+        for (int i = 0; i < RUN_DRAIN_READS && s->fd >= 0 && run_stream_read(job, r, s); i++)
+            continue;
+        run_stream_close(job, r, s);
+    }
+}
+
+/* ---- starting ranks ------------------------------------------------------ */
+
+/* The rank's environment: ours without the three names we set, plus them. */
+static int run_rank_env(run_job *job, run_rank *r) {
+    static const char *const ours[] = {"COLLIE_RANK=", "COLLIE_WORLD_SIZE=", "COLLIE_STORE_ADDR="};
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    r->envp = calloc(n + 4, sizeof *r->envp);
+    if (!r->envp) return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool skip = false;
+        for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++)
+            skip = skip || strncmp(environ[i], ours[j], strlen(ours[j])) == 0;
+        if (!skip) r->envp[k++] = environ[i];
+    }
+    snprintf(r->env_rank, sizeof r->env_rank, "COLLIE_RANK=%d", r->rank);
+    snprintf(r->env_size, sizeof r->env_size, "COLLIE_WORLD_SIZE=%d", job->opts.nranks);
+    r->envp[k++] = r->env_rank;
+    r->envp[k++] = r->env_size;
+    r->envp[k++] = job->env_store;
+    r->envp[k] = NULL;
+    return 0;
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static void run_child(const run_job *job, const run_rank *r, int out_fd, int err_fd) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != job->self) _exit(127); /* the launcher died before prctl */
+    dup2(job->devnull, 0);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigaction(SIGPIPE, &dfl, NULL);
+    setrlimit(RLIMIT_NOFILE, &job->old_nofile);
+    sigprocmask(SIG_SETMASK, &job->old_mask, NULL);
+
+    const char *prog = job->opts.argv[0];
+    execvpe(prog, job->opts.argv, r->envp);
+    const char *why = strerrordesc_np(errno);
+    if (!why) why = "unknown error";
+    struct iovec iov[] = {
+        {(void *)"collie-run: cannot run '", 24},
+        {(void *)prog, strlen(prog)},
+        {(void *)"': ", 3},
+        {(void *)why, strlen(why)},
+        {(void *)"\n", 1},
+    };
+    ssize_t ignored = writev(2, iov, 5);
+    (void)ignored;
+    _exit(127);
+}
+
+static int run_spawn(run_job *job, run_rank *r) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) goto fail;
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        close(out[0]);
+        close(out[1]);
+        goto fail;
+    }
+    pid_t pid = fork();
+    if (pid == 0) run_child(job, r, out[1], err[1]);
+    int fork_errno = errno;
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(err[0]);
+        errno = fork_errno;
+        goto fail;
+    }
+    setpgid(pid, pid); /* also done by the child; whichever runs first wins */
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    r->streams[0] = (run_stream){.fd = out[0], .out_fd = 1, .buf = r->streams[0].buf};
+    r->streams[1] = (run_stream){.fd = err[0], .out_fd = 2, .buf = r->streams[1].buf};
+    r->pid = pid;
+    job->live++;
+    return 0;
+fail:
+    fprintf(stderr, "collie-run: cannot start rank %d: %s\n", r->rank, strerror(errno));
+    return -1;
+}
+
+/* ---- stopping ------------------------------------------------------------ */
+
+static void run_signal_all(run_job *job, int sig) {
+    for (int i = 0; i < job->opts.nranks; i++)
+        if (job->ranks[i].pid > 0) kill(-job->ranks[i].pid, sig);
+}
+
+/* Signal every live rank with `sig` and arm the SIGKILL deadline. */
+static void run_stop(run_job *job, int sig) {
+    if (job->state == RUN_STOPPING) return;
+    job->state = RUN_STOPPING;
+    job->kill_at_ms = run_now_ms() + job->opts.grace_ms;
+    if (job->live == 0) return;
+    char name[32];
+    run_signame(sig, name, sizeof name);
+    fprintf(stderr, "collie-run: stopping %d rank(s): %s now, SIGKILL after %g s\n", job->live,
+            name, (double)job->opts.grace_ms / 1000.0);
+    run_signal_all(job, sig);
+}
+
+static void run_set_exit(run_job *job, int code) {
+    if (job->exit_code < 0) job->exit_code = code;
+}
+
+/* SIGKILL every live rank; `why` ends "rank R still running ...". */
+static void run_kill_survivors(run_job *job, const char *why) {
+    for (int i = 0; i < job->opts.nranks; i++)
+        if (job->ranks[i].pid > 0)
+            fprintf(stderr, "collie-run: rank %d still running %s: SIGKILL\n", i, why);
+    run_signal_all(job, SIGKILL);
+    job->killed = true;
+    job->give_up_at_ms = run_now_ms() + RUN_REAP_MS;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void run_report_exit(const run_rank *r, int wstatus) {
+    if (WIFEXITED(wstatus)) {
+        fprintf(stderr, "collie-run: rank %d exited with status %d\n", r->rank,
+                WEXITSTATUS(wstatus));
+        return;
+    }
+    char name[32];
+    run_signame(WTERMSIG(wstatus), name, sizeof name);
+    fprintf(stderr, "collie-run: rank %d killed by signal %s%s\n", r->rank, name,
+            WCOREDUMP(wstatus) ? " (core dumped)" : "");
+}
+
+static void run_on_exit(run_job *job, run_rank *r, int wstatus) {
+    if ((WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) || job->state == RUN_STOPPING) return;
+    run_report_exit(r, wstatus);
+    if (job->restarts_used < job->opts.restarts) {
+        job->restarts_used++;
+        fprintf(stderr, "collie-run: restarting rank %d (restart %d of %d)\n", r->rank,
+                job->restarts_used, job->opts.restarts);
+        if (run_spawn(job, r) == 0) return;
+        run_set_exit(job, RUN_EXIT_ERROR);
+        run_stop(job, SIGTERM);
+        return;
+    }
+    run_set_exit(job, run_status_code(wstatus));
+    if (!job->opts.keep_going) run_stop(job, SIGTERM);
+}
+
+static void run_reap(run_job *job) {
+    int wstatus;
+    pid_t pid;
+    while ((pid = waitpid(-1, &wstatus, WNOHANG)) > 0) {
+        for (int i = 0; i < job->opts.nranks; i++) {
+            run_rank *r = &job->ranks[i];
+            if (r->pid != pid) continue;
+            r->pid = 0;
+            job->live--;
+            run_rank_drain(job, r); /* its last words come before our verdict */
+            run_on_exit(job, r, wstatus);
+            break;
+        }
+    }
+}
+
+static void run_on_signal(run_job *job, int sig) {
+    char name[32], why[64];
+    run_signame(sig, name, sizeof name);
+    if (job->state == RUN_STOPPING) { /* asked twice: stop waiting */
+        snprintf(why, sizeof why, "when %s came during the stop", name);
+        if (!job->killed) run_kill_survivors(job, why);
+        return;
+    }
+    fprintf(stderr, "collie-run: got %s, forwarding it to the ranks\n", name);
+    job->exit_code = 128 + sig;
+    run_stop(job, sig);
+}
+
+static void run_read_signals(run_job *job) {
+    struct signalfd_siginfo si;
+    while (read(job->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD)
+            run_reap(job);
+        else
+            run_on_signal(job, (int)si.ssi_signo);
+    }
+}
+
+/* Deadlines; returns false when the launcher gives up waiting. */
+static bool run_check_deadlines(run_job *job) {
+    int64_t now = run_now_ms();
+    if (job->state == RUN_RUNNING && job->opts.timeout_ms > 0 &&
+        now >= job->start_ms + job->opts.timeout_ms) {
+        fprintf(stderr, "collie-run: job timed out after %g s\n",
+                (double)job->opts.timeout_ms / 1000.0);
+        job->exit_code = RUN_EXIT_TIMEOUT;
+        run_stop(job, SIGTERM);
+    }
+    if (job->state == RUN_STOPPING && !job->killed && job->live > 0 && now >= job->kill_at_ms)
+        run_kill_survivors(job, "after the grace period");
+    if (job->killed && job->live > 0 && now >= job->give_up_at_ms) {
+        for (int i = 0; i < job->opts.nranks; i++)
+            if (job->ranks[i].pid > 0)
+                fprintf(stderr, "collie-run: rank %d did not exit after SIGKILL; giving up\n", i);
+        return false;
+    }
+    return true;
+}
+
+static int run_poll_timeout(const run_job *job) {
+    int64_t now = run_now_ms(), next = now + RUN_TICK_MS;
+    if (job->state == RUN_RUNNING && job->opts.timeout_ms > 0 &&
+        job->start_ms + job->opts.timeout_ms < next)
+        next = job->start_ms + job->opts.timeout_ms;
+    if (job->state == RUN_STOPPING && !job->killed && job->kill_at_ms < next)
+        next = job->kill_at_ms;
+    if (job->killed && job->give_up_at_ms < next) next = job->give_up_at_ms;
+    return next > now ? (int)(next - now) : 0;
+}
+
+/* The main loop: until every rank is reaped (or SIGKILL did not help). */
+static void run_loop(run_job *job) {
+    while (job->live > 0) {
+        size_t n = 0;
+        job->pfds[n++] = (struct pollfd){.fd = job->sigfd, .events = POLLIN};
+        for (int i = 0; i < job->opts.nranks; i++)
+            for (int k = 0; k < 2; k++) {
+                if (job->ranks[i].streams[k].fd < 0) continue;
+                job->watched[n] = (run_watch){&job->ranks[i], k};
+                job->pfds[n++] =
+                    (struct pollfd){.fd = job->ranks[i].streams[k].fd, .events = POLLIN};
+            }
+        if (poll(job->pfds, n, run_poll_timeout(job)) < 0 && errno != EINTR) {
+            fprintf(stderr, "collie-run: poll: %s\n", strerror(errno));
+            break;
+        }
+        for (size_t i = 1; i < n; i++) {
+            run_rank *r = job->watched[i].rank;
+            run_stream *s = &r->streams[job->watched[i].k];
+            if (job->pfds[i].revents != 0 && s->fd == job->pfds[i].fd) run_stream_read(job, r, s);
+        }
+        run_read_signals(job);
+        run_reap(job); /* SIGCHLDs coalesce; reaping again is cheap */
+        if (!run_check_deadlines(job)) break;
+    }
+}
+
+/* ---- setup and teardown -------------------------------------------------- */
+
+/* Make sure fds 0-2 exist, so our pipes never land on them. */
+static void run_fix_std_fds(void) {
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0) break;
+}
+
+/* 2 pipes per rank must fit under RLIMIT_NOFILE; children get the old one. */
+static void run_raise_nofile(run_job *job) {
+    getrlimit(RLIMIT_NOFILE, &job->old_nofile);
+    rlim_t need = 2 * (rlim_t)job->opts.nranks + 64;
+    struct rlimit lim = job->old_nofile;
+    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
+        lim.rlim_cur = (lim.rlim_max == RLIM_INFINITY || lim.rlim_max > need) ? need : lim.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &lim);
+    }
+}
+
+/* Block the signals we take through the signalfd before any thread starts.
+ * SIGINT/SIGTERM ignored on entry (a background job of a script) stay
+ * ignored, for us and for the ranks, as a shell would do. */
+static int run_signals_init(run_job *job) {
+    static const int sigs[] = {SIGCHLD, SIGINT, SIGTERM};
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaddset(&set, sigs[i]);
+    }
+    if (sigprocmask(SIG_BLOCK, &set, &job->old_mask) != 0) return -1;
+    job->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    signal(SIGPIPE, SIG_IGN); /* a closed stdout is EPIPE, not death */
+    return job->sigfd < 0 ? -1 : 0;
+}
+
+static int run_store_init(run_job *job) {
+    const char *addr = job->opts.store_addr;
+    char local[32];
+    if (!addr) {
+        collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
+        eo.name = "collie-run";
+        int rc = collie_engine_create(&eo, &job->engine);
+        collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
+        so.token = getenv("COLLIE_STORE_TOKEN");
+        if (rc == COLLIE_OK)
+            rc = collie_store_server_create(job->engine, "127.0.0.1", 0, &so, &job->server);
+        if (rc != COLLIE_OK) {
+            fprintf(stderr, "collie-run: cannot start the store: %s%s%s\n", collie_strerror(rc),
+                    *collie_last_error() ? ": " : "", collie_last_error());
+            return -1;
+        }
+        snprintf(local, sizeof local, "127.0.0.1:%u", collie_store_server_port(job->server));
+        addr = local;
+    }
+    if (asprintf(&job->env_store, "COLLIE_STORE_ADDR=%s", addr) < 0) {
+        job->env_store = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int run_job_init(run_job *job) {
+    job->self = getpid();
+    job->exit_code = -1;
+    job->sigfd = job->devnull = -1;
+    job->out_fd = 1;
+    run_raise_nofile(job);
+    if (run_signals_init(job) != 0) {
+        fprintf(stderr, "collie-run: signal setup: %s\n", strerror(errno));
+        return -1;
+    }
+    job->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    job->out = malloc(RUN_OUT_MAX);
+    job->ranks = calloc((size_t)job->opts.nranks, sizeof *job->ranks);
+    job->pfds = calloc(1 + 2 * (size_t)job->opts.nranks, sizeof *job->pfds);
+    job->watched = calloc(1 + 2 * (size_t)job->opts.nranks, sizeof *job->watched);
+    if (job->devnull < 0 || !job->out || !job->ranks || !job->pfds || !job->watched) {
+        fprintf(stderr, "collie-run: setup: %s\n", strerror(errno));
+        return -1;
+    }
+    if (run_store_init(job) != 0) return -1;
+    for (int i = 0; i < job->opts.nranks; i++) {
+        run_rank *r = &job->ranks[i];
+        r->rank = i;
+        r->streams[0].fd = r->streams[1].fd = -1;
+        r->prefix_len = (size_t)snprintf(r->prefix, sizeof r->prefix, "[%d] ", i);
+        r->streams[0].buf = malloc(RUN_LINE_MAX);
+        r->streams[1].buf = malloc(RUN_LINE_MAX);
+        if (!r->streams[0].buf || !r->streams[1].buf || run_rank_env(job, r) != 0) {
+            fprintf(stderr, "collie-run: out of memory\n");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void run_job_fini(run_job *job) {
+    for (int i = 0; job->ranks && i < job->opts.nranks; i++) {
+        run_rank *r = &job->ranks[i];
+        for (int k = 0; k < 2; k++) {
+            if (r->streams[k].fd >= 0) close(r->streams[k].fd);
+            free(r->streams[k].buf);
+        }
+        free(r->envp);
+    }
+    free(job->ranks);
+    free(job->pfds);
+    free(job->watched);
+    free(job->out);
+    free(job->env_store);
+    collie_store_server_destroy(job->server);
+    collie_engine_destroy(job->engine);
+    if (job->devnull >= 0) close(job->devnull);
+    if (job->sigfd >= 0) close(job->sigfd);
+}
+
+int main(int argc, char **argv) {
+    run_job job = {0};
+    int rc = run_parse_args(argc, argv, &job.opts);
+    if (rc >= 0) return rc;
+    run_fix_std_fds();
+    if (run_job_init(&job) != 0) {
+        run_job_fini(&job);
+        return RUN_EXIT_ERROR;
+    }
+    job.start_ms = run_now_ms();
+    for (int i = 0; i < job.opts.nranks && job.state == RUN_RUNNING; i++) {
+        if (run_spawn(&job, &job.ranks[i]) != 0) {
+            run_set_exit(&job, RUN_EXIT_ERROR);
+            run_stop(&job, SIGTERM);
+        }
+    }
+    run_loop(&job);
+    run_job_fini(&job);
+    return job.exit_code < 0 ? 0 : job.exit_code;
+}

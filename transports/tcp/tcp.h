@@ -1,0 +1,172 @@
+/*
+ * tcp.h — the TCP transport's internal state, shared by the files of transports/tcp.
+ *
+ * Objects, all owned by the progress thread:
+ *   tcp_comm   one per communicator: listener, connections by peer rank,
+ *              the works it runs in sequence order.
+ *   tcp_conn   one socket to one peer: handshake, a send queue of
+ *              messages, the receive side (header, then payload straight
+ *              into the matched receive slot).
+ *   tcp_work   the per-work state living in the core's work (backend_data):
+ *              its schedule, current step, and the messages and receive
+ *              slots of that step.
+ */
+#ifndef CL_TCP_H
+#define CL_TCP_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collie_backend.h"
+#include "transports/tcp/sched.h"
+
+#define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
+#define TCP_HS_MAGIC 0x48544c43u    /* "CLTH" */
+#define TCP_PROTO_VERSION 1
+#define TCP_FRAME_HDR 40
+#define TCP_P2P_STEP 0xffffffffu /* step value of point-to-point frames */
+#define TCP_STAGE_BYTES (256 * 1024)
+
+struct tcp_comm;
+struct tcp_work;
+
+/* The context of a store request whose callback may run after its target
+ * (a connection, the comm) is freed: freeing clears `target`, the callback
+ * then only releases the request and frees the context. */
+typedef struct tcp_req_ctx {
+    void *target;
+} tcp_req_ctx;
+
+/* One outgoing message: a frame header and a payload in the user's (or
+ * scratch) memory, sent with writev without copying the payload. */
+typedef struct tcp_msg {
+    struct tcp_msg *next;
+    struct tcp_work *owner; /* NULL once the owner is gone */
+    uint8_t hdr[TCP_FRAME_HDR];
+    const uint8_t *payload;
+    uint64_t len;
+    uint64_t sent; /* bytes of hdr + payload written */
+} tcp_msg;
+
+/* One expected incoming message. */
+typedef struct tcp_slot {
+    struct tcp_slot *next;
+    struct tcp_work *owner;
+    uint64_t seq;  /* collective seq, or tag for p2p */
+    uint32_t step; /* TCP_P2P_STEP for p2p */
+    uint8_t kind;  /* cl_sop kind (RECV, RECV_REDUCE, RECV_REDUCE3) */
+    uint8_t *dst;
+    const uint8_t *src; /* RECV_REDUCE3 */
+    uint64_t len;
+} tcp_slot;
+
+/* A p2p message that arrived before its receive was posted. */
+typedef struct tcp_unexpected {
+    struct tcp_unexpected *next;
+    uint64_t tag;
+    uint8_t hdr[TCP_FRAME_HDR];
+    uint8_t *data;
+    uint64_t len;
+} tcp_unexpected;
+
+enum tcp_conn_state {
+    TCP_CONN_ADDR = 0,   /* waiting for the peer's address from the store */
+    TCP_CONN_CONNECTING, /* non-blocking connect in progress */
+    TCP_CONN_HANDSHAKE,  /* exchanging challenge/hello/accept */
+    TCP_CONN_READY,
+    TCP_CONN_CLOSED,
+};
+
+typedef struct tcp_conn {
+    struct tcp_comm *tc;
+    int peer; /* -1 while an accepted connection is unidentified */
+    int state;
+    bool initiator;
+    evutil_socket_t fd;
+    struct event *rev, *wev;
+    collie_work *addr_req;
+    struct tcp_req_ctx *addr_ctx; /* the store get's callback context */
+
+    /* handshake */
+    uint8_t nonce_mine[16], nonce_peer[16];
+    uint8_t hs_in[128];
+    size_t hs_in_len, hs_in_want;
+    uint8_t hs_out[128];
+    size_t hs_out_len, hs_out_sent;
+    int hs_phase;
+
+    /* send side */
+    tcp_msg *sq_head, *sq_tail;
+
+    /* receive side */
+    uint8_t hdr[TCP_FRAME_HDR];
+    size_t hdr_got;
+    bool have_hdr;          /* hdr is complete and waits for / feeds `cur` */
+    tcp_slot *cur;          /* matched slot being filled */
+    tcp_unexpected *cur_unx;/* unexpected p2p being filled */
+    uint64_t payload_len, payload_got;
+    uint8_t *stage;         /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
+    uint64_t stage_fill;    /* bytes in stage for the current chunk */
+    tcp_slot *rq_head;      /* expected collective messages from this peer */
+    tcp_slot *p2p_head;     /* posted p2p receives from this peer */
+    tcp_unexpected *unx_head, *unx_tail;
+    struct tcp_conn *next_pending; /* accepted, not yet identified */
+} tcp_conn;
+
+typedef struct tcp_comm {
+    collie_bcomm *bc;
+    const collie_core_services *core;
+    int rank, size;
+    uint64_t comm_id, generation;
+    evutil_socket_t listen_fd;
+    struct event *listen_ev;
+    char addr[80];
+    tcp_conn **conns;
+    tcp_conn *pending; /* accepted, handshake not finished */
+    struct tcp_work *works_head, *works_tail; /* started collectives, seq order */
+    collie_work *publish_req;
+    struct tcp_req_ctx *publish_ctx;
+    uint8_t *discard;
+    bool aborted;
+    int abort_status;
+    char abort_reason[256];
+} tcp_comm;
+
+typedef struct tcp_work {
+    collie_work *w;
+    tcp_comm *tc;
+    collie_coll_args args;
+    cl_sched sched;
+    uint32_t step;
+    uint32_t pending; /* ops of the current step not yet done */
+    tcp_msg *msgs;    /* per op of the largest step */
+    tcp_slot *slots;
+    uint32_t cap;
+    uint8_t *scratch;
+    bool finished, running, posted, kind_p2p, linked;
+    tcp_msg p2p_msg;
+    tcp_slot p2p_slot;
+    struct tcp_work *next, *prev;
+} tcp_work;
+
+/* tcp_conn.c */
+tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer); /* creates and connects lazily */
+void cl_tcp_conn_close(tcp_conn *c, int status, const char *why);
+void cl_tcp_conn_free(tcp_conn *c);
+void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
+void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
+void cl_tcp_conn_forget(tcp_conn *c, struct tcp_work *tw); /* drop the work's msgs/slots */
+int cl_tcp_listen(tcp_comm *tc);
+void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a,
+                         uint64_t seq, uint32_t step, uint64_t len);
+
+/* tcp_exec.c */
+int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
+void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
+void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* a peer's connection broke: fault the comm */
+void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why);
+
+#endif

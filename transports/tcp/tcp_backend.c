@@ -1,0 +1,155 @@
+/*
+ * tcp_backend.c — the TCP transport's backend ops: init (listen and
+ * publish the address), start, detach, abort, destroy.
+ *
+ * Design notes
+ *  - Everything runs on the progress thread (the backend does not set
+ *    COLLIE_BACKEND_POST_ON_CALLER).
+ *  - abort closes every connection and fails every work it runs; the
+ *    structures stay until destroy, so late events find them closed.
+ *  - A work's transport state lives inside the core's work (work_data_size)
+ *    so starting a work allocates only what its schedule needs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "transports/tcp/tcp.h"
+
+static void tcp_on_published(collie_work *w, void *arg) {
+    tcp_req_ctx *ctx = arg;
+    tcp_comm *tc = ctx->target;
+    free(ctx);
+    int st = collie_work_result(w);
+    if (!tc) { /* destroyed meanwhile */
+        collie_work_release(w);
+        return;
+    }
+    tc->publish_req = NULL;
+    tc->publish_ctx = NULL;
+    if (st == COLLIE_OK)
+        tc->core->init_done(tc->bc, COLLIE_OK, NULL);
+    else if (st != COLLIE_ECANCELED)
+        tc->core->init_done(tc->bc, st, "publishing the TCP address failed: %s",
+                            collie_work_error_message(w));
+    collie_work_release(w);
+}
+
+static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    tcp_comm *tc = calloc(1, sizeof *tc);
+    if (!tc) return COLLIE_ENOMEM;
+    tc->bc = bc;
+    tc->core = core;
+    tc->rank = core->rank(bc);
+    tc->size = core->size(bc);
+    tc->comm_id = core->comm_id(bc);
+    tc->generation = core->generation(bc);
+    tc->listen_fd = -1;
+    tc->conns = calloc((size_t)tc->size, sizeof *tc->conns);
+    tc->discard = malloc(TCP_STAGE_BYTES);
+    *state = tc;
+    if (!tc->conns || !tc->discard) return COLLIE_ENOMEM;
+    int r = cl_tcp_listen(tc);
+    if (r != COLLIE_OK) return r;
+    char key[32];
+    snprintf(key, sizeof key, "tcp/%d", tc->rank);
+    tc->publish_ctx = malloc(sizeof *tc->publish_ctx);
+    if (!tc->publish_ctx) return COLLIE_ENOMEM;
+    tc->publish_ctx->target = tc;
+    r = core->store_set(bc, key, tc->addr, strlen(tc->addr), tcp_on_published, tc->publish_ctx,
+                        &tc->publish_req);
+    if (r != COLLIE_OK) {
+        free(tc->publish_ctx);
+        tc->publish_ctx = NULL;
+    }
+    return r;
+}
+
+static int tcp_start(void *state, collie_work *w, const collie_coll_args *a) {
+    tcp_comm *tc = state;
+    tcp_work *tw = tc->core->work_backend_data(w);
+    memset(tw, 0, sizeof *tw);
+    tw->w = w;
+    tw->tc = tc;
+    tw->args = *a;
+    return cl_tcp_work_start(tc, tw);
+}
+
+static void tcp_detach(void *state, collie_work *w) {
+    tcp_comm *tc = state;
+    tcp_work *tw = tc->core->work_backend_data(w);
+    for (int p = 0; p < tc->size; p++)
+        if (tc->conns[p]) cl_tcp_conn_forget(tc->conns[p], tw);
+    if (tw->linked) {
+        if (tw->prev)
+            tw->prev->next = tw->next;
+        else
+            tc->works_head = tw->next;
+        if (tw->next)
+            tw->next->prev = tw->prev;
+        else
+            tc->works_tail = tw->prev;
+        tw->linked = false;
+    }
+    cl_sched_fini(&tw->sched);
+    free(tw->msgs);
+    free(tw->slots);
+    free(tw->scratch);
+    tw->msgs = NULL;
+    tw->slots = NULL;
+    tw->scratch = NULL;
+}
+
+static void tcp_abort(void *state, int status, const char *reason) {
+    tcp_comm *tc = state;
+    if (tc->aborted) return;
+    tc->aborted = true;
+    tc->abort_status = status;
+    snprintf(tc->abort_reason, sizeof tc->abort_reason, "%s", reason);
+    if (tc->listen_ev) event_del(tc->listen_ev);
+    for (int p = 0; p < tc->size; p++)
+        if (tc->conns[p]) cl_tcp_conn_close(tc->conns[p], status, reason);
+    for (tcp_conn *c = tc->pending; c; c = c->next_pending) cl_tcp_conn_close(c, status, reason);
+    /* finishing retires later, on the loop; detach then unlinks each work */
+    for (tcp_work *tw = tc->works_head; tw; tw = tw->next)
+        if (!tw->finished) cl_tcp_work_fail(tw, status, "%s", reason);
+    if (tc->publish_req) collie_work_cancel(tc->publish_req);
+}
+
+static void tcp_destroy(void *state) {
+    tcp_comm *tc = state;
+    if (!tc) return;
+    for (int p = 0; tc->conns && p < tc->size; p++) cl_tcp_conn_free(tc->conns[p]);
+    while (tc->pending) {
+        tcp_conn *c = tc->pending;
+        tc->pending = c->next_pending;
+        cl_tcp_conn_free(c);
+    }
+    if (tc->publish_ctx) { /* its callback frees the context and the request */
+        tc->publish_ctx->target = NULL;
+        collie_work_cancel(tc->publish_req);
+    }
+    if (tc->listen_ev) event_free(tc->listen_ev);
+    if (tc->listen_fd >= 0) close(tc->listen_fd);
+    free(tc->conns);
+    free(tc->discard);
+    free(tc);
+}
+
+static const collie_backend_ops tcp_ops = {
+    .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .name = "tcp",
+    .device = "cpu",
+    .flags = 0,
+    .work_data_size = sizeof(tcp_work),
+    .init = tcp_init,
+    .start = tcp_start,
+    .detach = tcp_detach,
+    .poll = NULL,
+    .abort = tcp_abort,
+    .destroy = tcp_destroy,
+};
+
+const collie_backend_ops *cl_tcp_backend_ops(void);
+const collie_backend_ops *cl_tcp_backend_ops(void) { return &tcp_ops; }

@@ -1,0 +1,866 @@
+/*
+ * tcp_conn.c — TCP connections between ranks: lazy connect, authenticated
+ * handshake, framed sends straight from user memory, receives straight
+ * into the matched destination.
+ *
+ * Design notes
+ *  - Who connects: the lower rank of a pair dials (after reading the
+ *    peer's address from the store); the higher rank waits for it. Both
+ *    sides of a pair need the connection in the same collective, so a
+ *    connection is made exactly when first needed, and never twice.
+ *  - Handshake: acceptor → CHALLENGE(nonce_a); dialer → HELLO(comm id,
+ *    generation, rank, size, nonce_d, MAC); acceptor → ACCEPT(MAC). The MACs
+ *    are HMAC-SHA256 under the store's shared secret (zeros without one);
+ *    a wrong comm id or generation (a stale process of an earlier
+ *    incarnation) is refused and logged with the reason.
+ *  - Framing: a 40-byte header (generation, seq, step, op, dtype, count,
+ *    payload length) then the payload. Sends use writev from the user's
+ *    buffer; receives read straight into the destination, or through this
+ *    connection's staging buffer when the data is reduced on arrival.
+ *  - Matching: a header is matched to an expected slot of the same (seq,
+ *    step) from this peer. If that slot is not posted yet (the peer is
+ *    ahead), reading from this socket pauses until it is — TCP flow control
+ *    then holds the peer back; nothing is buffered. Point-to-point messages
+ *    match posted receives by tag; unmatched ones are buffered.
+ *  - User buffers are touched only inside work_busy_enter/exit, so once a
+ *    work's completion is visible they are never read or written again.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "transports/reduce.h"
+#include "transports/tcp/tcp.h"
+
+#define HS_CHALLENGE_LEN 24
+#define HS_HELLO_LEN 80
+#define HS_ACCEPT_LEN 40
+
+enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
+
+/* ---- little-endian helpers ------------------------------------------------------ */
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
+                         uint32_t step, uint64_t len) {
+    put32(h, TCP_FRAME_MAGIC);
+    h[4] = (uint8_t)a->kind;
+    h[5] = (uint8_t)a->dtype;
+    h[6] = (uint8_t)a->op;
+    h[7] = 0;
+    put32(h + 8, step);
+    put32(h + 12, (uint32_t)tc->generation);
+    put64(h + 16, seq);
+    put64(h + 24, a->count);
+    put64(h + 32, len);
+}
+
+/* ---- lifecycle ---------------------------------------------------------------------- */
+
+static void conn_on_read(evutil_socket_t fd, short what, void *arg);
+static void conn_on_write(evutil_socket_t fd, short what, void *arg);
+
+static void conn_set_socket_options(evutil_socket_t fd) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    evutil_make_socket_nonblocking(fd);
+    evutil_make_socket_closeonexec(fd);
+}
+
+static int conn_attach_fd(tcp_conn *c, evutil_socket_t fd) {
+    struct event_base *base = c->tc->core->event_base(c->tc->bc);
+    c->fd = fd;
+    c->rev = event_new(base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
+    c->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
+    if (!c->rev || !c->wev) return COLLIE_ENOMEM;
+    event_add(c->rev, NULL);
+    return COLLIE_OK;
+}
+
+static tcp_conn *conn_new(tcp_comm *tc, int peer) {
+    tcp_conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->tc = tc;
+    c->peer = peer;
+    c->fd = -1;
+    return c;
+}
+
+void cl_tcp_conn_free(tcp_conn *c) {
+    if (!c) return;
+    if (c->rev) event_free(c->rev);
+    if (c->wev) event_free(c->wev);
+    if (c->fd >= 0) close(c->fd);
+    if (c->addr_ctx) { /* its callback frees the context and the request */
+        c->addr_ctx->target = NULL;
+        collie_work_cancel(c->addr_req);
+    }
+    while (c->unx_head) {
+        tcp_unexpected *u = c->unx_head;
+        c->unx_head = u->next;
+        free(u->data);
+        free(u);
+    }
+    if (c->cur_unx) {
+        free(c->cur_unx->data);
+        free(c->cur_unx);
+    }
+    free(c->stage);
+    free(c);
+}
+
+/* Close the socket; queued messages and slots stay for the abort to fail. */
+void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
+    (void)status;
+    if (c->state == TCP_CONN_CLOSED) return;
+    c->state = TCP_CONN_CLOSED;
+    if (c->rev) event_del(c->rev);
+    if (c->wev) event_del(c->wev);
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    c->tc->core->log(3, "tcp", "comm '%s' rank %d: connection to rank %d closed: %s",
+                     c->tc->core->name(c->tc->bc), c->tc->rank, c->peer, why);
+}
+
+static void conn_lost(tcp_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    tcp_comm *tc = c->tc;
+    int peer = c->peer;
+    cl_tcp_conn_close(c, status, why);
+    if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
+}
+
+/* ---- handshake ------------------------------------------------------------------------ */
+
+static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
+                   uint32_t rank, uint8_t out[32]) {
+    tcp_comm *tc = c->tc;
+    uint8_t msg[96];
+    size_t len = strlen(label);
+    memcpy(msg, label, len);
+    put64(msg + len, tc->comm_id);
+    put64(msg + len + 8, tc->generation);
+    put32(msg + len + 16, rank);
+    put32(msg + len + 20, (uint32_t)tc->size);
+    memcpy(msg + len + 24, n1, 16);
+    memcpy(msg + len + 40, n2, 16);
+    tc->core->auth_mac(tc->bc, msg, len + 56, out);
+}
+
+static bool mac_equal(const uint8_t *a, const uint8_t *b) {
+    uint8_t d = 0;
+    for (int i = 0; i < 32; i++) d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
+    memcpy(c->hs_out, buf, len);
+    c->hs_out_len = len;
+    c->hs_out_sent = 0;
+    event_add(c->wev, NULL);
+}
+
+static void hs_random(uint8_t *buf, size_t len) {
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(buf, 1, len, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = got; i < len; i++) buf[i] = (uint8_t)rand();
+}
+
+static void hs_start_acceptor(tcp_conn *c) {
+    uint8_t m[HS_CHALLENGE_LEN];
+    hs_random(c->nonce_mine, 16);
+    put32(m, TCP_HS_MAGIC);
+    put32(m + 4, TCP_PROTO_VERSION);
+    memcpy(m + 8, c->nonce_mine, 16);
+    c->state = TCP_CONN_HANDSHAKE;
+    c->hs_phase = HS_A_WAIT_HELLO;
+    c->hs_in_want = HS_HELLO_LEN;
+    c->hs_in_len = 0;
+    hs_queue(c, m, sizeof m);
+}
+
+static void conn_ready(tcp_conn *c);
+static void conn_install(tcp_conn *c, int peer);
+
+/* A complete handshake message is in hs_in. Returns false if c was closed. */
+static bool hs_process(tcp_conn *c) {
+    tcp_comm *tc = c->tc;
+    const uint8_t *m = c->hs_in;
+    if (get32(m) != TCP_HS_MAGIC) {
+        cl_tcp_conn_close(c, COLLIE_EPROTO, "bad handshake magic");
+        return false;
+    }
+    if (c->hs_phase == HS_D_WAIT_CHALLENGE) {
+        if (get32(m + 4) != TCP_PROTO_VERSION) {
+            conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u",
+                      c->peer, get32(m + 4), TCP_PROTO_VERSION);
+            return false;
+        }
+        memcpy(c->nonce_peer, m + 8, 16);
+        hs_random(c->nonce_mine, 16);
+        uint8_t h[HS_HELLO_LEN];
+        put32(h, TCP_HS_MAGIC);
+        put32(h + 4, TCP_PROTO_VERSION);
+        put64(h + 8, tc->comm_id);
+        put64(h + 16, tc->generation);
+        put32(h + 24, (uint32_t)tc->rank);
+        put32(h + 28, (uint32_t)tc->size);
+        memcpy(h + 32, c->nonce_mine, 16);
+        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, h + 48);
+        c->hs_phase = HS_D_WAIT_ACCEPT;
+        c->hs_in_want = HS_ACCEPT_LEN;
+        c->hs_in_len = 0;
+        hs_queue(c, h, sizeof h);
+        return true;
+    }
+    if (c->hs_phase == HS_D_WAIT_ACCEPT) {
+        uint32_t status = get32(m + 4);
+        uint8_t want[32];
+        hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
+        if (status != 0) {
+            conn_lost(c, status == 2 ? COLLIE_EAUTH : COLLIE_EPROTO,
+                      "rank %d refused our connection (%s)", c->peer,
+                      status == 2 ? "authentication failed" : "comm id or generation mismatch");
+            return false;
+        }
+        if (!mac_equal(want, m + 8)) {
+            conn_lost(c, COLLIE_EAUTH, "rank %d failed to authenticate (wrong shared secret?)",
+                      c->peer);
+            return false;
+        }
+        conn_ready(c);
+        return true;
+    }
+    /* acceptor: HELLO */
+    uint64_t id = get64(m + 8), gen = get64(m + 16);
+    uint32_t rank = get32(m + 24), size = get32(m + 28);
+    memcpy(c->nonce_peer, m + 32, 16);
+    uint8_t want[32];
+    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, rank, want);
+    uint32_t refuse = 0;
+    char why[200] = "";
+    if (get32(m + 4) != TCP_PROTO_VERSION) {
+        refuse = 1;
+        snprintf(why, sizeof why, "protocol version %u, expected %u", get32(m + 4),
+                 TCP_PROTO_VERSION);
+    } else if (id != tc->comm_id || gen != tc->generation || size != (uint32_t)tc->size) {
+        refuse = 1;
+        snprintf(why, sizeof why,
+                 "it belongs to generation %llu of size %u, this is generation %llu of size %d "
+                 "(a stale process of an earlier incarnation?)",
+                 (unsigned long long)gen, size, (unsigned long long)tc->generation, tc->size);
+    } else if (rank >= (uint32_t)tc->rank) {
+        refuse = 1;
+        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank,
+                 tc->rank);
+    } else if (!mac_equal(want, m + 48)) {
+        refuse = 2;
+        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
+    }
+    uint8_t a[HS_ACCEPT_LEN] = {0};
+    put32(a, TCP_HS_MAGIC);
+    put32(a + 4, refuse);
+    if (refuse) {
+        tc->core->log(1, "tcp", "comm '%s' rank %d: refused a connection claiming rank %u: %s",
+                      tc->core->name(tc->bc), tc->rank, rank, why);
+        /* best effort: tell the dialer, then close */
+        ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;
+        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
+        return false;
+    }
+    c->peer = (int)rank;
+    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, rank, a + 8);
+    hs_queue(c, a, sizeof a);
+    conn_install(c, (int)rank);
+    return false; /* c may have been merged into another struct: stop using it */
+}
+
+/* ---- identification of accepted connections --------------------------------------- */
+
+static void conn_remove_pending(tcp_comm *tc, tcp_conn *c) {
+    for (tcp_conn **pp = &tc->pending; *pp; pp = &(*pp)->next_pending)
+        if (*pp == c) {
+            *pp = c->next_pending;
+            return;
+        }
+}
+
+/* The accepted connection `c` proved to be `peer`: move its socket into the
+ * placeholder made when this side first needed the peer, or install c. */
+static void conn_install(tcp_conn *c, int peer) {
+    tcp_comm *tc = c->tc;
+    conn_remove_pending(tc, c);
+    tcp_conn *slot = tc->conns[peer];
+    if (slot && slot->state != TCP_CONN_ADDR) {
+        tc->core->log(1, "tcp", "comm '%s' rank %d: duplicate connection from rank %d refused",
+                      tc->core->name(tc->bc), tc->rank, peer);
+        cl_tcp_conn_close(c, COLLIE_EPROTO, "duplicate");
+        cl_tcp_conn_free(c);
+        return;
+    }
+    if (!slot) {
+        tc->conns[peer] = c;
+        conn_ready(c);
+        return;
+    }
+    /* move the socket and the queued ACCEPT into the placeholder */
+    event_free(c->rev);
+    event_free(c->wev);
+    c->rev = c->wev = NULL;
+    memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
+    slot->hs_out_len = c->hs_out_len;
+    slot->hs_out_sent = c->hs_out_sent;
+    evutil_socket_t fd = c->fd;
+    c->fd = -1;
+    cl_tcp_conn_free(c);
+    if (conn_attach_fd(slot, fd) != COLLIE_OK) {
+        conn_lost(slot, COLLIE_ENOMEM, "no memory for events");
+        return;
+    }
+    conn_ready(slot);
+}
+
+/* ---- sending ----------------------------------------------------------------------------- */
+
+static void conn_flush(tcp_conn *c);
+
+static void conn_ready(tcp_conn *c) {
+    c->state = TCP_CONN_READY;
+    c->hs_phase = HS_DONE;
+    c->tc->core->log(3, "tcp", "comm '%s' rank %d: connected to rank %d",
+                     c->tc->core->name(c->tc->bc), c->tc->rank, c->peer);
+    event_add(c->wev, NULL);
+}
+
+void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
+    m->next = NULL;
+    m->sent = 0;
+    bool was_empty = c->sq_head == NULL;
+    if (c->sq_tail)
+        c->sq_tail->next = m;
+    else
+        c->sq_head = m;
+    c->sq_tail = m;
+    if (c->state == TCP_CONN_READY && was_empty) conn_flush(c);
+}
+
+/* Write the handshake bytes, then queued messages, until the socket is
+ * full. Completing a message may make its work post more messages to this
+ * connection: they are appended and picked up by this same loop. */
+static void conn_flush(tcp_conn *c) {
+    const collie_core_services *core = c->tc->core;
+    while (c->hs_out_sent < c->hs_out_len) {
+        ssize_t n = send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent,
+                         MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) goto want_write;
+            conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer, strerror(errno));
+            return;
+        }
+        c->hs_out_sent += (size_t)n;
+    }
+    if (c->state != TCP_CONN_READY) {
+        event_del(c->wev);
+        return;
+    }
+    while (c->sq_head) {
+        tcp_msg *m = c->sq_head;
+        bool busy = m->owner && m->len > 0;
+        if (busy && !core->work_busy_enter(m->owner->w)) {
+            /* the work ended (deadline, cancel): the stream is now broken */
+            if (m->sent == 0) {
+                c->sq_head = m->next;
+                if (!c->sq_head) c->sq_tail = NULL;
+                continue;
+            }
+            conn_lost(c, COLLIE_EABORTED, "a message to rank %d was cut off", c->peer);
+            return;
+        }
+        struct iovec iov[2];
+        int niov = 0;
+        if (m->sent < TCP_FRAME_HDR) {
+            iov[niov].iov_base = m->hdr + m->sent;
+            iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
+        }
+        uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
+        if (m->len > poff) {
+            iov[niov].iov_base = (void *)(m->payload + poff);
+            iov[niov++].iov_len = m->len - poff;
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (busy) core->work_busy_exit(m->owner->w);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) goto want_write;
+            conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer, strerror(errno));
+            return;
+        }
+        m->sent += (uint64_t)n;
+        if (m->sent < TCP_FRAME_HDR + m->len) goto want_write;
+        c->sq_head = m->next;
+        if (!c->sq_head) c->sq_tail = NULL;
+        if (m->owner) cl_tcp_op_done(m->owner);
+        if (c->state != TCP_CONN_READY) return; /* closed by a fault */
+    }
+    event_del(c->wev);
+    return;
+want_write:
+    event_add(c->wev, NULL);
+}
+
+static void conn_on_write(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_conn *c = arg;
+    if (c->state == TCP_CONN_CONNECTING) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) {
+            conn_lost(c, COLLIE_EPEER, "connect to rank %d failed: %s", c->peer, strerror(err));
+            return;
+        }
+        c->state = TCP_CONN_HANDSHAKE;
+        c->hs_phase = HS_D_WAIT_CHALLENGE;
+        c->hs_in_want = HS_CHALLENGE_LEN;
+        c->hs_in_len = 0;
+        event_del(c->wev);
+        return;
+    }
+    conn_flush(c);
+}
+
+/* ---- receiving ------------------------------------------------------------------------- */
+
+static tcp_slot *slot_take(tcp_slot **head, uint64_t seq, uint32_t step) {
+    for (tcp_slot **pp = head; *pp; pp = &(*pp)->next)
+        if ((*pp)->seq == seq && (*pp)->step == step) {
+            tcp_slot *s = *pp;
+            *pp = s->next;
+            return s;
+        }
+    return NULL;
+}
+
+/* Match the complete header in c->hdr. Returns false to pause reading. */
+static bool conn_match(tcp_conn *c) {
+    tcp_comm *tc = c->tc;
+    const uint8_t *h = c->hdr;
+    uint32_t step = get32(h + 8);
+    uint64_t seq = get64(h + 16), len = get64(h + 32);
+    c->payload_len = len;
+    c->payload_got = 0;
+    c->stage_fill = 0;
+    if (step == TCP_P2P_STEP) {
+        tcp_slot *s = slot_take(&c->p2p_head, seq, TCP_P2P_STEP);
+        if (s) {
+            c->cur = s;
+            return true;
+        }
+        tcp_unexpected *u = calloc(1, sizeof *u);
+        if (u) u->data = malloc(len ? len : 1);
+        if (!u || !u->data) {
+            free(u);
+            conn_lost(c, COLLIE_ENOMEM, "no memory for an unexpected message from rank %d",
+                      c->peer);
+            return false;
+        }
+        u->tag = seq;
+        u->len = len;
+        memcpy(u->hdr, h, TCP_FRAME_HDR);
+        c->cur_unx = u;
+        return true;
+    }
+    tcp_slot *s = slot_take(&c->rq_head, seq, step);
+    if (!s) return false; /* not posted yet: the peer is ahead */
+    const collie_coll_args *a = &s->owner->args;
+    if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
+        len != s->len || (h[6] != (uint8_t)a->op && a->kind != COLLIE_COLL_BARRIER &&
+                          (a->kind == COLLIE_COLL_ALLREDUCE || a->kind == COLLIE_COLL_REDUCE ||
+                           a->kind == COLLIE_COLL_REDUCE_SCATTER))) {
+        static const char *const names[] = {"allreduce", "broadcast", "reduce",  "allgather",
+                                            "reduce_scatter", "alltoall", "gather", "scatter",
+                                            "barrier", "send", "recv"};
+        const char *theirs = h[4] < COLLIE_COLL_NUM_KINDS ? names[h[4]] : "?";
+        tcp_work *tw = s->owner;
+        tc->core->fault(tc->bc, tw->w, COLLIE_EPROTO,
+                        "mismatched collectives at seq %llu: rank %d posted %s of %llu x %s "
+                        "(%s), rank %d posted %s of %llu x %s (%s)",
+                        (unsigned long long)seq, tc->rank, names[a->kind],
+                        (unsigned long long)a->count, collie_dtype_name(a->dtype),
+                        collie_redop_name(a->op), c->peer, theirs,
+                        (unsigned long long)get64(h + 24), collie_dtype_name((collie_dtype)h[5]),
+                        collie_redop_name((collie_redop)h[6]));
+        return false;
+    }
+    c->cur = s;
+    return true;
+}
+
+/* Feed payload bytes to the current slot. Returns >0 bytes read, 0 on EOF,
+ * <0 (-errno) on error; -EAGAIN when the socket is drained. */
+static ssize_t conn_read_payload(tcp_conn *c) {
+    tcp_comm *tc = c->tc;
+    const collie_core_services *core = tc->core;
+    uint64_t left = c->payload_len - c->payload_got;
+    if (c->cur_unx) {
+        ssize_t n = recv(c->fd, c->cur_unx->data + c->payload_got, left, 0);
+        if (n > 0) c->payload_got += (uint64_t)n;
+        return n < 0 ? -errno : n;
+    }
+    tcp_slot *s = c->cur;
+    collie_work *w = s->owner ? s->owner->w : NULL;
+    bool live = w && core->work_busy_enter(w);
+    ssize_t n;
+    if (!live) { /* the work is gone: drain into the discard area */
+        n = recv(c->fd, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES, 0);
+        if (n > 0) c->payload_got += (uint64_t)n;
+        return n < 0 ? -errno : n;
+    }
+    if (s->kind == CL_SOP_RECV) {
+        n = recv(c->fd, s->dst + c->payload_got, left, 0);
+        if (n > 0) c->payload_got += (uint64_t)n;
+    } else {
+        if (!c->stage && !(c->stage = malloc(TCP_STAGE_BYTES))) {
+            core->work_busy_exit(w);
+            return -ENOMEM;
+        }
+        uint64_t chunk = left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES;
+        n = recv(c->fd, c->stage + c->stage_fill, chunk - c->stage_fill, 0);
+        if (n > 0) {
+            c->stage_fill += (uint64_t)n;
+            if (c->stage_fill == chunk) {
+                const collie_coll_args *a = &s->owner->args;
+                size_t es = collie_dtype_size(a->dtype);
+                collie_redop op = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
+                uint8_t *dst = s->dst + c->payload_got;
+                if (s->kind == CL_SOP_RECV_REDUCE)
+                    cl_reduce(dst, c->stage, chunk / es, a->dtype, op);
+                else
+                    cl_reduce3(dst, c->stage, s->src + c->payload_got, chunk / es, a->dtype, op);
+                c->payload_got += chunk;
+                c->stage_fill = 0;
+            }
+        }
+    }
+    core->work_busy_exit(w);
+    return n < 0 ? -errno : n;
+}
+
+static void conn_message_done(tcp_conn *c) {
+    c->have_hdr = false;
+    c->hdr_got = 0;
+    if (c->cur_unx) {
+        tcp_unexpected *u = c->cur_unx;
+        c->cur_unx = NULL;
+        u->next = NULL;
+        if (c->unx_tail)
+            c->unx_tail->next = u;
+        else
+            c->unx_head = u;
+        c->unx_tail = u;
+        return;
+    }
+    tcp_slot *s = c->cur;
+    c->cur = NULL;
+    if (s->owner) cl_tcp_op_done(s->owner);
+}
+
+static void conn_read_handshake(tcp_conn *c) {
+    while (c->state == TCP_CONN_HANDSHAKE && c->hs_in_want > 0) {
+        ssize_t n = recv(c->fd, c->hs_in + c->hs_in_len, c->hs_in_want - c->hs_in_len, 0);
+        if (n == 0) {
+            conn_lost(c, COLLIE_EPEER, "rank %d closed the connection during the handshake",
+                      c->peer);
+            return;
+        }
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) return;
+            conn_lost(c, COLLIE_EPEER, "handshake with rank %d: %s", c->peer, strerror(errno));
+            return;
+        }
+        c->hs_in_len += (size_t)n;
+        if (c->hs_in_len < c->hs_in_want) continue;
+        c->hs_in_want = 0;
+        if (!hs_process(c)) return;
+    }
+}
+
+static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_conn *c = arg;
+    if (c->state == TCP_CONN_HANDSHAKE) {
+        conn_read_handshake(c);
+        return;
+    }
+    /* bounded: at most 64 reads per wake-up so one busy peer cannot starve
+     * the others */
+    for (int iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
+        if (!c->have_hdr) {
+            ssize_t n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got, 0);
+            if (n == 0) {
+                conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+                return;
+            }
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EINTR) return;
+                conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
+                          strerror(errno));
+                return;
+            }
+            c->hdr_got += (size_t)n;
+            if (c->hdr_got < TCP_FRAME_HDR) continue;
+            if (get32(c->hdr) != TCP_FRAME_MAGIC ||
+                get32(c->hdr + 12) != (uint32_t)c->tc->generation) {
+                conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                return;
+            }
+            c->have_hdr = true;
+            if (!conn_match(c)) {
+                if (c->state == TCP_CONN_READY) event_del(c->rev); /* paused */
+                return;
+            }
+        }
+        if (c->payload_got < c->payload_len) {
+            ssize_t n = conn_read_payload(c);
+            if (n == 0) {
+                conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+                return;
+            }
+            if (n < 0) {
+                if (n == -EAGAIN || n == -EINTR) return;
+                conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
+                          strerror((int)-n));
+                return;
+            }
+            if (c->payload_got < c->payload_len) continue;
+        }
+        conn_message_done(c);
+    }
+}
+
+void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
+    tcp_slot **head = s->step == TCP_P2P_STEP ? &c->p2p_head : &c->rq_head;
+    s->next = NULL;
+    tcp_slot **pp = head;
+    while (*pp) pp = &(*pp)->next;
+    *pp = s;
+    /* a header waiting for exactly this slot: resume reading */
+    if (c->state == TCP_CONN_READY && c->have_hdr && !c->cur && !c->cur_unx &&
+        get32(c->hdr + 8) == s->step && get64(c->hdr + 16) == s->seq) {
+        if (!conn_match(c)) return;
+        event_add(c->rev, NULL);
+        event_active(c->rev, EV_READ, 0);
+    }
+}
+
+/* Drop every message and slot of tw from this connection (tw is ending).
+ * A message already partly on the wire stays, ownerless, so the stream
+ * stays well-formed; the comm is being aborted in that case anyway. */
+void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
+    tcp_msg *last = NULL;
+    for (tcp_msg **mp = &c->sq_head; *mp;) {
+        tcp_msg *m = *mp;
+        if (m->owner == tw && m->sent == 0) {
+            *mp = m->next;
+            continue;
+        }
+        if (m->owner == tw) m->owner = NULL;
+        last = m;
+        mp = &m->next;
+    }
+    c->sq_tail = last;
+    tcp_slot **heads[2] = {&c->rq_head, &c->p2p_head};
+    for (int h = 0; h < 2; h++)
+        for (tcp_slot **sp = heads[h]; *sp;) {
+            if ((*sp)->owner == tw)
+                *sp = (*sp)->next;
+            else
+                sp = &(*sp)->next;
+        }
+    if (c->cur && c->cur->owner == tw) c->cur->owner = NULL; /* drain the rest */
+}
+
+/* ---- connecting ------------------------------------------------------------------------- */
+
+static void conn_on_addr(collie_work *w, void *arg) {
+    tcp_req_ctx *ctx = arg;
+    tcp_conn *c = ctx->target;
+    free(ctx);
+    if (!c) { /* the connection was freed meanwhile */
+        collie_work_release(w);
+        return;
+    }
+    const collie_core_services *core = c->tc->core;
+    c->addr_req = NULL;
+    c->addr_ctx = NULL;
+    int st = collie_work_result(w);
+    if (c->state == TCP_CONN_CLOSED) {
+        collie_work_release(w);
+        return;
+    }
+    if (st != COLLIE_OK) {
+        if (st != COLLIE_ECANCELED)
+            conn_lost(c, st, "cannot find the address of rank %d in the store: %s", c->peer,
+                      collie_work_error_message(w));
+        collie_work_release(w);
+        return;
+    }
+    const void *val;
+    size_t len;
+    core->store_value(w, &val, &len);
+    char addr[80];
+    snprintf(addr, sizeof addr, "%.*s", (int)len, (const char *)val);
+    collie_work_release(w);
+    char *colon = strrchr(addr, ':');
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    if (!colon || inet_pton(AF_INET, (*colon = '\0', addr), &sin.sin_addr) != 1) {
+        conn_lost(c, COLLIE_EPROTO, "rank %d published a bad address", c->peer);
+        return;
+    }
+    sin.sin_port = htons((uint16_t)atoi(colon + 1));
+    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        conn_lost(c, COLLIE_ESYSTEM, "socket: %s", strerror(errno));
+        return;
+    }
+    conn_set_socket_options(fd);
+    if (conn_attach_fd(c, fd) != COLLIE_OK) {
+        conn_lost(c, COLLIE_ENOMEM, "no memory for events");
+        return;
+    }
+    c->state = TCP_CONN_CONNECTING;
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        conn_lost(c, COLLIE_EPEER, "connect to rank %d at %s:%s failed: %s", c->peer, addr,
+                  colon + 1, strerror(errno));
+        return;
+    }
+    event_add(c->wev, NULL);
+}
+
+tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
+    if (tc->conns[peer]) return tc->conns[peer];
+    tcp_conn *c = conn_new(tc, peer);
+    if (!c) return NULL;
+    tc->conns[peer] = c;
+    c->state = TCP_CONN_ADDR;
+    c->initiator = tc->rank < peer;
+    if (!c->initiator) return c; /* the peer dials us */
+    char key[32];
+    snprintf(key, sizeof key, "tcp/%d", peer);
+    /* the peer published its address before the creation barrier */
+    c->addr_ctx = malloc(sizeof *c->addr_ctx);
+    if (!c->addr_ctx) {
+        conn_lost(c, COLLIE_ENOMEM, "no memory to look up rank %d's address", peer);
+        return c;
+    }
+    c->addr_ctx->target = c;
+    int r = tc->core->store_get(tc->bc, key, 30000, conn_on_addr, c->addr_ctx, &c->addr_req);
+    if (r != COLLIE_OK) {
+        free(c->addr_ctx);
+        c->addr_ctx = NULL;
+        conn_lost(c, r, "store get of rank %d's address failed", peer);
+    }
+    return c;
+}
+
+/* ---- listening --------------------------------------------------------------------------- */
+
+static void listen_on_accept(evutil_socket_t lfd, short what, void *arg) {
+    (void)what;
+    tcp_comm *tc = arg;
+    for (int i = 0; i < 16; i++) {
+        evutil_socket_t fd = accept(lfd, NULL, NULL);
+        if (fd < 0) return;
+        conn_set_socket_options(fd);
+        tcp_conn *c = conn_new(tc, -1);
+        if (!c || conn_attach_fd(c, fd) != COLLIE_OK) {
+            if (c) cl_tcp_conn_free(c);
+            else close(fd);
+            continue;
+        }
+        c->next_pending = tc->pending;
+        tc->pending = c;
+        hs_start_acceptor(c);
+    }
+}
+
+static int listen_address(const collie_core_services *core, struct in_addr *out) {
+    const char *ifname = core->setting("COLLIE_SOCKET_IFNAME");
+    if (ifname) {
+        struct ifaddrs *ifs, *it;
+        if (getifaddrs(&ifs) != 0) return COLLIE_ESYSTEM;
+        int r = COLLIE_EINVAL;
+        for (it = ifs; it; it = it->ifa_next)
+            if (it->ifa_addr && it->ifa_addr->sa_family == AF_INET &&
+                strcmp(it->ifa_name, ifname) == 0) {
+                *out = ((struct sockaddr_in *)it->ifa_addr)->sin_addr;
+                r = COLLIE_OK;
+                break;
+            }
+        freeifaddrs(ifs);
+        return r;
+    }
+    const char *addr = core->setting("COLLIE_SOCKET_ADDR");
+    return inet_pton(AF_INET, addr ? addr : "127.0.0.1", out) == 1 ? COLLIE_OK : COLLIE_EINVAL;
+}
+
+int cl_tcp_listen(tcp_comm *tc) {
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    if (listen_address(tc->core, &sin.sin_addr) != COLLIE_OK) return COLLIE_EINVAL;
+    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return COLLIE_ESYSTEM;
+    evutil_make_socket_nonblocking(fd);
+    evutil_make_socket_closeonexec(fd);
+    socklen_t len = sizeof sin;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 1024) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sin, &len) != 0) {
+        close(fd);
+        return COLLIE_ESYSTEM;
+    }
+    tc->listen_fd = fd;
+    tc->listen_ev = event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST,
+                              listen_on_accept, tc);
+    if (!tc->listen_ev) return COLLIE_ENOMEM;
+    event_add(tc->listen_ev, NULL);
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof ip);
+    snprintf(tc->addr, sizeof tc->addr, "%s:%u", ip, (unsigned)ntohs(sin.sin_port));
+    return COLLIE_OK;
+}

@@ -1,0 +1,236 @@
+/*
+ * tcp_exec.c — running works on the TCP transport: a collective's schedule
+ * step by step, and point-to-point sends and receives.
+ *
+ * Design notes
+ *  - A step posts all its operations at once: local ones run immediately,
+ *    each SEND becomes a message on the peer's connection, each RECV a slot
+ *    the connection fills. `pending` counts the network operations left;
+ *    the next step is posted when it reaches zero.
+ *  - Re-entrancy: posting a send can complete it at once (the socket had
+ *    room), which reports back through cl_tcp_op_done while the step is
+ *    still being posted. A guard count during posting and the `running`
+ *    flag keep that from advancing the schedule underneath the poster.
+ *  - Several works of a comm run at the same time, each on its own step;
+ *    messages carry (seq, step), so they never mix (see tcp_conn.c).
+ *  - Local operations touch user buffers inside work_busy_enter/exit.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transports/reduce.h"
+#include "transports/tcp/tcp.h"
+
+static uint8_t *work_buf(tcp_work *tw, uint8_t which) {
+    switch (which) {
+    case CL_SBUF_SEND: return (uint8_t *)tw->args.sendbuf;
+    case CL_SBUF_RECV: return (uint8_t *)tw->args.recvbuf;
+    default: return tw->scratch;
+    }
+}
+
+void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    tw->finished = true;
+    tw->tc->core->work_finish(tw->w, status, "%s", msg);
+}
+
+static void work_local_op(tcp_work *tw, const cl_sop *op) {
+    const collie_coll_args *a = &tw->args;
+    size_t es = collie_dtype_size(a->dtype);
+    uint8_t *dst = work_buf(tw, op->buf) + op->off;
+    const uint8_t *src = work_buf(tw, op->src_buf) + op->src_off;
+    collie_redop rop = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
+    switch (op->kind) {
+    case CL_SOP_COPY:
+        if (dst != src) memmove(dst, src, op->len);
+        break;
+    case CL_SOP_REDUCE_LOCAL: cl_reduce(dst, src, op->len / es, a->dtype, rop); break;
+    case CL_SOP_AVG: cl_reduce_finalize_avg(dst, op->len / es, a->dtype, tw->tc->size); break;
+    default: break;
+    }
+}
+
+/* Post every operation of the current step. */
+static void work_post_step(tcp_work *tw) {
+    tcp_comm *tc = tw->tc;
+    const cl_sched *s = &tw->sched;
+    uint32_t first = s->step_start[tw->step], end = s->step_start[tw->step + 1];
+    bool touched = false;
+    for (uint32_t i = first; i < end && !tw->finished; i++) {
+        const cl_sop *op = &s->ops[i];
+        uint32_t k = i - first;
+        if (op->kind == CL_SOP_COPY || op->kind == CL_SOP_REDUCE_LOCAL || op->kind == CL_SOP_AVG) {
+            if (!touched && !(touched = tc->core->work_busy_enter(tw->w))) return;
+            work_local_op(tw, op);
+            continue;
+        }
+        tcp_conn *c = cl_tcp_conn_get(tc, op->peer);
+        if (!c) {
+            cl_tcp_work_fail(tw, COLLIE_ENOMEM, "no memory for a connection");
+            break;
+        }
+        tw->pending++;
+        if (op->kind == CL_SOP_SEND) {
+            tcp_msg *m = &tw->msgs[k];
+            memset(m, 0, sizeof *m);
+            m->owner = tw;
+            m->payload = work_buf(tw, op->buf) + op->off;
+            m->len = op->len;
+            cl_tcp_frame_header(m->hdr, tc, &tw->args, collie_work_seq(tw->w), tw->step, op->len);
+            if (touched) { /* sends read user memory under their own bracket */
+                tc->core->work_busy_exit(tw->w);
+                touched = false;
+            }
+            cl_tcp_conn_send(c, m);
+        } else {
+            tcp_slot *sl = &tw->slots[k];
+            memset(sl, 0, sizeof *sl);
+            sl->owner = tw;
+            sl->seq = collie_work_seq(tw->w);
+            sl->step = tw->step;
+            sl->kind = op->kind;
+            sl->dst = work_buf(tw, op->buf) + op->off;
+            sl->src = work_buf(tw, op->src_buf) + op->src_off;
+            sl->len = op->len;
+            if (touched) {
+                tc->core->work_busy_exit(tw->w);
+                touched = false;
+            }
+            cl_tcp_conn_expect(c, sl);
+        }
+    }
+    if (touched) tc->core->work_busy_exit(tw->w);
+}
+
+/* Drive the schedule as far as it can go now. */
+static void work_run(tcp_work *tw) {
+    if (tw->running) return; /* the loop below re-checks `pending` */
+    tw->running = true;
+    while (!tw->finished) {
+        if (!tw->posted) {
+            if (tw->step == tw->sched.nsteps) {
+                tw->finished = true;
+                tw->tc->core->work_finish(tw->w, COLLIE_OK, NULL);
+                break;
+            }
+            tw->pending = 1; /* guard while posting */
+            tw->posted = true;
+            work_post_step(tw);
+            tw->pending--;
+        }
+        if (tw->pending > 0 || tw->finished) break;
+        tw->step++;
+        tw->posted = false;
+    }
+    tw->running = false;
+}
+
+void cl_tcp_op_done(tcp_work *tw) {
+    if (tw->kind_p2p) {
+        tw->finished = true;
+        tw->tc->core->work_finish(tw->w, COLLIE_OK, NULL);
+        return;
+    }
+    if (--tw->pending == 0 && !tw->running) work_run(tw);
+}
+
+/* ---- point to point ----------------------------------------------------------------- */
+
+static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
+    const collie_coll_args *a = &tw->args;
+    uint64_t len = a->count * collie_dtype_size(a->dtype);
+    tcp_conn *c = cl_tcp_conn_get(tc, a->peer);
+    if (!c) return COLLIE_ENOMEM;
+    tw->kind_p2p = true;
+    if (a->kind == COLLIE_COLL_SEND) {
+        tcp_msg *m = &tw->p2p_msg;
+        m->owner = tw;
+        m->payload = a->sendbuf;
+        m->len = len;
+        cl_tcp_frame_header(m->hdr, tc, a, a->tag, TCP_P2P_STEP, len);
+        cl_tcp_conn_send(c, m);
+        return COLLIE_OK;
+    }
+    /* a matching message may have arrived already */
+    for (tcp_unexpected **up = &c->unx_head, *prev = NULL; *up; prev = *up, up = &(*up)->next) {
+        tcp_unexpected *u = *up;
+        if (u->tag != a->tag) continue;
+        *up = u->next;
+        if (c->unx_tail == u) c->unx_tail = prev;
+        if (u->len != len) {
+            cl_tcp_work_fail(tw, COLLIE_EPROTO,
+                             "rank %d sent %llu bytes with tag %llu, this recv expects %llu",
+                             a->peer, (unsigned long long)u->len, (unsigned long long)a->tag,
+                             (unsigned long long)len);
+        } else if (tc->core->work_busy_enter(tw->w)) {
+            if (len) memcpy(a->recvbuf, u->data, len);
+            tc->core->work_busy_exit(tw->w);
+            tw->finished = true;
+            tc->core->work_finish(tw->w, COLLIE_OK, NULL);
+        }
+        free(u->data);
+        free(u);
+        return COLLIE_OK;
+    }
+    tcp_slot *sl = &tw->p2p_slot;
+    sl->owner = tw;
+    sl->seq = a->tag;
+    sl->step = TCP_P2P_STEP;
+    sl->kind = CL_SOP_RECV;
+    sl->dst = a->recvbuf;
+    sl->len = len;
+    cl_tcp_conn_expect(c, sl);
+    return COLLIE_OK;
+}
+
+/* ---- starting ------------------------------------------------------------------------- */
+
+int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
+    if (tc->aborted) {
+        cl_tcp_work_fail(tw, COLLIE_EABORTED, "%s", tc->abort_reason);
+        return COLLIE_OK;
+    }
+    tw->prev = tc->works_tail;
+    tw->next = NULL;
+    if (tc->works_tail)
+        tc->works_tail->next = tw;
+    else
+        tc->works_head = tw;
+    tc->works_tail = tw;
+    tw->linked = true;
+    if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
+        return work_start_p2p(tc, tw);
+    int r = cl_sched_build(&tw->sched, &tw->args, tc->rank, tc->size);
+    if (r != COLLIE_OK) return r;
+    uint32_t widest = 0;
+    for (uint32_t s = 0; s < tw->sched.nsteps; s++) {
+        uint32_t n = tw->sched.step_start[s + 1] - tw->sched.step_start[s];
+        if (n > widest) widest = n;
+    }
+    if (widest > 0) {
+        tw->msgs = calloc(widest, sizeof *tw->msgs);
+        tw->slots = calloc(widest, sizeof *tw->slots);
+        if (!tw->msgs || !tw->slots) return COLLIE_ENOMEM;
+        tw->cap = widest;
+    }
+    if (tw->sched.scratch_bytes > 0) {
+        tw->scratch = malloc(tw->sched.scratch_bytes);
+        if (!tw->scratch) return COLLIE_ENOMEM;
+    }
+    work_run(tw);
+    return COLLIE_OK;
+}
+
+void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
+    if (tc->aborted) return;
+    /* the oldest work in flight is the one that saw it */
+    collie_work *victim = tc->works_head ? tc->works_head->w : NULL;
+    tc->core->fault(tc->bc, victim, status, "rank %d: %s", peer, why);
+}
