@@ -130,7 +130,8 @@ static int backend_try_plugin(const char *path, const collie_backend_ops **out, 
 static int backend_load_plugin_locked(const char *name, const collie_backend_ops **out) {
     char lower[40];
     size_t n = strlen(name);
-    for (size_t i = 0; i <= n; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+    for (size_t i = 0; i <= n; i++)
+        lower[i] = (char)tolower((unsigned char)name[i]);
     char file[64], path[4096], why[512] = "";
     snprintf(file, sizeof file, "libcollie_%s.so", lower);
     const char *dirs = cl_config_get()->plugin_path;
@@ -212,8 +213,8 @@ int cl_backend_parse_spec(const char *spec, cl_backend_spec *out) {
             return cl_set_last_error(COLLIE_EINVAL,
                                      "backend spec '%s': backend '%s' serves %s buffers, not "
                                      "%s",
-                                     spec, ops->name, ops->device, dev == CL_DEV_CPU ? "cpu"
-                                                                                     : "cuda");
+                                     spec, ops->name, ops->device,
+                                     dev == CL_DEV_CPU ? "cpu" : "cuda");
         if (out->ops[dev])
             return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': device %s given twice",
                                      spec, dev == CL_DEV_CPU ? "cpu" : "cuda");

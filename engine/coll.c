@@ -22,8 +22,8 @@
 #include "transports/reduce.h"
 
 static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
-    "gather",    "scatter",   "barrier", "send",     "recv"};
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+    "scatter",   "barrier",   "send",   "recv"};
 
 static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
 static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
@@ -45,9 +45,11 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
         snprintf(buf, len, " (comm '%s' rank %d)", cw->comm->name, cw->comm->rank);
 }
 
-#define COLL_OPS(i)                                                                               \
-    {.name = NULL, .start = coll_start, .detach = coll_detach, .free = coll_free,                \
-     .describe = coll_describe}
+#define COLL_OPS(i)                                                                                \
+    {                                                                                              \
+        .name = NULL, .start = coll_start, .detach = coll_detach, .free = coll_free,               \
+        .describe = coll_describe                                                                  \
+    }
 
 static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];
 static pthread_once_t cl_coll_ops_once = PTHREAD_ONCE_INIT;
@@ -161,59 +163,89 @@ static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_pos
 int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                      collie_dtype dt, collie_redop op, const collie_post_opts *o,
                      collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLREDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt, .op = op};
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLREDUCE,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .op = op};
     return coll_post(c, &a, o, out);
 }
 
 int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
                      const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_BROADCAST, .sendbuf = buf, .recvbuf = buf,
-                          .count = count, .dtype = dt, .root = root};
+    collie_coll_args a = {.kind = COLLIE_COLL_BROADCAST,
+                          .sendbuf = buf,
+                          .recvbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
     return coll_post(c, &a, o, out);
 }
 
-int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                  collie_dtype dt, collie_redop op, int root, const collie_post_opts *o,
-                  collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt, .op = op, .root = root};
+int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count, collie_dtype dt,
+                  collie_redop op, int root, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .op = op,
+                          .root = root};
     return coll_post(c, &a, o, out);
 }
 
 int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                      collie_dtype dt, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt};
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLGATHER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt};
     return coll_post(c, &a, o, out);
 }
 
 int collie_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
                           collie_dtype dt, collie_redop op, const collie_post_opts *o,
                           collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE_SCATTER, .sendbuf = sendbuf,
-                          .recvbuf = recvbuf, .count = recvcount, .dtype = dt, .op = op};
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE_SCATTER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = recvcount,
+                          .dtype = dt,
+                          .op = op};
     return coll_post(c, &a, o, out);
 }
 
 int collie_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                     collie_dtype dt, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt};
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLTOALL,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt};
     return coll_post(c, &a, o, out);
 }
 
-int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                  collie_dtype dt, int root, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt, .root = root};
+int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count, collie_dtype dt,
+                  int root, const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_GATHER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
     return coll_post(c, &a, o, out);
 }
 
 int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                    collie_dtype dt, int root, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                          .count = count, .dtype = dt, .root = root};
+    collie_coll_args a = {.kind = COLLIE_COLL_SCATTER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
     return coll_post(c, &a, o, out);
 }
 
@@ -224,14 +256,22 @@ int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out)
 
 int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
                 uint64_t tag, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_SEND, .sendbuf = buf, .count = count, .dtype = dt,
-                          .peer = peer, .tag = tag};
+    collie_coll_args a = {.kind = COLLIE_COLL_SEND,
+                          .sendbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .peer = peer,
+                          .tag = tag};
     return coll_post(c, &a, o, out);
 }
 
 int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer, uint64_t tag,
                 const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_RECV, .recvbuf = buf, .count = count, .dtype = dt,
-                          .peer = peer, .tag = tag};
+    collie_coll_args a = {.kind = COLLIE_COLL_RECV,
+                          .recvbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .peer = peer,
+                          .tag = tag};
     return coll_post(c, &a, o, out);
 }

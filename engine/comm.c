@@ -334,7 +334,8 @@ int collie_comm_destroy(collie_comm *c) {
             collie_comm_abort(c, "destroyed with works still pending");
         }
         if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=
-            COLLIE_OK && !c->engine_gone) {
+                COLLIE_OK &&
+            !c->engine_gone) {
             CL_ERROR("comm", "comm '%s': destroy not processed by the progress loop; leaking it",
                      c->name);
             return COLLIE_ETIMEDOUT;

@@ -46,16 +46,16 @@ typedef struct cl_coll_work {
     collie_comm *comm;
     collie_bcomm *bc;
     collie_coll_args args;
-    bool started;                 /* backend start ran (loop) */
-    struct cl_coll_work *q_next;  /* comm's waiting queue (loop) */
+    bool started;                         /* backend start ran (loop) */
+    struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
     _Alignas(16) unsigned char backend_data[];
 } cl_coll_work;
 
 struct collie_comm {
     collie_engine *engine;
-    collie_store *store;    /* the user's (or owned) store handle */
-    char prefix[112];       /* store namespace "collie/<name>/<gen>/" */
+    collie_store *store; /* the user's (or owned) store handle */
+    char prefix[112];    /* store namespace "collie/<name>/<gen>/" */
     bool owns_store;
     char name[72];
     int rank, size;
@@ -68,15 +68,15 @@ struct collie_comm {
     cl_backend_spec spec;
     collie_bcomm bcs[CL_NUM_DEVICES];
 
-    _Atomic int state;       /* enum cl_comm_state */
-    _Atomic int err_status;  /* COLLIE_OK until the first fault */
-    char err_msg[512];       /* written once, before err_status is published */
-    pthread_mutex_t mu;      /* post ordering (seq + enqueue), err_msg, destroy */
-    pthread_cond_t cv;       /* nactive changes (destroy waits) */
-    uint64_t next_seq;       /* collectives, under mu */
-    uint64_t next_p2p_seq;   /* send/recv, under mu */
-    _Atomic int32_t refs;    /* user + each work + create state */
-    _Atomic int nactive;     /* works posted and not retired */
+    _Atomic int state;      /* enum cl_comm_state */
+    _Atomic int err_status; /* COLLIE_OK until the first fault */
+    char err_msg[512];      /* written once, before err_status is published */
+    pthread_mutex_t mu;     /* post ordering (seq + enqueue), err_msg, destroy */
+    pthread_cond_t cv;      /* nactive changes (destroy waits) */
+    uint64_t next_seq;      /* collectives, under mu */
+    uint64_t next_p2p_seq;  /* send/recv, under mu */
+    _Atomic int32_t refs;   /* user + each work + create state */
+    _Atomic int nactive;    /* works posted and not retired */
 
     /* loop-thread state */
     cl_coll_work *wait_head, *wait_tail; /* started before the comm was ready */

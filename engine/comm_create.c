@@ -145,7 +145,8 @@ static void create_on_step(collie_work *w, void *arg) {
                  (unsigned long long)c->generation);
         /* FNV-1a of the prefix: the comm id carried in transport handshakes */
         uint64_t h = 1469598103934665603ULL;
-        for (const char *p = c->prefix; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        for (const char *p = c->prefix; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
         c->id = h;
         create_init_backends(cs);
         return;

@@ -12,14 +12,14 @@
 #include <stdio.h>
 
 typedef struct cl_config {
-    int log_level;           /* COLLIE_LOG */
-    int32_t timeout_ms;      /* COLLIE_TIMEOUT_MS: default op timeout */
-    int32_t stall_ms;        /* COLLIE_STALL_MS: engine-stall threshold */
-    const char *store_addr;  /* COLLIE_STORE_ADDR (NULL if unset) */
-    const char *store_token; /* COLLIE_STORE_TOKEN (NULL if unset) */
-    int32_t rank;            /* COLLIE_RANK (-1 if unset) */
-    int32_t world_size;      /* COLLIE_WORLD_SIZE (-1 if unset) */
-    const char *dump_dir;    /* COLLIE_DUMP_DIR (NULL if unset) */
+    int log_level;             /* COLLIE_LOG */
+    int32_t timeout_ms;        /* COLLIE_TIMEOUT_MS: default op timeout */
+    int32_t stall_ms;          /* COLLIE_STALL_MS: engine-stall threshold */
+    const char *store_addr;    /* COLLIE_STORE_ADDR (NULL if unset) */
+    const char *store_token;   /* COLLIE_STORE_TOKEN (NULL if unset) */
+    int32_t rank;              /* COLLIE_RANK (-1 if unset) */
+    int32_t world_size;        /* COLLIE_WORLD_SIZE (-1 if unset) */
+    const char *dump_dir;      /* COLLIE_DUMP_DIR (NULL if unset) */
     const char *plugin_path;   /* COLLIE_PLUGIN_PATH (NULL if unset) */
     const char *socket_ifname; /* COLLIE_SOCKET_IFNAME (NULL if unset) */
     const char *socket_addr;   /* COLLIE_SOCKET_ADDR (NULL if unset) */

@@ -32,10 +32,13 @@ int cl_comm_policy_from_env(collie_error_policy *out) {
         static const struct {
             const char *name;
             collie_error_policy p;
-        } names[] = {{"0", COLLIE_POLICY_NONE},          {"none", COLLIE_POLICY_NONE},
-                     {"1", COLLIE_POLICY_ABORT_PROCESS}, {"3", COLLIE_POLICY_ABORT_PROCESS},
+        } names[] = {{"0", COLLIE_POLICY_NONE},
+                     {"none", COLLIE_POLICY_NONE},
+                     {"1", COLLIE_POLICY_ABORT_PROCESS},
+                     {"3", COLLIE_POLICY_ABORT_PROCESS},
                      {"abort_process", COLLIE_POLICY_ABORT_PROCESS},
-                     {"2", COLLIE_POLICY_ABORT_COMM},    {"abort_comm", COLLIE_POLICY_ABORT_COMM}};
+                     {"2", COLLIE_POLICY_ABORT_COMM},
+                     {"abort_comm", COLLIE_POLICY_ABORT_COMM}};
         size_t i;
         for (i = 0; i < sizeof names / sizeof names[0]; i++)
             if (!strcasecmp(cfg->async_error, names[i].name)) break;

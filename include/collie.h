@@ -474,8 +474,8 @@ typedef struct collie_comm_opts {
     int device; /* CUDA device for a cuda backend; -1: none / current */
 } collie_comm_opts;
 
-#define COLLIE_COMM_OPTS_INIT                                                                     \
-    {sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1}
+#define COLLIE_COMM_OPTS_INIT                                                                      \
+    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1 }
 
 /* COLLIE_UNDEFINED: the colour of a rank that joins no group in
  * collie_comm_split. */
@@ -564,8 +564,8 @@ COLLIE_API int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvb
 COLLIE_API int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
                                 const collie_post_opts *o, collie_work **out);
 COLLIE_API int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                             collie_dtype dt, collie_redop op, int root,
-                             const collie_post_opts *o, collie_work **out);
+                             collie_dtype dt, collie_redop op, int root, const collie_post_opts *o,
+                             collie_work **out);
 /* recvbuf holds size*count elements, rank r's block at r*count. */
 COLLIE_API int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                 collie_dtype dt, const collie_post_opts *o, collie_work **out);
@@ -585,8 +585,8 @@ COLLIE_API int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf
                               collie_work **out);
 COLLIE_API int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out);
 /* Point to point, matched by (peer, tag) outside the collective order. */
-COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt,
-                           int peer, uint64_t tag, const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
+                           uint64_t tag, const collie_post_opts *o, collie_work **out);
 COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);
 

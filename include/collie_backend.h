@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define COLLIE_BACKEND_ABI_VERSION 1
+#define COLLIE_BACKEND_ABI_VERSION   1
 #define COLLIE_BACKEND_PLUGIN_SYMBOL "collie_backend_plugin_v1"
 
 struct event_base;
@@ -134,11 +134,11 @@ enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
 
 /* collie_backend_ops: a backend. `const`, designated initialisers. */
 typedef struct collie_backend_ops {
-    uint32_t abi_version; /* COLLIE_BACKEND_ABI_VERSION */
-    const char *name;     /* "tcp", "nccl" (matched case-insensitively) */
-    const char *device;   /* "cpu" or "cuda" */
-    uint32_t flags;       /* COLLIE_BACKEND_POST_ON_CALLER */
-    size_t work_data_size;/* bytes of per-work state the core reserves */
+    uint32_t abi_version;  /* COLLIE_BACKEND_ABI_VERSION */
+    const char *name;      /* "tcp", "nccl" (matched case-insensitively) */
+    const char *device;    /* "cpu" or "cuda" */
+    uint32_t flags;        /* COLLIE_BACKEND_POST_ON_CALLER */
+    size_t work_data_size; /* bytes of per-work state the core reserves */
 
     /* init: set up the backend for a comm whose rendezvous is done (rank,
      * size, generation known); asynchronous: report with core->init_done. */

@@ -21,12 +21,12 @@
 #include "collie_backend.h"
 #include "transports/tcp/sched.h"
 
-#define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
-#define TCP_HS_MAGIC 0x48544c43u    /* "CLTH" */
+#define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
+#define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
 #define TCP_PROTO_VERSION 1
-#define TCP_FRAME_HDR 40
-#define TCP_P2P_STEP 0xffffffffu /* step value of point-to-point frames */
-#define TCP_STAGE_BYTES (256 * 1024)
+#define TCP_FRAME_HDR     40
+#define TCP_P2P_STEP      0xffffffffu /* step value of point-to-point frames */
+#define TCP_STAGE_BYTES   (256 * 1024)
 
 struct tcp_comm;
 struct tcp_work;
@@ -102,14 +102,14 @@ typedef struct tcp_conn {
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];
     size_t hdr_got;
-    bool have_hdr;          /* hdr is complete and waits for / feeds `cur` */
-    tcp_slot *cur;          /* matched slot being filled */
-    tcp_unexpected *cur_unx;/* unexpected p2p being filled */
+    bool have_hdr;           /* hdr is complete and waits for / feeds `cur` */
+    tcp_slot *cur;           /* matched slot being filled */
+    tcp_unexpected *cur_unx; /* unexpected p2p being filled */
     uint64_t payload_len, payload_got;
-    uint8_t *stage;         /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
-    uint64_t stage_fill;    /* bytes in stage for the current chunk */
-    tcp_slot *rq_head;      /* expected collective messages from this peer */
-    tcp_slot *p2p_head;     /* posted p2p receives from this peer */
+    uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
+    uint64_t stage_fill; /* bytes in stage for the current chunk */
+    tcp_slot *rq_head;   /* expected collective messages from this peer */
+    tcp_slot *p2p_head;  /* posted p2p receives from this peer */
     tcp_unexpected *unx_head, *unx_tail;
     struct tcp_conn *next_pending; /* accepted, not yet identified */
 } tcp_conn;
@@ -123,7 +123,7 @@ typedef struct tcp_comm {
     struct event *listen_ev;
     char addr[80];
     tcp_conn **conns;
-    tcp_conn *pending; /* accepted, handshake not finished */
+    tcp_conn *pending;                        /* accepted, handshake not finished */
     struct tcp_work *works_head, *works_tail; /* started collectives, seq order */
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
@@ -158,8 +158,8 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
 void cl_tcp_conn_forget(tcp_conn *c, struct tcp_work *tw); /* drop the work's msgs/slots */
 int cl_tcp_listen(tcp_comm *tc);
-void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a,
-                         uint64_t seq, uint32_t step, uint64_t len);
+void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
+                         uint32_t step, uint64_t len);
 
 /* tcp_exec.c */
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);

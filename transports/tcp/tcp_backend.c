@@ -110,7 +110,8 @@ static void tcp_abort(void *state, int status, const char *reason) {
     if (tc->listen_ev) event_del(tc->listen_ev);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_close(tc->conns[p], status, reason);
-    for (tcp_conn *c = tc->pending; c; c = c->next_pending) cl_tcp_conn_close(c, status, reason);
+    for (tcp_conn *c = tc->pending; c; c = c->next_pending)
+        cl_tcp_conn_close(c, status, reason);
     /* finishing retires later, on the loop; detach then unlinks each work */
     for (tcp_work *tw = tc->works_head; tw; tw = tw->next)
         if (!tw->finished) cl_tcp_work_fail(tw, status, "%s", reason);
@@ -120,7 +121,8 @@ static void tcp_abort(void *state, int status, const char *reason) {
 static void tcp_destroy(void *state) {
     tcp_comm *tc = state;
     if (!tc) return;
-    for (int p = 0; tc->conns && p < tc->size; p++) cl_tcp_conn_free(tc->conns[p]);
+    for (int p = 0; tc->conns && p < tc->size; p++)
+        cl_tcp_conn_free(tc->conns[p]);
     while (tc->pending) {
         tcp_conn *c = tc->pending;
         tc->pending = c->next_pending;

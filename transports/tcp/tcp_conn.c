@@ -42,27 +42,31 @@
 #include "transports/tcp/tcp.h"
 
 #define HS_CHALLENGE_LEN 24
-#define HS_HELLO_LEN 80
-#define HS_ACCEPT_LEN 40
+#define HS_HELLO_LEN     80
+#define HS_ACCEPT_LEN    40
 
 enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
 
 /* ---- little-endian helpers ------------------------------------------------------ */
 
 static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint32_t get32(const uint8_t *p) {
     uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
     return v;
 }
 static uint64_t get64(const uint8_t *p) {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
     return v;
 }
 
@@ -182,7 +186,8 @@ static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint
 
 static bool mac_equal(const uint8_t *a, const uint8_t *b) {
     uint8_t d = 0;
-    for (int i = 0; i < 32; i++) d |= a[i] ^ b[i];
+    for (int i = 0; i < 32; i++)
+        d |= a[i] ^ b[i];
     return d == 0;
 }
 
@@ -197,7 +202,8 @@ static void hs_random(uint8_t *buf, size_t len) {
     FILE *f = fopen("/dev/urandom", "rb");
     size_t got = f ? fread(buf, 1, len, f) : 0;
     if (f) fclose(f);
-    for (size_t i = got; i < len; i++) buf[i] = (uint8_t)rand();
+    for (size_t i = got; i < len; i++)
+        buf[i] = (uint8_t)rand();
 }
 
 static void hs_start_acceptor(tcp_conn *c) {
@@ -226,8 +232,8 @@ static bool hs_process(tcp_conn *c) {
     }
     if (c->hs_phase == HS_D_WAIT_CHALLENGE) {
         if (get32(m + 4) != TCP_PROTO_VERSION) {
-            conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u",
-                      c->peer, get32(m + 4), TCP_PROTO_VERSION);
+            conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u", c->peer,
+                      get32(m + 4), TCP_PROTO_VERSION);
             return false;
         }
         memcpy(c->nonce_peer, m + 8, 16);
@@ -285,8 +291,7 @@ static bool hs_process(tcp_conn *c) {
                  (unsigned long long)gen, size, (unsigned long long)tc->generation, tc->size);
     } else if (rank >= (uint32_t)tc->rank) {
         refuse = 1;
-        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank,
-                 tc->rank);
+        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank, tc->rank);
     } else if (!mac_equal(want, m + 48)) {
         refuse = 2;
         snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
@@ -385,8 +390,8 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
 static void conn_flush(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
     while (c->hs_out_sent < c->hs_out_len) {
-        ssize_t n = send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent,
-                         MSG_NOSIGNAL);
+        ssize_t n =
+            send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
             conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer, strerror(errno));
@@ -510,12 +515,13 @@ static bool conn_match(tcp_conn *c) {
     if (!s) return false; /* not posted yet: the peer is ahead */
     const collie_coll_args *a = &s->owner->args;
     if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
-        len != s->len || (h[6] != (uint8_t)a->op && a->kind != COLLIE_COLL_BARRIER &&
-                          (a->kind == COLLIE_COLL_ALLREDUCE || a->kind == COLLIE_COLL_REDUCE ||
-                           a->kind == COLLIE_COLL_REDUCE_SCATTER))) {
-        static const char *const names[] = {"allreduce", "broadcast", "reduce",  "allgather",
-                                            "reduce_scatter", "alltoall", "gather", "scatter",
-                                            "barrier", "send", "recv"};
+        len != s->len ||
+        (h[6] != (uint8_t)a->op && a->kind != COLLIE_COLL_BARRIER &&
+         (a->kind == COLLIE_COLL_ALLREDUCE || a->kind == COLLIE_COLL_REDUCE ||
+          a->kind == COLLIE_COLL_REDUCE_SCATTER))) {
+        static const char *const names[] = {"allreduce",      "broadcast", "reduce", "allgather",
+                                            "reduce_scatter", "alltoall",  "gather", "scatter",
+                                            "barrier",        "send",      "recv"};
         const char *theirs = h[4] < COLLIE_COLL_NUM_KINDS ? names[h[4]] : "?";
         tcp_work *tw = s->owner;
         tc->core->fault(tc->bc, tw->w, COLLIE_EPROTO,
@@ -679,7 +685,8 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
     tcp_slot **head = s->step == TCP_P2P_STEP ? &c->p2p_head : &c->rq_head;
     s->next = NULL;
     tcp_slot **pp = head;
-    while (*pp) pp = &(*pp)->next;
+    while (*pp)
+        pp = &(*pp)->next;
     *pp = s;
     /* a header waiting for exactly this slot: resume reading */
     if (c->state == TCP_CONN_READY && c->have_hdr && !c->cur && !c->cur_unx &&
@@ -811,8 +818,10 @@ static void listen_on_accept(evutil_socket_t lfd, short what, void *arg) {
         conn_set_socket_options(fd);
         tcp_conn *c = conn_new(tc, -1);
         if (!c || conn_attach_fd(c, fd) != COLLIE_OK) {
-            if (c) cl_tcp_conn_free(c);
-            else close(fd);
+            if (c)
+                cl_tcp_conn_free(c);
+            else
+                close(fd);
             continue;
         }
         c->next_pending = tc->pending;
@@ -855,8 +864,8 @@ int cl_tcp_listen(tcp_comm *tc) {
         return COLLIE_ESYSTEM;
     }
     tc->listen_fd = fd;
-    tc->listen_ev = event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST,
-                              listen_on_accept, tc);
+    tc->listen_ev =
+        event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST, listen_on_accept, tc);
     if (!tc->listen_ev) return COLLIE_ENOMEM;
     event_add(tc->listen_ev, NULL);
     char ip[INET_ADDRSTRLEN];

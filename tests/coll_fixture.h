@@ -1,0 +1,38 @@
+/*
+ * coll_fixture.h — a world of N ranks inside one test process: one engine,
+ * one store server, N store clients and N comms (DESIGN §2: several ranks
+ * of one comm may live in one process), plus the reference computations
+ * the collective tests compare against.
+ */
+#ifndef CL_TEST_COLL_FIXTURE_H
+#define CL_TEST_COLL_FIXTURE_H
+
+#include "collie.h"
+#include "collie_backend.h"
+
+#define WORLD_MAX 8
+
+typedef struct world {
+    int n;
+    collie_engine *e;
+    collie_store_server *srv;
+    collie_store *st[WORLD_MAX];
+    collie_comm *c[WORLD_MAX];
+} world;
+
+/* world_create: n ranks of a comm called `name`, created non-blocking on
+ * every rank and waited for (bounded). Fails the test on error. */
+void world_create(world *w, int n, const char *name, const collie_comm_opts *o);
+void world_destroy(world *w);
+
+/* Deterministic input of rank r, element i, for dtype dt and op (small
+ * integers, so every float sum and product below is exact). */
+void fill_input(void *buf, size_t count, collie_dtype dt, collie_redop op, int r, size_t salt);
+
+/* run_and_check: post collective `kind` on every rank of w with count
+ * elements (per the collie.h definition), wait for all (bounded), and
+ * compare every rank's output with a locally computed reference. */
+void run_and_check(world *w, collie_coll_kind kind, collie_dtype dt, collie_redop op, size_t count,
+                   int root, bool in_place);
+
+#endif

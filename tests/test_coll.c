@@ -1,0 +1,317 @@
+/*
+ * test_coll.c — every collective over the TCP transport, checked against
+ * references computed locally: collective × dtype × op × count × world
+ * size, in-place forms, many works in flight, point-to-point with tags,
+ * mismatched posts, invalid arguments. Ranks live in this process (one
+ * engine drives them all); test_coll_procs runs ranks as processes.
+ *
+ * COLLIE_TEST_QUICK=1 (the sanitizer runs) trims the matrix.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_fixture.h"
+#include "harness.h"
+
+static bool quick(void) { return getenv("COLLIE_TEST_QUICK") != NULL; }
+
+static const collie_coll_kind all_kinds[] = {
+    COLLIE_COLL_ALLREDUCE, COLLIE_COLL_BROADCAST,      COLLIE_COLL_REDUCE,
+    COLLIE_COLL_ALLGATHER, COLLIE_COLL_REDUCE_SCATTER, COLLIE_COLL_ALLTOALL,
+    COLLIE_COLL_GATHER,    COLLIE_COLL_SCATTER,        COLLIE_COLL_BARRIER};
+
+static bool reduces(collie_coll_kind k) {
+    return k == COLLIE_COLL_ALLREDUCE || k == COLLIE_COLL_REDUCE || k == COLLIE_COLL_REDUCE_SCATTER;
+}
+
+static bool has_in_place(collie_coll_kind k) {
+    return k != COLLIE_COLL_ALLTOALL && k != COLLIE_COLL_BARRIER && k != COLLIE_COLL_BROADCAST;
+}
+
+/* The matrix for one world size. */
+static void matrix(int n) {
+    world w;
+    char name[32];
+    snprintf(name, sizeof name, "matrix%d", n);
+    world_create(&w, n, name, NULL);
+    size_t counts_full[] = {0, 1, 7, 4096 + 3, 262144};
+    size_t counts_quick[] = {0, 7, 4096 + 3};
+    size_t *counts = quick() ? counts_quick : counts_full;
+    size_t ncounts = quick() ? 3 : 5;
+    int cases = 0;
+    for (size_t k = 0; k < sizeof all_kinds / sizeof all_kinds[0]; k++) {
+        collie_coll_kind kind = all_kinds[k];
+        for (int dt = 0; dt < COLLIE_NUM_DTYPES; dt++) {
+            if (quick() && dt != COLLIE_FP32 && dt != COLLIE_INT8 && dt != COLLIE_BF16) continue;
+            for (size_t ci = 0; ci < ncounts; ci++) {
+                size_t count = counts[ci];
+                /* the 1 MiB-class size once per collective and dtype class is enough at n=8 */
+                if (n == 8 && count > 5000 && dt != COLLIE_FP32 && dt != COLLIE_INT32) continue;
+                int nops = reduces(kind) ? COLLIE_NUM_REDOPS : 1;
+                for (int op = 0; op < nops; op++) {
+                    int root = (int)((count + (size_t)op + (size_t)dt) % (size_t)n);
+                    run_and_check(&w, kind, (collie_dtype)dt, (collie_redop)op, count, root, false);
+                    cases++;
+                    if (has_in_place(kind) && (count == 7 || count == 4099)) {
+                        run_and_check(&w, kind, (collie_dtype)dt, (collie_redop)op, count,
+                                      (root + 1) % n, true);
+                        cases++;
+                    }
+                }
+            }
+        }
+    }
+    print_message("world %d: %d collective cases checked\n", n, cases);
+    world_destroy(&w);
+}
+
+static void test_matrix_world_1(void **state) {
+    (void)state;
+    matrix(1);
+}
+static void test_matrix_world_2(void **state) {
+    (void)state;
+    matrix(2);
+}
+static void test_matrix_world_3(void **state) {
+    (void)state;
+    matrix(3);
+}
+static void test_matrix_world_4(void **state) {
+    (void)state;
+    matrix(4);
+}
+static void test_matrix_world_8(void **state) {
+    (void)state;
+    matrix(8);
+}
+
+/* 64 MiB allreduce once (fp32), world 4. */
+static void test_large_allreduce(void **state) {
+    (void)state;
+    if (quick()) skip();
+    world w;
+    world_create(&w, 4, "large", NULL);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 16u << 20, 0, false);
+    world_destroy(&w);
+}
+
+/* 64 works in flight on one comm, results all correct. */
+static void test_many_in_flight(void **state) {
+    (void)state;
+    enum { N = 3, K = 64, COUNT = 1000 };
+    world w;
+    world_create(&w, N, "inflight", NULL);
+    int32_t *buf[N][K];
+    collie_work *wk[N][K];
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < K; k++) {
+            buf[r][k] = malloc(COUNT * sizeof(int32_t));
+            for (int i = 0; i < COUNT; i++)
+                buf[r][k][i] = r * 1000 + k + i;
+            size_t cnt = (size_t)(k % 2 ? COUNT : 10 + k); /* mix small and large */
+            assert_int_equal(collie_allreduce(w.c[r], buf[r][k], buf[r][k], cnt, COLLIE_INT32,
+                                              COLLIE_SUM, NULL, &wk[r][k]),
+                             COLLIE_OK);
+        }
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < K; k++) {
+            assert_int_equal(collie_work_wait(wk[r][k], 30000), COLLIE_OK);
+            assert_int_equal(collie_work_seq(wk[r][k]), (uint64_t)k + 1);
+            collie_work_release(wk[r][k]);
+        }
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < K; k++) {
+            size_t cnt = (size_t)(k % 2 ? COUNT : 10 + k);
+            for (size_t i = 0; i < cnt; i++)
+                assert_int_equal(buf[r][k][i], (0 + 1000 + 2000) + 3 * (k + (int)i));
+            free(buf[r][k]);
+        }
+    world_destroy(&w);
+}
+
+/* 4 comms driven concurrently from 4 threads. */
+typedef struct thread_world {
+    world w;
+    int index, errors;
+} thread_world;
+
+static void *thread_world_main(void *arg) {
+    thread_world *tw = arg;
+    for (int it = 0; it < 20; it++) {
+        enum { N = 2, COUNT = 3000 };
+        float *b[N];
+        collie_work *wk[N];
+        for (int r = 0; r < N; r++) {
+            b[r] = malloc(COUNT * sizeof(float));
+            for (int i = 0; i < COUNT; i++)
+                b[r][i] = (float)(r + tw->index + it);
+            if (collie_allreduce(tw->w.c[r], b[r], b[r], COUNT, COLLIE_FP32, COLLIE_SUM, NULL,
+                                 &wk[r]) != COLLIE_OK)
+                tw->errors++;
+        }
+        for (int r = 0; r < N; r++) {
+            if (collie_work_wait(wk[r], 30000) != COLLIE_OK) tw->errors++;
+            collie_work_release(wk[r]);
+            for (int i = 0; i < COUNT; i++)
+                if (b[r][i] != (float)(1 + 2 * (tw->index + it))) tw->errors++;
+            free(b[r]);
+        }
+    }
+    return NULL;
+}
+
+static void test_four_comms_four_threads(void **state) {
+    (void)state;
+    thread_world tws[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "thread%d", i);
+        world_create(&tws[i].w, 2, name, NULL);
+        tws[i].index = i;
+        tws[i].errors = 0;
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, thread_world_main, &tws[i]);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(tws[i].errors, 0);
+        world_destroy(&tws[i].w);
+    }
+}
+
+/* send/recv matched by (peer, tag), posted out of order, outside the
+ * collective sequence. */
+static void test_send_recv_tags_out_of_order(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "p2p", NULL);
+    int64_t out[4] = {11, 22, 33, 44}, in[4] = {0};
+    collie_work *s[4], *rv[4], *ar[3];
+    /* rank 2 posts receives in the reverse order of rank 0's sends */
+    for (int t = 3; t >= 0; t--)
+        assert_int_equal(collie_recv(w.c[2], &in[t], 1, COLLIE_INT64, 0, (uint64_t)t, NULL, &rv[t]),
+                         COLLIE_OK);
+    /* a collective in between does not wait for the point-to-point traffic */
+    int32_t v[3] = {1, 2, 3};
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(
+            collie_allreduce(w.c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_work_wait(ar[r], 30000), COLLIE_OK);
+        assert_int_equal(v[r], 6);
+        collie_work_release(ar[r]);
+    }
+    for (int t = 0; t < 4; t++)
+        assert_int_equal(collie_send(w.c[0], &out[t], 1, COLLIE_INT64, 2, (uint64_t)t, NULL, &s[t]),
+                         COLLIE_OK);
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(collie_work_wait(s[t], 30000), COLLIE_OK);
+        assert_int_equal(collie_work_wait(rv[t], 30000), COLLIE_OK);
+        assert_int_equal(in[t], out[t]);
+        collie_work_release(s[t]);
+        collie_work_release(rv[t]);
+    }
+    /* a message sent before its receive is posted is kept until it is */
+    int64_t late = 0, early = 99;
+    collie_work *se, *re;
+    assert_int_equal(collie_send(w.c[1], &early, 1, COLLIE_INT64, 2, 7, NULL, &se), COLLIE_OK);
+    assert_int_equal(collie_work_wait(se, 30000), COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[2], &late, 1, COLLIE_INT64, 1, 7, NULL, &re), COLLIE_OK);
+    assert_int_equal(collie_work_wait(re, 30000), COLLIE_OK);
+    assert_int_equal(late, 99);
+    collie_work_release(se);
+    collie_work_release(re);
+    world_destroy(&w);
+}
+
+/* Different collectives posted in the same order: EPROTO naming both ranks. */
+static void test_mismatched_posts_are_eproto(void **state) {
+    (void)state;
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "mismatch";
+    o.timeout_ms = 3000;
+    world_create(&w, 2, "mismatch", &o);
+    float a[16] = {0}, b[32] = {0};
+    collie_work *w0, *w1;
+    assert_int_equal(collie_allreduce(w.c[0], a, a, 16, COLLIE_FP32, COLLIE_SUM, NULL, &w0), 0);
+    assert_int_equal(collie_allreduce(w.c[1], b, b, 32, COLLIE_FP32, COLLIE_SUM, NULL, &w1), 0);
+    int r0 = collie_work_wait(w0, 10000), r1 = collie_work_wait(w1, 10000);
+    /* the rank that saw the mismatch reports EPROTO; the other fails too */
+    assert_true(r0 == COLLIE_EPROTO || r1 == COLLIE_EPROTO);
+    assert_true(r0 != COLLIE_OK && r1 != COLLIE_OK);
+    const char *msg =
+        r0 == COLLIE_EPROTO ? collie_work_error_message(w0) : collie_work_error_message(w1);
+    assert_non_null(strstr(msg, "rank 0"));
+    assert_non_null(strstr(msg, "rank 1"));
+    assert_non_null(strstr(msg, "16"));
+    assert_non_null(strstr(msg, "32"));
+    collie_work_release(w0);
+    collie_work_release(w1);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_abort(w.c[r], "test over");
+        collie_comm_destroy(w.c[r]);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+    collie_engine_destroy(w.e);
+}
+
+/* Invalid arguments: COLLIE_EINVAL, no work, no side effects (the sequence
+ * number is not consumed, so later collectives still match). */
+static void test_invalid_arguments(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "invalid", NULL);
+    float x[4] = {1, 2, 3, 4};
+    collie_work *wk = (collie_work *)0x1;
+    collie_comm *c = w.c[0];
+    assert_int_equal(collie_allreduce(c, NULL, x, 4, COLLIE_FP32, COLLIE_SUM, NULL, &wk),
+                     COLLIE_EINVAL);
+    assert_null(wk);
+    assert_non_null(strstr(collie_last_error(), "send buffer"));
+    assert_int_equal(collie_allreduce(c, x, x, 4, (collie_dtype)42, COLLIE_SUM, NULL, &wk),
+                     COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "dtype"));
+    assert_int_equal(collie_allreduce(c, x, x, 4, COLLIE_FP32, (collie_redop)9, NULL, &wk),
+                     COLLIE_EINVAL);
+    assert_int_equal(collie_broadcast(c, x, 4, COLLIE_FP32, 2, NULL, &wk), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "root 2"));
+    assert_int_equal(collie_send(c, x, 4, COLLIE_FP32, 0, 1, NULL, &wk), COLLIE_EINVAL);
+    assert_int_equal(collie_send(c, x, 4, COLLIE_FP32, 5, 1, NULL, &wk), COLLIE_EINVAL);
+    assert_int_equal(collie_allgather(c, x, x, SIZE_MAX / 2, COLLIE_FP32, NULL, &wk),
+                     COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "overflow"));
+    assert_int_equal(collie_allreduce(NULL, x, x, 4, COLLIE_FP32, COLLIE_SUM, NULL, &wk),
+                     COLLIE_EINVAL);
+    collie_post_opts bad = {0};
+    assert_int_equal(collie_allreduce(c, x, x, 4, COLLIE_FP32, COLLIE_SUM, &bad, &wk),
+                     COLLIE_EINVAL);
+    assert_null(wk);
+    /* nothing was consumed: a real collective still lines up */
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 4, 0, false);
+    world_destroy(&w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invalid_arguments),
+        cmocka_unit_test(test_matrix_world_1),
+        cmocka_unit_test(test_matrix_world_2),
+        cmocka_unit_test(test_matrix_world_3),
+        cmocka_unit_test(test_matrix_world_4),
+        cmocka_unit_test(test_matrix_world_8),
+        cmocka_unit_test(test_large_allreduce),
+        cmocka_unit_test(test_many_in_flight),
+        cmocka_unit_test(test_four_comms_four_threads),
+        cmocka_unit_test(test_send_recv_tags_out_of_order),
+        cmocka_unit_test(test_mismatched_posts_are_eproto),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
