@@ -103,7 +103,7 @@ run: all
 	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
 
 # TSan runs the tests of the modules with the most cross-thread logic.
-TSAN_TESTS ?= engine work cq store
+TSAN_TESTS ?= engine work cq store coll
 
 test:
 	@rm -rf build/test-results
@@ -118,12 +118,12 @@ test-normal: all
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples
-	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	@CLTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tools/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
 
 test-tsan:
 	$(MAKE) --no-print-directory TSAN=1 $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS)) tools
-	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	@CLTEST_QUICK=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
 
 valgrind: all

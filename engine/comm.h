@@ -87,7 +87,7 @@ struct collie_comm {
     cl_cmd abort_cmd;
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
-    int split_count; /* loop: number of splits made from this comm */
+    _Atomic int groups_made; /* split/new_group calls so far (names the children) */
 };
 
 /* comm.c */

@@ -153,7 +153,12 @@ static void create_on_step(collie_work *w, void *arg) {
     }
     collie_work_release(w);
     cs->step = STEP_DONE;
-    cl_work_finish(&cs->base, COLLIE_OK, NULL);
+    /* READY before the completion is visible: a caller that saw the create
+     * work succeed must find the comm ready */
+    if (cl_work_claim(&cs->base)) {
+        cl_comm_created(c, COLLIE_OK, NULL);
+        cl_work_publish(&cs->base, COLLIE_OK, NULL);
+    }
 }
 
 static void create_start(collie_work *w) {
@@ -171,7 +176,7 @@ static void create_detach(collie_work *w) {
     if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
     c->create_state = NULL;
     c->create_work = NULL;
-    cl_comm_created(c, w->status, collie_work_error_message(w));
+    if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w));
 }
 
 static void create_free(collie_work *w) {

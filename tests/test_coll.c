@@ -5,7 +5,7 @@
  * mismatched posts, invalid arguments. Ranks live in this process (one
  * engine drives them all); test_coll_procs runs ranks as processes.
  *
- * COLLIE_TEST_QUICK=1 (the sanitizer runs) trims the matrix.
+ * CLTEST_QUICK=1 (the sanitizer runs) trims the matrix.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -15,7 +15,7 @@
 #include "coll_fixture.h"
 #include "harness.h"
 
-static bool quick(void) { return getenv("COLLIE_TEST_QUICK") != NULL; }
+static bool quick(void) { return getenv("CLTEST_QUICK") != NULL; }
 
 static const collie_coll_kind all_kinds[] = {
     COLLIE_COLL_ALLREDUCE, COLLIE_COLL_BROADCAST,      COLLIE_COLL_REDUCE,
@@ -299,6 +299,95 @@ static void test_invalid_arguments(void **state) {
     world_destroy(&w);
 }
 
+/* Subgroups: split by colour (key reverses the order) and an explicit
+ * group; non-members get ENOTMEMBER and no comm. Each rank blocks in the
+ * call, so each runs on its own thread. */
+typedef struct split_arg {
+    world *w;
+    int rank;
+    int split_rc, group_rc, child_rank, child_size, group_rank;
+    float sum;
+    collie_comm *child, *group;
+} split_arg;
+
+static void *split_main(void *p) {
+    split_arg *a = p;
+    collie_comm *c = a->w->c[a->rank];
+    int color = a->rank == 2 ? COLLIE_UNDEFINED : a->rank % 2;
+    a->split_rc = collie_comm_split(c, color, -a->rank, NULL, &a->child);
+    if (a->split_rc != COLLIE_OK && a->split_rc != COLLIE_ENOTMEMBER)
+        print_error("rank %d: split: %s\n", a->rank, collie_last_error());
+    if (a->split_rc == COLLIE_OK) {
+        a->child_rank = collie_comm_rank(a->child);
+        a->child_size = collie_comm_size(a->child);
+        float v = (float)a->rank;
+        collie_work *wk;
+        if (collie_allreduce(a->child, &v, &v, 1, COLLIE_FP32, COLLIE_SUM, NULL, &wk) == 0) {
+            collie_work_wait(wk, 30000);
+            collie_work_release(wk);
+        }
+        a->sum = v;
+    }
+    int ranks[2] = {3, 1};
+    a->group_rc = collie_comm_new_group(c, ranks, 2, NULL, &a->group);
+    if (a->group_rc == COLLIE_OK) a->group_rank = collie_comm_rank(a->group);
+    return NULL;
+}
+
+static void test_split_and_new_group(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 4, "parent", NULL);
+    split_arg args[4];
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) {
+        args[r] = (split_arg){.w = &w, .rank = r};
+        pthread_create(&th[r], NULL, split_main, &args[r]);
+    }
+    for (int r = 0; r < 4; r++)
+        pthread_join(th[r], NULL);
+    /* colour 0: {0}; colour 1: {1, 3} ordered by key -rank: 3 first */
+    assert_int_equal(args[0].split_rc, COLLIE_OK);
+    assert_int_equal(args[0].child_size, 1);
+    assert_int_equal(args[2].split_rc, COLLIE_ENOTMEMBER);
+    assert_null(args[2].child);
+    assert_int_equal(args[1].split_rc, COLLIE_OK);
+    assert_int_equal(args[3].split_rc, COLLIE_OK);
+    assert_int_equal(args[3].child_rank, 0);
+    assert_int_equal(args[1].child_rank, 1);
+    assert_int_equal(args[1].child_size, 2);
+    assert_true(args[1].sum == 4.0f && args[3].sum == 4.0f);
+    assert_true(args[0].sum == 0.0f);
+    /* new_group {3, 1}: 3 is rank 0, 1 is rank 1; 0 and 2 are not members */
+    assert_int_equal(args[0].group_rc, COLLIE_ENOTMEMBER);
+    assert_null(args[0].group);
+    assert_int_equal(args[2].group_rc, COLLIE_ENOTMEMBER);
+    assert_int_equal(args[3].group_rc, COLLIE_OK);
+    assert_int_equal(args[3].group_rank, 0);
+    assert_int_equal(args[1].group_rank, 1);
+    for (int r = 0; r < 4; r++) {
+        collie_comm_destroy(args[r].child);
+        collie_comm_destroy(args[r].group);
+    }
+    world_destroy(&w);
+}
+
+/* The named registry. */
+static void test_registry(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "registered", NULL);
+    collie_comm *found = NULL;
+    assert_int_equal(collie_comm_lookup("registered", &found), COLLIE_ENOENT);
+    assert_int_equal(collie_comm_register(w.c[0]), COLLIE_OK);
+    assert_int_equal(collie_comm_register(w.c[1]), COLLIE_EEXIST); /* same name */
+    assert_int_equal(collie_comm_lookup("registered", &found), COLLIE_OK);
+    assert_ptr_equal(found, w.c[0]);
+    world_destroy(&w); /* destroy unregisters */
+    assert_int_equal(collie_comm_lookup("registered", &found), COLLIE_ENOENT);
+    assert_null(found);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invalid_arguments),
@@ -312,6 +401,8 @@ int main(void) {
         cmocka_unit_test(test_four_comms_four_threads),
         cmocka_unit_test(test_send_recv_tags_out_of_order),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
+        cmocka_unit_test(test_split_and_new_group),
+        cmocka_unit_test(test_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,7 +43,7 @@ static launch the_launch;
 
 static const char *launcher_path(void) {
     static char path[4096];
-    const char *dir = getenv("COLLIE_BUILD_DIR");
+    const char *dir = getenv("CLTEST_BUILD_DIR");
     snprintf(path, sizeof path, "%s/bin/collie-run", dir && *dir ? dir : "build");
     return path;
 }
@@ -318,7 +318,6 @@ static void test_env_per_rank_and_store(void **state) {
     touch(tmp_path("env-done"));
     launch_finish(l);
     assert_launch(l, l->status == 0);
-    launch_free(l);
 }
 
 /* The store lives in the launcher: a dead rank does not take it down, and
@@ -340,7 +339,6 @@ static void test_store_outlives_a_rank(void **state) {
     launch_finish(l);
     assert_launch(l, l->status == 1);
     assert_launch(l, strstr(l->text[0], "[0] survived\n") != NULL);
-    launch_free(l);
 }
 
 /* A COLLIE_STORE_TOKEN is required by the store and handed to the ranks. */
@@ -361,7 +359,6 @@ static void test_token_is_passed_on(void **state) {
     touch(tmp_path("token-done"));
     launch_finish(l);
     assert_launch(l, l->status == 0);
-    launch_free(l);
 }
 
 static void test_external_store_is_used(void **state) {
@@ -371,7 +368,6 @@ static void test_external_store_is_used(void **state) {
     assert_launch(l, l->status == 0);
     assert_launch(l, strstr(l->text[0], "[0] addr store.example:4711\n") != NULL);
     assert_launch(l, strstr(l->text[0], "[1] addr store.example:4711\n") != NULL);
-    launch_free(l);
 }
 
 /* ---- output -------------------------------------------------------------- */
@@ -413,7 +409,6 @@ static void test_every_line_prefixed(void **state) {
         assert_launch(l, strstr(l->text[1], want) != NULL);
     }
     assert_launch(l, count_str(l->text[1], "\n") == N); /* stderr: only theirs */
-    launch_free(l);
 }
 
 /* ---- failures ------------------------------------------------------------ */
@@ -444,7 +439,6 @@ static void test_failure_stops_the_others(void **state) {
         assert_launch(l, !process_alive(child));
     }
     assert_launch(l, count_str(l->text[0], "child ") == 2);
-    launch_free(l);
 }
 
 /* A rank that ignores SIGTERM is killed once the grace period is over. */
@@ -458,7 +452,6 @@ static void test_sigkill_after_grace(void **state) {
     assert_launch(l, l->status == 2);
     assert_launch(l, l->elapsed_ms >= 900 && l->elapsed_ms < 5000);
     assert_launch(l, strstr(l->text[1], "rank 0 still running after the grace period: SIGKILL"));
-    launch_free(l);
 }
 
 static void test_killed_by_signal(void **state) {
@@ -468,7 +461,6 @@ static void test_killed_by_signal(void **state) {
     assert_launch(l, l->status == 128 + SIGKILL);
     assert_launch(l, strstr(l->text[1], "collie-run: rank 0 killed by signal SIGKILL\n"));
     assert_launch(l, l->elapsed_ms < 4000);
-    launch_free(l);
 }
 
 static void test_keep_going(void **state) {
@@ -479,7 +471,6 @@ static void test_keep_going(void **state) {
     assert_launch(l, strstr(l->text[0], "[0] done 0\n") && strstr(l->text[0], "[2] done 2\n"));
     assert_launch(l, strstr(l->text[1], "collie-run: rank 1 exited with status 5\n"));
     assert_launch(l, !strstr(l->text[1], "stopping"));
-    launch_free(l);
 }
 
 /* The recovery demo: rank 1 fails once, is started again with the same
@@ -504,7 +495,6 @@ static void test_restart_recovers(void **state) {
     assert_launch(l, sscanf(q, "[1] ok 1 %63s", again) == 1);
     assert_string_equal(first, again);
     assert_launch(l, strstr(l->text[0], "[0] ok 0 "));
-    launch_free(l);
 }
 
 /* K restarts in all; the failure after that stops the job. */
@@ -518,7 +508,6 @@ static void test_restarts_run_out(void **state) {
     assert_launch(l, count_str(l->text[1], "restarting") == 2);
     assert_launch(l, count_str(l->text[1], "rank 1 exited with status 4\n") == 3);
     assert_launch(l, l->elapsed_ms < 4000);
-    launch_free(l);
 }
 
 static void test_timeout(void **state) {
@@ -527,7 +516,6 @@ static void test_timeout(void **state) {
     assert_launch(l, l->status == 124);
     assert_launch(l, l->elapsed_ms >= 900 && l->elapsed_ms < 4000);
     assert_launch(l, strstr(l->text[1], "collie-run: job timed out after 1 s"));
-    launch_free(l);
 }
 
 static void test_signal_is_forwarded(void **state) {
@@ -542,7 +530,45 @@ static void test_signal_is_forwarded(void **state) {
     assert_launch(l, strstr(l->text[0], "[0] got-term\n") && strstr(l->text[0], "[1] got-term\n"));
     assert_launch(l, strstr(l->text[1], "collie-run: got SIGTERM"));
     assert_launch(l, l->elapsed_ms < 4000);
-    launch_free(l);
+}
+
+/* Asked twice, the launcher stops waiting for the grace period. */
+static void test_second_signal_kills(void **state) {
+    (void)state;
+    const char *sh = "trap '' TERM; echo ready; sleep 30";
+    launch *l = launch_start(ARGS("-n", "2", "--grace", "20", "--", "/bin/sh", "-c", sh), NULL);
+    assert_launch(l, launch_wait_for(l, 0, "ready\n", 2, 5000));
+    assert_int_equal(kill(l->pid, SIGTERM), 0);
+    assert_launch(l, launch_wait_for(l, 1, "collie-run: stopping 2 rank(s)", 1, 5000));
+    assert_int_equal(kill(l->pid, SIGTERM), 0);
+    launch_finish(l);
+    assert_launch(l, l->status == 128 + SIGTERM);
+    assert_launch(l, strstr(l->text[1], "rank 0 still running when SIGTERM came during the stop"));
+    assert_launch(l, l->elapsed_ms < 4000);
+}
+
+/* A line longer than the launcher's line buffer (64 KiB) is split into
+ * prefixed pieces; nothing is lost. */
+static void test_long_line_is_split(void **state) {
+    (void)state;
+    launch *l = launch_run(ARGS("-n", "1", "--", "/bin/sh", "-c",
+                                "head -c 100000 /dev/zero | tr '\\0' x; echo; echo after"));
+    assert_launch(l, l->status == 0);
+    size_t xs = 0;
+    int pieces = 0;
+    for (char *line = l->text[0]; *line;) {
+        char *nl = strchr(line, '\n');
+        assert_launch(l, nl && strncmp(line, "[0] ", 4) == 0);
+        size_t n = (size_t)(nl - line) - 4;
+        if (n > 0 && line[4] == 'x') {
+            assert_launch(l, strspn(line + 4, "x") == n);
+            xs += n;
+            pieces++;
+        }
+        line = nl + 1;
+    }
+    assert_launch(l, xs == 100000 && pieces == 2);
+    assert_launch(l, strstr(l->text[0], "\n[0] after\n"));
 }
 
 /* ---- success and usage --------------------------------------------------- */
@@ -555,7 +581,6 @@ static void test_all_succeed(void **state) {
     l = launch_run(ARGS("-n", "1", "--timeout", "5", "--grace", "0.5", "--restarts", "0", "--",
                         "/bin/sh", "-c", "exit 0"));
     assert_launch(l, l->status == 0 && l->len[1] == 0);
-    launch_free(l);
 }
 
 static void test_cannot_exec(void **state) {
@@ -564,7 +589,6 @@ static void test_cannot_exec(void **state) {
     assert_launch(l, l->status == 127);
     assert_launch(l, strstr(l->text[1], "collie-run: cannot run '/nonexistent/collie-prog': "
                                         "No such file or directory\n"));
-    launch_free(l);
 }
 
 static void test_usage_errors(void **state) {
@@ -599,7 +623,6 @@ static void test_usage_errors(void **state) {
     }
     launch *l = launch_run(ARGS("--help"));
     assert_launch(l, l->status == 0 && strstr(l->text[0], "usage: collie-run"));
-    launch_free(l);
 }
 
 /* ---- fixture ------------------------------------------------------------- */
@@ -637,6 +660,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_restarts_run_out, launch_teardown),
         cmocka_unit_test_teardown(test_timeout, launch_teardown),
         cmocka_unit_test_teardown(test_signal_is_forwarded, launch_teardown),
+        cmocka_unit_test_teardown(test_second_signal_kills, launch_teardown),
+        cmocka_unit_test_teardown(test_long_line_is_split, launch_teardown),
         cmocka_unit_test_teardown(test_all_succeed, launch_teardown),
         cmocka_unit_test_teardown(test_cannot_exec, launch_teardown),
         cmocka_unit_test_teardown(test_usage_errors, launch_teardown),

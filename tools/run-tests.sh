@@ -4,7 +4,7 @@
 # build/test-results/SUITE.txt for tools/test-summary.sh.
 set -uo pipefail
 suite=$1; build=$2; shift 2
-per_test_timeout=${COLLIE_TEST_TIMEOUT:-600}
+per_test_timeout=${CLTEST_TIMEOUT:-600}
 results=build/test-results
 mkdir -p "$results" "$build/test-logs"
 : > "$results/$suite.txt"
@@ -14,7 +14,7 @@ for t in "$@"; do
   log="$build/test-logs/$name.log"
   start=$(date +%s%N)
   # the bin dir first on PATH so tests can find collie-run/collie-store
-  PATH="$build/bin:$PATH" COLLIE_BUILD_DIR="$build" \
+  PATH="$build/bin:$PATH" CLTEST_BUILD_DIR="$build" \
     timeout -k 10 "$per_test_timeout" "$t" > "$log" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))

@@ -11,6 +11,16 @@
  * its RECV of the same step from that peer. Between one pair of ranks the
  * sender's SENDs and the receiver's RECVs must appear in the same order
  * (step by step, and within a step in op order) — every builder keeps that.
+ *
+ * Builders also guarantee (tests/test_sched.c checks both on real,
+ * aliased addresses): within one step no op writes memory that another op
+ * of that step reads or writes, so the ops of a step may run in any order
+ * or interleaving and a SEND may read user memory until it completes; and
+ * every data op has len > 0, element-aligned offsets, and a buffer that
+ * the rank really has (a non-root never refers to a NULL buffer). Barrier
+ * messages are zero-length (buf RECV, off 0: never dereferenced). Local
+ * ops have peer -1. Steps are numbered alike on all ranks, so a rank may
+ * have empty steps before or between its messages (never trailing ones).
  */
 #ifndef CL_TCP_SCHED_H
 #define CL_TCP_SCHED_H
@@ -29,20 +39,20 @@ enum cl_sbuf {
 };
 
 enum cl_sop_kind {
-    CL_SOP_SEND = 0,    /* send len bytes of (buf, off) to peer */
-    CL_SOP_RECV = 1,    /* receive len bytes from peer into (buf, off) */
-    CL_SOP_RECV_REDUCE, /* receive len bytes from peer; (buf,off) = (buf,off) op data */
-    CL_SOP_RECV_REDUCE3,/* receive; (buf,off) = data op (src_buf, src_off) */
-    CL_SOP_COPY,        /* local: (buf,off) = (src_buf, src_off), len bytes (memmove) */
-    CL_SOP_REDUCE_LOCAL,/* local: (buf,off) = (buf,off) op (src_buf, src_off) */
-    CL_SOP_AVG,         /* local: divide len bytes at (buf,off) by the comm size */
+    CL_SOP_SEND = 0,     /* send len bytes of (buf, off) to peer */
+    CL_SOP_RECV = 1,     /* receive len bytes from peer into (buf, off) */
+    CL_SOP_RECV_REDUCE,  /* receive len bytes from peer; (buf,off) = (buf,off) op data */
+    CL_SOP_RECV_REDUCE3, /* receive; (buf,off) = data op (src_buf, src_off) */
+    CL_SOP_COPY,         /* local: (buf,off) = (src_buf, src_off), len bytes (memmove) */
+    CL_SOP_REDUCE_LOCAL, /* local: (buf,off) = (buf,off) op (src_buf, src_off) */
+    CL_SOP_AVG,          /* local: divide len bytes at (buf,off) by the comm size */
 };
 
 typedef struct cl_sop {
-    uint8_t kind;    /* enum cl_sop_kind */
-    uint8_t buf;     /* enum cl_sbuf: destination (or source for SEND) */
-    uint8_t src_buf; /* enum cl_sbuf for COPY / REDUCE_LOCAL / RECV_REDUCE3 */
-    int32_t peer;    /* comm rank, for SEND / RECV* */
+    uint8_t kind;               /* enum cl_sop_kind */
+    uint8_t buf;                /* enum cl_sbuf: destination (or source for SEND) */
+    uint8_t src_buf;            /* enum cl_sbuf for COPY / REDUCE_LOCAL / RECV_REDUCE3 */
+    int32_t peer;               /* comm rank, for SEND / RECV* */
     uint64_t off, src_off, len; /* bytes */
 } cl_sop;
 

@@ -22,7 +22,7 @@
  */
 #include "transports/tcp/sched_impl.h"
 
-/* rd_peer: comm rank of the rank whose post-fold rank is v. */
+/* sched_rd_peer: comm rank of the rank whose post-fold rank is v. */
 static int sched_rd_peer(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
 /* sched_rd_reduce: receive from peer and reduce with the partial at *cur

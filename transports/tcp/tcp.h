@@ -26,6 +26,7 @@
 #define TCP_PROTO_VERSION 1
 #define TCP_FRAME_HDR     40
 #define TCP_P2P_STEP      0xffffffffu /* step value of point-to-point frames */
+#define TCP_KIND_BYE      0xfe        /* frame kind: the sender destroyed its comm */
 #define TCP_STAGE_BYTES   (256 * 1024)
 
 struct tcp_comm;
@@ -83,6 +84,7 @@ typedef struct tcp_conn {
     int peer; /* -1 while an accepted connection is unidentified */
     int state;
     bool initiator;
+    char closed_why[160]; /* why the connection closed */
     evutil_socket_t fd;
     struct event *rev, *wev;
     collie_work *addr_req;

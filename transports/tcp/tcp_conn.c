@@ -140,9 +140,20 @@ void cl_tcp_conn_free(tcp_conn *c) {
 
 /* Close the socket; queued messages and slots stay for the abort to fail. */
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
-    (void)status;
     if (c->state == TCP_CONN_CLOSED) return;
+    if (status == COLLIE_ECLOSED && c->state == TCP_CONN_READY && c->fd >= 0) {
+        /* orderly: tell the peer, best effort, so it does not take our
+         * disappearance for a crash */
+        uint8_t bye[TCP_FRAME_HDR] = {0};
+        collie_coll_args none = {.kind = (collie_coll_kind)TCP_KIND_BYE};
+        cl_tcp_frame_header(bye, c->tc, &none, 0, 0, 0);
+        if (!c->sq_head) {
+            ssize_t n = send(c->fd, bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)n;
+        }
+    }
     c->state = TCP_CONN_CLOSED;
+    snprintf(c->closed_why, sizeof c->closed_why, "%s", why);
     if (c->rev) event_del(c->rev);
     if (c->wev) event_del(c->wev);
     if (c->fd >= 0) {
@@ -627,6 +638,20 @@ static void conn_read_handshake(tcp_conn *c) {
     }
 }
 
+/* The peer destroyed its comm. Harmless unless something here still
+ * waits for it. */
+static void conn_goodbye(tcp_conn *c) {
+    bool needed = c->rq_head || c->p2p_head || c->cur || c->sq_head;
+    if (needed) {
+        conn_lost(c, COLLIE_EPEER, "rank %d destroyed its comm while work with it was pending",
+                  c->peer);
+        return;
+    }
+    char why[64];
+    snprintf(why, sizeof why, "rank %d destroyed its comm", c->peer);
+    cl_tcp_conn_close(c, COLLIE_EPEER, why);
+}
+
 static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
@@ -655,6 +680,10 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
             if (get32(c->hdr) != TCP_FRAME_MAGIC ||
                 get32(c->hdr + 12) != (uint32_t)c->tc->generation) {
                 conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                return;
+            }
+            if (c->hdr[4] == TCP_KIND_BYE) {
+                conn_goodbye(c);
                 return;
             }
             c->have_hdr = true;

@@ -23,12 +23,16 @@
 #include "transports/reduce.h"
 #include "transports/tcp/tcp.h"
 
-static uint8_t *work_buf(tcp_work *tw, uint8_t which) {
+/* The address of byte `off` of one of the work's buffers (NULL stays NULL:
+ * zero-length messages may name an absent buffer). */
+static uint8_t *work_buf_at(tcp_work *tw, uint8_t which, uint64_t off) {
+    uint8_t *base;
     switch (which) {
-    case CL_SBUF_SEND: return (uint8_t *)tw->args.sendbuf;
-    case CL_SBUF_RECV: return (uint8_t *)tw->args.recvbuf;
-    default: return tw->scratch;
+    case CL_SBUF_SEND: base = (uint8_t *)tw->args.sendbuf; break;
+    case CL_SBUF_RECV: base = (uint8_t *)tw->args.recvbuf; break;
+    default: base = tw->scratch; break;
     }
+    return base ? base + off : NULL;
 }
 
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...) {
@@ -44,8 +48,8 @@ void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...) {
 static void work_local_op(tcp_work *tw, const cl_sop *op) {
     const collie_coll_args *a = &tw->args;
     size_t es = collie_dtype_size(a->dtype);
-    uint8_t *dst = work_buf(tw, op->buf) + op->off;
-    const uint8_t *src = work_buf(tw, op->src_buf) + op->src_off;
+    uint8_t *dst = work_buf_at(tw, op->buf, op->off);
+    const uint8_t *src = work_buf_at(tw, op->src_buf, op->src_off);
     collie_redop rop = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
     switch (op->kind) {
     case CL_SOP_COPY:
@@ -76,12 +80,16 @@ static void work_post_step(tcp_work *tw) {
             cl_tcp_work_fail(tw, COLLIE_ENOMEM, "no memory for a connection");
             break;
         }
+        if (c->state == TCP_CONN_CLOSED) {
+            cl_tcp_peer_lost(tc, op->peer, COLLIE_EPEER, c->closed_why);
+            break;
+        }
         tw->pending++;
         if (op->kind == CL_SOP_SEND) {
             tcp_msg *m = &tw->msgs[k];
             memset(m, 0, sizeof *m);
             m->owner = tw;
-            m->payload = work_buf(tw, op->buf) + op->off;
+            m->payload = work_buf_at(tw, op->buf, op->off);
             m->len = op->len;
             cl_tcp_frame_header(m->hdr, tc, &tw->args, collie_work_seq(tw->w), tw->step, op->len);
             if (touched) { /* sends read user memory under their own bracket */
@@ -96,8 +104,8 @@ static void work_post_step(tcp_work *tw) {
             sl->seq = collie_work_seq(tw->w);
             sl->step = tw->step;
             sl->kind = op->kind;
-            sl->dst = work_buf(tw, op->buf) + op->off;
-            sl->src = work_buf(tw, op->src_buf) + op->src_off;
+            sl->dst = work_buf_at(tw, op->buf, op->off);
+            sl->src = work_buf_at(tw, op->src_buf, op->src_off);
             sl->len = op->len;
             if (touched) {
                 tc->core->work_busy_exit(tw->w);
@@ -149,6 +157,10 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
     tcp_conn *c = cl_tcp_conn_get(tc, a->peer);
     if (!c) return COLLIE_ENOMEM;
     tw->kind_p2p = true;
+    if (c->state == TCP_CONN_CLOSED) {
+        cl_tcp_peer_lost(tc, a->peer, COLLIE_EPEER, c->closed_why);
+        return COLLIE_OK;
+    }
     if (a->kind == COLLIE_COLL_SEND) {
         tcp_msg *m = &tw->p2p_msg;
         m->owner = tw;

@@ -1,0 +1,163 @@
+/*
+ * comm_split.c — subgroups: collie_comm_split and collie_comm_new_group.
+ *
+ * Design notes
+ *  - Both are called by every rank of the parent, in the same order (as in
+ *    PyTorch), so each rank's count of group creations on the parent (k)
+ *    agrees without messages and names the child: "<parent>.g<k>" or
+ *    "<parent>.s<k>.<colour>" (hashed when longer than a comm name may be).
+ *  - split exchanges (colour, key) through the parent's store namespace —
+ *    one set and one multi_get per rank, O(N) messages in all — then each
+ *    member creates the child comm with the usual rendezvous. A rank with
+ *    colour COLLIE_UNDEFINED, or missing from new_group's list, gets
+ *    COLLIE_ENOTMEMBER and no object: nothing half-built is ever returned.
+ *  - Both block, bounded by the parent's create timeout.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+
+static void child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {
+    int n = snprintf(out, len, "%s.%s", parent->name, suffix);
+    if (n > 0 && (size_t)n <= 64) return;
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *p = parent->prefix; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    for (const char *p = suffix; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    snprintf(out, len, "grp.%016llx", (unsigned long long)h);
+}
+
+static collie_comm_opts child_opts(const collie_comm *parent, const collie_comm_opts *o,
+                                   const char *name) {
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    if (o) memcpy(&co, o, o->size < sizeof co ? o->size : sizeof co);
+    co.size = sizeof co;
+    co.name = name;
+    if (co.timeout_ms == 0) co.timeout_ms = parent->timeout_ms;
+    if (co.create_timeout_ms == 0) co.create_timeout_ms = parent->create_timeout_ms;
+    if (co.policy == COLLIE_POLICY_DEFAULT) co.policy = parent->policy;
+    return co;
+}
+
+static int parent_check(collie_comm *c, collie_comm **out, const collie_comm_opts *o,
+                        const char *who) {
+    if (out) *out = NULL;
+    if (!c || !out) return cl_set_last_error(COLLIE_EINVAL, "%s: comm and out are required", who);
+    if (!cl_opts_ok(o, offsetof(collie_comm_opts, device)))
+        return cl_set_last_error(COLLIE_EINVAL, "%s: opts.size not set", who);
+    if (atomic_load(&c->state) != CL_COMM_READY)
+        return cl_set_last_error(COLLIE_ESTATE, "%s: comm '%s' is not ready (%s)", who, c->name,
+                                 c->err_msg[0] ? c->err_msg : "still being created");
+    return COLLIE_OK;
+}
+
+int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_comm_opts *o,
+                          collie_comm **out) {
+    cl_clear_last_error();
+    int r = parent_check(c, out, o, "collie_comm_new_group");
+    if (r != COLLIE_OK) return r;
+    if (!ranks || n < 1 || n > c->size)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_new_group: %d ranks given", n);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= c->size)
+            return cl_set_last_error(COLLIE_EINVAL,
+                                     "collie_comm_new_group: rank %d is not in comm '%s' (size "
+                                     "%d)",
+                                     ranks[i], c->name, c->size);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return cl_set_last_error(
+                    COLLIE_EINVAL, "collie_comm_new_group: rank %d is listed twice", ranks[i]);
+        if (ranks[i] == c->rank) me = i;
+    }
+    int k = atomic_fetch_add(&c->groups_made, 1);
+    if (me < 0)
+        return cl_set_last_error(COLLIE_ENOTMEMBER,
+                                 "collie_comm_new_group: rank %d of '%s' is not in the group",
+                                 c->rank, c->name);
+    char suffix[32], name[72];
+    snprintf(suffix, sizeof suffix, "g%d", k);
+    child_name(c, suffix, name, sizeof name);
+    collie_comm_opts co = child_opts(c, o, name);
+    return collie_comm_create(c->engine, c->store, me, n, &co, out);
+}
+
+typedef struct split_entry {
+    int color, key, rank;
+} split_entry;
+
+static int split_cmp(const void *a, const void *b) {
+    const split_entry *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts *o,
+                      collie_comm **out) {
+    cl_clear_last_error();
+    int r = parent_check(c, out, o, "collie_comm_split");
+    if (r != COLLIE_OK) return r;
+    if (color < 0 && color != COLLIE_UNDEFINED)
+        return cl_set_last_error(
+            COLLIE_EINVAL, "collie_comm_split: colour %d (use >= 0 or COLLIE_UNDEFINED)", color);
+    int k = atomic_fetch_add(&c->groups_made, 1);
+    int n = c->size;
+    char **keys = calloc((size_t)n, sizeof *keys);
+    void **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    split_entry *all = calloc((size_t)n, sizeof *all);
+    int res = COLLIE_ENOMEM;
+    if (!keys || !vals || !lens || !all) goto out;
+    for (int i = 0; i < n; i++) {
+        keys[i] = malloc(strlen(c->prefix) + 32);
+        if (!keys[i]) goto out;
+        sprintf(keys[i], "%ssplit%d/%d", c->prefix, k, i);
+    }
+    char mine[32];
+    snprintf(mine, sizeof mine, "%d,%d", color, key);
+    int32_t t = c->create_timeout_ms;
+    CL_CHECK_GOTO(collie_store_set(c->store, keys[c->rank], mine, strlen(mine), t), res, out);
+    CL_CHECK_GOTO(
+        collie_store_multi_get(c->store, (const char *const *)keys, (size_t)n, t, vals, lens), res,
+        out);
+    int members = 0, me = -1;
+    for (int i = 0; i < n; i++) {
+        int col, ky;
+        if (sscanf(vals[i], "%d,%d", &col, &ky) != 2) {
+            res = cl_set_last_error(COLLIE_EPROTO, "collie_comm_split: rank %d sent '%s'", i,
+                                    (char *)vals[i]);
+            goto out;
+        }
+        if (col != color || color == COLLIE_UNDEFINED) continue;
+        all[members++] = (split_entry){col, ky, i};
+    }
+    if (color == COLLIE_UNDEFINED) {
+        res = cl_set_last_error(COLLIE_ENOTMEMBER,
+                                "collie_comm_split: rank %d of '%s' chose COLLIE_UNDEFINED",
+                                c->rank, c->name);
+        goto out;
+    }
+    qsort(all, (size_t)members, sizeof *all, split_cmp);
+    for (int i = 0; i < members; i++)
+        if (all[i].rank == c->rank) me = i;
+    char suffix[40], name[72];
+    snprintf(suffix, sizeof suffix, "s%d.%d", k, color);
+    child_name(c, suffix, name, sizeof name);
+    collie_comm_opts co = child_opts(c, o, name);
+    res = collie_comm_create(c->engine, c->store, me, members, &co, out);
+out:
+    for (int i = 0; i < n; i++) {
+        if (keys) free(keys[i]);
+        if (vals) free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    free(all);
+    return res;
+}
