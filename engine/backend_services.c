@@ -14,9 +14,9 @@
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/log.h"
+#include "store/store.h"
 
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
-int cl_store_token(const collie_store *s, const char **token, size_t *len);
 
 static int svc_rank(const collie_bcomm *bc) { return bc->comm->rank; }
 static int svc_size(const collie_bcomm *bc) { return bc->comm->size; }

@@ -1,22 +1,21 @@
 /*
  * demo.c — what `make run` shows: several local ranks (started by
- * collie-run) posting non-blocking work and polling it from their own
- * event loop through a completion queue's file descriptor.
+ * collie-run) posting non-blocking collectives and polling them from their
+ * own event loop through a completion queue's file descriptor.
  *
  * Each rank:
- *   1. connects to the store collie-run hosts (COLLIE_STORE_ADDR),
- *   2. posts a set of its own greeting and gets of every rank's greeting,
- *      all at once, then polls the completion queue's fd with poll(2)
- *      while its "application loop" keeps turning,
- *   3. keeps 64 adds in flight on a shared counter and checks the total,
- *   4. meets the others at a store barrier and prints its timings.
+ *   1. creates a communicator from the environment collie-run sets,
+ *   2. posts an allreduce (4 MiB), a broadcast, an allgather and a barrier
+ *      at once, then keeps its own "application loop" turning while it
+ *      polls the completion queue's fd with poll(2), reporting each
+ *      collective as it completes and checking its result,
+ *   3. keeps 16 tiny allreduces in flight for a moment and reports the rate.
  */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "collie.h"
 
@@ -26,130 +25,155 @@ static double now_us(void) {
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-static int env_int(const char *name) {
-    const char *v = getenv(name);
-    return v ? atoi(v) : -1;
-}
-
-#define CHECK(expr)                                                                               \
-    do {                                                                                          \
-        int rc_ = (expr);                                                                         \
-        if (rc_ != COLLIE_OK) {                                                                   \
-            fprintf(stderr, "%s failed: %s (%s)\n", #expr, collie_strerror(rc_),                 \
-                    collie_last_error());                                                         \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != COLLIE_OK) {                                                                    \
+            fprintf(stderr, "%s failed: %s (%s)\n", #expr, collie_strerror(rc_),                   \
+                    collie_last_error());                                                          \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
-/* Pop and report every finished work; returns how many. */
-static int drain(collie_cq *cq, int rank, double t0) {
-    int n = 0;
-    collie_work *w;
-    while (collie_cq_pop(cq, 0, &w) == COLLIE_OK) {
-        n++;
-        collie_work_details d;
-        collie_work_info(w, &d);
-        double ms = (d.end_ns - d.post_ns) / 1e6;
-        if (collie_work_result(w) != COLLIE_OK) {
-            printf("rank %d: %s failed after %.2f ms: %s\n", rank, d.op, ms,
-                   collie_work_error_message(w));
-        } else if (strcmp(d.op, "store.get") == 0) {
-            const void *val;
-            size_t len;
-            collie_store_work_value(w, &val, &len);
-            printf("rank %d: got greeting of rank %llu: \"%s\" (%.2f ms after posting, at "
-                   "t=%.2f ms)\n",
-                   rank, (unsigned long long)collie_work_tag(w), (const char *)val, ms,
-                   (d.end_ns / 1e3 - t0) / 1e3);
-        }
-        collie_work_release(w);
+enum { BIG = 1 << 20, SMALL = 1024 };
+
+typedef struct demo {
+    int rank, size;
+    float *big;      /* allreduce: every rank contributes rank+1 */
+    int32_t *bcast;  /* broadcast from the last rank */
+    int32_t *gather; /* allgather: rank r contributes r*10 */
+    int32_t mine;
+    int bad;
+} demo;
+
+static const char *op_name(uint64_t tag) {
+    static const char *const names[] = {"allreduce 4 MiB fp32", "broadcast 4 KiB int32",
+                                        "allgather int32", "barrier"};
+    return tag < 4 ? names[tag] : "?";
+}
+
+static void check_result(demo *d, uint64_t tag) {
+    int n = d->size;
+    switch (tag) {
+    case 0:
+        for (int i = 0; i < BIG; i++)
+            if (d->big[i] != (float)(n * (n + 1) / 2)) d->bad++;
+        break;
+    case 1:
+        for (int i = 0; i < SMALL; i++)
+            if (d->bcast[i] != (n - 1) * 1000 + i) d->bad++;
+        break;
+    case 2:
+        for (int r = 0; r < n; r++)
+            if (d->gather[r] != r * 10) d->bad++;
+        break;
+    default: break;
     }
-    return n;
 }
 
 int main(void) {
-    int rank = env_int("COLLIE_RANK"), size = env_int("COLLIE_WORLD_SIZE");
-    if (rank < 0 || size < 1) {
-        fprintf(stderr, "run me under collie-run: collie-run -n 4 %s\n", "demo");
-        return 2;
-    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     collie_engine *e;
-    collie_store *store;
+    collie_comm *c;
     collie_cq *cq;
     CHECK(collie_engine_create(NULL, &e));
-    CHECK(collie_store_connect(e, NULL, NULL, &store));
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    co.name = "demo";
+    co.timeout_ms = 20000;
+    double t_create = now_us();
+    CHECK(collie_comm_create_from_env(e, &co, &c));
+    demo d = {.rank = collie_comm_rank(c), .size = collie_comm_size(c)};
+    printf("rank %d of %d: communicator ready in %.1f ms\n", d.rank, d.size,
+           (now_us() - t_create) / 1e3);
     CHECK(collie_cq_create(&cq));
 
-    /* 1+2: post everything without blocking, then poll the cq fd. */
-    double t0 = now_us();
-    char key[64], greeting[128];
-    snprintf(key, sizeof key, "demo/greeting/%d", rank);
-    snprintf(greeting, sizeof greeting, "hello from rank %d (pid %d)", rank, (int)getpid());
+    d.big = malloc(BIG * sizeof(float));
+    d.bcast = malloc(SMALL * sizeof(int32_t));
+    d.gather = malloc((size_t)d.size * sizeof(int32_t));
+    for (int i = 0; i < BIG; i++)
+        d.big[i] = (float)(d.rank + 1);
+    for (int i = 0; i < SMALL; i++)
+        d.bcast[i] = d.rank == d.size - 1 ? d.rank * 1000 + i : -1;
+    d.mine = d.rank * 10;
+
+    /* 1: post four collectives without blocking; each lands in the cq */
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.cq = cq;
-    o.timeout_ms = 10000;
     collie_work *w;
-    CHECK(collie_store_post_set(store, key, greeting, strlen(greeting), &o, &w));
+    double t0 = now_us();
+    o.tag = 0;
+    CHECK(collie_allreduce(c, d.big, d.big, BIG, COLLIE_FP32, COLLIE_SUM, &o, &w));
     collie_work_release(w); /* the cq still delivers it: releasing never cancels */
-    for (int r = 0; r < size; r++) {
-        snprintf(key, sizeof key, "demo/greeting/%d", r);
-        o.tag = (uint64_t)r;
-        CHECK(collie_store_post_get(store, key, &o, &w));
-        collie_work_release(w);
-    }
-    double posted = now_us();
-    printf("rank %d: posted 1 set + %d gets in %.1f us without blocking\n", rank, size,
-           posted - t0);
+    o.tag = 1;
+    CHECK(collie_broadcast(c, d.bcast, SMALL, COLLIE_INT32, d.size - 1, &o, &w));
+    collie_work_release(w);
+    o.tag = 2;
+    CHECK(collie_allgather(c, &d.mine, d.gather, 1, COLLIE_INT32, &o, &w));
+    collie_work_release(w);
+    o.tag = 3;
+    CHECK(collie_barrier(c, &o, &w));
+    collie_work_release(w);
+    printf("rank %d: posted 4 collectives in %.1f us\n", d.rank, now_us() - t0);
 
-    int expected = size + 1, done = 0;
-    long loop_turns = 0;
+    /* 2: the application's own loop: poll the cq fd, do other work */
+    int done = 0;
+    long turns = 0;
     struct pollfd p = {.fd = collie_cq_fd(cq), .events = POLLIN};
-    while (done < expected && now_us() - t0 < 15e6) {
-        loop_turns++; /* the application's own loop keeps running */
-        if (poll(&p, 1, 100) > 0) done += drain(cq, rank, t0);
+    while (done < 4 && now_us() - t0 < 30e6) {
+        turns++;
+        if (poll(&p, 1, 1) <= 0) continue; /* ... serve other requests here ... */
+        while (collie_cq_pop(cq, 0, &w) == COLLIE_OK) {
+            collie_work_details info;
+            collie_work_info(w, &info);
+            if (collie_work_result(w) != COLLIE_OK) {
+                fprintf(stderr, "rank %d: %s\n", d.rank, collie_work_error_message(w));
+                return 1;
+            }
+            check_result(&d, collie_work_tag(w));
+            printf("rank %d: %-22s seq %llu done %.2f ms after posting\n", d.rank,
+                   op_name(collie_work_tag(w)), (unsigned long long)collie_work_seq(w),
+                   (info.end_ns - info.post_ns) / 1e6);
+            collie_work_release(w);
+            done++;
+        }
     }
-    if (done < expected) {
-        fprintf(stderr, "rank %d: only %d of %d works completed\n", rank, done, expected);
-        return 1;
-    }
-    printf("rank %d: all %d works done in %.2f ms (%ld turns of the application loop)\n", rank,
-           expected, (now_us() - t0) / 1e3, loop_turns);
+    printf("rank %d: all 4 done in %.1f ms, %ld turns of the application loop, results %s\n",
+           d.rank, (now_us() - t0) / 1e3, turns, d.bad ? "WRONG" : "correct");
 
-    /* 3: 64 adds in flight at a time on a shared counter. */
-    enum { ADDS = 2000, INFLIGHT = 64 };
-    collie_work *inflight[INFLIGHT] = {0};
-    int posted_adds = 0, finished = 0;
-    double a0 = now_us();
-    collie_post_opts ao = COLLIE_POST_OPTS_INIT;
-    ao.timeout_ms = 10000;
-    while (finished < ADDS) {
+    /* 3: 16 tiny allreduces in flight */
+    enum { INFLIGHT = 16, TOTAL = 4000 };
+    collie_work *fl[INFLIGHT] = {0};
+    int32_t vals[INFLIGHT];
+    int posted = 0, finished = 0;
+    double r0 = now_us();
+    while (finished < TOTAL) {
         for (int i = 0; i < INFLIGHT; i++) {
-            if (inflight[i] && collie_work_test(inflight[i])) {
-                CHECK(collie_work_result(inflight[i]));
-                collie_work_release(inflight[i]);
-                inflight[i] = NULL;
+            if (fl[i] && collie_work_test(fl[i])) {
+                CHECK(collie_work_result(fl[i]));
+                if (vals[i] != d.size) d.bad++;
+                collie_work_release(fl[i]);
+                fl[i] = NULL;
                 finished++;
             }
-            if (!inflight[i] && posted_adds < ADDS) {
-                CHECK(collie_store_post_add(store, "demo/counter", 1, &ao, &inflight[i]));
-                posted_adds++;
+            if (!fl[i] && posted < TOTAL) {
+                vals[i] = 1;
+                CHECK(collie_allreduce(c, &vals[i], &vals[i], 1, COLLIE_INT32, COLLIE_SUM, NULL,
+                                       &fl[i]));
+                posted++;
             }
         }
         size_t idx;
-        collie_work_wait_any(inflight, INFLIGHT, 1000, &idx);
+        collie_work_wait_any(fl, INFLIGHT, 1000, &idx);
     }
-    double add_us = (now_us() - a0) / ADDS;
-
-    CHECK(collie_store_barrier(store, "demo/barrier", (uint32_t)size, 10000));
-    int64_t total = 0;
-    CHECK(collie_store_add(store, "demo/counter", 0, 10000, &total));
-    printf("rank %d: %d adds with %d in flight: %.1f us/op; counter = %lld (expected %lld) %s\n",
-           rank, ADDS, INFLIGHT, add_us, (long long)total, (long long)ADDS * size,
-           total == (int64_t)ADDS * size ? "OK" : "MISMATCH");
+    double secs = (now_us() - r0) / 1e6;
+    printf("rank %d: %d tiny allreduces, 16 in flight: %.0f ops/s (%.1f us each)\n", d.rank, TOTAL,
+           TOTAL / secs, secs * 1e6 / TOTAL);
 
     collie_cq_destroy(cq);
-    collie_store_destroy(store);
-    collie_engine_destroy(e);
-    return total == (int64_t)ADDS * size ? 0 : 1;
+    CHECK(collie_comm_destroy(c));
+    CHECK(collie_engine_destroy(e));
+    free(d.big);
+    free(d.bcast);
+    free(d.gather);
+    return d.bad ? 1 : 0;
 }

@@ -363,7 +363,7 @@ COLLIE_API int collie_store_post_add(collie_store *s, const char *key, int64_t d
                                      const collie_post_opts *o, collie_work **out);
 /* compare_set: if key's value equals `expected` (or the key is missing and
  * expected_len is 0) set it to `desired`. Result: collie_store_work_value
- * (the value stored afterwards). */
+ * (the value stored afterwards; empty if the key is still missing). */
 COLLIE_API int collie_store_post_compare_set(collie_store *s, const char *key, const void *expected,
                                              size_t expected_len, const void *desired,
                                              size_t desired_len, const collie_post_opts *o,
@@ -392,7 +392,9 @@ COLLIE_API int collie_store_post_append(collie_store *s, const char *key, const 
                                         size_t len, const collie_post_opts *o, collie_work **out);
 /* barrier: completes when n clients have entered the barrier on `key`.
  * Reusable: round k completes when the counter reaches k*n, so every round
- * needs all n participants. One request per client. */
+ * needs all n participants. One request per client. The counter is `key`'s
+ * value (decimal, as with add); a participant that gives up (deadline,
+ * cancel) has still been counted. */
 COLLIE_API int collie_store_post_barrier(collie_store *s, const char *key, uint32_t n,
                                          const collie_post_opts *o, collie_work **out);
 

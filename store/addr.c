@@ -37,8 +37,8 @@ int cl_store_addr_parse(const char *addr, char *host, size_t hostlen, uint16_t *
     if (addr[0] == '[') {
         he = strchr(addr, ']');
         if (!he || he[1] != ':')
-            return cl_set_last_error(COLLIE_EINVAL,
-                                     "store address '%s': expected [ipv6]:port", addr);
+            return cl_set_last_error(COLLIE_EINVAL, "store address '%s': expected [ipv6]:port",
+                                     addr);
         hs = addr + 1;
         colon = he + 1;
     } else {
@@ -57,9 +57,8 @@ int cl_store_addr_parse(const char *addr, char *host, size_t hostlen, uint16_t *
     const char *ps = colon + 1;
     long p = strtol(ps, &end, 10);
     if (*ps < '0' || *ps > '9' || *end != '\0' || p < 1 || p > 65535)
-        return cl_set_last_error(COLLIE_EINVAL,
-                                 "store address '%s': port '%s' is not a number in 1..65535",
-                                 addr, ps);
+        return cl_set_last_error(
+            COLLIE_EINVAL, "store address '%s': port '%s' is not a number in 1..65535", addr, ps);
     memcpy(host, hs, hl);
     host[hl] = '\0';
     *port = (uint16_t)p;
@@ -75,8 +74,8 @@ int cl_store_addr_resolve(const char *host, uint16_t port, bool passive,
     struct addrinfo *ai = NULL;
     int r = getaddrinfo(host, ps, &hints, &ai);
     if (r != 0 || !ai)
-        return cl_set_last_error(COLLIE_EINVAL, "cannot resolve '%s': %s",
-                                 host ? host : "(any)", r ? gai_strerror(r) : "no address");
+        return cl_set_last_error(COLLIE_EINVAL, "cannot resolve '%s': %s", host ? host : "(any)",
+                                 r ? gai_strerror(r) : "no address");
     memcpy(sa, ai->ai_addr, ai->ai_addrlen);
     *salen = (socklen_t)ai->ai_addrlen;
     freeaddrinfo(ai);

@@ -21,6 +21,7 @@
 #include "engine/common.h"
 #include "engine/config.h"
 #include "store/client.h"
+#include "store/store.h"
 
 struct collie_store {
     cl_store_core *core;
@@ -58,7 +59,9 @@ int collie_store_prefix(collie_store *s, const char *prefix, collie_store **out)
     if (out) *out = NULL;
     if (!s || !prefix || !out)
         return cl_set_last_error(COLLIE_EINVAL, "collie_store_prefix: %s is NULL",
-                                 !s ? "store" : !prefix ? "prefix" : "out");
+                                 !s        ? "store"
+                                 : !prefix ? "prefix"
+                                           : "out");
     size_t len = strlen(prefix);
     if (s->plen + len > CL_STORE_PROTO_MAX_KEY)
         return cl_set_last_error(COLLIE_EINVAL,
@@ -133,11 +136,11 @@ static int store_api_check_keys(const collie_store *s, const char *const *keys, 
 
 static int store_api_check_value(const void *val, size_t len, const char *what, const char *fn) {
     if (!val && len)
-        return cl_set_last_error(COLLIE_EINVAL, "%s: %s is NULL but its length is %zu", fn,
-                                 what, len);
+        return cl_set_last_error(COLLIE_EINVAL, "%s: %s is NULL but its length is %zu", fn, what,
+                                 len);
     if (len > CL_STORE_PROTO_MAX_BODY)
-        return cl_set_last_error(COLLIE_EINVAL, "%s: a %s of %zu bytes exceeds the limit of %u",
-                                 fn, what, len, CL_STORE_PROTO_MAX_BODY);
+        return cl_set_last_error(COLLIE_EINVAL, "%s: a %s of %zu bytes exceeds the limit of %u", fn,
+                                 what, len, CL_STORE_PROTO_MAX_BODY);
     return COLLIE_OK;
 }
 
@@ -148,8 +151,7 @@ static void store_api_put_key(cl_store_req *r, const collie_store *s, const char
 }
 
 /* " key 'pfx/key'" for messages: printable, shortened. */
-static void store_api_describe(cl_store_req *r, const collie_store *s, const char *key,
-                               size_t n) {
+static void store_api_describe(cl_store_req *r, const collie_store *s, const char *key, size_t n) {
     char k[52];
     size_t j = 0;
     for (size_t i = 0; i < s->plen + strlen(key) && j < 44; i++) {
@@ -181,7 +183,8 @@ static int store_api_newn(collie_store *s, uint8_t op, const char *const *keys, 
     int rc = cl_store_req_new(s->core, op, o, r);
     if (rc != COLLIE_OK) return rc;
     cl_store_put_u32(&(*r)->frame, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) store_api_put_key(*r, s, keys[i]);
+    for (size_t i = 0; i < n; i++)
+        store_api_put_key(*r, s, keys[i]);
     store_api_describe(*r, s, keys[0], n);
     (*r)->nkeys = (uint32_t)n;
     return COLLIE_OK;
@@ -295,9 +298,9 @@ int collie_store_post_num_keys(collie_store *s, const collie_post_opts *o, colli
     return cl_store_req_post(r, out);
 }
 
-int collie_store_post_multi_set(collie_store *s, const char *const *keys,
-                                const void *const *vals, const size_t *lens, size_t n,
-                                const collie_post_opts *o, collie_work **out) {
+int collie_store_post_multi_set(collie_store *s, const char *const *keys, const void *const *vals,
+                                const size_t *lens, size_t n, const collie_post_opts *o,
+                                collie_work **out) {
     static const char fn[] = "collie_store_post_multi_set";
     cl_store_req *r;
     int rc = store_api_begin(s, out, fn);
@@ -352,19 +355,19 @@ static int store_api_sync_wait(collie_work *w) {
     return rc;
 }
 
-#define STORE_SYNC_OPTS(var, t)                                                                   \
-    collie_post_opts var = COLLIE_POST_OPTS_INIT;                                                 \
+#define STORE_SYNC_OPTS(var, t)                                                                    \
+    collie_post_opts var = COLLIE_POST_OPTS_INIT;                                                  \
     var.timeout_ms = (t)
 
 /* Post with `post`, wait, release: for ops without results. */
-#define STORE_SYNC_SIMPLE(fn, post_call)                                                          \
-    do {                                                                                          \
-        collie_work *w_ = NULL;                                                                   \
-        int rc_ = store_api_sync_check(s, fn);                                                    \
-        if (rc_ == COLLIE_OK) rc_ = (post_call);                                                  \
-        if (rc_ == COLLIE_OK) rc_ = store_api_sync_wait(w_);                                      \
-        collie_work_release(w_);                                                                  \
-        return rc_;                                                                               \
+#define STORE_SYNC_SIMPLE(fn, post_call)                                                           \
+    do {                                                                                           \
+        collie_work *w_ = NULL;                                                                    \
+        int rc_ = store_api_sync_check(s, fn);                                                     \
+        if (rc_ == COLLIE_OK) rc_ = (post_call);                                                   \
+        if (rc_ == COLLIE_OK) rc_ = store_api_sync_wait(w_);                                       \
+        collie_work_release(w_);                                                                   \
+        return rc_;                                                                                \
     } while (0)
 
 int collie_store_set(collie_store *s, const char *key, const void *val, size_t len,
@@ -376,8 +379,7 @@ int collie_store_set(collie_store *s, const char *key, const void *val, size_t l
 int collie_store_append(collie_store *s, const char *key, const void *val, size_t len,
                         int32_t timeout_ms) {
     STORE_SYNC_OPTS(po, timeout_ms);
-    STORE_SYNC_SIMPLE("collie_store_append",
-                      collie_store_post_append(s, key, val, len, &po, &w_));
+    STORE_SYNC_SIMPLE("collie_store_append", collie_store_post_append(s, key, val, len, &po, &w_));
 }
 
 int collie_store_wait(collie_store *s, const char *const *keys, size_t n, int32_t timeout_ms) {
@@ -505,12 +507,13 @@ int collie_store_compare_set(collie_store *s, const char *key, const void *expec
     return store_api_sync_value(w, rc, cur, cur_len);
 }
 
-int collie_store_multi_get(collie_store *s, const char *const *keys, size_t n,
-                           int32_t timeout_ms, void **vals, size_t *lens) {
+int collie_store_multi_get(collie_store *s, const char *const *keys, size_t n, int32_t timeout_ms,
+                           void **vals, size_t *lens) {
     STORE_SYNC_OPTS(po, timeout_ms);
     collie_work *w = NULL;
     size_t i = 0;
-    for (size_t j = 0; vals && keys && j < n && j < CL_STORE_PROTO_MAX_KEYS; j++) vals[j] = NULL;
+    for (size_t j = 0; vals && keys && j < n && j < CL_STORE_PROTO_MAX_KEYS; j++)
+        vals[j] = NULL;
     int rc = store_api_sync_check(s, "collie_store_multi_get");
     if (rc == COLLIE_OK && (!vals || !lens))
         rc = cl_set_last_error(COLLIE_EINVAL, "collie_store_multi_get: %s is NULL",
@@ -532,9 +535,6 @@ int collie_store_multi_get(collie_store *s, const char *const *keys, size_t n,
     return rc;
 }
 
-/* cl_store_token: the shared secret this handle's connection authenticates
- * with (NULL if none), for the transports' handshakes. */
-int cl_store_token(const collie_store *s, const char **token, size_t *len);
 int cl_store_token(const collie_store *s, const char **token, size_t *len) {
     *token = s && s->core ? s->core->token : NULL;
     *len = *token ? s->core->token_len : 0;

@@ -29,8 +29,7 @@ int cl_store_auth_random(void *buf, size_t len) {
 
 int cl_store_auth_proof(const char *token, size_t token_len, bool server,
                         const uint8_t cnonce[CL_STORE_NONCE_LEN],
-                        const uint8_t snonce[CL_STORE_NONCE_LEN],
-                        uint8_t out[CL_STORE_PROOF_LEN]) {
+                        const uint8_t snonce[CL_STORE_NONCE_LEN], uint8_t out[CL_STORE_PROOF_LEN]) {
     const char *label = server ? store_auth_server_label : store_auth_client_label;
     size_t llen = strlen(label);
     uint8_t msg[sizeof store_auth_server_label + 2 * CL_STORE_NONCE_LEN];
@@ -65,8 +64,7 @@ int cl_store_auth_token(const char *given, const char *who, char **out) {
     if (!t) return COLLIE_OK;
     size_t len = strlen(t);
     if (len == 0)
-        return cl_set_last_error(COLLIE_EINVAL, "%s: the token is empty (pass NULL for none)",
-                                 who);
+        return cl_set_last_error(COLLIE_EINVAL, "%s: the token is empty (pass NULL for none)", who);
     if (len > CL_STORE_TOKEN_MAX)
         return cl_set_last_error(COLLIE_EINVAL, "%s: the token is %zu bytes, at most %d allowed",
                                  who, len, CL_STORE_TOKEN_MAX);

@@ -34,8 +34,7 @@ int cl_store_auth_random(void *buf, size_t len);
  * for this pair of nonces. Returns COLLIE_OK or COLLIE_ESYSTEM. */
 int cl_store_auth_proof(const char *token, size_t token_len, bool server,
                         const uint8_t cnonce[CL_STORE_NONCE_LEN],
-                        const uint8_t snonce[CL_STORE_NONCE_LEN],
-                        uint8_t out[CL_STORE_PROOF_LEN]);
+                        const uint8_t snonce[CL_STORE_NONCE_LEN], uint8_t out[CL_STORE_PROOF_LEN]);
 
 /* cl_store_auth_verify: does `proof` (len bytes, from the peer) match the
  * proof we compute? Constant time in the proof's content. */

@@ -49,11 +49,19 @@
 #include "store/client.h"
 
 /* Bound on connect + handshake, independent of request deadlines. */
-#define STORE_CLI_HANDSHAKE_MS 10000
-#define STORE_CLI_BACKOFF_START_MS 10
+#define STORE_CLI_HANDSHAKE_MS           10000
+#define STORE_CLI_BACKOFF_START_MS       10
 #define STORE_CLI_DEFAULT_BACKOFF_CAP_MS 1000
 
 static void store_cli_connect(cl_store_core *c);
+
+/* Close a connection now: libevent defers the close(2) of a freed
+ * bufferevent, and the server should see us go at once. */
+static void store_cli_bev_close(struct bufferevent *bev) {
+    int fd = bufferevent_getfd(bev);
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    bufferevent_free(bev);
+}
 
 /* ---- lists ------------------------------------------------------------------------- */
 
@@ -235,7 +243,7 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     int prev = c->state;
-    if (c->bev) bufferevent_free(c->bev);
+    if (c->bev) store_cli_bev_close(c->bev);
     c->bev = NULL;
     c->conn_gen++;
     c->state = CL_STORE_IDLE;
@@ -328,8 +336,7 @@ static void store_cli_on_hello(cl_store_core *c, const cl_store_msg *m) {
         return;
     }
     uint8_t proof[CL_STORE_PROOF_LEN];
-    if (cl_store_auth_proof(c->token, c->token_len, false, c->cnonce, snonce, proof) !=
-        COLLIE_OK) {
+    if (cl_store_auth_proof(c->token, c->token_len, false, c->cnonce, snonce, proof) != COLLIE_OK) {
         store_cli_conn_lost(c, COLLIE_ESYSTEM, true, "HMAC-SHA256 failed");
         return;
     }
@@ -353,10 +360,8 @@ static bool store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint
                             cl_store_op_name(op));
         return false;
     }
-    if (cl_store_reply_decode(op, h->status, body, h->body_len, &m, why, sizeof why) !=
-        COLLIE_OK) {
-        store_cli_conn_lost(c, COLLIE_EPROTO, true, "malformed handshake from the server: %s",
-                            why);
+    if (cl_store_reply_decode(op, h->status, body, h->body_len, &m, why, sizeof why) != COLLIE_OK) {
+        store_cli_conn_lost(c, COLLIE_EPROTO, true, "malformed handshake from the server: %s", why);
         return false;
     }
     bool alive = true;
@@ -458,8 +463,7 @@ static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
     if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &sl) == 0 && so_err) err = so_err;
     bool connecting = c->state == CL_STORE_CONNECTING;
     if (what & BEV_EVENT_TIMEOUT)
-        store_cli_conn_lost(c, COLLIE_ETIMEDOUT, false,
-                            "the server did not %s within %d ms",
+        store_cli_conn_lost(c, COLLIE_ETIMEDOUT, false, "the server did not %s within %d ms",
                             connecting ? "accept the connection" : "complete the handshake",
                             STORE_CLI_HANDSHAKE_MS);
     else if (connecting)
@@ -545,7 +549,7 @@ void cl_store_core_detach(cl_store_req *r) {
 /* Loop thread: close the connection and fail what is pending. */
 static void store_cli_teardown(cl_store_core *c, bool from_engine, const char *why) {
     if (atomic_load_explicit(&c->shut, memory_order_acquire)) return;
-    if (c->bev) bufferevent_free(c->bev);
+    if (c->bev) store_cli_bev_close(c->bev);
     c->bev = NULL;
     c->conn_gen++;
     c->state = CL_STORE_CLOSED;

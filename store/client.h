@@ -86,20 +86,20 @@ struct cl_store_core {
     _Atomic uint64_t seq;   /* request sequence numbers */
     _Atomic bool shut;      /* loop-side teardown done; destroy only frees memory */
     cl_resident resident;
-    int init_status;        /* result of the loop-side part of create */
+    int init_status; /* result of the loop-side part of create */
 
     /* loop thread */
     int state;
     struct bufferevent *bev;
     struct event *backoff_ev;
-    uint32_t backoff_ms;   /* next retry delay */
+    uint32_t backoff_ms; /* next retry delay */
     uint32_t next_req_id;
-    uint64_t conn_gen;     /* bumped whenever a connection goes away */
+    uint64_t conn_gen;             /* bumped whenever a connection goes away */
     cl_store_req *q_head, *q_tail; /* QUEUED, in post order */
     cl_store_req *s_head;          /* SENT */
     cl_store_idmap sent;
     uint8_t cnonce[CL_STORE_NONCE_LEN];
-    int auth_status;               /* set when we refused the server: fail with this */
+    int auth_status; /* set when we refused the server: fail with this */
     char auth_msg[256];
     uint64_t rng;
 

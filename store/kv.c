@@ -40,8 +40,8 @@ typedef struct cl_store_kv_entry {
 
 struct cl_store_kv {
     store_kv_entry **buckets;
-    size_t nbuckets;  /* power of two */
-    size_t nentries;  /* present + placeholders */
+    size_t nbuckets; /* power of two */
+    size_t nentries; /* present + placeholders */
     size_t npresent;
     cl_store_kv_limits lim;
     uint8_t seed[16];
@@ -80,7 +80,8 @@ void cl_store_kv_destroy(cl_store_kv *kv) {
     if (!kv) return;
     /* Waiters still registered: collect each once (nlinks = 0 marks it),
      * then free their links, then the entries. */
-    for (cl_store_waiter *w = kv->ready_head; w; w = w->rnext) w->ready = false;
+    for (cl_store_waiter *w = kv->ready_head; w; w = w->rnext)
+        w->ready = false;
     cl_store_waiter *dead = NULL;
     for (size_t i = 0; i < kv->nbuckets; i++)
         for (store_kv_entry *e = kv->buckets[i]; e; e = e->next)
@@ -168,7 +169,8 @@ static store_kv_entry *store_kv_get_or_add(cl_store_kv *kv, const void *key, siz
 static void store_kv_maybe_drop(cl_store_kv *kv, store_kv_entry *e) {
     if (e->present || e->waiters) return;
     store_kv_entry **pp = &kv->buckets[e->hash & (kv->nbuckets - 1)];
-    while (*pp != e) pp = &(*pp)->next;
+    while (*pp != e)
+        pp = &(*pp)->next;
     *pp = e->next;
     kv->nentries--;
     free(e->val);
@@ -408,8 +410,8 @@ int cl_store_kv_compare_set(cl_store_kv *kv, const void *key, size_t klen, const
     if (res != COLLIE_OK) return res;
     store_kv_entry *e = store_kv_lookup(kv, key, klen);
     bool present = e && e->present;
-    bool match = present ? (e->vlen == elen && (elen == 0 || memcmp(e->val, exp, elen) == 0))
-                         : elen == 0;
+    bool match =
+        present ? (e->vlen == elen && (elen == 0 || memcmp(e->val, exp, elen) == 0)) : elen == 0;
     if (match) {
         res = cl_store_kv_set(kv, key, klen, des, dlen);
         if (res != COLLIE_OK) return res;
@@ -434,24 +436,26 @@ int cl_store_kv_multi_set(cl_store_kv *kv, size_t n, const cl_store_bytes *keys,
         if (!e || !e->present) fresh++; /* a key repeated in the request counts twice: safe side */
     }
     if ((res = store_kv_check_new_keys(kv, fresh)) != COLLIE_OK) return res;
+    /* allocate everything (values, placeholder entries) before changing anything */
     bufs = calloc(n, sizeof *bufs);
     ents = calloc(n, sizeof *ents);
-    if (!bufs || !ents) goto oom;
-    for (made = 0; made < n; made++) {
+    for (made = 0; bufs && ents && made < n; made++) {
         bufs[made] = store_kv_buf(vals[made].p, vals[made].len);
         ents[made] = bufs[made] ? store_kv_get_or_add(kv, keys[made].p, keys[made].len) : NULL;
-        if (!ents[made]) goto oom;
+        if (!ents[made]) break;
     }
-    for (size_t i = 0; i < n; i++)
-        store_kv_install(kv, ents[i], bufs[i], vals[i].len, (size_t)vals[i].len + 1);
-    goto out;
-oom:
+    if (made == n) {
+        for (size_t i = 0; i < n; i++)
+            store_kv_install(kv, ents[i], bufs[i], vals[i].len, (size_t)vals[i].len + 1);
+        goto out;
+    }
     res = store_kv_fail(kv, COLLIE_ENOMEM, "out of memory");
-    for (size_t i = 0; bufs && i <= made && i < n; i++) {
+    for (size_t i = 0; bufs && ents && i <= made && i < n; i++) {
         free(bufs[i]);
         bool dup = false; /* drop each placeholder made above once */
-        for (size_t j = 0; ents && j < i && !dup; j++) dup = ents[j] == ents[i];
-        if (ents && ents[i] && !dup) store_kv_maybe_drop(kv, ents[i]);
+        for (size_t j = 0; j < i && !dup; j++)
+            dup = ents[j] == ents[i];
+        if (ents[i] && !dup) store_kv_maybe_drop(kv, ents[i]);
     }
 out:
     free(bufs);

@@ -74,8 +74,7 @@ const char *cl_store_kv_error(const cl_store_kv *kv);
  * COLLIE_ELIMIT (a size or count limit), COLLIE_EINVAL (add on a value that
  * is not a decimal integer, or overflow), COLLIE_ENOMEM. */
 int cl_store_kv_set(cl_store_kv *kv, const void *key, size_t klen, const void *val, size_t vlen);
-int cl_store_kv_append(cl_store_kv *kv, const void *key, size_t klen, const void *val,
-                       size_t vlen);
+int cl_store_kv_append(cl_store_kv *kv, const void *key, size_t klen, const void *val, size_t vlen);
 /* add: the value is decimal text; a missing key counts as 0. */
 int cl_store_kv_add(cl_store_kv *kv, const void *key, size_t klen, int64_t delta, int64_t *out);
 /* compare_set: if (key exists and its value == expected) or (key is missing

@@ -18,13 +18,20 @@
 #include "collie.h"
 
 static const char *const store_proto_op_names[CL_STORE_OP_COUNT_] = {
-    [CL_STORE_OP_HELLO] = "hello",       [CL_STORE_OP_AUTH] = "auth",
-    [CL_STORE_OP_SET] = "set",           [CL_STORE_OP_GET] = "get",
-    [CL_STORE_OP_ADD] = "add",           [CL_STORE_OP_COMPARE_SET] = "compare_set",
-    [CL_STORE_OP_CHECK] = "check",       [CL_STORE_OP_WAIT] = "wait",
-    [CL_STORE_OP_DELETE] = "delete",     [CL_STORE_OP_NUM_KEYS] = "num_keys",
-    [CL_STORE_OP_MULTI_GET] = "multi_get", [CL_STORE_OP_MULTI_SET] = "multi_set",
-    [CL_STORE_OP_APPEND] = "append",     [CL_STORE_OP_BARRIER] = "barrier",
+    [CL_STORE_OP_HELLO] = "hello",
+    [CL_STORE_OP_AUTH] = "auth",
+    [CL_STORE_OP_SET] = "set",
+    [CL_STORE_OP_GET] = "get",
+    [CL_STORE_OP_ADD] = "add",
+    [CL_STORE_OP_COMPARE_SET] = "compare_set",
+    [CL_STORE_OP_CHECK] = "check",
+    [CL_STORE_OP_WAIT] = "wait",
+    [CL_STORE_OP_DELETE] = "delete",
+    [CL_STORE_OP_NUM_KEYS] = "num_keys",
+    [CL_STORE_OP_MULTI_GET] = "multi_get",
+    [CL_STORE_OP_MULTI_SET] = "multi_set",
+    [CL_STORE_OP_APPEND] = "append",
+    [CL_STORE_OP_BARRIER] = "barrier",
     [CL_STORE_OP_CANCEL] = "cancel",
 };
 
@@ -117,7 +124,8 @@ static uint8_t *store_proto_reserve(cl_store_wbuf *b, size_t n) {
     }
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n) cap *= 2;
+        while (cap < b->len + n)
+            cap *= 2;
         uint8_t *p = realloc(b->p, cap);
         if (!p) {
             b->oom = true;
@@ -145,7 +153,8 @@ void cl_store_put_i64(cl_store_wbuf *b, int64_t v) {
     uint8_t *p = store_proto_reserve(b, 8);
     if (!p) return;
     uint64_t u = (uint64_t)v;
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(u >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(u >> (8 * i));
 }
 
 void cl_store_put_bytes2(cl_store_wbuf *b, const void *p1, size_t l1, const void *p2, size_t l2) {
@@ -209,7 +218,8 @@ int64_t cl_store_get_i64(cl_store_rbuf *r) {
     const uint8_t *p = store_proto_take(r, 8);
     if (!p) return 0;
     uint64_t u = 0;
-    for (int i = 0; i < 8; i++) u |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < 8; i++)
+        u |= (uint64_t)p[i] << (8 * i);
     return (int64_t)u;
 }
 
@@ -242,8 +252,8 @@ static void store_proto_msg_init(cl_store_msg *m, uint8_t op) {
 
 /* Read a count of items that each take at least `min_item` bytes, and
  * allocate the arrays for it (keys, and vals if with_vals). */
-static int store_proto_get_count(cl_store_rbuf *r, cl_store_msg *m, size_t min_item,
-                                 bool keys, bool vals, char *why, size_t why_len) {
+static int store_proto_get_count(cl_store_rbuf *r, cl_store_msg *m, size_t min_item, bool keys,
+                                 bool vals, char *why, size_t why_len) {
     uint32_t n = cl_store_get_u32(r);
     if (r->bad) return COLLIE_EPROTO;
     if (n == 0 || n > CL_STORE_PROTO_MAX_KEYS || (size_t)n > (r->len - r->pos) / min_item) {
@@ -330,8 +340,7 @@ int cl_store_req_decode(uint8_t op, const uint8_t *body, size_t len, cl_store_ms
             m->vals[i] = cl_store_get_bytes(&r);
         }
         break;
-    case CL_STORE_OP_NUM_KEYS:
-        break;
+    case CL_STORE_OP_NUM_KEYS: break;
     case CL_STORE_OP_BARRIER:
         m->n = 1;
         m->keys[0] = cl_store_get_bytes(&r);
@@ -341,9 +350,7 @@ int cl_store_req_decode(uint8_t op, const uint8_t *body, size_t len, cl_store_ms
             rc = COLLIE_EPROTO;
         }
         break;
-    case CL_STORE_OP_CANCEL:
-        m->num = cl_store_get_u32(&r);
-        break;
+    case CL_STORE_OP_CANCEL: m->num = cl_store_get_u32(&r); break;
     default:
         snprintf(why, why_len, "unknown request op %u", (unsigned)op);
         rc = COLLIE_EPROTO;
@@ -379,15 +386,11 @@ int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_
         }
         break;
     case CL_STORE_OP_GET:
-    case CL_STORE_OP_COMPARE_SET:
-        m->vals[0] = cl_store_get_bytes(&r);
-        break;
+    case CL_STORE_OP_COMPARE_SET: m->vals[0] = cl_store_get_bytes(&r); break;
     case CL_STORE_OP_ADD:
     case CL_STORE_OP_CHECK:
     case CL_STORE_OP_DELETE:
-    case CL_STORE_OP_NUM_KEYS:
-        m->num = cl_store_get_i64(&r);
-        break;
+    case CL_STORE_OP_NUM_KEYS: m->num = cl_store_get_i64(&r); break;
     case CL_STORE_OP_MULTI_GET:
         rc = store_proto_get_count(&r, m, 4, false, true, why, why_len);
         for (uint32_t i = 0; rc == COLLIE_OK && i < m->n && !r.bad; i++)
@@ -398,8 +401,7 @@ int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_
     case CL_STORE_OP_WAIT:
     case CL_STORE_OP_MULTI_SET:
     case CL_STORE_OP_APPEND:
-    case CL_STORE_OP_BARRIER:
-        break;
+    case CL_STORE_OP_BARRIER: break;
     default:
         snprintf(why, why_len, "unexpected reply op %u", (unsigned)op);
         rc = COLLIE_EPROTO;

@@ -48,16 +48,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CL_STORE_MAGIC 0xC011u
+#define CL_STORE_MAGIC         0xC011u
 #define CL_STORE_PROTO_VERSION 1
-#define CL_STORE_HDR_LEN 16
-#define CL_STORE_NONCE_LEN 32
-#define CL_STORE_PROOF_LEN 32 /* HMAC-SHA256 */
+#define CL_STORE_HDR_LEN       16
+#define CL_STORE_NONCE_LEN     32
+#define CL_STORE_PROOF_LEN     32 /* HMAC-SHA256 */
 
 /* Protocol-wide hard limits, independent of a server's configured limits:
  * a client rejects arguments beyond them (COLLIE_EINVAL) before sending. */
-#define CL_STORE_PROTO_MAX_KEY (64u * 1024u)
-#define CL_STORE_PROTO_MAX_KEYS (1u << 20)           /* keys in one multi-key request */
+#define CL_STORE_PROTO_MAX_KEY  (64u * 1024u)
+#define CL_STORE_PROTO_MAX_KEYS (1u << 20)              /* keys in one multi-key request */
 #define CL_STORE_PROTO_MAX_BODY (1024u * 1024u * 1024u) /* 1 GiB */
 
 enum cl_store_op {
@@ -169,8 +169,8 @@ cl_store_bytes cl_store_get_bytes(cl_store_rbuf *r);
  * must outlive the message. Single-key messages use the inline slots; a
  * multi-key message allocates the arrays (cl_store_msg_fini frees them). */
 typedef struct cl_store_msg {
-    uint8_t op;  /* without CL_STORE_OP_REPLY */
-    uint32_t n;  /* keys (requests) or values (MULTI_GET reply) */
+    uint8_t op; /* without CL_STORE_OP_REPLY */
+    uint32_t n; /* keys (requests) or values (MULTI_GET reply) */
     cl_store_bytes *keys;
     cl_store_bytes *vals; /* SET/APPEND/MULTI_SET values; COMPARE_SET: expected, desired;
                              HELLO: nonce, proof; AUTH: proof; replies: values/message */

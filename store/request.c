@@ -41,11 +41,11 @@ static void store_req_describe(const collie_work *w, char *buf, size_t len) {
     snprintf(buf, len, " (%s%s%s)", r->desc, r->desc[0] ? " on " : "", where);
 }
 
-#define STORE_REQ_OPS(op, opname)                                                                 \
-    [op] = {.name = "store." opname,                                                              \
-            .start = store_req_start,                                                             \
-            .detach = store_req_detach,                                                           \
-            .free = store_req_free,                                                               \
+#define STORE_REQ_OPS(op, opname)                                                                  \
+    [op] = {.name = "store." opname,                                                               \
+            .start = store_req_start,                                                              \
+            .detach = store_req_detach,                                                            \
+            .free = store_req_free,                                                                \
             .describe = store_req_describe}
 
 static const cl_work_ops store_req_ops[CL_STORE_OP_COUNT_] = {
@@ -86,8 +86,9 @@ int cl_store_req_new(cl_store_core *c, uint8_t op, const collie_post_opts *o, cl
 int cl_store_req_post(cl_store_req *r, collie_work **out) {
     int rc = cl_store_frame_end(&r->frame, 0);
     if (rc == COLLIE_ELIMIT)
-        cl_set_last_error(COLLIE_EINVAL, "%s: the request is %zu bytes, over the protocol limit "
-                                         "of %u",
+        cl_set_last_error(COLLIE_EINVAL,
+                          "%s: the request is %zu bytes, over the protocol limit "
+                          "of %u",
                           r->work.ops->name, r->frame.len, CL_STORE_PROTO_MAX_BODY);
     else if (rc != COLLIE_OK)
         cl_set_last_error(rc, "%s: out of memory encoding the request", r->work.ops->name);
@@ -109,7 +110,8 @@ int cl_store_req_post(cl_store_req *r, collie_work **out) {
 /* Copy n values into one block, each followed by a NUL. */
 static int store_req_keep_values(cl_store_req *r, const cl_store_bytes *v, uint32_t n) {
     size_t total = 0;
-    for (uint32_t i = 0; i < n; i++) total += (size_t)v[i].len + 1;
+    for (uint32_t i = 0; i < n; i++)
+        total += (size_t)v[i].len + 1;
     r->vals = calloc(n ? n : 1, sizeof *r->vals);
     r->block = malloc(total ? total : 1);
     if (!r->vals || !r->block) return COLLIE_ENOMEM;
@@ -157,8 +159,10 @@ int cl_store_req_reply(cl_store_req *r, const cl_store_hdr *h, const uint8_t *bo
         else if (r->op == CL_STORE_OP_MULTI_GET)
             rc = store_req_keep_values(r, m.vals, m.n);
         r->ival = m.num;
-        if (rc == COLLIE_OK) cl_work_publish(&r->work, COLLIE_OK, NULL);
-        else cl_work_publish(&r->work, rc, "out of memory for the reply");
+        if (rc == COLLIE_OK)
+            cl_work_publish(&r->work, COLLIE_OK, NULL);
+        else
+            cl_work_publish(&r->work, rc, "out of memory for the reply");
     }
     cl_store_msg_fini(&m);
     return COLLIE_OK;

@@ -26,11 +26,11 @@
 #include "store/auth.h"
 #include "store/server.h"
 
-#define STORE_SRV_BACKLOG 4096
+#define STORE_SRV_BACKLOG     4096
 #define STORE_SRV_RELISTEN_MS 100
 
-static void store_srv_on_accept(struct evconnlistener *lis, evutil_socket_t fd,
-                                struct sockaddr *sa, int salen, void *arg) {
+static void store_srv_on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
+                                int salen, void *arg) {
     CL_UNUSED(lis);
     collie_store_server *s = arg;
     const char *prev = cl_engine_set_activity(s->engine, "store server: accept");
@@ -63,7 +63,8 @@ static void store_srv_stop(collie_store_server *s, bool from_engine) {
     s->lis = NULL;
     if (s->relisten_ev) event_free(s->relisten_ev);
     s->relisten_ev = NULL;
-    while (s->conns) cl_store_srv_conn_free(s->conns);
+    while (s->conns)
+        cl_store_srv_conn_free(s->conns);
     cl_store_kv_destroy(s->kv);
     s->kv = NULL;
     if (!from_engine) cl_engine_remove_resident(s->engine, &s->resident);
@@ -102,9 +103,9 @@ static void store_srv_start_call(void *arg) {
     socklen_t blen = sizeof bound;
     if (getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&bound, &blen) == 0) {
         cl_store_addr_format((struct sockaddr *)&bound, s->name, sizeof s->name);
-        uint16_t port = ntohs(bound.ss_family == AF_INET6
-                                  ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                  : ((struct sockaddr_in *)&bound)->sin_port);
+        uint16_t port =
+            ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
         atomic_store(&s->port, port);
     }
     s->resident.shutdown = store_srv_on_engine_shutdown;
@@ -151,9 +152,9 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
     }
     snprintf(s->name, sizeof s->name, "%s%s%s:%u", strchr(host, ':') ? "[" : "", host,
              strchr(host, ':') ? "]" : "", (unsigned)port);
-    CL_CHECK_GOTO(cl_store_auth_token(cl_opt(o, token, NULL), "collie_store_server_create",
-                                      &s->token),
-                  res, out);
+    CL_CHECK_GOTO(
+        cl_store_auth_token(cl_opt(o, token, NULL), "collie_store_server_create", &s->token), res,
+        out);
     s->token_len = s->token ? strlen(s->token) : 0;
     uint32_t v;
     s->lim.max_key_size = (v = cl_opt(o, max_key_size, 0)) ? v : 4096;
@@ -165,8 +166,8 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
         res = cl_set_last_error(COLLIE_EINVAL,
                                 "store server: max_key_size %u or max_value_size %u exceeds the "
                                 "protocol's limits (%u, %u)",
-                                s->lim.max_key_size, s->lim.max_value_size,
-                                CL_STORE_PROTO_MAX_KEY, CL_STORE_PROTO_MAX_BODY / 2);
+                                s->lim.max_key_size, s->lim.max_value_size, CL_STORE_PROTO_MAX_KEY,
+                                CL_STORE_PROTO_MAX_BODY / 2);
         goto out;
     }
     /* one request carries at most a value and a key, or a multi_set /
@@ -233,8 +234,7 @@ void collie_store_server_destroy(collie_store_server *s) {
     if (!atomic_load_explicit(&s->shut, memory_order_acquire)) {
         int rc = cl_engine_call(s->engine, store_srv_stop_call, s, CL_ENGINE_CALL_TIMEOUT_MS);
         if (rc == COLLIE_ETIMEDOUT) {
-            CL_ERROR("store", "server %s: the engine did not stop it in time; leaking it",
-                     s->name);
+            CL_ERROR("store", "server %s: the engine did not stop it in time; leaking it", s->name);
             return;
         }
     }

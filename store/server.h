@@ -36,8 +36,8 @@ typedef struct store_srv_conn store_srv_conn;
 
 /* A waiting request (get, wait, multi_get, barrier) of one connection. */
 typedef struct store_srv_wait {
-    cl_store_waiter kw;   /* registered in the server's key table */
-    cl_store_idnode node; /* node.id = the request id, in conn->waits */
+    cl_store_waiter kw;                 /* registered in the server's key table */
+    cl_store_idnode node;               /* node.id = the request id, in conn->waits */
     struct store_srv_wait *next, *prev; /* conn's list */
     store_srv_conn *conn;
     uint8_t op;

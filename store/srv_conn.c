@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine/common.h"
@@ -47,6 +48,10 @@ static void store_srv_conn_process(store_srv_conn *c);
 void cl_store_srv_conn_free(store_srv_conn *c) {
     collie_store_server *s = c->srv;
     cl_store_srv_drop_waits(c);
+    /* libevent defers the close(2) of a freed bufferevent to a later loop
+     * turn; the client must learn now (server destroy is synchronous) */
+    int fd = bufferevent_getfd(c->bev);
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
     bufferevent_free(c->bev);
     if (c->prev)
         c->prev->next = c->next;
@@ -75,7 +80,8 @@ int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t st
                       const cl_store_bytes *parts, size_t nparts) {
     if (c->closing) return COLLIE_OK; /* only the pending final reply goes out */
     size_t body = 0;
-    for (size_t i = 0; i < nparts; i++) body += parts[i].len;
+    for (size_t i = 0; i < nparts; i++)
+        body += parts[i].len;
     uint8_t hb[CL_STORE_HDR_LEN];
     cl_store_hdr h = {.version = CL_STORE_PROTO_VERSION,
                       .op = op,
@@ -100,7 +106,8 @@ void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int
                              const char *msg) {
     uint8_t lb[4];
     size_t len = strlen(msg);
-    for (int i = 0; i < 4; i++) lb[i] = (uint8_t)((uint32_t)len >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        lb[i] = (uint8_t)((uint32_t)len >> (8 * i));
     cl_store_bytes parts[2] = {{lb, 4}, {(const uint8_t *)msg, (uint32_t)len}};
     cl_store_srv_send(c, op | CL_STORE_OP_REPLY, req_id, status, parts, 2);
 }
@@ -153,8 +160,8 @@ static int store_srv_conn_auth(store_srv_conn *c, const cl_store_msg *m, char *w
     collie_store_server *s = c->srv;
     switch (m->num) {
     case CL_STORE_AUTH_PROOF:
-        if (!cl_store_auth_verify(s->token, s->token_len, false, c->cnonce, c->snonce,
-                                  m->vals[0].p, m->vals[0].len)) {
+        if (!cl_store_auth_verify(s->token, s->token_len, false, c->cnonce, c->snonce, m->vals[0].p,
+                                  m->vals[0].len)) {
             store_srv_conn_refuse(c, "wrong token (its proof does not verify)",
                                   "authentication failed: the client's token does not match "
                                   "the server's");
@@ -170,7 +177,9 @@ static int store_srv_conn_auth(store_srv_conn *c, const cl_store_msg *m, char *w
     case CL_STORE_AUTH_BAD_SERVER:
         snprintf(why, why_len, "the client rejected this server's proof (the tokens differ)");
         return COLLIE_EAUTH;
-    default: snprintf(why, why_len, "unknown auth kind %lld", (long long)m->num); return COLLIE_EPROTO;
+    default:
+        snprintf(why, why_len, "unknown auth kind %lld", (long long)m->num);
+        return COLLIE_EPROTO;
     }
 }
 
@@ -188,8 +197,9 @@ static int store_srv_conn_frame(store_srv_conn *c, const cl_store_hdr *h, cl_sto
         if (h->op == CL_STORE_OP_HELLO) break;
         if (h->op == CL_STORE_OP_AUTH) {
             if (m->num == CL_STORE_AUTH_BAD_SERVER && !c->srv->token) {
-                snprintf(why, why_len, "the client has a token but this server has none; "
-                                       "it refused to go on");
+                snprintf(why, why_len,
+                         "the client has a token but this server has none; "
+                         "it refused to go on");
                 return COLLIE_EAUTH;
             }
             break;
@@ -225,6 +235,15 @@ static void store_srv_conn_process(store_srv_conn *c) {
         evbuffer_copyout(in, hb, sizeof hb);
         uint32_t max = c->state == STORE_SRV_READY ? s->max_body : CL_STORE_SRV_HELLO_MAX_BODY;
         if (cl_store_hdr_decode(hb, max, &h, why, sizeof why) != COLLIE_OK) {
+            if (c->state == STORE_SRV_HELLO && hb[0] == (CL_STORE_MAGIC & 0xff) &&
+                hb[1] == (CL_STORE_MAGIC >> 8) && h.version != CL_STORE_PROTO_VERSION) {
+                /* a client of another version: tell it why before hanging up
+                 * (magic and version sit at the same offsets in every version) */
+                CL_WARN("store", "server %s: refused client %s: %s", s->name, c->peer, why);
+                cl_store_srv_send_error(c, CL_STORE_OP_HELLO, h.req_id, COLLIE_EPROTO, why);
+                store_srv_conn_close_after_flush(c);
+                return;
+            }
             store_srv_conn_reject(c, why);
             return;
         }
@@ -243,8 +262,8 @@ static void store_srv_conn_process(store_srv_conn *c) {
             return;
         }
         cl_store_msg m;
-        int rc = cl_store_req_decode(h.op, frame + CL_STORE_HDR_LEN, h.body_len, &m, why,
-                                     sizeof why);
+        int rc =
+            cl_store_req_decode(h.op, frame + CL_STORE_HDR_LEN, h.body_len, &m, why, sizeof why);
         if (rc == COLLIE_OK) {
             rc = store_srv_conn_frame(c, &h, &m, why, sizeof why);
             cl_store_msg_fini(&m);
@@ -314,8 +333,9 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
         int64_t now = cl_now_ns();
         s->refused++;
         if (now - s->refused_log_ns >= 1000 * CL_NS_PER_MS) {
-            CL_WARN("store", "server %s: refusing %s: %zu connections open (max_connections %u)"
-                             "; %llu refused since the last report",
+            CL_WARN("store",
+                    "server %s: refusing %s: %zu connections open (max_connections %u)"
+                    "; %llu refused since the last report",
                     s->name, peer, n, s->max_conns, (unsigned long long)s->refused);
             s->refused_log_ns = now;
             s->refused = 0;
@@ -343,8 +363,8 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     s->conns = c;
     atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
     struct timeval hs = {STORE_SRV_HANDSHAKE_MS / 1000, (STORE_SRV_HANDSHAKE_MS % 1000) * 1000};
-    bufferevent_setcb(bev, store_srv_conn_on_read, store_srv_conn_on_write,
-                      store_srv_conn_on_event, c);
+    bufferevent_setcb(bev, store_srv_conn_on_read, store_srv_conn_on_write, store_srv_conn_on_event,
+                      c);
     bufferevent_set_timeouts(bev, &hs, NULL);
     store_srv_conn_want(c, CL_STORE_HDR_LEN);
     bufferevent_setwatermark(bev, EV_WRITE, CL_STORE_SRV_OUT_HIGH / 2, 0);

@@ -28,7 +28,8 @@
 #include "store/server.h"
 
 static void store_srv_le32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 static void store_srv_reply_empty(store_srv_conn *c, const cl_store_hdr *h) {
@@ -37,7 +38,8 @@ static void store_srv_reply_empty(store_srv_conn *c, const cl_store_hdr *h) {
 
 static void store_srv_reply_i64(store_srv_conn *c, const cl_store_hdr *h, int64_t v) {
     uint8_t b[8];
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)v >> (8 * i));
     cl_store_bytes part = {b, 8};
     cl_store_srv_send(c, h->op | CL_STORE_OP_REPLY, h->req_id, COLLIE_OK, &part, 1);
 }
@@ -70,7 +72,8 @@ static void store_srv_wait_free(store_srv_wait *w) {
 }
 
 void cl_store_srv_drop_waits(store_srv_conn *c) {
-    while (c->wait_head) store_srv_wait_free(c->wait_head);
+    while (c->wait_head)
+        store_srv_wait_free(c->wait_head);
     cl_store_idmap_fini(&c->waits);
 }
 
@@ -125,8 +128,7 @@ static void store_srv_answer_multi_get(store_srv_wait *w) {
     uint8_t *lens = malloc((size_t)n * 4 + 4);
     cl_store_bytes *parts = malloc(((size_t)n * 2 + 1) * sizeof *parts);
     if (!lens || !parts) {
-        cl_store_srv_send_error(w->conn, w->op, w->node.id, COLLIE_ENOMEM,
-                                "server out of memory");
+        cl_store_srv_send_error(w->conn, w->op, w->node.id, COLLIE_ENOMEM, "server out of memory");
         goto out;
     }
     store_srv_le32(lens, n);
@@ -213,19 +215,25 @@ int cl_store_srv_dispatch(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg
         rc = h->op == CL_STORE_OP_SET
                  ? cl_store_kv_set(kv, k->p, k->len, m->vals[0].p, m->vals[0].len)
                  : cl_store_kv_append(kv, k->p, k->len, m->vals[0].p, m->vals[0].len);
-        if (rc != COLLIE_OK) store_srv_reply_kv_error(c, h, rc);
-        else store_srv_reply_empty(c, h);
+        if (rc != COLLIE_OK)
+            store_srv_reply_kv_error(c, h, rc);
+        else
+            store_srv_reply_empty(c, h);
         break;
     case CL_STORE_OP_ADD:
         rc = cl_store_kv_add(kv, k->p, k->len, m->num, &v);
-        if (rc != COLLIE_OK) store_srv_reply_kv_error(c, h, rc);
-        else store_srv_reply_i64(c, h, v);
+        if (rc != COLLIE_OK)
+            store_srv_reply_kv_error(c, h, rc);
+        else
+            store_srv_reply_i64(c, h, v);
         break;
     case CL_STORE_OP_COMPARE_SET:
-        rc = cl_store_kv_compare_set(kv, k->p, k->len, m->vals[0].p, m->vals[0].len,
-                                     m->vals[1].p, m->vals[1].len, &cur, &curlen);
-        if (rc != COLLIE_OK) store_srv_reply_kv_error(c, h, rc);
-        else store_srv_reply_value(c, h->op, h->req_id, cur, curlen);
+        rc = cl_store_kv_compare_set(kv, k->p, k->len, m->vals[0].p, m->vals[0].len, m->vals[1].p,
+                                     m->vals[1].len, &cur, &curlen);
+        if (rc != COLLIE_OK)
+            store_srv_reply_kv_error(c, h, rc);
+        else
+            store_srv_reply_value(c, h->op, h->req_id, cur, curlen);
         break;
     case CL_STORE_OP_DELETE:
         cl_store_kv_delete(kv, k->p, k->len, &existed);
@@ -235,8 +243,10 @@ int cl_store_srv_dispatch(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg
     case CL_STORE_OP_CHECK: store_srv_check(c, h, m); break;
     case CL_STORE_OP_MULTI_SET:
         rc = cl_store_kv_multi_set(kv, m->n, m->keys, m->vals);
-        if (rc != COLLIE_OK) store_srv_reply_kv_error(c, h, rc);
-        else store_srv_reply_empty(c, h);
+        if (rc != COLLIE_OK)
+            store_srv_reply_kv_error(c, h, rc);
+        else
+            store_srv_reply_empty(c, h);
         break;
     case CL_STORE_OP_GET:
     case CL_STORE_OP_WAIT:
@@ -245,8 +255,10 @@ int cl_store_srv_dispatch(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg
         rc = store_srv_wait_admit(c, h, why, why_len);
         if (rc == COLLIE_EPROTO) return rc;
         if (rc != COLLIE_OK) break;
-        if (h->op == CL_STORE_OP_BARRIER) store_srv_barrier(c, h, m);
-        else store_srv_wait_begin(c, h, m, CL_STORE_WAIT_EXISTS, 0);
+        if (h->op == CL_STORE_OP_BARRIER)
+            store_srv_barrier(c, h, m);
+        else
+            store_srv_wait_begin(c, h, m, CL_STORE_WAIT_EXISTS, 0);
         break;
     case CL_STORE_OP_CANCEL: store_srv_cancel(c, (uint32_t)m->num); break;
     default:

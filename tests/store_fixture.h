@@ -54,7 +54,8 @@ static inline collie_store_server *fx_server(collie_engine *e, uint16_t port,
                                              const collie_store_server_opts *o) {
     collie_store_server *s = NULL;
     int rc = collie_store_server_create(e, "127.0.0.1", port, o, &s);
-    if (rc != COLLIE_OK) fail_msg("server create: %s: %s", collie_status_name(rc), collie_last_error());
+    if (rc != COLLIE_OK)
+        fail_msg("server create: %s: %s", collie_status_name(rc), collie_last_error());
     return s;
 }
 
@@ -94,16 +95,17 @@ static inline int fx_wait(collie_work *w) {
 }
 
 /* Poll `cond` (a expression) every ms, bounded; true if it became true. */
-#define FX_EVENTUALLY(cond)                                                                       \
-    ({                                                                                            \
-        int64_t fx_until_ = fx_now_ms() + FX_WAIT_MS;                                             \
-        while (!(cond) && fx_now_ms() < fx_until_) fx_sleep_ms(1);                                \
-        (bool)(cond);                                                                             \
+#define FX_EVENTUALLY(cond)                                                                        \
+    ({                                                                                             \
+        int64_t fx_until_ = fx_now_ms() + FX_WAIT_MS;                                              \
+        while (!(cond) && fx_now_ms() < fx_until_)                                                 \
+            fx_sleep_ms(1);                                                                        \
+        (bool)(cond);                                                                              \
     })
 
 /* The path of the collie-store binary built next to this test. */
 static inline void fx_store_binary(char *buf, size_t len) {
-    const char *dir = getenv("COLLIE_BUILD_DIR");
+    const char *dir = getenv("CLTEST_BUILD_DIR");
     if (dir) {
         snprintf(buf, len, "%s/bin/collie-store", dir);
         if (access(buf, X_OK) == 0) return;

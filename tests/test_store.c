@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "harness.h"
 #include "store_fixture.h"
 
 #include "engine/engine.h"
@@ -23,7 +24,8 @@ typedef struct waits_probe {
 static void probe_waits(void *arg) {
     waits_probe *p = arg;
     p->waits = 0;
-    for (store_srv_conn *c = p->srv->conns; c; c = c->next) p->waits += c->nwaits;
+    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
+        p->waits += c->nwaits;
 }
 
 /* Waiting requests the server holds right now (read on its loop). */
@@ -149,7 +151,8 @@ static void test_async_results_and_accessors(void **state) {
     assert_int_equal(collie_store_post_compare_set(fx.st, "k", "v1", 2, "v2", 2, NULL, &cas),
                      COLLIE_OK);
     collie_work *all[] = {set, get, add, mg, nk, cas};
-    for (int i = 0; i < 6; i++) assert_int_equal(fx_wait(all[i]), COLLIE_OK);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(fx_wait(all[i]), COLLIE_OK);
 
     assert_value(get, "v1");
     assert_value(cas, "v2");
@@ -188,7 +191,8 @@ static void test_async_results_and_accessors(void **state) {
     assert_int_equal(fx_wait(pend), COLLIE_ECANCELED);
     assert_int_equal(collie_store_work_value(pend, &v, &len), COLLIE_ECANCELED);
     collie_work_release(pend);
-    for (int i = 0; i < 6; i++) collie_work_release(all[i]);
+    for (int i = 0; i < 6; i++)
+        collie_work_release(all[i]);
     fx_stop(&fx);
 }
 
@@ -286,9 +290,10 @@ static void test_cancel_drops_server_waiter(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- barrier ----------------------------------------------------------------------------------- */
+/* ---- barrier -----------------------------------------------------------------------------------
+ */
 
-#define BAR_N 4
+#define BAR_N      4
 #define BAR_ROUNDS 3
 
 static void test_barrier_rounds(void **state) {
@@ -296,17 +301,18 @@ static void test_barrier_rounds(void **state) {
     store_fx fx;
     fx_start(&fx, NULL, NULL);
     collie_store *cl[BAR_N];
-    for (int i = 0; i < BAR_N; i++) cl[i] = fx_client(fx.e, fx.addr, NULL, FX_WAIT_MS);
+    for (int i = 0; i < BAR_N; i++)
+        cl[i] = fx_client(fx.e, fx.addr, NULL, FX_WAIT_MS);
     for (int round = 0; round < BAR_ROUNDS; round++) {
         collie_work *w[BAR_N];
         for (int i = 0; i < BAR_N - 1; i++)
             assert_int_equal(collie_store_post_barrier(cl[i], "bar", BAR_N, NULL, &w[i]),
                              COLLIE_OK);
         assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == BAR_N - 1));
-        for (int i = 0; i < BAR_N - 1; i++) assert_false(collie_work_test(w[i]));
-        assert_int_equal(collie_store_post_barrier(cl[BAR_N - 1], "bar", BAR_N, NULL,
-                                                   &w[BAR_N - 1]),
-                         COLLIE_OK);
+        for (int i = 0; i < BAR_N - 1; i++)
+            assert_false(collie_work_test(w[i]));
+        assert_int_equal(
+            collie_store_post_barrier(cl[BAR_N - 1], "bar", BAR_N, NULL, &w[BAR_N - 1]), COLLIE_OK);
         for (int i = 0; i < BAR_N; i++) {
             assert_int_equal(fx_wait(w[i]), COLLIE_OK);
             collie_work_release(w[i]);
@@ -315,7 +321,34 @@ static void test_barrier_rounds(void **state) {
     int64_t count = 0; /* the counter is an ordinary integer key */
     assert_int_equal(collie_store_add(fx.st, "bar", 0, 2000, &count), COLLIE_OK);
     assert_int_equal(count, BAR_N * BAR_ROUNDS);
-    for (int i = 0; i < BAR_N; i++) collie_store_destroy(cl[i]);
+    for (int i = 0; i < BAR_N; i++)
+        collie_store_destroy(cl[i]);
+    fx_stop(&fx);
+}
+
+/* A rendezvous of many clients: one request and one reply each. */
+static void test_barrier_many_clients(void **state) {
+    (void)state;
+    enum { N = 300 };
+    store_fx fx;
+    fx_start(&fx, NULL, NULL);
+    collie_store **cl = calloc(N, sizeof *cl);
+    collie_work **w = calloc(N, sizeof *w);
+    for (int i = 0; i < N; i++)
+        cl[i] = fx_client(fx.e, fx.addr, NULL, FX_WAIT_MS);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++)
+            assert_int_equal(collie_store_post_barrier(cl[i], "many", N, NULL, &w[i]), COLLIE_OK);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(fx_wait(w[i]), COLLIE_OK);
+            collie_work_release(w[i]);
+        }
+    }
+    assert_int_equal(collie_store_server_num_connections(fx.srv), N); /* fx.st never connected */
+    for (int i = 0; i < N; i++)
+        collie_store_destroy(cl[i]);
+    free(cl);
+    free(w);
     fx_stop(&fx);
 }
 
@@ -349,7 +382,8 @@ static void test_barrier_threads(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- prefix views ------------------------------------------------------------------------------- */
+/* ---- prefix views -------------------------------------------------------------------------------
+ */
 
 static void test_prefix_views(void **state) {
     (void)state;
@@ -387,11 +421,12 @@ static void test_prefix_views(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- concurrency ------------------------------------------------------------------------------------ */
+/* ---- concurrency
+ * ------------------------------------------------------------------------------------ */
 
 #define MT_THREADS 8
-#define MT_OPS 10000
-#define MT_BATCH 100
+#define MT_OPS     10000
+#define MT_BATCH   100
 
 typedef struct mt_arg {
     collie_store *st;
@@ -490,15 +525,16 @@ static void test_many_threads_consistent(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- arguments, limits ----------------------------------------------------------------------------- */
+/* ---- arguments, limits
+ * ----------------------------------------------------------------------------- */
 
 /* The call must fail with EINVAL, leave the work NULL and explain itself. */
-#define EXPECT_EINVAL(call)                                                                       \
-    do {                                                                                          \
-        w = (collie_work *)1;                                                                     \
-        assert_int_equal((call), COLLIE_EINVAL);                                                  \
-        assert_null(w);                                                                           \
-        assert_true(collie_last_error()[0] != '\0');                                              \
+#define EXPECT_EINVAL(call)                                                                        \
+    do {                                                                                           \
+        w = (collie_work *)1;                                                                      \
+        assert_int_equal((call), COLLIE_EINVAL);                                                   \
+        assert_null(w);                                                                            \
+        assert_true(collie_last_error()[0] != '\0');                                               \
     } while (0)
 
 static void test_invalid_arguments(void **state) {
@@ -573,9 +609,9 @@ static void test_invalid_arguments(void **state) {
     sso.size = 1;
     assert_int_equal(collie_store_server_create(fx.e, "127.0.0.1", 0, &sso, &srv), COLLIE_EINVAL);
     /* a port in use */
-    assert_int_equal(collie_store_server_create(fx.e, "127.0.0.1",
-                                                collie_store_server_port(fx.srv), NULL, &srv),
-                     COLLIE_ESYSTEM);
+    assert_int_equal(
+        collie_store_server_create(fx.e, "127.0.0.1", collie_store_server_port(fx.srv), NULL, &srv),
+        COLLIE_ESYSTEM);
     assert_non_null(strstr(collie_last_error(), "in use"));
 
     /* no side effects: nothing was ever sent, no connection was even made */
@@ -622,7 +658,8 @@ static void test_big_value(void **state) {
     fx_start(&fx, NULL, NULL);
     size_t n = 8u << 20;
     char *big = malloc(n);
-    for (size_t i = 0; i < n; i++) big[i] = (char)(i * 31 + 7);
+    for (size_t i = 0; i < n; i++)
+        big[i] = (char)(i * 31 + 7);
     assert_int_equal(collie_store_set(fx.st, "big", big, n, FX_WAIT_MS), COLLIE_OK);
     void *v = NULL;
     size_t len = 0;
@@ -634,7 +671,8 @@ static void test_big_value(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- callbacks, completion queues, the progress thread ------------------------------------------------ */
+/* ---- callbacks, completion queues, the progress thread
+ * ------------------------------------------------ */
 
 typedef struct cb_state {
     _Atomic int calls;
@@ -646,10 +684,10 @@ typedef struct cb_state {
 static void on_done(collie_work *w, void *arg) {
     cb_state *s = arg;
     (void)w;
-    atomic_fetch_add(&s->calls, 1);
     /* on the progress thread a sync call must refuse, a post must work */
     s->sync_rc = collie_store_set(s->st, "from_cb", "x", 1, 1000);
     s->post_rc = collie_store_post_set(s->st, "from_cb", "y", 1, NULL, &s->posted);
+    atomic_fetch_add(&s->calls, 1); /* last: publishes the fields above */
 }
 
 static void test_callback_and_cq(void **state) {
@@ -683,7 +721,8 @@ static void test_callback_and_cq(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- shutdown with requests pending -------------------------------------------------------------------- */
+/* ---- shutdown with requests pending
+ * -------------------------------------------------------------------- */
 
 static void test_engine_destroy_with_pending(void **state) {
     (void)state;
@@ -719,7 +758,43 @@ static void test_store_destroy_with_pending(void **state) {
     fx_stop(&fx);
 }
 
+/* ---- IPv6, and nothing left behind
+ * -------------------------------------------------------------------- */
+
+static void test_ipv6(void **state) {
+    (void)state;
+    collie_engine *e = fx_engine();
+    collie_store_server *srv = NULL;
+    if (collie_store_server_create(e, "::1", 0, NULL, &srv) != COLLIE_OK) {
+        assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+        skip(); /* no IPv6 loopback here */
+    }
+    char addr[64];
+    snprintf(addr, sizeof addr, "[::1]:%u", collie_store_server_port(srv));
+    collie_store *st = fx_client(e, addr, NULL, FX_WAIT_MS);
+    assert_int_equal(collie_store_set(st, "k", "v6", 2, 2000), COLLIE_OK);
+    sync_get_is(st, "k", "v6");
+    assert_string_equal(collie_store_address(st), addr);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+static int baseline_fds, baseline_threads;
+
+static void test_nothing_left_outstanding(void **state) {
+    (void)state;
+    assert_true(FX_EVENTUALLY(count_open_fds() == baseline_fds));
+    assert_int_equal(count_threads(), baseline_threads);
+}
+
 int main(void) {
+    store_fx warm; /* first use initialises libcrypto and libevent globals */
+    fx_start(&warm, NULL, NULL);
+    assert_int_equal(collie_store_set(warm.st, "k", "v", 1, 2000), COLLIE_OK);
+    fx_stop(&warm);
+    baseline_fds = count_open_fds();
+    baseline_threads = count_threads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_ops),
         cmocka_unit_test(test_async_results_and_accessors),
@@ -728,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_drops_server_waiter),
         cmocka_unit_test(test_barrier_rounds),
         cmocka_unit_test(test_barrier_threads),
+        cmocka_unit_test(test_barrier_many_clients),
         cmocka_unit_test(test_prefix_views),
         cmocka_unit_test(test_many_threads_consistent),
         cmocka_unit_test(test_invalid_arguments),
@@ -736,6 +812,8 @@ int main(void) {
         cmocka_unit_test(test_callback_and_cq),
         cmocka_unit_test(test_engine_destroy_with_pending),
         cmocka_unit_test(test_store_destroy_with_pending),
+        cmocka_unit_test(test_ipv6),
+        cmocka_unit_test(test_nothing_left_outstanding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

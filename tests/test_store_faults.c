@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include "harness.h"
 #include "store_fixture.h"
 
 #include "engine/engine.h"
@@ -29,7 +30,8 @@ typedef struct waits_probe {
 static void probe_waits(void *arg) {
     waits_probe *p = arg;
     p->waits = 0;
-    for (store_srv_conn *c = p->srv->conns; c; c = c->next) p->waits += c->nwaits;
+    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
+        p->waits += c->nwaits;
 }
 
 static size_t server_waits(collie_engine *e, collie_store_server *srv) {
@@ -66,7 +68,8 @@ static bool raw_closed_within(int fd, int ms) {
 }
 
 static void put_hdr(uint8_t *buf, uint8_t op, uint32_t body_len) {
-    cl_store_hdr h = {.version = CL_STORE_PROTO_VERSION, .op = op, .body_len = body_len, .req_id = 1};
+    cl_store_hdr h = {
+        .version = CL_STORE_PROTO_VERSION, .op = op, .body_len = body_len, .req_id = 1};
     cl_store_hdr_encode(buf, &h);
 }
 
@@ -82,7 +85,8 @@ static void raw_hello(int fd) {
     cl_store_wbuf_fini(&b);
 }
 
-/* ---- a child collie-store ------------------------------------------------------------------------ */
+/* ---- a child collie-store
+ * ------------------------------------------------------------------------ */
 
 typedef struct child {
     pid_t pid;
@@ -98,7 +102,8 @@ static bool child_start(child *c, const char *const *args) {
     int pfd[2];
     assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
     const char *argv[16] = {bin};
-    for (int i = 0; args[i] && i < 14; i++) argv[i + 1] = args[i];
+    for (int i = 0; args[i] && i < 14; i++)
+        argv[i + 1] = args[i];
     c->pid = fork();
     assert_true(c->pid >= 0);
     if (c->pid == 0) {
@@ -156,7 +161,8 @@ static int child_run(const char *const *args) {
     return child_wait(&c, FX_WAIT_MS);
 }
 
-/* ---- the server goes away ---------------------------------------------------------------------------- */
+/* ---- the server goes away
+ * ---------------------------------------------------------------------------- */
 
 static void test_server_destroyed_mid_wait(void **state) {
     (void)state;
@@ -263,7 +269,8 @@ static void test_store_process_killed_mid_wait(void **state) {
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
 }
 
-/* ---- the collie-store binary ------------------------------------------------------------------------ */
+/* ---- the collie-store binary
+ * ------------------------------------------------------------------------ */
 
 static void test_store_process_sigterm_and_usage(void **state) {
     (void)state;
@@ -330,7 +337,8 @@ static void test_store_process_token_file(void **state) {
     unlink(path);
 }
 
-/* ---- hostile input on the server port ------------------------------------------------------------------ */
+/* ---- hostile input on the server port
+ * ------------------------------------------------------------------ */
 
 static void test_garbage_closes_only_that_connection(void **state) {
     (void)state;
@@ -346,7 +354,8 @@ static void test_garbage_closes_only_that_connection(void **state) {
     for (int round = 0; round < 5; round++) {
         int fd = raw_connect(port);
         uint8_t junk[4096];
-        for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)rand();
+        for (size_t i = 0; i < sizeof junk; i++)
+            junk[i] = (uint8_t)rand();
         raw_send(fd, junk, sizeof junk);
         assert_true(raw_closed_within(fd, 2000));
         close(fd);
@@ -420,10 +429,19 @@ static void test_oversized_and_malformed_frames(void **state) {
     raw_send(fd, hdr, sizeof hdr);
     assert_true(raw_closed_within(fd, 2000));
     close(fd);
+    /* a client of another protocol version is told why, then closed */
     fd = raw_connect(port);
     put_hdr(hdr, CL_STORE_OP_HELLO, 0);
     hdr[2] = CL_STORE_PROTO_VERSION + 1;
     raw_send(fd, hdr, sizeof hdr);
+    struct pollfd pfd = {fd, POLLIN, 0};
+    assert_int_equal(poll(&pfd, 1, 2000), 1);
+    uint8_t reply[CL_STORE_HDR_LEN];
+    assert_int_equal(recv(fd, reply, sizeof reply, MSG_WAITALL), (ssize_t)sizeof reply);
+    cl_store_hdr rh;
+    assert_int_equal(cl_store_hdr_decode(reply, 1024, &rh, NULL, 0), COLLIE_OK);
+    assert_int_equal(rh.op, CL_STORE_OP_HELLO | CL_STORE_OP_REPLY);
+    assert_int_equal(rh.status, COLLIE_EPROTO);
     assert_true(raw_closed_within(fd, 2000));
     close(fd);
 
@@ -456,7 +474,8 @@ static void test_connection_limit(void **state) {
     fx_stop(&fx);
 }
 
-/* ---- authentication ---------------------------------------------------------------------------------- */
+/* ---- authentication
+ * ---------------------------------------------------------------------------------- */
 
 /* Capture what collie logs (stderr) while `body` runs. */
 typedef struct log_capture {
@@ -548,8 +567,25 @@ static void test_auth_token_against_tokenless_server(void **state) {
     fx_stop(&fx);
 }
 
+/* ---- nothing left behind
+ * ------------------------------------------------------------------------------ */
+
+static int baseline_fds, baseline_threads;
+
+static void test_nothing_left_outstanding(void **state) {
+    (void)state;
+    assert_true(FX_EVENTUALLY(count_open_fds() == baseline_fds));
+    assert_int_equal(count_threads(), baseline_threads);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
+    store_fx warm; /* first use initialises libcrypto and libevent globals */
+    fx_start(&warm, NULL, NULL);
+    assert_int_equal(collie_store_set(warm.st, "k", "v", 1, 2000), COLLIE_OK);
+    fx_stop(&warm);
+    baseline_fds = count_open_fds();
+    baseline_threads = count_threads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_destroyed_mid_wait),
         cmocka_unit_test(test_unreachable_times_out),
@@ -562,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_connection_limit),
         cmocka_unit_test(test_auth_success_and_refusals),
         cmocka_unit_test(test_auth_token_against_tokenless_server),
+        cmocka_unit_test(test_nothing_left_outstanding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,7 +23,9 @@
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static cl_store_bytes B(const char *s) { return (cl_store_bytes){(const uint8_t *)s, (uint32_t)strlen(s)}; }
+static cl_store_bytes B(const char *s) {
+    return (cl_store_bytes){(const uint8_t *)s, (uint32_t)strlen(s)};
+}
 
 static bool bytes_eq(cl_store_bytes b, const char *s) {
     return b.len == strlen(s) && memcmp(b.p, s, b.len) == 0;
@@ -77,8 +79,7 @@ static void test_hdr_roundtrip(void **state) {
 
 static void test_hdr_rejects(void **state) {
     (void)state;
-    cl_store_hdr h = {.version = CL_STORE_PROTO_VERSION, .op = CL_STORE_OP_SET, .body_len = 100},
-                 g;
+    cl_store_hdr h = {.version = CL_STORE_PROTO_VERSION, .op = CL_STORE_OP_SET, .body_len = 100}, g;
     uint8_t buf[CL_STORE_HDR_LEN];
     char why[128];
     cl_store_hdr_encode(buf, &h);
@@ -174,11 +175,13 @@ static void test_req_multi_key_ops(void **state) {
     const char *keys[] = {"a", "bb", "", "dddd"};
     cl_store_wbuf b = enc_begin(CL_STORE_OP_MULTI_GET);
     cl_store_put_u32(&b, 4);
-    for (int i = 0; i < 4; i++) cl_store_put_bytes(&b, keys[i], strlen(keys[i]));
+    for (int i = 0; i < 4; i++)
+        cl_store_put_bytes(&b, keys[i], strlen(keys[i]));
     enc_end(&b);
     assert_int_equal(dec_req(&b, &m), COLLIE_OK);
     assert_int_equal(m.n, 4);
-    for (int i = 0; i < 4; i++) assert_true(bytes_eq(m.keys[i], keys[i]));
+    for (int i = 0; i < 4; i++)
+        assert_true(bytes_eq(m.keys[i], keys[i]));
     cl_store_msg_fini(&m);
     cl_store_wbuf_fini(&b);
 
@@ -285,14 +288,16 @@ static void test_req_fuzz(void **state) {
     uint8_t buf[96];
     for (int iter = 0; iter < 20000; iter++) {
         size_t len = (size_t)(rand() % (int)sizeof buf);
-        for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)rand();
+        for (size_t i = 0; i < len; i++)
+            buf[i] = (uint8_t)rand();
         /* small lengths make the interesting paths reachable */
         if (len >= 4 && iter % 2) buf[0] = (uint8_t)(rand() % 6), buf[1] = buf[2] = buf[3] = 0;
         uint8_t op = (uint8_t)(1 + iter % (CL_STORE_OP_COUNT_ - 1));
         cl_store_msg m;
         if (cl_store_req_decode(op, buf, len, &m, NULL, 0) == COLLIE_OK) {
             for (uint32_t i = 0; i < m.n && op != CL_STORE_OP_HELLO; i++)
-                if (m.keys[i].len) assert_true(m.keys[i].p >= buf && m.keys[i].p + m.keys[i].len <= buf + len);
+                if (m.keys[i].len)
+                    assert_true(m.keys[i].p >= buf && m.keys[i].p + m.keys[i].len <= buf + len);
             cl_store_msg_fini(&m);
         }
         if (cl_store_reply_decode(op, iter % 3 ? 0 : -1, buf, len, &m, NULL, 0) == COLLIE_OK)
@@ -435,7 +440,8 @@ static void test_kv_add_append_cas(void **state) {
     assert_true(kv_is(kv, "s", "12a"));
 
     assert_int_equal(cl_store_kv_append(kv, "ap", 2, "ab", 2), COLLIE_OK); /* creates */
-    for (int i = 0; i < 20; i++) assert_int_equal(cl_store_kv_append(kv, "ap", 2, "c", 1), COLLIE_OK);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(cl_store_kv_append(kv, "ap", 2, "c", 1), COLLIE_OK);
     assert_true(kv_is(kv, "ap", "abcccccccccccccccccccc"));
 
     const uint8_t *cur;
@@ -538,8 +544,10 @@ static void test_kv_barrier_waiters(void **state) {
 static void test_siphash_vector(void **state) {
     (void)state;
     uint8_t key[16], msg[15];
-    for (int i = 0; i < 16; i++) key[i] = (uint8_t)i;
-    for (int i = 0; i < 15; i++) msg[i] = (uint8_t)i;
+    for (int i = 0; i < 16; i++)
+        key[i] = (uint8_t)i;
+    for (int i = 0; i < 15; i++)
+        msg[i] = (uint8_t)i;
     /* the reference vector from the SipHash paper (appendix A) */
     assert_true(cl_store_siphash(key, msg, 15) == 0xa129ca6149be45e5ULL);
     assert_true(cl_store_siphash(key, "", 0) == 0x726fdb47dd0e0e31ULL);
@@ -593,12 +601,14 @@ static void test_auth_proofs(void **state) {
     assert_false(cl_store_auth_verify("secret", 6, true, cn, sn, NULL, 0));
     /* known answer: HMAC-SHA256(token, label | cnonce | snonce), computed
      * independently with Python's hmac module */
-    static const uint8_t want_server[32] = {
-        0xf8, 0xbc, 0x22, 0x1e, 0x57, 0x30, 0xf0, 0x4c, 0x76, 0xfd, 0xe2, 0x6d, 0x09, 0xc8, 0x2a, 0xca,
-        0xb7, 0x86, 0xb8, 0x47, 0x60, 0xeb, 0x0e, 0xa6, 0x78, 0xbd, 0x3f, 0x91, 0x67, 0x6a, 0xe0, 0xf8};
-    static const uint8_t want_client[32] = {
-        0x85, 0x80, 0x77, 0xa8, 0x54, 0xde, 0xc7, 0x09, 0xb2, 0x11, 0xaa, 0x3a, 0x4f, 0x8d, 0x34, 0xbd,
-        0x75, 0x54, 0xb6, 0x7e, 0x50, 0xc6, 0x9a, 0xb5, 0xa5, 0x2e, 0xa4, 0x8c, 0x8e, 0x5f, 0xdd, 0xae};
+    static const uint8_t want_server[32] = {0xf8, 0xbc, 0x22, 0x1e, 0x57, 0x30, 0xf0, 0x4c,
+                                            0x76, 0xfd, 0xe2, 0x6d, 0x09, 0xc8, 0x2a, 0xca,
+                                            0xb7, 0x86, 0xb8, 0x47, 0x60, 0xeb, 0x0e, 0xa6,
+                                            0x78, 0xbd, 0x3f, 0x91, 0x67, 0x6a, 0xe0, 0xf8};
+    static const uint8_t want_client[32] = {0x85, 0x80, 0x77, 0xa8, 0x54, 0xde, 0xc7, 0x09,
+                                            0xb2, 0x11, 0xaa, 0x3a, 0x4f, 0x8d, 0x34, 0xbd,
+                                            0x75, 0x54, 0xb6, 0x7e, 0x50, 0xc6, 0x9a, 0xb5,
+                                            0xa5, 0x2e, 0xa4, 0x8c, 0x8e, 0x5f, 0xdd, 0xae};
     memset(cn, 1, sizeof cn);
     memset(sn, 2, sizeof sn);
     assert_int_equal(cl_store_auth_proof("secret", 6, true, cn, sn, p1), COLLIE_OK);
@@ -625,8 +635,8 @@ static void test_addr_parse(void **state) {
     assert_int_equal(port, 65535);
     assert_int_equal(cl_store_addr_parse("node-3.cluster:1", host, sizeof host, &port), COLLIE_OK);
     assert_string_equal(host, "node-3.cluster");
-    const char *bad[] = {"127.0.0.1", "127.0.0.1:", ":5000", "h:0", "h:65536", "h:12x",
-                         "::1:5000", "[::1]5000", "h:-1"};
+    const char *bad[] = {"127.0.0.1", "127.0.0.1:", ":5000",     "h:0", "h:65536",
+                         "h:12x",     "::1:5000",   "[::1]5000", "h:-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(cl_store_addr_parse(bad[i], host, sizeof host, &port), COLLIE_EINVAL);
         assert_non_null(strstr(collie_last_error(), bad[i]));

@@ -26,20 +26,19 @@
 #define STORE_TOOL_TOKEN_MAX 4096
 
 static void store_tool_usage(FILE *f) {
-    fprintf(f,
-            "usage: collie-store --port P [--bind ADDR] [--token-file FILE]\n"
-            "                    [--max-keys N] [--max-key-size BYTES]\n"
-            "                    [--max-value-size BYTES] [--max-connections N]\n"
-            "       collie-store --settings | --help\n"
-            "\n"
-            "Serve a collie key/value store until SIGTERM or SIGINT.\n"
-            "  --port P            TCP port (0: pick a free one; it is printed)\n"
-            "  --bind ADDR         address to listen on (default 0.0.0.0; '::1', '127.0.0.1')\n"
-            "  --token-file FILE   require clients to prove they know the token in FILE\n"
-            "                      (trailing newline ignored); default: COLLIE_STORE_TOKEN\n"
-            "  --max-*             limits (defaults: 1000000 keys, 4096-byte keys,\n"
-            "                      64 MiB values, 16384 connections)\n"
-            "  --settings          print the COLLIE_* environment settings and exit\n");
+    fprintf(f, "usage: collie-store --port P [--bind ADDR] [--token-file FILE]\n"
+               "                    [--max-keys N] [--max-key-size BYTES]\n"
+               "                    [--max-value-size BYTES] [--max-connections N]\n"
+               "       collie-store --settings | --help\n"
+               "\n"
+               "Serve a collie key/value store until SIGTERM or SIGINT.\n"
+               "  --port P            TCP port (0: pick a free one; it is printed)\n"
+               "  --bind ADDR         address to listen on (default 0.0.0.0; '::1', '127.0.0.1')\n"
+               "  --token-file FILE   require clients to prove they know the token in FILE\n"
+               "                      (trailing newline ignored); default: COLLIE_STORE_TOKEN\n"
+               "  --max-*             limits (defaults: 1000000 keys, 4096-byte keys,\n"
+               "                      64 MiB values, 16384 connections)\n"
+               "  --settings          print the COLLIE_* environment settings and exit\n");
 }
 
 static int store_tool_bad_usage(const char *fmt, const char *arg) {
@@ -75,8 +74,8 @@ static int store_tool_read_token(const char *path, char *buf, size_t cap) {
         return 2;
     }
     buf[n] = '\0';
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
-                     buf[n - 1] == '\t'))
+    while (n > 0 &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
         buf[--n] = '\0';
     if (n == 0 || strlen(buf) != n) {
         fprintf(stderr, "collie-store: token file %s is empty or contains NUL bytes\n", path);
@@ -119,8 +118,7 @@ int main(int argc, char **argv) {
         case 'V':
         case 'C':
             if (!store_tool_parse_u32(optarg, UINT32_MAX, &v) || v == 0)
-                return store_tool_bad_usage("a limit must be a positive number, not '%s'",
-                                            optarg);
+                return store_tool_bad_usage("a limit must be a positive number, not '%s'", optarg);
             if (c == 'k') so.max_keys = v;
             if (c == 'K') so.max_key_size = v;
             if (c == 'V') so.max_value_size = v;
