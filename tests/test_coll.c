@@ -168,7 +168,7 @@ static void test_four_comms_four_threads(void **state) {
     thread_world tws[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "thread%d", i);
         world_create(&tws[i].w, 2, name, NULL);
         tws[i].index = i;

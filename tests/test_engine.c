@@ -23,7 +23,7 @@ static void test_create_destroy_cycles(void **state) {
     assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
     int fds = count_open_fds(), threads = count_threads();
-    int cycles = getenv("COLLIE_TEST_QUICK") ? 200 : 1000;
+    int cycles = getenv("CLTEST_QUICK") ? 200 : 1000;
     for (int i = 0; i < cycles; i++) {
         assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
         assert_non_null(e);

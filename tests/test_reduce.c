@@ -603,6 +603,35 @@ static void test_bf16_every_pattern_round_trips(void **state) {
     check_every_pattern(BF16, COLLIE_BF16, cl_bf16_to_float, cl_float_to_bf16);
 }
 
+/* AVG of every 16-bit pattern: divide in float, round once (checked
+ * against an exact division rounded by ref_encode). */
+static void check_avg_every_pattern(fmt16 f, collie_dtype dt) {
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h);
+    assert_non_null(h);
+    static const int divisors[] = {3, 6, 7, 1000};
+    for (size_t k = 0; k < sizeof divisors / sizeof divisors[0]; k++) {
+        for (uint32_t i = 0; i < N; i++)
+            h[i] = (uint16_t)i;
+        cl_reduce_finalize_avg(h, N, dt, divisors[k]);
+        for (uint32_t i = 0; i < N; i++) {
+            uint16_t want = ref_encode(f, ref_decode(f, (uint16_t)i) / divisors[k]);
+            if (f16_isnan(f, want))
+                assert_true(f16_isnan(f, h[i]));
+            else if (h[i] != want)
+                fail_msg("%s 0x%04x / %d = 0x%04x, want 0x%04x", collie_dtype_name(dt), i,
+                         divisors[k], h[i], want);
+        }
+    }
+    free(h);
+}
+
+static void test_fp16_bf16_avg_every_pattern(void **state) {
+    (void)state;
+    check_avg_every_pattern(FP16, COLLIE_FP16);
+    check_avg_every_pattern(BF16, COLLIE_BF16);
+}
+
 static uint16_t narrow1(void (*narrow)(void *, const float *, size_t), float x) {
     uint16_t h;
     narrow(&h, &x, 1);
@@ -776,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_fp_special_values),
         cmocka_unit_test(test_fp16_every_pattern_round_trips),
         cmocka_unit_test(test_bf16_every_pattern_round_trips),
+        cmocka_unit_test(test_fp16_bf16_avg_every_pattern),
         cmocka_unit_test(test_fp16_rounding_ties_to_even),
         cmocka_unit_test(test_bf16_rounding_ties_to_even),
         cmocka_unit_test(test_every_dtype_op_count_offset),

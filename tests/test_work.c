@@ -316,7 +316,7 @@ static void race_cb(collie_work *w, void *arg) {
 
 static void test_finish_cancel_deadline_race_exactly_one_wins(void **state) {
     collie_engine *e = *state;
-    int rounds = getenv("COLLIE_TEST_QUICK") ? 200 : 1000;
+    int rounds = getenv("CLTEST_QUICK") ? 200 : 1000;
     atomic_store(&race_cb_calls, 0);
     int wins_by[3] = {0, 0, 0}, deadline_wins = 0;
     for (int r = 0; r < rounds; r++) {

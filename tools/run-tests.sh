@@ -14,8 +14,9 @@ for t in "$@"; do
   log="$build/test-logs/$name.log"
   start=$(date +%s%N)
   # the bin dir first on PATH so tests can find collie-run/collie-store
+  # CLTEST_WRAP: a command prefix, e.g. "setarch x86_64 -R" for TSan
   PATH="$build/bin:$PATH" CLTEST_BUILD_DIR="$build" \
-    timeout -k 10 "$per_test_timeout" "$t" > "$log" 2>&1
+    timeout -k 10 "$per_test_timeout" ${CLTEST_WRAP:-} "$t" > "$log" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   secs="$((ms / 1000)).$(( (ms % 1000) / 100 ))"

@@ -59,8 +59,17 @@ typedef double red_f64 __attribute__((aligned(1)));
 /* RED_CLONES: also build an AVX2 copy of the function, picked at load time
  * (an ifunc). The fp16/bf16 conversions are compute bound and run 2-3x
  * faster with AVX2 (packusdw, 8 lanes); the kernels are memory bound and
- * stay baseline x86-64. Elsewhere it expands to nothing. */
-#if defined(__x86_64__) && defined(__GLIBC__) &&                                                   \
+ * stay baseline x86-64. Elsewhere it expands to nothing, and so under the
+ * sanitizers: an ifunc resolver runs before their runtime is initialised
+ * (TSan crashes in it at start-up). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define RED_NO_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define RED_NO_CLONES 1
+#endif
+#endif
+#if !defined(RED_NO_CLONES) && defined(__x86_64__) && defined(__GLIBC__) &&                        \
     (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 6)
 #define RED_CLONES __attribute__((target_clones("avx2", "default")))
 #else
