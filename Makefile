@@ -123,7 +123,7 @@ run: all
 	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
 
 # TSan runs the tests of the modules with the most cross-thread logic.
-TSAN_TESTS ?= engine work cq store coll
+TSAN_TESTS ?= engine work cq store coll comm
 
 test:
 	@rm -rf build/test-results

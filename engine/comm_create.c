@@ -30,7 +30,11 @@
 
 int cl_comm_attach_engine(collie_comm *c);
 
-enum create_step { STEP_JOIN, STEP_INIT, STEP_BARRIER, STEP_DONE };
+enum create_step { STEP_JOIN, STEP_INIT, STEP_BARRIER, STEP_COUNT, STEP_DONE };
+
+/* The create work's own deadline is a backstop behind the steps' (which
+ * carry the real bound and produce the precise message). */
+#define CREATE_GRACE_MS 1000
 
 typedef struct create_state {
     collie_work base; /* the "comm.create" work */
@@ -55,7 +59,7 @@ static void create_fail(create_state *cs, int status, const char *fmt, ...) {
 
 static int32_t create_remaining_ms(create_state *cs) {
     if (cs->base.deadline_ns == INT64_MAX) return COLLIE_TIMEOUT_INFINITE;
-    int64_t left = (cs->base.deadline_ns - cl_now_ns()) / CL_NS_PER_MS;
+    int64_t left = (cs->base.deadline_ns - cl_now_ns()) / CL_NS_PER_MS - CREATE_GRACE_MS;
     return left < 1 ? 1 : (int32_t)left;
 }
 
@@ -75,6 +79,10 @@ static int create_post_step(create_state *cs) {
     case STEP_BARRIER:
         snprintf(key, sizeof key, "%screated", c->prefix);
         return collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+    case STEP_COUNT: /* after a barrier timeout: how many ranks did arrive? */
+        snprintf(key, sizeof key, "%screated", c->prefix);
+        o.timeout_ms = 1000;
+        return collie_store_post_add(c->store, key, 0, &o, &cs->req);
     default: return COLLIE_EINVAL;
     }
 }
@@ -122,6 +130,29 @@ static void create_on_step(collie_work *w, void *arg) {
     cs->req = NULL;
     if (cs->step == STEP_DONE || cl_work_done(&cs->base)) {
         collie_work_release(w);
+        return;
+    }
+    if (cs->step == STEP_COUNT) {
+        int64_t arrived = 0;
+        if (st == COLLIE_OK) collie_store_work_int(w, &arrived);
+        collie_work_release(w);
+        if (st == COLLIE_OK)
+            create_fail(cs, COLLIE_ETIMEDOUT,
+                        "rank %d: not every rank arrived within %d ms: %lld of %d did "
+                        "(generation %llu)",
+                        c->rank, (int)c->create_timeout_ms, (long long)arrived, c->size,
+                        (unsigned long long)c->generation);
+        else
+            create_fail(cs, COLLIE_ETIMEDOUT, "rank %d: not every rank arrived within %d ms",
+                        c->rank, (int)c->create_timeout_ms);
+        return;
+    }
+    if (st == COLLIE_ETIMEDOUT && cs->step == STEP_BARRIER) {
+        collie_work_release(w);
+        cs->step = STEP_COUNT;
+        if (create_post_step(cs) != COLLIE_OK)
+            create_fail(cs, COLLIE_ETIMEDOUT, "rank %d: not every rank arrived within %d ms",
+                        c->rank, (int)c->create_timeout_ms);
         return;
     }
     if (st != COLLIE_OK) {
@@ -306,8 +337,10 @@ int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int
         return COLLIE_ENOMEM;
     }
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
-    po.timeout_ms = c->create_timeout_ms;
-    cl_work_init(&cs->base, e, &create_ops, &po, c->create_timeout_ms);
+    po.timeout_ms = c->create_timeout_ms == COLLIE_TIMEOUT_INFINITE
+                        ? COLLIE_TIMEOUT_INFINITE
+                        : c->create_timeout_ms + CREATE_GRACE_MS;
+    cl_work_init(&cs->base, e, &create_ops, &po, po.timeout_ms);
     cs->comm = c;
     cl_comm_hold(c); /* the create state's */
     if ((res = cl_comm_attach_engine(c)) != COLLIE_OK) {

@@ -1,0 +1,359 @@
+/*
+ * test_comm.c — communicator lifetime: option checks, non-blocking
+ * creation with collectives queued behind it, creation timeouts,
+ * generations, abort and destroy (bounded, idempotent), buffers left alone
+ * after an error, engine shutdown under live comms, error policy settings.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "engine/config.h"
+#include "harness.h"
+
+typedef struct mini {
+    collie_engine *e;
+    collie_store_server *srv;
+    char addr[64];
+    collie_store *st[4];
+} mini;
+
+static void mini_up(mini *m, int nstores) {
+    memset(m, 0, sizeof *m);
+    assert_int_equal(collie_engine_create(NULL, &m->e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(m->e, "127.0.0.1", 0, NULL, &m->srv), COLLIE_OK);
+    snprintf(m->addr, sizeof m->addr, "127.0.0.1:%u", collie_store_server_port(m->srv));
+    for (int i = 0; i < nstores; i++)
+        assert_int_equal(collie_store_connect(m->e, m->addr, NULL, &m->st[i]), COLLIE_OK);
+}
+
+static void mini_down(mini *m) {
+    for (int i = 0; i < 4; i++)
+        collie_store_destroy(m->st[i]);
+    collie_store_server_destroy(m->srv);
+    assert_int_equal(collie_engine_destroy(m->e), COLLIE_OK);
+}
+
+static void test_create_rejects_bad_options(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 1);
+    collie_comm *c = (collie_comm *)0x1;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 2, 2, &o, &c), COLLIE_EINVAL);
+    assert_null(c);
+    assert_non_null(strstr(collie_last_error(), "rank 2"));
+    o.name = "bad name!";
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "not allowed"));
+    o = (collie_comm_opts)COLLIE_COMM_OPTS_INIT;
+    o.backend = "cpu:tcp,cpu:tcp";
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "device cpu given twice"));
+    o.backend = "quantum";
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "unknown backend 'quantum'"));
+    o.backend = "TCP";
+    o.policy = (collie_error_policy)77;
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_EINVAL);
+    o.policy = COLLIE_POLICY_DEFAULT;
+    o.timeout_ms = -5;
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_EINVAL);
+    collie_comm_opts unsized = {0};
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &unsized, &c), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "COLLIE_COMM_OPTS_INIT"));
+    o.timeout_ms = 0; /* the backend name is case-insensitive */
+    assert_int_equal(collie_comm_create(m.e, m.st[0], 0, 1, &o, &c), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(c), COLLIE_OK);
+    mini_down(&m);
+}
+
+/* Collectives posted before creation completes queue behind it. */
+static void test_nonblocking_create_queues_posts(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 3);
+    collie_comm *c[3];
+    collie_work *cw[3], *ar[3];
+    int32_t v[3] = {1, 2, 3};
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "early";
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 3, &o, &c[r], &cw[r]), 0);
+        assert_int_equal(
+            collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+        assert_int_equal(v[r], 6);
+        collie_work_release(cw[r]);
+        collie_work_release(ar[r]);
+    }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    mini_down(&m);
+}
+
+/* A rank that never arrives: creation fails within its bound, naming it. */
+static void test_create_times_out_when_a_rank_is_missing(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 2);
+    collie_comm *c[2];
+    collie_work *cw[2];
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "lonely";
+    o.create_timeout_ms = 300;
+    int64_t t0 = now_ms();
+    for (int r = 0; r < 2; r++) /* 2 of 3 ranks */
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 3, &o, &c[r], &cw[r]), 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_ETIMEDOUT);
+        assert_non_null(strstr(collie_work_error_message(cw[r]), "not every rank arrived"));
+        assert_non_null(strstr(collie_work_error_message(cw[r]), "2 of 3 did"));
+        collie_work_release(cw[r]);
+        int st;
+        const char *msg;
+        assert_int_equal(collie_comm_error(c[r], &st, &msg), COLLIE_ETIMEDOUT);
+        assert_non_null(strstr(msg, "creation failed"));
+    }
+    assert_true(now_ms() - t0 < 3000);
+    /* a post on the failed comm fails fast */
+    int32_t x = 0;
+    collie_work *w = NULL;
+    assert_int_equal(collie_allreduce(c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w),
+                     COLLIE_EABORTED);
+    assert_null(w);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    mini_down(&m);
+}
+
+/* Re-creating a comm of the same name gives a new generation and works. */
+static void test_generations(void **state) {
+    (void)state;
+    world w;
+    for (uint64_t gen = 0; gen < 3; gen++) {
+        world_create(&w, 2, "again", NULL);
+        /* every incarnation has its own store server here, so count within one */
+        assert_int_equal(collie_comm_generation(w.c[0]), collie_comm_generation(w.c[1]));
+        run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 100, 0, false);
+        world_destroy(&w);
+    }
+    /* on one store: 0, 1, 2 */
+    mini m;
+    mini_up(&m, 2);
+    for (uint64_t gen = 0; gen < 3; gen++) {
+        collie_comm *c[2];
+        collie_work *cw[2];
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = "regen";
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 2, &o, &c[r], &cw[r]), 0);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+            collie_work_release(cw[r]);
+            assert_int_equal(collie_comm_generation(c[r]), gen);
+        }
+        int32_t v[2] = {5, 7};
+        collie_work *ar[2];
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(
+                collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_MAX, NULL, &ar[r]), 0);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+            assert_int_equal(v[r], 7);
+            collie_work_release(ar[r]);
+        }
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    }
+    mini_down(&m);
+}
+
+/* Abort fails pending works at once; destroy afterwards is prompt; abort
+ * twice is fine. */
+static void test_abort_then_destroy(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "abortme", NULL);
+    float buf[64] = {0};
+    collie_work *pending;
+    /* only rank 0 posts: it waits for rank 1 until aborted */
+    assert_int_equal(
+        collie_allreduce(w.c[0], buf, buf, 64, COLLIE_FP32, COLLIE_SUM, NULL, &pending), COLLIE_OK);
+    assert_int_equal(collie_work_wait(pending, 100), COLLIE_INPROGRESS);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_abort(w.c[0], "operator said so"), COLLIE_OK);
+    assert_int_equal(collie_comm_abort(w.c[0], "again"), COLLIE_OK);
+    assert_int_equal(collie_work_wait(pending, 5000), COLLIE_EABORTED);
+    assert_non_null(strstr(collie_work_error_message(pending), "operator said so"));
+    int st;
+    const char *msg;
+    assert_int_equal(collie_comm_error(w.c[0], &st, &msg), COLLIE_EABORTED);
+    assert_non_null(strstr(msg, "rank 0 aborted the comm: operator said so"));
+    collie_work_release(pending);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    assert_true(now_ms() - t0 < 1000);
+    w.c[0] = NULL;
+    assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
+    w.c[1] = NULL;
+    for (int r = 0; r < 2; r++)
+        collie_store_destroy(w.st[r]);
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+}
+
+/* destroy with a pending work: waits (bounded by the op timeout), then
+ * aborts it and says so. */
+static void test_destroy_with_pending_work_is_bounded(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "slowpoke";
+    o.timeout_ms = 400;
+    world w;
+    world_create(&w, 2, "slowpoke", &o);
+    int32_t x = 1;
+    collie_work *pending;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 60000; /* its own deadline is far away */
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &pending),
+                     COLLIE_OK);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_EABORTED);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 350 && took < 3000);
+    assert_int_equal(collie_work_result(pending), COLLIE_EABORTED);
+    collie_work_release(pending);
+    assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
+    for (int r = 0; r < 2; r++)
+        collie_store_destroy(w.st[r]);
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+}
+
+/* After a work fails, its buffer may be freed at once: the transport never
+ * writes into it again, even when the peer's data arrives later (ASan
+ * reports a use-after-free otherwise). */
+static void test_buffers_untouched_after_error(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "freed", NULL);
+    enum { COUNT = 1 << 20 };
+    float *mine = malloc(COUNT * sizeof(float)), *theirs = malloc(COUNT * sizeof(float));
+    for (int i = 0; i < COUNT; i++)
+        mine[i] = theirs[i] = 1.0f;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 150;
+    collie_work *w0, *w1;
+    assert_int_equal(collie_allreduce(w.c[0], mine, mine, COUNT, COLLIE_FP32, COLLIE_SUM, &po, &w0),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_ETIMEDOUT);
+    free(mine); /* allowed: the completion is visible */
+    /* now the peer shows up with its data */
+    assert_int_equal(
+        collie_allreduce(w.c[1], theirs, theirs, COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &w1),
+        COLLIE_OK);
+    int r1 = collie_work_wait(w1, 10000);
+    assert_true(r1 == COLLIE_EPEER || r1 == COLLIE_EABORTED); /* rank 0 aborted its comm */
+    collie_work_release(w0);
+    collie_work_release(w1);
+    free(theirs);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_destroy(w.c[r]);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+}
+
+/* Destroying the engine under live comms fails their works with ECLOSED;
+ * destroying the comms afterwards only frees them. */
+static void test_engine_destroy_with_live_comms(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "orphans", NULL);
+    int32_t x = 1;
+    collie_work *pending;
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pending),
+                     COLLIE_OK);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+    assert_int_equal(collie_work_result(pending), COLLIE_ECLOSED);
+    collie_work_release(pending);
+    int st;
+    collie_comm_error(w.c[0], &st, NULL);
+    assert_int_equal(st, COLLIE_ECLOSED);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_comm_destroy(w.c[r]), COLLIE_OK);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+}
+
+/* ---- error policy settings (children: the environment is parsed once) ----- */
+
+static int child_policy(const char *bw, const char *aeh, char *err, size_t errlen) {
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        if (bw) setenv("COLLIE_BLOCKING_WAIT", bw, 1);
+        if (aeh) setenv("COLLIE_ASYNC_ERROR_HANDLING", aeh, 1);
+        cl_config_reload();
+        mini m;
+        memset(&m, 0, sizeof m);
+        collie_engine_create(NULL, &m.e);
+        collie_store_server_create(m.e, "127.0.0.1", 0, NULL, &m.srv);
+        snprintf(m.addr, sizeof m.addr, "127.0.0.1:%u", collie_store_server_port(m.srv));
+        collie_store_connect(m.e, m.addr, NULL, &m.st[0]);
+        collie_comm *c;
+        int r = collie_comm_create(m.e, m.st[0], 0, 1, NULL, &c);
+        const char *msg = collie_last_error();
+        ssize_t n = write(pfd[1], msg, strlen(msg));
+        (void)n;
+        _exit(r == COLLIE_OK ? 0 : -r);
+    }
+    close(pfd[1]);
+    ssize_t n = read(pfd[0], err, errlen - 1);
+    err[n > 0 ? n : 0] = '\0';
+    close(pfd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? -WEXITSTATUS(st) : -999;
+}
+
+static void test_policy_settings(void **state) {
+    (void)state;
+    char err[512];
+    assert_int_equal(child_policy("1", NULL, err, sizeof err), COLLIE_OK);
+    assert_int_equal(child_policy(NULL, "2", err, sizeof err), COLLIE_OK);
+    assert_int_equal(child_policy(NULL, "abort_process", err, sizeof err), COLLIE_OK);
+    assert_int_equal(child_policy("1", "0", err, sizeof err), COLLIE_OK);
+    assert_int_equal(child_policy("1", "2", err, sizeof err), COLLIE_EINVAL);
+    assert_non_null(strstr(err, "conflicts"));
+    assert_int_equal(child_policy("maybe", NULL, err, sizeof err), COLLIE_EINVAL);
+    assert_non_null(strstr(err, "COLLIE_BLOCKING_WAIT='maybe'"));
+    assert_int_equal(child_policy(NULL, "7", err, sizeof err), COLLIE_EINVAL);
+    assert_non_null(strstr(err, "abort_comm, abort_process, none"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_rejects_bad_options),
+        cmocka_unit_test(test_nonblocking_create_queues_posts),
+        cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
+        cmocka_unit_test(test_generations),
+        cmocka_unit_test(test_abort_then_destroy),
+        cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
+        cmocka_unit_test(test_buffers_untouched_after_error),
+        cmocka_unit_test(test_engine_destroy_with_live_comms),
+        cmocka_unit_test(test_policy_settings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
