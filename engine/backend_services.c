@@ -140,7 +140,7 @@ static void svc_poll_cb(evutil_socket_t fd, short what, void *arg) {
     if (bc->state && bc->ops->poll) bc->ops->poll(bc->state);
 }
 
-static void svc_want_poll(collie_bcomm *bc, bool on, int32_t interval_us) {
+static void poll_apply(collie_bcomm *bc, bool on, int32_t interval_us) {
     if (!bc->poll_ev) {
         if (!on) return;
         bc->poll_ev = event_new(cl_engine_base(bc->comm->engine), -1, EV_PERSIST, svc_poll_cb, bc);
@@ -154,6 +154,25 @@ static void svc_want_poll(collie_bcomm *bc, bool on, int32_t interval_us) {
     if (interval_us < 1) interval_us = 1;
     struct timeval tv = {.tv_sec = interval_us / 1000000, .tv_usec = interval_us % 1000000};
     event_add(bc->poll_ev, &tv);
+}
+
+static void poll_cmd_run(cl_cmd *cmd) {
+    collie_bcomm *bc = cl_container_of(cmd, collie_bcomm, poll_cmd);
+    atomic_store(&bc->poll_cmd_queued, false);
+    int32_t wish = atomic_load(&bc->poll_wish_us);
+    if (bc->state) poll_apply(bc, wish > 0, wish);
+}
+
+static void svc_want_poll(collie_bcomm *bc, bool on, int32_t interval_us) {
+    if (cl_engine_on_loop(bc->comm->engine)) {
+        poll_apply(bc, on, interval_us);
+        return;
+    }
+    atomic_store(&bc->poll_wish_us, on ? (interval_us < 1 ? 1 : interval_us) : 0);
+    if (atomic_exchange(&bc->poll_cmd_queued, true)) return;
+    bc->poll_cmd.fn = poll_cmd_run;
+    if (cl_engine_post_cmd(bc->comm->engine, &bc->poll_cmd) != COLLIE_OK)
+        atomic_store(&bc->poll_cmd_queued, false);
 }
 
 static const char *svc_setting(const char *name) {

@@ -63,7 +63,7 @@ static void coll_ops_init(void) {
 
 /* ---- validation ----------------------------------------------------------- */
 
-static int coll_check(collie_comm *c, const collie_coll_args *a, collie_work **out) {
+static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie_work **out) {
     const char *op = cl_coll_names[a->kind];
     if (out) *out = NULL;
     if (!c || !out) return cl_set_last_error(COLLIE_EINVAL, "%s: comm and out are required", op);
@@ -106,9 +106,9 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, collie_work **o
         if (need_recv && !a->recvbuf)
             return cl_set_last_error(COLLIE_EINVAL, "%s: receive buffer is NULL", op);
     }
-    if (!c->spec.ops[CL_DEV_CPU])
-        return cl_set_last_error(COLLIE_ENOTSUP, "%s: comm '%s' has no cpu backend (spec)", op,
-                                 c->name);
+    if (!c->spec.ops[dev])
+        return cl_set_last_error(COLLIE_ENOTSUP, "%s: comm '%s' has no %s backend", op, c->name,
+                                 dev == CL_DEV_CPU ? "cpu" : "cuda");
     int st = atomic_load_explicit(&c->err_status, memory_order_acquire);
     if (st != COLLIE_OK && atomic_load(&c->state) == CL_COMM_FAILED)
         return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' has failed: %s", op, c->name,
@@ -116,13 +116,35 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, collie_work **o
     return COLLIE_OK;
 }
 
-static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_post_opts *o,
-                     collie_work **out) {
+/* Start a work of a POST_ON_CALLER backend on this thread (under c->mu,
+ * so the backend sees posts in sequence order). */
+static int coll_start_on_caller(cl_coll_work *cw) {
+    collie_comm *c = cw->comm;
+    collie_bcomm *bc = cw->bc;
+    if (atomic_load_explicit(&c->state, memory_order_acquire) != CL_COMM_READY)
+        return cl_set_last_error(COLLIE_ESTATE,
+                                 "%s: comm '%s' is not ready (wait for its create work)",
+                                 cw->base.ops->name, c->name);
+    if (cl_engine_closing(c->engine))
+        return cl_set_last_error(COLLIE_ECLOSED, "%s: the engine is shutting down",
+                                 cw->base.ops->name);
+    cw->caller_started = true;
+    int r = bc->ops->start(bc->state, &cw->base, &cw->args);
+    if (r != COLLIE_OK) {
+        cw->caller_started = false;
+        if (!collie_last_error()[0])
+            cl_set_last_error(r, "%s: backend %s refused it", cw->base.ops->name, bc->ops->name);
+    }
+    return r;
+}
+
+int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
+                 collie_work **out) {
     cl_clear_last_error();
-    int r = coll_check(c, a, out);
+    int r = coll_check(c, a, dev, out);
     if (r != COLLIE_OK) return r;
     pthread_once(&cl_coll_ops_once, coll_ops_init);
-    collie_bcomm *bc = &c->bcs[CL_DEV_CPU];
+    collie_bcomm *bc = &c->bcs[dev];
     cl_coll_work *cw = calloc(1, sizeof *cw + bc->ops->work_data_size);
     if (!cw) return COLLIE_ENOMEM;
     r = cl_work_init(&cw->base, c->engine, &cl_coll_ops[a->kind], o, c->timeout_ms);
@@ -137,10 +159,12 @@ static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_pos
     cw->base.bytes = a->count * es;
     cl_comm_hold(c);
     bool p2p = a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV;
+    bool on_caller = (bc->ops->flags & COLLIE_BACKEND_POST_ON_CALLER) != 0;
     pthread_mutex_lock(&c->mu);
     cw->base.seq = p2p ? ++c->next_p2p_seq : ++c->next_seq;
     atomic_fetch_add(&c->nactive, 1);
-    r = cl_work_post(&cw->base);
+    r = on_caller ? coll_start_on_caller(cw) : COLLIE_OK;
+    if (r == COLLIE_OK) r = cl_work_post(&cw->base);
     if (r != COLLIE_OK) {
         if (p2p)
             c->next_p2p_seq--;
@@ -156,6 +180,16 @@ static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_pos
     }
     *out = &cw->base;
     return COLLIE_OK;
+}
+
+static int coll_post(collie_comm *c, const collie_coll_args *a, const collie_post_opts *o,
+                     collie_work **out) {
+    return cl_coll_post(c, a, CL_DEV_CPU, o, out);
+}
+
+bool cl_coll_is_work(const collie_work *w) {
+    pthread_once(&cl_coll_ops_once, coll_ops_init);
+    return w && w->ops >= &cl_coll_ops[0] && w->ops < &cl_coll_ops[COLLIE_COLL_NUM_KINDS];
 }
 
 /* ---- the public calls ----------------------------------------------------------- */

@@ -107,6 +107,11 @@ static void comm_start_now(cl_coll_work *cw) {
 
 void cl_comm_start_work(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
+    if (cw->caller_started) { /* the backend has it already: just track it */
+        comm_active_add(c, cw);
+        cw->started = true;
+        return;
+    }
     switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
     case CL_COMM_FAILED: comm_fail_fast(cw); return;
     case CL_COMM_CREATING:

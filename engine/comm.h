@@ -38,6 +38,10 @@ struct collie_bcomm {
     bool init_called, ready, poll_on;
     struct event *poll_ev;
     int32_t poll_interval_us;
+    /* want_poll from other threads: the wish, applied by poll_cmd on the loop */
+    _Atomic int32_t poll_wish_us; /* <= 0: off */
+    _Atomic bool poll_cmd_queued;
+    cl_cmd poll_cmd;
 };
 
 /* A collective work. The backend's per-work data follows it. */
@@ -47,6 +51,7 @@ typedef struct cl_coll_work {
     collie_bcomm *bc;
     collie_coll_args args;
     bool started;                         /* backend start ran (loop) */
+    bool caller_started;                  /* started on the posting thread (cuda backends) */
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
     _Alignas(16) unsigned char backend_data[];
@@ -101,6 +106,11 @@ void cl_comm_created(collie_comm *c, int status, const char *msg);
 /* start a work on its backend, or queue it (loop) */
 void cl_comm_start_work(cl_coll_work *cw);
 void cl_comm_detach_work(cl_coll_work *cw);
+
+/* coll.c: validate and post a collective to device `dev`'s backend */
+int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
+                 collie_work **out);
+bool cl_coll_is_work(const collie_work *w);
 
 /* comm_create.c: begin the rendezvous on the loop thread */
 void cl_comm_create_begin(collie_comm *c);

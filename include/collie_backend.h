@@ -123,7 +123,8 @@ typedef struct collie_core_services {
     void (*log)(int level, const char *module, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 
-    /* polling: while on, the engine calls ops->poll every interval_us */
+    /* polling: while on, the engine calls ops->poll every interval_us (any
+     * thread; from another thread it takes effect on the next loop turn) */
     void (*want_poll)(collie_bcomm *bc, bool on, int32_t interval_us);
 
     /* settings (COLLIE_SOCKET_IFNAME etc.): the raw value or NULL */
@@ -152,6 +153,9 @@ typedef struct collie_backend_ops {
     void (*detach)(void *state, collie_work *w);
     /* poll: make progress (only while want_poll is on). */
     void (*poll)(void *state);
+    /* wait_stream: make the CUDA stream `stream` wait for w (cuda backends;
+     * NULL for cpu backends). Caller's thread. */
+    int (*wait_stream)(void *state, collie_work *w, void *stream);
     /* abort: the comm is failing: finish every pending work with `status`
      * and `reason`, close connections; must not block. Idempotent. */
     void (*abort)(void *state, int status, const char *reason);

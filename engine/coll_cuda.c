@@ -1,0 +1,151 @@
+/*
+ * coll_cuda.c — the collie_cuda.h calls: the same collectives, routed to
+ * the comm's cuda backend with the caller's stream. The core never calls
+ * CUDA itself; the stream is an opaque pointer handed to the backend.
+ */
+#include "collie_cuda.h"
+
+#include "engine/comm.h"
+#include "engine/common.h"
+
+static int cuda_post(collie_comm *c, collie_coll_args *a, collie_cuda_stream_t stream,
+                     const collie_post_opts *o, collie_work **out) {
+    a->stream = stream;
+    return cl_coll_post(c, a, CL_DEV_CUDA, o, out);
+}
+
+int collie_cuda_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                          collie_dtype dt, collie_redop op, collie_cuda_stream_t stream,
+                          const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLREDUCE,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .op = op};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
+                          collie_cuda_stream_t stream, const collie_post_opts *o,
+                          collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_BROADCAST,
+                          .sendbuf = buf,
+                          .recvbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                       collie_dtype dt, collie_redop op, int root, collie_cuda_stream_t stream,
+                       const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .op = op,
+                          .root = root};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                          collie_dtype dt, collie_cuda_stream_t stream, const collie_post_opts *o,
+                          collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLGATHER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                               collie_dtype dt, collie_redop op, collie_cuda_stream_t stream,
+                               const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE_SCATTER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = recvcount,
+                          .dtype = dt,
+                          .op = op};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                         collie_dtype dt, collie_cuda_stream_t stream, const collie_post_opts *o,
+                         collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_ALLTOALL,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                       collie_dtype dt, int root, collie_cuda_stream_t stream,
+                       const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_GATHER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                        collie_dtype dt, int root, collie_cuda_stream_t stream,
+                        const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_SCATTER,
+                          .sendbuf = sendbuf,
+                          .recvbuf = recvbuf,
+                          .count = count,
+                          .dtype = dt,
+                          .root = root};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_barrier(collie_comm *c, collie_cuda_stream_t stream, const collie_post_opts *o,
+                        collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_BARRIER, .dtype = COLLIE_UINT8};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
+                     uint64_t tag, collie_cuda_stream_t stream, const collie_post_opts *o,
+                     collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_SEND,
+                          .sendbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .peer = peer,
+                          .tag = tag};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
+                     uint64_t tag, collie_cuda_stream_t stream, const collie_post_opts *o,
+                     collie_work **out) {
+    collie_coll_args a = {.kind = COLLIE_COLL_RECV,
+                          .recvbuf = buf,
+                          .count = count,
+                          .dtype = dt,
+                          .peer = peer,
+                          .tag = tag};
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_work_wait_stream(collie_work *w, collie_cuda_stream_t stream) {
+    if (!cl_coll_is_work(w))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_work_wait_stream: not a collective work");
+    cl_coll_work *cw = (cl_coll_work *)w;
+    if (!cw->args.stream || !cw->bc->ops->wait_stream)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_work_wait_stream: %s seq %llu is not a CUDA work",
+                                 w->ops->name, (unsigned long long)w->seq);
+    return cw->bc->ops->wait_stream(cw->bc->state, w, stream);
+}
