@@ -204,6 +204,16 @@ int cl_backend_parse_spec(const char *spec, cl_backend_spec *out) {
         if (!name[0])
             return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': missing backend name",
                                      spec);
+        /* the name becomes part of a file name: letters, digits, '_', '-' */
+        if (strlen(name) > 32)
+            return cl_set_last_error(COLLIE_EINVAL, "backend spec '%s': name '%s' is too long",
+                                     spec, name);
+        for (const char *q = name; *q; q++)
+            if (!isalnum((unsigned char)*q) && *q != '_' && *q != '-')
+                return cl_set_last_error(COLLIE_EINVAL,
+                                         "backend spec '%s': backend name '%s' has a '%c' (use "
+                                         "letters, digits, '_' and '-')",
+                                         spec, name, *q);
         const collie_backend_ops *ops;
         int r = backend_get(name, &ops);
         if (r != COLLIE_OK) return r;

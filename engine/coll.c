@@ -45,18 +45,26 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
         snprintf(buf, len, " (comm '%s' rank %d)", cw->comm->name, cw->comm->rank);
 }
 
-#define COLL_OPS(i)                                                                                \
-    {                                                                                              \
-        .name = NULL, .start = coll_start, .detach = coll_detach, .free = coll_free,               \
-        .describe = coll_describe                                                                  \
-    }
+/* A timed-out collective asks the other ranks how far they got before it
+ * fails (desync.c); a waiter gives the loop this long to do that. */
+#define COLL_EXPIRE_GRACE_MS 1500
+
+static const cl_work_ops cl_coll_ops_template = {
+    .name = NULL,
+    .start = coll_start,
+    .detach = coll_detach,
+    .free = coll_free,
+    .describe = coll_describe,
+    .expire = cl_coll_expire,
+    .expire_grace_ms = COLL_EXPIRE_GRACE_MS,
+};
 
 static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];
 static pthread_once_t cl_coll_ops_once = PTHREAD_ONCE_INIT;
 
 static void coll_ops_init(void) {
     for (int k = 0; k < COLLIE_COLL_NUM_KINDS; k++) {
-        cl_coll_ops[k] = (cl_work_ops)COLL_OPS(k);
+        cl_coll_ops[k] = cl_coll_ops_template;
         cl_coll_ops[k].name = cl_coll_names[k];
     }
 }
@@ -162,14 +170,18 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     bool on_caller = (bc->ops->flags & COLLIE_BACKEND_POST_ON_CALLER) != 0;
     pthread_mutex_lock(&c->mu);
     cw->base.seq = p2p ? ++c->next_p2p_seq : ++c->next_seq;
+    if (!p2p) atomic_store(&c->last_posted, cw->base.seq);
     atomic_fetch_add(&c->nactive, 1);
+    cl_flight_post(c, cw);
     r = on_caller ? coll_start_on_caller(cw) : COLLIE_OK;
     if (r == COLLIE_OK) r = cl_work_post(&cw->base);
     if (r != COLLIE_OK) {
-        if (p2p)
+        if (p2p) {
             c->next_p2p_seq--;
-        else
+        } else {
             c->next_seq--;
+            atomic_store(&c->last_posted, c->next_seq);
+        }
         atomic_fetch_sub(&c->nactive, 1);
     }
     pthread_mutex_unlock(&c->mu);

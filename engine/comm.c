@@ -38,6 +38,7 @@ void cl_comm_hold(collie_comm *c) { atomic_fetch_add_explicit(&c->refs, 1, memor
 
 void cl_comm_release(collie_comm *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
+    cl_flight_fini(c);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -99,6 +100,7 @@ static void comm_start_now(cl_coll_work *cw) {
     collie_bcomm *bc = cw->bc;
     comm_active_add(c, cw);
     cw->started = true;
+    cl_flight_start(c, cw);
     int r = bc->ops->start(bc->state, &cw->base, &cw->args);
     if (r != COLLIE_OK)
         cl_work_finish(&cw->base, r, "backend %s could not start it: %s", bc->ops->name,
@@ -110,6 +112,7 @@ void cl_comm_start_work(cl_coll_work *cw) {
     if (cw->caller_started) { /* the backend has it already: just track it */
         comm_active_add(c, cw);
         cw->started = true;
+        cl_flight_start(c, cw);
         return;
     }
     switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
@@ -142,10 +145,13 @@ void cl_comm_detach_work(cl_coll_work *cw) {
     collie_work *w = &cw->base;
     if (cw->started) {
         comm_active_del(c, cw);
-        cw->bc->ops->detach(cw->bc->state, w);
+        if (cw->bc->state) cw->bc->ops->detach(cw->bc->state, w);
     } else {
         comm_wait_remove(c, cw);
     }
+    bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
+    if (!p2p && w->seq > c->last_done) c->last_done = w->seq;
+    cl_flight_end(c, cw);
     /* a deadline or cancel leaves the peers mid-operation: a comm fault */
     if (w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED)
         cl_comm_fault(c, w->status, "%s", collie_work_error_message(w));
@@ -172,11 +178,8 @@ static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
     if (c->create_work) cl_work_finish(c->create_work, status, "%s", reason);
 }
 
-void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
     bool first = comm_record_error(c, status, fmt, ap);
-    va_end(ap);
     if (!first || c->policy == COLLIE_POLICY_NONE) return;
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     char reason[640];
@@ -185,6 +188,8 @@ void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
             collie_status_name(status));
     comm_abort_on_loop(c, COLLIE_EABORTED, reason);
     if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return; /* the application decides */
+    /* tell the peers: they abort within milliseconds, with our root cause */
+    if (propagate) cl_comm_ctl_publish_abort(c, status, c->err_msg);
     if (c->on_error) {
         const char *prev = cl_engine_set_activity(c->engine, "comm error callback");
         c->on_error(c, status, c->err_msg, c->on_error_arg);
@@ -193,15 +198,38 @@ void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
     if (c->policy == COLLIE_POLICY_ABORT_PROCESS) {
         CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
                  c->rank);
+        cl_comm_dump_on_abort(c);
         abort();
     }
+    cl_comm_dump_on_abort(c);
+}
+
+void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    comm_vfault(c, status, true, fmt, ap);
+    va_end(ap);
+}
+
+void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    comm_vfault(c, status, propagate, fmt, ap);
+    va_end(ap);
+}
+
+/* An application abort (loop): fail everything, tell the peers. */
+static void comm_app_abort_on_loop(collie_comm *c) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
+    comm_abort_on_loop(c, COLLIE_EABORTED, msg);
+    cl_comm_ctl_publish_abort(c, COLLIE_EABORTED, c->err_msg);
+    cl_comm_dump_on_abort(c);
 }
 
 static void comm_abort_cmd(cl_cmd *cmd) {
     collie_comm *c = cl_container_of(cmd, collie_comm, abort_cmd);
-    char msg[600];
-    snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
-    if (!c->engine_gone) comm_abort_on_loop(c, COLLIE_EABORTED, msg);
+    if (!c->engine_gone) comm_app_abort_on_loop(c);
     cl_comm_release(c);
 }
 
@@ -217,9 +245,7 @@ int collie_comm_abort(collie_comm *c, const char *reason) {
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     if (c->engine_gone) return COLLIE_OK;
     if (cl_engine_on_loop(c->engine)) { /* inside a callback: at once */
-        char msg[600];
-        snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
-        comm_abort_on_loop(c, COLLIE_EABORTED, msg);
+        comm_app_abort_on_loop(c);
         return COLLIE_OK;
     }
     /* any other thread: hand it to the loop and return; never blocks */
@@ -238,6 +264,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         if (!atomic_compare_exchange_strong(&c->state, &expect, CL_COMM_READY)) return;
         CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
                 (unsigned long long)c->generation, c->rank, c->size);
+        cl_comm_ctl_start(c);
         while (c->wait_head) {
             cl_coll_work *cw = c->wait_head;
             c->wait_head = cw->q_next;
@@ -261,6 +288,11 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
 /* ---- engine shutdown --------------------------------------------------------------- */
 
 static void comm_backends_destroy(collie_comm *c) {
+    /* works just failed by the abort are retired (their detach hooks run)
+     * while the backends still exist */
+    cl_desync_flush(c);
+    cl_works_run_retired(c->engine);
+    cl_comm_ctl_stop(c);
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         collie_bcomm *bc = &c->bcs[d];
         if (bc->poll_ev) {
@@ -325,6 +357,16 @@ static bool comm_wait_idle(collie_comm *c, int64_t until_ns) {
     return idle;
 }
 
+/* An abort message still being written must reach the store before the
+ * caller may destroy the store handle (bounded). */
+static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
+    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
+    pthread_mutex_lock(&c->mu);
+    while (c->ctl_sending > 0)
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
+    pthread_mutex_unlock(&c->mu);
+}
+
 int collie_comm_destroy(collie_comm *c) {
     if (!c) return COLLIE_OK;
     if (!c->engine_gone && cl_engine_on_loop(c->engine))
@@ -347,6 +389,7 @@ int collie_comm_destroy(collie_comm *c) {
         }
         /* works failed by the abort retire promptly; wait for them (bounded) */
         comm_wait_idle(c, cl_now_ns() + 2000 * CL_NS_PER_MS);
+        comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
     }
     if (c->owns_store) collie_store_destroy(c->store);
     c->store = NULL;

@@ -44,6 +44,17 @@ struct collie_bcomm {
     cl_cmd poll_cmd;
 };
 
+/* One flight-recorder entry (flight.c). */
+typedef struct cl_fr_entry {
+    uint64_t id, seq, count;
+    uint8_t kind, dtype, op;
+    bool cuda;
+    int32_t peer; /* p2p peer or root, -1 if none */
+    int status;
+    int64_t post_ns, start_ns, end_ns;
+    char error[160];
+} cl_fr_entry;
+
 /* A collective work. The backend's per-work data follows it. */
 typedef struct cl_coll_work {
     collie_work base;
@@ -52,6 +63,7 @@ typedef struct cl_coll_work {
     collie_coll_args args;
     bool started;                         /* backend start ran (loop) */
     bool caller_started;                  /* started on the posting thread (cuda backends) */
+    uint64_t fr_id;                       /* flight-recorder entry, 0 if none */
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
     _Alignas(16) unsigned char backend_data[];
@@ -92,8 +104,41 @@ struct collie_comm {
     cl_cmd abort_cmd;
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
-    _Atomic int groups_made; /* split/new_group calls so far (names the children) */
+    _Atomic int groups_made;
+    /* progress, for desync answers */
+    _Atomic uint64_t last_posted; /* highest collective seq posted */
+    uint64_t last_done;           /* highest collective seq retired (loop) */
+    /* control channel (comm_ctl.c, loop) */
+    uint64_t ctl_next;
+    collie_work *ctl_watch, *ctl_probe;
+    struct event *ctl_retry_ev;
+    bool ctl_stopped, abort_published;
+    int ctl_sending;        /* under mu: control messages being written */
+    struct desync *desyncs; /* desync reports in progress (loop) */
+    /* flight recorder (flight.c) */
+    pthread_mutex_t fr_mu;
+    cl_fr_entry *fr_ring;
+    uint32_t fr_cap;
+    uint64_t fr_count;
+    bool dumped; /* split/new_group calls so far (names the children) */
 };
+
+/* comm_ctl.c: the control channel (abort propagation, desync queries) */
+bool cl_comm_ctl_enabled(const collie_comm *c);
+void cl_comm_ctl_start(collie_comm *c);
+void cl_comm_ctl_stop(collie_comm *c);
+int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, uint64_t),
+                     void *done_arg);
+void cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason);
+void cl_comm_progress(collie_comm *c, char *buf, size_t len);
+
+/* flight.c */
+int cl_flight_init(collie_comm *c);
+void cl_flight_fini(collie_comm *c);
+void cl_flight_post(collie_comm *c, cl_coll_work *cw);
+void cl_flight_start(collie_comm *c, cl_coll_work *cw);
+void cl_flight_end(collie_comm *c, cl_coll_work *cw);
+void cl_comm_dump_on_abort(collie_comm *c);
 
 /* comm.c */
 void cl_comm_hold(collie_comm *c);
@@ -101,6 +146,9 @@ void cl_comm_release(collie_comm *c);
 /* record the first fault and apply the comm's policy (loop) */
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* the same; `propagate` false for faults learnt from the control channel */
+void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* the rendezvous finished (loop): start queued works or fail them */
 void cl_comm_created(collie_comm *c, int status, const char *msg);
 /* start a work on its backend, or queue it (loop) */
@@ -111,6 +159,9 @@ void cl_comm_detach_work(cl_coll_work *cw);
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
                  collie_work **out);
 bool cl_coll_is_work(const collie_work *w);
+/* desync.c: the expire hook of collective works */
+bool cl_coll_expire(collie_work *w);
+void cl_desync_flush(collie_comm *c);
 
 /* comm_create.c: begin the rendezvous on the loop thread */
 void cl_comm_create_begin(collie_comm *c);

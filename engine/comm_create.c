@@ -54,7 +54,11 @@ static void create_fail(create_state *cs, int status, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     cs->step = STEP_DONE;
-    cl_work_finish(&cs->base, status, "%s", msg);
+    /* the comm's state before the completion is visible (as on success) */
+    if (cl_work_claim(&cs->base)) {
+        cl_comm_created(cs->comm, status, msg);
+        cl_work_publish(&cs->base, status, "%s", msg);
+    }
 }
 
 static int32_t create_remaining_ms(create_state *cs) {
@@ -303,6 +307,11 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         c->bcs[d].comm = c;
         c->bcs[d].ops = spec.ops[d];
+    }
+    if (cl_flight_init(c) != COLLIE_OK) {
+        free(c);
+        *res = COLLIE_ENOMEM;
+        return NULL;
     }
     atomic_init(&c->state, CL_COMM_CREATING);
     atomic_init(&c->err_status, COLLIE_OK);

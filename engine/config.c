@@ -68,12 +68,18 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_ASYNC_ERROR_HANDLING", CL_SET_STRING, CL_OFF(async_error), 0, "abort_comm",
      "error policy: abort_comm, abort_process, none, or PyTorch's 0 (none), 1 and 3 "
      "(abort_process), 2 (abort_comm)"},
+    {"COLLIE_TRACE_BUFFER", CL_SET_INT, CL_OFF(trace_buffer), 0, "2048",
+     "flight-recorder entries kept per communicator (0: off)"},
 };
 
 #define CL_NSETTINGS (sizeof cl_settings / sizeof cl_settings[0])
 
-static const cl_config cl_cfg_defaults = {
-    .log_level = 1, .timeout_ms = 60000, .stall_ms = 10000, .rank = -1, .world_size = -1};
+static const cl_config cl_cfg_defaults = {.log_level = 1,
+                                          .timeout_ms = 60000,
+                                          .stall_ms = 10000,
+                                          .rank = -1,
+                                          .world_size = -1,
+                                          .trace_buffer = 2048};
 static cl_config cl_cfg = cl_cfg_defaults;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;

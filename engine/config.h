@@ -25,6 +25,7 @@ typedef struct cl_config {
     const char *socket_addr;   /* COLLIE_SOCKET_ADDR (NULL if unset) */
     const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
+    int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */
 } cl_config;
 
 /* cl_config_get: the parsed settings (parsed on first use; invalid values

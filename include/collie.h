@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -540,6 +541,13 @@ COLLIE_API int collie_comm_size(const collie_comm *c);
 COLLIE_API const char *collie_comm_name(const collie_comm *c);
 /* collie_comm_generation: the incarnation number of this comm's name. */
 COLLIE_API uint64_t collie_comm_generation(const collie_comm *c);
+
+/* collie_comm_dump: write the comm's flight recorder (the last
+ * COLLIE_TRACE_BUFFER works: seq, op, dtype, count, peer/root, state,
+ * post/start/end times, error) and its state as JSON, one entry per line.
+ * Any thread. Written automatically to COLLIE_DUMP_DIR on abort.
+ * `tools/collie-trace` reads the dumps of all ranks. */
+COLLIE_API int collie_comm_dump(collie_comm *c, FILE *f);
 
 /* collie_comm_register: make the comm findable by its name in this process.
  * Errors: EEXIST if another comm holds the name. Unregistered on destroy. */

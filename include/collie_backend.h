@@ -153,14 +153,16 @@ typedef struct collie_backend_ops {
     void (*detach)(void *state, collie_work *w);
     /* poll: make progress (only while want_poll is on). */
     void (*poll)(void *state);
-    /* wait_stream: make the CUDA stream `stream` wait for w (cuda backends;
-     * NULL for cpu backends). Caller's thread. */
-    int (*wait_stream)(void *state, collie_work *w, void *stream);
     /* abort: the comm is failing: finish every pending work with `status`
      * and `reason`, close connections; must not block. Idempotent. */
     void (*abort)(void *state, int status, const char *reason);
-    /* destroy: free everything (after abort or when idle). */
+    /* destroy: free everything (after abort or when idle). Works that were
+     * finished but not yet detached are detached before destroy. */
     void (*destroy)(void *state);
+    /* wait_stream: make the CUDA stream `stream` wait for w (cuda backends;
+     * NULL for cpu backends). Caller's thread. (New fields go at the end:
+     * the ABI version changes only when existing ones do.) */
+    int (*wait_stream)(void *state, collie_work *w, void *stream);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

@@ -243,7 +243,11 @@ static void test_destroy_with_pending_work_is_bounded(void **state) {
 static void test_buffers_untouched_after_error(void **state) {
     (void)state;
     world w;
-    world_create(&w, 2, "freed", NULL);
+    /* blocking-wait: no propagation, so the peer really sends its data */
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "freed";
+    o.policy = COLLIE_POLICY_BLOCKING_WAIT;
+    world_create(&w, 2, "freed", &o);
     enum { COUNT = 1 << 20 };
     float *mine = malloc(COUNT * sizeof(float)), *theirs = malloc(COUNT * sizeof(float));
     for (int i = 0; i < COUNT; i++)

@@ -113,11 +113,18 @@ static void work_untrack(collie_engine *e, collie_work *w) {
     r->ntracked--;
 }
 
+static void work_retire_append(collie_work *w);
+
 void cl_work_start_cmd(cl_cmd *c) {
     collie_work *w = cl_container_of(c, collie_work, start_cmd);
     collie_engine *e = w->engine;
     w->start_ns = cl_now_ns();
+    w->start_ran = true;
     work_track(e, w);
+    if (w->retire_deferred) { /* finished on the loop before it started */
+        work_retire_append(w);
+        return;
+    }
     if (cl_engine_closing(e)) {
         cl_work_finish(w, COLLIE_ECLOSED, "engine %s is shutting down", cl_engine_name(e));
         return;
@@ -138,8 +145,8 @@ void cl_work_start_cmd(cl_cmd *c) {
 
 /* ---- retirement ---------------------------------------------------------------- */
 
-static void work_retire_cmd(cl_cmd *c) {
-    collie_work *w = cl_container_of(c, collie_work, retire_cmd);
+/* Queue w for retirement and make sure the retire event runs (loop). */
+static void work_retire_append(collie_work *w) {
     cl_work_registry *r = &w->engine->works;
     w->done_next = NULL;
     if (r->done_tail)
@@ -147,6 +154,16 @@ static void work_retire_cmd(cl_cmd *c) {
     else
         r->done_head = w;
     r->done_tail = w;
+    event_active(r->done_ev, 0, 0);
+}
+
+static void work_retire_cmd(cl_cmd *c) {
+    collie_work *w = cl_container_of(c, collie_work, retire_cmd);
+    if (!w->start_ran) { /* cannot happen (FIFO), but never retire before start */
+        w->retire_deferred = true;
+        return;
+    }
+    work_retire_append(w);
     cl_works_run_retired(w->engine);
 }
 
@@ -159,14 +176,14 @@ void cl_work_schedule_retire(collie_work *w) {
                      (unsigned long long)w->seq);
         return;
     }
-    cl_work_registry *r = &e->works;
-    w->done_next = NULL;
-    if (r->done_tail)
-        r->done_tail->done_next = w;
-    else
-        r->done_head = w;
-    r->done_tail = w;
-    event_active(r->done_ev, 0, 0);
+    /* Finished on the loop before its start command ran (e.g. cancelled
+     * right after a post made on the loop): the start command, still
+     * queued, must find the work alive, so it retires it instead. */
+    if (!w->start_ran) {
+        w->retire_deferred = true;
+        return;
+    }
+    work_retire_append(w);
 }
 
 static void work_retire(collie_engine *e, collie_work *w) {
@@ -201,6 +218,7 @@ int64_t cl_works_sweep_deadlines(collie_engine *e, int64_t now_ns) {
     while (r->heap_len > 0 && r->heap[0]->deadline_ns <= now_ns) {
         collie_work *w = r->heap[0];
         heap_remove(r, w); /* it stays tracked until retired */
+        if (w->ops->expire && !cl_work_done(w) && w->ops->expire(w)) continue;
         cl_work_finish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
     }
     if (r->heap_len == 0) {

@@ -31,6 +31,7 @@ struct cl_waiter_link {
     struct cl_waiter_link *next, *prev;
     cl_waiter *waiter;
     collie_work *work;
+    bool expiry_tried;
 };
 
 static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -47,6 +48,7 @@ void cl_work_wake_waiters(collie_work *w) {
 static void link_add(struct cl_waiter_link *l, collie_work *w, cl_waiter *wt) {
     l->waiter = wt;
     l->work = w;
+    l->expiry_tried = false;
     l->prev = NULL;
     l->next = w->waiters;
     if (w->waiters) w->waiters->prev = l;
@@ -102,15 +104,23 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
         if (now >= until_ns) break;
         int64_t next = until_ns;
         collie_work *expired = NULL;
+        size_t expired_i = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!ws[i] || !expire) continue;
-            if (ws[i]->deadline_ns <= now)
+            if (!ws[i] || !expire || links[i].expiry_tried) continue;
+            /* works that explain their timeout (desync report) get a grace
+             * period to do it on the loop; a stuck loop cannot */
+            int64_t due = ws[i]->deadline_ns;
+            if (due != INT64_MAX) due += (int64_t)ws[i]->ops->expire_grace_ms * CL_NS_PER_MS;
+            if (due <= now) {
                 expired = ws[i];
-            else if (ws[i]->deadline_ns < next)
-                next = ws[i]->deadline_ns;
+                expired_i = i;
+            } else if (due < next) {
+                next = due;
+            }
         }
         if (expired) {
-            pthread_mutex_unlock(&cl_wait_mu); /* finishing wakes waiters: needs the lock */
+            links[expired_i].expiry_tried = true; /* once: if it is being finished, wait */
+            pthread_mutex_unlock(&cl_wait_mu);    /* finishing wakes waiters: needs the lock */
             if (cl_work_finish(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
                                (int)expired->timeout_ms))
                 CL_DEBUG("work", "%s seq %llu expired by its waiter", expired->ops->name,

@@ -34,6 +34,14 @@ typedef struct cl_work_ops {
     void (*free)(collie_work *w);
     /* describe: optional; append " (key 'x')" style context to messages. */
     void (*describe)(const collie_work *w, char *buf, size_t len);
+    /* expire: optional; the deadline passed (loop). Return true if the
+     * producer took the work over (claimed it) and will publish the
+     * timeout itself, e.g. after asking the peers what they are doing;
+     * false to let the engine finish it with COLLIE_ETIMEDOUT now. */
+    bool (*expire)(collie_work *w);
+    /* how long after the deadline a waiter finishes the work itself when
+     * the loop has not (works with an expire hook need time for it) */
+    int32_t expire_grace_ms;
 } cl_work_ops;
 
 /* Work states (low bits of `state`). */
@@ -44,7 +52,6 @@ enum {
     CL_WORK_DONE = 3,      /* result published; never changes again */
     CL_WORK_STATE_MASK = 3,
     CL_WORK_BUSY = 4, /* the loop is touching the work's buffers right now */
-    CL_WORK_KILL = 8, /* a foreign finish was requested while BUSY */
 };
 
 struct cl_waiter_link;
@@ -57,7 +64,6 @@ struct collie_work {
 
     int status;   /* valid once DONE */
     char *errmsg; /* malloc'd, valid once DONE; NULL on success */
-    int kill_status;
 
     uint64_t seq, tag, bytes;
     int32_t timeout_ms;
@@ -72,6 +78,8 @@ struct collie_work {
     struct collie_work *done_next;           /* engine's retire list */
     size_t heap_idx;                         /* deadline heap slot, SIZE_MAX if none */
     bool tracked;
+    bool start_ran;       /* the start command has run */
+    bool retire_deferred; /* finished before start ran: start retires it */
     cl_cmd start_cmd, retire_cmd;
 
     /* waiters (under the global wait lock) */
@@ -114,7 +122,8 @@ bool cl_work_finish(collie_work *w, int status, const char *fmt, ...)
 
 /* cl_work_busy_enter / cl_work_busy_exit: bracket loop-thread access to the
  * work's user buffers. enter returns false if the work is already finished
- * (then do not touch the buffers). exit publishes a pending kill request. */
+ * or being finished (then do not touch the buffers); a foreign finisher
+ * waits for exit (see cl_work_claim). */
 bool cl_work_busy_enter(collie_work *w);
 void cl_work_busy_exit(collie_work *w);
 

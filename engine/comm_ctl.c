@@ -1,0 +1,292 @@
+/*
+ * comm_ctl.c — the comm's control channel over the store: abort
+ * propagation and desync queries.
+ *
+ * Design notes
+ *  - Messages live under "<prefix>ctl/<k>", k = 1, 2, ... taken from the
+ *    counter "<prefix>ctl/n" (add), so any rank can post and every rank
+ *    reads every message in the same order. Each rank keeps exactly one
+ *    long-lived store request: a get of "<prefix>ctl/<next>" (waits until it
+ *    exists), re-armed after each message, after its own bound expires and,
+ *    with a delay, after the store connection is lost. Nothing is written
+ *    per operation.
+ *  - A writer that took k and died before writing it would stall the
+ *    channel; a watch that times out therefore checks the counter and skips
+ *    an index that was taken but never written.
+ *  - Messages: "abort <rank> <status> <reason>" (the comm failed there: fail
+ *    everything here with that root cause) and "query <rank> <seq>" (a desync
+ *    query, see desync.c: answer with this rank's progress under
+ *    "<prefix>ctl/<k>/ans/<rank>", k being the message's index).
+ *  - Only comms with an async policy (ABORT_COMM, ABORT_PROCESS) watch;
+ *    BLOCKING_WAIT and NONE do nothing in the background.
+ *  - Every store request here holds a comm reference until its callback.
+ */
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/log.h"
+
+#define CTL_WATCH_MS 5000 /* bound of one watch request before it is re-armed */
+#define CTL_RETRY_MS 500  /* after a store error */
+
+static void ctl_watch_post(collie_comm *c);
+
+bool cl_comm_ctl_enabled(const collie_comm *c) {
+    return c->policy == COLLIE_POLICY_ABORT_COMM || c->policy == COLLIE_POLICY_ABORT_PROCESS;
+}
+
+static void ctl_key(const collie_comm *c, char *buf, size_t len, const char *fmt, uint64_t k) {
+    int n = snprintf(buf, len, "%sctl/", c->prefix);
+    snprintf(buf + n, len - (size_t)n, fmt, (unsigned long long)k);
+}
+
+/* ---- answering queries ------------------------------------------------------ */
+
+/* This rank's progress, for desync answers and reports (loop). */
+void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
+    cl_coll_work *oldest = NULL;
+    for (cl_coll_work *cw = c->active_head; cw; cw = cw->a_next) {
+        if (cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV) continue;
+        if (!oldest || cw->base.seq < oldest->base.seq) oldest = cw;
+    }
+    unsigned long long posted = atomic_load(&c->last_posted), done = c->last_done;
+    if (oldest)
+        snprintf(buf, len, "posted %llu, completed %llu, in %s seq %llu", posted, done,
+                 oldest->base.ops->name, (unsigned long long)oldest->base.seq);
+    else if (c->wait_head)
+        snprintf(buf, len, "posted %llu, completed %llu, waiting for creation", posted, done);
+    else
+        snprintf(buf, len, "posted %llu, completed %llu, idle", posted, done);
+}
+
+static void ctl_release_cb(collie_work *w, void *arg) {
+    collie_work_release(w);
+    cl_comm_release(arg);
+}
+
+static void ctl_answer(collie_comm *c, uint64_t k) {
+    char key[200], val[200];
+    ctl_key(c, key, sizeof key, "%llu/ans/", k);
+    size_t n = strlen(key);
+    snprintf(key + n, sizeof key - n, "%d", c->rank);
+    cl_comm_progress(c, val, sizeof val);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = ctl_release_cb;
+    o.cb_arg = c;
+    o.timeout_ms = 2000;
+    collie_work *w;
+    cl_comm_hold(c);
+    if (collie_store_post_set(c->store, key, val, strlen(val), &o, &w) != COLLIE_OK)
+        cl_comm_release(c);
+}
+
+/* ---- handling messages -------------------------------------------------------- */
+
+static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) {
+    char buf[600];
+    snprintf(buf, sizeof buf, "%.*s", (int)len, msg);
+    int rank = -1, status = 0, off = 0;
+    unsigned long long seq = 0;
+    if (sscanf(buf, "abort %d %d %n", &rank, &status, &off) == 2 && off > 0) {
+        if (rank == c->rank) return; /* our own */
+        cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d aborted the comm: %s", rank,
+                         buf + off);
+        return;
+    }
+    if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
+        if (rank != c->rank) ctl_answer(c, k);
+        return;
+    }
+    CL_WARN("comm", "comm '%s' rank %d: ignoring unknown control message '%s'", c->name, c->rank,
+            buf);
+}
+
+static void ctl_retry_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    collie_comm *c = arg;
+    ctl_watch_post(c);
+}
+
+static void ctl_retry_later(collie_comm *c) {
+    if (!c->ctl_retry_ev)
+        c->ctl_retry_ev = event_new(cl_engine_base(c->engine), -1, 0, ctl_retry_cb, c);
+    struct timeval tv = {0, CTL_RETRY_MS * 1000};
+    if (c->ctl_retry_ev) event_add(c->ctl_retry_ev, &tv);
+}
+
+static void ctl_on_count(collie_work *w, void *arg) {
+    collie_comm *c = arg;
+    int64_t n = 0;
+    if (collie_work_result(w) == COLLIE_OK) collie_store_work_int(w, &n);
+    collie_work_release(w);
+    c->ctl_probe = NULL;
+    if (!c->ctl_stopped) {
+        if ((uint64_t)n >= c->ctl_next) {
+            CL_WARN("comm", "comm '%s': control message %llu was never written; skipping it",
+                    c->name, (unsigned long long)c->ctl_next);
+            c->ctl_next++;
+        }
+        ctl_watch_post(c);
+    }
+    cl_comm_release(c);
+}
+
+static void ctl_on_msg(collie_work *w, void *arg) {
+    collie_comm *c = arg;
+    int st = collie_work_result(w);
+    c->ctl_watch = NULL;
+    if (c->ctl_stopped || st == COLLIE_ECANCELED || st == COLLIE_ECLOSED) {
+        collie_work_release(w);
+        cl_comm_release(c);
+        return;
+    }
+    if (st == COLLIE_OK) {
+        const void *val;
+        size_t len;
+        collie_store_work_value(w, &val, &len);
+        uint64_t k = c->ctl_next++;
+        CL_DEBUG("comm", "comm '%s' rank %d: control message %llu: %.*s", c->name, c->rank,
+                 (unsigned long long)k, (int)len, (const char *)val);
+        ctl_handle(c, val, len, k);
+        if (!c->ctl_stopped) ctl_watch_post(c);
+    } else if (st == COLLIE_ETIMEDOUT) {
+        /* nothing new, or a writer died between taking k and writing it */
+        char key[160];
+        ctl_key(c, key, sizeof key, "n", 0);
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.cb = ctl_on_count;
+        o.cb_arg = c;
+        o.timeout_ms = 2000;
+        cl_comm_hold(c);
+        if (collie_store_post_add(c->store, key, 0, &o, &c->ctl_probe) != COLLIE_OK) {
+            cl_comm_release(c);
+            ctl_retry_later(c);
+        }
+    } else {
+        ctl_retry_later(c); /* the store connection is being re-made */
+    }
+    collie_work_release(w);
+    cl_comm_release(c);
+}
+
+static void ctl_watch_post(collie_comm *c) {
+    if (c->ctl_stopped || c->ctl_watch) return;
+    char key[160];
+    ctl_key(c, key, sizeof key, "%llu", c->ctl_next);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = ctl_on_msg;
+    o.cb_arg = c;
+    o.timeout_ms = CTL_WATCH_MS;
+    cl_comm_hold(c);
+    if (collie_store_post_get(c->store, key, &o, &c->ctl_watch) != COLLIE_OK) {
+        c->ctl_watch = NULL;
+        cl_comm_release(c);
+        ctl_retry_later(c);
+    }
+}
+
+void cl_comm_ctl_start(collie_comm *c) {
+    if (!cl_comm_ctl_enabled(c)) return;
+    c->ctl_next = 1;
+    ctl_watch_post(c);
+}
+
+void cl_comm_ctl_stop(collie_comm *c) {
+    c->ctl_stopped = true;
+    if (c->ctl_watch) collie_work_cancel(c->ctl_watch);
+    if (c->ctl_probe) collie_work_cancel(c->ctl_probe);
+    if (c->ctl_retry_ev) {
+        event_free(c->ctl_retry_ev);
+        c->ctl_retry_ev = NULL;
+    }
+}
+
+/* ---- sending ---------------------------------------------------------------------- */
+
+typedef struct ctl_send {
+    collie_comm *c;
+    char msg[600];
+    void (*done)(void *arg, int status, uint64_t k);
+    void *done_arg;
+} ctl_send;
+
+static void ctl_send_finish(ctl_send *s, int status, uint64_t k) {
+    collie_comm *c = s->c;
+    if (s->done) s->done(s->done_arg, status, k);
+    pthread_mutex_lock(&c->mu);
+    c->ctl_sending--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    free(s);
+    cl_comm_release(c);
+}
+
+static void ctl_on_set(collie_work *w, void *arg) {
+    ctl_send *s = arg;
+    int st = collie_work_result(w);
+    uint64_t k = collie_work_tag(w);
+    collie_work_release(w);
+    ctl_send_finish(s, st, k);
+}
+
+static void ctl_on_index(collie_work *w, void *arg) {
+    ctl_send *s = arg;
+    collie_comm *c = s->c;
+    int64_t k = 0;
+    int st = collie_work_result(w);
+    if (st == COLLIE_OK) collie_store_work_int(w, &k);
+    collie_work_release(w);
+    if (st != COLLIE_OK) {
+        CL_WARN("comm", "comm '%s' rank %d: could not post a control message: %s", c->name, c->rank,
+                collie_strerror(st));
+        ctl_send_finish(s, st, 0);
+        return;
+    }
+    char key[160];
+    ctl_key(c, key, sizeof key, "%llu", (uint64_t)k);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = ctl_on_set;
+    o.cb_arg = s;
+    o.timeout_ms = 2000;
+    o.tag = (uint64_t)k;
+    collie_work *sw;
+    st = collie_store_post_set(c->store, key, s->msg, strlen(s->msg), &o, &sw);
+    if (st != COLLIE_OK) ctl_send_finish(s, st, 0);
+}
+
+int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, uint64_t),
+                     void *done_arg) {
+    ctl_send *s = calloc(1, sizeof *s);
+    if (!s) return COLLIE_ENOMEM;
+    s->c = c;
+    snprintf(s->msg, sizeof s->msg, "%s", msg);
+    s->done = done;
+    s->done_arg = done_arg;
+    cl_comm_hold(c);
+    pthread_mutex_lock(&c->mu);
+    c->ctl_sending++;
+    pthread_mutex_unlock(&c->mu);
+    char key[160];
+    ctl_key(c, key, sizeof key, "n", 0);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = ctl_on_index;
+    o.cb_arg = s;
+    o.timeout_ms = 2000;
+    collie_work *w;
+    int r = collie_store_post_add(c->store, key, 1, &o, &w);
+    if (r != COLLIE_OK) ctl_send_finish(s, r, 0);
+    return r;
+}
+
+void cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason) {
+    if (c->prefix[0] == '\0' || c->abort_published) return; /* never created */
+    c->abort_published = true;
+    char msg[600];
+    snprintf(msg, sizeof msg, "abort %d %d %s", c->rank, status, reason);
+    cl_comm_ctl_send(c, msg, NULL, NULL);
+}

@@ -1,0 +1,204 @@
+/*
+ * desync.c — the desync report: when a collective's deadline passes, ask
+ * every rank how far it got before failing the work, so the error names
+ * the ranks that never reached that sequence number.
+ *
+ * Design notes
+ *  - Runs on the loop from the work's expire hook. The work is claimed at
+ *    once (nobody else can finish it, and the transport stops touching its
+ *    buffers), the query goes out on the control channel, and every other
+ *    rank's engine answers with its progress under "<prefix>ctl/<k>/ans/<r>".
+ *  - Bounded: each answer is awaited at most DESYNC_MS; a timer of the same
+ *    length is the backstop. A rank that does not answer is named as such
+ *    (stopped, dead, or its progress loop stuck).
+ *  - Only comms whose policy watches the control channel do this; others
+ *    fail the work at the deadline as usual.
+ */
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/log.h"
+
+#define DESYNC_MS 800
+
+typedef struct desync {
+    struct desync *next, *prev; /* the comm's list of reports in progress */
+    collie_comm *c;
+    collie_work *w;
+    uint64_t seq;
+    int refs; /* the timer + one per store request in flight (loop only) */
+    int waiting;
+    bool published;
+    struct event *timer;
+    char (*answer)[200]; /* per rank; "" = none */
+} desync;
+
+static void desync_unlink(desync *d) {
+    collie_comm *c = d->c;
+    if (d->prev)
+        d->prev->next = d->next;
+    else if (c->desyncs == d)
+        c->desyncs = d->next;
+    if (d->next) d->next->prev = d->prev;
+    d->next = d->prev = NULL;
+}
+
+static void desync_release(desync *d) {
+    if (--d->refs > 0) return;
+    desync_unlink(d);
+    if (d->timer) event_free(d->timer);
+    free(d->answer);
+    collie_work_release(d->w);
+    cl_comm_release(d->c);
+    free(d);
+}
+
+static void desync_publish(desync *d) {
+    if (d->published) return;
+    d->published = true;
+    collie_comm *c = d->c;
+    desync_unlink(d);
+    if (d->timer && evtimer_pending(d->timer, NULL)) { /* the timer's reference */
+        event_del(d->timer);
+        d->refs--; /* callers hold their own, so this never frees d */
+    }
+    char never[700] = "", reached[1200] = "";
+    size_t nl = 0, rl = 0;
+    for (int r = 0; r < c->size; r++) {
+        unsigned long long posted = 0;
+        const char *a = d->answer[r];
+        bool answered = a[0] != '\0';
+        if (answered) sscanf(a, "posted %llu", &posted);
+        if (!answered)
+            nl += (size_t)snprintf(never + nl, nl < sizeof never ? sizeof never - nl : 0,
+                                   "%srank %d (no answer within %d ms: stopped, dead or stuck)",
+                                   nl ? ", " : "", r, DESYNC_MS);
+        else if (posted < d->seq)
+            nl += (size_t)snprintf(never + nl, nl < sizeof never ? sizeof never - nl : 0,
+                                   "%srank %d (%s)", nl ? ", " : "", r, a);
+        else
+            rl += (size_t)snprintf(reached + rl, rl < sizeof reached ? sizeof reached - rl : 0,
+                                   "%srank %d (%s)", rl ? ", " : "", r, a);
+    }
+    cl_work_publish(d->w, COLLIE_ETIMEDOUT,
+                    "deadline of %d ms passed. Desync report: never reached seq %llu: %s; "
+                    "reached it: %s",
+                    (int)d->w->timeout_ms, (unsigned long long)d->seq, nl ? never : "none",
+                    rl ? reached : "none");
+}
+
+static void desync_on_timer(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    desync *d = arg;
+    desync_publish(d);
+    desync_release(d);
+}
+
+typedef struct desync_get {
+    desync *d;
+    int rank;
+} desync_get;
+
+static void desync_on_answer(collie_work *w, void *arg) {
+    desync_get *g = arg;
+    desync *d = g->d;
+    if (collie_work_result(w) == COLLIE_OK) {
+        const void *val;
+        size_t len;
+        collie_store_work_value(w, &val, &len);
+        snprintf(d->answer[g->rank], sizeof d->answer[0], "%.*s", (int)len, (const char *)val);
+    }
+    collie_work_release(w);
+    free(g);
+    if (--d->waiting == 0) desync_publish(d);
+    desync_release(d);
+}
+
+/* The query is out as control message k: collect the answers. */
+static void desync_on_sent(void *arg, int status, uint64_t k) {
+    desync *d = arg;
+    collie_comm *c = d->c;
+    if (status == COLLIE_OK) {
+        for (int r = 0; r < c->size; r++) {
+            if (r == c->rank) continue;
+            desync_get *g = malloc(sizeof *g);
+            if (!g) continue;
+            g->d = d;
+            g->rank = r;
+            char key[200];
+            snprintf(key, sizeof key, "%sctl/%llu/ans/%d", c->prefix, (unsigned long long)k, r);
+            collie_post_opts o = COLLIE_POST_OPTS_INIT;
+            o.cb = desync_on_answer;
+            o.cb_arg = g;
+            o.timeout_ms = DESYNC_MS;
+            collie_work *gw;
+            d->refs++;
+            d->waiting++;
+            if (collie_store_post_get(c->store, key, &o, &gw) != COLLIE_OK) {
+                d->refs--;
+                d->waiting--;
+                free(g);
+            }
+        }
+    }
+    if (d->waiting == 0) desync_publish(d); /* nobody to wait for */
+    desync_release(d);
+}
+
+bool cl_coll_expire(collie_work *w) {
+    cl_coll_work *cw = (cl_coll_work *)w;
+    collie_comm *c = cw->comm;
+    bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
+    if (p2p || c->size == 1 || !cl_comm_ctl_enabled(c) || atomic_load(&c->state) != CL_COMM_READY)
+        return false;
+    if (!cl_work_claim(w)) return true; /* someone else is finishing it */
+    desync *d = calloc(1, sizeof *d);
+    if (d) d->answer = calloc((size_t)c->size, sizeof *d->answer);
+    if (!d || !d->answer) {
+        if (d) free(d);
+        cl_work_publish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
+        return true;
+    }
+    d->c = c;
+    d->w = w;
+    d->seq = w->seq;
+    d->next = c->desyncs;
+    if (c->desyncs) c->desyncs->prev = d;
+    c->desyncs = d;
+    cl_comm_hold(c);
+    collie_work_hold(w);
+    cl_comm_progress(c, d->answer[c->rank], sizeof d->answer[0]);
+    d->timer = event_new(cl_engine_base(c->engine), -1, 0, desync_on_timer, d);
+    struct timeval tv = {0, (DESYNC_MS + 100) * 1000};
+    d->refs = 1; /* the timer */
+    if (d->timer) event_add(d->timer, &tv);
+    char msg[96];
+    snprintf(msg, sizeof msg, "query %d %llu", c->rank, (unsigned long long)w->seq);
+    d->refs++;
+    if (cl_comm_ctl_send(c, msg, desync_on_sent, d) != COLLIE_OK) {
+        /* ctl_send already reported through desync_on_sent */
+    }
+    if (!d->timer) { /* no timer: publish what we have when the sends end */
+        desync_publish(d);
+        desync_release(d);
+    }
+    CL_INFO("comm", "comm '%s' rank %d: %s seq %llu timed out; asking the other ranks", c->name,
+            c->rank, w->ops->name, (unsigned long long)w->seq);
+    return true;
+}
+
+/* Publish every report in progress with what it has (loop): the comm is
+ * going away and its works must complete now. */
+void cl_desync_flush(collie_comm *c) {
+    while (c->desyncs) {
+        desync *d = c->desyncs;
+        d->refs++;
+        desync_publish(d); /* unlinks d */
+        desync_release(d);
+    }
+}

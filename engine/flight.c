@@ -1,0 +1,180 @@
+/*
+ * flight.c — the per-comm flight recorder: a ring of the last N works.
+ *
+ * Design notes
+ *  - N comes from COLLIE_TRACE_BUFFER (default 2048; 0 turns it off). The
+ *    ring is allocated with the comm; recording never allocates.
+ *  - A work gets a slot when posted (any thread) and updates it when it
+ *    starts and ends (loop). A small mutex guards the ring: it is held for
+ *    a few stores, never while calling out. A slot reused by a newer work
+ *    (the ring wrapped) is not touched by the older one again.
+ *  - Dumps are JSON with one entry per line, so both jq and the small
+ *    parser in collie-trace read them. On abort the dump goes to
+ *    COLLIE_DUMP_DIR/collie-<name>-g<generation>-r<rank>.json when set.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/comm.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/log.h"
+
+static const char *const fr_kind_names[] = {"allreduce",      "broadcast", "reduce", "allgather",
+                                            "reduce_scatter", "alltoall",  "gather", "scatter",
+                                            "barrier",        "send",      "recv"};
+
+int cl_flight_init(collie_comm *c) {
+    uint32_t n = (uint32_t)cl_config_get()->trace_buffer;
+    c->fr_cap = n;
+    if (n == 0) return COLLIE_OK;
+    c->fr_ring = calloc(n, sizeof *c->fr_ring);
+    if (!c->fr_ring) return COLLIE_ENOMEM;
+    pthread_mutex_init(&c->fr_mu, NULL);
+    return COLLIE_OK;
+}
+
+void cl_flight_fini(collie_comm *c) {
+    if (!c->fr_ring) return;
+    free(c->fr_ring);
+    c->fr_ring = NULL;
+    pthread_mutex_destroy(&c->fr_mu);
+}
+
+/* Wall-clock microseconds of a monotonic timestamp (for humans; the
+ * ordering inside one rank uses the monotonic values). */
+static int64_t fr_wall_us(int64_t mono_ns) {
+    if (mono_ns == 0) return 0;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    int64_t now_wall = (int64_t)rt.tv_sec * 1000000000LL + rt.tv_nsec;
+    return (now_wall - (cl_now_ns() - mono_ns)) / 1000;
+}
+
+void cl_flight_post(collie_comm *c, cl_coll_work *cw) {
+    if (!c->fr_ring) return;
+    pthread_mutex_lock(&c->fr_mu);
+    uint64_t id = ++c->fr_count;
+    cl_fr_entry *e = &c->fr_ring[(id - 1) % c->fr_cap];
+    memset(e, 0, sizeof *e);
+    e->id = id;
+    e->seq = cw->base.seq;
+    e->kind = (uint8_t)cw->args.kind;
+    e->dtype = (uint8_t)cw->args.dtype;
+    e->op = (uint8_t)cw->args.op;
+    e->count = cw->args.count;
+    e->peer = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV
+                  ? cw->args.peer
+                  : cw->args.root;
+    e->cuda = cw->args.stream != NULL;
+    e->post_ns = cw->base.post_ns;
+    e->status = COLLIE_INPROGRESS;
+    cw->fr_id = id;
+    pthread_mutex_unlock(&c->fr_mu);
+}
+
+static cl_fr_entry *fr_entry(collie_comm *c, cl_coll_work *cw) {
+    if (!c->fr_ring || cw->fr_id == 0) return NULL;
+    cl_fr_entry *e = &c->fr_ring[(cw->fr_id - 1) % c->fr_cap];
+    return e->id == cw->fr_id ? e : NULL;
+}
+
+void cl_flight_start(collie_comm *c, cl_coll_work *cw) {
+    if (!c->fr_ring) return;
+    pthread_mutex_lock(&c->fr_mu);
+    cl_fr_entry *e = fr_entry(c, cw);
+    if (e) e->start_ns = cl_now_ns();
+    pthread_mutex_unlock(&c->fr_mu);
+}
+
+void cl_flight_end(collie_comm *c, cl_coll_work *cw) {
+    if (!c->fr_ring) return;
+    pthread_mutex_lock(&c->fr_mu);
+    cl_fr_entry *e = fr_entry(c, cw);
+    if (e) {
+        e->end_ns = cw->base.end_ns ? cw->base.end_ns : cl_now_ns();
+        e->status = cw->base.status;
+        snprintf(e->error, sizeof e->error, "%s",
+                 cw->base.errmsg && cw->base.status != COLLIE_OK ? cw->base.errmsg : "");
+    }
+    pthread_mutex_unlock(&c->fr_mu);
+}
+
+static void fr_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static const char *fr_state(const cl_fr_entry *e) {
+    if (e->status != COLLIE_INPROGRESS) return e->status == COLLIE_OK ? "done" : "failed";
+    return e->start_ns ? "running" : "queued";
+}
+
+int collie_comm_dump(collie_comm *c, FILE *f) {
+    if (!c || !f) return COLLIE_EINVAL;
+    int st;
+    const char *msg;
+    collie_comm_error(c, &st, &msg);
+    fprintf(f, "{\"comm\":");
+    fr_json_string(f, c->name);
+    fprintf(f,
+            ",\"generation\":%llu,\"rank\":%d,\"size\":%d,\"status\":\"%s\",\"last_posted\":%llu,"
+            "\"error\":",
+            (unsigned long long)c->generation, c->rank, c->size, collie_status_name(st),
+            (unsigned long long)atomic_load(&c->last_posted));
+    fr_json_string(f, msg);
+    fprintf(f, ",\"capacity\":%u,\"entries\":[\n", c->fr_cap);
+    if (c->fr_ring) {
+        pthread_mutex_lock(&c->fr_mu);
+        uint64_t first = c->fr_count > c->fr_cap ? c->fr_count - c->fr_cap + 1 : 1;
+        for (uint64_t id = first; id <= c->fr_count; id++) {
+            const cl_fr_entry *e = &c->fr_ring[(id - 1) % c->fr_cap];
+            fprintf(f,
+                    "{\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"count\":%llu,"
+                    "\"peer\":%d,\"cuda\":%s,\"state\":\"%s\",\"status\":\"%s\",\"post_us\":%lld,"
+                    "\"start_us\":%lld,\"end_us\":%lld,\"error\":",
+                    (unsigned long long)e->seq,
+                    e->kind < COLLIE_COLL_NUM_KINDS ? fr_kind_names[e->kind] : "?",
+                    collie_dtype_name((collie_dtype)e->dtype),
+                    collie_redop_name((collie_redop)e->op), (unsigned long long)e->count, e->peer,
+                    e->cuda ? "true" : "false", fr_state(e), collie_status_name(e->status),
+                    (long long)fr_wall_us(e->post_ns), (long long)fr_wall_us(e->start_ns),
+                    (long long)fr_wall_us(e->end_ns));
+            fr_json_string(f, e->error);
+            fprintf(f, "}%s\n", id == c->fr_count ? "" : ",");
+        }
+        pthread_mutex_unlock(&c->fr_mu);
+    }
+    fprintf(f, "]}\n");
+    return ferror(f) ? COLLIE_ESYSTEM : COLLIE_OK;
+}
+
+void cl_comm_dump_on_abort(collie_comm *c) {
+    const char *dir = cl_config_get()->dump_dir;
+    if (!dir || c->dumped) return;
+    c->dumped = true;
+    char path[512];
+    snprintf(path, sizeof path, "%s/collie-%s-g%llu-r%d.json", dir, c->name,
+             (unsigned long long)c->generation, c->rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        CL_ERROR("comm", "comm '%s' rank %d: cannot write the flight recorder to %s: %s", c->name,
+                 c->rank, path, strerror(errno));
+        return;
+    }
+    collie_comm_dump(c, f);
+    fclose(f);
+    CL_WARN("comm", "comm '%s' rank %d: flight recorder written to %s", c->name, c->rank, path);
+}

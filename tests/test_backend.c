@@ -1,0 +1,572 @@
+/*
+ * test_backend.c — backends (DESIGN §5): spec parsing through comm
+ * creation, collie_backend_register's checks, an in-process registered
+ * backend, and plugins found through COLLIE_PLUGIN_PATH: the example
+ * "dummy" backend (examples/dummy_backend) and the broken ones of
+ * tests/plugins.
+ *
+ * Design notes
+ *  - Settings are parsed once per process, so each plugin test runs in a
+ *    forked child that sets COLLIE_PLUGIN_PATH and calls cl_config_reload()
+ *    (as test_engine.c does); a plugin, once loaded, also stays registered,
+ *    so each child starts from a clean registry. Children never use cmocka
+ *    asserts (a failure would resume the parent's runner inside the child):
+ *    CHECK writes a message to a pipe and the child exits non-zero. alarm()
+ *    bounds every child; every wait is bounded.
+ *  - Registered backends live for the life of the process, so each test
+ *    uses names no other test uses.
+ */
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "engine/comm.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "harness.h"
+#include "transports/reduce.h"
+
+#define WAIT_MS 10000
+
+/* ---- spec parsing through comm creation ------------------------------------- */
+
+static void expect_spec_error(collie_engine *e, collie_store *st, const char *spec, int code,
+                              const char *needle1, const char *needle2) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "spec";
+    o.backend = spec;
+    collie_comm *c = (collie_comm *)0x1;
+    collie_work *w = (collie_work *)0x1;
+    int rc = collie_comm_create_post(e, st, 0, 1, &o, &c, &w);
+    if (rc != code)
+        fail_msg("spec '%s': got %s, want %s (%s)", spec, collie_status_name(rc),
+                 collie_status_name(code), collie_last_error());
+    assert_null(c);
+    assert_null(w);
+    const char *msg = collie_last_error();
+    if ((needle1 && !strstr(msg, needle1)) || (needle2 && !strstr(msg, needle2)))
+        fail_msg("spec '%s': message '%s' lacks '%s' / '%s'", spec, msg, needle1,
+                 needle2 ? needle2 : "");
+}
+
+static void test_spec_errors(void **state) {
+    (void)state;
+    collie_engine *e;
+    collie_store *st;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    /* the connection is made lazily: a rejected create never uses it */
+    assert_int_equal(collie_store_connect(e, "127.0.0.1:1", NULL, &st), COLLIE_OK);
+    expect_spec_error(e, st, "", COLLIE_EINVAL, "empty", NULL);
+    expect_spec_error(e, st, "cpu:tcp,cpu:tcp", COLLIE_EINVAL, "device cpu given twice", NULL);
+    expect_spec_error(e, st, "tcp,CPU:TCP", COLLIE_EINVAL, "device cpu given twice", NULL);
+    expect_spec_error(e, st, "bogus", COLLIE_EINVAL, "unknown backend 'bogus'",
+                      "COLLIE_PLUGIN_PATH");
+    expect_spec_error(e, st, "bogus", COLLIE_EINVAL,
+                      "not built in, not registered, and no plugin libcollie_bogus.so", NULL);
+    expect_spec_error(e, st, "cpu:bogus", COLLIE_EINVAL, "unknown backend 'bogus'", NULL);
+    expect_spec_error(e, st, "gpu:tcp", COLLIE_EINVAL, "unknown device 'gpu'", "cpu or cuda");
+    expect_spec_error(e, st, "cuda:tcp", COLLIE_EINVAL,
+                      "backend 'tcp' serves cpu buffers, not cuda", NULL);
+    expect_spec_error(e, st, "cpu:", COLLIE_EINVAL, "missing backend name", NULL);
+    expect_spec_error(e, st, "tcp,,cuda:tcp", COLLIE_EINVAL, "empty or overlong item", NULL);
+    expect_spec_error(e, st, ",", COLLIE_EINVAL, "empty or overlong item", NULL);
+    collie_store_destroy(st);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+static void world_with_backend(const char *name, const char *spec, int n) {
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.backend = spec;
+    o.timeout_ms = 30000;
+    world_create(&w, n, name, &o);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 7, 0, false);
+    run_and_check(&w, COLLIE_COLL_BARRIER, COLLIE_FP32, COLLIE_SUM, 0, 0, false);
+    world_destroy(&w);
+}
+
+static void test_spec_names_case_insensitive(void **state) {
+    (void)state;
+    world_with_backend("spec-TCP", "TCP", 2);
+    world_with_backend("spec-tcp", "tcp", 2);
+    world_with_backend("spec-cpu-tcp", "cpu:tcp", 2);
+    world_with_backend("spec-CPU-Tcp", "CPU:Tcp", 2);
+}
+
+/* ---- collie_backend_register ---------------------------------------------------- */
+
+static void expect_register(const collie_backend_ops *ops, int code, const char *needle1,
+                            const char *needle2) {
+    int rc = collie_backend_register(ops);
+    if (rc != code)
+        fail_msg("register '%s': got %s, want %s (%s)", ops && ops->name ? ops->name : "(null)",
+                 collie_status_name(rc), collie_status_name(code), collie_last_error());
+    const char *msg = collie_last_error();
+    if ((needle1 && !strstr(msg, needle1)) || (needle2 && !strstr(msg, needle2)))
+        fail_msg("register: message '%s' lacks '%s' / '%s'", msg, needle1, needle2 ? needle2 : "");
+}
+
+static void test_register_rejects(void **state) {
+    (void)state;
+    const collie_backend_ops *tcp = cl_tcp_backend_ops();
+    collie_backend_ops o;
+    expect_register(NULL, COLLIE_EINVAL, "NULL", NULL);
+    o = *tcp;
+    o.name = "rej-abi";
+    o.abi_version = COLLIE_BACKEND_ABI_VERSION + 1;
+    expect_register(&o, COLLIE_ENOTSUP, "ABI version 2", "speaks version 1");
+    o = *tcp;
+    o.name = "rej-hook";
+    o.detach = NULL;
+    expect_register(&o, COLLIE_EINVAL, "'rej-hook' lacks a hook", NULL);
+    o.detach = tcp->detach;
+    o.init = NULL;
+    expect_register(&o, COLLIE_EINVAL, "lacks a hook", NULL);
+    const char *bad_names[] = {
+        "my tcp", "a/b", "x.y", "tcp:1", "", NULL, "a-name-that-is-longer-than-32-chars"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+        o = *tcp;
+        o.name = bad_names[i];
+        expect_register(&o, COLLIE_EINVAL, "name", NULL);
+    }
+    o = *tcp;
+    o.name = "rej-device";
+    o.device = "gpu";
+    expect_register(&o, COLLIE_EINVAL, "device must be cpu or cuda", NULL);
+    o.device = NULL;
+    expect_register(&o, COLLIE_EINVAL, "device must be cpu or cuda", NULL);
+    o = *tcp;
+    o.name = "TCP"; /* names are case-insensitive: the built-in tcp holds it */
+    expect_register(&o, COLLIE_EEXIST, "'TCP' is already registered", NULL);
+    /* none of the rejected ones was registered */
+    cl_backend_spec spec;
+    assert_int_equal(cl_backend_parse_spec("rej-abi", &spec), COLLIE_EINVAL);
+    assert_int_equal(cl_backend_parse_spec("rej-hook", &spec), COLLIE_EINVAL);
+    assert_int_equal(cl_backend_parse_spec("rej-device", &spec), COLLIE_EINVAL);
+}
+
+/* An in-process backend: the TCP transport under another name, counting
+ * the calls it gets. */
+static _Atomic int counting_inits, counting_starts;
+
+static int counting_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    atomic_fetch_add(&counting_inits, 1);
+    return cl_tcp_backend_ops()->init(bc, core, state);
+}
+
+static int counting_start(void *state, collie_work *w, const collie_coll_args *a) {
+    atomic_fetch_add(&counting_starts, 1);
+    return cl_tcp_backend_ops()->start(state, w, a);
+}
+
+static void test_register_in_process_backend(void **state) {
+    (void)state;
+    static collie_backend_ops counting;
+    counting = *cl_tcp_backend_ops();
+    counting.name = "Counting";
+    counting.init = counting_init;
+    counting.start = counting_start;
+    assert_int_equal(collie_backend_register(&counting), COLLIE_OK);
+    expect_register(&counting, COLLIE_EEXIST, "already registered", NULL);
+    static collie_backend_ops upper;
+    upper = counting;
+    upper.name = "COUNTING";
+    expect_register(&upper, COLLIE_EEXIST, "'COUNTING' is already registered", NULL);
+
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "counting";
+    o.backend = "cpu:counting";
+    o.timeout_ms = 30000;
+    world_create(&w, 2, "counting", &o);
+    assert_int_equal(atomic_load(&counting_inits), 2);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 7, 0, false);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_MAX, 4099, 0, true);
+    world_destroy(&w);
+    assert_int_equal(atomic_load(&counting_starts), 4);
+}
+
+/* ---- plugin children ----------------------------------------------------------- */
+
+static char child_msg[1024];
+static char plugin_path[2 * PATH_MAX + 32];
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            int k_ = snprintf(child_msg, sizeof child_msg, "line %d: ", __LINE__);                 \
+            snprintf(child_msg + k_, sizeof child_msg - (size_t)k_, __VA_ARGS__);                  \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* A world of n ranks spread over `ne` engines (rank r on engine r % ne). */
+typedef struct cworld {
+    int n, ne;
+    collie_engine *e[2];
+    collie_store_server *srv;
+    collie_store *st[WORLD_MAX];
+    collie_comm *c[WORLD_MAX];
+} cworld;
+
+static int cw_create(cworld *w, int n, int ne, const char *name, const char *spec) {
+    memset(w, 0, sizeof *w);
+    w->n = n;
+    w->ne = ne;
+    for (int i = 0; i < ne; i++)
+        CHECK(collie_engine_create(NULL, &w->e[i]) == COLLIE_OK, "engine: %s", collie_last_error());
+    CHECK(collie_store_server_create(w->e[0], "127.0.0.1", 0, NULL, &w->srv) == COLLIE_OK,
+          "server: %s", collie_last_error());
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w->srv));
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.backend = spec;
+    o.timeout_ms = WAIT_MS;
+    collie_work *cw[WORLD_MAX];
+    for (int r = 0; r < n; r++) {
+        CHECK(collie_store_connect(w->e[r % ne], addr, NULL, &w->st[r]) == COLLIE_OK, "store");
+        int rc = collie_comm_create_post(w->e[r % ne], w->st[r], r, n, &o, &w->c[r], &cw[r]);
+        CHECK(rc == COLLIE_OK, "create '%s' rank %d: %s", spec, r, collie_last_error());
+    }
+    for (int r = 0; r < n; r++) {
+        int rc = collie_work_wait(cw[r], WAIT_MS);
+        CHECK(rc == COLLIE_OK, "create rank %d: %s", r, collie_work_error_message(cw[r]));
+        collie_work_release(cw[r]);
+    }
+    return 0;
+}
+
+static void cw_destroy(cworld *w) {
+    for (int r = 0; r < w->n; r++) {
+        collie_comm_destroy(w->c[r]);
+        collie_store_destroy(w->st[r]);
+    }
+    collie_store_server_destroy(w->srv);
+    for (int i = 0; i < w->ne; i++)
+        collie_engine_destroy(w->e[i]);
+}
+
+/* Post `nops` allreduces on every rank, wait for all, compare each with a
+ * reference computed by the core's own kernels. */
+static int cw_allreduce(cworld *w, collie_dtype dt, collie_redop op, size_t count, int nops,
+                        bool in_place) {
+    size_t es = collie_dtype_size(dt), bytes = (count * es + 16) & ~(size_t)15; /* aligned */
+    int n = w->n, total = n * nops;
+    uint8_t *in = calloc((size_t)total, bytes), *out = calloc((size_t)total, bytes);
+    uint8_t *ref = calloc((size_t)nops, bytes);
+    collie_work **wk = calloc((size_t)total, sizeof *wk);
+    CHECK(in && out && ref && wk, "no memory");
+    for (int k = 0; k < nops; k++)
+        for (int r = 0; r < n; r++) {
+            uint8_t *x = in + (size_t)(k * n + r) * bytes;
+            fill_input(x, count, dt, op, r, (size_t)k);
+            if (r == 0)
+                memcpy(ref + (size_t)k * bytes, x, count * es);
+            else
+                cl_reduce(ref + (size_t)k * bytes, x, count, dt, op);
+            if (in_place) memcpy(out + (size_t)(k * n + r) * bytes, x, count * es);
+        }
+    for (int k = 0; k < nops; k++)
+        for (int r = 0; r < n; r++) {
+            size_t i = (size_t)(k * n + r);
+            const void *src = in_place ? out + i * bytes : in + i * bytes;
+            int rc = collie_allreduce(w->c[r], src, out + i * bytes, count, dt, op, NULL, &wk[i]);
+            CHECK(rc == COLLIE_OK, "post rank %d: %s", r, collie_last_error());
+        }
+    for (int i = 0; i < total; i++) {
+        int rc = collie_work_wait(wk[i], WAIT_MS);
+        CHECK(rc == COLLIE_OK, "allreduce %s %s: %s", collie_dtype_name(dt), collie_redop_name(op),
+              collie_work_error_message(wk[i]));
+        collie_work_release(wk[i]);
+        size_t k = (size_t)i / (size_t)n;
+        CHECK(memcmp(out + (size_t)i * bytes, ref + k * bytes, count * es) == 0,
+              "allreduce %s %s count %zu: rank %d of op %zu differs", collie_dtype_name(dt),
+              collie_redop_name(op), count, i % n, k);
+    }
+    free(in);
+    free(out);
+    free(ref);
+    free(wk);
+    return 0;
+}
+
+/* Post one barrier per rank (rank order or reverse) and wait for all. */
+static int cw_barrier(cworld *w, bool reverse) {
+    collie_work *wk[WORLD_MAX];
+    for (int i = 0; i < w->n; i++) {
+        int r = reverse ? w->n - 1 - i : i;
+        CHECK(collie_barrier(w->c[r], NULL, &wk[r]) == COLLIE_OK, "barrier post");
+    }
+    for (int r = 0; r < w->n; r++) {
+        int rc = collie_work_wait(wk[r], WAIT_MS);
+        CHECK(rc == COLLIE_OK, "barrier rank %d: %s", r, collie_work_error_message(wk[r]));
+        collie_work_release(wk[r]);
+    }
+    return 0;
+}
+
+/* Wait for w, expect `code` and a message holding `needle`; release it. */
+static int expect_work(collie_work *w, int code, const char *needle) {
+    int rc = collie_work_wait(w, WAIT_MS);
+    const char *msg = collie_work_error_message(w);
+    CHECK(rc == code, "got %s (%s), want %s", collie_status_name(rc), msg,
+          collie_status_name(code));
+    CHECK(!needle || strstr(msg, needle), "message '%s' lacks '%s'", msg, needle);
+    collie_work_release(w);
+    return 0;
+}
+
+static int child_dummy_world(void) {
+    cworld w;
+    if (cw_create(&w, 3, 1, "dummy3", "dummy")) return 1;
+    static const struct {
+        collie_dtype dt;
+        collie_redop op;
+    } cases[] = {{COLLIE_FP32, COLLIE_SUM},  {COLLIE_FP32, COLLIE_MAX},
+                 {COLLIE_INT32, COLLIE_SUM}, {COLLIE_INT32, COLLIE_MAX},
+                 {COLLIE_INT64, COLLIE_MIN}, {COLLIE_FP64, COLLIE_PROD}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cw_allreduce(&w, cases[i].dt, cases[i].op, 7, 1, false)) return 1;
+        if (cw_allreduce(&w, cases[i].dt, cases[i].op, 1000, 1, true)) return 1;
+    }
+    if (cw_allreduce(&w, COLLIE_FP32, COLLIE_SUM, 0, 1, false)) return 1;
+    if (cw_allreduce(&w, COLLIE_INT32, COLLIE_SUM, 3, 16, false)) return 1; /* 16 in flight */
+    if (cw_barrier(&w, false) || cw_barrier(&w, true)) return 1;
+
+    /* other kinds and types: ENOTSUP from start, a failed work, no fault */
+    collie_work *wk[3];
+    float buf[3][6];
+    memset(buf, 0, sizeof buf);
+    for (int r = 0; r < 3; r++)
+        CHECK(collie_alltoall(w.c[r], buf[r], buf[r], 2, COLLIE_FP32, NULL, &wk[r]) == COLLIE_OK,
+              "alltoall post");
+    for (int r = 0; r < 3; r++)
+        if (expect_work(wk[r], COLLIE_ENOTSUP, "backend dummy could not start it")) return 1;
+    for (int r = 0; r < 3; r++)
+        CHECK(collie_allreduce(w.c[r], buf[r], buf[r], 4, COLLIE_FP16, COLLIE_SUM, NULL, &wk[r]) ==
+                  COLLIE_OK,
+              "fp16 post");
+    for (int r = 0; r < 3; r++)
+        if (expect_work(wk[r], COLLIE_ENOTSUP, "not supported")) return 1;
+    int st;
+    CHECK(collie_comm_error(w.c[0], &st, NULL) == COLLIE_OK, "comm faulted: %d", st);
+    if (cw_allreduce(&w, COLLIE_FP32, COLLIE_SUM, 5, 2, false)) return 1;
+    cw_destroy(&w);
+
+    /* the loaded plugin answers to any case; one rank; a device prefix */
+    if (cw_create(&w, 3, 1, "dummy3b", "DUMMY")) return 1;
+    if (cw_allreduce(&w, COLLIE_INT32, COLLIE_SUM, 9, 2, false) || cw_barrier(&w, false)) return 1;
+    cw_destroy(&w);
+    if (cw_create(&w, 1, 1, "dummy1", "cpu:Dummy")) return 1;
+    if (cw_allreduce(&w, COLLIE_FP64, COLLIE_SUM, 9, 2, true) || cw_barrier(&w, false)) return 1;
+    cw_destroy(&w);
+    cl_backend_spec spec;
+    CHECK(cl_backend_parse_spec("cuda:dummy", &spec) == COLLIE_EINVAL &&
+              strstr(collie_last_error(), "serves cpu buffers, not cuda"),
+          "cuda:dummy: %s", collie_last_error());
+    return 0;
+}
+
+/* Ranks on different engines: results travel through the poll hook. */
+static int child_dummy_two_engines(void) {
+    cworld w;
+    if (cw_create(&w, 2, 2, "dummy2e", "dummy")) return 1;
+    if (cw_allreduce(&w, COLLIE_FP32, COLLIE_SUM, 1000, 4, false)) return 1;
+    if (cw_allreduce(&w, COLLIE_INT64, COLLIE_MAX, 7, 1, true)) return 1;
+    if (cw_barrier(&w, false) || cw_barrier(&w, true)) return 1;
+    cw_destroy(&w);
+    return 0;
+}
+
+static void noop(void *arg) { (void)arg; }
+
+static int child_dummy_faults(void) {
+    cworld w;
+    float a[8] = {0}, b[8] = {0};
+    collie_work *w0, *w1;
+    int64_t t0;
+
+    /* a peer aborts while this rank waits for it: EPEER, promptly */
+    if (cw_create(&w, 2, 1, "dfault1", "dummy")) return 1;
+    CHECK(collie_allreduce(w.c[1], a, a, 8, COLLIE_FP32, COLLIE_SUM, NULL, &w1) == COLLIE_OK, "p");
+    t0 = now_ms();
+    collie_comm_abort(w.c[0], "test abort");
+    if (expect_work(w1, COLLIE_EPEER, "rank 0 left the comm")) return 1;
+    CHECK(now_ms() - t0 < WAIT_MS / 2, "EPEER took %lld ms", (long long)(now_ms() - t0));
+    CHECK(collie_barrier(w.c[0], NULL, &w0) == COLLIE_EABORTED &&
+              strstr(collie_last_error(), "test abort"),
+          "post after abort: %s", collie_last_error());
+    cw_destroy(&w);
+
+    /* mismatched posts: EPROTO naming both ranks, the peer learns EPEER */
+    if (cw_create(&w, 2, 1, "dfault2", "dummy")) return 1;
+    CHECK(collie_allreduce(w.c[0], a, a, 4, COLLIE_FP32, COLLIE_SUM, NULL, &w0) == COLLIE_OK, "p");
+    CHECK(collie_allreduce(w.c[1], b, b, 8, COLLIE_FP32, COLLIE_SUM, NULL, &w1) == COLLIE_OK, "p");
+    if (expect_work(w1, COLLIE_EPROTO,
+                    "rank 1 posted allreduce of 8 fp32 (sum), rank 0 posted allreduce of 4"))
+        return 1;
+    if (expect_work(w0, COLLIE_EPEER, "rank 1 left the comm")) return 1;
+    cw_destroy(&w);
+
+    /* a deadline passes (the peer never posts); its later post fails fast */
+    if (cw_create(&w, 2, 1, "dfault3", "dummy")) return 1;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 200;
+    CHECK(collie_allreduce(w.c[0], a, a, 8, COLLIE_FP32, COLLIE_SUM, &po, &w0) == COLLIE_OK, "p");
+    if (expect_work(w0, COLLIE_ETIMEDOUT, "deadline")) return 1;
+    t0 = now_ms(); /* the fault follows the completion; let it land first */
+    while (collie_comm_error(w.c[0], NULL, NULL) == COLLIE_OK && now_ms() - t0 < WAIT_MS)
+        usleep(1000);
+    CHECK(collie_barrier(w.c[1], NULL, &w1) == COLLIE_OK, "post");
+    if (expect_work(w1, COLLIE_EPEER, "rank 0 left the comm")) return 1;
+    cw_destroy(&w);
+
+    /* the engine stops under a started work: ECLOSED, then clean destroys
+     * (the core destroys the backend before the work retires, so detach
+     * comes with a NULL state) */
+    if (cw_create(&w, 2, 1, "dfault4", "dummy")) return 1;
+    CHECK(collie_allreduce(w.c[0], a, a, 8, COLLIE_FP32, COLLIE_SUM, NULL, &w0) == COLLIE_OK, "p");
+    /* a no-op call on the loop: the start queued before it has run */
+    CHECK(cl_engine_call(w.e[0], noop, NULL, WAIT_MS) == COLLIE_OK, "engine call");
+    CHECK(collie_engine_destroy(w.e[0]) == COLLIE_OK, "engine destroy");
+    w.e[0] = NULL;
+    if (expect_work(w0, COLLIE_ECLOSED, NULL)) return 1;
+    cw_destroy(&w);
+    return 0;
+}
+
+static int child_broken_plugins(void) {
+    collie_engine *e;
+    collie_store *st;
+    CHECK(collie_engine_create(NULL, &e) == COLLIE_OK, "engine");
+    CHECK(collie_store_connect(e, "127.0.0.1:1", NULL, &st) == COLLIE_OK, "store");
+    static const struct {
+        const char *spec;
+        int code;
+        const char *needle1, *needle2;
+    } cases[] = {
+        {"nosym", COLLIE_EINVAL, "plugin libcollie_nosym.so is unusable",
+         "does not export collie_backend_plugin_v1"},
+        {"cpu:NoSym", COLLIE_EINVAL, "tests/plugins/libcollie_nosym.so does not export", NULL},
+        {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 1"},
+        {"absent", COLLIE_EINVAL, "not built in, not registered, and no plugin libcollie_absent.so",
+         plugin_path},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.backend = cases[i].spec;
+        collie_comm *c;
+        collie_work *w;
+        int rc = collie_comm_create_post(e, st, 0, 1, &o, &c, &w);
+        const char *msg = collie_last_error();
+        CHECK(rc == cases[i].code && !c && !w, "'%s': got %s (%s)", cases[i].spec,
+              collie_status_name(rc), msg);
+        CHECK(strstr(msg, cases[i].needle1) && (!cases[i].needle2 || strstr(msg, cases[i].needle2)),
+              "'%s': message '%s'", cases[i].spec, msg);
+    }
+    collie_store_destroy(st);
+    collie_engine_destroy(e);
+    return 0;
+}
+
+/* Run fn in a child with COLLIE_PLUGIN_PATH set; fail with its message. */
+static void run_child(int (*fn)(void), const char *what) {
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        alarm(60);
+        setenv("COLLIE_PLUGIN_PATH", plugin_path, 1);
+        cl_config_reload();
+        int r = fn();
+        ssize_t n = write(pfd[1], child_msg, strlen(child_msg));
+        (void)n;
+        exit(r ? 1 : 0); /* not _exit: LeakSanitizer checks the child too */
+    }
+    close(pfd[1]);
+    char msg[sizeof child_msg] = "";
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof msg - 1 && (n = read(pfd[0], msg + got, sizeof msg - 1 - got)) > 0)
+        got += (size_t)n;
+    msg[got] = '\0';
+    close(pfd[0]);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("%s: child killed by signal %d%s", what, WTERMSIG(st),
+                 WTERMSIG(st) == SIGALRM ? " (timed out)" : "");
+    if (WEXITSTATUS(st) != 0)
+        fail_msg("%s: %s", what, msg[0] ? msg : "child failed (see its output above)");
+}
+
+static void test_plugin_dummy(void **state) {
+    (void)state;
+    run_child(child_dummy_world, "dummy plugin");
+}
+
+static void test_plugin_dummy_two_engines(void **state) {
+    (void)state;
+    run_child(child_dummy_two_engines, "dummy plugin, two engines");
+}
+
+static void test_plugin_dummy_faults(void **state) {
+    (void)state;
+    run_child(child_dummy_faults, "dummy plugin faults");
+}
+
+static void test_plugin_broken(void **state) {
+    (void)state;
+    run_child(child_broken_plugins, "broken plugins");
+}
+
+/* COLLIE_PLUGIN_PATH = <build>/lib:<build>/tests/plugins, where <build> is
+ * CLTEST_BUILD_DIR (set by tools/run-tests.sh) or this binary's build dir. */
+static int setup_plugin_path(void **state) {
+    (void)state;
+    char dir[PATH_MAX];
+    const char *env = getenv("CLTEST_BUILD_DIR");
+    if (env) {
+        if (!realpath(env, dir)) return -1;
+    } else {
+        ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+        if (n <= 0) return -1;
+        dir[n] = '\0';
+        for (int i = 0; i < 2; i++) /* <build>/tests/test_backend */
+            *strrchr(dir, '/') = '\0';
+    }
+    int n = snprintf(plugin_path, sizeof plugin_path, "%s/lib:%s/tests/plugins", dir, dir);
+    if (n < 0 || (size_t)n >= sizeof plugin_path) return -1;
+    char so[PATH_MAX + 32];
+    n = snprintf(so, sizeof so, "%s/lib/libcollie_dummy.so", dir);
+    if (n < 0 || (size_t)n >= sizeof so || access(so, R_OK) != 0) {
+        fprintf(stderr, "test_backend: %s is missing (make plugins)\n", so);
+        return -1;
+    }
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_spec_names_case_insensitive),
+        cmocka_unit_test(test_register_rejects),
+        cmocka_unit_test(test_register_in_process_backend),
+        cmocka_unit_test(test_plugin_dummy),
+        cmocka_unit_test(test_plugin_dummy_two_engines),
+        cmocka_unit_test(test_plugin_dummy_faults),
+        cmocka_unit_test(test_plugin_broken),
+    };
+    return cmocka_run_group_tests(tests, setup_plugin_path, NULL);
+}
