@@ -93,8 +93,13 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
     unsigned long long seq = 0;
     if (sscanf(buf, "abort %d %d %n", &rank, &status, &off) == 2 && off > 0) {
         if (rank == c->rank) return; /* our own */
-        cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d aborted the comm: %s", rank,
-                         buf + off);
+        const char *why = buf + off;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "rank %d ", rank);
+        if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
+            cl_comm_fault_ex(c, COLLIE_EABORTED, false, "%s", why);
+        else
+            cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d failed: %s", rank, why);
         return;
     }
     if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
