@@ -564,6 +564,10 @@ COLLIE_API int collie_comm_lookup(const char *name, collie_comm **out);
  * rank must post the same sequence (a mismatch is COLLIE_EPROTO naming both
  * ranks). Buffers must stay valid and untouched until the work completes;
  * once its completion is visible collie never touches them again.
+ * Like MPI's non-blocking collectives, several works of one comm may be in
+ * flight and progress at the same time: the buffers of works in flight must
+ * not overlap (to feed one collective's output into the next, wait for the
+ * first, or post the second from its callback).
  * Counts are in elements. In-place forms follow NCCL: allreduce/broadcast/
  * reduce with sendbuf == recvbuf; allgather/gather with
  * sendbuf == recvbuf + rank*count; reduce_scatter with

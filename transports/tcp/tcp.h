@@ -106,6 +106,7 @@ typedef struct tcp_conn {
     size_t hdr_got;
     bool have_hdr;           /* hdr is complete and waits for / feeds `cur` */
     tcp_slot *cur;           /* matched slot being filled */
+    tcp_slot drain;          /* stands in for cur when its work ended mid-message */
     tcp_unexpected *cur_unx; /* unexpected p2p being filled */
     uint64_t payload_len, payload_got;
     uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */

@@ -416,9 +416,10 @@ static void conn_flush(tcp_conn *c) {
     }
     while (c->sq_head) {
         tcp_msg *m = c->sq_head;
-        bool busy = m->owner && m->len > 0;
+        bool busy = m->len > 0;
         if (busy && !core->work_busy_enter(m->owner->w)) {
-            /* the work ended (deadline, cancel): the stream is now broken */
+            /* the work is being finished (deadline, cancel): its detach
+             * will drop this message; stop touching its memory now */
             if (m->sent == 0) {
                 c->sq_head = m->next;
                 if (!c->sq_head) c->sq_tail = NULL;
@@ -450,7 +451,7 @@ static void conn_flush(tcp_conn *c) {
         if (m->sent < TCP_FRAME_HDR + m->len) goto want_write;
         c->sq_head = m->next;
         if (!c->sq_head) c->sq_tail = NULL;
-        if (m->owner) cl_tcp_op_done(m->owner);
+        cl_tcp_op_done(m->owner);
         if (c->state != TCP_CONN_READY) return; /* closed by a fault */
     }
     event_del(c->wev);
@@ -726,18 +727,22 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
     }
 }
 
-/* Drop every message and slot of tw from this connection (tw is ending).
- * A message already partly on the wire stays, ownerless, so the stream
- * stays well-formed; the comm is being aborted in that case anyway. */
+/* Drop every message and slot of tw from this connection (tw is ending,
+ * its memory is about to be freed). A message already partly on the wire
+ * cannot be finished (its payload is the user's, no longer ours to read),
+ * so the byte stream is broken: the connection is closed. The comm is
+ * failing in that case anyway (a work ends early only by deadline, cancel
+ * or abort). */
 void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
+    bool cut = false;
     tcp_msg *last = NULL;
     for (tcp_msg **mp = &c->sq_head; *mp;) {
         tcp_msg *m = *mp;
-        if (m->owner == tw && m->sent == 0) {
+        if (m->owner == tw) {
+            cut |= m->sent > 0;
             *mp = m->next;
             continue;
         }
-        if (m->owner == tw) m->owner = NULL;
         last = m;
         mp = &m->next;
     }
@@ -750,7 +755,12 @@ void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
             else
                 sp = &(*sp)->next;
         }
-    if (c->cur && c->cur->owner == tw) c->cur->owner = NULL; /* drain the rest */
+    if (c->cur && c->cur->owner == tw) { /* drain the rest of it into the void */
+        c->drain = *c->cur;              /* the slot itself is tw's memory */
+        c->drain.owner = NULL;
+        c->cur = &c->drain;
+    }
+    if (cut) cl_tcp_conn_close(c, COLLIE_EABORTED, "a message was cut off mid-way");
 }
 
 /* ---- connecting ------------------------------------------------------------------------- */

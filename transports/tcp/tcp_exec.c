@@ -120,6 +120,10 @@ static void work_post_step(tcp_work *tw) {
 /* Drive the schedule as far as it can go now. */
 static void work_run(tcp_work *tw) {
     if (tw->running) return; /* the loop below re-checks `pending` */
+    /* claimed by someone else (deadline, cancel, abort): go no further */
+    if (!tw->finished && !tw->tc->core->work_busy_enter(tw->w)) tw->finished = true;
+    if (tw->finished) return;
+    tw->tc->core->work_busy_exit(tw->w);
     tw->running = true;
     while (!tw->finished) {
         if (!tw->posted) {

@@ -1,0 +1,574 @@
+/*
+ * test_bench.c — collie-bench run as a program under collie-run: every op
+ * checked at 2, 3 and 4 ranks with the nccl-tests size conventions, the CSV
+ * format, --inflight, dtypes and reductions, a corrupted result caught by
+ * --check, an op missing its deadline, usage errors, --help, and a backend
+ * that cannot be created (nccl on this machine) failing cleanly.
+ *
+ * Every child runs with its output on pipes read by a bounded poll loop; a
+ * run that outlives its bound is a failure, and the teardown SIGKILLs a
+ * launcher a failed test left behind (its ranks die with it: collie-run
+ * sets PR_SET_PDEATHSIG). CLTEST_QUICK selects smaller sizes (sanitizers).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern char **environ;
+
+#define RUN_BOUND_MS 50000 /* no run of a test takes longer than this */
+#define RUN_MAX_ARGS 40
+#define NUM_OPS      9
+
+static const char *const op_names[NUM_OPS] = {"allreduce", "broadcast",      "reduce",
+                                              "allgather", "reduce_scatter", "alltoall",
+                                              "gather",    "scatter",        "barrier"};
+
+static bool quick(void) {
+    const char *q = getenv("CLTEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+/* ---- running a program ------------------------------------------------------- */
+
+typedef struct run {
+    bool started;
+    pid_t pid;     /* > 0 until reaped */
+    int fds[2];    /* its stdout and stderr, -1 at EOF */
+    char *text[2]; /* what they said, NUL-terminated */
+    size_t len[2];
+    int64_t start_ms, elapsed_ms;
+    int status; /* exit code, 128+signal if killed, -1 while running */
+} run;
+
+/* The one run at a time: static, so the teardown can clean up after a
+ * failed assertion. */
+static run the_run;
+
+static const char *bin_path(const char *name) {
+    static char path[2][4096];
+    static int next;
+    const char *dir = getenv("CLTEST_BUILD_DIR");
+    char *p = path[next++ % 2];
+    snprintf(p, sizeof path[0], "%s/bin/%s", dir && *dir ? dir : "build", name);
+    return p;
+}
+
+/* Start `prog` (a bin/ tool) with args (NULL-terminated) and our
+ * environment minus every COLLIE_* variable. */
+static run *run_start(const char *prog, const char *const *args) {
+    run *r = &the_run;
+    assert_false(r->started);
+    memset(r, 0, sizeof *r);
+    r->started = true;
+    r->status = -1;
+    r->fds[0] = r->fds[1] = -1;
+    for (int i = 0; i < 2; i++)
+        assert_non_null(r->text[i] = calloc(1, 1));
+    const char *argv[RUN_MAX_ARGS + 2] = {bin_path(prog)};
+    size_t n = 1;
+    for (size_t i = 0; args[i]; i++) {
+        assert_true(n < RUN_MAX_ARGS);
+        argv[n++] = args[i];
+    }
+    assert_int_equal(access(argv[0], X_OK), 0);
+    size_t nenv = 0;
+    while (environ[nenv])
+        nenv++;
+    char **envp = calloc(nenv + 1, sizeof *envp);
+    assert_non_null(envp);
+    for (size_t i = 0, k = 0; i < nenv; i++)
+        if (strncmp(environ[i], "COLLIE_", 7) != 0) envp[k++] = environ[i];
+
+    int out[2], err[2];
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+    r->start_ms = now_ms();
+    r->pid = fork();
+    assert_true(r->pid >= 0);
+    if (r->pid == 0) {
+        int devnull = open("/dev/null", O_RDONLY);
+        dup2(devnull, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        execve(argv[0], (char *const *)argv, envp);
+        _exit(126);
+    }
+    free(envp);
+    close(out[1]);
+    close(err[1]);
+    r->fds[0] = out[0];
+    r->fds[1] = err[0];
+    for (int i = 0; i < 2; i++)
+        fcntl(r->fds[i], F_SETFL, O_NONBLOCK);
+    return r;
+}
+
+/* Read whatever arrives within timeout_ms. */
+static void run_pump(run *r, int timeout_ms) {
+    struct pollfd p[2];
+    int map[2], n = 0;
+    for (int i = 0; i < 2; i++)
+        if (r->fds[i] >= 0) {
+            p[n] = (struct pollfd){.fd = r->fds[i], .events = POLLIN};
+            map[n++] = i;
+        }
+    if (n == 0 || poll(p, (nfds_t)n, timeout_ms) <= 0) return;
+    for (int j = 0; j < n; j++) {
+        if (!p[j].revents) continue;
+        int i = map[j];
+        char buf[65536];
+        ssize_t got = read(r->fds[i], buf, sizeof buf);
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (got <= 0) {
+            close(r->fds[i]);
+            r->fds[i] = -1;
+            continue;
+        }
+        r->text[i] = realloc(r->text[i], r->len[i] + (size_t)got + 1);
+        assert_non_null(r->text[i]);
+        memcpy(r->text[i] + r->len[i], buf, (size_t)got);
+        r->len[i] += (size_t)got;
+        r->text[i][r->len[i]] = '\0';
+    }
+}
+
+static void run_dump(const run *r) {
+    print_error("exit status %d after %lld ms\n--- stdout:\n%s\n--- stderr:\n%s\n---\n", r->status,
+                (long long)r->elapsed_ms, r->text[0], r->text[1]);
+}
+
+#define assert_run(r, cond)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            run_dump(r);                                                                           \
+            fail_msg("%s", #cond);                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Read until both pipes close and the program exits; fail (the teardown
+ * then kills it) if that takes longer than RUN_BOUND_MS from its start. */
+static void run_finish(run *r) {
+    int64_t deadline = r->start_ms + RUN_BOUND_MS;
+    while ((r->fds[0] >= 0 || r->fds[1] >= 0) && now_ms() < deadline)
+        run_pump(r, (int)(deadline - now_ms() < 100 ? deadline - now_ms() : 100));
+    int ws = 0;
+    pid_t got;
+    while ((got = waitpid(r->pid, &ws, WNOHANG)) == 0 && now_ms() < deadline)
+        usleep(5000);
+    r->elapsed_ms = now_ms() - r->start_ms;
+    if (got != r->pid) {
+        run_dump(r);
+        fail_msg("%s did not finish within %d ms", "the run", RUN_BOUND_MS);
+    }
+    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    r->pid = 0;
+}
+
+static void run_free(run *r) {
+    if (!r->started) return;
+    if (r->pid > 0) { /* a failed test left it running */
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (r->fds[i] >= 0) close(r->fds[i]);
+        free(r->text[i]);
+    }
+    memset(r, 0, sizeof *r);
+}
+
+static int run_teardown(void **state) {
+    (void)state;
+    run_free(&the_run);
+    return 0;
+}
+
+/* collie-run -n ranks --timeout 120 -- collie-bench bench_args..., to the end. */
+static run *bench_run(int ranks, const char *const *bench_args) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", ranks);
+    const char *args[RUN_MAX_ARGS + 1] = {"-n",  n,    "--timeout",
+                                          "120", "--", bin_path("collie-bench")};
+    size_t k = 6;
+    for (size_t i = 0; bench_args[i]; i++) {
+        assert_true(k < RUN_MAX_ARGS);
+        args[k++] = bench_args[i];
+    }
+    args[k] = NULL;
+    run *r = run_start("collie-run", args);
+    run_finish(r);
+    return r;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- reading the output ----------------------------------------------------------- */
+
+/* The lines of `text` that start with prefix, with the prefix removed, in
+ * order; returns how many (at most max). The copies live in `store`. */
+static size_t lines_with(const char *text, const char *prefix, char **out, size_t max, char *store,
+                         size_t store_len) {
+    size_t n = 0, used = 0, plen = strlen(prefix);
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        if (len >= plen && strncmp(p, prefix, plen) == 0 && n < max) {
+            size_t body = len - plen;
+            assert_true(used + body + 1 <= store_len);
+            memcpy(store + used, p + plen, body);
+            store[used + body] = '\0';
+            out[n++] = store + used;
+            used += body + 1;
+        }
+        p += len + (eol ? 1 : 0);
+    }
+    return n;
+}
+
+/* Split a CSV line in place into at most max fields (empty ones kept). */
+static size_t csv_split(char *line, char **f, size_t max) {
+    size_t n = 0;
+    for (char *p = line;;) {
+        char *c = strchr(p, ',');
+        if (n < max) f[n] = p;
+        n++;
+        if (!c) break;
+        *c = '\0';
+        p = c + 1;
+    }
+    return n;
+}
+
+/* nccl-tests' size column for `op` at requested size S (its
+ * *GetCollByteCount): allreduce/broadcast/reduce use S/es elements; the
+ * others count/n rounded down to 16 bytes per rank, n blocks in all. */
+static size_t nccl_tests_bytes(const char *op, size_t S, size_t es, size_t n) {
+    size_t count = S / es, base = (count / n) & ~(16 / es - 1);
+    if (!strcmp(op, "allreduce") || !strcmp(op, "broadcast") || !strcmp(op, "reduce"))
+        return count * es;
+    if (!strcmp(op, "barrier")) return 0;
+    return base * n * es;
+}
+
+static double busbw_factor(const char *op, int n) {
+    if (!strcmp(op, "allreduce")) return 2.0 * (n - 1) / n;
+    if (!strcmp(op, "broadcast") || !strcmp(op, "reduce")) return 1.0;
+    return (double)(n - 1) / n;
+}
+
+static int op_index(const char *op) {
+    for (int i = 0; i < NUM_OPS; i++)
+        if (!strcmp(op, op_names[i])) return i;
+    return -1;
+}
+
+/* No rank but 0 printed anything on stdout. */
+static void assert_only_rank0_stdout(const run *r) {
+    for (const char *p = r->text[0]; *p;) {
+        assert_run(r, strncmp(p, "[0] ", 4) == 0);
+        const char *eol = strchr(p, '\n');
+        if (!eol) break;
+        p = eol + 1;
+    }
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+#define MAX_LINES 256
+#define STORE_LEN (64 * 1024)
+
+/* Every op, --check, at `ranks` ranks: exit 0, one table from rank 0 with a
+ * row per op and size, sized as nccl-tests sizes them, every row checked. */
+static void all_ops_checked(int ranks) {
+    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
+    const size_t *sizes = quick() ? small : full;
+    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
+    const char *iters = quick() ? "2" : "3";
+    const size_t nsizes = 3;
+    run *r =
+        bench_run(ranks, ARGS("--op", "all", "--check", "--sizes", size_arg, "--iters", iters));
+    assert_run(r, r->status == 0);
+    assert_run(r, !strstr(r->text[1], "collie-bench:"));
+    assert_only_rank0_stdout(r);
+    assert_run(r, strstr(r->text[0], "nccl-tests"));
+
+    static char store[STORE_LEN];
+    char *rows[MAX_LINES];
+    size_t nl = lines_with(r->text[0], "[0] ", rows, MAX_LINES, store, sizeof store);
+    size_t seen[NUM_OPS] = {0}, nrows = 0;
+    for (size_t i = 0; i < nl; i++) {
+        if (rows[i][0] == '#') continue;
+        char op[32], algbw[32], busbw[32], ops[32], check[8];
+        size_t bytes, count;
+        double t, lat;
+        int got = sscanf(rows[i], "%31s %zu %zu %lf %lf %31s %31s %31s %7s", op, &bytes, &count, &t,
+                         &lat, algbw, busbw, ops, check);
+        if (got != 9) {
+            run_dump(r);
+            fail_msg("table row '%s'", rows[i]);
+        }
+        int k = op_index(op);
+        assert_run(r, k >= 0);
+        size_t want =
+            nccl_tests_bytes(op, k == NUM_OPS - 1 ? 0 : sizes[seen[k] % nsizes], 4, (size_t)ranks);
+        if (bytes != want) {
+            run_dump(r);
+            fail_msg("%s row %zu: bytes %zu, nccl-tests says %zu", op, seen[k], bytes, want);
+        }
+        assert_run(r, t > 0 && lat > 0);
+        assert_run(r, strcmp(check, "ok") == 0);
+        seen[k]++;
+        nrows++;
+    }
+    for (int k = 0; k < NUM_OPS; k++) {
+        size_t want = k == NUM_OPS - 1 ? 1 : nsizes;
+        if (seen[k] != want) {
+            run_dump(r);
+            fail_msg("%s: %zu rows, want %zu", op_names[k], seen[k], want);
+        }
+    }
+    assert_int_equal(nrows, (NUM_OPS - 1) * nsizes + 1);
+}
+
+static void test_all_ops_2_ranks(void **state) {
+    (void)state;
+    all_ops_checked(2);
+}
+
+static void test_all_ops_3_ranks(void **state) {
+    (void)state;
+    all_ops_checked(3);
+}
+
+static void test_all_ops_4_ranks(void **state) {
+    (void)state;
+    all_ops_checked(4);
+}
+
+/* --csv: exactly the header, then one row per op and size with 7 fields;
+ * sizes, rank count, busbw/algbw factors; empty fields where they do not
+ * apply (barrier bandwidth, ops/s without --inflight). */
+static void test_csv(void **state) {
+    (void)state;
+    static const size_t sizes[] = {4, 4096, 65536};
+    const int ranks = 3;
+    run *r = bench_run(ranks, ARGS("--op", "all", "--csv", "--sizes", "4,4096,64K", "--iters", "2",
+                                   "--warmup", "1"));
+    assert_run(r, r->status == 0);
+    assert_only_rank0_stdout(r);
+    static char store[STORE_LEN];
+    char *lines[MAX_LINES];
+    size_t nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
+    assert_run(r, nl == 1 + (NUM_OPS - 1) * 3 + 1);
+    assert_string_equal(lines[0], "op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s");
+    size_t seen[NUM_OPS] = {0};
+    for (size_t i = 1; i < nl; i++) {
+        char *f[8];
+        size_t nf = csv_split(lines[i], f, 8);
+        if (nf != 7) {
+            run_dump(r);
+            fail_msg("row %zu has %zu fields", i, nf);
+        }
+        int k = op_index(f[0]);
+        assert_run(r, k >= 0);
+        bool barrier = k == NUM_OPS - 1;
+        size_t want = nccl_tests_bytes(f[0], barrier ? 0 : sizes[seen[k]++ % 3], 4, ranks);
+        assert_int_equal(strtoull(f[1], NULL, 10), want);
+        assert_string_equal(f[2], "3");
+        assert_true(strtod(f[3], NULL) > 0);
+        assert_string_equal(f[6], ""); /* no --inflight */
+        if (barrier) {
+            assert_string_equal(f[4], "");
+            assert_string_equal(f[5], "");
+            continue;
+        }
+        double algbw = strtod(f[4], NULL), busbw = strtod(f[5], NULL);
+        assert_true(*f[4] && *f[5] && algbw >= 0 && busbw >= 0);
+        if (algbw >= 0.01) { /* enough digits for the ratio */
+            double ratio = busbw / algbw, want_ratio = busbw_factor(f[0], ranks);
+            assert_true(ratio > want_ratio * 0.99 && ratio < want_ratio * 1.01);
+        }
+    }
+    for (int k = 0; k < NUM_OPS; k++)
+        assert_int_equal(seen[k], k == NUM_OPS - 1 ? 0 : 3);
+}
+
+/* --inflight 16: ops/s is reported and positive, in CSV and in the table. */
+static void test_inflight(void **state) {
+    (void)state;
+    run *r = bench_run(2, ARGS("--op", "allreduce,barrier", "--sizes", "4", "--iters", "200",
+                               "--inflight", "16", "--csv", "--check"));
+    assert_run(r, r->status == 0);
+    static char store[STORE_LEN];
+    char *lines[MAX_LINES];
+    size_t nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
+    assert_run(r, nl == 3);
+    for (size_t i = 1; i < nl; i++) {
+        char *f[8];
+        assert_int_equal(csv_split(lines[i], f, 8), 7);
+        if (!(strtod(f[6], NULL) > 0)) {
+            run_dump(r);
+            fail_msg("%s: ops_per_s '%s'", f[0], f[6]);
+        }
+    }
+    run_free(r);
+
+    r = bench_run(2,
+                  ARGS("--op", "allreduce", "--sizes", "4", "--iters", "100", "--inflight", "16"));
+    assert_run(r, r->status == 0);
+    nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
+    size_t found = 0;
+    for (size_t i = 0; i < nl; i++) {
+        char op[32], algbw[32], busbw[32], ops[32], check[8];
+        size_t bytes, count;
+        double t, lat;
+        if (sscanf(lines[i], "%31s %zu %zu %lf %lf %31s %31s %31s %7s", op, &bytes, &count, &t,
+                   &lat, algbw, busbw, ops, check) != 9 ||
+            strcmp(op, "allreduce") != 0)
+            continue;
+        found++;
+        assert_run(r, strtod(ops, NULL) > 0);
+    }
+    assert_run(r, found == 1);
+}
+
+/* Reference results for every dtype and reduction, bit-exact. */
+static void test_dtypes_and_redops(void **state) {
+    (void)state;
+    static const char *const combos[][2] = {
+        {"f32", "avg"}, {"f16", "avg"}, {"bf16", "prod"}, {"f64", "min"}, {"i8", "sum"},
+        {"u8", "avg"},  {"i32", "max"}, {"i64", "prod"},  {"f16", "sum"}, {"bf16", "avg"},
+    };
+    size_t n = quick() ? 5 : sizeof combos / sizeof combos[0];
+    for (size_t i = 0; i < n; i++) {
+        run *r =
+            bench_run(3, ARGS("--op", "allreduce,reduce,reduce_scatter,alltoall,broadcast",
+                              "--check", "--sizes", "4099,70000", "--iters", "2", "--warmup", "1",
+                              "--inflight", "2", "--dtype", combos[i][0], "--redop", combos[i][1]));
+        if (r->status != 0) {
+            run_dump(r);
+            fail_msg("--dtype %s --redop %s: exit %d", combos[i][0], combos[i][1], r->status);
+        }
+        run_free(r);
+    }
+}
+
+/* A wrong result is reported with its first bad index; every rank exits 1
+ * at once (nobody is left waiting for a peer that quit). */
+static void test_check_catches_corruption(void **state) {
+    (void)state;
+    run *r = bench_run(3, ARGS("--op", "allreduce", "--check", "--sizes", "4096", "--iters", "2",
+                               "--corrupt-rank", "2"));
+    assert_run(r, r->status == 1);
+    /* 1024 floats, the middle byte flipped: element 512 */
+    assert_run(r, strstr(r->text[1], "[2] collie-bench: rank 2: check failed for allreduce of "
+                                     "4096 bytes (f32, sum) after the first op: first bad index "
+                                     "512 of the result"));
+    assert_run(r, r->elapsed_ms < 20000);
+}
+
+/* An op that misses its deadline (--timeout-ms 20 for 16 MiB ops between
+ * three ranks on two cores) is reported with the work's error message and
+ * every rank exits 1 -- promptly, and never by a signal. */
+static void test_op_deadline_fails_cleanly(void **state) {
+    (void)state;
+    run *r = bench_run(3, ARGS("--op", "allreduce,allgather", "--sizes", "16M", "--timeout-ms",
+                               "20", "--iters", "2"));
+    assert_run(r, r->status == 1);
+    assert_run(r, strstr(r->text[1], "] collie-bench: rank "));
+    assert_run(r, strstr(r->text[1], "deadline of 20 ms passed"));
+    assert_run(r, r->elapsed_ms < 20000);
+}
+
+/* Usage errors exit 2 with a message, also under collie-run; --help exits
+ * 0 and names the conventions. */
+static void test_usage_errors(void **state) {
+    (void)state;
+    static const char *const cases[][4] = {
+        {"--op", "nope", NULL},
+        {"--op", "allreduce,", NULL},
+        {"--sizes", "12x", NULL},
+        {"--sizes", "4,,8", NULL},
+        {"--sizes", "-4", NULL},
+        {"--sizes", "2T", NULL},
+        {"--iters", "0", NULL},
+        {"--iters", "1e3", NULL},
+        {"--warmup", "-1", NULL},
+        {"--dtype", "f17", NULL},
+        {"--redop", "xor", NULL},
+        {"--inflight", "0", NULL},
+        {"--timeout-ms", "0", NULL},
+        {"--bogus", NULL},
+        {"--iters", NULL},
+        {"extra", NULL},
+        {"--corrupt-rank", "1", NULL},
+        {"--backend", "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run *r = run_start("collie-bench", cases[i]);
+        run_finish(r);
+        if (r->status != 2 || strncmp(r->text[1], "collie-bench: ", 14) != 0 || r->len[0] != 0) {
+            run_dump(r);
+            fail_msg("usage case %zu (%s)", i, cases[i][0]);
+        }
+        run_free(r);
+    }
+    run *r = bench_run(2, ARGS("--op", "nope"));
+    assert_run(r, r->status == 2);
+    assert_run(r, strstr(r->text[1], "] collie-bench: unknown --op in 'nope'"));
+    run_free(r);
+
+    r = run_start("collie-bench", ARGS("--help"));
+    run_finish(r);
+    assert_run(r, r->status == 0);
+    assert_run(r, strstr(r->text[0], "usage: collie-run -n N -- collie-bench"));
+    assert_run(r, strstr(r->text[0], "nccl-tests"));
+    assert_run(r, strstr(r->text[0], "busbw"));
+    assert_run(r, strstr(r->text[0], "--inflight"));
+}
+
+/* A backend that cannot be created here (no NCCL plugin on this machine)
+ * fails at once with a message naming it, on every rank; no hang. */
+static void test_nccl_backend_fails_cleanly(void **state) {
+    (void)state;
+    run *r = bench_run(2, ARGS("--backend", "nccl", "--sizes", "4", "--iters", "1"));
+    assert_run(r, r->status != 0 && r->status != 124);
+    assert_run(r, strstr(r->text[1], "cannot create a communicator with backend 'nccl'"));
+    assert_run(r, r->len[0] == 0);
+    assert_run(r, r->elapsed_ms < 20000);
+}
+
+/* Outside collie-run: a clear error naming what is missing. */
+static void test_needs_the_launcher(void **state) {
+    (void)state;
+    run *r = run_start("collie-bench", ARGS("--sizes", "4"));
+    run_finish(r);
+    assert_run(r, r->status == 1);
+    assert_run(r, strstr(r->text[1], "collie-run"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_all_ops_2_ranks, run_teardown),
+        cmocka_unit_test_teardown(test_all_ops_3_ranks, run_teardown),
+        cmocka_unit_test_teardown(test_all_ops_4_ranks, run_teardown),
+        cmocka_unit_test_teardown(test_csv, run_teardown),
+        cmocka_unit_test_teardown(test_inflight, run_teardown),
+        cmocka_unit_test_teardown(test_dtypes_and_redops, run_teardown),
+        cmocka_unit_test_teardown(test_check_catches_corruption, run_teardown),
+        cmocka_unit_test_teardown(test_op_deadline_fails_cleanly, run_teardown),
+        cmocka_unit_test_teardown(test_usage_errors, run_teardown),
+        cmocka_unit_test_teardown(test_nccl_backend_fails_cleanly, run_teardown),
+        cmocka_unit_test_teardown(test_needs_the_launcher, run_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
