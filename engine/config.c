@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "collie.h"
 #include "engine/common.h"
@@ -26,7 +27,7 @@
 
 extern char **environ;
 
-enum cl_setting_type { CL_SET_MS, CL_SET_INT, CL_SET_STRING, CL_SET_LOGLEVEL };
+enum cl_setting_type { CL_SET_MS, CL_SET_INT, CL_SET_STRING, CL_SET_LOGLEVEL, CL_SET_SPIN };
 
 typedef struct cl_setting {
     const char *name;
@@ -68,6 +69,9 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_ASYNC_ERROR_HANDLING", CL_SET_STRING, CL_OFF(async_error), 0, "abort_comm",
      "error policy: abort_comm, abort_process, none, or PyTorch's 0 (none), 1 and 3 "
      "(abort_process), 2 (abort_comm)"},
+    {"COLLIE_SPIN", CL_SET_SPIN, CL_OFF(spin), 0, "auto",
+     "poll instead of sleeping while works are in flight: auto (when this host's ranks do "
+     "not outnumber its cores), on, off"},
     {"COLLIE_TRACE_BUFFER", CL_SET_INT, CL_OFF(trace_buffer), 0, "2048",
      "flight-recorder entries kept per communicator (0: off)"},
 };
@@ -112,6 +116,16 @@ static void config_apply(const cl_setting *st, const char *val) {
                 return;
             }
         config_error(st, val, "one of error, warn, info, debug");
+        return;
+    }
+    case CL_SET_SPIN: {
+        static const char *const names[] = {"auto", "off", "on"};
+        for (int i = 0; i < 3; i++)
+            if (strcasecmp(val, names[i]) == 0) {
+                *(int *)field = i;
+                return;
+            }
+        config_error(st, val, "one of auto, off, on");
         return;
     }
     case CL_SET_MS:
@@ -196,4 +210,12 @@ void cl_config_print_table(FILE *f) {
     for (size_t i = 0; i < CL_NSETTINGS; i++)
         fprintf(f, "| `%s` | %s | %s |\n", cl_settings[i].name, cl_settings[i].dflt,
                 cl_settings[i].help);
+}
+
+bool cl_spin_enabled(void) {
+    const cl_config *c = cl_config_get();
+    if (c->spin != CL_SPIN_AUTO) return c->spin == CL_SPIN_ON;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int local_ranks = c->world_size > 0 ? c->world_size : 1;
+    return cpus > 1 && local_ranks <= cpus;
 }

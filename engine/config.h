@@ -8,6 +8,7 @@
 #ifndef CL_CONFIG_H
 #define CL_CONFIG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -26,7 +27,15 @@ typedef struct cl_config {
     const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
     int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */
+    int spin;                  /* COLLIE_SPIN: CL_SPIN_AUTO, CL_SPIN_OFF or CL_SPIN_ON */
 } cl_config;
+
+enum { CL_SPIN_AUTO = 0, CL_SPIN_OFF = 1, CL_SPIN_ON = 2 };
+
+/* cl_spin_enabled: should progress threads and waiters poll briefly
+ * instead of sleeping? (COLLIE_SPIN; auto: when this host's ranks, taken
+ * from COLLIE_WORLD_SIZE, do not outnumber its cores) */
+bool cl_spin_enabled(void);
 
 /* cl_config_get: the parsed settings (parsed on first use; invalid values
  * fall back to defaults here, but cl_config_check reports them). */

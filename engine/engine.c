@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,10 @@
 #include "work/work.h"
 
 static _Thread_local collie_engine *cl_tls_loop_engine;
+
+/* How long the loop keeps polling without seeing a work complete or start
+ * before it goes back to sleeping in epoll. */
+#define CL_SPIN_WINDOW_NS (20 * CL_NS_PER_MS)
 
 bool cl_engine_on_loop(const collie_engine *e) { return e != NULL && cl_tls_loop_engine == e; }
 
@@ -75,10 +80,12 @@ int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
     else
         e->qhead = c;
     e->qtail = c;
-    if (!e->wake_pending) {
+    /* a spinning loop polls the queue itself: no system call needed */
+    if (!e->wake_pending && !atomic_load_explicit(&e->spinning, memory_order_seq_cst)) {
         e->wake_pending = true;
         wake = true;
     }
+    atomic_store_explicit(&e->queued, true, memory_order_release);
     pthread_mutex_unlock(&e->qmu);
     if (wake) {
         uint64_t one = 1;
@@ -96,6 +103,7 @@ static size_t engine_drain_cmds(collie_engine *e) {
         cl_cmd *c = e->qhead;
         e->qhead = e->qtail = NULL;
         e->wake_pending = false;
+        atomic_store_explicit(&e->queued, false, memory_order_relaxed);
         pthread_mutex_unlock(&e->qmu);
         if (!c) break;
         while (c) {
@@ -312,6 +320,20 @@ static void engine_shutdown_on_loop(collie_engine *e) {
     cl_works_run_retired(e);
 }
 
+/* Spin (poll) while works are in flight and progressing; block after
+ * spin_window of no visible progress (a hung peer must not cost a core). */
+static bool engine_should_spin(collie_engine *e) {
+    if (e->spin_ns <= 0 || cl_works_tracked(e) == 0) return false;
+    int64_t now = cl_now_ns();
+    uint64_t sig = e->works.retired * 1000003u + cl_works_tracked(e);
+    if (sig != e->spin_sig || !atomic_load_explicit(&e->spinning, memory_order_relaxed)) {
+        e->spin_sig = sig;
+        e->spin_since = now;
+        atomic_store_explicit(&e->spinning, true, memory_order_seq_cst);
+    }
+    return now - e->spin_since < e->spin_ns;
+}
+
 static void *engine_thread_main(void *arg) {
     collie_engine *e = arg;
     cl_block_async_signals();
@@ -320,7 +342,28 @@ static void *engine_thread_main(void *arg) {
     pthread_setname_np(pthread_self(), tname);
     cl_tls_loop_engine = e;
     atomic_store(&e->heartbeat_ns, cl_now_ns());
-    event_base_loop(e->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    while (!atomic_load_explicit(&e->stop_requested, memory_order_acquire)) {
+        if (engine_should_spin(e)) {
+            /* works are in flight: poll instead of sleeping (a sleeping
+             * thread takes tens of microseconds to wake on these VMs) */
+            event_base_loop(e->base, EVLOOP_NONBLOCK);
+            if (atomic_load_explicit(&e->queued, memory_order_acquire)) {
+                engine_drain_cmds(e);
+                cl_works_run_retired(e);
+            }
+            sched_yield(); /* let a waiter or another rank on this core run */
+            continue;
+        }
+        if (atomic_load_explicit(&e->spinning, memory_order_relaxed)) {
+            /* stop spinning: producers write the eventfd again; anything
+             * posted while they thought we spun is drained here */
+            atomic_store_explicit(&e->spinning, false, memory_order_seq_cst);
+            engine_drain_cmds(e);
+            cl_works_run_retired(e);
+            continue;
+        }
+        event_base_loop(e->base, EVLOOP_ONCE);
+    }
     engine_shutdown_on_loop(e);
     event_free(e->wake_ev);
     event_free(e->heartbeat_ev);
@@ -394,6 +437,7 @@ int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
         goto fail_events;
     }
     cl_works_engine_init(e);
+    e->spin_ns = cl_spin_enabled() ? CL_SPIN_WINDOW_NS : 0;
     int32_t period = cl_monitor_period_ms(stall_ms);
     struct timeval hb = {.tv_sec = period / 1000, .tv_usec = (period % 1000) * 1000};
     event_add(e->wake_ev, NULL);

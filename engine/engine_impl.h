@@ -49,9 +49,14 @@ struct collie_engine {
     cl_cmd *qhead, *qtail;
     bool wake_pending;
     _Atomic bool stop_requested;
-    _Atomic bool closing; /* destroy began: posts of new works are refused */
-    bool stopped;         /* under qmu: the loop is gone, commands refused */
-    int wake_fd;          /* eventfd */
+    _Atomic bool closing;  /* destroy began: posts of new works are refused */
+    bool stopped;          /* under qmu: the loop is gone, commands refused */
+    int wake_fd;           /* eventfd */
+    _Atomic bool queued;   /* commands are waiting (polled while spinning) */
+    _Atomic bool spinning; /* the loop polls instead of sleeping */
+    int64_t spin_ns;       /* spin window without progress; 0: never spin */
+    int64_t spin_since;    /* loop: when progress was last seen */
+    uint64_t spin_sig;     /* loop: retired/tracked counts seen then */
     struct event *wake_ev;
     struct event *heartbeat_ev;
 

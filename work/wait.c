@@ -15,10 +15,12 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "engine/common.h"
+#include "engine/config.h"
 #include "engine/log.h"
 #include "work/internal.h"
 
@@ -35,6 +37,8 @@ struct cl_waiter_link {
 };
 
 static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define CL_WAIT_SPIN_NS (100 * 1000) /* a waiter polls this long before sleeping */
 
 void cl_work_wake_waiters(collie_work *w) {
     pthread_mutex_lock(&cl_wait_mu);
@@ -77,6 +81,16 @@ static size_t first_done(collie_work *const *ws, size_t n) {
 static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
     size_t idx = first_done(ws, n);
     if (idx < n || cl_now_ns() >= until_ns) return idx;
+    /* poll briefly before sleeping: a sleeping thread takes tens of
+     * microseconds to wake on these machines */
+    if (cl_spin_enabled()) {
+        int64_t spin_until = cl_now_ns() + CL_WAIT_SPIN_NS;
+        if (spin_until > until_ns) spin_until = until_ns;
+        while (cl_now_ns() < spin_until) {
+            if ((idx = first_done(ws, n)) < n) return idx;
+            sched_yield();
+        }
+    }
 
     struct cl_waiter_link small[8];
     struct cl_waiter_link *links = n <= 8 ? small : calloc(n, sizeof *links);
