@@ -326,12 +326,13 @@ static bool engine_should_spin(collie_engine *e) {
     if (e->spin_ns <= 0 || cl_works_tracked(e) == 0) return false;
     int64_t now = cl_now_ns();
     uint64_t sig = e->works.retired * 1000003u + cl_works_tracked(e);
-    if (sig != e->spin_sig || !atomic_load_explicit(&e->spinning, memory_order_relaxed)) {
+    if (sig != e->spin_sig) { /* progress: (re)start the window */
         e->spin_sig = sig;
         e->spin_since = now;
-        atomic_store_explicit(&e->spinning, true, memory_order_seq_cst);
     }
-    return now - e->spin_since < e->spin_ns;
+    if (now - e->spin_since >= e->spin_ns) return false; /* until progress is seen again */
+    atomic_store_explicit(&e->spinning, true, memory_order_seq_cst);
+    return true;
 }
 
 static void *engine_thread_main(void *arg) {
