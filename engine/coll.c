@@ -28,11 +28,47 @@ static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
 static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
 static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
 
+#define COLL_POOL_MAX 256
+
+void cl_coll_pool_init(collie_bcomm *bc) { pthread_mutex_init(&bc->pool_mu, NULL); }
+
+void cl_coll_pool_fini(collie_bcomm *bc) {
+    while (bc->pool) {
+        cl_coll_work *cw = bc->pool;
+        bc->pool = cw->q_next;
+        free(cw);
+    }
+    pthread_mutex_destroy(&bc->pool_mu);
+}
+
+static cl_coll_work *coll_alloc(collie_bcomm *bc) {
+    size_t size = sizeof(cl_coll_work) + bc->ops->work_data_size;
+    pthread_mutex_lock(&bc->pool_mu);
+    cl_coll_work *cw = bc->pool;
+    if (cw) {
+        bc->pool = cw->q_next;
+        bc->pool_n--;
+    }
+    pthread_mutex_unlock(&bc->pool_mu);
+    if (!cw) return calloc(1, size);
+    memset(cw, 0, size);
+    return cw;
+}
+
 static void coll_free(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;
     collie_comm *c = cw->comm;
+    collie_bcomm *bc = cw->bc;
+    pthread_mutex_lock(&bc->pool_mu);
+    if (bc->pool_n < COLL_POOL_MAX) {
+        cw->q_next = bc->pool;
+        bc->pool = cw;
+        bc->pool_n++;
+        cw = NULL;
+    }
+    pthread_mutex_unlock(&bc->pool_mu);
     free(cw);
-    cl_comm_release(c);
+    cl_comm_release(c); /* may free the comm and its pool */
 }
 
 static void coll_describe(const collie_work *w, char *buf, size_t len) {
@@ -153,11 +189,11 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     if (r != COLLIE_OK) return r;
     pthread_once(&cl_coll_ops_once, coll_ops_init);
     collie_bcomm *bc = &c->bcs[dev];
-    cl_coll_work *cw = calloc(1, sizeof *cw + bc->ops->work_data_size);
+    cl_coll_work *cw = coll_alloc(bc);
     if (!cw) return COLLIE_ENOMEM;
     r = cl_work_init(&cw->base, c->engine, &cl_coll_ops[a->kind], o, c->timeout_ms);
     if (r != COLLIE_OK) {
-        free(cw);
+        free(cw); /* never posted: not pooled */
         return r;
     }
     cw->comm = c;

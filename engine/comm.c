@@ -12,6 +12,13 @@
  *    with COLLIE_EABORTED naming the root cause.
  *  - The root cause is recorded once (err_status, err_msg); err_msg is
  *    written before err_status is published, and never changes after.
+ *  - A fault fails the comm's works at once; the CPU transport's
+ *    connections close only once the peers could read the abort notice in
+ *    the store (COMM_CLOSE_GRACE_MS after it is there, COMM_CLOSE_MAX_MS
+ *    after the fault at the latest; destroy waits for that close), so a
+ *    peer learns the root cause instead of blaming us for a dropped
+ *    connection. BLOCKING_WAIT closes nothing until the application aborts
+ *    or destroys.
  *  - A collective that ends by deadline or cancel leaves the byte stream
  *    between ranks in an unknown state, so it is a comm fault: the comm's
  *    policy applies (NONE excepted). Faults reported by a backend (dead
@@ -39,6 +46,8 @@ void cl_comm_hold(collie_comm *c) { atomic_fetch_add_explicit(&c->refs, 1, memor
 void cl_comm_release(collie_comm *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
     cl_flight_fini(c);
+    for (int d = 0; d < CL_NUM_DEVICES; d++)
+        if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -163,19 +172,107 @@ void cl_comm_detach_work(cl_coll_work *cw) {
 
 /* ---- faults and aborts ---------------------------------------------------------- */
 
-/* Fail everything pending on the comm (loop). */
-static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
+/* A failed comm keeps its CPU transport's connections open until the peers
+ * could read its abort notice: COMM_CLOSE_GRACE_MS after the notice is in
+ * the store (ours, or the one we learnt the fault from), and never longer
+ * than COMM_CLOSE_MAX_MS after the fault. */
+#define COMM_CLOSE_GRACE_MS 20
+#define COMM_CLOSE_MAX_MS   500
+
+/* Fail everything pending on the comm (loop). Works of the CPU backend are
+ * failed here, like a deadline fails them, and its connections are left
+ * alone; a CUDA backend's works fail only through its abort, which
+ * quiesces the GPU first, so that backend is aborted now. */
+static void comm_fail_pending(collie_comm *c, int status, const char *reason) {
     while (c->wait_head) {
         cl_coll_work *cw = c->wait_head;
         c->wait_head = cw->q_next;
         if (!c->wait_head) c->wait_tail = NULL;
         cl_work_finish(&cw->base, status, "%s", reason);
     }
-    for (int d = 0; d < CL_NUM_DEVICES; d++) {
-        collie_bcomm *bc = &c->bcs[d];
-        if (bc->state) bc->ops->abort(bc->state, status, reason);
-    }
+    /* finishing only queues the retirement: the list stays intact here */
+    for (cl_coll_work *cw = c->active_head; cw; cw = cw->a_next)
+        if (cw->bc == &c->bcs[CL_DEV_CPU]) cl_work_finish(&cw->base, status, "%s", reason);
+    collie_bcomm *cuda = &c->bcs[CL_DEV_CUDA];
+    if (cuda->state) cuda->ops->abort(cuda->state, status, reason);
     if (c->create_work) cl_work_finish(c->create_work, status, "%s", reason);
+}
+
+/* Close the CPU transport (abort the backend): its connections drop. */
+static void comm_close_transport(collie_comm *c, int status, const char *reason) {
+    c->transport_closed = true;
+    collie_bcomm *bc = &c->bcs[CL_DEV_CPU];
+    if (bc->state) bc->ops->abort(bc->state, status, reason);
+}
+
+/* Fail everything pending on the comm and close its transport (loop). */
+static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
+    comm_fail_pending(c, status, reason);
+    comm_close_transport(c, status, reason);
+}
+
+/* The end of a fault or abort (loop): dump the flight recorder (if asked;
+ * by now the failed works are retired, so it shows how each one ended),
+ * close the transport; under ABORT_PROCESS end the process. Idempotent. */
+static void comm_close_after_fault(collie_comm *c) {
+    cl_comm_dump_on_abort(c);
+    if (!c->transport_closed) {
+        char reason[640];
+        snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
+        comm_close_transport(c, COLLIE_EABORTED, reason);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->close_pending = false;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->terminate_on_close) {
+        CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
+                 c->rank);
+        abort();
+    }
+}
+
+static void comm_on_close_timer(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    comm_close_after_fault(arg);
+}
+
+/* (Re)arm the close for `ms` from now (loop). */
+static void comm_close_in(collie_comm *c, int32_t ms) {
+    if (c->destroyed || c->transport_closed) {
+        comm_close_after_fault(c);
+        return;
+    }
+    if (!c->close_ev)
+        c->close_ev = event_new(cl_engine_base(c->engine), -1, 0, comm_on_close_timer, c);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (!c->close_ev || event_add(c->close_ev, &tv) != 0) {
+        comm_close_after_fault(c);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->close_pending = true;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void comm_on_told(void *arg, int status, uint64_t k) {
+    (void)status;
+    (void)k;
+    comm_close_in(arg, COMM_CLOSE_GRACE_MS);
+}
+
+/* Tell the peers (the abort notice in the store), then close the transport.
+ * The order matters: a peer that saw our connections drop first would
+ * blame us ("rank 1 closed its connection") instead of the root cause. */
+static void comm_tell_then_close(collie_comm *c, bool tell, int status) {
+    if (!tell) { /* we learnt it from the store: so do the others, now */
+        comm_close_in(c, COMM_CLOSE_GRACE_MS);
+        return;
+    }
+    comm_close_in(c, COMM_CLOSE_MAX_MS); /* the bound, should the store not answer */
+    if (!cl_comm_ctl_publish_abort(c, status, c->err_msg, comm_on_told, c))
+        comm_close_in(c, COMM_CLOSE_GRACE_MS); /* told already, or never created */
 }
 
 static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
@@ -186,22 +283,19 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
     CL_WARN("comm", "comm '%s' rank %d: %s (%s)", c->name, c->rank, c->err_msg,
             collie_status_name(status));
-    comm_abort_on_loop(c, COLLIE_EABORTED, reason);
-    if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return; /* the application decides */
-    /* tell the peers: they abort within milliseconds, with our root cause */
-    if (propagate) cl_comm_ctl_publish_abort(c, status, c->err_msg);
+    comm_fail_pending(c, COLLIE_EABORTED, reason);
+    /* BLOCKING_WAIT: nothing else happens in the background — not even a
+     * close the peers would notice; the application decides */
+    if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return;
     if (c->on_error) {
         const char *prev = cl_engine_set_activity(c->engine, "comm error callback");
         c->on_error(c, status, c->err_msg, c->on_error_arg);
         cl_engine_set_activity(c->engine, prev);
     }
-    if (c->policy == COLLIE_POLICY_ABORT_PROCESS) {
-        CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
-                 c->rank);
-        cl_comm_dump_on_abort(c);
-        abort();
-    }
-    cl_comm_dump_on_abort(c);
+    c->terminate_on_close = c->policy == COLLIE_POLICY_ABORT_PROCESS;
+    /* tell the peers (they abort within milliseconds, with our root cause),
+     * then close; a fault learnt from the control channel was told already */
+    comm_tell_then_close(c, propagate, status);
 }
 
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
@@ -222,9 +316,8 @@ void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fm
 static void comm_app_abort_on_loop(collie_comm *c) {
     char msg[600];
     snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
-    comm_abort_on_loop(c, COLLIE_EABORTED, msg);
-    cl_comm_ctl_publish_abort(c, COLLIE_EABORTED, c->err_msg);
-    cl_comm_dump_on_abort(c);
+    comm_fail_pending(c, COLLIE_EABORTED, msg);
+    comm_tell_then_close(c, true, COLLIE_EABORTED);
 }
 
 static void comm_abort_cmd(cl_cmd *cmd) {
@@ -293,6 +386,12 @@ static void comm_backends_destroy(collie_comm *c) {
     cl_desync_flush(c);
     cl_works_run_retired(c->engine);
     cl_comm_ctl_stop(c);
+    c->destroyed = true;
+    if (c->close_ev) {
+        event_free(c->close_ev);
+        c->close_ev = NULL;
+    }
+    if (c->close_pending) comm_close_after_fault(c); /* destroy did not wait for it */
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         collie_bcomm *bc = &c->bcs[d];
         if (bc->poll_ev) {
@@ -357,6 +456,16 @@ static bool comm_wait_idle(collie_comm *c, int64_t until_ns) {
     return idle;
 }
 
+/* A failed comm's delayed close (comm_tell_then_close) happens before
+ * destroy closes the connections itself (bounded). */
+static void comm_wait_closed(collie_comm *c, int64_t until_ns) {
+    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
+    pthread_mutex_lock(&c->mu);
+    while (c->close_pending)
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* An abort message still being written must reach the store before the
  * caller may destroy the store handle (bounded). */
 static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
@@ -380,6 +489,10 @@ int collie_comm_destroy(collie_comm *c) {
             res = COLLIE_EABORTED;
             collie_comm_abort(c, "destroyed with works still pending");
         }
+        /* the peers read an abort notice before our connections close
+         * (bounded), so they learn the root cause, not our departure */
+        comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
+        comm_wait_closed(c, cl_now_ns() + (COMM_CLOSE_MAX_MS + 500) * CL_NS_PER_MS);
         if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=
                 COLLIE_OK &&
             !c->engine_gone) {

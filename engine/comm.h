@@ -42,6 +42,10 @@ struct collie_bcomm {
     _Atomic int32_t poll_wish_us; /* <= 0: off */
     _Atomic bool poll_cmd_queued;
     cl_cmd poll_cmd;
+    /* finished works kept for reuse: steady state allocates nothing */
+    pthread_mutex_t pool_mu;
+    struct cl_coll_work *pool;
+    int pool_n;
 };
 
 /* One flight-recorder entry (flight.c). */
@@ -115,6 +119,11 @@ struct collie_comm {
     bool ctl_stopped, abort_published;
     int ctl_sending;        /* under mu: control messages being written */
     struct desync *desyncs; /* desync reports in progress (loop) */
+    /* after a fault or abort: the transport closes once the peers were told
+     * (comm.c, loop) */
+    struct event *close_ev;
+    bool transport_closed, terminate_on_close;
+    bool close_pending; /* under mu: a delayed close is armed (destroy waits) */
     /* flight recorder (flight.c) */
     pthread_mutex_t fr_mu;
     cl_fr_entry *fr_ring;
@@ -127,9 +136,15 @@ struct collie_comm {
 bool cl_comm_ctl_enabled(const collie_comm *c);
 void cl_comm_ctl_start(collie_comm *c);
 void cl_comm_ctl_stop(collie_comm *c);
+/* cl_comm_ctl_send: `done` (may be NULL) runs exactly once, when the message
+ * is in the store or could not be written (possibly before this returns). */
 int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, uint64_t),
                      void *done_arg);
-void cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason);
+/* cl_comm_ctl_publish_abort: write "abort <rank> <status> <reason>", once
+ * per comm. Returns false (and never runs `done`) if nothing was sent: the
+ * comm was never created or its abort went out already. */
+bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
+                               void (*done)(void *, int, uint64_t), void *done_arg);
 void cl_comm_progress(collie_comm *c, char *buf, size_t len);
 
 /* flight.c */
@@ -154,6 +169,10 @@ void cl_comm_created(collie_comm *c, int status, const char *msg);
 /* start a work on its backend, or queue it (loop) */
 void cl_comm_start_work(cl_coll_work *cw);
 void cl_comm_detach_work(cl_coll_work *cw);
+
+/* coll.c: the work pool of a backend instance */
+void cl_coll_pool_init(collie_bcomm *bc);
+void cl_coll_pool_fini(collie_bcomm *bc);
 
 /* coll.c: validate and post a collective to device `dev`'s backend */
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,

@@ -307,6 +307,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         c->bcs[d].comm = c;
         c->bcs[d].ops = spec.ops[d];
+        if (spec.ops[d]) cl_coll_pool_init(&c->bcs[d]);
     }
     if (cl_flight_init(c) != COLLIE_OK) {
         free(c);

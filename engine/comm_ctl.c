@@ -267,7 +267,10 @@ static void ctl_on_index(collie_work *w, void *arg) {
 int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, uint64_t),
                      void *done_arg) {
     ctl_send *s = calloc(1, sizeof *s);
-    if (!s) return COLLIE_ENOMEM;
+    if (!s) {
+        if (done) done(done_arg, COLLIE_ENOMEM, 0); /* `done` runs once, whatever happens */
+        return COLLIE_ENOMEM;
+    }
     s->c = c;
     snprintf(s->msg, sizeof s->msg, "%s", msg);
     s->done = done;
@@ -288,10 +291,12 @@ int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, 
     return r;
 }
 
-void cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason) {
-    if (c->prefix[0] == '\0' || c->abort_published) return; /* never created */
+bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
+                               void (*done)(void *, int, uint64_t), void *done_arg) {
+    if (c->prefix[0] == '\0' || c->abort_published) return false; /* never created, or done */
     c->abort_published = true;
     char msg[600];
     snprintf(msg, sizeof msg, "abort %d %d %s", c->rank, status, reason);
-    cl_comm_ctl_send(c, msg, NULL, NULL);
+    cl_comm_ctl_send(c, msg, done, done_arg);
+    return true;
 }

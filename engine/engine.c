@@ -320,10 +320,12 @@ static void engine_shutdown_on_loop(collie_engine *e) {
     cl_works_run_retired(e);
 }
 
-/* Spin (poll) while works are in flight and progressing; block after
- * spin_window of no visible progress (a hung peer must not cost a core). */
+/* Spin (poll) while works start and complete; block after spin_window of
+ * no visible progress (an idle rank or a hung peer must not cost a core). */
 static bool engine_should_spin(collie_engine *e) {
-    if (e->spin_ns <= 0 || cl_works_tracked(e) == 0) return false;
+    /* also right after the last work completed: the next one usually
+     * follows at once (a thread woken from idle takes tens of us) */
+    if (e->spin_ns <= 0) return false;
     int64_t now = cl_now_ns();
     uint64_t sig = e->works.retired * 1000003u + cl_works_tracked(e);
     if (sig != e->spin_sig) { /* progress: (re)start the window */

@@ -31,6 +31,7 @@
 
 struct tcp_comm;
 struct tcp_work;
+struct tcp_xbuf;
 
 /* The context of a store request whose callback may run after its target
  * (a connection, the comm) is freed: freeing clears `target`, the callback
@@ -131,22 +132,32 @@ typedef struct tcp_comm {
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
     uint8_t *discard;
+    struct tcp_xbuf *xb_pool; /* idle execution buffers */
+    int xb_pooled;
     bool aborted;
     int abort_status;
     char abort_reason[256];
 } tcp_comm;
 
+/* The reusable memory of running a schedule: kept in a per-comm pool so a
+ * steady stream of collectives allocates nothing (grow-only). */
+typedef struct tcp_xbuf {
+    struct tcp_xbuf *next;
+    cl_sched sched;
+    tcp_msg *msgs; /* per op of the widest step */
+    tcp_slot *slots;
+    uint32_t cap;
+    uint8_t *scratch;
+    uint64_t scratch_cap;
+} tcp_xbuf;
+
 typedef struct tcp_work {
     collie_work *w;
     tcp_comm *tc;
     collie_coll_args args;
-    cl_sched sched;
+    tcp_xbuf *xb; /* NULL for point-to-point works */
     uint32_t step;
     uint32_t pending; /* ops of the current step not yet done */
-    tcp_msg *msgs;    /* per op of the largest step */
-    tcp_slot *slots;
-    uint32_t cap;
-    uint8_t *scratch;
     bool finished, running, posted, kind_p2p, linked;
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
@@ -165,6 +176,8 @@ void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_arg
                          uint32_t step, uint64_t len);
 
 /* tcp_exec.c */
+void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);
+void cl_tcp_xbuf_free_all(tcp_comm *tc);
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
 void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)

@@ -92,13 +92,10 @@ static void tcp_detach(void *state, collie_work *w) {
             tc->works_tail = tw->prev;
         tw->linked = false;
     }
-    cl_sched_fini(&tw->sched);
-    free(tw->msgs);
-    free(tw->slots);
-    free(tw->scratch);
-    tw->msgs = NULL;
-    tw->slots = NULL;
-    tw->scratch = NULL;
+    if (tw->xb) {
+        cl_tcp_xbuf_put(tc, tw->xb);
+        tw->xb = NULL;
+    }
 }
 
 static void tcp_abort(void *state, int status, const char *reason) {
@@ -134,6 +131,7 @@ static void tcp_destroy(void *state) {
     }
     if (tc->listen_ev) event_free(tc->listen_ev);
     if (tc->listen_fd >= 0) close(tc->listen_fd);
+    cl_tcp_xbuf_free_all(tc);
     free(tc->conns);
     free(tc->discard);
     free(tc);

@@ -30,7 +30,7 @@ static uint8_t *work_buf_at(tcp_work *tw, uint8_t which, uint64_t off) {
     switch (which) {
     case CL_SBUF_SEND: base = (uint8_t *)tw->args.sendbuf; break;
     case CL_SBUF_RECV: base = (uint8_t *)tw->args.recvbuf; break;
-    default: base = tw->scratch; break;
+    default: base = tw->xb ? tw->xb->scratch : NULL; break;
     }
     return base ? base + off : NULL;
 }
@@ -64,7 +64,7 @@ static void work_local_op(tcp_work *tw, const cl_sop *op) {
 /* Post every operation of the current step. */
 static void work_post_step(tcp_work *tw) {
     tcp_comm *tc = tw->tc;
-    const cl_sched *s = &tw->sched;
+    const cl_sched *s = &tw->xb->sched;
     uint32_t first = s->step_start[tw->step], end = s->step_start[tw->step + 1];
     bool touched = false;
     for (uint32_t i = first; i < end && !tw->finished; i++) {
@@ -86,7 +86,7 @@ static void work_post_step(tcp_work *tw) {
         }
         tw->pending++;
         if (op->kind == CL_SOP_SEND) {
-            tcp_msg *m = &tw->msgs[k];
+            tcp_msg *m = &tw->xb->msgs[k];
             memset(m, 0, sizeof *m);
             m->owner = tw;
             m->payload = work_buf_at(tw, op->buf, op->off);
@@ -98,7 +98,7 @@ static void work_post_step(tcp_work *tw) {
             }
             cl_tcp_conn_send(c, m);
         } else {
-            tcp_slot *sl = &tw->slots[k];
+            tcp_slot *sl = &tw->xb->slots[k];
             memset(sl, 0, sizeof *sl);
             sl->owner = tw;
             sl->seq = collie_work_seq(tw->w);
@@ -127,7 +127,7 @@ static void work_run(tcp_work *tw) {
     tw->running = true;
     while (!tw->finished) {
         if (!tw->posted) {
-            if (tw->step == tw->sched.nsteps) {
+            if (tw->step == tw->xb->sched.nsteps) {
                 tw->finished = true;
                 tw->tc->core->work_finish(tw->w, COLLIE_OK, NULL);
                 break;
@@ -223,22 +223,34 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     tw->linked = true;
     if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
         return work_start_p2p(tc, tw);
-    int r = cl_sched_build(&tw->sched, &tw->args, tc->rank, tc->size);
+    tcp_xbuf *xb = tc->xb_pool;
+    if (xb) {
+        tc->xb_pool = xb->next;
+        tc->xb_pooled--;
+    } else if (!(xb = calloc(1, sizeof *xb))) {
+        return COLLIE_ENOMEM;
+    }
+    tw->xb = xb;
+    int r = cl_sched_build(&xb->sched, &tw->args, tc->rank, tc->size);
     if (r != COLLIE_OK) return r;
     uint32_t widest = 0;
-    for (uint32_t s = 0; s < tw->sched.nsteps; s++) {
-        uint32_t n = tw->sched.step_start[s + 1] - tw->sched.step_start[s];
+    for (uint32_t s = 0; s < xb->sched.nsteps; s++) {
+        uint32_t n = xb->sched.step_start[s + 1] - xb->sched.step_start[s];
         if (n > widest) widest = n;
     }
-    if (widest > 0) {
-        tw->msgs = calloc(widest, sizeof *tw->msgs);
-        tw->slots = calloc(widest, sizeof *tw->slots);
-        if (!tw->msgs || !tw->slots) return COLLIE_ENOMEM;
-        tw->cap = widest;
+    if (widest > xb->cap) {
+        tcp_msg *m = realloc(xb->msgs, widest * sizeof *m);
+        if (m) xb->msgs = m;
+        tcp_slot *sl = realloc(xb->slots, widest * sizeof *sl);
+        if (sl) xb->slots = sl;
+        if (!m || !sl) return COLLIE_ENOMEM;
+        xb->cap = widest;
     }
-    if (tw->sched.scratch_bytes > 0) {
-        tw->scratch = malloc(tw->sched.scratch_bytes);
-        if (!tw->scratch) return COLLIE_ENOMEM;
+    if (xb->sched.scratch_bytes > xb->scratch_cap) {
+        uint8_t *sc = realloc(xb->scratch, xb->sched.scratch_bytes);
+        if (!sc) return COLLIE_ENOMEM;
+        xb->scratch = sc;
+        xb->scratch_cap = xb->sched.scratch_bytes;
     }
     work_run(tw);
     return COLLIE_OK;
@@ -250,4 +262,41 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     collie_work *victim = tc->works_head ? tc->works_head->w : NULL;
     (void)peer; /* `why` names it */
     tc->core->fault(tc->bc, victim, status, "%s", why);
+}
+
+/* Pool sizes: enough for many works in flight; scratch beyond XB_KEEP_SCRATCH
+ * is returned to the allocator rather than kept around. */
+#define XB_POOL_MAX     128
+#define XB_KEEP_SCRATCH (4u << 20)
+
+void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb) {
+    if (tc->xb_pooled >= XB_POOL_MAX) {
+        cl_sched_fini(&xb->sched);
+        free(xb->msgs);
+        free(xb->slots);
+        free(xb->scratch);
+        free(xb);
+        return;
+    }
+    if (xb->scratch_cap > XB_KEEP_SCRATCH) {
+        free(xb->scratch);
+        xb->scratch = NULL;
+        xb->scratch_cap = 0;
+    }
+    xb->next = tc->xb_pool;
+    tc->xb_pool = xb;
+    tc->xb_pooled++;
+}
+
+void cl_tcp_xbuf_free_all(tcp_comm *tc) {
+    while (tc->xb_pool) {
+        tcp_xbuf *xb = tc->xb_pool;
+        tc->xb_pool = xb->next;
+        cl_sched_fini(&xb->sched);
+        free(xb->msgs);
+        free(xb->slots);
+        free(xb->scratch);
+        free(xb);
+    }
+    tc->xb_pooled = 0;
 }
