@@ -32,22 +32,6 @@ static bool svc_on_progress_thread(const collie_bcomm *bc) {
     return cl_engine_on_loop(bc->comm->engine);
 }
 
-static void svc_work_publish(collie_work *w, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    cl_work_vpublish(w, status, fmt, ap);
-    va_end(ap);
-}
-
-static bool svc_work_finish(collie_work *w, int status, const char *fmt, ...) {
-    if (!cl_work_claim(w)) return false;
-    va_list ap;
-    va_start(ap, fmt);
-    cl_work_vpublish(w, status, fmt, ap);
-    va_end(ap);
-    return true;
-}
-
 static void *svc_work_backend_data(collie_work *w) { return ((cl_coll_work *)w)->backend_data; }
 
 static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...) {
@@ -193,8 +177,8 @@ const collie_core_services cl_core_services = {
     .event_base = svc_event_base,
     .on_progress_thread = svc_on_progress_thread,
     .work_claim = cl_work_claim,
-    .work_publish = svc_work_publish,
-    .work_finish = svc_work_finish,
+    .work_publish = cl_work_publish,
+    .work_finish = cl_work_finish,
     .work_busy_enter = cl_work_busy_enter,
     .work_busy_exit = cl_work_busy_exit,
     .work_backend_data = svc_work_backend_data,

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/coll_args.h"
 #include "engine/comm.h"
 #include "engine/common.h"
 #include "transports/reduce.h"
@@ -245,115 +246,66 @@ bool cl_coll_is_work(const collie_work *w) {
 int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                      collie_dtype dt, collie_redop op, const collie_post_opts *o,
                      collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLREDUCE,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt,
-                          .op = op};
+    collie_coll_args a = cl_args_allreduce(sendbuf, recvbuf, count, dt, op);
     return coll_post(c, &a, o, out);
 }
 
 int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
                      const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_BROADCAST,
-                          .sendbuf = buf,
-                          .recvbuf = buf,
-                          .count = count,
-                          .dtype = dt,
-                          .root = root};
+    collie_coll_args a = cl_args_broadcast(buf, count, dt, root);
     return coll_post(c, &a, o, out);
 }
 
 int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count, collie_dtype dt,
                   collie_redop op, int root, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt,
-                          .op = op,
-                          .root = root};
+    collie_coll_args a = cl_args_reduce(sendbuf, recvbuf, count, dt, op, root);
     return coll_post(c, &a, o, out);
 }
 
 int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                      collie_dtype dt, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLGATHER,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt};
+    collie_coll_args a = cl_args_blocks(COLLIE_COLL_ALLGATHER, sendbuf, recvbuf, count, dt, 0);
     return coll_post(c, &a, o, out);
 }
 
 int collie_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
                           collie_dtype dt, collie_redop op, const collie_post_opts *o,
                           collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_REDUCE_SCATTER,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = recvcount,
-                          .dtype = dt,
-                          .op = op};
+    collie_coll_args a = cl_args_reduce_scatter(sendbuf, recvbuf, recvcount, dt, op);
     return coll_post(c, &a, o, out);
 }
 
 int collie_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                     collie_dtype dt, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_ALLTOALL,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt};
+    collie_coll_args a = cl_args_blocks(COLLIE_COLL_ALLTOALL, sendbuf, recvbuf, count, dt, 0);
     return coll_post(c, &a, o, out);
 }
 
 int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count, collie_dtype dt,
                   int root, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_GATHER,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt,
-                          .root = root};
+    collie_coll_args a = cl_args_blocks(COLLIE_COLL_GATHER, sendbuf, recvbuf, count, dt, root);
     return coll_post(c, &a, o, out);
 }
 
 int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                    collie_dtype dt, int root, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_SCATTER,
-                          .sendbuf = sendbuf,
-                          .recvbuf = recvbuf,
-                          .count = count,
-                          .dtype = dt,
-                          .root = root};
+    collie_coll_args a = cl_args_blocks(COLLIE_COLL_SCATTER, sendbuf, recvbuf, count, dt, root);
     return coll_post(c, &a, o, out);
 }
 
 int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_BARRIER, .dtype = COLLIE_UINT8};
+    collie_coll_args a = cl_args_barrier();
     return coll_post(c, &a, o, out);
 }
 
 int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
                 uint64_t tag, const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_SEND,
-                          .sendbuf = buf,
-                          .count = count,
-                          .dtype = dt,
-                          .peer = peer,
-                          .tag = tag};
+    collie_coll_args a = cl_args_p2p(COLLIE_COLL_SEND, buf, NULL, count, dt, peer, tag);
     return coll_post(c, &a, o, out);
 }
 
 int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer, uint64_t tag,
                 const collie_post_opts *o, collie_work **out) {
-    collie_coll_args a = {.kind = COLLIE_COLL_RECV,
-                          .recvbuf = buf,
-                          .count = count,
-                          .dtype = dt,
-                          .peer = peer,
-                          .tag = tag};
+    collie_coll_args a = cl_args_p2p(COLLIE_COLL_RECV, NULL, buf, count, dt, peer, tag);
     return coll_post(c, &a, o, out);
 }
