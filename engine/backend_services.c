@@ -164,6 +164,16 @@ static const char *svc_setting(const char *name) {
     if (!strcmp(name, "COLLIE_SOCKET_IFNAME")) return c->socket_ifname;
     if (!strcmp(name, "COLLIE_SOCKET_ADDR")) return c->socket_addr;
     if (!strcmp(name, "COLLIE_DUMP_DIR")) return c->dump_dir;
+    /* numbers are returned as text, from this thread's buffer */
+    static _Thread_local char num[24];
+    if (!strcmp(name, "COLLIE_NCCL_POLL_US")) {
+        snprintf(num, sizeof num, "%d", (int)c->nccl_poll_us);
+        return num;
+    }
+    if (!strcmp(name, "COLLIE_NCCL_ABORT_TIMEOUT_MS")) {
+        snprintf(num, sizeof num, "%d", (int)c->nccl_abort_ms);
+        return num;
+    }
     return NULL;
 }
 

@@ -152,7 +152,9 @@ static void comm_wait_remove(collie_comm *c, cl_coll_work *cw) {
 void cl_comm_detach_work(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
     collie_work *w = &cw->base;
-    if (cw->started) {
+    /* caller_started: a CUDA work the backend holds even if the loop never
+     * started it (cancelled before its start command ran) */
+    if (cw->started || cw->caller_started) {
         comm_active_del(c, cw);
         if (cw->bc->state) cw->bc->ops->detach(cw->bc->state, w);
     } else {

@@ -72,6 +72,10 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_SPIN", CL_SET_SPIN, CL_OFF(spin), 0, "auto",
      "poll instead of sleeping while works are in flight: auto (when this host's ranks do "
      "not outnumber its cores), on, off"},
+    {"COLLIE_NCCL_POLL_US", CL_SET_INT, CL_OFF(nccl_poll_us), 1, "200",
+     "NCCL backend: microseconds between polls of pending GPU works"},
+    {"COLLIE_NCCL_ABORT_TIMEOUT_MS", CL_SET_MS, CL_OFF(nccl_abort_ms), 1, "10000",
+     "NCCL backend: bound of ncclCommAbort before the works fail anyway (logged)"},
     {"COLLIE_TRACE_BUFFER", CL_SET_INT, CL_OFF(trace_buffer), 0, "2048",
      "flight-recorder entries kept per communicator (0: off)"},
 };
@@ -83,7 +87,7 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .stall_ms = 10000,
                                           .rank = -1,
                                           .world_size = -1,
-                                          .trace_buffer = 2048};
+                                          .trace_buffer = 2048, .nccl_poll_us = 200, .nccl_abort_ms = 10000};
 static cl_config cl_cfg = cl_cfg_defaults;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -28,6 +28,8 @@ typedef struct cl_config {
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
     int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */
     int spin;                  /* COLLIE_SPIN: CL_SPIN_AUTO, CL_SPIN_OFF or CL_SPIN_ON */
+    int32_t nccl_poll_us;      /* COLLIE_NCCL_POLL_US */
+    int32_t nccl_abort_ms;     /* COLLIE_NCCL_ABORT_TIMEOUT_MS */
 } cl_config;
 
 enum { CL_SPIN_AUTO = 0, CL_SPIN_OFF = 1, CL_SPIN_ON = 2 };
