@@ -177,6 +177,19 @@ static const char *svc_setting(const char *name) {
     return NULL;
 }
 
+static int svc_device(const collie_bcomm *bc) { return bc->comm->device; }
+
+static int32_t svc_create_timeout_ms(const collie_bcomm *bc) { return bc->comm->create_timeout_ms; }
+
+static void svc_set_error(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cl_set_last_error(COLLIE_EBACKEND, "%s", msg);
+}
+
 const collie_core_services cl_core_services = {
     .abi_version = COLLIE_BACKEND_ABI_VERSION,
     .rank = svc_rank,
@@ -202,4 +215,7 @@ const collie_core_services cl_core_services = {
     .log = svc_log,
     .want_poll = svc_want_poll,
     .setting = svc_setting,
+    .device = svc_device,
+    .create_timeout_ms = svc_create_timeout_ms,
+    .set_error = svc_set_error,
 };

@@ -129,6 +129,15 @@ typedef struct collie_core_services {
 
     /* settings (COLLIE_SOCKET_IFNAME etc.): the raw value or NULL */
     const char *(*setting)(const char *name);
+
+    /* (appended: the ABI version changes only when existing fields do) */
+    /* the comm's `device` option (-1: none given) */
+    int (*device)(const collie_bcomm *bc);
+    /* the comm's creation bound, for init steps of the backend's own */
+    int32_t (*create_timeout_ms)(const collie_bcomm *bc);
+    /* set the detail collie_last_error() reports to the caller of a post
+     * whose start failed (caller's thread, POST_ON_CALLER backends) */
+    void (*set_error)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 } collie_core_services;
 
 enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
@@ -163,6 +172,11 @@ typedef struct collie_backend_ops {
      * NULL for cpu backends). Caller's thread. (New fields go at the end:
      * the ABI version changes only when existing ones do.) */
     int (*wait_stream)(void *state, collie_work *w, void *stream);
+    /* adopt (optional): the core has claimed w (its deadline passed) and
+     * hands it over instead of publishing: the backend publishes it with
+     * work_publish(w, status, "%s", msg) once the device no longer touches
+     * its buffers (after the abort that follows). Loop thread. */
+    void (*adopt)(void *state, collie_work *w, int status, const char *msg);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create
