@@ -87,7 +87,9 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .stall_ms = 10000,
                                           .rank = -1,
                                           .world_size = -1,
-                                          .trace_buffer = 2048, .nccl_poll_us = 200, .nccl_abort_ms = 10000};
+                                          .trace_buffer = 2048,
+                                          .nccl_poll_us = 200,
+                                          .nccl_abort_ms = 10000};
 static cl_config cl_cfg = cl_cfg_defaults;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -1,0 +1,1621 @@
+/*
+ * test_faults.c — faults across processes and the error policies (issue 5).
+ *
+ * Multi-process tests run real ranks: this binary re-executed with
+ * "--rank <program>" (a fresh process per rank, its environment set as
+ * collie-run would), a standalone collie-store so that the store outlives
+ * any rank, and collie-run itself for the recovery example. The test
+ * process kills, stops and restarts ranks, reads what each rank reports on
+ * its stdout (one event per line, with CLOCK_MONOTONIC timestamps, which
+ * every process of the host shares), and checks the timings and messages.
+ *
+ *   kill:       4 ranks loop allreduces (30 s op timeout); rank 2 (then
+ *               rank 0) is SIGKILLed: every survivor's pending works fail
+ *               within 2 s of the kill, naming the dead rank; destroy takes
+ *               < 1 s; a restarted rank and the survivors re-create the
+ *               comm and complete 100 correct allreduces.
+ *   hang:       rank 3 SIGSTOPs itself between two allreduces (sockets stay
+ *               open); with a 2 s op timeout ranks 0-2 fail within 3 s of
+ *               the stop, their messages name rank 3 as not having reached
+ *               the sequence number, and collie-trace on the dumps shows it.
+ *   netcut:     ranks in two network namespaces; the link between them goes
+ *               down: every rank fails within timeout + 1.5 s.
+ *   policies:   BLOCKING_WAIT (nothing propagated, posts fail fast, the app
+ *               aborts), ABORT_PROCESS (SIGABRT after the dump).
+ *   aborts:     from a completion callback, from a thread while another
+ *               waits, many times at once.
+ *   cycles:     create → collectives → abort → destroy, 200 times: fds and
+ *               threads constant, RSS growth below RSS_TOLERANCE_KB.
+ *   store:      the store server dies: pending requests and creation fail
+ *               naming its address, within their deadlines.
+ *   recovery:   examples/recovery under collie-run -n 4 --restarts 1.
+ *
+ * Every wait is bounded; every child is SIGKILLed and reaped in teardown.
+ * `test_faults --measure kill|hang RUNS` runs a scenario RUNS times and
+ * prints the detection times (bench/faults.sh).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "harness.h"
+
+extern char **environ;
+
+#define WINDOW           4     /* allreduces a rank keeps in flight */
+#define STEP_MS          20000 /* bound of any step of a scenario (start-up, recovery) */
+#define KILL_OP_TIMEOUT  30000 /* op timeout in the kill tests: never what finds the fault */
+#define DETECT_MS        2000  /* kill → every survivor's pending works failed */
+#define DESTROY_MS       1000  /* destroy of a faulted comm */
+#define HANG_OP_TIMEOUT  2000  /* op timeout in the hang and network-cut tests */
+#define HANG_SLACK_MS    1000  /* the hang is reported within timeout + this */
+#define NETCUT_SLACK_MS  1500
+#define AFTER_RECOVERY   100
+#define CYCLES           200
+#define CYCLES_QUICK     40
+#define CYCLES_WARMUP    10
+#define RSS_TOLERANCE_KB 2048 /* RSS growth allowed over the cycles (normal build) */
+#define MAX_PROCS        8
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CL_SANITIZED 1
+#else
+#define CL_SANITIZED 0
+#endif
+
+static char self_exe[4096];
+static char tmp_dir[64];
+
+static bool quick(void) {
+    const char *q = getenv("CLTEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static const char *build_path(const char *rel) {
+    static char path[8][4096];
+    static int k;
+    const char *dir = getenv("CLTEST_BUILD_DIR");
+    char *p = path[k++ % 8];
+    snprintf(p, sizeof path[0], "%s/%s", dir && *dir ? dir : "build", rel);
+    return p;
+}
+
+/* ======================================================================== */
+/* Rank programs (this binary run with --rank NAME)                          */
+/* ======================================================================== */
+
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+/* One event per line on stdout; the parent parses them. */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+#define RK_CHECK(expr)                                                                             \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != COLLIE_OK) {                                                                    \
+            say("ERROR %s: %s: %s", #expr, collie_status_name(rc_), collie_last_error());          \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct rk_slot {
+    collie_work *w;
+    int iter;
+    int32_t *buf;
+} rk_slot;
+
+typedef struct rk {
+    collie_engine *e;
+    collie_comm *c;
+    int rank, size, count;
+    int32_t timeout_ms;
+    const char *name;
+    rk_slot slots[WINDOW];
+} rk;
+
+static void rk_fill(const rk *r, int32_t *buf, int it) {
+    for (int j = 0; j < r->count; j++)
+        buf[j] = (r->rank + 1) * (j + 1) + it;
+}
+
+static bool rk_correct(const rk *r, const int32_t *buf, int it) {
+    int n = r->size;
+    for (int j = 0; j < r->count; j++)
+        if (buf[j] != (j + 1) * n * (n + 1) / 2 + n * it) return false;
+    return true;
+}
+
+/* The comm's error callback: must run once per comm, on the progress
+ * thread, with the root cause. */
+static _Atomic int rk_errors;
+static _Atomic int rk_error_status;
+static _Atomic bool rk_error_off_loop;
+
+static void rk_on_error(collie_comm *c, int status, const char *msg, void *arg) {
+    (void)msg;
+    collie_engine *e = arg;
+    if (e && !collie_engine_on_progress_thread(e)) atomic_store(&rk_error_off_loop, true);
+    (void)c;
+    atomic_store(&rk_error_status, status);
+    atomic_fetch_add(&rk_errors, 1);
+}
+
+static void rk_create(rk *r) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = r->name;
+    o.on_error = rk_on_error;
+    o.on_error_arg = r->e;
+    atomic_store(&rk_errors, 0);
+    o.timeout_ms = r->timeout_ms;
+    o.create_timeout_ms = STEP_MS;
+    RK_CHECK(collie_comm_create_from_env(r->e, &o, &r->c));
+    say("READY gen=%llu", (unsigned long long)collie_comm_generation(r->c));
+}
+
+static int rk_post(rk *r, rk_slot *s, int it) {
+    s->iter = it;
+    rk_fill(r, s->buf, it);
+    return collie_allreduce(r->c, s->buf, s->buf, (size_t)r->count, COLLIE_INT32, COLLIE_SUM, NULL,
+                            &s->w);
+}
+
+/* Every work still in flight: wait for it (bounded) and report it. */
+static void rk_drain_failed(rk *r, int64_t *first, int64_t *last, int *nfailed) {
+    for (int k = 0; k < WINDOW; k++) {
+        rk_slot *p = &r->slots[k];
+        if (!p->w) continue;
+        int rc = collie_work_wait(p->w, r->timeout_ms + 10000);
+        collie_work_details info;
+        collie_work_info(p->w, &info);
+        if (rc != COLLIE_OK && rc != COLLIE_INPROGRESS) {
+            (*nfailed)++;
+            if (info.end_ns < *first) *first = info.end_ns;
+            if (info.end_ns > *last) *last = info.end_ns;
+            say("WORK seq=%llu status=%s end=%lld msg=%s", (unsigned long long)info.seq,
+                collie_status_name(rc), (long long)info.end_ns, collie_work_error_message(p->w));
+        } else if (rc == COLLIE_INPROGRESS) {
+            say("ERROR seq %llu still pending after its deadline", (unsigned long long)info.seq);
+            exit(1);
+        }
+        collie_work_release(p->w);
+        p->w = NULL;
+    }
+}
+
+static void rk_report_comm(rk *r) {
+    int st;
+    const char *msg;
+    collie_comm_error(r->c, &st, &msg);
+    say("COMMERR status=%s msg=%s", collie_status_name(st), msg);
+}
+
+/* Loop allreduces until the comm faults. FT_STOP_AT: after that many
+ * allreduces, finish the ones in flight and SIGSTOP ourselves. */
+static void rk_loop_until_fault(rk *r, int stop_at) {
+    int posted = 0, done = 0;
+    int64_t t0 = mono_ns();
+    for (int k = 0; k < WINDOW; k++)
+        RK_CHECK(rk_post(r, &r->slots[k], posted++));
+    for (;;) {
+        if (mono_ns() - t0 > 60 * 1000000000LL) {
+            say("ERROR no fault within 60 s (%d allreduces)", done);
+            exit(3);
+        }
+        rk_slot *s = &r->slots[done % WINDOW];
+        int rc = collie_work_wait(s->w, r->timeout_ms + 10000);
+        if (rc == COLLIE_INPROGRESS) {
+            say("ERROR allreduce %d pending after its deadline", s->iter);
+            exit(1);
+        }
+        if (rc != COLLIE_OK) break;
+        if (!rk_correct(r, s->buf, s->iter)) {
+            say("ERROR allreduce %d: wrong result", s->iter);
+            exit(1);
+        }
+        collie_work_release(s->w);
+        s->w = NULL;
+        done++;
+        if (done == 10) say("RUNNING t=%lld", (long long)mono_ns());
+        if (stop_at > 0 && done == stop_at) {
+            /* finish what is in flight, then hang with every socket open */
+            for (int k = 0; k < WINDOW; k++) {
+                rk_slot *p = &r->slots[k];
+                if (!p->w) continue;
+                RK_CHECK(collie_work_wait(p->w, r->timeout_ms + 10000));
+                collie_work_release(p->w);
+                p->w = NULL;
+            }
+            say("STOPPING t=%lld posted=%d", (long long)mono_ns(), posted);
+            raise(SIGSTOP);
+            say("RESUMED t=%lld", (long long)mono_ns());
+            /* post nothing: the dump must show where we stopped */
+            int st = COLLIE_OK;
+            for (int i = 0; i < 1500 && collie_comm_error(r->c, &st, NULL) == COLLIE_OK; i++)
+                usleep(10000);
+            rk_report_comm(r);
+            return;
+        }
+        int rp = rk_post(r, s, posted++);
+        if (rp != COLLIE_OK) {
+            s->w = NULL;
+            say("POSTFAIL status=%s t=%lld msg=%s", collie_status_name(rp), (long long)mono_ns(),
+                collie_last_error());
+            break;
+        }
+    }
+    int64_t first = INT64_MAX, last = 0;
+    int nfailed = 0;
+    rk_drain_failed(r, &first, &last, &nfailed);
+    say("FAULT first=%lld last=%lld n=%d", (long long)(nfailed ? first : mono_ns()),
+        (long long)(nfailed ? last : mono_ns()), nfailed);
+    rk_report_comm(r);
+    usleep(50000); /* a second call would come now */
+    say("ONERROR calls=%d status=%s off_loop=%d", atomic_load(&rk_errors),
+        collie_status_name(atomic_load(&rk_error_status)), (int)atomic_load(&rk_error_off_loop));
+}
+
+static void rk_after(rk *r, int n) {
+    int posted = 0, done = 0;
+    for (int k = 0; k < WINDOW && posted < n; k++)
+        RK_CHECK(rk_post(r, &r->slots[k], posted++));
+    while (done < n) {
+        rk_slot *s = &r->slots[done % WINDOW];
+        int rc = collie_work_wait(s->w, r->timeout_ms + 10000);
+        if (rc != COLLIE_OK || !rk_correct(r, s->buf, s->iter)) {
+            say("ERROR allreduce %d after recovery: %s %s", s->iter, collie_status_name(rc),
+                collie_work_error_message(s->w));
+            exit(1);
+        }
+        collie_work_release(s->w);
+        s->w = NULL;
+        done++;
+        if (posted < n) RK_CHECK(rk_post(r, s, posted++));
+    }
+    say("DONE n=%d gen=%llu", done, (unsigned long long)collie_comm_generation(r->c));
+}
+
+/* The rank program of the kill, hang and network-cut tests. Settings:
+ * FT_NAME, FT_TIMEOUT_MS, FT_LIFE (2: a restarted rank, straight to the
+ * new generation), FT_AFTER (allreduces after re-creating the comm; 0: no
+ * recovery), FT_STOP_AT, FT_COUNT. */
+static int rank_loop(void) {
+    rk r = {0};
+    r.name = getenv("FT_NAME") ? getenv("FT_NAME") : "faults";
+    r.timeout_ms = env_int("FT_TIMEOUT_MS", KILL_OP_TIMEOUT);
+    r.count = env_int("FT_COUNT", 64);
+    r.rank = env_int("COLLIE_RANK", -1);
+    r.size = env_int("COLLIE_WORLD_SIZE", 0);
+    int life = env_int("FT_LIFE", 1), after = env_int("FT_AFTER", 0);
+    for (int k = 0; k < WINDOW; k++)
+        r.slots[k].buf = calloc((size_t)r.count, sizeof(int32_t));
+    RK_CHECK(collie_engine_create(NULL, &r.e));
+    if (life == 1) {
+        rk_create(&r);
+        rk_loop_until_fault(&r, env_int("FT_STOP_AT", 0));
+        int64_t t0 = mono_ns();
+        int rc = collie_comm_destroy(r.c);
+        say("DESTROY ms=%lld rc=%s", (long long)((mono_ns() - t0) / 1000000),
+            collie_status_name(rc));
+        r.c = NULL;
+    }
+    if (after > 0) {
+        rk_create(&r);
+        rk_after(&r, after);
+        RK_CHECK(collie_comm_destroy(r.c));
+    }
+    RK_CHECK(collie_engine_destroy(r.e));
+    for (int k = 0; k < WINDOW; k++)
+        free(r.slots[k].buf);
+    say("EXIT");
+    return 0;
+}
+
+/* ABORT_PROCESS: rank 0 posts an allreduce rank 1 never joins. Its policy
+ * (from COLLIE_ASYNC_ERROR_HANDLING) ends the process; rank 1 (ABORT_COMM)
+ * reports what it learnt. */
+static int rank_abort_process(void) {
+    collie_engine *e;
+    collie_comm *c;
+    RK_CHECK(collie_engine_create(NULL, &e));
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "abortproc";
+    o.create_timeout_ms = STEP_MS;
+    RK_CHECK(collie_comm_create_from_env(e, &o, &c));
+    say("READY gen=%llu", (unsigned long long)collie_comm_generation(c));
+    if (collie_comm_rank(c) == 0) {
+        int32_t x = 1;
+        collie_work *w;
+        collie_post_opts po = COLLIE_POST_OPTS_INIT;
+        po.timeout_ms = 500;
+        RK_CHECK(collie_allreduce(c, &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &w));
+        int rc = collie_work_wait(w, 10000);
+        /* the policy ends the process once the peer was told (bounded) */
+        for (int i = 0; i < 100; i++)
+            usleep(100000);
+        say("ERROR the process survived: %s", collie_status_name(rc));
+        return 1;
+    }
+    int st = COLLIE_OK;
+    const char *msg = "";
+    for (int i = 0; i < 1000 && collie_comm_error(c, &st, &msg) == COLLIE_OK; i++)
+        usleep(10000);
+    say("COMMERR status=%s msg=%s", collie_status_name(st), msg);
+    collie_comm_destroy(c);
+    collie_engine_destroy(e);
+    say("EXIT");
+    return 0;
+}
+
+static int rank_main(const char *prog) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!strcmp(prog, "loop")) return rank_loop();
+    if (!strcmp(prog, "abortproc")) return rank_abort_process();
+    fprintf(stderr, "test_faults: unknown rank program '%s'\n", prog);
+    return 2;
+}
+
+/* ======================================================================== */
+/* Child processes, seen from the test                                       */
+/* ======================================================================== */
+
+typedef struct proc {
+    bool used;
+    pid_t pid;  /* > 0 until reaped */
+    int fd;     /* its stdout (and stderr if merged), -1 at EOF */
+    char *text; /* everything it said */
+    size_t len;
+    int status;   /* exit code, 128+signal; -1 while running */
+    bool stopped; /* seen stopped (WUNTRACED) */
+    char label[32];
+} proc;
+
+static proc procs[MAX_PROCS + 4]; /* every child of a test; teardown kills them */
+
+static proc *proc_new(const char *label) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (!procs[i].used) {
+            proc *p = &procs[i];
+            memset(p, 0, sizeof *p);
+            p->used = true;
+            p->fd = -1;
+            p->status = -1;
+            p->text = calloc(1, 1);
+            snprintf(p->label, sizeof p->label, "%s", label);
+            return p;
+        }
+    fail_msg("too many child processes");
+    return NULL;
+}
+
+/* Start argv with envp; stdout (and stderr when merge) into a pipe. With
+ * netns set, the child joins that network namespace before exec. */
+static proc *proc_spawn(const char *label, char *const argv[], char *const envp[], bool merge,
+                        const char *netns) {
+    proc *p = proc_new(label);
+    int pfd[2];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+    pid_t parent = getpid();
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        if (netns) {
+            char path[128];
+            snprintf(path, sizeof path, "/run/netns/%s", netns);
+            int nfd = open(path, O_RDONLY | O_CLOEXEC);
+            if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) _exit(126);
+        }
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        int devnull = open("/dev/null", O_RDONLY);
+        dup2(devnull, 0);
+        dup2(pfd[1], 1);
+        if (merge) dup2(pfd[1], 2);
+        execve(argv[0], argv, envp);
+        _exit(127);
+    }
+    close(pfd[1]);
+    p->fd = pfd[0];
+    fcntl(p->fd, F_SETFL, O_NONBLOCK);
+    return p;
+}
+
+static void proc_reap(proc *p) {
+    if (p->pid <= 0) return;
+    int ws;
+    pid_t got = waitpid(p->pid, &ws, WNOHANG | WUNTRACED);
+    if (got != p->pid) return;
+    if (WIFSTOPPED(ws)) {
+        p->stopped = true;
+        return;
+    }
+    p->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    p->pid = 0;
+}
+
+/* Read whatever any child says within timeout_ms, reap the dead. */
+static void procs_pump(int timeout_ms) {
+    struct pollfd pf[sizeof procs / sizeof procs[0]];
+    proc *map[sizeof procs / sizeof procs[0]];
+    nfds_t n = 0;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (procs[i].used && procs[i].fd >= 0) {
+            pf[n] = (struct pollfd){.fd = procs[i].fd, .events = POLLIN};
+            map[n++] = &procs[i];
+        }
+    if (n > 0 && poll(pf, n, timeout_ms) > 0) {
+        for (nfds_t j = 0; j < n; j++) {
+            if (!pf[j].revents) continue;
+            proc *p = map[j];
+            char buf[16384];
+            ssize_t got = read(p->fd, buf, sizeof buf);
+            if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (got <= 0) {
+                close(p->fd);
+                p->fd = -1;
+                continue;
+            }
+            p->text = realloc(p->text, p->len + (size_t)got + 1);
+            memcpy(p->text + p->len, buf, (size_t)got);
+            p->len += (size_t)got;
+            p->text[p->len] = '\0';
+        }
+    } else if (n == 0) {
+        usleep((useconds_t)(timeout_ms < 20 ? timeout_ms : 20) * 1000);
+    }
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (procs[i].used) proc_reap(&procs[i]);
+}
+
+/* The line of p starting with `tag` (its text after the tag), or NULL. */
+static const char *proc_line(const proc *p, const char *tag) {
+    size_t tl = strlen(tag);
+    for (const char *l = p->text; l && *l;) {
+        if (strncmp(l, tag, tl) == 0 && (l[tl] == ' ' || l[tl] == '\n' || l[tl] == '\0'))
+            return l + tl;
+        l = strchr(l, '\n');
+        if (l) l++;
+    }
+    return NULL;
+}
+
+/* A field "key=value" of a line, as an integer (or dflt). */
+static long long line_int(const char *line, const char *key, long long dflt) {
+    if (!line) return dflt;
+    const char *end = strchr(line, '\n');
+    size_t kl = strlen(key);
+    for (const char *p = line; *p && (!end || p < end); p++)
+        if ((p == line || p[-1] == ' ') && strncmp(p, key, kl) == 0 && p[kl] == '=')
+            return atoll(p + kl + 1);
+    return dflt;
+}
+
+/* The rest of the line after "key=" (up to the newline), copied. */
+static void line_rest(const char *line, const char *key, char *out, size_t len) {
+    out[0] = '\0';
+    if (!line) return;
+    char pat[32];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(line, pat);
+    const char *end = strchr(line, '\n');
+    if (!p || (end && p > end)) return;
+    p += strlen(pat);
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    snprintf(out, len, "%.*s", (int)n, p);
+}
+
+/* print_message holds 1 KiB: long output goes out line by line. */
+static void print_lines(const char *text) {
+    for (const char *l = text; *l;) {
+        size_t n = strcspn(l, "\n");
+        print_message("%.*s\n", (int)(n < 1000 ? n : 1000), l);
+        l += n + (l[n] == '\n');
+    }
+}
+
+static void procs_dump(void) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (procs[i].used) {
+            print_error("--- %s (pid %d, status %d):\n", procs[i].label, (int)procs[i].pid,
+                        procs[i].status);
+            print_lines(procs[i].text);
+        }
+}
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            procs_dump();                                                                          \
+            print_error(__VA_ARGS__);                                                              \
+            fail_msg("%s", #cond);                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Wait until p has said `tag` (or died); returns the line or NULL. */
+static const char *proc_wait_line(proc *p, const char *tag, int timeout_ms) {
+    int64_t until = now_ms() + timeout_ms;
+    const char *l;
+    while (!(l = proc_line(p, tag))) {
+        if (now_ms() >= until || (p->pid <= 0 && p->fd < 0)) return NULL;
+        procs_pump(20);
+    }
+    return l;
+}
+
+static bool proc_wait_exit(proc *p, int timeout_ms) {
+    int64_t until = now_ms() + timeout_ms;
+    while (p->pid > 0 && now_ms() < until)
+        procs_pump(20);
+    while (p->fd >= 0 && now_ms() < until) /* its last words */
+        procs_pump(20);
+    return p->pid <= 0;
+}
+
+static void procs_kill_all(void) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        proc *p = &procs[i];
+        if (!p->used) continue;
+        if (p->pid > 0) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, NULL, 0);
+        }
+        if (p->fd >= 0) close(p->fd);
+        free(p->text);
+        memset(p, 0, sizeof *p);
+    }
+}
+
+/* ---- the store and the ranks ---------------------------------------------- */
+
+/* collie-store on a free port; *addr gets "host:port" for clients that
+ * reach it at `host`. */
+static proc *store_start(const char *bind, const char *host, const char *netns, char *addr,
+                         size_t len) {
+    char *argv[] = {
+        (char *)build_path("bin/collie-store"), "--bind", (char *)bind, "--port", "0", NULL};
+    char *envp[] = {"COLLIE_LOG=error", NULL};
+    proc *p = proc_spawn("collie-store", argv, envp, true, netns);
+    const char *l = proc_wait_line(p, "collie-store listening on", 5000);
+    CHECK(l, "collie-store did not start\n");
+    char first[128];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(l, "\n"), l);
+    const char *colon = strrchr(first, ':');
+    CHECK(colon, "no port in '%s'\n", first);
+    snprintf(addr, len, "%s:%d", host, atoi(colon + 1));
+    return p;
+}
+
+/* Our environment without COLLIE_* and FT_*, plus `extra` (NULL-ended). */
+static char **child_env(const char *const *extra) {
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 24, sizeof *envp);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "COLLIE_", 7) && strncmp(environ[i], "FT_", 3))
+            envp[k++] = environ[i];
+    for (size_t i = 0; extra && extra[i]; i++) {
+        assert_true(k < n + 23);
+        envp[k++] = (char *)extra[i];
+    }
+    return envp;
+}
+
+/* Rank r of n of the "loop" program, with settings `extra`. */
+static proc *rank_start(const char *prog, int r, int n, const char *store_addr,
+                        const char *const *extra, const char *netns) {
+    static char vars[MAX_PROCS * 2][3][96];
+    static int slot;
+    char(*v)[96] = vars[slot++ % (MAX_PROCS * 2)];
+    snprintf(v[0], 96, "COLLIE_RANK=%d", r);
+    snprintf(v[1], 96, "COLLIE_WORLD_SIZE=%d", n);
+    snprintf(v[2], 96, "COLLIE_STORE_ADDR=%s", store_addr);
+    const char *all[24] = {v[0], v[1], v[2], "COLLIE_LOG=error"};
+    size_t k = 4;
+    for (size_t i = 0; extra && extra[i]; i++)
+        all[k++] = extra[i];
+    all[k] = NULL;
+    char **envp = child_env(all);
+    char *argv[] = {self_exe, "--rank", (char *)prog, NULL};
+    char label[32];
+    snprintf(label, sizeof label, "rank %d", r);
+    proc *p = proc_spawn(label, argv, envp, false, netns);
+    free(envp);
+    return p;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/cl-faults-XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    procs_kill_all();
+    nftw(tmp_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+/* ======================================================================== */
+/* Kill: detection, destroy, recovery                                        */
+/* ======================================================================== */
+
+typedef struct kill_result {
+    int64_t detect_us; /* kill → the last survivor's last pending work failed */
+} kill_result;
+
+/* Does a survivor's message name the dead rank? (EPEER on a rank that
+ * talked to it, EABORTED naming it as the root cause elsewhere.) */
+static bool names_rank(const char *msg, int rank) {
+    char pat[16];
+    snprintf(pat, sizeof pat, "rank %d", rank);
+    for (const char *p = msg; (p = strstr(p, pat)); p += strlen(pat))
+        if (p[strlen(pat)] < '0' || p[strlen(pat)] > '9') return true;
+    return false;
+}
+
+/* Every line of p starting with tag: call fn(line, arg) on each. */
+static int proc_each_line(const proc *p, const char *tag, bool (*fn)(const char *, void *),
+                          void *arg) {
+    size_t tl = strlen(tag);
+    int bad = 0;
+    for (const char *l = p->text; l && *l;) {
+        if (strncmp(l, tag, tl) == 0 && l[tl] == ' ' && !fn(l + tl, arg)) bad++;
+        l = strchr(l, '\n');
+        if (l) l++;
+    }
+    return bad;
+}
+
+typedef struct blame {
+    int victim;
+    char bad[1024];
+} blame;
+
+static bool blames_victim(const char *line, void *arg) {
+    blame *b = arg;
+    char msg[2048];
+    line_rest(line, "msg", msg, sizeof msg);
+    if (names_rank(msg, b->victim)) return true;
+    snprintf(b->bad, sizeof b->bad, "%.1000s", msg);
+    return false;
+}
+
+static void scenario_kill(int victim, kill_result *res) {
+    enum { N = 4 };
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    char name[32];
+    snprintf(name, sizeof name, "FT_NAME=kill%d", victim);
+    char after[32];
+    snprintf(after, sizeof after, "FT_AFTER=%d", AFTER_RECOVERY);
+    const char *extra[] = {name, after, "FT_TIMEOUT_MS=30000", NULL};
+    proc *rk[N];
+    for (int r = 0; r < N; r++)
+        rk[r] = rank_start("loop", r, N, addr, extra, NULL);
+    for (int r = 0; r < N; r++)
+        CHECK(proc_wait_line(rk[r], "RUNNING", STEP_MS), "rank %d is not running\n", r);
+    usleep(50000 + (useconds_t)(rand() % 50) * 1000); /* somewhere mid-op */
+    int64_t t_kill = mono_ns();
+    kill(rk[victim]->pid, SIGKILL);
+    CHECK(proc_wait_exit(rk[victim], 5000), "rank %d did not die\n", victim);
+    CHECK(rk[victim]->status == 128 + SIGKILL, "rank %d: status %d\n", victim, rk[victim]->status);
+    /* as collie-run --restarts would: the same rank again */
+    const char *again[] = {name, after, "FT_TIMEOUT_MS=30000", "FT_LIFE=2", NULL};
+    proc *restarted = rank_start("loop", victim, N, addr, again, NULL);
+    int64_t worst = 0;
+    for (int r = 0; r < N; r++) {
+        if (r == victim) continue;
+        const char *f = proc_wait_line(rk[r], "FAULT", STEP_MS);
+        CHECK(f, "rank %d saw no fault\n", r);
+        long long last = line_int(f, "last", 0), n = line_int(f, "n", 0);
+        int64_t ms = (last - t_kill) / 1000000;
+        print_message("rank %d: %lld pending works failed by +%.2f ms after the kill\n", r, n,
+                      (double)(last - t_kill) / 1e6);
+        CHECK(ms < DETECT_MS, "rank %d: its pending works failed %lld ms after the kill\n", r,
+              (long long)ms);
+        if ((last - t_kill) / 1000 > worst) worst = (last - t_kill) / 1000;
+        /* every work that failed names the dead rank (root code or EABORTED) */
+        CHECK(n > 0 || proc_line(rk[r], "POSTFAIL"), "rank %d: nothing failed?\n", r);
+        blame b = {.victim = victim};
+        CHECK(proc_each_line(rk[r], "WORK", blames_victim, &b) == 0 &&
+                  proc_each_line(rk[r], "POSTFAIL", blames_victim, &b) == 0,
+              "rank %d: an error does not name rank %d: %s\n", r, victim, b.bad);
+        const char *cb = proc_wait_line(rk[r], "ONERROR", STEP_MS);
+        CHECK(cb && line_int(cb, "calls", 0) == 1 && line_int(cb, "off_loop", 1) == 0,
+              "rank %d: the error callback did not run once on the progress thread\n", r);
+        const char *d = proc_wait_line(rk[r], "DESTROY", STEP_MS);
+        CHECK(d && line_int(d, "ms", 99999) < DESTROY_MS, "rank %d: destroy too slow\n", r);
+    }
+    /* the new generation, with the restarted rank */
+    for (int r = 0; r < N; r++) {
+        proc *p = r == victim ? restarted : rk[r];
+        const char *done = proc_wait_line(p, "DONE", STEP_MS);
+        CHECK(done, "rank %d did not finish the new generation\n", r);
+        CHECK(line_int(done, "n", 0) == AFTER_RECOVERY && line_int(done, "gen", 0) == 1,
+              "rank %d: %s\n", r, done);
+        CHECK(proc_wait_exit(p, STEP_MS) && p->status == 0, "rank %d: exit status %d\n", r,
+              p->status);
+    }
+    res->detect_us = worst;
+}
+
+static void test_kill_rank2_recover(void **state) {
+    (void)state;
+    kill_result res;
+    scenario_kill(2, &res);
+    print_message("kill rank 2: every pending work failed within %.2f ms\n",
+                  (double)res.detect_us / 1000);
+}
+
+static void test_kill_rank0_recover(void **state) {
+    (void)state;
+    kill_result res;
+    scenario_kill(0, &res);
+    print_message("kill rank 0: every pending work failed within %.2f ms\n",
+                  (double)res.detect_us / 1000);
+}
+
+/* ======================================================================== */
+/* Hang: SIGSTOP, desync report, flight-recorder dumps                        */
+/* ======================================================================== */
+
+typedef struct hang_result {
+    int64_t detect_us; /* stop → the last of ranks 0-2 failed */
+} hang_result;
+
+static void run_trace(char *const *dumps, size_t n, char *out, size_t len, int *status) {
+    char *argv[16] = {(char *)build_path("bin/collie-trace")};
+    for (size_t i = 0; i < n && i < 14; i++)
+        argv[i + 1] = dumps[i];
+    char *envp[] = {NULL};
+    proc *p = proc_spawn("collie-trace", argv, envp, true, NULL);
+    CHECK(proc_wait_exit(p, 10000), "collie-trace did not finish\n");
+    *status = p->status;
+    snprintf(out, len, "%s", p->text);
+}
+
+static void scenario_hang(hang_result *res, bool check_trace) {
+    enum { N = 4, STOP_AT = 20 };
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    char dump_dir[128];
+    snprintf(dump_dir, sizeof dump_dir, "COLLIE_DUMP_DIR=%s", tmp_dir);
+    const char *extra[] = {"FT_NAME=hang", "FT_TIMEOUT_MS=2000", dump_dir, NULL};
+    const char *stopper[] = {"FT_NAME=hang", "FT_TIMEOUT_MS=2000", dump_dir, "FT_STOP_AT=20", NULL};
+    proc *rk[N];
+    for (int r = 0; r < N; r++)
+        rk[r] = rank_start("loop", r, N, addr, r == 3 ? stopper : extra, NULL);
+    const char *st = proc_wait_line(rk[3], "STOPPING", STEP_MS);
+    CHECK(st, "rank 3 did not stop\n");
+    int64_t t_stop = line_int(st, "t", 0);
+    long long posted3 = line_int(st, "posted", 0);
+    int64_t worst = 0;
+    for (int r = 0; r < 3; r++) {
+        const char *f = proc_wait_line(rk[r], "FAULT", HANG_OP_TIMEOUT + 5000);
+        CHECK(f, "rank %d saw no fault\n", r);
+        int64_t us = (line_int(f, "last", 0) - t_stop) / 1000;
+        CHECK(us < (HANG_OP_TIMEOUT + HANG_SLACK_MS) * 1000LL,
+              "rank %d failed %lld ms after rank 3 stopped (op timeout %d ms)\n", r,
+              (long long)(us / 1000), HANG_OP_TIMEOUT);
+        if (us > worst) worst = us;
+        /* the desync report: rank 3 never reached the sequence number */
+        const char *wl = proc_line(rk[r], "WORK");
+        CHECK(wl, "rank %d: no failed work\n", r);
+        char msg[2048];
+        line_rest(wl, "msg", msg, sizeof msg);
+        const char *never = strstr(msg, "never reached seq ");
+        CHECK(never, "rank %d: no desync report in: %s\n", r, msg);
+        const char *reached = strstr(never, "; reached it:");
+        const char *r3 = strstr(never, "rank 3 (");
+        CHECK(r3 && (!reached || r3 < reached),
+              "rank %d: rank 3 is not named as never reaching the seq: %s\n", r, msg);
+        CHECK(proc_wait_line(rk[r], "EXIT", STEP_MS), "rank %d did not exit\n", r);
+    }
+    res->detect_us = worst;
+    /* let rank 3 go: it finds its comm aborted, dumps and exits */
+    proc_reap(rk[3]);
+    kill(rk[3]->pid, SIGCONT);
+    CHECK(proc_wait_line(rk[3], "EXIT", STEP_MS), "rank 3 did not exit after SIGCONT\n");
+    if (!check_trace) return;
+    char *dumps[N];
+    for (int r = 0; r < N; r++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/collie-hang-g0-r%d.json", tmp_dir, r);
+        CHECK(access(path, R_OK) == 0, "no dump %s\n", path);
+        dumps[r] = strdup(path);
+    }
+    char out[16384];
+    int status;
+    run_trace(dumps, N, out, sizeof out, &status);
+    for (int r = 0; r < N; r++)
+        free(dumps[r]);
+    print_message("collie-trace:\n");
+    print_lines(out);
+    CHECK(status == 0, "collie-trace exit %d:\n%s\n", status, out);
+    char want[160];
+    snprintf(want, sizeof want, "first collective not completed by every rank: seq %lld",
+             posted3 + 1);
+    CHECK(strstr(out, want), "collie-trace does not say '%s'\n", want);
+    snprintf(want, sizeof want, "never posted it: rank 3 (last posted %lld)", posted3);
+    CHECK(strstr(out, want), "collie-trace does not say '%s'\n", want);
+}
+
+static void test_hang_desync_report(void **state) {
+    (void)state;
+    hang_result res;
+    scenario_hang(&res, true);
+    print_message("hang: ranks 0-2 failed within %.1f ms of the stop (op timeout %d ms)\n",
+                  (double)res.detect_us / 1000, HANG_OP_TIMEOUT);
+}
+
+/* ======================================================================== */
+/* Network cut (namespaces joined by veth pairs; one link down)              */
+/* ======================================================================== */
+
+/*
+ * Three namespaces, so that nothing is added to the root namespace (whose
+ * own network here may well be 192.0.2.0/24): S runs the store, A and B
+ * the ranks. S-A, S-B and A-B are veth pairs with /30s of 192.0.2.0/24
+ * (TEST-NET-1). Cutting A-B leaves both sides with the store.
+ */
+static char ns_names[3][32];
+static bool ns_made;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[600];
+    snprintf(full, sizeof full, "%s >/dev/null 2>&1", cmd);
+    int rc = system(full);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void netns_cleanup(void) {
+    if (!ns_made) return;
+    for (int i = 0; i < 3; i++)
+        sh("ip netns del %s", ns_names[i]); /* takes its veth ends along */
+    ns_made = false;
+}
+
+static bool netns_setup(char *why, size_t len) {
+    if (geteuid() != 0) {
+        snprintf(why, len, "not root");
+        return false;
+    }
+    if (sh("ip netns help") > 1 && sh("ip netns list") != 0) {
+        snprintf(why, len, "'ip netns' is not available");
+        return false;
+    }
+    const char *tags[3] = {"s", "a", "b"};
+    for (int i = 0; i < 3; i++)
+        snprintf(ns_names[i], sizeof ns_names[i], "clt%d%s", (int)getpid(), tags[i]);
+    for (int i = 0; i < 3; i++)
+        if (sh("ip netns add %s", ns_names[i]) != 0) {
+            for (int j = 0; j < i; j++)
+                sh("ip netns del %s", ns_names[j]);
+            snprintf(why, len, "'ip netns add' failed (no CAP_SYS_ADMIN?)");
+            return false;
+        }
+    ns_made = true;
+    const char *S = ns_names[0], *A = ns_names[1], *B = ns_names[2];
+    /* each pair is created inside a namespace, never in the root one */
+    struct {
+        const char *ns1, *if1, *ip1, *ns2, *if2, *ip2;
+    } links[] = {{S, "vsa", "192.0.2.1", A, "vas", "192.0.2.2"},
+                 {S, "vsb", "192.0.2.5", B, "vbs", "192.0.2.6"},
+                 {A, "vab", "192.0.2.9", B, "vba", "192.0.2.10"}};
+    for (size_t i = 0; i < 3; i++) {
+        if (sh("ip -n %s link add %s type veth peer name %s netns %s", links[i].ns1, links[i].if1,
+               links[i].if2, links[i].ns2) != 0 ||
+            sh("ip -n %s addr add %s/30 dev %s", links[i].ns1, links[i].ip1, links[i].if1) != 0 ||
+            sh("ip -n %s addr add %s/30 dev %s", links[i].ns2, links[i].ip2, links[i].if2) != 0 ||
+            sh("ip -n %s link set %s up", links[i].ns1, links[i].if1) != 0 ||
+            sh("ip -n %s link set %s up", links[i].ns2, links[i].if2) != 0) {
+            netns_cleanup();
+            snprintf(why, len, "could not set up veth pairs");
+            return false;
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        sh("ip -n %s link set lo up", ns_names[i]);
+    return true;
+}
+
+static void test_network_cut(void **state) {
+    (void)state;
+    char why[128];
+    if (!netns_setup(why, sizeof why)) {
+        print_message("skipped: network namespaces unavailable: %s\n", why);
+        skip();
+    }
+    enum { N = 4 };
+    char addr_a[64], addr_b[64];
+    proc *store = store_start("0.0.0.0", "192.0.2.1", ns_names[0], addr_a, sizeof addr_a);
+    (void)store;
+    snprintf(addr_b, sizeof addr_b, "192.0.2.5%s", strrchr(addr_a, ':'));
+    const char *side_a[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.9",
+                            NULL};
+    const char *side_b[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.10",
+                            NULL};
+    proc *rk[N];
+    for (int r = 0; r < N; r++)
+        rk[r] = rank_start("loop", r, N, r < 2 ? addr_a : addr_b, r < 2 ? side_a : side_b,
+                           ns_names[r < 2 ? 1 : 2]);
+    for (int r = 0; r < N; r++)
+        CHECK(proc_wait_line(rk[r], "RUNNING", STEP_MS), "rank %d is not running\n", r);
+    int64_t t_cut = mono_ns();
+    CHECK(sh("ip -n %s link set vab down", ns_names[1]) == 0, "cannot set the link down\n");
+    int64_t worst = 0;
+    for (int r = 0; r < N; r++) {
+        const char *f = proc_wait_line(rk[r], "FAULT", HANG_OP_TIMEOUT + 5000);
+        CHECK(f, "rank %d saw no fault\n", r);
+        int64_t ms = (line_int(f, "last", 0) - t_cut) / 1000000;
+        CHECK(ms < HANG_OP_TIMEOUT + NETCUT_SLACK_MS, "rank %d failed %lld ms after the cut\n", r,
+              (long long)ms);
+        if (ms > worst) worst = ms;
+        CHECK(proc_wait_line(rk[r], "EXIT", STEP_MS), "rank %d did not exit\n", r);
+        const char *cl = proc_line(rk[r], "COMMERR");
+        char msg[1024];
+        line_rest(cl, "msg", msg, sizeof msg);
+        print_message("rank %d (side %c): failed at +%lld ms: %.200s\n", r, r < 2 ? 'A' : 'B',
+                      (long long)ms, msg);
+    }
+    procs_kill_all();
+    netns_cleanup();
+}
+
+static int teardown_netns(void **state) {
+    teardown(state);
+    netns_cleanup();
+    return 0;
+}
+
+/* ======================================================================== */
+/* Error policies                                                            */
+/* ======================================================================== */
+
+/* BLOCKING_WAIT: the waiter gets ETIMEDOUT, the comm's other works
+ * EABORTED; nothing happens in the background, so the peer stays healthy
+ * until its own deadline; posts fail fast; the application aborts. */
+static void test_blocking_wait(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "bw";
+    o.policy = COLLIE_POLICY_BLOCKING_WAIT;
+    o.on_error = rk_on_error; /* must never run under BLOCKING_WAIT */
+    atomic_store(&rk_errors, 0);
+    world w;
+    world_create(&w, 2, "bw", &o);
+    int32_t x[2] = {1, 1}, y = 1;
+    collie_work *a, *b, *peer;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 300;
+    assert_int_equal(collie_allreduce(w.c[0], &x[0], &x[0], 1, COLLIE_INT32, COLLIE_SUM, &po, &a),
+                     COLLIE_OK);
+    po.timeout_ms = 30000;
+    assert_int_equal(collie_allreduce(w.c[0], &x[1], &x[1], 1, COLLIE_INT32, COLLIE_SUM, &po, &b),
+                     COLLIE_OK);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_work_wait(a, 5000), COLLIE_ETIMEDOUT);
+    int64_t took = now_ms() - t0;
+    assert_true(took < 1500);
+    assert_non_null(strstr(collie_work_error_message(a), "deadline of 300 ms passed"));
+    /* no desync query in the background either */
+    assert_null(strstr(collie_work_error_message(a), "Desync"));
+    assert_int_equal(collie_work_wait(b, 2000), COLLIE_EABORTED);
+    assert_non_null(strstr(collie_work_error_message(b), "deadline of 300 ms passed"));
+    int st;
+    const char *msg;
+    assert_int_equal(collie_comm_error(w.c[0], &st, &msg), COLLIE_ETIMEDOUT);
+    /* posts fail fast */
+    collie_work *late = (collie_work *)0x1;
+    t0 = now_ms();
+    assert_int_equal(collie_allreduce(w.c[0], &y, &y, 1, COLLIE_INT32, COLLIE_SUM, NULL, &late),
+                     COLLIE_EABORTED);
+    assert_null(late);
+    assert_true(now_ms() - t0 < 100);
+    assert_non_null(strstr(collie_last_error(), "has failed"));
+    /* nothing propagated: the peer is healthy until its own deadline. Its
+     * seq 1 and 2 may even complete with the data rank 0 sent before giving
+     * up; seq 3, which rank 0 never posted, times out by the peer's own
+     * deadline — nothing fails early with EPEER or EABORTED */
+    usleep(500000);
+    assert_int_equal(collie_comm_error(w.c[1], &st, &msg), COLLIE_OK);
+    po.timeout_ms = 400;
+    int32_t z[3] = {1, 1, 1};
+    for (int k = 0; k < 3; k++) {
+        t0 = now_ms();
+        assert_int_equal(
+            collie_allreduce(w.c[1], &z[k], &z[k], 1, COLLIE_INT32, COLLIE_SUM, &po, &peer),
+            COLLIE_OK);
+        int rc = collie_work_wait(peer, 5000);
+        took = now_ms() - t0;
+        print_message("peer: seq %d: %s after %lld ms %s\n", k + 1, collie_status_name(rc),
+                      (long long)took, collie_work_error_message(peer));
+        if (k < 2) {
+            assert_true(rc == COLLIE_OK || rc == COLLIE_ETIMEDOUT);
+            if (rc == COLLIE_OK) assert_int_equal(z[k], 2);
+        } else {
+            assert_int_equal(rc, COLLIE_ETIMEDOUT);
+            assert_true(took >= 350 && took < 2000);
+        }
+        collie_work_release(peer);
+        if (rc != COLLIE_OK) break;
+    }
+    /* the comm's state follows the work's completion at once (bounded) */
+    for (int i = 0; i < 100 && collie_comm_error(w.c[1], &st, &msg) == COLLIE_OK; i++)
+        usleep(10000);
+    assert_int_equal(st, COLLIE_ETIMEDOUT);
+    assert_non_null(strstr(msg, "deadline of 400 ms passed"));
+    assert_int_equal(atomic_load(&rk_errors), 0); /* no callback either */
+    /* the application decides: abort and destroy work, promptly */
+    t0 = now_ms();
+    assert_int_equal(collie_comm_abort(w.c[0], "the app gives up"), COLLIE_OK);
+    assert_int_equal(collie_comm_error(w.c[0], &st, &msg), COLLIE_ETIMEDOUT); /* the root stays */
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
+    assert_true(now_ms() - t0 < 1000);
+    w.c[0] = w.c[1] = NULL;
+    collie_work_release(a);
+    collie_work_release(b);
+    world_destroy(&w);
+}
+
+/* ABORT_PROCESS: the process ends with SIGABRT after writing its dump; the
+ * peer (ABORT_COMM) learns the root cause. */
+static void test_abort_process(void **state) {
+    (void)state;
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    char dump_dir[128];
+    snprintf(dump_dir, sizeof dump_dir, "COLLIE_DUMP_DIR=%s", tmp_dir);
+    const char *r0[] = {dump_dir, "COLLIE_ASYNC_ERROR_HANDLING=abort_process", NULL};
+    const char *r1[] = {dump_dir, "COLLIE_ASYNC_ERROR_HANDLING=2", NULL};
+    proc *p0 = rank_start("abortproc", 0, 2, addr, r0, NULL);
+    proc *p1 = rank_start("abortproc", 1, 2, addr, r1, NULL);
+    CHECK(proc_wait_exit(p0, STEP_MS), "rank 0 did not end\n");
+    CHECK(p0->status == 128 + SIGABRT, "rank 0: status %d, not SIGABRT\n", p0->status);
+    char path[256];
+    snprintf(path, sizeof path, "%s/collie-abortproc-g0-r0.json", tmp_dir);
+    CHECK(access(path, R_OK) == 0, "no dump %s\n", path);
+    char out[8192];
+    int status;
+    char *dumps[] = {path};
+    run_trace(dumps, 1, out, sizeof out, &status);
+    CHECK(status == 0 && strstr(out, "COLLIE_ETIMEDOUT"), "collie-trace on %s:\n%s\n", path, out);
+    /* the peer was told before the process ended */
+    const char *cl = proc_wait_line(p1, "COMMERR", STEP_MS);
+    CHECK(cl, "rank 1 did not report\n");
+    CHECK(strstr(cl, "status=COLLIE_EABORTED") && strstr(cl, "deadline of 500 ms passed"),
+          "rank 1 did not learn the root cause: %s\n", cl);
+    CHECK(proc_wait_exit(p1, STEP_MS) && p1->status == 0, "rank 1: status %d\n", p1->status);
+}
+
+/* ======================================================================== */
+/* Aborts from anywhere                                                      */
+/* ======================================================================== */
+
+typedef struct cb_ctx {
+    collie_comm *c;
+    _Atomic int calls, bad;
+} cb_ctx;
+
+static void abort_in_cb(collie_work *w, void *arg) {
+    cb_ctx *x = arg;
+    atomic_fetch_add(&x->calls, 1);
+    /* twice, inside the callback of a work the first abort may fail */
+    if (collie_comm_abort(x->c, "from a callback") != COLLIE_OK) atomic_fetch_add(&x->bad, 1);
+    if (collie_comm_abort(x->c, "from a callback, again") != COLLIE_OK)
+        atomic_fetch_add(&x->bad, 1);
+    collie_work_release(w);
+}
+
+static void test_abort_from_callback(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "abortcb", NULL);
+    int32_t x[2] = {1, 2}, y = 0;
+    cb_ctx ctx = {.c = w.c[0]};
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.cb = abort_in_cb;
+    po.cb_arg = &ctx;
+    collie_work *first, *other, *pending;
+    /* rank 0: one both ranks post (its callback aborts rank 0's comm), then
+     * one only rank 0 posts (pending until the abort; its callback aborts
+     * again); each callback releases one reference, we keep ours */
+    assert_int_equal(
+        collie_allreduce(w.c[0], &x[0], &x[0], 1, COLLIE_INT32, COLLIE_SUM, &po, &first),
+        COLLIE_OK);
+    collie_work_hold(first);
+    assert_int_equal(collie_allreduce(w.c[0], &y, &y, 1, COLLIE_INT32, COLLIE_SUM, &po, &pending),
+                     COLLIE_OK);
+    collie_work_hold(pending);
+    assert_int_equal(
+        collie_allreduce(w.c[1], &x[1], &x[1], 1, COLLIE_INT32, COLLIE_SUM, NULL, &other),
+        COLLIE_OK);
+    assert_int_equal(collie_work_wait(first, 5000), COLLIE_OK);
+    assert_int_equal(x[0], 3);
+    assert_int_equal(collie_work_wait(pending, 5000), COLLIE_EABORTED);
+    assert_non_null(strstr(collie_work_error_message(pending), "from a callback"));
+    assert_int_equal(collie_work_wait(other, 5000), COLLIE_OK);
+    for (int i = 0; i < 100 && atomic_load(&ctx.calls) < 2; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&ctx.calls), 2);
+    assert_int_equal(atomic_load(&ctx.bad), 0);
+    /* the peer learns it, with the reason */
+    int st = COLLIE_OK;
+    const char *msg = "";
+    for (int i = 0; i < 200 && collie_comm_error(w.c[1], &st, &msg) == COLLIE_OK; i++)
+        usleep(10000);
+    assert_int_equal(st, COLLIE_EABORTED);
+    assert_non_null(strstr(msg, "rank 0 aborted the comm: from a callback"));
+    collie_work_release(first);
+    collie_work_release(pending);
+    collie_work_release(other);
+    world_destroy(&w);
+}
+
+typedef struct waiter {
+    collie_work *w;
+    int rc;
+    int64_t took_ms;
+} waiter;
+
+static void *wait_thread(void *arg) {
+    waiter *x = arg;
+    int64_t t0 = now_ms();
+    x->rc = collie_work_wait(x->w, 10000);
+    x->took_ms = now_ms() - t0;
+    return NULL;
+}
+
+typedef struct aborter {
+    collie_comm *c;
+    pthread_barrier_t *go;
+    int rc;
+} aborter;
+
+static void *abort_thread(void *arg) {
+    aborter *x = arg;
+    if (x->go) pthread_barrier_wait(x->go);
+    x->rc = collie_comm_abort(x->c, "from another thread");
+    return NULL;
+}
+
+/* A second thread aborts while a third waits; then many threads abort at
+ * once, and destroy follows at once. */
+static void test_abort_from_threads(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "abortthr", NULL);
+    int32_t y = 0;
+    waiter wt = {0};
+    assert_int_equal(collie_allreduce(w.c[0], &y, &y, 1, COLLIE_INT32, COLLIE_SUM, NULL, &wt.w),
+                     COLLIE_OK);
+    pthread_t tw, ta;
+    assert_int_equal(pthread_create(&tw, NULL, wait_thread, &wt), 0);
+    usleep(50000);
+    aborter ab = {.c = w.c[0]};
+    assert_int_equal(pthread_create(&ta, NULL, abort_thread, &ab), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tw, NULL);
+    assert_int_equal(ab.rc, COLLIE_OK);
+    assert_int_equal(wt.rc, COLLIE_EABORTED);
+    assert_true(wt.took_ms < 2000);
+    assert_non_null(strstr(collie_work_error_message(wt.w), "from another thread"));
+    collie_work_release(wt.w);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
+    w.c[0] = w.c[1] = NULL;
+    world_destroy(&w);
+
+    /* eight threads abort rank 1 at once (idempotent), destroy follows */
+    world_create(&w, 2, "abortthr2", NULL);
+    enum { T = 8 };
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, T);
+    aborter many[T];
+    pthread_t th[T];
+    collie_work *pend;
+    assert_int_equal(collie_allreduce(w.c[1], &y, &y, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pend),
+                     COLLIE_OK);
+    for (int i = 0; i < T; i++) {
+        many[i] = (aborter){.c = w.c[1], .go = &go};
+        assert_int_equal(pthread_create(&th[i], NULL, abort_thread, &many[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(many[i].rc, COLLIE_OK);
+    }
+    pthread_barrier_destroy(&go);
+    assert_int_equal(collie_work_wait(pend, 5000), COLLIE_EABORTED);
+    collie_work_release(pend);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_abort(w.c[1], "once more"), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    assert_true(now_ms() - t0 < 1000);
+    w.c[0] = w.c[1] = NULL;
+    world_destroy(&w);
+}
+
+/* A stale process of an earlier generation that reaches a rank of the new
+ * one (say its port was reused) is refused at the handshake: its work
+ * fails promptly, and the new generation never notices. */
+static void test_stale_generation_refused(void **state) {
+    (void)state;
+    collie_engine *e;
+    collie_store_server *srv;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    collie_store *st[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(collie_store_connect(e, addr, NULL, &st[i]), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "stale";
+    o.create_timeout_ms = 10000;
+    collie_comm *c[4]; /* c[0], c[1]: generation 0; c[2], c[3]: generation 1 */
+    collie_work *cw[4];
+    for (int g = 0; g < 2; g++) {
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(
+                collie_comm_create_post(e, st[2 * g + r], r, 2, &o, &c[2 * g + r], &cw[2 * g + r]),
+                COLLIE_OK);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(cw[2 * g + r], 10000), COLLIE_OK);
+            collie_work_release(cw[2 * g + r]);
+            assert_int_equal(collie_comm_generation(c[2 * g + r]), (uint64_t)g);
+        }
+    }
+    /* generation 0's rank 1 is gone; its address now leads to generation
+     * 1's rank 1 */
+    assert_int_equal(collie_comm_destroy(c[1]), COLLIE_OK);
+    void *val;
+    size_t len;
+    assert_int_equal(collie_store_get(st[0], "collie/stale/1/tcp/1", 5000, &val, &len), COLLIE_OK);
+    assert_int_equal(collie_store_set(st[0], "collie/stale/0/tcp/1", val, len, 5000), COLLIE_OK);
+    free(val);
+    int32_t x = 1, y[2] = {1, 2};
+    collie_work *w;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 5000;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_allreduce(c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &w),
+                     COLLIE_OK);
+    int rc = collie_work_wait(w, 10000);
+    print_message("stale rank: %s after %lld ms: %s\n", collie_status_name(rc),
+                  (long long)(now_ms() - t0), collie_work_error_message(w));
+    assert_true(rc == COLLIE_EPEER || rc == COLLIE_EPROTO);
+    assert_true(now_ms() - t0 < 2000);
+    collie_work_release(w);
+    /* the new generation is untouched */
+    int st1;
+    assert_int_equal(collie_comm_error(c[3], &st1, NULL), COLLIE_OK);
+    collie_work *nw[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(c[2 + r], &y[r], &y[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &nw[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(nw[r], 10000), COLLIE_OK);
+        assert_int_equal(y[r], 3);
+        collie_work_release(nw[r]);
+    }
+    assert_int_equal(collie_comm_destroy(c[0]), COLLIE_OK);
+    for (int i = 2; i < 4; i++)
+        assert_int_equal(collie_comm_destroy(c[i]), COLLIE_OK);
+    for (int i = 0; i < 4; i++)
+        collie_store_destroy(st[i]);
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ======================================================================== */
+/* Create → collectives → abort → destroy, many times                        */
+/* ======================================================================== */
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+static void one_cycle(collie_engine *e, collie_store **st, int i) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "cycle";
+    o.create_timeout_ms = 10000;
+    collie_comm *c[2];
+    collie_work *cw[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(e, st[r], r, 2, &o, &c[r], &cw[r]), COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        assert_int_equal(collie_comm_generation(c[r]), (uint64_t)i);
+        collie_work_release(cw[r]);
+    }
+    int32_t v[2][64];
+    for (int k = 0; k < 3; k++) {
+        collie_work *w[2];
+        for (int r = 0; r < 2; r++) {
+            for (int j = 0; j < 64; j++)
+                v[r][j] = r + j + k;
+            assert_int_equal(
+                collie_allreduce(c[r], v[r], v[r], 64, COLLIE_INT32, COLLIE_SUM, NULL, &w[r]),
+                COLLIE_OK);
+        }
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(w[r], 10000), COLLIE_OK);
+            assert_int_equal(v[r][5], 1 + 2 * (5 + k));
+            collie_work_release(w[r]);
+        }
+    }
+    /* one more, only on rank 1: pending when rank 0 aborts */
+    collie_work *pend;
+    assert_int_equal(collie_allreduce(c[1], v[1], v[1], 64, COLLIE_INT32, COLLIE_SUM, NULL, &pend),
+                     COLLIE_OK);
+    assert_int_equal(collie_comm_abort(c[0], "cycle"), COLLIE_OK);
+    int rc = collie_work_wait(pend, 5000);
+    assert_true(rc == COLLIE_EABORTED || rc == COLLIE_EPEER);
+    collie_work_release(pend);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+}
+
+static void test_abort_cycles(void **state) {
+    (void)state;
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    collie_store *st[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_store_connect(e, addr, NULL, &st[r]), COLLIE_OK);
+    int cycles = quick() ? CYCLES_QUICK : CYCLES;
+    int fds0 = 0, threads0 = 0;
+    long rss0 = 0;
+    int64_t t0 = now_ms();
+    for (int i = 0; i < cycles; i++) {
+        if (i == CYCLES_WARMUP) {
+            fds0 = count_open_fds();
+            threads0 = count_threads();
+            rss0 = rss_kb();
+        }
+        one_cycle(e, st, i);
+    }
+    int fds1 = count_open_fds(), threads1 = count_threads();
+    long rss1 = rss_kb();
+    print_message("%d cycles in %lld ms: fds %d -> %d, threads %d -> %d, VmRSS %ld -> %ld kB "
+                  "(tolerance %d kB)\n",
+                  cycles, (long long)(now_ms() - t0), fds0, fds1, threads0, threads1, rss0, rss1,
+                  RSS_TOLERANCE_KB);
+    assert_int_equal(fds1, fds0);
+    assert_int_equal(threads1, threads0);
+    if (!CL_SANITIZED) assert_true(rss1 - rss0 < RSS_TOLERANCE_KB);
+    for (int r = 0; r < 2; r++)
+        collie_store_destroy(st[r]);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ======================================================================== */
+/* The store server dies                                                     */
+/* ======================================================================== */
+
+static void test_store_dies(void **state) {
+    (void)state;
+    char addr[64];
+    proc *srv = store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    collie_store *s;
+    assert_int_equal(collie_store_connect(e, addr, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_store_set(s, "up", "1", 1, 5000), COLLIE_OK);
+    /* pending: a get that waits for a key, and a creation missing 2 of 3 ranks */
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 5000;
+    collie_work *get;
+    assert_int_equal(collie_store_post_get(s, "never", &po, &get), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "orphan";
+    o.create_timeout_ms = 3000;
+    collie_comm *c;
+    collie_work *cw;
+    assert_int_equal(collie_comm_create_post(e, s, 0, 3, &o, &c, &cw), COLLIE_OK);
+    usleep(100000); /* both are on the server now */
+    int64_t t0 = now_ms();
+    kill(srv->pid, SIGKILL);
+    int rc = collie_work_wait(get, 10000);
+    int64_t took = now_ms() - t0;
+    print_message("pending get: %s after %lld ms: %s\n", collie_status_name(rc), (long long)took,
+                  collie_work_error_message(get));
+    assert_int_equal(rc, COLLIE_EPEER);
+    assert_true(took < 5000);
+    assert_non_null(strstr(collie_work_error_message(get), addr));
+    rc = collie_work_wait(cw, 10000);
+    took = now_ms() - t0;
+    print_message("pending creation: %s after %lld ms: %s\n", collie_status_name(rc),
+                  (long long)took, collie_work_error_message(cw));
+    assert_true(rc < 0);
+    assert_true(took < 3000 + 1500);
+    assert_non_null(strstr(collie_work_error_message(cw), addr));
+    collie_work_release(get);
+    collie_work_release(cw);
+    assert_int_equal(collie_comm_destroy(c), COLLIE_OK);
+    /* new requests and creations while it is gone: within their deadlines */
+    po.timeout_ms = 800;
+    t0 = now_ms();
+    assert_int_equal(collie_store_post_get(s, "up", &po, &get), COLLIE_OK);
+    rc = collie_work_wait(get, 10000);
+    took = now_ms() - t0;
+    print_message("new get: %s after %lld ms: %s\n", collie_status_name(rc), (long long)took,
+                  collie_work_error_message(get));
+    assert_true(rc == COLLIE_ETIMEDOUT || rc == COLLIE_EPEER);
+    assert_true(took < 800 + 500);
+    assert_non_null(strstr(collie_work_error_message(get), addr));
+    collie_work_release(get);
+    o.create_timeout_ms = 1000;
+    t0 = now_ms();
+    c = (collie_comm *)0x1;
+    rc = collie_comm_create(e, s, 0, 2, &o, &c);
+    took = now_ms() - t0;
+    print_message("new creation: %s after %lld ms: %s\n", collie_status_name(rc), (long long)took,
+                  collie_last_error());
+    assert_true(rc < 0);
+    assert_null(c);
+    assert_true(took < 1000 + 1500);
+    assert_non_null(strstr(collie_last_error(), addr));
+    collie_store_destroy(s);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ======================================================================== */
+/* examples/recovery under collie-run                                        */
+/* ======================================================================== */
+
+static void test_recovery_example(void **state) {
+    (void)state;
+    char *argv[] = {(char *)build_path("bin/collie-run"),
+                    "-n",
+                    "4",
+                    "--restarts",
+                    "1",
+                    "--timeout",
+                    "60",
+                    "--",
+                    (char *)build_path("examples/recovery"),
+                    NULL};
+    const char *extra[] = {"COLLIE_LOG=error", NULL};
+    char **envp = child_env(extra);
+    proc *p = proc_spawn("collie-run recovery", argv, envp, true, NULL);
+    free(envp);
+    CHECK(proc_wait_exit(p, 60000), "collie-run did not finish\n");
+    print_lines(p->text);
+    CHECK(p->status == 0, "collie-run exit status %d\n", p->status);
+    for (int r = 0; r < 4; r++) {
+        char want[128];
+        snprintf(want, sizeof want, "[%d] rank %d: recovered", r, r);
+        CHECK(strstr(p->text, want), "no '%s'\n", want);
+        snprintf(want, sizeof want, "[%d] rank %d: generation 1: 100 allreduces correct", r, r);
+        CHECK(strstr(p->text, want), "no '%s'\n", want);
+    }
+    CHECK(strstr(p->text, "[2] rank 2: restarted (life 2)"), "rank 2 was not restarted\n");
+    CHECK(strstr(p->text, "collie-run: restarting rank 2"), "no restart by collie-run\n");
+    CHECK(strstr(p->text, "after rank 2 was killed"), "no detection report\n");
+}
+
+/* ======================================================================== */
+
+/* bench/faults.sh: run a scenario `runs` times; one line per run, then
+ * "median ... min ... max" (milliseconds, from CLOCK_MONOTONIC stamps that
+ * every process of the host shares). */
+static int measure(const char *what, int runs) {
+    if (runs < 1) runs = 1;
+    int64_t *us = calloc((size_t)runs, sizeof *us);
+    for (int i = 0; i < runs; i++) {
+        setup(NULL);
+        if (!strcmp(what, "kill")) {
+            kill_result r;
+            scenario_kill(2, &r);
+            us[i] = r.detect_us;
+        } else {
+            hang_result r;
+            scenario_hang(&r, false);
+            us[i] = r.detect_us;
+        }
+        teardown(NULL);
+        printf("run %d: %.2f ms\n", i + 1, (double)us[i] / 1000);
+        fflush(stdout);
+    }
+    for (int i = 0; i < runs; i++) /* insertion sort: a handful of values */
+        for (int j = i; j > 0 && us[j] < us[j - 1]; j--) {
+            int64_t t = us[j];
+            us[j] = us[j - 1];
+            us[j - 1] = t;
+        }
+    printf("median %.2f ms, min %.2f ms, max %.2f ms\n", (double)us[runs / 2] / 1000,
+           (double)us[0] / 1000, (double)us[runs - 1] / 1000);
+    free(us);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (n > 0) self_exe[n] = '\0';
+    if (argc >= 3 && !strcmp(argv[1], "--rank")) return rank_main(argv[2]);
+    srand((unsigned)getpid());
+    if (argc >= 3 && !strcmp(argv[1], "--measure")) {
+        if (strcmp(argv[2], "kill") && strcmp(argv[2], "hang")) {
+            fprintf(stderr, "usage: test_faults --measure kill|hang [RUNS]\n");
+            return 2;
+        }
+        return measure(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_blocking_wait, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_from_callback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_from_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_dies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_cycles, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_generation_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_rank2_recover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_rank0_recover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
+        cmocka_unit_test_setup_teardown(test_recovery_example, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
