@@ -1,0 +1,807 @@
+/*
+ * nccl.c — the CPU double of the NCCL calls collie's NCCL plugin makes
+ * (tests only; built as libnccl.so.2, linked against the double's
+ * libcudart.so.13). Ranks live in one process.
+ *
+ * Design notes
+ *  - A clique is every comm made with one ncclUniqueId (a process-global
+ *    list). Non-blocking init (config.blocking = 0) returns ncclInProgress;
+ *    ncclCommGetAsyncError says ncclSuccess once every rank has joined.
+ *  - A call becomes an op run on the given stream's worker thread (stream
+ *    order). Collectives meet in a room of the clique keyed by the comm's
+ *    collective sequence number (every rank calls in the same order): the
+ *    last rank to arrive computes every rank's output from the others'
+ *    buffers while they wait, then each rank copies its own part out.
+ *    Send/recv groups post their sends as messages of the clique and take
+ *    their receives in post order per peer (NCCL's matching), so a group
+ *    never deadlocks on itself.
+ *  - Faults (double.h switches) are decided when the call is made and act
+ *    when the op runs: a hung op waits for ncclCommAbort; an async error
+ *    sets the comm's error and then hangs; a slow op sleeps first.
+ *  - ncclCommAbort stops the comm's running ops (they leave without touching
+ *    the buffers again) and returns once none runs: the quiesce the plugin
+ *    waits for. A rank that aborts makes peers waiting for it see
+ *    ncclRemoteError, as a network transport would.
+ *  - One mutex and one condition variable (monotonic clock) for everything.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+#include "collie.h"
+#include "tests/cuda_double/double.h"
+#include "transports/reduce.h"
+
+enum {
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALLGATHER,
+    K_REDUCE_SCATTER,
+    K_P2P,
+    K_SEND,
+    K_RECV,
+    K_NUM
+};
+static const char *const dbl_kind_names[K_NUM] = {
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "p2p", "send", "recv"};
+
+typedef struct dbl_item {
+    int kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    ncclDataType_t dt;
+    ncclRedOp_t op;
+    int root, peer;
+} dbl_item;
+
+typedef struct dbl_clique dbl_clique;
+
+struct ncclComm {
+    dbl_clique *cq;
+    int rank, nranks, dev;
+    bool initialized, aborted, call_inprogress;
+    ncclResult_t error;
+    int refs;      /* the user's + one per op not yet run */
+    int executing; /* ops running right now */
+    uint64_t coll_seq, counts[K_NUM];
+    struct dbl_op *deferred; /* calls answered ncclInProgress, enqueued later */
+    int64_t deferred_until;
+    char last_error[256];
+};
+
+typedef struct dbl_op {
+    struct dbl_op *next;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int kind, nitems;
+    uint64_t seq, nth; /* collective sequence; the nth op of its kind on this rank */
+    bool hang, error;
+    dbl_item items[];
+} dbl_op;
+
+typedef struct dbl_room {
+    struct dbl_room *next;
+    uint64_t seq;
+    int arrived, left;
+    bool done, broken;
+    void *result;
+    size_t *off, *len; /* rank r copies result[off[r] .. + len[r]) */
+    const dbl_item **slot;
+} dbl_room;
+
+typedef struct dbl_msg {
+    struct dbl_msg *next;
+    int src, dst;
+    const void *buf;
+    size_t bytes;
+    bool taken;
+} dbl_msg;
+
+struct dbl_clique {
+    dbl_clique *next;
+    ncclUniqueId id;
+    int nranks, joined, refs;
+    ncclComm_t *members;
+    bool *rank_aborted;
+    dbl_room *rooms;
+    dbl_msg *msgs;
+};
+
+static pthread_mutex_t nd_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t nd_cv;
+static pthread_once_t nd_once = PTHREAD_ONCE_INIT;
+static dbl_clique *nd_cliques;
+static int nd_aborts_started, nd_aborts_done, nd_executing, nd_live_comms;
+static _Thread_local int nd_group_depth;
+static _Thread_local struct {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    dbl_item item;
+} nd_group[256];
+static _Thread_local int nd_group_n;
+static _Thread_local ncclResult_t nd_group_err;
+static _Thread_local char nd_last_error[256];
+
+static void nd_init(void) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&nd_cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+static void nd_lock(void) {
+    pthread_once(&nd_once, nd_init);
+    pthread_mutex_lock(&nd_mu);
+}
+
+static void nd_unlock(void) { pthread_mutex_unlock(&nd_mu); }
+
+static void nd_wait_until(int64_t until_ns) {
+    if (until_ns <= 0) {
+        pthread_cond_wait(&nd_cv, &nd_mu);
+        return;
+    }
+    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
+    pthread_cond_timedwait(&nd_cv, &nd_mu, &ts);
+}
+
+CLTEST_API int cltest_nccl_aborts_started(void);
+CLTEST_API int cltest_nccl_aborts_done(void);
+CLTEST_API int cltest_nccl_ops_executing(void);
+CLTEST_API int cltest_nccl_live_comms(void);
+#define ND_STAT(name, var)                                                                         \
+    CLTEST_API int name(void) {                                                                    \
+        nd_lock();                                                                                 \
+        int v = var;                                                                               \
+        nd_unlock();                                                                               \
+        return v;                                                                                  \
+    }
+ND_STAT(cltest_nccl_aborts_started, nd_aborts_started)
+ND_STAT(cltest_nccl_aborts_done, nd_aborts_done)
+ND_STAT(cltest_nccl_ops_executing, nd_executing)
+ND_STAT(cltest_nccl_live_comms, nd_live_comms)
+
+/* Per rank (< ND_MAX_RANKS) of any comm: when its last ncclCommAbort
+ * returned (CLOCK_MONOTONIC ns, 0: never), and the device its last
+ * communicator was created on (-1: none). */
+#define ND_MAX_RANKS 64
+static int64_t nd_abort_done_ns[ND_MAX_RANKS];
+static int nd_comm_dev1[ND_MAX_RANKS]; /* device + 1 */
+CLTEST_API int64_t cltest_nccl_abort_done_ns(int rank);
+CLTEST_API int cltest_nccl_comm_device(int rank);
+CLTEST_API int64_t cltest_nccl_abort_done_ns(int rank) {
+    if (rank < 0 || rank >= ND_MAX_RANKS) return 0;
+    nd_lock();
+    int64_t v = nd_abort_done_ns[rank];
+    nd_unlock();
+    return v;
+}
+CLTEST_API int cltest_nccl_comm_device(int rank) {
+    if (rank < 0 || rank >= ND_MAX_RANKS) return -1;
+    nd_lock();
+    int v = nd_comm_dev1[rank] - 1;
+    nd_unlock();
+    return v;
+}
+
+/* ---- switches ---------------------------------------------------------------------- */
+
+/* Does SPEC (see double.h) in variable `var` name the nth op of `kind` on `rank`? */
+static bool nd_spec_match(const char *var, int kind, uint64_t nth, int rank) {
+    const char *spec = getenv(var);
+    if (!spec) return false;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(tok, '@'), *hash = strchr(tok, '#');
+        if (at) *at++ = '\0';
+        if (hash) *hash++ = '\0';
+        if (strcmp(tok, "*") != 0 && strcmp(tok, dbl_kind_names[kind]) != 0) continue;
+        if (hash && strtoull(hash, NULL, 10) != nth) continue;
+        if (at && atoi(at) != rank) continue;
+        return true;
+    }
+    return false;
+}
+
+static ncclResult_t nd_async_code(void) {
+    const char *c = getenv("CLTEST_CUDA_ASYNC_ERROR_CODE");
+    if (!c || !strcmp(c, "system")) return ncclSystemError;
+    if (!strcmp(c, "internal")) return ncclInternalError;
+    if (!strcmp(c, "remote")) return ncclRemoteError;
+    return ncclUnhandledCudaError;
+}
+
+/* ---- comms and cliques (nd_mu) ------------------------------------------------------- */
+
+static void nd_comm_unref_locked(ncclComm_t c) {
+    if (--c->refs > 0) return;
+    dbl_clique *q = c->cq;
+    q->members[c->rank] = NULL;
+    nd_live_comms--;
+    free(c);
+    if (--q->refs > 0) return;
+    for (dbl_clique **pp = &nd_cliques; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    while (q->rooms) {
+        dbl_room *r = q->rooms;
+        q->rooms = r->next;
+        free(r->result);
+        free(r);
+    }
+    while (q->msgs) {
+        dbl_msg *m = q->msgs;
+        q->msgs = m->next;
+        free(m);
+    }
+    free(q->members);
+    free(q->rank_aborted);
+    free(q);
+}
+
+/* Fail the comm with an async error (the first one sticks). */
+static void nd_set_error_locked(ncclComm_t c, ncclResult_t e, const char *fmt, const char *a,
+                                int b) {
+    if (c->error != ncclSuccess) return;
+    c->error = e;
+    snprintf(c->last_error, sizeof c->last_error, fmt, a, b);
+}
+
+/* ---- collectives --------------------------------------------------------------------- */
+
+static bool nd_dtype(ncclDataType_t dt, collie_dtype *out) {
+    switch (dt) {
+    case ncclInt8: *out = COLLIE_INT8; return true;
+    case ncclUint8: *out = COLLIE_UINT8; return true;
+    case ncclInt32: *out = COLLIE_INT32; return true;
+    case ncclInt64: *out = COLLIE_INT64; return true;
+    case ncclFloat16: *out = COLLIE_FP16; return true;
+    case ncclBfloat16: *out = COLLIE_BF16; return true;
+    case ncclFloat32: *out = COLLIE_FP32; return true;
+    case ncclFloat64: *out = COLLIE_FP64; return true;
+    default: return false;
+    }
+}
+
+static size_t nd_dsize(ncclDataType_t dt) {
+    collie_dtype d;
+    return nd_dtype(dt, &d) ? collie_dtype_size(d) : 0;
+}
+
+static collie_redop nd_redop(ncclRedOp_t op) {
+    switch (op) {
+    case ncclProd: return COLLIE_PROD;
+    case ncclMin: return COLLIE_MIN;
+    case ncclMax: return COLLIE_MAX;
+    case ncclAvg: return COLLIE_AVG;
+    default: return COLLIE_SUM;
+    }
+}
+
+/* The reduction of every rank's `count` elements at offset 0 of its send. */
+static void *nd_reduce_all(dbl_room *r, int n, size_t count) {
+    const dbl_item *a = r->slot[0];
+    collie_dtype dt = COLLIE_FP32;
+    nd_dtype(a->dt, &dt);
+    size_t bytes = count * collie_dtype_size(dt);
+    void *acc = malloc(bytes ? bytes : 1);
+    if (bytes) memcpy(acc, a->send, bytes);
+    collie_redop op = nd_redop(a->op);
+    for (int i = 1; i < n; i++)
+        cl_reduce(acc, r->slot[i]->send, count, dt, op == COLLIE_AVG ? COLLIE_SUM : op);
+    if (op == COLLIE_AVG) cl_reduce_finalize_avg(acc, count, dt, n);
+    return acc;
+}
+
+/* Every rank arrived: compute everybody's output. Returns false on a
+ * mismatch between ranks. */
+static bool nd_room_compute(dbl_room *r, int n, char *why, size_t len) {
+    const dbl_item *a = r->slot[0];
+    for (int i = 1; i < n; i++) {
+        const dbl_item *b = r->slot[i];
+        if (b->kind != a->kind || b->count != a->count || b->dt != a->dt ||
+            (a->kind != K_ALLGATHER && b->op != a->op) || b->root != a->root) {
+            snprintf(why, len, "ranks 0 and %d posted different collectives (%s / %s)", i,
+                     dbl_kind_names[a->kind], dbl_kind_names[b->kind]);
+            return false;
+        }
+    }
+    size_t blk = a->count * nd_dsize(a->dt);
+    for (int i = 0; i < n; i++)
+        r->off[i] = 0, r->len[i] = blk;
+    switch (a->kind) {
+    case K_ALLREDUCE: r->result = nd_reduce_all(r, n, a->count); break;
+    case K_REDUCE:
+        r->result = nd_reduce_all(r, n, a->count);
+        for (int i = 0; i < n; i++)
+            r->len[i] = i == a->root ? blk : 0;
+        break;
+    case K_BROADCAST:
+        r->result = malloc(blk ? blk : 1);
+        if (blk) memcpy(r->result, r->slot[a->root]->send, blk);
+        break;
+    case K_ALLGATHER:
+        r->result = malloc(blk * (size_t)n + 1);
+        for (int i = 0; i < n; i++) {
+            if (blk) memcpy((char *)r->result + (size_t)i * blk, r->slot[i]->send, blk);
+            r->len[i] = blk * (size_t)n;
+        }
+        break;
+    default: /* reduce_scatter: count is per rank */
+        r->result = nd_reduce_all(r, n, a->count * (size_t)n);
+        for (int i = 0; i < n; i++)
+            r->off[i] = (size_t)i * blk;
+        break;
+    }
+    return true;
+}
+
+static dbl_room *nd_room_get_locked(dbl_clique *q, uint64_t seq) {
+    for (dbl_room *r = q->rooms; r; r = r->next)
+        if (r->seq == seq) return r;
+    size_t n = (size_t)q->nranks;
+    dbl_room *r = calloc(1, sizeof *r + n * (2 * sizeof(size_t) + sizeof(void *)));
+    if (!r) abort();
+    r->seq = seq;
+    r->off = (size_t *)(r + 1);
+    r->len = r->off + n;
+    r->slot = (const dbl_item **)(r->len + n);
+    r->next = q->rooms;
+    q->rooms = r;
+    return r;
+}
+
+static void nd_room_free_locked(dbl_clique *q, dbl_room *r) {
+    for (dbl_room **pp = &q->rooms; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    free(r->result);
+    free(r);
+}
+
+/* Did a rank we are waiting for abort? */
+static bool nd_peer_gone_locked(dbl_clique *q, dbl_room *r) {
+    if (r->broken) return true;
+    for (int i = 0; i < q->nranks; i++)
+        if (!r->slot[i] && q->rank_aborted[i]) return true;
+    return false;
+}
+
+static void nd_coll_run_locked(ncclComm_t c, dbl_op *op) {
+    dbl_clique *q = c->cq;
+    dbl_room *r = nd_room_get_locked(q, op->seq);
+    r->slot[c->rank] = &op->items[0];
+    if (++r->arrived == q->nranks && !r->broken) {
+        char why[200];
+        if (nd_room_compute(r, q->nranks, why, sizeof why)) {
+            r->done = true;
+        } else {
+            r->broken = true;
+            for (int i = 0; i < q->nranks; i++)
+                if (q->members[i])
+                    nd_set_error_locked(q->members[i], ncclInvalidUsage, "cltest double: %s%d", why,
+                                        0);
+        }
+        pthread_cond_broadcast(&nd_cv);
+    }
+    while (!r->done && !c->aborted) {
+        if (nd_peer_gone_locked(q, r) && c->error == ncclSuccess)
+            nd_set_error_locked(c, ncclRemoteError,
+                                "cltest double: %s seq %d: a peer aborted its communicator",
+                                dbl_kind_names[op->kind], (int)op->seq);
+        nd_wait_until(0);
+    }
+    if (r->done && !c->aborted && r->len[c->rank])
+        memcpy(op->items[0].recv, (char *)r->result + r->off[c->rank], r->len[c->rank]);
+    if (!r->done) { /* we leave early: nobody may read our buffers any more */
+        r->slot[c->rank] = NULL;
+        r->broken = true;
+        pthread_cond_broadcast(&nd_cv);
+        return; /* broken rooms stay until the clique goes */
+    }
+    if (++r->left == q->nranks) nd_room_free_locked(q, r);
+}
+
+/* ---- send/recv ------------------------------------------------------------------------ */
+
+static void nd_p2p_run_locked(ncclComm_t c, dbl_op *op) {
+    dbl_clique *q = c->cq;
+    dbl_msg *mine[256];
+    int nmine = 0;
+    for (int i = 0; i < op->nitems; i++) {
+        const dbl_item *it = &op->items[i];
+        if (it->kind != K_SEND || nmine == 256) continue;
+        dbl_msg *m = calloc(1, sizeof *m);
+        if (!m) abort();
+        m->src = c->rank;
+        m->dst = it->peer;
+        m->buf = it->send;
+        m->bytes = it->count * nd_dsize(it->dt);
+        dbl_msg **pp = &q->msgs; /* FIFO: NCCL matches in post order */
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = m;
+        mine[nmine++] = m;
+    }
+    pthread_cond_broadcast(&nd_cv);
+    for (int i = 0; i < op->nitems && !c->aborted; i++) {
+        const dbl_item *it = &op->items[i];
+        if (it->kind != K_RECV) continue;
+        for (;;) {
+            dbl_msg *m = q->msgs;
+            while (m && (m->taken || m->src != it->peer || m->dst != c->rank))
+                m = m->next;
+            if (m) {
+                size_t want = it->count * nd_dsize(it->dt);
+                if (m->bytes != want)
+                    nd_set_error_locked(c, ncclInvalidUsage,
+                                        "cltest double: %s from rank %d: size mismatch", "recv",
+                                        it->peer);
+                memcpy(it->recv, m->buf, m->bytes < want ? m->bytes : want);
+                m->taken = true;
+                pthread_cond_broadcast(&nd_cv);
+                break;
+            }
+            if (c->aborted) break;
+            if (q->rank_aborted[it->peer])
+                nd_set_error_locked(c, ncclRemoteError,
+                                    "cltest double: %s from rank %d: the peer aborted", "recv",
+                                    it->peer);
+            nd_wait_until(0);
+        }
+    }
+    for (int i = 0; i < nmine; i++) { /* our sends must be received before we finish */
+        while (!mine[i]->taken && !c->aborted) {
+            if (q->rank_aborted[mine[i]->dst])
+                nd_set_error_locked(c, ncclRemoteError,
+                                    "cltest double: %s to rank %d: the peer aborted", "send",
+                                    mine[i]->dst);
+            nd_wait_until(0);
+        }
+        for (dbl_msg **pp = &q->msgs; *pp; pp = &(*pp)->next)
+            if (*pp == mine[i]) { /* withdrawn if never taken: its buffer is no longer ours */
+                *pp = mine[i]->next;
+                break;
+            }
+        free(mine[i]);
+    }
+}
+
+/* ---- running ops ------------------------------------------------------------------------ */
+
+static void nd_op_run(void *arg) {
+    dbl_op *op = arg;
+    long slow_ms = cltest_env_int("CLTEST_CUDA_SLOW_MS", 0);
+    nd_lock();
+    ncclComm_t c = op->comm;
+    if (!c->aborted) {
+        c->executing++;
+        nd_executing++;
+        int64_t until = cltest_now_ns() + slow_ms * 1000000;
+        while (slow_ms > 0 && !c->aborted && cltest_now_ns() < until)
+            nd_wait_until(until);
+        if (op->error && !c->aborted) {
+            nd_set_error_locked(c, nd_async_code(), "cltest double: injected async error in %s #%d",
+                                dbl_kind_names[op->kind], (int)op->nth);
+            pthread_cond_broadcast(&nd_cv);
+        }
+        if (op->hang || op->error) {
+            while (!c->aborted)
+                nd_wait_until(0);
+        } else if (!c->aborted) {
+            if (op->kind == K_P2P)
+                nd_p2p_run_locked(c, op);
+            else
+                nd_coll_run_locked(c, op);
+        }
+        c->executing--;
+        nd_executing--;
+        pthread_cond_broadcast(&nd_cv);
+    }
+    nd_comm_unref_locked(c);
+    nd_unlock();
+    free(op);
+}
+
+static ncclResult_t nd_submit(ncclComm_t c, cudaStream_t s, int kind, const dbl_item *items,
+                              int n) {
+    if (!c) return ncclInvalidArgument;
+    nd_lock();
+    ncclResult_t res = ncclSuccess;
+    if (c->aborted) {
+        res = ncclInvalidUsage;
+    } else if (c->error != ncclSuccess) {
+        res = c->error;
+    } else if (!c->initialized || c->call_inprogress) {
+        snprintf(c->last_error, sizeof c->last_error,
+                 "cltest double: NCCL call while the communicator is still in progress");
+        res = ncclInvalidUsage;
+    }
+    if (res != ncclSuccess) {
+        nd_unlock();
+        return res;
+    }
+    dbl_op *op = calloc(1, sizeof *op + (size_t)n * sizeof(dbl_item));
+    if (!op) abort();
+    op->comm = c;
+    op->stream = s;
+    op->kind = kind;
+    op->nitems = n;
+    memcpy(op->items, items, (size_t)n * sizeof *items);
+    if (kind != K_P2P) op->seq = c->coll_seq++;
+    uint64_t nth = op->nth = ++c->counts[kind];
+    op->hang = nd_spec_match("CLTEST_CUDA_HANG", kind, nth, c->rank);
+    op->error = nd_spec_match("CLTEST_CUDA_ASYNC_ERROR", kind, nth, c->rank);
+    c->refs++;
+    long inprogress_ms = cltest_env_int("CLTEST_NCCL_INPROGRESS_MS", 0);
+    if (inprogress_ms > 0) {
+        c->deferred = op;
+        c->deferred_until = cltest_now_ns() + inprogress_ms * 1000000;
+        c->call_inprogress = true;
+        res = ncclInProgress;
+    } else if (cltest_stream_enqueue(s, nd_op_run, op) != cudaSuccess) {
+        c->refs--;
+        free(op);
+        res = ncclUnhandledCudaError;
+    }
+    nd_unlock();
+    return res;
+}
+
+/* ---- the API ----------------------------------------------------------------------------- */
+
+ncclResult_t ncclGetVersion(int *version) {
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    static _Atomic uint64_t counter;
+    memset(id, 0, sizeof *id);
+    uint64_t v[3] = {(uint64_t)getpid(), (uint64_t)cltest_now_ns(), ++counter};
+    memcpy(id->internal, v, sizeof v);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+    if (!out || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    *out = NULL;
+    if (config && config->magic != 0xcafebeef) return ncclInvalidArgument;
+    bool blocking = !config || config->blocking != 0;
+    nd_lock();
+    dbl_clique *q = nd_cliques;
+    while (q && memcmp(&q->id, &id, sizeof id) != 0)
+        q = q->next;
+    if (!q) {
+        q = calloc(1, sizeof *q);
+        q->members = calloc((size_t)nranks, sizeof *q->members);
+        q->rank_aborted = calloc((size_t)nranks, sizeof *q->rank_aborted);
+        if (!q || !q->members || !q->rank_aborted) abort();
+        q->id = id;
+        q->nranks = nranks;
+        q->next = nd_cliques;
+        nd_cliques = q;
+    }
+    if (q->nranks != nranks || q->members[rank]) {
+        snprintf(nd_last_error, sizeof nd_last_error,
+                 "cltest double: rank %d of %d does not fit the clique (%d ranks)", rank, nranks,
+                 q->nranks);
+        nd_unlock();
+        return ncclInvalidUsage;
+    }
+    ncclComm_t c = calloc(1, sizeof *c);
+    if (!c) abort();
+    c->cq = q;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->dev = cltest_current_device();
+    if (rank < ND_MAX_RANKS) nd_comm_dev1[rank] = c->dev + 1;
+    c->refs = 1;
+    q->members[rank] = c;
+    q->joined++;
+    q->refs++;
+    nd_live_comms++;
+    pthread_cond_broadcast(&nd_cv);
+    bool hang = cltest_env_int("CLTEST_NCCL_INIT_HANG", 0) != 0;
+    while (blocking && (q->joined < nranks || hang))
+        nd_wait_until(0);
+    c->initialized = blocking;
+    nd_unlock();
+    *out = c;
+    return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+    return ncclCommInitRankConfig(out, nranks, id, rank, NULL);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
+    if (!c || !state) return ncclInvalidArgument;
+    nd_lock();
+    if (!c->initialized && c->cq->joined == c->nranks &&
+        !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
+        c->initialized = true;
+    if (c->deferred && cltest_now_ns() >= c->deferred_until) {
+        dbl_op *op = c->deferred;
+        c->deferred = NULL;
+        c->call_inprogress = false;
+        if (cltest_stream_enqueue(op->stream, nd_op_run, op) != cudaSuccess) {
+            c->refs--;
+            free(op);
+            nd_set_error_locked(c, ncclUnhandledCudaError, "cltest double: %s%d", "enqueue failed",
+                                0);
+        }
+    }
+    if (c->error != ncclSuccess)
+        *state = c->error;
+    else if (!c->initialized || c->call_inprogress)
+        *state = ncclInProgress;
+    else
+        *state = ncclSuccess;
+    nd_unlock();
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+    if (!c) return ncclSuccess;
+    long slow = cltest_env_int("CLTEST_NCCL_ABORT_SLOW_MS", 0);
+    nd_lock();
+    nd_aborts_started++;
+    nd_unlock();
+    if (slow > 0) usleep((useconds_t)slow * 1000); /* the kernels keep running meanwhile */
+    nd_lock();
+    c->aborted = true;
+    c->cq->rank_aborted[c->rank] = true;
+    pthread_cond_broadcast(&nd_cv);
+    while (c->executing > 0) /* running ops notice and leave: the quiesce */
+        nd_wait_until(0);
+    if (c->deferred) {
+        free(c->deferred);
+        c->deferred = NULL;
+        c->refs--;
+    }
+    nd_aborts_done++;
+    if (c->rank < ND_MAX_RANKS) nd_abort_done_ns[c->rank] = cltest_now_ns(); /* returning now */
+    nd_comm_unref_locked(c);
+    nd_unlock();
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t c) { return ncclCommAbort(c); }
+ncclResult_t ncclCommFinalize(ncclComm_t c) { return c ? ncclSuccess : ncclInvalidArgument; }
+
+ncclResult_t ncclCommCount(const ncclComm_t c, int *count) {
+    *count = c->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int *rank) {
+    *rank = c->rank;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t c, int *dev) {
+    *dev = c->dev;
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t c) { return c ? c->last_error : nd_last_error; }
+
+static ncclResult_t nd_coll(int kind, const void *send, void *recv, size_t count, ncclDataType_t dt,
+                            ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t s) {
+    if (!nd_dsize(dt)) return ncclInvalidArgument;
+    if (c && (root < 0 || root >= c->nranks)) return ncclInvalidArgument;
+    dbl_item it = {
+        .kind = kind, .send = send, .recv = recv, .count = count, .dt = dt, .op = op, .root = root};
+    return nd_submit(c, s, kind, &it, 1);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+    return nd_coll(K_ALLREDUCE, send, recv, count, dt, op, 0, c, s);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root,
+                           ncclComm_t c, cudaStream_t s) {
+    return nd_coll(K_BROADCAST, send, recv, count, dt, ncclSum, root, c, s);
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                        ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t s) {
+    return nd_coll(K_REDUCE, send, recv, count, dt, op, root, c, s);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                           ncclComm_t c, cudaStream_t s) {
+    return nd_coll(K_ALLGATHER, send, recv, count, dt, ncclSum, 0, c, s);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+    return nd_coll(K_REDUCE_SCATTER, send, recv, count, dt, op, 0, c, s);
+}
+
+ncclResult_t ncclGroupStart(void) {
+    if (nd_group_depth++ == 0) {
+        nd_group_n = 0;
+        nd_group_err = ncclSuccess;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t nd_p2p(int kind, const void *send, void *recv, size_t count, ncclDataType_t dt,
+                           int peer, ncclComm_t c, cudaStream_t s) {
+    if (!c || !nd_dsize(dt) || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+    dbl_item it = {
+        .kind = kind, .send = send, .recv = recv, .count = count, .dt = dt, .peer = peer};
+    if (nd_group_depth == 0) return nd_submit(c, s, K_P2P, &it, 1);
+    if (nd_group_n == 256) return nd_group_err = ncclInvalidUsage;
+    nd_group[nd_group_n].comm = c;
+    nd_group[nd_group_n].stream = s;
+    nd_group[nd_group_n].item = it;
+    nd_group_n++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t dt, int peer, ncclComm_t c,
+                      cudaStream_t s) {
+    return nd_p2p(K_SEND, send, NULL, count, dt, peer, c, s);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t dt, int peer, ncclComm_t c,
+                      cudaStream_t s) {
+    return nd_p2p(K_RECV, NULL, recv, count, dt, peer, c, s);
+}
+
+/* One op per comm of the group (the plugin groups one comm at a time). */
+ncclResult_t ncclGroupEnd(void) {
+    if (nd_group_depth == 0) return ncclInvalidUsage;
+    if (--nd_group_depth > 0) return ncclSuccess;
+    ncclResult_t res = nd_group_err;
+    dbl_item items[256];
+    bool used[256] = {false};
+    for (int i = 0; i < nd_group_n && res == ncclSuccess; i++) {
+        if (used[i]) continue;
+        int n = 0;
+        for (int j = i; j < nd_group_n; j++)
+            if (!used[j] && nd_group[j].comm == nd_group[i].comm) {
+                items[n++] = nd_group[j].item;
+                used[j] = true;
+            }
+        ncclResult_t r = nd_submit(nd_group[i].comm, nd_group[i].stream, K_P2P, items, n);
+        if (r != ncclSuccess) res = r;
+    }
+    nd_group_n = 0;
+    return res;
+}

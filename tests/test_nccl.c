@@ -1,0 +1,1200 @@
+/*
+ * test_nccl.c — the NCCL transport plugin (DESIGN §7, transports/nccl)
+ * against the CPU double of CUDA and NCCL (tests/cuda_double), plus the
+ * GPU tests, which skip cleanly where cudaGetDeviceCount reports no device.
+ *
+ * Design notes
+ *  - The dynamic loader reads LD_LIBRARY_PATH when a process starts, so
+ *    every scenario runs in a child: fork + execve of this binary with
+ *    "--scenario NAME" and the environment it needs (LD_LIBRARY_PATH = the
+ *    double's directory, COLLIE_PLUGIN_PATH = <build>/lib, the CLTEST_*
+ *    switches of tests/cuda_double/double.h). The child runs that one
+ *    scenario as a cmocka test; the parent checks its exit status, shows
+ *    its output (indented, so the test runner's counters ignore it) when
+ *    it fails, and turns a "CLTEST-SKIP:" line into a skip. A child is
+ *    bounded by alarm(); the parent kills one that outlives its bound.
+ *  - The test binary links no CUDA: scenarios reach the CUDA runtime (the
+ *    double's, or the real one in GPU tests) through dlopen/dlsym by soname.
+ *    The double exports cltest_cuda_double; GPU tests refuse to run when
+ *    they see it.
+ *  - The build directory is found from /proc/self/exe (<build>/tests/).
+ *    Without the plugin (WITH_NCCL=0, or no CUDA on the machine) every
+ *    scenario needing it skips; "plugin missing" runs everywhere.
+ *  - Every wait is bounded; each scenario ends by checking that the double
+ *    holds no communicator and runs no op.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "collie_cuda.h"
+#include "harness.h"
+#include "transports/reduce.h"
+
+extern char **environ;
+
+#define WAIT_MS 10000
+#define CHILD_S 60
+
+/* ---- the CUDA runtime and the double's counters, through dlsym ------------------------ */
+
+typedef collie_cuda_stream_t stream_t;
+
+static struct {
+    int (*GetDeviceCount)(int *);
+    int (*SetDevice)(int);
+    int (*StreamCreate)(stream_t *);
+    int (*StreamDestroy)(stream_t);
+    int (*StreamSynchronize)(stream_t);
+    int (*Malloc)(void **, size_t);
+    int (*Free)(void *);
+    int (*Memcpy)(void *, const void *, size_t, int);
+    int (*LaunchHostFunc)(stream_t, void (*)(void *), void *);
+    int (*StreamBeginCapture)(stream_t, int);
+    int (*StreamEndCapture)(stream_t, void **);
+    const char *(*GetErrorString)(int);
+} cu;
+
+static struct {
+    int (*aborts_started)(void);
+    int (*aborts_done)(void);
+    int (*ops_executing)(void);
+    int (*live_comms)(void);
+    int64_t (*abort_done_ns)(int rank); /* when rank's last ncclCommAbort returned */
+    int (*comm_device)(int rank);       /* the device rank's last NCCL comm is on */
+} dbl;
+
+#define CU_MEMCPY_DEFAULT 4 /* cudaMemcpyDefault */
+
+static void *sym(void *h, const char *name) {
+    void *p = dlsym(h, name);
+    if (!p) fail_msg("%s: %s", name, dlerror());
+    return p;
+}
+
+/* Load the CUDA runtime the plugin will use (the plugin first: its RUNPATH
+ * finds the real one, LD_LIBRARY_PATH the double). True for the double. */
+static bool cuda_load(void) {
+    char plugin[PATH_MAX];
+    snprintf(plugin, sizeof plugin, "%s/libcollie_nccl.so", getenv("COLLIE_PLUGIN_PATH"));
+    if (!dlopen(plugin, RTLD_LAZY | RTLD_LOCAL)) fail_msg("%s: %s", plugin, dlerror());
+    void *h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) fail_msg("libcudart.so.13: %s", dlerror());
+    *(void **)&cu.GetDeviceCount = sym(h, "cudaGetDeviceCount");
+    *(void **)&cu.SetDevice = sym(h, "cudaSetDevice");
+    *(void **)&cu.StreamCreate = sym(h, "cudaStreamCreate");
+    *(void **)&cu.StreamDestroy = sym(h, "cudaStreamDestroy");
+    *(void **)&cu.StreamSynchronize = sym(h, "cudaStreamSynchronize");
+    *(void **)&cu.Malloc = sym(h, "cudaMalloc");
+    *(void **)&cu.Free = sym(h, "cudaFree");
+    *(void **)&cu.Memcpy = sym(h, "cudaMemcpy");
+    *(void **)&cu.LaunchHostFunc = sym(h, "cudaLaunchHostFunc");
+    *(void **)&cu.StreamBeginCapture = sym(h, "cudaStreamBeginCapture");
+    *(void **)&cu.StreamEndCapture = sym(h, "cudaStreamEndCapture");
+    *(void **)&cu.GetErrorString = sym(h, "cudaGetErrorString");
+    if (!dlsym(h, "cltest_cuda_double")) return false;
+    void *n = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!n) fail_msg("libnccl.so.2: %s", dlerror());
+    *(void **)&dbl.aborts_started = sym(n, "cltest_nccl_aborts_started");
+    *(void **)&dbl.aborts_done = sym(n, "cltest_nccl_aborts_done");
+    *(void **)&dbl.ops_executing = sym(n, "cltest_nccl_ops_executing");
+    *(void **)&dbl.live_comms = sym(n, "cltest_nccl_live_comms");
+    *(void **)&dbl.abort_done_ns = sym(n, "cltest_nccl_abort_done_ns");
+    *(void **)&dbl.comm_device = sym(n, "cltest_nccl_comm_device");
+    return true;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* Nothing left in the double: every NCCL comm released, no op running. */
+static void expect_double_idle(void) {
+    int64_t until = now_ms() + WAIT_MS;
+    while ((dbl.live_comms() || dbl.ops_executing()) && now_ms() < until)
+        sleep_ms(5);
+    assert_int_equal(dbl.live_comms(), 0);
+    assert_int_equal(dbl.ops_executing(), 0);
+}
+
+/* ---- a world of in-process ranks on the nccl backend --------------------------------- */
+
+typedef struct gworld {
+    world w;
+    stream_t s[WORLD_MAX];
+} gworld;
+
+static int gworld_device = -1; /* the comms' `device` option */
+
+static void gworld_create(gworld *g, int n, const char *name, const char *spec, int32_t timeout,
+                          collie_error_policy policy) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.device = gworld_device;
+    o.name = name;
+    o.backend = spec;
+    o.timeout_ms = timeout;
+    o.create_timeout_ms = WAIT_MS;
+    o.policy = policy;
+    world_create(&g->w, n, name, &o);
+    for (int r = 0; r < n; r++)
+        assert_int_equal(cu.StreamCreate(&g->s[r]), 0);
+}
+
+/* Destroy after faults: the comms' own results are not checked. */
+static void gworld_destroy(gworld *g, bool clean) {
+    for (int r = 0; r < g->w.n; r++) {
+        int rc = collie_comm_destroy(g->w.c[r]);
+        if (clean) assert_int_equal(rc, COLLIE_OK);
+        collie_store_destroy(g->w.st[r]);
+        cu.StreamDestroy(g->s[r]);
+    }
+    collie_store_server_destroy(g->w.srv);
+    assert_int_equal(collie_engine_destroy(g->w.e), COLLIE_OK);
+}
+
+static int post_cuda(gworld *g, int r, collie_coll_kind kind, const void *sb, void *rb,
+                     size_t count, collie_dtype dt, collie_redop op, int root,
+                     const collie_post_opts *o, collie_work **out) {
+    collie_comm *c = g->w.c[r];
+    stream_t s = g->s[r];
+    switch (kind) {
+    case COLLIE_COLL_ALLREDUCE: return collie_cuda_allreduce(c, sb, rb, count, dt, op, s, o, out);
+    case COLLIE_COLL_BROADCAST: return collie_cuda_broadcast(c, rb, count, dt, root, s, o, out);
+    case COLLIE_COLL_REDUCE: return collie_cuda_reduce(c, sb, rb, count, dt, op, root, s, o, out);
+    case COLLIE_COLL_ALLGATHER: return collie_cuda_allgather(c, sb, rb, count, dt, s, o, out);
+    case COLLIE_COLL_REDUCE_SCATTER:
+        return collie_cuda_reduce_scatter(c, sb, rb, count, dt, op, s, o, out);
+    case COLLIE_COLL_ALLTOALL: return collie_cuda_alltoall(c, sb, rb, count, dt, s, o, out);
+    case COLLIE_COLL_GATHER: return collie_cuda_gather(c, sb, rb, count, dt, root, s, o, out);
+    case COLLIE_COLL_SCATTER: return collie_cuda_scatter(c, sb, rb, count, dt, root, s, o, out);
+    case COLLIE_COLL_BARRIER: return collie_cuda_barrier(c, s, o, out);
+    case COLLIE_COLL_SEND: return collie_cuda_send(c, sb, count, dt, r + 1, 7, s, o, out);
+    default: return collie_cuda_recv(c, rb, count, dt, r - 1, 7, s, o, out);
+    }
+}
+
+/* Run `kind` on every rank with "device" buffers and check every output
+ * against a reference computed with collie's own kernels. send/recv: pairs
+ * (2i sends to 2i + 1; a blocking ring of separate sends and receives would
+ * deadlock on NCCL as it does here). */
+static void cuda_check(gworld *g, collie_coll_kind kind, collie_dtype dt, collie_redop op,
+                       size_t count, int root) {
+    int n = g->w.n;
+    size_t es = collie_dtype_size(dt), blk = count * es, nb = blk * (size_t)n + 8;
+    uint8_t *in[WORLD_MAX], *dsend[WORLD_MAX], *drecv[WORLD_MAX], host[4096];
+    collie_work *wk[2 * WORLD_MAX];
+    int nw = 0;
+    assert_true(nb <= sizeof host);
+    for (int r = 0; r < n; r++) {
+        in[r] = malloc(nb);
+        fill_input(in[r], count * (size_t)n, dt, op, r, count);
+        assert_int_equal(cu.Malloc((void **)&dsend[r], nb), 0);
+        assert_int_equal(cu.Malloc((void **)&drecv[r], nb), 0);
+        cu.Memcpy(dsend[r], in[r], nb, CU_MEMCPY_DEFAULT);
+        memset(host, 0xA5, nb);
+        cu.Memcpy(drecv[r], host, nb, CU_MEMCPY_DEFAULT);
+        if (kind == COLLIE_COLL_BROADCAST) cu.Memcpy(drecv[r], in[r], blk, CU_MEMCPY_DEFAULT);
+    }
+    for (int r = 0; r < n; r++) {
+        collie_coll_kind k = kind;
+        if (kind == COLLIE_COLL_SEND && r % 2) k = COLLIE_COLL_RECV;
+        if (kind == COLLIE_COLL_SEND && r % 2 == 0 && r + 1 == n) continue; /* no partner */
+        int rc = post_cuda(g, r, k, dsend[r], drecv[r], count, dt, op, root, NULL, &wk[nw++]);
+        if (rc != COLLIE_OK) fail_msg("post rank %d: %s", r, collie_last_error());
+    }
+    for (int i = 0; i < nw; i++) {
+        int rc = collie_work_wait(wk[i], WAIT_MS);
+        if (rc != COLLIE_OK) fail_msg("work %d: %s", i, collie_work_error_message(wk[i]));
+        collie_work_release(wk[i]);
+    }
+    /* references */
+    collie_redop acc_op = op == COLLIE_AVG ? COLLIE_SUM : op;
+    uint8_t *red = malloc(nb);
+    memcpy(red, in[0], nb);
+    for (int r = 1; r < n; r++)
+        cl_reduce(red, in[r], count * (size_t)n, dt, acc_op);
+    if (op == COLLIE_AVG) cl_reduce_finalize_avg(red, count * (size_t)n, dt, n);
+    for (int r = 0; r < n; r++) {
+        cu.Memcpy(host, drecv[r], nb, CU_MEMCPY_DEFAULT);
+        const char *what = collie_dtype_name(dt);
+        switch (kind) {
+        case COLLIE_COLL_ALLREDUCE:
+            if (memcmp(host, red, blk)) fail_msg("allreduce %s: rank %d differs", what, r);
+            break;
+        case COLLIE_COLL_REDUCE:
+            if (r == root && memcmp(host, red, blk)) fail_msg("reduce: rank %d differs", r);
+            break;
+        case COLLIE_COLL_BROADCAST:
+            if (memcmp(host, in[root], blk)) fail_msg("broadcast %s: rank %d differs", what, r);
+            break;
+        case COLLIE_COLL_REDUCE_SCATTER:
+            if (memcmp(host, red + (size_t)r * blk, blk)) fail_msg("reduce_scatter: rank %d", r);
+            break;
+        case COLLIE_COLL_ALLGATHER:
+        case COLLIE_COLL_GATHER:
+            for (int p = 0; p < n && (kind == COLLIE_COLL_ALLGATHER || r == root); p++)
+                if (memcmp(host + (size_t)p * blk, in[p], blk))
+                    fail_msg("%s %s: rank %d block %d differs",
+                             kind == COLLIE_COLL_GATHER ? "gather" : "allgather", what, r, p);
+            break;
+        case COLLIE_COLL_SCATTER:
+            if (memcmp(host, in[root] + (size_t)r * blk, blk)) fail_msg("scatter: rank %d", r);
+            break;
+        case COLLIE_COLL_ALLTOALL:
+            for (int p = 0; p < n; p++)
+                if (memcmp(host + (size_t)p * blk, in[p] + (size_t)r * blk, blk))
+                    fail_msg("alltoall: rank %d block %d differs", r, p);
+            break;
+        case COLLIE_COLL_SEND:
+            if (r % 2 && memcmp(host, in[r - 1], blk)) fail_msg("send/recv: rank %d differs", r);
+            break;
+        default: break;
+        }
+    }
+    free(red);
+    for (int r = 0; r < n; r++) {
+        free(in[r]);
+        cu.Free(dsend[r]);
+        cu.Free(drecv[r]);
+    }
+}
+
+/* ---- scenarios (in the child) ----------------------------------------------------------- */
+
+static void child_skip(const char *why) {
+    printf("CLTEST-SKIP: %s\n", why);
+    fflush(stdout);
+    skip();
+}
+
+static void need_double(void) {
+    if (!cuda_load()) fail_msg("LD_LIBRARY_PATH did not bring the CUDA double");
+}
+
+/* Results of every collective, bf16/fp16 native, 2-4 ranks, three specs. */
+static void sc_collectives(void **state) {
+    (void)state;
+    need_double();
+    static const char *const specs[] = {"cuda:nccl", "NCCL", "cpu:tcp,cuda:nccl"};
+    for (int n = 2; n <= 4; n++) {
+        gworld g;
+        char name[32];
+        snprintf(name, sizeof name, "colls%d", n);
+        gworld_create(&g, n, name, specs[n - 2], WAIT_MS, COLLIE_POLICY_DEFAULT);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 37, 0);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_BF16, COLLIE_SUM, 19, 0);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP16, COLLIE_MAX, 19, 0);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_AVG, 11, 0);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_INT64, COLLIE_PROD, 5, 0);
+        cuda_check(&g, COLLIE_COLL_BROADCAST, COLLIE_INT8, COLLIE_SUM, 29, n - 1);
+        cuda_check(&g, COLLIE_COLL_ALLGATHER, COLLIE_FP64, COLLIE_SUM, 13, 0);
+        cuda_check(&g, COLLIE_COLL_ALLGATHER, COLLIE_BF16, COLLIE_SUM, 3, 0);
+        cuda_check(&g, COLLIE_COLL_REDUCE, COLLIE_UINT8, COLLIE_MIN, 17, 1);
+        cuda_check(&g, COLLIE_COLL_REDUCE_SCATTER, COLLIE_FP32, COLLIE_SUM, 9, 0);
+        cuda_check(&g, COLLIE_COLL_ALLTOALL, COLLIE_INT32, COLLIE_SUM, 6, 0);
+        cuda_check(&g, COLLIE_COLL_GATHER, COLLIE_FP16, COLLIE_SUM, 5, n - 1);
+        cuda_check(&g, COLLIE_COLL_SCATTER, COLLIE_INT64, COLLIE_SUM, 4, 0);
+        cuda_check(&g, COLLIE_COLL_BARRIER, COLLIE_FP32, COLLIE_SUM, 0, 0);
+        cuda_check(&g, COLLIE_COLL_SEND, COLLIE_FP32, COLLIE_SUM, 21, 0);
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 0, 0); /* empty */
+        if (n == 4) { /* a CPU post on a mixed comm still goes to tcp */
+            collie_work *wk[WORLD_MAX];
+            for (int r = 0; r < n; r++)
+                assert_int_equal(collie_barrier(g.w.c[r], NULL, &wk[r]), COLLIE_OK);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(collie_work_wait(wk[r], WAIT_MS), COLLIE_OK);
+                /* a CPU work has no stream to wait on */
+                assert_int_equal(collie_work_wait_stream(wk[r], g.s[r]), COLLIE_EINVAL);
+                collie_work_release(wk[r]);
+            }
+        }
+        gworld_destroy(&g, true);
+    }
+    expect_double_idle();
+}
+
+/* Every NCCL call answers ncclInProgress first: works queue behind it and
+ * the poll hook (or wait_stream) finishes launching them, in order. */
+static void sc_inprogress(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "inprog", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    for (int i = 0; i < 3; i++) {
+        cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 8 + (size_t)i, 0);
+        cuda_check(&g, COLLIE_COLL_ALLTOALL, COLLIE_INT32, COLLIE_SUM, 3, 0);
+    }
+    /* back to back: the later posts wait their turn */
+    float *d[2];
+    collie_work *wk[2][4];
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(cu.Malloc((void **)&d[r], 64), 0);
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(collie_cuda_allreduce(g.w.c[r], d[r], d[r], 4, COLLIE_FP32, COLLIE_SUM,
+                                                   g.s[r], NULL, &wk[r][k]),
+                             COLLIE_OK);
+    }
+    /* wait_stream on a work NCCL is still enqueueing drives its launch */
+    assert_int_equal(collie_work_wait_stream(wk[0][3], g.s[1]), COLLIE_OK);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 4; k++) {
+            assert_int_equal(collie_work_wait(wk[r][k], WAIT_MS), COLLIE_OK);
+            collie_work_release(wk[r][k]);
+        }
+    for (int r = 0; r < 2; r++)
+        cu.Free(d[r]);
+    gworld_destroy(&g, true);
+    expect_double_idle();
+}
+
+/* A gate: a host function that holds a user stream until opened, so that
+ * every post is made before any of them runs (bounded). */
+static _Atomic int gate_open;
+
+static void gate_fn(void *arg) {
+    (void)arg;
+    int64_t until = now_ms() + WAIT_MS;
+    while (!atomic_load(&gate_open) && now_ms() < until)
+        sleep_ms(1);
+}
+
+static void gate_close(gworld *g) {
+    atomic_store(&gate_open, 0);
+    for (int r = 0; r < g->w.n; r++)
+        assert_int_equal(cu.LaunchHostFunc(g->s[r], gate_fn, NULL), 0);
+}
+
+/* Post `k` allreduces of 4 floats on every rank (buffers in *mem). */
+static void post_many(gworld *g, int k, int32_t timeout, void **mem, collie_work **wk) {
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = timeout;
+    for (int r = 0; r < g->w.n; r++) {
+        assert_int_equal(cu.Malloc(&mem[r], 16 * (size_t)k), 0);
+        for (int i = 0; i < k; i++) {
+            float *b = (float *)mem[r] + 4 * i;
+            int rc = collie_cuda_allreduce(g->w.c[r], b, b, 4, COLLIE_FP32, COLLIE_SUM, g->s[r], &o,
+                                           &wk[r * k + i]);
+            if (rc != COLLIE_OK) fail_msg("post: %s", collie_last_error());
+        }
+    }
+}
+
+static void expect_status(collie_work *w, int a, int b, const char *needle) {
+    int rc = collie_work_wait(w, WAIT_MS);
+    const char *msg = collie_work_error_message(w);
+    if (rc != a && rc != b)
+        fail_msg("seq %llu: %s (%s), want %s", (unsigned long long)collie_work_seq(w),
+                 collie_status_name(rc), msg, collie_status_name(a));
+    if (needle && !strstr(msg, needle)) fail_msg("'%s' lacks '%s'", msg, needle);
+}
+
+/* w (rank r) failed: its completion was published only after rank r's
+ * ncclCommAbort had returned (the GPU no longer touches its buffers). */
+static void expect_quiesced_before(collie_work *w, int r) {
+    assert_true(collie_work_test(w));
+    int64_t aborted = dbl.abort_done_ns(r); /* set before the completion was visible */
+    collie_work_details d;
+    assert_int_equal(collie_work_info(w, &d), COLLIE_OK);
+    if (aborted == 0 || d.end_ns < aborted)
+        fail_msg("seq %llu (%s) of rank %d ended at %lld, its ncclCommAbort returned at %lld",
+                 (unsigned long long)d.seq, collie_status_name(d.status), r, (long long)d.end_ns,
+                 (long long)aborted);
+}
+
+/* The 2nd allreduce hangs on every rank: it hits its deadline, the comm is
+ * aborted (NCCL aborted off the loop) and everything behind it fails, all
+ * within timeout + 1 s; the timed-out work too is published only once the
+ * (slow: CLTEST_NCCL_ABORT_SLOW_MS) ncclCommAbort has returned. */
+static void sc_hang(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "hang", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    const int k = 3, timeout = 800;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 3];
+    int64_t t0 = now_ms();
+    post_many(&g, k, timeout, mem, wk);
+    for (int r = 0; r < 2; r++) {
+        expect_status(wk[r * k], COLLIE_OK, COLLIE_OK, NULL);
+        /* the hung one: its deadline, or the abort of a peer that got there first */
+        expect_status(wk[r * k + 1], COLLIE_ETIMEDOUT, COLLIE_EABORTED, NULL);
+        expect_quiesced_before(wk[r * k + 1], r);
+        expect_status(wk[r * k + 2], COLLIE_EABORTED, COLLIE_ETIMEDOUT, NULL);
+        expect_quiesced_before(wk[r * k + 2], r);
+    }
+    assert_int_equal(collie_work_result(wk[1]), COLLIE_ETIMEDOUT);
+    assert_non_null(strstr(collie_work_error_message(wk[1]), "deadline of 800 ms passed"));
+    assert_null(strstr(collie_work_error_message(wk[1]), "may still be using"));
+    collie_work_details d;
+    collie_work_info(wk[1], &d);
+    if (d.end_ns - d.deadline_ns < 250 * 1000000LL) /* the abort takes 300 ms */
+        fail_msg("published %lld ms after its deadline: before the abort returned",
+                 (long long)(d.end_ns - d.deadline_ns) / 1000000);
+    int64_t until = t0 + timeout + 1000;
+    while (dbl.aborts_done() < 2 && now_ms() < until)
+        sleep_ms(2);
+    int64_t took = now_ms() - t0;
+    if (dbl.aborts_done() < 2 || took > timeout + 1000)
+        fail_msg("aborted %d comms in %lld ms (bound %d ms)", dbl.aborts_done(), (long long)took,
+                 timeout + 1000);
+    int st;
+    const char *msg;
+    collie_comm_error(g.w.c[0], &st, &msg);
+    assert_int_equal(st, COLLIE_ETIMEDOUT);
+    /* the comm refuses new posts */
+    collie_work *w;
+    assert_int_equal(collie_cuda_barrier(g.w.c[0], g.s[0], NULL, &w), COLLIE_EABORTED);
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+/* An async NCCL error on rank 1: its failing work gets COLLIE_EBACKEND
+ * naming the error, the works behind it EABORTED with it as the cause, and
+ * the completions appear only after ncclCommAbort has quiesced the GPU. */
+static void sc_async_error(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "asyncerr", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    const int k = 4;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 4];
+    gate_close(&g); /* NCCL refuses calls after the error: post them all first */
+    post_many(&g, k, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    atomic_store(&gate_open, 1);
+    collie_work **r1 = wk + k;
+    expect_status(r1[0], COLLIE_OK, COLLIE_OK, NULL);
+    expect_status(r1[1], COLLIE_EBACKEND, COLLIE_EBACKEND,
+                  "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)");
+    /* visible only once the abort (slowed down by CLTEST_NCCL_ABORT_SLOW_MS) returned */
+    assert_true(dbl.aborts_done() >= 1);
+    assert_non_null(strstr(collie_work_error_message(r1[1]), "injected async error"));
+    for (int i = 2; i < k; i++)
+        expect_status(r1[i], COLLIE_EABORTED, COLLIE_EABORTED, "NCCL error: unhandled system");
+    int st;
+    const char *msg;
+    collie_comm_error(g.w.c[1], &st, &msg);
+    assert_int_equal(st, COLLIE_EBACKEND);
+    assert_non_null(strstr(msg, "NCCL error"));
+    /* rank 0 waits for rank 1 in its 2nd op: the peer's abort reaches it as
+     * ncclRemoteError, or collie's abort propagation gets there first */
+    expect_status(wk[0], COLLIE_OK, COLLIE_OK, NULL);
+    for (int i = 1; i < k; i++)
+        expect_status(wk[i], COLLIE_EBACKEND, COLLIE_EABORTED, NULL);
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+/* collie_comm_abort while slow ops run: every pending work fails with
+ * EABORTED naming the reason, after the (slow) ncclCommAbort returned. */
+static void sc_abort_in_flight(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "abortfl", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    const int k = 3;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 3];
+    post_many(&g, k, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    sleep_ms(50); /* the first ops are running (slowly) on the streams */
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_abort(g.w.c[0], "test abort"), COLLIE_OK);
+    for (int i = 0; i < k; i++) {
+        expect_status(wk[i], COLLIE_EABORTED, COLLIE_EABORTED, "test abort");
+        assert_true(dbl.aborts_done() >= 1); /* published after the quiesce */
+    }
+    assert_true(now_ms() - t0 >= 250); /* CLTEST_NCCL_ABORT_SLOW_MS=300 */
+    assert_int_equal(collie_comm_abort(g.w.c[1], "test abort too"), COLLIE_OK);
+    for (int i = k; i < 2 * k; i++)
+        expect_status(wk[i], COLLIE_EABORTED, COLLIE_EBACKEND, NULL);
+    assert_true(now_ms() - t0 < 5000); /* never the slow ops' 10 s */
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+/* ncclCommAbort wedged past COLLIE_NCCL_ABORT_TIMEOUT_MS: the works fail at
+ * the bound anyway, saying the GPU may still use their buffers. */
+static void sc_abort_overrun(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "overrun", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    const int k = 2;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 2];
+    post_many(&g, k, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    sleep_ms(50);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_abort(g.w.c[0], "test abort"), COLLIE_OK);
+    for (int i = 0; i < k; i++)
+        expect_status(wk[i], COLLIE_EABORTED, COLLIE_EABORTED,
+                      "ncclCommAbort did not finish within the abort bound");
+    int64_t took = now_ms() - t0;
+    if (took < 250 || took > 1200) fail_msg("failed after %lld ms (bound 300 ms)", (long long)took);
+    assert_int_equal(dbl.aborts_done(), 0); /* still "running" (CLTEST_NCCL_ABORT_SLOW_MS) */
+    collie_comm_abort(g.w.c[1], "test abort");
+    for (int i = k; i < 2 * k; i++)
+        expect_status(wk[i], COLLIE_EABORTED, COLLIE_EBACKEND, NULL);
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    expect_double_idle(); /* the helpers finish once the slow aborts return */
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+}
+
+/* Policy NONE only fails the work, but a NCCL communicator with an async
+ * error is dead: the backend aborts it itself and fails what is behind. */
+static void sc_policy_none(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "pnone", "nccl", WAIT_MS, COLLIE_POLICY_NONE);
+    const int k = 3;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 3];
+    gate_close(&g);
+    post_many(&g, k, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    atomic_store(&gate_open, 1);
+    collie_work **r1 = wk + k;
+    expect_status(r1[0], COLLIE_OK, COLLIE_OK, NULL);
+    expect_status(r1[1], COLLIE_EBACKEND, COLLIE_EBACKEND, "NCCL error: unhandled system error");
+    expect_status(r1[2], COLLIE_EABORTED, COLLIE_EABORTED, "NCCL error");
+    collie_work *w = (collie_work *)0x1;
+    assert_int_not_equal(collie_cuda_barrier(g.w.c[1], g.s[1], NULL, &w), COLLIE_OK);
+    assert_null(w);
+    expect_status(wk[0], COLLIE_OK, COLLIE_OK, NULL);
+    for (int i = 1; i < k; i++) /* rank 0 hears of it from NCCL (ncclRemoteError) */
+        expect_status(wk[i], COLLIE_EBACKEND, COLLIE_EABORTED, NULL);
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+/* Policy NONE and a hung op: the core aborts the backend itself, and the
+ * timed-out work is still published only once ncclCommAbort returned. */
+static void sc_hang_none(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "hangnone", "nccl", WAIT_MS, COLLIE_POLICY_NONE);
+    const int k = 2, timeout = 500;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 2];
+    post_many(&g, k, timeout, mem, wk);
+    for (int r = 0; r < 2; r++) {
+        expect_status(wk[r * k], COLLIE_OK, COLLIE_OK, NULL);
+        /* its own deadline; or NCCL saw the peer's abort first */
+        expect_status(wk[r * k + 1], COLLIE_ETIMEDOUT, COLLIE_EBACKEND, NULL);
+        expect_quiesced_before(wk[r * k + 1], r);
+    }
+    assert_int_equal(collie_work_result(wk[1]), COLLIE_ETIMEDOUT);
+    assert_non_null(strstr(collie_work_error_message(wk[1]), "deadline of 500 ms passed"));
+    /* the NCCL communicator is gone: posts are refused, saying so */
+    collie_work *w = (collie_work *)0x1;
+    assert_int_not_equal(collie_cuda_barrier(g.w.c[0], g.s[0], NULL, &w), COLLIE_OK);
+    assert_null(w);
+    if (!strstr(collie_last_error(), "not usable"))
+        fail_msg("collie_last_error() = '%s'", collie_last_error());
+    for (int i = 0; i < 2 * k; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+static void expect_create_error_dev(int code, int device, const char *needle1,
+                                    const char *needle2);
+
+/* The comm's `device` option picks the CUDA device (not rank % devices);
+ * one the machine lacks fails creation. */
+static void sc_device(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_device = 3; /* rank % 4 would be 0 and 1 */
+    gworld_create(&g, 2, "device", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    gworld_device = -1;
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(dbl.comm_device(r), 3);
+    cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 8, 0);
+    gworld_destroy(&g, true);
+    expect_create_error_dev(COLLIE_EINVAL, 7, "device option is 7", "CUDA reports 4 devices");
+    expect_double_idle();
+}
+
+/* The engine is destroyed under running GPU works: they end (ECLOSED) once
+ * the NCCL communicator is aborted, and destroy leaves nothing behind. */
+static void sc_engine_shutdown(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "shutdown", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    const int k = 2;
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX * 2];
+    post_many(&g, k, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    sleep_ms(50);
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_engine_destroy(g.w.e), COLLIE_OK);
+    assert_true(now_ms() - t0 < 5000);
+    for (int i = 0; i < 2 * k; i++) {
+        assert_true(collie_work_test(wk[i]));
+        assert_int_equal(collie_work_result(wk[i]), COLLIE_ECLOSED);
+        collie_work_release(wk[i]);
+    }
+    assert_true(dbl.aborts_done() == 2);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_destroy(g.w.c[r]);
+        collie_store_destroy(g.w.st[r]);
+        cu.StreamDestroy(g.s[r]);
+        cu.Free(mem[r]);
+    }
+    collie_store_server_destroy(g.w.srv);
+    expect_double_idle();
+}
+
+/* Cancelling a CUDA collective right after posting it (before the loop has
+ * even seen it) is a local fault; the backend must still get its detach. */
+static void sc_cancel(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "cancel", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX];
+    post_many(&g, 1, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
+    expect_status(wk[0], COLLIE_ECANCELED, COLLIE_ECANCELED, "cancelled");
+    expect_status(wk[1], COLLIE_EABORTED, COLLIE_EBACKEND, NULL);
+    for (int i = 0; i < 2; i++)
+        collie_work_release(wk[i]);
+    /* new works reuse the released memory: the backend must hold none of it */
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+typedef struct probe {
+    float *buf;
+    float want;
+    _Atomic int ran, saw_result;
+} probe;
+
+static void probe_fn(void *arg) {
+    probe *p = arg;
+    atomic_store(&p->saw_result, p->buf[0] == p->want);
+    atomic_store(&p->ran, 1);
+}
+
+/* wait_stream orders another stream after the collective without blocking
+ * the host; wait blocks the host until the GPU is done. */
+static void sc_wait_stream(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "wstream", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    stream_t other;
+    assert_int_equal(cu.StreamCreate(&other), 0);
+    float *d[2];
+    collie_work *wk[2];
+    probe p = {.want = 3.0f};
+    int64_t t0 = now_ms();
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(cu.Malloc((void **)&d[r], sizeof(float)), 0);
+        d[r][0] = (float)(r + 1);
+        assert_int_equal(collie_cuda_allreduce(g.w.c[r], d[r], d[r], 1, COLLIE_FP32, COLLIE_SUM,
+                                               g.s[r], NULL, &wk[r]),
+                         COLLIE_OK);
+    }
+    p.buf = d[0];
+    assert_int_equal(collie_work_wait_stream(wk[0], other), COLLIE_OK);
+    assert_int_equal(cu.LaunchHostFunc(other, probe_fn, &p), 0);
+    assert_true(now_ms() - t0 < 150); /* the host was not blocked (ops take 300 ms) */
+    assert_false(collie_work_test(wk[0]));
+    assert_int_equal(cu.StreamSynchronize(other), 0);
+    assert_int_equal(atomic_load(&p.ran), 1);
+    assert_int_equal(atomic_load(&p.saw_result), 1); /* `other` ran after the allreduce */
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(wk[r], WAIT_MS), COLLIE_OK);
+        assert_true(d[r][0] == 3.0f);
+    }
+    assert_true(now_ms() - t0 >= 250);
+    /* on a finished work there is nothing left to wait for */
+    assert_int_equal(collie_work_wait_stream(wk[1], other), COLLIE_OK);
+    assert_int_equal(collie_work_wait_stream(wk[1], NULL), COLLIE_OK);
+    /* a wait that gives up is not a deadline */
+    collie_work *w2[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_cuda_allreduce(g.w.c[r], d[r], d[r], 1, COLLIE_FP32, COLLIE_SUM,
+                                               g.s[r], NULL, &w2[r]),
+                         COLLIE_OK);
+    assert_int_equal(collie_work_wait(w2[0], 20), COLLIE_INPROGRESS);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(w2[r], WAIT_MS), COLLIE_OK);
+        collie_work_release(w2[r]);
+        collie_work_release(wk[r]);
+    }
+    assert_true(d[0][0] == 6.0f);
+    cu.StreamDestroy(other);
+    gworld_destroy(&g, true);
+    for (int r = 0; r < 2; r++)
+        cu.Free(d[r]);
+    expect_double_idle();
+}
+
+/* A stream being captured into a CUDA graph is refused: no work. */
+static void sc_graph_capture(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "capture", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    float *d;
+    assert_int_equal(cu.Malloc((void **)&d, 16), 0);
+    assert_int_equal(cu.StreamBeginCapture(g.s[0], 0), 0);
+    collie_work *w = (collie_work *)0x1;
+    assert_int_equal(
+        collie_cuda_allreduce(g.w.c[0], d, d, 4, COLLIE_FP32, COLLIE_SUM, g.s[0], NULL, &w),
+        COLLIE_ENOTSUP);
+    assert_null(w);
+    if (!strstr(collie_last_error(), "graph capture"))
+        fail_msg("collie_last_error() = '%s' does not name graph capture", collie_last_error());
+    void *graph;
+    assert_int_equal(cu.StreamEndCapture(g.s[0], &graph), 0);
+    cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 4, 0); /* still usable */
+    cu.Free(d);
+    gworld_destroy(&g, true);
+    expect_double_idle();
+}
+
+/* Create a 1-rank nccl comm (`device` option), expecting failure `code`
+ * with the needles. */
+static void expect_create_error_dev(int code, int device, const char *needle1,
+                                    const char *needle2) {
+    collie_engine *e;
+    collie_store_server *srv;
+    collie_store *st;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "nogpu";
+    o.backend = "nccl";
+    o.create_timeout_ms = 2000;
+    o.device = device;
+    collie_comm *c = (collie_comm *)0x1;
+    int64_t t0 = now_ms();
+    int rc = collie_comm_create(e, st, 0, 1, &o, &c);
+    const char *msg = collie_last_error();
+    if (rc != code) fail_msg("create: %s (%s)", collie_status_name(rc), msg);
+    if (!strstr(msg, needle1) || (needle2 && !strstr(msg, needle2)))
+        fail_msg("'%s' lacks '%s' / '%s'", msg, needle1, needle2 ? needle2 : "");
+    assert_null(c);
+    assert_true(now_ms() - t0 < 5000);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+static void expect_create_error(int code, const char *needle1, const char *needle2) {
+    expect_create_error_dev(code, -1, needle1, needle2);
+}
+
+static void sc_no_gpu(void **state) {
+    (void)state;
+    need_double();
+    expect_create_error(COLLIE_EBACKEND, "no CUDA device: ",
+                        "CUDA driver version is insufficient for CUDA runtime version");
+    expect_double_idle();
+}
+
+/* The real CUDA runtime (no double): on a machine without a GPU. */
+static void sc_no_gpu_real(void **state) {
+    (void)state;
+    if (cuda_load()) fail_msg("the double was loaded: LD_LIBRARY_PATH leaked into the child");
+    int n = 0;
+    if (cu.GetDeviceCount(&n) == 0 && n > 0) child_skip("this machine has a CUDA device");
+    expect_create_error(COLLIE_EBACKEND, "no CUDA device: ", NULL);
+}
+
+static void sc_plugin_missing(void **state) {
+    (void)state;
+    expect_create_error(COLLIE_EINVAL, "unknown backend 'nccl'",
+                        "no plugin libcollie_nccl.so in COLLIE_PLUGIN_PATH");
+}
+
+/* NCCL init never completes: the comm's creation timeout ends it and the
+ * NCCL communicator being built is aborted. */
+static void sc_init_hang(void **state) {
+    (void)state;
+    need_double();
+    world w;
+    memset(&w, 0, sizeof w);
+    assert_int_equal(collie_engine_create(NULL, &w.e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(w.e, "127.0.0.1", 0, NULL, &w.srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w.srv));
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "inithang";
+    o.backend = "nccl";
+    o.create_timeout_ms = 700;
+    collie_work *cw[2];
+    int64_t t0 = now_ms();
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_store_connect(w.e, addr, NULL, &w.st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(w.e, w.st[r], r, 2, &o, &w.c[r], &cw[r]),
+                         COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = collie_work_wait(cw[r], WAIT_MS);
+        if (rc == COLLIE_OK) fail_msg("rank %d: created although NCCL init hangs", r);
+        const char *msg = collie_work_error_message(cw[r]);
+        if (rc != COLLIE_ETIMEDOUT || !strstr(msg, "NCCL init did not complete within 700 ms"))
+            fail_msg("rank %d: %s: '%s'", r, collie_status_name(rc), msg);
+        collie_work_release(cw[r]);
+    }
+    assert_true(now_ms() - t0 < 700 + 2500);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_destroy(w.c[r]);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+    assert_true(dbl.aborts_started() == 2);
+    expect_double_idle();
+}
+
+/* Real GPUs: one rank per device (at most 4); never on the double. */
+static void sc_gpu_allreduce(void **state) {
+    (void)state;
+    if (cuda_load()) fail_msg("the double was loaded: GPU tests must not run against it");
+    int n = 0;
+    int rc = cu.GetDeviceCount(&n);
+    if (rc != 0 || n < 1) {
+        char why[200];
+        snprintf(why, sizeof why, "no CUDA device (cudaGetDeviceCount: %s)",
+                 rc ? cu.GetErrorString(rc) : "0 devices");
+        child_skip(why);
+    }
+    if (n > 4) n = 4;
+    gworld g;
+    gworld_create(&g, n, "gpu", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 1000, 0);
+    cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_BF16, COLLIE_SUM, 500, 0);
+    cuda_check(&g, COLLIE_COLL_BROADCAST, COLLIE_INT32, COLLIE_SUM, 300, 0);
+    cuda_check(&g, COLLIE_COLL_ALLGATHER, COLLIE_FP16, COLLIE_SUM, 100, 0);
+    cuda_check(&g, COLLIE_COLL_ALLTOALL, COLLIE_FP32, COLLIE_SUM, 64, 0);
+    gworld_destroy(&g, true);
+}
+
+static const struct {
+    const char *name;
+    void (*fn)(void **);
+} scenarios[] = {
+    {"collectives", sc_collectives},
+    {"inprogress", sc_inprogress},
+    {"hang", sc_hang},
+    {"async_error", sc_async_error},
+    {"abort_in_flight", sc_abort_in_flight},
+    {"wait_stream", sc_wait_stream},
+    {"graph_capture", sc_graph_capture},
+    {"no_gpu", sc_no_gpu},
+    {"no_gpu_real", sc_no_gpu_real},
+    {"plugin_missing", sc_plugin_missing},
+    {"init_hang", sc_init_hang},
+    {"gpu_allreduce", sc_gpu_allreduce},
+    {"abort_overrun", sc_abort_overrun},
+    {"policy_none", sc_policy_none},
+    {"hang_none", sc_hang_none},
+    {"device", sc_device},
+    {"engine_shutdown", sc_engine_shutdown},
+    {"cancel", sc_cancel},
+};
+
+static int child_main(const char *name) {
+    alarm(CHILD_S);
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (!strcmp(scenarios[i].name, name)) {
+            const struct CMUnitTest t[] = {{scenarios[i].name, scenarios[i].fn, NULL, NULL, NULL}};
+            return _cmocka_run_group_tests(name, t, 1, NULL, NULL);
+        }
+    fprintf(stderr, "unknown scenario '%s'\n", name);
+    return 2;
+}
+
+/* ---- the parent: one child per scenario --------------------------------------------------- */
+
+static char build_dir[PATH_MAX];
+
+static bool file_exists(const char *dir, const char *file) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    return access(p, R_OK) == 0;
+}
+
+static int setup_paths(void **state) {
+    (void)state;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/'); /* <build>/tests/test_nccl */
+    if (slash) *slash = '\0';
+    slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    snprintf(build_dir, sizeof build_dir, "%s", exe);
+    return 0;
+}
+
+static bool plugin_built(void) {
+    char lib[PATH_MAX + 8], dbl_dir[PATH_MAX + 32];
+    snprintf(lib, sizeof lib, "%s/lib", build_dir);
+    snprintf(dbl_dir, sizeof dbl_dir, "%s/tests/cuda_double", build_dir);
+    return file_exists(lib, "libcollie_nccl.so") && file_exists(dbl_dir, "libcudart.so.13") &&
+           file_exists(dbl_dir, "libnccl.so.2");
+}
+
+/* Run scenario `name` in a child with the double (or not) and `extra`
+ * variables ("NAME=value", NULL-terminated). */
+static void run_scenario(const char *name, bool with_double, const char *plugin_dir,
+                         const char *const *extra) {
+    if (plugin_dir && !plugin_built()) skip(); /* built without NCCL (WITH_NCCL=0 / no CUDA) */
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 64], exe[PATH_MAX + 32];
+    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir);
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s", plugin_dir ? plugin_dir : "/nonexistent");
+    snprintf(exe, sizeof exe, "%s/tests/test_nccl", build_dir);
+    const char *env[256];
+    size_t ne = 0;
+    for (char **e = environ; *e && ne < 200; e++)
+        if (strncmp(*e, "LD_LIBRARY_PATH=", 16) && strncmp(*e, "COLLIE_PLUGIN_PATH=", 19) &&
+            strncmp(*e, "CLTEST_CUDA_", 12) && strncmp(*e, "CLTEST_NCCL_", 12))
+            env[ne++] = *e;
+    if (with_double) env[ne++] = ld;
+    env[ne++] = pp;
+    for (; extra && *extra && ne < 254; extra++)
+        env[ne++] = *extra;
+    env[ne] = NULL;
+
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        char *const argv[] = {exe, "--scenario", (char *)name, NULL};
+        execve(exe, argv, (char *const *)env);
+        _exit(127);
+    }
+    close(fds[1]);
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap + 1);
+    int64_t until = now_ms() + (CHILD_S + 10) * 1000;
+    int status = 0;
+    bool exited = false, killed = false;
+    for (;;) {
+        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+        poll(&pfd, 1, 100);
+        ssize_t k;
+        char sink[4096];
+        while ((k = len < cap ? read(fds[0], out + len, cap - len)
+                              : read(fds[0], sink, sizeof sink)) > 0)
+            if (len < cap) len += (size_t)k; /* the start is enough to explain */
+        if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = true;
+        if (exited && k <= 0) break;
+        if (!exited && now_ms() > until) {
+            kill(pid, SIGKILL);
+            killed = true;
+        }
+    }
+    close(fds[0]);
+    out[len] = '\0';
+    bool ok = !killed && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    char *skipped = strstr(out, "CLTEST-SKIP: ");
+    if (!ok || skipped) {
+        printf("  scenario '%s'%s:\n", name, ok ? " skipped" : " failed");
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+            printf("    | %s\n", line);
+    }
+    free(out);
+    if (!ok)
+        fail_msg("scenario '%s': %s %d", name,
+                 killed              ? "killed after"
+                 : WIFEXITED(status) ? "exit"
+                                     : "signal",
+                 killed              ? CHILD_S + 10
+                 : WIFEXITED(status) ? WEXITSTATUS(status)
+                                     : WTERMSIG(status));
+    if (skipped) skip();
+}
+
+static char lib_dir[PATH_MAX + 8];
+
+static const char *plugin_dir(void) {
+    snprintf(lib_dir, sizeof lib_dir, "%s/lib", build_dir);
+    return lib_dir;
+}
+
+static void test_collectives(void **state) {
+    (void)state;
+    run_scenario("collectives", true, plugin_dir(), NULL);
+}
+
+static void test_inprogress(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_NCCL_INPROGRESS_MS=3", NULL};
+    run_scenario("inprogress", true, plugin_dir(), env);
+}
+
+static void test_hang(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
+    run_scenario("hang", true, plugin_dir(), env);
+}
+
+static void test_hang_policy_none(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
+    run_scenario("hang_none", true, plugin_dir(), env);
+}
+
+static void test_device_option(void **state) {
+    (void)state;
+    run_scenario("device", true, plugin_dir(), NULL);
+}
+
+static void test_async_error(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", "CLTEST_NCCL_ABORT_SLOW_MS=200",
+                         NULL};
+    run_scenario("async_error", true, plugin_dir(), env);
+}
+
+static void test_abort_in_flight(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
+    run_scenario("abort_in_flight", true, plugin_dir(), env);
+}
+
+static void test_abort_overrun(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=1500",
+                         "COLLIE_NCCL_ABORT_TIMEOUT_MS=300", NULL};
+    run_scenario("abort_overrun", true, plugin_dir(), env);
+}
+
+static void test_policy_none(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", NULL};
+    run_scenario("policy_none", true, plugin_dir(), env);
+}
+
+static void test_engine_shutdown(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", NULL};
+    run_scenario("engine_shutdown", true, plugin_dir(), env);
+}
+
+static void test_cancel(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", NULL};
+    run_scenario("cancel", true, plugin_dir(), env);
+}
+
+static void test_wait_stream(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_SLOW_MS=300", NULL};
+    run_scenario("wait_stream", true, plugin_dir(), env);
+}
+
+static void test_graph_capture(void **state) {
+    (void)state;
+    run_scenario("graph_capture", true, plugin_dir(), NULL);
+}
+
+static void test_no_gpu(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_CUDA_NO_DEVICE=1", NULL};
+    run_scenario("no_gpu", true, plugin_dir(), env);
+}
+
+static void test_no_gpu_real_libraries(void **state) {
+    (void)state;
+    run_scenario("no_gpu_real", false, plugin_dir(), NULL);
+}
+
+static void test_plugin_missing(void **state) {
+    (void)state;
+    run_scenario("plugin_missing", false, NULL, NULL);
+}
+
+static void test_init_hang(void **state) {
+    (void)state;
+    const char *env[] = {"CLTEST_NCCL_INIT_HANG=1", NULL};
+    run_scenario("init_hang", true, plugin_dir(), env);
+}
+
+static void test_gpu_allreduce(void **state) {
+    (void)state;
+    run_scenario("gpu_allreduce", false, plugin_dir(), NULL);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--scenario")) return child_main(argv[2]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plugin_missing),
+        cmocka_unit_test(test_no_gpu),
+        cmocka_unit_test(test_no_gpu_real_libraries),
+        cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_inprogress),
+        cmocka_unit_test(test_wait_stream),
+        cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_hang),
+        cmocka_unit_test(test_async_error),
+        cmocka_unit_test(test_abort_in_flight),
+        cmocka_unit_test(test_abort_overrun),
+        cmocka_unit_test(test_policy_none),
+        cmocka_unit_test(test_hang_policy_none),
+        cmocka_unit_test(test_device_option),
+        cmocka_unit_test(test_engine_shutdown),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_init_hang),
+        cmocka_unit_test(test_gpu_allreduce),
+    };
+    return cmocka_run_group_tests(tests, setup_paths, NULL);
+}

@@ -1,0 +1,357 @@
+/*
+ * nccl_abort.c — aborting the NCCL communicator without blocking the loop,
+ * and publishing error completions only once the GPU work is quiesced.
+ *
+ * Design notes
+ *  - abort (loop; the core calls it for every fault and for
+ *    collie_comm_abort) marks the comm dead (no NCCL call after this),
+ *    finishes the works whose end event has completed (their results are
+ *    good), claims every other pending work the core has started
+ *    (work_claim: nobody else can finish it now) into the batch, after the
+ *    root of a fault if there is one, and starts a helper thread. The
+ *    helper runs ncclCommAbort on the non-blocking communicator (the GPU
+ *    kernels stop) and waits, bounded, for the internal stream to drain;
+ *    then it publishes the batch: the root with its own status, the others
+ *    with the abort's status and reason. The user may free the buffers once
+ *    a completion is visible.
+ *  - The bound (COLLIE_NCCL_ABORT_TIMEOUT_MS, 10 s): the poll hook stays on
+ *    while the batch waits; past the bound it logs an error and publishes
+ *    the batch itself, each message saying the GPU may still use the
+ *    buffers, so no wait ever hangs on a wedged ncclCommAbort. The helper
+ *    then only logs when (if) ncclCommAbort returns.
+ *  - Works the core has not started yet when the abort comes ("late": a
+ *    post racing with the abort) are claimed by the poll hook once started,
+ *    into the batch, or published at once if the batch is already out.
+ *  - A work whose deadline passes is claimed by the core and handed over
+ *    (adopt, loop) instead of published: it stays on the pending list and
+ *    the abort that follows puts it in the batch with the core's status
+ *    (ETIMEDOUT) and message; adopted while an abort quiesces, it joins the
+ *    batch; adopted once the batch is out (or after its GPU work ended), it
+ *    is published at once, with the overrun note if not quiesced.
+ *  - Exactly one of helper, poll hook and destroy takes the batch
+ *    (batch_taken, under mu); batch_published is set once its works are
+ *    published. Once destroy has begun (it may come right after abort,
+ *    when the engine shuts down) the helper leaves the batch to it: destroy
+ *    waits, bounded, for the quiesce and publishes on the loop, so no core
+ *    call is made from a helper after destroy returns.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "transports/nccl/nccl_backend.h"
+
+typedef struct nccl_abort_arg {
+    cl_nccl_comm *nc;
+    ncclComm_t comm;
+    bool publish; /* false: only release the communicator (destroy when idle) */
+} nccl_abort_arg;
+
+static const char *const nccl_overrun_note =
+    " (ncclCommAbort did not finish within the abort bound: the GPU may still be using this "
+    "work's buffers)";
+
+/* Publish a batch taken under mu. `root` (the fault's root, or NULL) gets
+ * its own status; abort_status/abort_reason never change once set. */
+static void nccl_publish(cl_nccl_comm *nc, cl_nccl_work *batch, const cl_nccl_work *root,
+                         bool overrun) {
+    for (cl_nccl_work *nw = batch, *next; nw; nw = next) {
+        next = nw->batch_next; /* nw may retire (and be freed) once published */
+        bool is_root = nw == root;
+        int status = nw->adopted ? nw->adopt_status : is_root ? nc->root_status : nc->abort_status;
+        const char *msg = nw->adopted ? nw->adopt_msg : is_root ? nc->root_msg : nc->abort_reason;
+        nc->core->work_publish(nw->w, status, "%s%s", msg, overrun ? nccl_overrun_note : "");
+    }
+}
+
+/* Has the GPU finished this work (its end event completed)? (mu) */
+static bool nccl_gpu_done_locked(const cl_nccl_comm *nc, cl_nccl_work *nw) {
+    if (nw == nc->root || nw->state != NCCL_W_LAUNCHED || nw->record_err != cudaSuccess)
+        return false;
+    if (!nw->gpu_done) nw->gpu_done = cudaEventQuery(nw->end_ev) == cudaSuccess;
+    return nw->gpu_done;
+}
+
+/* Take the batch (mu); *root is the fault's root among it. */
+static cl_nccl_work *nccl_take_batch_locked(cl_nccl_comm *nc, const cl_nccl_work **root) {
+    *root = NULL;
+    if (nc->batch_taken) return NULL;
+    nc->batch_taken = true;
+    cl_nccl_work *b = nc->batch;
+    nc->batch = NULL;
+    *root = nc->root;
+    return b;
+}
+
+static void nccl_published(cl_nccl_comm *nc) {
+    pthread_mutex_lock(&nc->mu);
+    nc->batch_published = true;
+    pthread_cond_broadcast(&nc->cv);
+    pthread_mutex_unlock(&nc->mu);
+}
+
+static void nccl_sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void *nccl_abort_main(void *arg) {
+    nccl_abort_arg *aa = arg;
+    cl_nccl_comm *nc = aa->nc;
+    const collie_core_services *core = nc->core;
+    pthread_mutex_lock(&nc->mu);
+    cudaStream_t stream = nc->stream;
+    int dev = nc->dev;
+    int64_t start = aa->publish ? nc->abort_start_ns : cl_nccl_now_ns();
+    pthread_mutex_unlock(&nc->mu);
+    int64_t bound = start + (int64_t)nc->abort_timeout_ms * 1000000;
+    cudaSetDevice(dev);
+    if (aa->comm) {
+        ncclResult_t r = ncclCommAbort(aa->comm);
+        if (r != ncclSuccess && r != ncclInProgress)
+            core->log(1, NCCL_MOD, "rank %d: ncclCommAbort: %s", nc->rank, ncclGetErrorString(r));
+    }
+    /* NCCL's kernels are gone; what is left on the internal stream drains */
+    while (aa->publish && stream && cudaStreamQuery(stream) == cudaErrorNotReady &&
+           cl_nccl_now_ns() < bound)
+        nccl_sleep_ms(1);
+    int64_t took_ms = (cl_nccl_now_ns() - start) / 1000000;
+    if (took_ms > nc->abort_timeout_ms)
+        core->log(0, NCCL_MOD, "rank %d: the NCCL abort took %lld ms (bound %d ms)", nc->rank,
+                  (long long)took_ms, (int)nc->abort_timeout_ms);
+    else
+        core->log(3, NCCL_MOD, "rank %d: NCCL communicator aborted in %lld ms", nc->rank,
+                  (long long)took_ms);
+    if (aa->publish) {
+        pthread_mutex_lock(&nc->mu);
+        nc->abort_done = true;
+        pthread_cond_broadcast(&nc->cv);
+        bool mine = !nc->batch_taken && !nc->destroying; /* destroy publishes on the loop */
+        const cl_nccl_work *root = NULL;
+        cl_nccl_work *batch = mine ? nccl_take_batch_locked(nc, &root) : NULL;
+        pthread_mutex_unlock(&nc->mu);
+        if (mine) {
+            nccl_publish(nc, batch, root, false);
+            nccl_published(nc);
+        }
+    }
+    free(aa);
+    cl_nccl_release(nc);
+    return NULL;
+}
+
+static int nccl_helper_start(cl_nccl_comm *nc, ncclComm_t comm, bool publish) {
+    nccl_abort_arg *aa = malloc(sizeof *aa);
+    if (!aa) return ENOMEM;
+    aa->nc = nc;
+    aa->comm = comm;
+    aa->publish = publish;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    cl_nccl_hold(nc);
+    pthread_t t;
+    int e = pthread_create(&t, &at, nccl_abort_main, aa);
+    pthread_attr_destroy(&at);
+    if (e != 0) {
+        free(aa);
+        cl_nccl_release(nc);
+    }
+    return e;
+}
+
+void cl_nccl_abort(void *state, int status, const char *reason) {
+    cl_nccl_comm *nc = state;
+    pthread_mutex_lock(&nc->mu);
+    if (nc->aborting || nc->destroyed) {
+        pthread_mutex_unlock(&nc->mu);
+        return;
+    }
+    nc->aborting = true;
+    nc->abort_status = status;
+    snprintf(nc->abort_reason, sizeof nc->abort_reason, "%s", reason ? reason : "aborted");
+    nc->abort_start_ns = cl_nccl_now_ns();
+    nc->phase = NCCL_DEAD;
+    cl_nccl_work **tail = &nc->batch;
+    if (nc->root && nc->root->claimed) {
+        *tail = nc->root;
+        tail = &nc->root->batch_next;
+    }
+    size_t claimed = 0, ndone = 0;
+    collie_work *done[64];
+    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+        if (nw->adopted) { /* the core's, since its deadline: quiesced with the others */
+            if (nw != nc->root) {
+                nw->batch_next = NULL;
+                *tail = nw;
+                tail = &nw->batch_next;
+                claimed++;
+            }
+            continue;
+        }
+        if (nw->finished || nw->claimed) continue;
+        bool active = cl_nccl_work_active(nc->core, nw->w);
+        if (active && ndone < 64 && nccl_gpu_done_locked(nc, nw)) {
+            nw->finished = true; /* it made it: its result is good */
+            done[ndone++] = nw->w;
+        } else if (active && nc->core->work_claim(nw->w)) {
+            nw->claimed = nw->finished = true;
+            nw->batch_next = NULL;
+            *tail = nw;
+            tail = &nw->batch_next;
+            claimed++;
+        } else if (collie_work_test(nw->w)) {
+            nw->finished = true; /* ended already (deadline, cancel) */
+        } else {
+            nw->late = true;
+        }
+    }
+    ncclComm_t comm = nc->comm;
+    nc->comm = NULL;
+    collie_work *req = nc->store_req; /* its callback sees the cancel and stops */
+    nc->poll_hint = true;
+    pthread_mutex_unlock(&nc->mu);
+
+    for (size_t i = 0; i < ndone; i++)
+        nc->core->work_finish(done[i], COLLIE_OK, NULL);
+    if (req) collie_work_cancel(req);
+    nc->core->log(1, NCCL_MOD, "comm '%s' rank %d: aborting the NCCL communicator (%zu works): %s",
+                  nc->core->name(nc->bc), nc->rank, claimed + (nc->root && nc->root->claimed),
+                  nc->abort_reason);
+    int e = nccl_helper_start(nc, comm, true);
+    if (e != 0) { /* cannot quiesce without blocking the loop: leak the comm, say so */
+        nc->core->log(0, NCCL_MOD, "rank %d: cannot start the NCCL abort thread: %s", nc->rank,
+                      strerror(e));
+        const cl_nccl_work *root;
+        pthread_mutex_lock(&nc->mu);
+        cl_nccl_work *batch = nccl_take_batch_locked(nc, &root);
+        pthread_mutex_unlock(&nc->mu);
+        nccl_publish(nc, batch, root, true);
+        nccl_published(nc);
+    }
+    nc->core->want_poll(nc->bc, true, nc->poll_us); /* watch the bound */
+}
+
+void cl_nccl_adopt(void *state, collie_work *w, int status, const char *msg) {
+    cl_nccl_comm *nc = state;
+    cl_nccl_work *nw = nc->core->work_backend_data(w);
+    bool now = false, overrun = false;
+    pthread_mutex_lock(&nc->mu);
+    if (nw->adopted) { /* the core claims a work once: cannot happen */
+        pthread_mutex_unlock(&nc->mu);
+        return;
+    }
+    nw->adopted = nw->claimed = nw->finished = true;
+    nw->late = false; /* the abort's late path must not claim it again */
+    nw->adopt_status = status;
+    snprintf(nw->adopt_msg, sizeof nw->adopt_msg, "%s", msg ? msg : "deadline passed");
+    if (!nw->linked || nccl_gpu_done_locked(nc, nw)) {
+        now = true; /* the GPU is done with it: nothing to wait for */
+    } else if (nc->aborting && !nc->batch_taken) {
+        nw->batch_next = nc->batch; /* the abort is quiescing: join its batch */
+        nc->batch = nw;
+    } else if (nc->aborting) {
+        now = true; /* the batch is out: quiesced, or past the bound */
+        overrun = !nc->abort_done;
+    } /* else it stays on the list: the abort that follows (fault or the core) batches it */
+    pthread_mutex_unlock(&nc->mu);
+    if (now)
+        nc->core->work_publish(w, status, "%s%s", nw->adopt_msg, overrun ? nccl_overrun_note : "");
+}
+
+void cl_nccl_abort_poll(cl_nccl_comm *nc) {
+    cl_nccl_work *late = NULL, **late_tail = &late, *overrun = NULL;
+    const cl_nccl_work *root = NULL, *late_root;
+    collie_work *done[64];
+    size_t ndone = 0;
+    bool overran = false;
+    pthread_mutex_lock(&nc->mu);
+    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+        if (!nw->late) continue;
+        if (collie_work_test(nw->w)) {
+            nw->late = false;
+            nw->finished = true;
+            continue;
+        }
+        if (!cl_nccl_work_active(nc->core, nw->w)) continue; /* still not started */
+        if (nccl_gpu_done_locked(nc, nw)) {                  /* it made it before the abort */
+            if (ndone == 64) continue;
+            nw->late = false;
+            nw->finished = true;
+            done[ndone++] = nw->w;
+            continue;
+        }
+        nw->late = false;
+        nw->finished = true;
+        if (!nc->core->work_claim(nw->w)) continue;
+        nw->claimed = true;
+        nw->batch_next = NULL;
+        if (!nc->batch_taken) { /* it waits for the quiesce with the others */
+            nw->batch_next = nc->batch;
+            nc->batch = nw;
+        } else {
+            *late_tail = nw;
+            late_tail = &nw->batch_next;
+        }
+    }
+    late_root = nc->root;
+    if (!nc->batch_taken &&
+        cl_nccl_now_ns() - nc->abort_start_ns > (int64_t)nc->abort_timeout_ms * 1000000) {
+        overran = true;
+        overrun = nccl_take_batch_locked(nc, &root);
+    }
+    bool need = cl_nccl_poll_needed_locked(nc);
+    if (!need) nc->poll_hint = false;
+    bool quiesced = nc->abort_done;
+    pthread_mutex_unlock(&nc->mu);
+
+    for (size_t i = 0; i < ndone; i++)
+        nc->core->work_finish(done[i], COLLIE_OK, NULL);
+    if (overran) {
+        nc->core->log(0, NCCL_MOD,
+                      "comm '%s' rank %d: ncclCommAbort has not finished after %d ms; failing "
+                      "the works anyway (their buffers may still be in use by the GPU)",
+                      nc->core->name(nc->bc), nc->rank, (int)nc->abort_timeout_ms);
+        nccl_publish(nc, overrun, root, true);
+        nccl_published(nc);
+    }
+    nccl_publish(nc, late, late_root, !quiesced);
+    if (!need) nc->core->want_poll(nc->bc, false, 0);
+}
+
+void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc) {
+    pthread_mutex_lock(&nc->mu);
+    if (!nc->aborting) {
+        pthread_mutex_unlock(&nc->mu);
+        return;
+    }
+    nc->destroying = true;
+    int64_t until = nc->abort_start_ns + (int64_t)nc->abort_timeout_ms * 1000000;
+    struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    while (!nc->abort_done && !nc->batch_taken && cl_nccl_now_ns() < until)
+        pthread_cond_timedwait(&nc->cv, &nc->mu, &ts);
+    /* the helper may have taken the batch just before: its publishing is quick */
+    until = cl_nccl_now_ns() + 2000000000LL;
+    ts = (struct timespec){.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    while (nc->batch_taken && !nc->batch_published && cl_nccl_now_ns() < until)
+        pthread_cond_timedwait(&nc->cv, &nc->mu, &ts);
+    bool mine = !nc->batch_taken, overran = !nc->abort_done;
+    const cl_nccl_work *root;
+    cl_nccl_work *batch = nccl_take_batch_locked(nc, &root);
+    pthread_mutex_unlock(&nc->mu);
+    if (!mine) return;
+    if (overran)
+        nc->core->log(0, NCCL_MOD,
+                      "comm '%s' rank %d: destroyed while ncclCommAbort is still running",
+                      nc->core->name(nc->bc), nc->rank);
+    nccl_publish(nc, batch, root, overran);
+    nccl_published(nc);
+}
+
+void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm) {
+    if (nccl_helper_start(nc, comm, false) == 0) return;
+    cudaSetDevice(nc->dev); /* no thread: release it here (idle, so quick) */
+    ncclCommAbort(comm);
+}

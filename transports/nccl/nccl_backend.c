@@ -1,0 +1,451 @@
+/*
+ * nccl_backend.c — the NCCL transport plugin: its ops table, settings,
+ * communicator init and destroy.
+ *
+ * Design notes
+ *  - Init never blocks the loop. A setup thread asks CUDA for the devices
+ *    (the first CUDA call can take long: driver and context start-up),
+ *    makes the internal stream and, on rank 0, the ncclUniqueId. The loop
+ *    then moves the id through the store ("nccl/uid" under the comm's
+ *    namespace, which carries its generation), calls the non-blocking
+ *    ncclCommInitRankConfig (config.blocking = 0) and polls
+ *    ncclCommGetAsyncError from the poll hook until it leaves
+ *    ncclInProgress; init_done reports the result. The bound is the comm's
+ *    creation timeout (below): past it init fails and the core aborts the
+ *    comm, which aborts the NCCL communicator being built (nccl_abort.c).
+ *  - No usable GPU (cudaGetDeviceCount fails — "insufficient driver" on a
+ *    machine without one — or reports 0) fails init with COLLIE_EBACKEND
+ *    "no CUDA device: <why>".
+ *  - Device: the comm's `device` option (core->device) when given (one past
+ *    the devices CUDA reports fails init with COLLIE_EINVAL), else rank %
+ *    device count (as PyTorch guesses when it is not told). With one
+ *    process per GPU and CUDA_VISIBLE_DEVICES that is device 0.
+ *  - Init is bounded by the comm's creation timeout (core->create_timeout_ms),
+ *    counted from init: the unique id's store get gets what is left of it,
+ *    and the poll hook fails init with COLLIE_ETIMEDOUT "NCCL init did not
+ *    complete within X ms" when the CUDA setup or NCCL's init outlives it
+ *    (the core's own creation deadline is a backstop behind it).
+ *  - Lifetime: cl_nccl_comm is referenced by the backend (dropped by
+ *    destroy) and by each helper thread; the last reference frees the
+ *    stream, the events and the scratch buffer. After destroy nothing
+ *    calls the core with this comm's handle.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "transports/nccl/nccl_backend.h"
+
+#define NCCL_UID_KEY          "nccl/uid"
+#define NCCL_POLL_US_DEFAULT  200
+#define NCCL_ABORT_MS_DEFAULT 10000
+
+typedef struct cl_nccl_store_ctx {
+    cl_nccl_comm *nc; /* NULL once destroy ran */
+} cl_nccl_store_ctx;
+
+int64_t cl_nccl_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+const char *cl_nccl_strerror(ncclResult_t r, ncclComm_t comm, char *buf, size_t len) {
+    const char *detail = comm ? ncclGetLastError(comm) : NULL;
+    if (detail && detail[0])
+        snprintf(buf, len, "%s (%s)", ncclGetErrorString(r), detail);
+    else
+        snprintf(buf, len, "%s", ncclGetErrorString(r));
+    return buf;
+}
+
+void cl_nccl_hold(cl_nccl_comm *nc) {
+    atomic_fetch_add_explicit(&nc->refs, 1, memory_order_relaxed);
+}
+
+void cl_nccl_release(cl_nccl_comm *nc) {
+    if (atomic_fetch_sub_explicit(&nc->refs, 1, memory_order_acq_rel) != 1) return;
+    if (nc->stream || nc->npool || nc->scratch) cudaSetDevice(nc->dev);
+    for (size_t i = 0; i < nc->npool; i++)
+        cudaEventDestroy(nc->pool[i]);
+    free(nc->pool);
+    if (nc->scratch) cudaFree(nc->scratch);
+    if (nc->stream) cudaStreamDestroy(nc->stream);
+    pthread_cond_destroy(&nc->cv);
+    pthread_mutex_destroy(&nc->mu);
+    free(nc);
+}
+
+/* ---- polling ------------------------------------------------------------------ */
+
+bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc) {
+    if (nc->destroyed) return false;
+    if (nc->aborting) {
+        if (!nc->batch_taken) return true;
+        for (const cl_nccl_work *nw = nc->head; nw; nw = nw->next)
+            if (nw->late) return true;
+        return false;
+    }
+    switch (nc->phase) {
+    case NCCL_SETUP:
+    case NCCL_INIT: return true;
+    case NCCL_READY: return nc->head != NULL || nc->nccl_inprogress;
+    default: return false;
+    }
+}
+
+void cl_nccl_poll_set(cl_nccl_comm *nc, bool on) {
+    pthread_mutex_lock(&nc->mu);
+    bool call = on != nc->poll_hint || !on; /* "off" is cheap and self-correcting */
+    nc->poll_hint = on;
+    bool destroyed = nc->destroyed;
+    pthread_mutex_unlock(&nc->mu);
+    if (call && !destroyed) nc->core->want_poll(nc->bc, on, nc->poll_us);
+}
+
+/* ---- settings ------------------------------------------------------------------- */
+
+/* A setting the core may not know yet is read from the environment; an
+ * invalid value is an error, never a silent default. */
+static int nccl_setting(const collie_core_services *core, const char *name, int32_t dflt,
+                        int32_t min, int32_t *out, char *why, size_t len) {
+    const char *v = core->setting(name);
+    if (!v) v = getenv(name);
+    *out = dflt;
+    if (!v) return COLLIE_OK;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < min || x > INT32_MAX) {
+        snprintf(why, len, "%s='%s' is invalid: expected an integer >= %d", name, v, (int)min);
+        return COLLIE_EINVAL;
+    }
+    *out = (int32_t)x;
+    return COLLIE_OK;
+}
+
+/* ---- setup thread ---------------------------------------------------------------- */
+
+static void *nccl_setup_main(void *arg) {
+    cl_nccl_comm *nc = arg;
+    int status = COLLIE_OK, ndev = 0, dev = 0;
+    char msg[256] = "";
+    cudaStream_t stream = NULL;
+    void *scratch = NULL;
+    ncclUniqueId uid;
+    memset(&uid, 0, sizeof uid);
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    ncclResult_t nr = ncclSuccess;
+    if (ce != cudaSuccess) {
+        status = COLLIE_EBACKEND;
+        snprintf(msg, sizeof msg, "no CUDA device: %s", cudaGetErrorString(ce));
+    } else if (ndev < 1) {
+        status = COLLIE_EBACKEND;
+        snprintf(msg, sizeof msg, "no CUDA device: cudaGetDeviceCount reports none");
+    } else if (nc->dev_opt >= ndev) {
+        status = COLLIE_EINVAL;
+        snprintf(msg, sizeof msg, "the comm's device option is %d but CUDA reports %d device%s",
+                 nc->dev_opt, ndev, ndev == 1 ? "" : "s");
+    } else {
+        dev = nc->dev_opt >= 0 ? nc->dev_opt : nc->rank % ndev;
+        if ((ce = cudaSetDevice(dev)) != cudaSuccess ||
+            (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
+            (ce = cudaMalloc(&scratch, 4)) != cudaSuccess) {
+            status = COLLIE_EBACKEND;
+            snprintf(msg, sizeof msg, "CUDA device %d: %s", dev, cudaGetErrorString(ce));
+        } else if (nc->rank == 0 && (nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
+            status = COLLIE_EBACKEND;
+            snprintf(msg, sizeof msg, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
+        }
+    }
+    if (status == COLLIE_OK)
+        nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: CUDA device %d of %d (%s)",
+                      nc->core->name(nc->bc), nc->rank, dev, ndev,
+                      nc->dev_opt >= 0 ? "the device option" : "rank % devices");
+    pthread_mutex_lock(&nc->mu);
+    nc->dev = dev;
+    nc->stream = stream; /* freed with nc, whatever happens next */
+    nc->scratch = scratch;
+    nc->uid = uid;
+    nc->setup_status = status;
+    snprintf(nc->setup_msg, sizeof nc->setup_msg, "%s", msg);
+    nc->setup_done = true;
+    pthread_mutex_unlock(&nc->mu);
+    cl_nccl_release(nc);
+    return NULL;
+}
+
+/* ---- unique id exchange and NCCL init (loop) -------------------------------------- */
+
+static void nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg) {
+    pthread_mutex_lock(&nc->mu);
+    nc->phase = NCCL_DEAD;
+    pthread_mutex_unlock(&nc->mu);
+    nc->core->init_done(nc->bc, status, "%s", msg);
+}
+
+static void nccl_comm_init(cl_nccl_comm *nc) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0; /* init, collectives and abort never wedge the caller */
+    cfg.commName = nc->core->name(nc->bc);
+    char why[400];
+    pthread_mutex_lock(&nc->mu);
+    if (nc->aborting || nc->phase != NCCL_UID) {
+        pthread_mutex_unlock(&nc->mu);
+        return;
+    }
+    cudaSetDevice(nc->dev); /* NCCL binds the communicator to the current device */
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nc->size, nc->uid, nc->rank, &cfg);
+    if (r == ncclSuccess || r == ncclInProgress) {
+        nc->comm = comm;
+        nc->phase = NCCL_INIT;
+    }
+    pthread_mutex_unlock(&nc->mu);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        char err[256];
+        snprintf(why, sizeof why, "ncclCommInitRankConfig: %s",
+                 cl_nccl_strerror(r, NULL, err, sizeof err));
+        nccl_init_fail(nc, COLLIE_EBACKEND, why);
+        return;
+    }
+    cl_nccl_poll_set(nc, true);
+}
+
+static void nccl_on_store(collie_work *w, void *arg) {
+    cl_nccl_store_ctx *ctx = arg;
+    cl_nccl_comm *nc = ctx->nc;
+    free(ctx);
+    int st = collie_work_result(w);
+    if (!nc) { /* destroyed meanwhile */
+        collie_work_release(w);
+        return;
+    }
+    nc->store_req = NULL;
+    nc->store_ctx = NULL;
+    char why[600];
+    if (st == COLLIE_OK && nc->rank != 0) {
+        const void *val = NULL;
+        size_t len = 0;
+        nc->core->store_value(w, &val, &len);
+        if (len != sizeof(ncclUniqueId)) {
+            snprintf(why, sizeof why, "the NCCL unique id in the store has %zu bytes, not %zu", len,
+                     sizeof(ncclUniqueId));
+            collie_work_release(w);
+            nccl_init_fail(nc, COLLIE_EPROTO, why);
+            return;
+        }
+        pthread_mutex_lock(&nc->mu);
+        memcpy(&nc->uid, val, len);
+        pthread_mutex_unlock(&nc->mu);
+    }
+    if (st != COLLIE_OK) {
+        char bound[80] = "";
+        if (st == COLLIE_ETIMEDOUT && nc->create_timeout_ms > 0)
+            snprintf(bound, sizeof bound, "NCCL init did not complete within %d ms: ",
+                     (int)nc->create_timeout_ms);
+        snprintf(why, sizeof why, "%sexchanging the NCCL unique id through the store: %s", bound,
+                 collie_work_error_message(w));
+        collie_work_release(w);
+        if (st != COLLIE_ECANCELED) nccl_init_fail(nc, st, why);
+        return;
+    }
+    collie_work_release(w);
+    nccl_comm_init(nc);
+}
+
+/* What is left of init's bound, in ms (COLLIE_TIMEOUT_INFINITE: none). */
+static int32_t nccl_init_left_ms(const cl_nccl_comm *nc) {
+    if (nc->create_timeout_ms <= 0) return COLLIE_TIMEOUT_INFINITE;
+    int64_t left = nc->create_timeout_ms - (cl_nccl_now_ns() - nc->init_start_ns) / 1000000;
+    return left < 1 ? 1 : (int32_t)left;
+}
+
+/* Setup finished (loop, from the poll hook): move the unique id. */
+static void nccl_setup_finished(cl_nccl_comm *nc, int status, const char *msg) {
+    if (status != COLLIE_OK) {
+        nccl_init_fail(nc, status, msg);
+        return;
+    }
+    cl_nccl_store_ctx *ctx = malloc(sizeof *ctx);
+    if (!ctx) {
+        nccl_init_fail(nc, COLLIE_ENOMEM, "no memory for the unique id exchange");
+        return;
+    }
+    ctx->nc = nc;
+    nc->store_ctx = ctx;
+    int r;
+    if (nc->rank == 0)
+        r = nc->core->store_set(nc->bc, NCCL_UID_KEY, &nc->uid, sizeof nc->uid, nccl_on_store, ctx,
+                                &nc->store_req);
+    else /* what is left of init's bound (the comm's creation timeout) */
+        r = nc->core->store_get(nc->bc, NCCL_UID_KEY, nccl_init_left_ms(nc), nccl_on_store, ctx,
+                                &nc->store_req);
+    if (r != COLLIE_OK) {
+        nc->store_ctx = NULL;
+        free(ctx);
+        nccl_init_fail(nc, r, "posting the NCCL unique id exchange to the store failed");
+    }
+}
+
+/* The init part of the poll hook (loop). Returns false once init is over. */
+static bool nccl_poll_init(cl_nccl_comm *nc) {
+    enum { NOTHING, SETUP_DONE, READY, FAILED } what = NOTHING;
+    int status = COLLIE_EBACKEND;
+    char msg[400] = "", err[300];
+    pthread_mutex_lock(&nc->mu);
+    if (nc->aborting || (nc->phase != NCCL_SETUP && nc->phase != NCCL_INIT)) {
+        pthread_mutex_unlock(&nc->mu);
+        return false;
+    }
+    if (nc->phase == NCCL_SETUP) {
+        if (nc->setup_done) {
+            nc->phase = NCCL_UID;
+            what = SETUP_DONE;
+            status = nc->setup_status;
+            snprintf(msg, sizeof msg, "%s", nc->setup_msg);
+        }
+    } else {
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
+        if (r != ncclSuccess) st = r;
+        if (st == ncclSuccess) {
+            nc->phase = NCCL_READY;
+            what = READY;
+        } else if (st != ncclInProgress) {
+            what = FAILED;
+            snprintf(msg, sizeof msg, "NCCL communicator init failed: %s",
+                     cl_nccl_strerror(st, nc->comm, err, sizeof err));
+        }
+    }
+    if (what == NOTHING && nc->create_timeout_ms > 0 &&
+        cl_nccl_now_ns() - nc->init_start_ns > (int64_t)nc->create_timeout_ms * 1000000) {
+        what = FAILED; /* the core then aborts the communicator being built */
+        status = COLLIE_ETIMEDOUT;
+        snprintf(msg, sizeof msg, "NCCL init did not complete within %d ms (%s)",
+                 (int)nc->create_timeout_ms,
+                 nc->phase == NCCL_SETUP ? "the CUDA setup is still running"
+                                         : "ncclCommInitRankConfig is still in progress");
+    }
+    pthread_mutex_unlock(&nc->mu);
+    switch (what) {
+    case SETUP_DONE:
+        cl_nccl_poll_set(nc, false); /* nothing to poll while the store works */
+        nccl_setup_finished(nc, status, msg);
+        break;
+    case READY:
+        nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: NCCL communicator ready",
+                      nc->core->name(nc->bc), nc->rank);
+        nc->core->init_done(nc->bc, COLLIE_OK, NULL);
+        break;
+    case FAILED: nccl_init_fail(nc, status, msg); break;
+    default: break;
+    }
+    return true;
+}
+
+/* ---- ops -------------------------------------------------------------------------- */
+
+static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    cl_nccl_comm *nc = calloc(1, sizeof *nc);
+    if (!nc) return COLLIE_ENOMEM;
+    nc->bc = bc;
+    nc->core = core;
+    nc->rank = core->rank(bc);
+    nc->size = core->size(bc);
+    nc->dev_opt = core->device(bc);
+    nc->create_timeout_ms = core->create_timeout_ms(bc);
+    nc->init_start_ns = cl_nccl_now_ns();
+    atomic_init(&nc->refs, 1);
+    pthread_mutex_init(&nc->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&nc->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    nc->phase = NCCL_SETUP;
+    *state = nc; /* destroy frees it, whatever happens next */
+    char why[200];
+    if (nccl_setting(core, "COLLIE_NCCL_POLL_US", NCCL_POLL_US_DEFAULT, 1, &nc->poll_us, why,
+                     sizeof why) != COLLIE_OK ||
+        nccl_setting(core, "COLLIE_NCCL_ABORT_TIMEOUT_MS", NCCL_ABORT_MS_DEFAULT, 1,
+                     &nc->abort_timeout_ms, why, sizeof why) != COLLIE_OK) {
+        nccl_init_fail(nc, COLLIE_EINVAL, why);
+        return COLLIE_OK;
+    }
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    cl_nccl_hold(nc);
+    int e = pthread_create(&t, &at, nccl_setup_main, nc);
+    pthread_attr_destroy(&at);
+    if (e != 0) {
+        cl_nccl_release(nc);
+        snprintf(why, sizeof why, "cannot start the CUDA setup thread: %s", strerror(e));
+        nccl_init_fail(nc, COLLIE_ESYSTEM, why);
+        return COLLIE_OK;
+    }
+    cl_nccl_poll_set(nc, true);
+    return COLLIE_OK;
+}
+
+/* The poll hook: init steps, then (nccl_progress.c) completions. */
+static void nccl_poll_hook(void *state) {
+    cl_nccl_comm *nc = state;
+    if (nccl_poll_init(nc)) return;
+    cl_nccl_poll(nc);
+}
+
+static void nccl_destroy(void *state) {
+    cl_nccl_comm *nc = state;
+    if (!nc) return;
+    cl_nccl_abort_finish_for_destroy(nc); /* publishes anything the abort still holds */
+    pthread_mutex_lock(&nc->mu);
+    nc->destroyed = true;
+    ncclComm_t comm = nc->comm; /* never aborted: an idle destroy */
+    nc->comm = NULL;
+    /* works finished here (the abort's batch) retire after us: the core calls
+     * their detach with a NULL state, so let go of them now */
+    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+        cl_nccl_event_put_locked(nc, nw->start_ev, nw->gpu_done);
+        cl_nccl_event_put_locked(nc, nw->end_ev, nw->gpu_done);
+        nw->start_ev = nw->end_ev = NULL;
+        nw->linked = false;
+    }
+    nc->head = nc->tail = NULL;
+    cl_nccl_store_ctx *ctx = nc->store_ctx;
+    collie_work *req = nc->store_req;
+    nc->store_ctx = NULL;
+    nc->store_req = NULL;
+    pthread_mutex_unlock(&nc->mu);
+    if (ctx) { /* its callback frees the context and releases the request */
+        ctx->nc = NULL;
+        collie_work_cancel(req);
+    }
+    if (comm) cl_nccl_comm_release_async(nc, comm);
+    cl_nccl_release(nc);
+}
+
+static const collie_backend_ops nccl_ops = {
+    .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .name = "nccl",
+    .device = "cuda",
+    .flags = COLLIE_BACKEND_POST_ON_CALLER,
+    .work_data_size = sizeof(cl_nccl_work),
+    .init = nccl_init,
+    .start = cl_nccl_start,
+    .detach = cl_nccl_detach,
+    .poll = nccl_poll_hook,
+    .wait_stream = cl_nccl_wait_stream,
+    .abort = cl_nccl_abort,
+    .destroy = nccl_destroy,
+    .adopt = cl_nccl_adopt,
+};
+
+/* collie_backend_plugin_v1: the one symbol collie looks up in the plugin. */
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void);
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void) { return &nccl_ops; }

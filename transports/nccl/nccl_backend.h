@@ -1,0 +1,147 @@
+/*
+ * nccl_backend.h — the NCCL transport plugin (libcollie_nccl.so): state
+ * shared by its files. Uses only collie.h, collie_backend.h and the
+ * CUDA/NCCL headers; everything from the core comes through `core`.
+ *
+ *   nccl_backend.c   ops table, settings, init (device, unique id, NCCL
+ *                    communicator), destroy, references
+ *   nccl_post.c      start (caller's thread): the NCCL calls, launching,
+ *                    wait_stream
+ *   nccl_progress.c  poll and detach (loop): completions, async errors
+ *   nccl_abort.c     abort and adopt: claim, ncclCommAbort off the loop,
+ *                    publish
+ *
+ * Lock: one mutex per comm (mu) guards everything below marked "mu". It is
+ * taken on the posting thread (inside the core's comm lock: order core comm
+ * lock → mu), on the loop and on the helper threads. Nothing calls into the
+ * core while holding it except the work-state atomics (busy_enter/exit,
+ * claim), which never call back.
+ */
+#ifndef CL_NCCL_BACKEND_H
+#define CL_NCCL_BACKEND_H
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "collie_backend.h"
+
+#define NCCL_MOD "nccl"
+
+enum nccl_phase {
+    NCCL_SETUP = 0, /* the setup thread picks the device, makes the stream */
+    NCCL_UID,       /* the unique id travels through the store */
+    NCCL_INIT,      /* ncclCommInitRankConfig returned; polling its state */
+    NCCL_READY,     /* collectives may run */
+    NCCL_DEAD,      /* init failed or the comm was aborted: no NCCL call any more */
+};
+
+enum nccl_wstate {
+    NCCL_W_QUEUED = 0, /* not given to NCCL yet (an earlier call is in progress) */
+    NCCL_W_LAUNCHING,  /* NCCL returned ncclInProgress for it */
+    NCCL_W_LAUNCHED,   /* enqueued; end event recorded */
+};
+
+typedef struct cl_nccl_comm cl_nccl_comm;
+typedef struct cl_nccl_work cl_nccl_work;
+
+/* Per-work state; lives inside the core's work (work_data_size). */
+struct cl_nccl_work {
+    collie_work *w;
+    cl_nccl_comm *nc;
+    collie_coll_args args;
+    cudaEvent_t start_ev, end_ev;
+    int state;              /* enum nccl_wstate (mu) */
+    bool linked;            /* on nc's pending list (mu) */
+    bool gpu_done;          /* end event completed (mu) */
+    bool finished;          /* finished, or handed to someone who will finish it (mu) */
+    bool claimed;           /* claimed by the abort; published with the batch (mu) */
+    bool late;              /* the abort found it not yet started by the core (mu) */
+    bool adopted;           /* the core claimed it (deadline) and handed it over (mu) */
+    int adopt_status;       /* ... to be published with this, after the quiesce */
+    char adopt_msg[192];
+    cudaError_t record_err; /* cudaEventRecord of end_ev failed (mu) */
+    ncclResult_t issue_err; /* NCCL refused it when the poll hook issued it (mu) */
+    cl_nccl_work *next, *prev, *batch_next;
+};
+
+struct cl_nccl_comm {
+    collie_bcomm *bc;
+    const collie_core_services *core;
+    int rank, size, dev;
+    int dev_opt; /* the comm's `device` option (-1: rank % devices) */
+    int32_t poll_us, abort_timeout_ms;
+    int32_t create_timeout_ms; /* the bound of init (<= 0: none) */
+    int64_t init_start_ns;
+    _Atomic int refs; /* the backend's + each helper thread's */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* abort progress (destroy waits, bounded) */
+
+    /* mu */
+    int phase;
+    bool poll_hint, destroyed;
+    ncclComm_t comm;
+    cudaStream_t stream;  /* the internal stream every NCCL call runs on */
+    void *scratch;        /* 4 device bytes for barriers */
+    bool nccl_inprogress; /* a call returned ncclInProgress: no other NCCL call yet */
+    cl_nccl_work *head, *tail;
+    cudaEvent_t *pool;
+    size_t npool, cappool;
+
+    /* setup thread → loop (mu) */
+    bool setup_done;
+    int setup_status;
+    char setup_msg[256];
+    ncclUniqueId uid;
+
+    /* the store request in flight during init (loop) */
+    collie_work *store_req;
+    struct cl_nccl_store_ctx *store_ctx;
+
+    /* abort (mu) */
+    bool aborting, abort_done, batch_taken, batch_published, destroying;
+    int abort_status;
+    char abort_reason[512];
+    int64_t abort_start_ns;
+    cl_nccl_work *batch;
+    cl_nccl_work *root; /* claimed by a fault before the abort (async error) */
+    int root_status;
+    char root_msg[512];
+};
+
+/* nccl_backend.c */
+void cl_nccl_hold(cl_nccl_comm *nc);
+void cl_nccl_release(cl_nccl_comm *nc);
+int64_t cl_nccl_now_ns(void);
+const char *cl_nccl_strerror(ncclResult_t r, ncclComm_t comm, char *buf, size_t len);
+/* want_poll when the wish differs from the hint (call without mu) */
+void cl_nccl_poll_set(cl_nccl_comm *nc, bool on);
+/* whether the loop must keep polling (mu) */
+bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc);
+
+/* nccl_post.c */
+int cl_nccl_start(void *state, collie_work *w, const collie_coll_args *a);
+int cl_nccl_wait_stream(void *state, collie_work *w, void *stream);
+/* after ncclInProgress: finish launching once NCCL is done (mu) */
+void cl_nccl_launch_progress_locked(cl_nccl_comm *nc);
+void cl_nccl_event_put_locked(cl_nccl_comm *nc, cudaEvent_t ev, bool reusable);
+
+/* nccl_progress.c */
+void cl_nccl_poll(void *state);
+void cl_nccl_detach(void *state, collie_work *w);
+/* the core has run start for w (it may be finished) */
+bool cl_nccl_work_active(const collie_core_services *core, collie_work *w);
+
+/* nccl_abort.c */
+void cl_nccl_abort(void *state, int status, const char *reason);
+/* the core claimed w at its deadline: publish it with the abort's batch (loop) */
+void cl_nccl_adopt(void *state, collie_work *w, int status, const char *msg);
+/* loop, while aborting: claim late works, watch the bound */
+void cl_nccl_abort_poll(cl_nccl_comm *nc);
+/* destroy: wait (bounded) for the abort; publish what is left */
+void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc);
+/* release a NCCL communicator off the loop (destroy without abort) */
+void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm);
+
+#endif
