@@ -22,6 +22,8 @@
 #include <cmocka.h>
 
 #include "collie.h"
+#include "engine/engine.h"
+#include "store/server.h"
 
 /* Every wait in the store tests is bounded by this. */
 #define FX_WAIT_MS 10000
@@ -85,6 +87,25 @@ static inline void fx_stop(store_fx *fx) {
     collie_store_server_destroy(fx->srv);
     assert_int_equal(collie_engine_destroy(fx->e), COLLIE_OK);
     memset(fx, 0, sizeof *fx);
+}
+
+typedef struct fx_waits_probe {
+    collie_store_server *srv;
+    size_t waits;
+} fx_waits_probe;
+
+static inline void fx_probe_waits(void *arg) {
+    fx_waits_probe *p = arg;
+    p->waits = 0;
+    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
+        p->waits += c->nwaits;
+}
+
+/* Waiting requests the server holds right now (read on its loop). */
+static inline size_t fx_server_waits(collie_engine *e, collie_store_server *srv) {
+    fx_waits_probe p = {srv, 0};
+    assert_int_equal(cl_engine_call(e, fx_probe_waits, &p, FX_WAIT_MS), COLLIE_OK);
+    return p.waits;
 }
 
 /* Wait (bounded) for a posted work; returns its status. */

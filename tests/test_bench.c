@@ -10,22 +10,14 @@
  * launcher a failed test left behind (its ranks die with it: collie-run
  * sets PR_SET_PDEATHSIG). CLTEST_QUICK selects smaller sizes (sanitizers).
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "harness.h"
-
-extern char **environ;
+#include "spawn.h"
 
 #define RUN_BOUND_MS 50000 /* no run of a test takes longer than this */
-#define RUN_MAX_ARGS 40
 #define NUM_OPS      9
 
 static const char *const op_names[NUM_OPS] = {"allreduce", "broadcast",      "reduce",
@@ -39,173 +31,26 @@ static bool quick(void) {
 
 /* ---- running a program ------------------------------------------------------- */
 
-typedef struct run {
-    bool started;
-    pid_t pid;     /* > 0 until reaped */
-    int fds[2];    /* its stdout and stderr, -1 at EOF */
-    char *text[2]; /* what they said, NUL-terminated */
-    size_t len[2];
-    int64_t start_ms, elapsed_ms;
-    int status; /* exit code, 128+signal if killed, -1 while running */
-} run;
-
-/* The one run at a time: static, so the teardown can clean up after a
- * failed assertion. */
-static run the_run;
-
-static const char *bin_path(const char *name) {
-    static char path[2][4096];
-    static int next;
-    const char *dir = getenv("CLTEST_BUILD_DIR");
-    char *p = path[next++ % 2];
-    snprintf(p, sizeof path[0], "%s/bin/%s", dir && *dir ? dir : "build", name);
-    return p;
-}
-
 /* Start `prog` (a bin/ tool) with args (NULL-terminated) and our
  * environment minus every COLLIE_* variable. */
-static run *run_start(const char *prog, const char *const *args) {
-    run *r = &the_run;
-    assert_false(r->started);
-    memset(r, 0, sizeof *r);
-    r->started = true;
-    r->status = -1;
-    r->fds[0] = r->fds[1] = -1;
-    for (int i = 0; i < 2; i++)
-        assert_non_null(r->text[i] = calloc(1, 1));
-    const char *argv[RUN_MAX_ARGS + 2] = {bin_path(prog)};
-    size_t n = 1;
-    for (size_t i = 0; args[i]; i++) {
-        assert_true(n < RUN_MAX_ARGS);
-        argv[n++] = args[i];
-    }
-    assert_int_equal(access(argv[0], X_OK), 0);
-    size_t nenv = 0;
-    while (environ[nenv])
-        nenv++;
-    char **envp = calloc(nenv + 1, sizeof *envp);
-    assert_non_null(envp);
-    for (size_t i = 0, k = 0; i < nenv; i++)
-        if (strncmp(environ[i], "COLLIE_", 7) != 0) envp[k++] = environ[i];
-
-    int out[2], err[2];
-    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
-    r->start_ms = now_ms();
-    r->pid = fork();
-    assert_true(r->pid >= 0);
-    if (r->pid == 0) {
-        int devnull = open("/dev/null", O_RDONLY);
-        dup2(devnull, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        execve(argv[0], (char *const *)argv, envp);
-        _exit(126);
-    }
-    free(envp);
-    close(out[1]);
-    close(err[1]);
-    r->fds[0] = out[0];
-    r->fds[1] = err[0];
-    for (int i = 0; i < 2; i++)
-        fcntl(r->fds[i], F_SETFL, O_NONBLOCK);
-    return r;
-}
-
-/* Read whatever arrives within timeout_ms. */
-static void run_pump(run *r, int timeout_ms) {
-    struct pollfd p[2];
-    int map[2], n = 0;
-    for (int i = 0; i < 2; i++)
-        if (r->fds[i] >= 0) {
-            p[n] = (struct pollfd){.fd = r->fds[i], .events = POLLIN};
-            map[n++] = i;
-        }
-    if (n == 0 || poll(p, (nfds_t)n, timeout_ms) <= 0) return;
-    for (int j = 0; j < n; j++) {
-        if (!p[j].revents) continue;
-        int i = map[j];
-        char buf[65536];
-        ssize_t got = read(r->fds[i], buf, sizeof buf);
-        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (got <= 0) {
-            close(r->fds[i]);
-            r->fds[i] = -1;
-            continue;
-        }
-        r->text[i] = realloc(r->text[i], r->len[i] + (size_t)got + 1);
-        assert_non_null(r->text[i]);
-        memcpy(r->text[i] + r->len[i], buf, (size_t)got);
-        r->len[i] += (size_t)got;
-        r->text[i][r->len[i]] = '\0';
-    }
-}
-
-static void run_dump(const run *r) {
-    print_error("exit status %d after %lld ms\n--- stdout:\n%s\n--- stderr:\n%s\n---\n", r->status,
-                (long long)r->elapsed_ms, r->text[0], r->text[1]);
-}
-
-#define assert_run(r, cond)                                                                        \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            run_dump(r);                                                                           \
-            fail_msg("%s", #cond);                                                                 \
-        }                                                                                          \
-    } while (0)
-
-/* Read until both pipes close and the program exits; fail (the teardown
- * then kills it) if that takes longer than RUN_BOUND_MS from its start. */
-static void run_finish(run *r) {
-    int64_t deadline = r->start_ms + RUN_BOUND_MS;
-    while ((r->fds[0] >= 0 || r->fds[1] >= 0) && now_ms() < deadline)
-        run_pump(r, (int)(deadline - now_ms() < 100 ? deadline - now_ms() : 100));
-    int ws = 0;
-    pid_t got;
-    while ((got = waitpid(r->pid, &ws, WNOHANG)) == 0 && now_ms() < deadline)
-        usleep(5000);
-    r->elapsed_ms = now_ms() - r->start_ms;
-    if (got != r->pid) {
-        run_dump(r);
-        fail_msg("%s did not finish within %d ms", "the run", RUN_BOUND_MS);
-    }
-    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    r->pid = 0;
-}
-
-static void run_free(run *r) {
-    if (!r->started) return;
-    if (r->pid > 0) { /* a failed test left it running */
-        kill(r->pid, SIGKILL);
-        waitpid(r->pid, NULL, 0);
-    }
-    for (int i = 0; i < 2; i++) {
-        if (r->fds[i] >= 0) close(r->fds[i]);
-        free(r->text[i]);
-    }
-    memset(r, 0, sizeof *r);
-}
-
-static int run_teardown(void **state) {
-    (void)state;
-    run_free(&the_run);
-    return 0;
+static spawn_proc *run_start(const char *prog, const char *const *args) {
+    return spawn_start(prog, args, NULL, RUN_BOUND_MS);
 }
 
 /* collie-run -n ranks --timeout 120 -- collie-bench bench_args..., to the end. */
-static run *bench_run(int ranks, const char *const *bench_args) {
+static spawn_proc *bench_run(int ranks, const char *const *bench_args) {
     char n[16];
     snprintf(n, sizeof n, "%d", ranks);
-    const char *args[RUN_MAX_ARGS + 1] = {"-n",  n,    "--timeout",
-                                          "120", "--", bin_path("collie-bench")};
+    const char *args[SPAWN_MAX_ARGS + 1] = {"-n",  n,    "--timeout",
+                                            "120", "--", spawn_bin_path("collie-bench")};
     size_t k = 6;
     for (size_t i = 0; bench_args[i]; i++) {
-        assert_true(k < RUN_MAX_ARGS);
+        assert_true(k < SPAWN_MAX_ARGS);
         args[k++] = bench_args[i];
     }
     args[k] = NULL;
-    run *r = run_start("collie-run", args);
-    run_finish(r);
+    spawn_proc *r = run_start("collie-run", args);
+    spawn_finish(r);
     return r;
 }
 
@@ -272,9 +117,9 @@ static int op_index(const char *op) {
 }
 
 /* No rank but 0 printed anything on stdout. */
-static void assert_only_rank0_stdout(const run *r) {
+static void assert_only_rank0_stdout(const spawn_proc *r) {
     for (const char *p = r->text[0]; *p;) {
-        assert_run(r, strncmp(p, "[0] ", 4) == 0);
+        assert_spawn(r, strncmp(p, "[0] ", 4) == 0);
         const char *eol = strchr(p, '\n');
         if (!eol) break;
         p = eol + 1;
@@ -294,12 +139,12 @@ static void all_ops_checked(int ranks) {
     const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
     const char *iters = quick() ? "2" : "3";
     const size_t nsizes = 3;
-    run *r =
+    spawn_proc *r =
         bench_run(ranks, ARGS("--op", "all", "--check", "--sizes", size_arg, "--iters", iters));
-    assert_run(r, r->status == 0);
-    assert_run(r, !strstr(r->text[1], "collie-bench:"));
+    assert_spawn(r, r->status == 0);
+    assert_spawn(r, !strstr(r->text[1], "collie-bench:"));
     assert_only_rank0_stdout(r);
-    assert_run(r, strstr(r->text[0], "nccl-tests"));
+    assert_spawn(r, strstr(r->text[0], "nccl-tests"));
 
     static char store[STORE_LEN];
     char *rows[MAX_LINES];
@@ -313,26 +158,26 @@ static void all_ops_checked(int ranks) {
         int got = sscanf(rows[i], "%31s %zu %zu %lf %lf %31s %31s %31s %7s", op, &bytes, &count, &t,
                          &lat, algbw, busbw, ops, check);
         if (got != 9) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("table row '%s'", rows[i]);
         }
         int k = op_index(op);
-        assert_run(r, k >= 0);
+        assert_spawn(r, k >= 0);
         size_t want =
             nccl_tests_bytes(op, k == NUM_OPS - 1 ? 0 : sizes[seen[k] % nsizes], 4, (size_t)ranks);
         if (bytes != want) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("%s row %zu: bytes %zu, nccl-tests says %zu", op, seen[k], bytes, want);
         }
-        assert_run(r, t > 0 && lat > 0);
-        assert_run(r, strcmp(check, "ok") == 0);
+        assert_spawn(r, t > 0 && lat > 0);
+        assert_spawn(r, strcmp(check, "ok") == 0);
         seen[k]++;
         nrows++;
     }
     for (int k = 0; k < NUM_OPS; k++) {
         size_t want = k == NUM_OPS - 1 ? 1 : nsizes;
         if (seen[k] != want) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("%s: %zu rows, want %zu", op_names[k], seen[k], want);
         }
     }
@@ -361,25 +206,25 @@ static void test_csv(void **state) {
     (void)state;
     static const size_t sizes[] = {4, 4096, 65536};
     const int ranks = 3;
-    run *r = bench_run(ranks, ARGS("--op", "all", "--csv", "--sizes", "4,4096,64K", "--iters", "2",
-                                   "--warmup", "1"));
-    assert_run(r, r->status == 0);
+    spawn_proc *r = bench_run(ranks, ARGS("--op", "all", "--csv", "--sizes", "4,4096,64K",
+                                          "--iters", "2", "--warmup", "1"));
+    assert_spawn(r, r->status == 0);
     assert_only_rank0_stdout(r);
     static char store[STORE_LEN];
     char *lines[MAX_LINES];
     size_t nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
-    assert_run(r, nl == 1 + (NUM_OPS - 1) * 3 + 1);
+    assert_spawn(r, nl == 1 + (NUM_OPS - 1) * 3 + 1);
     assert_string_equal(lines[0], "op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s");
     size_t seen[NUM_OPS] = {0};
     for (size_t i = 1; i < nl; i++) {
         char *f[8];
         size_t nf = csv_split(lines[i], f, 8);
         if (nf != 7) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("row %zu has %zu fields", i, nf);
         }
         int k = op_index(f[0]);
-        assert_run(r, k >= 0);
+        assert_spawn(r, k >= 0);
         bool barrier = k == NUM_OPS - 1;
         size_t want = nccl_tests_bytes(f[0], barrier ? 0 : sizes[seen[k]++ % 3], 4, ranks);
         assert_int_equal(strtoull(f[1], NULL, 10), want);
@@ -405,26 +250,26 @@ static void test_csv(void **state) {
 /* --inflight 16: ops/s is reported and positive, in CSV and in the table. */
 static void test_inflight(void **state) {
     (void)state;
-    run *r = bench_run(2, ARGS("--op", "allreduce,barrier", "--sizes", "4", "--iters", "200",
-                               "--inflight", "16", "--csv", "--check"));
-    assert_run(r, r->status == 0);
+    spawn_proc *r = bench_run(2, ARGS("--op", "allreduce,barrier", "--sizes", "4", "--iters", "200",
+                                      "--inflight", "16", "--csv", "--check"));
+    assert_spawn(r, r->status == 0);
     static char store[STORE_LEN];
     char *lines[MAX_LINES];
     size_t nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
-    assert_run(r, nl == 3);
+    assert_spawn(r, nl == 3);
     for (size_t i = 1; i < nl; i++) {
         char *f[8];
         assert_int_equal(csv_split(lines[i], f, 8), 7);
         if (!(strtod(f[6], NULL) > 0)) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("%s: ops_per_s '%s'", f[0], f[6]);
         }
     }
-    run_free(r);
+    spawn_free(r);
 
     r = bench_run(2,
                   ARGS("--op", "allreduce", "--sizes", "4", "--iters", "100", "--inflight", "16"));
-    assert_run(r, r->status == 0);
+    assert_spawn(r, r->status == 0);
     nl = lines_with(r->text[0], "[0] ", lines, MAX_LINES, store, sizeof store);
     size_t found = 0;
     for (size_t i = 0; i < nl; i++) {
@@ -436,9 +281,9 @@ static void test_inflight(void **state) {
             strcmp(op, "allreduce") != 0)
             continue;
         found++;
-        assert_run(r, strtod(ops, NULL) > 0);
+        assert_spawn(r, strtod(ops, NULL) > 0);
     }
-    assert_run(r, found == 1);
+    assert_spawn(r, found == 1);
 }
 
 /* Reference results for every dtype and reduction, bit-exact. */
@@ -450,15 +295,15 @@ static void test_dtypes_and_redops(void **state) {
     };
     size_t n = quick() ? 5 : sizeof combos / sizeof combos[0];
     for (size_t i = 0; i < n; i++) {
-        run *r =
+        spawn_proc *r =
             bench_run(3, ARGS("--op", "allreduce,reduce,reduce_scatter,alltoall,broadcast",
                               "--check", "--sizes", "4099,70000", "--iters", "2", "--warmup", "1",
                               "--inflight", "2", "--dtype", combos[i][0], "--redop", combos[i][1]));
         if (r->status != 0) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("--dtype %s --redop %s: exit %d", combos[i][0], combos[i][1], r->status);
         }
-        run_free(r);
+        spawn_free(r);
     }
 }
 
@@ -466,14 +311,14 @@ static void test_dtypes_and_redops(void **state) {
  * at once (nobody is left waiting for a peer that quit). */
 static void test_check_catches_corruption(void **state) {
     (void)state;
-    run *r = bench_run(3, ARGS("--op", "allreduce", "--check", "--sizes", "4096", "--iters", "2",
-                               "--corrupt-rank", "2"));
-    assert_run(r, r->status == 1);
+    spawn_proc *r = bench_run(3, ARGS("--op", "allreduce", "--check", "--sizes", "4096", "--iters",
+                                      "2", "--corrupt-rank", "2"));
+    assert_spawn(r, r->status == 1);
     /* 1024 floats, the middle byte flipped: element 512 */
-    assert_run(r, strstr(r->text[1], "[2] collie-bench: rank 2: check failed for allreduce of "
-                                     "4096 bytes (f32, sum) after the first op: first bad index "
-                                     "512 of the result"));
-    assert_run(r, r->elapsed_ms < 20000);
+    assert_spawn(r, strstr(r->text[1], "[2] collie-bench: rank 2: check failed for allreduce of "
+                                       "4096 bytes (f32, sum) after the first op: first bad index "
+                                       "512 of the result"));
+    assert_spawn(r, r->elapsed_ms < 20000);
 }
 
 /* An op that misses its deadline (--timeout-ms 20 for 16 MiB ops between
@@ -481,12 +326,12 @@ static void test_check_catches_corruption(void **state) {
  * every rank exits 1 -- promptly, and never by a signal. */
 static void test_op_deadline_fails_cleanly(void **state) {
     (void)state;
-    run *r = bench_run(3, ARGS("--op", "allreduce,allgather", "--sizes", "16M", "--timeout-ms",
-                               "20", "--iters", "2"));
-    assert_run(r, r->status == 1);
-    assert_run(r, strstr(r->text[1], "] collie-bench: rank "));
-    assert_run(r, strstr(r->text[1], "deadline of 20 ms passed"));
-    assert_run(r, r->elapsed_ms < 20000);
+    spawn_proc *r = bench_run(3, ARGS("--op", "allreduce,allgather", "--sizes", "16M",
+                                      "--timeout-ms", "20", "--iters", "2"));
+    assert_spawn(r, r->status == 1);
+    assert_spawn(r, strstr(r->text[1], "] collie-bench: rank "));
+    assert_spawn(r, strstr(r->text[1], "deadline of 20 ms passed"));
+    assert_spawn(r, r->elapsed_ms < 20000);
 }
 
 /* Usage errors exit 2 with a message, also under collie-run; --help exits
@@ -514,61 +359,61 @@ static void test_usage_errors(void **state) {
         {"--backend", "", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run *r = run_start("collie-bench", cases[i]);
-        run_finish(r);
+        spawn_proc *r = run_start("collie-bench", cases[i]);
+        spawn_finish(r);
         if (r->status != 2 || strncmp(r->text[1], "collie-bench: ", 14) != 0 || r->len[0] != 0) {
-            run_dump(r);
+            spawn_dump(r);
             fail_msg("usage case %zu (%s)", i, cases[i][0]);
         }
-        run_free(r);
+        spawn_free(r);
     }
-    run *r = bench_run(2, ARGS("--op", "nope"));
-    assert_run(r, r->status == 2);
-    assert_run(r, strstr(r->text[1], "] collie-bench: unknown --op in 'nope'"));
-    run_free(r);
+    spawn_proc *r = bench_run(2, ARGS("--op", "nope"));
+    assert_spawn(r, r->status == 2);
+    assert_spawn(r, strstr(r->text[1], "] collie-bench: unknown --op in 'nope'"));
+    spawn_free(r);
 
     r = run_start("collie-bench", ARGS("--help"));
-    run_finish(r);
-    assert_run(r, r->status == 0);
-    assert_run(r, strstr(r->text[0], "usage: collie-run -n N -- collie-bench"));
-    assert_run(r, strstr(r->text[0], "nccl-tests"));
-    assert_run(r, strstr(r->text[0], "busbw"));
-    assert_run(r, strstr(r->text[0], "--inflight"));
+    spawn_finish(r);
+    assert_spawn(r, r->status == 0);
+    assert_spawn(r, strstr(r->text[0], "usage: collie-run -n N -- collie-bench"));
+    assert_spawn(r, strstr(r->text[0], "nccl-tests"));
+    assert_spawn(r, strstr(r->text[0], "busbw"));
+    assert_spawn(r, strstr(r->text[0], "--inflight"));
 }
 
 /* A backend that cannot be created here (no NCCL plugin on this machine)
  * fails at once with a message naming it, on every rank; no hang. */
 static void test_nccl_backend_fails_cleanly(void **state) {
     (void)state;
-    run *r = bench_run(2, ARGS("--backend", "nccl", "--sizes", "4", "--iters", "1"));
-    assert_run(r, r->status != 0 && r->status != 124);
-    assert_run(r, strstr(r->text[1], "cannot create a communicator with backend 'nccl'"));
-    assert_run(r, r->len[0] == 0);
-    assert_run(r, r->elapsed_ms < 20000);
+    spawn_proc *r = bench_run(2, ARGS("--backend", "nccl", "--sizes", "4", "--iters", "1"));
+    assert_spawn(r, r->status != 0 && r->status != 124);
+    assert_spawn(r, strstr(r->text[1], "cannot create a communicator with backend 'nccl'"));
+    assert_spawn(r, r->len[0] == 0);
+    assert_spawn(r, r->elapsed_ms < 20000);
 }
 
 /* Outside collie-run: a clear error naming what is missing. */
 static void test_needs_the_launcher(void **state) {
     (void)state;
-    run *r = run_start("collie-bench", ARGS("--sizes", "4"));
-    run_finish(r);
-    assert_run(r, r->status == 1);
-    assert_run(r, strstr(r->text[1], "collie-run"));
+    spawn_proc *r = run_start("collie-bench", ARGS("--sizes", "4"));
+    spawn_finish(r);
+    assert_spawn(r, r->status == 1);
+    assert_spawn(r, strstr(r->text[1], "collie-run"));
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_all_ops_2_ranks, run_teardown),
-        cmocka_unit_test_teardown(test_all_ops_3_ranks, run_teardown),
-        cmocka_unit_test_teardown(test_all_ops_4_ranks, run_teardown),
-        cmocka_unit_test_teardown(test_csv, run_teardown),
-        cmocka_unit_test_teardown(test_inflight, run_teardown),
-        cmocka_unit_test_teardown(test_dtypes_and_redops, run_teardown),
-        cmocka_unit_test_teardown(test_check_catches_corruption, run_teardown),
-        cmocka_unit_test_teardown(test_op_deadline_fails_cleanly, run_teardown),
-        cmocka_unit_test_teardown(test_usage_errors, run_teardown),
-        cmocka_unit_test_teardown(test_nccl_backend_fails_cleanly, run_teardown),
-        cmocka_unit_test_teardown(test_needs_the_launcher, run_teardown),
+        cmocka_unit_test_teardown(test_all_ops_2_ranks, spawn_teardown),
+        cmocka_unit_test_teardown(test_all_ops_3_ranks, spawn_teardown),
+        cmocka_unit_test_teardown(test_all_ops_4_ranks, spawn_teardown),
+        cmocka_unit_test_teardown(test_csv, spawn_teardown),
+        cmocka_unit_test_teardown(test_inflight, spawn_teardown),
+        cmocka_unit_test_teardown(test_dtypes_and_redops, spawn_teardown),
+        cmocka_unit_test_teardown(test_check_catches_corruption, spawn_teardown),
+        cmocka_unit_test_teardown(test_op_deadline_fails_cleanly, spawn_teardown),
+        cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
+        cmocka_unit_test_teardown(test_nccl_backend_fails_cleanly, spawn_teardown),
+        cmocka_unit_test_teardown(test_needs_the_launcher, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

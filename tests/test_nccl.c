@@ -631,8 +631,7 @@ static void sc_hang_none(void **state) {
     expect_double_idle();
 }
 
-static void expect_create_error_dev(int code, int device, const char *needle1,
-                                    const char *needle2);
+static void expect_create_error_dev(int code, int device, const char *needle1, const char *needle2);
 
 /* The comm's `device` option picks the CUDA device (not rank % devices);
  * one the machine lacks fails creation. */

@@ -4,210 +4,34 @@
  * grace period, --keep-going, --restarts, --timeout, signal forwarding,
  * usage errors. Ranks are small /bin/sh scripts; every wait is bounded.
  */
-#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
-
-extern char **environ;
+#include "spawn.h"
 
 #define LAUNCH_TIMEOUT_MS 8000 /* no test's launcher runs longer than this */
-#define LAUNCH_MAX_ARGS   32
 
 static char tmp_dir[64]; /* per run of this binary; marker files live here */
 
 /* ---- running the launcher ------------------------------------------------ */
 
-typedef struct launch {
-    bool started; /* launch_start ran (and launch_free did not yet) */
-    pid_t pid;
-    int fds[2];    /* its stdout and stderr, -1 at EOF */
-    char *text[2]; /* what they said so far, NUL-terminated */
-    size_t len[2];
-    int64_t start_ms, elapsed_ms;
-    int status; /* exit code, 128+signal if killed, -1 while running */
-} launch;
-
-/* The one launch at a time; static, so the teardown can clean up after a
- * failed assertion (kill a launcher still running, free its output). */
-static launch the_launch;
-
-static const char *launcher_path(void) {
-    static char path[4096];
-    const char *dir = getenv("CLTEST_BUILD_DIR");
-    snprintf(path, sizeof path, "%s/bin/collie-run", dir && *dir ? dir : "build");
-    return path;
-}
-
 /* Start collie-run with args (NULL-terminated) and our environment minus
  * every COLLIE_* variable, plus env_extra (NULL-terminated, may be NULL). */
-static launch *launch_start(const char *const *args, const char *const *env_extra) {
-    launch *l = &the_launch;
-    assert_false(l->started); /* the previous one was freed */
-    memset(l, 0, sizeof *l);
-    l->started = true;
-    l->status = -1;
-    l->fds[0] = l->fds[1] = -1;
-    for (int i = 0; i < 2; i++)
-        assert_non_null(l->text[i] = calloc(1, 1));
-    const char *argv[LAUNCH_MAX_ARGS + 2] = {launcher_path()};
-    size_t n = 1;
-    for (size_t i = 0; args[i]; i++) {
-        assert_true(n < LAUNCH_MAX_ARGS);
-        argv[n++] = args[i];
-    }
-    size_t nenv = 0;
-    while (environ[nenv])
-        nenv++;
-    char **envp = calloc(nenv + 8, sizeof *envp);
-    assert_non_null(envp);
-    size_t k = 0;
-    for (size_t i = 0; i < nenv; i++)
-        if (strncmp(environ[i], "COLLIE_", 7) != 0) envp[k++] = environ[i];
-    for (size_t i = 0; env_extra && env_extra[i]; i++) {
-        assert_true(i < 7);
-        envp[k++] = (char *)env_extra[i];
-    }
-    assert_int_equal(access(argv[0], X_OK), 0);
-
-    int out[2], err[2];
-    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
-    l->start_ms = now_ms();
-    l->pid = fork();
-    assert_true(l->pid >= 0);
-    if (l->pid == 0) {
-        int devnull = open("/dev/null", O_RDONLY);
-        dup2(devnull, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        execve(argv[0], (char *const *)argv, envp);
-        _exit(126);
-    }
-    free(envp);
-    close(out[1]);
-    close(err[1]);
-    l->fds[0] = out[0];
-    l->fds[1] = err[0];
-    for (int i = 0; i < 2; i++)
-        fcntl(l->fds[i], F_SETFL, O_NONBLOCK);
-    return l;
-}
-
-/* Read whatever arrives within timeout_ms. */
-static void launch_pump(launch *l, int timeout_ms) {
-    struct pollfd p[2];
-    int map[2], n = 0;
-    for (int i = 0; i < 2; i++)
-        if (l->fds[i] >= 0) {
-            p[n] = (struct pollfd){.fd = l->fds[i], .events = POLLIN};
-            map[n++] = i;
-        }
-    if (n == 0 || poll(p, (nfds_t)n, timeout_ms) <= 0) return;
-    for (int j = 0; j < n; j++) {
-        if (!p[j].revents) continue;
-        int i = map[j];
-        char buf[65536];
-        ssize_t got = read(l->fds[i], buf, sizeof buf);
-        if (got < 0 && errno == EAGAIN) continue;
-        if (got <= 0) {
-            close(l->fds[i]);
-            l->fds[i] = -1;
-            continue;
-        }
-        l->text[i] = realloc(l->text[i], l->len[i] + (size_t)got + 1);
-        assert_non_null(l->text[i]);
-        memcpy(l->text[i] + l->len[i], buf, (size_t)got);
-        l->len[i] += (size_t)got;
-        l->text[i][l->len[i]] = '\0';
-    }
-}
-
-static int count_str(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
-}
-
-/* Wait until stream k (0 stdout, 1 stderr) holds `count` copies of needle. */
-static bool launch_wait_for(launch *l, int k, const char *needle, int count, int timeout_ms) {
-    int64_t deadline = now_ms() + timeout_ms;
-    while (count_str(l->text[k], needle) < count) {
-        int64_t left = deadline - now_ms();
-        if (left <= 0 || (l->fds[0] < 0 && l->fds[1] < 0)) return false;
-        launch_pump(l, (int)(left < 50 ? left : 50));
-    }
-    return true;
-}
-
-static void launch_dump(const launch *l) {
-    print_error("collie-run status %d after %lld ms\n--- stdout:\n%s\n--- stderr:\n%s\n---\n",
-                l->status, (long long)l->elapsed_ms, l->text[0], l->text[1]);
-}
-
-#define assert_launch(l, cond)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            launch_dump(l);                                                                        \
-            fail_msg("%s", #cond);                                                                 \
-        }                                                                                          \
-    } while (0)
-
-/* Read until both pipes close and the launcher exits; SIGKILL it and fail
- * the test if that takes longer than LAUNCH_TIMEOUT_MS from its start. */
-static void launch_finish(launch *l) {
-    int64_t deadline = l->start_ms + LAUNCH_TIMEOUT_MS;
-    while ((l->fds[0] >= 0 || l->fds[1] >= 0) && now_ms() < deadline)
-        launch_pump(l, (int)(deadline - now_ms()));
-    int ws;
-    pid_t got;
-    while ((got = waitpid(l->pid, &ws, WNOHANG)) == 0 && now_ms() < deadline)
-        usleep(5000);
-    l->elapsed_ms = now_ms() - l->start_ms;
-    if (got != l->pid) {
-        launch_dump(l);
-        fail_msg("collie-run did not finish within %d ms", LAUNCH_TIMEOUT_MS);
-    }
-    l->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    l->pid = 0;
-    for (int i = 0; i < 2; i++)
-        if (l->fds[i] >= 0) close(l->fds[i]);
-    l->fds[0] = l->fds[1] = -1;
-}
-
-static void launch_free(launch *l) {
-    if (!l->started) return;
-    if (l->pid > 0) { /* a failed test left it running: its ranks follow it */
-        kill(l->pid, SIGKILL);
-        waitpid(l->pid, NULL, 0);
-    }
-    for (int i = 0; i < 2; i++) {
-        if (l->fds[i] >= 0) close(l->fds[i]);
-        free(l->text[i]);
-    }
-    memset(l, 0, sizeof *l);
-}
-
-static int launch_teardown(void **state) {
-    (void)state;
-    launch_free(&the_launch);
-    return 0;
+static spawn_proc *launch_start(const char *const *args, const char *const *env_extra) {
+    return spawn_start("collie-run", args, env_extra, LAUNCH_TIMEOUT_MS);
 }
 
 /* Run collie-run to the end. */
-static launch *launch_run(const char *const *args) {
-    launch *l = launch_start(args, NULL);
-    launch_finish(l);
+static spawn_proc *launch_run(const char *const *args) {
+    spawn_proc *l = launch_start(args, NULL);
+    spawn_finish(l);
     return l;
 }
 
@@ -239,7 +63,7 @@ static void touch(const char *path) {
 /* Connect to the store at addr (which l's ranks were given) and do a
  * set/get round trip; the set must return `want` (COLLIE_EAUTH when the
  * token is wrong). */
-static void check_store(launch *l, const char *addr, const char *token, int want) {
+static void check_store(spawn_proc *l, const char *addr, const char *token, int want) {
     collie_engine *e;
     collie_store *s;
     assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
@@ -256,8 +80,8 @@ static void check_store(launch *l, const char *addr, const char *token, int want
     collie_store_destroy(s);
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
     if (set != want || (want == COLLIE_OK && !same)) {
-        launch_pump(l, 100);
-        launch_dump(l);
+        spawn_pump(l, 100);
+        spawn_dump(l);
         fail_msg("store at %s: set %s, get %s", addr, collie_status_name(set),
                  collie_status_name(get));
     }
@@ -287,8 +111,8 @@ static void test_env_per_rank_and_store(void **state) {
              "echo \"env $COLLIE_RANK $COLLIE_WORLD_SIZE $COLLIE_STORE_ADDR\"; "
              "echo \"names $(env | grep '^COLLIE_' | cut -d= -f1 | sort | tr '\\n' ' ')\"; %s",
              wait_file_sh(tmp_path("env-done")));
-    launch *l = launch_start(ARGS("-n", "4", "--", "/bin/sh", "-c", sh), NULL);
-    assert_launch(l, launch_wait_for(l, 0, " env ", N, 5000));
+    spawn_proc *l = launch_start(ARGS("-n", "4", "--", "/bin/sh", "-c", sh), NULL);
+    assert_spawn(l, spawn_wait_for(l, 0, " env ", N, 5000));
 
     int seen[N] = {0};
     char addr[N][64];
@@ -298,26 +122,26 @@ static void test_env_per_rank_and_store(void **state) {
             line--;
         int prefix, rank, size;
         char a[64];
-        assert_launch(l, sscanf(line, "[%d] env %d %d %63s", &prefix, &rank, &size, a) == 4);
-        assert_launch(l, prefix == rank && rank >= 0 && rank < N && size == N);
+        assert_spawn(l, sscanf(line, "[%d] env %d %d %63s", &prefix, &rank, &size, a) == 4);
+        assert_spawn(l, prefix == rank && rank >= 0 && rank < N && size == N);
         seen[rank]++;
         strcpy(addr[rank], a);
     }
     for (int r = 0; r < N; r++) {
-        assert_launch(l, seen[r] == 1);
+        assert_spawn(l, seen[r] == 1);
         assert_string_equal(addr[r], addr[0]);
     }
-    assert_launch(l, strncmp(addr[0], "127.0.0.1:", 10) == 0);
+    assert_spawn(l, strncmp(addr[0], "127.0.0.1:", 10) == 0);
     /* exactly the three names (our own COLLIE_* were not passed in) */
-    assert_launch(l, launch_wait_for(l, 0,
-                                     "names COLLIE_RANK COLLIE_STORE_ADDR "
-                                     "COLLIE_WORLD_SIZE \n",
-                                     N, 5000));
+    assert_spawn(l, spawn_wait_for(l, 0,
+                                   "names COLLIE_RANK COLLIE_STORE_ADDR "
+                                   "COLLIE_WORLD_SIZE \n",
+                                   N, 5000));
 
     check_store(l, addr[0], NULL, COLLIE_OK); /* the launcher serves it while ranks run */
     touch(tmp_path("env-done"));
-    launch_finish(l);
-    assert_launch(l, l->status == 0);
+    spawn_finish(l);
+    assert_spawn(l, l->status == 0);
 }
 
 /* The store lives in the launcher: a dead rank does not take it down, and
@@ -329,16 +153,16 @@ static void test_store_outlives_a_rank(void **state) {
              "if [ $COLLIE_RANK = 1 ]; then exit 1; fi; echo \"addr $COLLIE_STORE_ADDR\"; %s; "
              "echo survived",
              wait_file_sh(tmp_path("outlive-done")));
-    launch *l = launch_start(ARGS("-n", "2", "--keep-going", "--", "/bin/sh", "-c", sh), NULL);
-    assert_launch(l, launch_wait_for(l, 1, "collie-run: rank 1 exited with status 1\n", 1, 5000));
-    assert_launch(l, launch_wait_for(l, 0, "[0] addr ", 1, 5000));
+    spawn_proc *l = launch_start(ARGS("-n", "2", "--keep-going", "--", "/bin/sh", "-c", sh), NULL);
+    assert_spawn(l, spawn_wait_for(l, 1, "collie-run: rank 1 exited with status 1\n", 1, 5000));
+    assert_spawn(l, spawn_wait_for(l, 0, "[0] addr ", 1, 5000));
     char addr[64];
-    assert_launch(l, sscanf(strstr(l->text[0], "[0] addr "), "[0] addr %63s", addr) == 1);
+    assert_spawn(l, sscanf(strstr(l->text[0], "[0] addr "), "[0] addr %63s", addr) == 1);
     check_store(l, addr, NULL, COLLIE_OK);
     touch(tmp_path("outlive-done"));
-    launch_finish(l);
-    assert_launch(l, l->status == 1);
-    assert_launch(l, strstr(l->text[0], "[0] survived\n") != NULL);
+    spawn_finish(l);
+    assert_spawn(l, l->status == 1);
+    assert_spawn(l, strstr(l->text[0], "[0] survived\n") != NULL);
 }
 
 /* A COLLIE_STORE_TOKEN is required by the store and handed to the ranks. */
@@ -347,27 +171,27 @@ static void test_token_is_passed_on(void **state) {
     char sh[1024];
     snprintf(sh, sizeof sh, "echo \"addr $COLLIE_STORE_ADDR token $COLLIE_STORE_TOKEN\"; %s",
              wait_file_sh(tmp_path("token-done")));
-    launch *l = launch_start(ARGS("-n", "1", "--", "/bin/sh", "-c", sh),
-                             ARGS("COLLIE_STORE_TOKEN=run-secret"));
-    assert_launch(l, launch_wait_for(l, 0, " token run-secret\n", 1, 5000));
+    spawn_proc *l = launch_start(ARGS("-n", "1", "--", "/bin/sh", "-c", sh),
+                                 ARGS("COLLIE_STORE_TOKEN=run-secret"));
+    assert_spawn(l, spawn_wait_for(l, 0, " token run-secret\n", 1, 5000));
     char addr[64];
-    assert_launch(l, sscanf(strstr(l->text[0], "[0] addr "), "[0] addr %63s", addr) == 1);
+    assert_spawn(l, sscanf(strstr(l->text[0], "[0] addr "), "[0] addr %63s", addr) == 1);
     check_store(l, addr, "run-secret", COLLIE_OK);
     check_store(l, addr, "wrong-secret", COLLIE_EAUTH);
     check_store(l, addr, NULL, COLLIE_EAUTH);
 
     touch(tmp_path("token-done"));
-    launch_finish(l);
-    assert_launch(l, l->status == 0);
+    spawn_finish(l);
+    assert_spawn(l, l->status == 0);
 }
 
 static void test_external_store_is_used(void **state) {
     (void)state;
-    launch *l = launch_run(ARGS("-n", "2", "--store", "store.example:4711", "--", "/bin/sh", "-c",
-                                "echo \"addr $COLLIE_STORE_ADDR\""));
-    assert_launch(l, l->status == 0);
-    assert_launch(l, strstr(l->text[0], "[0] addr store.example:4711\n") != NULL);
-    assert_launch(l, strstr(l->text[0], "[1] addr store.example:4711\n") != NULL);
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--store", "store.example:4711", "--", "/bin/sh",
+                                    "-c", "echo \"addr $COLLIE_STORE_ADDR\""));
+    assert_spawn(l, l->status == 0);
+    assert_spawn(l, strstr(l->text[0], "[0] addr store.example:4711\n") != NULL);
+    assert_spawn(l, strstr(l->text[0], "[1] addr store.example:4711\n") != NULL);
 }
 
 /* ---- output -------------------------------------------------------------- */
@@ -378,37 +202,37 @@ static void test_every_line_prefixed(void **state) {
     const char *sh = "i=0; while [ $i -lt 300 ]; do "
                      "echo \"$COLLIE_RANK:$i:0123456789abcdefghijklmnopqrstuvwxyz\"; i=$((i+1)); "
                      "done; echo \"e$COLLIE_RANK\" >&2; printf 'tail%s' $COLLIE_RANK";
-    launch *l = launch_run(ARGS("-n", "3", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 0);
+    spawn_proc *l = launch_run(ARGS("-n", "3", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 0);
 
     int per_rank[N] = {0}, tails[N] = {0};
     for (char *line = l->text[0]; *line;) {
         char *nl = strchr(line, '\n');
-        assert_launch(l, nl != NULL); /* every line ends, even the partial ones */
+        assert_spawn(l, nl != NULL); /* every line ends, even the partial ones */
         *nl = '\0';
         int prefix, rank, i, used = 0;
         char rest[64];
         if (sscanf(line, "[%d] tail%d%n", &prefix, &rank, &used) == 2 && line[used] == '\0') {
-            assert_launch(l, prefix == rank && rank >= 0 && rank < N);
+            assert_spawn(l, prefix == rank && rank >= 0 && rank < N);
             tails[rank]++;
         } else {
             /* a whole line, from the rank its prefix names */
-            assert_launch(l, sscanf(line, "[%d] %d:%d:%63s", &prefix, &rank, &i, rest) == 4);
-            assert_launch(l, prefix == rank && rank >= 0 && rank < N);
+            assert_spawn(l, sscanf(line, "[%d] %d:%d:%63s", &prefix, &rank, &i, rest) == 4);
+            assert_spawn(l, prefix == rank && rank >= 0 && rank < N);
             assert_string_equal(rest, "0123456789abcdefghijklmnopqrstuvwxyz");
-            assert_launch(l, i == per_rank[rank]); /* in order, none lost */
+            assert_spawn(l, i == per_rank[rank]); /* in order, none lost */
             per_rank[rank]++;
         }
         *nl = '\n';
         line = nl + 1;
     }
     for (int r = 0; r < N; r++) {
-        assert_launch(l, per_rank[r] == LINES && tails[r] == 1);
+        assert_spawn(l, per_rank[r] == LINES && tails[r] == 1);
         char want[32];
         snprintf(want, sizeof want, "[%d] e%d\n", r, r);
-        assert_launch(l, strstr(l->text[1], want) != NULL);
+        assert_spawn(l, strstr(l->text[1], want) != NULL);
     }
-    assert_launch(l, count_str(l->text[1], "\n") == N); /* stderr: only theirs */
+    assert_spawn(l, spawn_count(l->text[1], "\n") == N); /* stderr: only theirs */
 }
 
 /* ---- failures ------------------------------------------------------------ */
@@ -420,13 +244,13 @@ static void test_failure_stops_the_others(void **state) {
     (void)state;
     const char *sh = "if [ $COLLIE_RANK = 1 ]; then sleep 0.3; echo 'last words' >&2; exit 3; fi; "
                      "sleep 30 & echo \"child $!\"; wait";
-    launch *l = launch_run(ARGS("-n", "3", "--grace", "1", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 3);
-    assert_launch(l, l->elapsed_ms < 4000);
+    spawn_proc *l = launch_run(ARGS("-n", "3", "--grace", "1", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 3);
+    assert_spawn(l, l->elapsed_ms < 4000);
     const char *words = strstr(l->text[1], "[1] last words\n");
     const char *verdict = strstr(l->text[1], "collie-run: rank 1 exited with status 3\n");
-    assert_launch(l, words && verdict && words < verdict);
-    assert_launch(l, count_str(l->text[1], "exited with status") == 1); /* stopped ranks: quiet */
+    assert_spawn(l, words && verdict && words < verdict);
+    assert_spawn(l, spawn_count(l->text[1], "exited with status") == 1); /* stopped ranks: quiet */
 
     /* the ranks' own children (`sleep 30`) went too: signals go to the group */
     for (const char *p = l->text[0]; (p = strstr(p, "child "));) {
@@ -436,9 +260,9 @@ static void test_failure_stops_the_others(void **state) {
         int64_t deadline = now_ms() + 3000;
         while (process_alive(child) && now_ms() < deadline)
             usleep(10000);
-        assert_launch(l, !process_alive(child));
+        assert_spawn(l, !process_alive(child));
     }
-    assert_launch(l, count_str(l->text[0], "child ") == 2);
+    assert_spawn(l, spawn_count(l->text[0], "child ") == 2);
 }
 
 /* A rank that ignores SIGTERM is killed once the grace period is over. */
@@ -448,29 +272,29 @@ static void test_sigkill_after_grace(void **state) {
     snprintf(sh, sizeof sh,
              "if [ $COLLIE_RANK = 0 ]; then trap '' TERM; touch %s; sleep 30; fi; %s; exit 2",
              tmp_path("grace-ready"), wait_file_sh(tmp_path("grace-ready")));
-    launch *l = launch_run(ARGS("-n", "2", "--grace", "1", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 2);
-    assert_launch(l, l->elapsed_ms >= 900 && l->elapsed_ms < 5000);
-    assert_launch(l, strstr(l->text[1], "rank 0 still running after the grace period: SIGKILL"));
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--grace", "1", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 2);
+    assert_spawn(l, l->elapsed_ms >= 900 && l->elapsed_ms < 5000);
+    assert_spawn(l, strstr(l->text[1], "rank 0 still running after the grace period: SIGKILL"));
 }
 
 static void test_killed_by_signal(void **state) {
     (void)state;
     const char *sh = "if [ $COLLIE_RANK = 0 ]; then kill -KILL $$; fi; sleep 30";
-    launch *l = launch_run(ARGS("-n", "2", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 128 + SIGKILL);
-    assert_launch(l, strstr(l->text[1], "collie-run: rank 0 killed by signal SIGKILL\n"));
-    assert_launch(l, l->elapsed_ms < 4000);
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 128 + SIGKILL);
+    assert_spawn(l, strstr(l->text[1], "collie-run: rank 0 killed by signal SIGKILL\n"));
+    assert_spawn(l, l->elapsed_ms < 4000);
 }
 
 static void test_keep_going(void **state) {
     (void)state;
     const char *sh = "if [ $COLLIE_RANK = 1 ]; then exit 5; fi; sleep 0.5; echo done $COLLIE_RANK";
-    launch *l = launch_run(ARGS("-n", "3", "--keep-going", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 5);
-    assert_launch(l, strstr(l->text[0], "[0] done 0\n") && strstr(l->text[0], "[2] done 2\n"));
-    assert_launch(l, strstr(l->text[1], "collie-run: rank 1 exited with status 5\n"));
-    assert_launch(l, !strstr(l->text[1], "stopping"));
+    spawn_proc *l = launch_run(ARGS("-n", "3", "--keep-going", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 5);
+    assert_spawn(l, strstr(l->text[0], "[0] done 0\n") && strstr(l->text[0], "[2] done 2\n"));
+    assert_spawn(l, strstr(l->text[1], "collie-run: rank 1 exited with status 5\n"));
+    assert_spawn(l, !strstr(l->text[1], "stopping"));
 }
 
 /* The recovery demo: rank 1 fails once, is started again with the same
@@ -483,112 +307,112 @@ static void test_restart_recovers(void **state) {
              "echo \"first $COLLIE_STORE_ADDR\"; exit 1; fi; "
              "echo \"ok $COLLIE_RANK $COLLIE_STORE_ADDR\"",
              tmp_path("restart-marker"), tmp_path("restart-marker"));
-    launch *l = launch_run(ARGS("-n", "2", "--restarts", "2", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 0);
-    assert_launch(l,
-                  count_str(l->text[1], "collie-run: restarting rank 1 (restart 1 of 2)\n") == 1);
-    assert_launch(l, count_str(l->text[1], "restarting") == 1);
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--restarts", "2", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 0);
+    assert_spawn(l,
+                 spawn_count(l->text[1], "collie-run: restarting rank 1 (restart 1 of 2)\n") == 1);
+    assert_spawn(l, spawn_count(l->text[1], "restarting") == 1);
     char first[64], again[64];
     const char *p = strstr(l->text[0], "[1] first "), *q = strstr(l->text[0], "[1] ok 1 ");
-    assert_launch(l, p && q && p < q);
-    assert_launch(l, sscanf(p, "[1] first %63s", first) == 1);
-    assert_launch(l, sscanf(q, "[1] ok 1 %63s", again) == 1);
+    assert_spawn(l, p && q && p < q);
+    assert_spawn(l, sscanf(p, "[1] first %63s", first) == 1);
+    assert_spawn(l, sscanf(q, "[1] ok 1 %63s", again) == 1);
     assert_string_equal(first, again);
-    assert_launch(l, strstr(l->text[0], "[0] ok 0 "));
+    assert_spawn(l, strstr(l->text[0], "[0] ok 0 "));
 }
 
 /* K restarts in all; the failure after that stops the job. */
 static void test_restarts_run_out(void **state) {
     (void)state;
     const char *sh = "if [ $COLLIE_RANK = 1 ]; then exit 4; fi; sleep 30";
-    launch *l = launch_run(ARGS("-n", "2", "--restarts", "2", "--", "/bin/sh", "-c", sh));
-    assert_launch(l, l->status == 4);
-    assert_launch(l, strstr(l->text[1], "restarting rank 1 (restart 1 of 2)\n"));
-    assert_launch(l, strstr(l->text[1], "restarting rank 1 (restart 2 of 2)\n"));
-    assert_launch(l, count_str(l->text[1], "restarting") == 2);
-    assert_launch(l, count_str(l->text[1], "rank 1 exited with status 4\n") == 3);
-    assert_launch(l, l->elapsed_ms < 4000);
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--restarts", "2", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 4);
+    assert_spawn(l, strstr(l->text[1], "restarting rank 1 (restart 1 of 2)\n"));
+    assert_spawn(l, strstr(l->text[1], "restarting rank 1 (restart 2 of 2)\n"));
+    assert_spawn(l, spawn_count(l->text[1], "restarting") == 2);
+    assert_spawn(l, spawn_count(l->text[1], "rank 1 exited with status 4\n") == 3);
+    assert_spawn(l, l->elapsed_ms < 4000);
 }
 
 static void test_timeout(void **state) {
     (void)state;
-    launch *l = launch_run(ARGS("--timeout", "1", "-n", "2", "--", "sleep", "30"));
-    assert_launch(l, l->status == 124);
-    assert_launch(l, l->elapsed_ms >= 900 && l->elapsed_ms < 4000);
-    assert_launch(l, strstr(l->text[1], "collie-run: job timed out after 1 s"));
+    spawn_proc *l = launch_run(ARGS("--timeout", "1", "-n", "2", "--", "sleep", "30"));
+    assert_spawn(l, l->status == 124);
+    assert_spawn(l, l->elapsed_ms >= 900 && l->elapsed_ms < 4000);
+    assert_spawn(l, strstr(l->text[1], "collie-run: job timed out after 1 s"));
 }
 
 static void test_signal_is_forwarded(void **state) {
     (void)state;
     const char *sh = "trap 'echo got-term; exit 0' TERM; echo ready; "
                      "i=0; while [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done";
-    launch *l = launch_start(ARGS("-n", "2", "--", "/bin/sh", "-c", sh), NULL);
-    assert_launch(l, launch_wait_for(l, 0, "ready\n", 2, 5000));
+    spawn_proc *l = launch_start(ARGS("-n", "2", "--", "/bin/sh", "-c", sh), NULL);
+    assert_spawn(l, spawn_wait_for(l, 0, "ready\n", 2, 5000));
     assert_int_equal(kill(l->pid, SIGTERM), 0);
-    launch_finish(l);
-    assert_launch(l, l->status == 128 + SIGTERM);
-    assert_launch(l, strstr(l->text[0], "[0] got-term\n") && strstr(l->text[0], "[1] got-term\n"));
-    assert_launch(l, strstr(l->text[1], "collie-run: got SIGTERM"));
-    assert_launch(l, l->elapsed_ms < 4000);
+    spawn_finish(l);
+    assert_spawn(l, l->status == 128 + SIGTERM);
+    assert_spawn(l, strstr(l->text[0], "[0] got-term\n") && strstr(l->text[0], "[1] got-term\n"));
+    assert_spawn(l, strstr(l->text[1], "collie-run: got SIGTERM"));
+    assert_spawn(l, l->elapsed_ms < 4000);
 }
 
 /* Asked twice, the launcher stops waiting for the grace period. */
 static void test_second_signal_kills(void **state) {
     (void)state;
     const char *sh = "trap '' TERM; echo ready; sleep 30";
-    launch *l = launch_start(ARGS("-n", "2", "--grace", "20", "--", "/bin/sh", "-c", sh), NULL);
-    assert_launch(l, launch_wait_for(l, 0, "ready\n", 2, 5000));
+    spawn_proc *l = launch_start(ARGS("-n", "2", "--grace", "20", "--", "/bin/sh", "-c", sh), NULL);
+    assert_spawn(l, spawn_wait_for(l, 0, "ready\n", 2, 5000));
     assert_int_equal(kill(l->pid, SIGTERM), 0);
-    assert_launch(l, launch_wait_for(l, 1, "collie-run: stopping 2 rank(s)", 1, 5000));
+    assert_spawn(l, spawn_wait_for(l, 1, "collie-run: stopping 2 rank(s)", 1, 5000));
     assert_int_equal(kill(l->pid, SIGTERM), 0);
-    launch_finish(l);
-    assert_launch(l, l->status == 128 + SIGTERM);
-    assert_launch(l, strstr(l->text[1], "rank 0 still running when SIGTERM came during the stop"));
-    assert_launch(l, l->elapsed_ms < 4000);
+    spawn_finish(l);
+    assert_spawn(l, l->status == 128 + SIGTERM);
+    assert_spawn(l, strstr(l->text[1], "rank 0 still running when SIGTERM came during the stop"));
+    assert_spawn(l, l->elapsed_ms < 4000);
 }
 
 /* A line longer than the launcher's line buffer (64 KiB) is split into
  * prefixed pieces; nothing is lost. */
 static void test_long_line_is_split(void **state) {
     (void)state;
-    launch *l = launch_run(ARGS("-n", "1", "--", "/bin/sh", "-c",
-                                "head -c 100000 /dev/zero | tr '\\0' x; echo; echo after"));
-    assert_launch(l, l->status == 0);
+    spawn_proc *l = launch_run(ARGS("-n", "1", "--", "/bin/sh", "-c",
+                                    "head -c 100000 /dev/zero | tr '\\0' x; echo; echo after"));
+    assert_spawn(l, l->status == 0);
     size_t xs = 0;
     int pieces = 0;
     for (char *line = l->text[0]; *line;) {
         char *nl = strchr(line, '\n');
-        assert_launch(l, nl && strncmp(line, "[0] ", 4) == 0);
+        assert_spawn(l, nl && strncmp(line, "[0] ", 4) == 0);
         size_t n = (size_t)(nl - line) - 4;
         if (n > 0 && line[4] == 'x') {
-            assert_launch(l, strspn(line + 4, "x") == n);
+            assert_spawn(l, strspn(line + 4, "x") == n);
             xs += n;
             pieces++;
         }
         line = nl + 1;
     }
-    assert_launch(l, xs == 100000 && pieces == 2);
-    assert_launch(l, strstr(l->text[0], "\n[0] after\n"));
+    assert_spawn(l, xs == 100000 && pieces == 2);
+    assert_spawn(l, strstr(l->text[0], "\n[0] after\n"));
 }
 
 /* ---- success and usage --------------------------------------------------- */
 
 static void test_all_succeed(void **state) {
     (void)state;
-    launch *l = launch_run(ARGS("-n", "3", "true"));
-    assert_launch(l, l->status == 0 && l->len[0] == 0 && l->len[1] == 0);
-    launch_free(l);
+    spawn_proc *l = launch_run(ARGS("-n", "3", "true"));
+    assert_spawn(l, l->status == 0 && l->len[0] == 0 && l->len[1] == 0);
+    spawn_free(l);
     l = launch_run(ARGS("-n", "1", "--timeout", "5", "--grace", "0.5", "--restarts", "0", "--",
                         "/bin/sh", "-c", "exit 0"));
-    assert_launch(l, l->status == 0 && l->len[1] == 0);
+    assert_spawn(l, l->status == 0 && l->len[1] == 0);
 }
 
 static void test_cannot_exec(void **state) {
     (void)state;
-    launch *l = launch_run(ARGS("-n", "2", "--", "/nonexistent/collie-prog", "x"));
-    assert_launch(l, l->status == 127);
-    assert_launch(l, strstr(l->text[1], "collie-run: cannot run '/nonexistent/collie-prog': "
-                                        "No such file or directory\n"));
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--", "/nonexistent/collie-prog", "x"));
+    assert_spawn(l, l->status == 127);
+    assert_spawn(l, strstr(l->text[1], "collie-run: cannot run '/nonexistent/collie-prog': "
+                                       "No such file or directory\n"));
 }
 
 static void test_usage_errors(void **state) {
@@ -613,16 +437,16 @@ static void test_usage_errors(void **state) {
         {"-n", "2", "--keep-going=1", "true", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        launch *l = launch_run(cases[i]);
+        spawn_proc *l = launch_run(cases[i]);
         if (l->status != 2 || !strstr(l->text[1], "usage: collie-run") || l->elapsed_ms > 2000) {
-            launch_dump(l);
+            spawn_dump(l);
             fail_msg("usage case %zu", i);
         }
-        assert_launch(l, strncmp(l->text[1], "collie-run: ", 12) == 0); /* says what is wrong */
-        launch_free(l);
+        assert_spawn(l, strncmp(l->text[1], "collie-run: ", 12) == 0); /* says what is wrong */
+        spawn_free(l);
     }
-    launch *l = launch_run(ARGS("--help"));
-    assert_launch(l, l->status == 0 && strstr(l->text[0], "usage: collie-run"));
+    spawn_proc *l = launch_run(ARGS("--help"));
+    assert_spawn(l, l->status == 0 && strstr(l->text[0], "usage: collie-run"));
 }
 
 /* ---- fixture ------------------------------------------------------------- */
@@ -647,24 +471,24 @@ static int teardown_tmp(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_env_per_rank_and_store, launch_teardown),
-        cmocka_unit_test_teardown(test_store_outlives_a_rank, launch_teardown),
-        cmocka_unit_test_teardown(test_token_is_passed_on, launch_teardown),
-        cmocka_unit_test_teardown(test_external_store_is_used, launch_teardown),
-        cmocka_unit_test_teardown(test_every_line_prefixed, launch_teardown),
-        cmocka_unit_test_teardown(test_failure_stops_the_others, launch_teardown),
-        cmocka_unit_test_teardown(test_sigkill_after_grace, launch_teardown),
-        cmocka_unit_test_teardown(test_killed_by_signal, launch_teardown),
-        cmocka_unit_test_teardown(test_keep_going, launch_teardown),
-        cmocka_unit_test_teardown(test_restart_recovers, launch_teardown),
-        cmocka_unit_test_teardown(test_restarts_run_out, launch_teardown),
-        cmocka_unit_test_teardown(test_timeout, launch_teardown),
-        cmocka_unit_test_teardown(test_signal_is_forwarded, launch_teardown),
-        cmocka_unit_test_teardown(test_second_signal_kills, launch_teardown),
-        cmocka_unit_test_teardown(test_long_line_is_split, launch_teardown),
-        cmocka_unit_test_teardown(test_all_succeed, launch_teardown),
-        cmocka_unit_test_teardown(test_cannot_exec, launch_teardown),
-        cmocka_unit_test_teardown(test_usage_errors, launch_teardown),
+        cmocka_unit_test_teardown(test_env_per_rank_and_store, spawn_teardown),
+        cmocka_unit_test_teardown(test_store_outlives_a_rank, spawn_teardown),
+        cmocka_unit_test_teardown(test_token_is_passed_on, spawn_teardown),
+        cmocka_unit_test_teardown(test_external_store_is_used, spawn_teardown),
+        cmocka_unit_test_teardown(test_every_line_prefixed, spawn_teardown),
+        cmocka_unit_test_teardown(test_failure_stops_the_others, spawn_teardown),
+        cmocka_unit_test_teardown(test_sigkill_after_grace, spawn_teardown),
+        cmocka_unit_test_teardown(test_killed_by_signal, spawn_teardown),
+        cmocka_unit_test_teardown(test_keep_going, spawn_teardown),
+        cmocka_unit_test_teardown(test_restart_recovers, spawn_teardown),
+        cmocka_unit_test_teardown(test_restarts_run_out, spawn_teardown),
+        cmocka_unit_test_teardown(test_timeout, spawn_teardown),
+        cmocka_unit_test_teardown(test_signal_is_forwarded, spawn_teardown),
+        cmocka_unit_test_teardown(test_second_signal_kills, spawn_teardown),
+        cmocka_unit_test_teardown(test_long_line_is_split, spawn_teardown),
+        cmocka_unit_test_teardown(test_all_succeed, spawn_teardown),
+        cmocka_unit_test_teardown(test_cannot_exec, spawn_teardown),
+        cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
 }

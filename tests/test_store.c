@@ -16,25 +16,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-typedef struct waits_probe {
-    collie_store_server *srv;
-    size_t waits;
-} waits_probe;
-
-static void probe_waits(void *arg) {
-    waits_probe *p = arg;
-    p->waits = 0;
-    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
-        p->waits += c->nwaits;
-}
-
-/* Waiting requests the server holds right now (read on its loop). */
-static size_t server_waits(collie_engine *e, collie_store_server *srv) {
-    waits_probe p = {srv, 0};
-    assert_int_equal(cl_engine_call(e, probe_waits, &p, FX_WAIT_MS), COLLIE_OK);
-    return p.waits;
-}
-
 static void assert_value(collie_work *w, const char *want) {
     const void *v = NULL;
     size_t len = 0;
@@ -217,7 +198,7 @@ static void test_get_times_out(void **state) {
     assert_non_null(strstr(msg, fx.addr));
     assert_non_null(strstr(msg, "150 ms"));
     /* the server dropped the abandoned waiter (the client sent CANCEL) */
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 0));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 0));
 
     /* wait and multi_get time out the same way, async too */
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
@@ -234,7 +215,7 @@ static void test_get_times_out(void **state) {
     collie_work_release(w1);
     collie_work_release(w2);
     collie_work_release(w3);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 0));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 0));
     fx_stop(&fx);
 }
 
@@ -248,7 +229,7 @@ static void test_waits_released_by_another_client(void **state) {
     assert_int_equal(collie_store_post_get(fx.st, "a", NULL, &get), COLLIE_OK);
     assert_int_equal(collie_store_post_wait(fx.st, ab, 2, NULL, &wait), COLLIE_OK);
     assert_int_equal(collie_store_post_multi_get(fx.st, ab, 2, NULL, &mget), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 3));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 3));
     assert_false(collie_work_test(get));
 
     assert_int_equal(collie_store_set(other, "a", "A", 1, 2000), COLLIE_OK);
@@ -267,7 +248,7 @@ static void test_waits_released_by_another_client(void **state) {
     collie_work_release(get);
     collie_work_release(wait);
     collie_work_release(mget);
-    assert_int_equal(server_waits(fx.e, fx.srv), 0);
+    assert_int_equal(fx_server_waits(fx.e, fx.srv), 0);
     collie_store_destroy(other);
     fx_stop(&fx);
 }
@@ -278,11 +259,11 @@ static void test_cancel_drops_server_waiter(void **state) {
     fx_start(&fx, NULL, NULL);
     collie_work *w = NULL;
     assert_int_equal(collie_store_post_get(fx.st, "k", NULL, &w), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 1));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 1));
     assert_int_equal(collie_work_cancel(w), COLLIE_OK);
     assert_int_equal(collie_work_cancel(w), COLLIE_ESTATE);
     assert_int_equal(fx_wait(w), COLLIE_ECANCELED);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 0));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 0));
     /* the connection stays usable; a late set is not delivered to anyone */
     assert_int_equal(collie_store_set(fx.st, "k", "v", 1, 2000), COLLIE_OK);
     sync_get_is(fx.st, "k", "v");
@@ -308,7 +289,7 @@ static void test_barrier_rounds(void **state) {
         for (int i = 0; i < BAR_N - 1; i++)
             assert_int_equal(collie_store_post_barrier(cl[i], "bar", BAR_N, NULL, &w[i]),
                              COLLIE_OK);
-        assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == BAR_N - 1));
+        assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == BAR_N - 1));
         for (int i = 0; i < BAR_N - 1; i++)
             assert_false(collie_work_test(w[i]));
         assert_int_equal(
@@ -730,7 +711,7 @@ static void test_engine_destroy_with_pending(void **state) {
     fx_start(&fx, NULL, NULL);
     collie_work *w = NULL;
     assert_int_equal(collie_store_post_get(fx.st, "never", NULL, &w), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 1));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 1));
     assert_int_equal(collie_engine_destroy(fx.e), COLLIE_OK);
     assert_true(collie_work_test(w));
     assert_int_equal(collie_work_result(w), COLLIE_ECLOSED);
@@ -746,14 +727,14 @@ static void test_store_destroy_with_pending(void **state) {
     fx_start(&fx, NULL, NULL);
     collie_work *w = NULL;
     assert_int_equal(collie_store_post_get(fx.st, "never", NULL, &w), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 1));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 1));
     collie_store_destroy(fx.st);
     fx.st = NULL;
     assert_int_equal(fx_wait(w), COLLIE_ECLOSED);
     assert_non_null(strstr(collie_work_error_message(w), "destroyed"));
     collie_work_release(w);
     /* the server notices the client leaving and drops its waiter */
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 0));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 0));
     assert_true(FX_EVENTUALLY(collie_store_server_num_connections(fx.srv) == 0));
     fx_stop(&fx);
 }

@@ -22,24 +22,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-typedef struct waits_probe {
-    collie_store_server *srv;
-    size_t waits;
-} waits_probe;
-
-static void probe_waits(void *arg) {
-    waits_probe *p = arg;
-    p->waits = 0;
-    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
-        p->waits += c->nwaits;
-}
-
-static size_t server_waits(collie_engine *e, collie_store_server *srv) {
-    waits_probe p = {srv, 0};
-    assert_int_equal(cl_engine_call(e, probe_waits, &p, FX_WAIT_MS), COLLIE_OK);
-    return p.waits;
-}
-
 static int raw_connect(uint16_t port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
@@ -171,7 +153,7 @@ static void test_server_destroyed_mid_wait(void **state) {
     collie_work *w = NULL, *w2 = NULL;
     assert_int_equal(collie_store_post_get(fx.st, "k", NULL, &w), COLLIE_OK);
     assert_int_equal(collie_store_post_barrier(fx.st, "b", 3, NULL, &w2), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 2));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 2));
     int64_t t0 = fx_now_ms();
     collie_store_server_destroy(fx.srv);
     fx.srv = NULL;
@@ -348,7 +330,7 @@ static void test_garbage_closes_only_that_connection(void **state) {
     /* a well-behaved client with a request held by the server */
     collie_work *w = NULL;
     assert_int_equal(collie_store_post_get(fx.st, "k", NULL, &w), COLLIE_OK);
-    assert_true(FX_EVENTUALLY(server_waits(fx.e, fx.srv) == 1));
+    assert_true(FX_EVENTUALLY(fx_server_waits(fx.e, fx.srv) == 1));
 
     srand(7);
     for (int round = 0; round < 5; round++) {

@@ -205,6 +205,9 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
         } else if (collie_work_test(nw->w)) {
             nw->finished = true; /* ended already (deadline, cancel) */
         } else {
+            /* judged now: once the abort has drained the stream, a completed
+             * end event no longer means the work made it */
+            nccl_gpu_done_locked(nc, nw);
             nw->late = true;
         }
     }
@@ -239,23 +242,28 @@ void cl_nccl_adopt(void *state, collie_work *w, int status, const char *msg) {
     cl_nccl_work *nw = nc->core->work_backend_data(w);
     bool now = false, overrun = false;
     pthread_mutex_lock(&nc->mu);
-    if (nw->adopted) { /* the core claims a work once: cannot happen */
+    if (nw->claimed) { /* ours already: the core could not have claimed it */
         pthread_mutex_unlock(&nc->mu);
         return;
     }
-    nw->adopted = nw->claimed = nw->finished = true;
+    nw->claimed = nw->finished = true;
     nw->late = false; /* the abort's late path must not claim it again */
     nw->adopt_status = status;
     snprintf(nw->adopt_msg, sizeof nw->adopt_msg, "%s", msg ? msg : "deadline passed");
+    /* `adopted` marks the ones an abort batch publishes; the others are
+     * published here, and the abort coming next must skip them */
     if (!nw->linked || nccl_gpu_done_locked(nc, nw)) {
         now = true; /* the GPU is done with it: nothing to wait for */
     } else if (nc->aborting && !nc->batch_taken) {
-        nw->batch_next = nc->batch; /* the abort is quiescing: join its batch */
+        nw->adopted = true; /* the abort is quiescing: join its batch */
+        nw->batch_next = nc->batch;
         nc->batch = nw;
     } else if (nc->aborting) {
         now = true; /* the batch is out: quiesced, or past the bound */
         overrun = !nc->abort_done;
-    } /* else it stays on the list: the abort that follows (fault or the core) batches it */
+    } else {
+        nw->adopted = true; /* the abort that follows (fault or the core) batches it */
+    }
     pthread_mutex_unlock(&nc->mu);
     if (now)
         nc->core->work_publish(w, status, "%s%s", nw->adopt_msg, overrun ? nccl_overrun_note : "");
@@ -276,7 +284,7 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
             continue;
         }
         if (!cl_nccl_work_active(nc->core, nw->w)) continue; /* still not started */
-        if (nccl_gpu_done_locked(nc, nw)) {                  /* it made it before the abort */
+        if (nw->gpu_done) { /* it had made it when the abort came */
             if (ndone == 64) continue;
             nw->late = false;
             nw->finished = true;

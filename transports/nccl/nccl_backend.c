@@ -245,8 +245,8 @@ static void nccl_on_store(collie_work *w, void *arg) {
     if (st != COLLIE_OK) {
         char bound[80] = "";
         if (st == COLLIE_ETIMEDOUT && nc->create_timeout_ms > 0)
-            snprintf(bound, sizeof bound, "NCCL init did not complete within %d ms: ",
-                     (int)nc->create_timeout_ms);
+            snprintf(bound, sizeof bound,
+                     "NCCL init did not complete within %d ms: ", (int)nc->create_timeout_ms);
         snprintf(why, sizeof why, "%sexchanging the NCCL unique id through the store: %s", bound,
                  collie_work_error_message(w));
         collie_work_release(w);

@@ -58,9 +58,9 @@ struct cl_nccl_work {
     bool finished;          /* finished, or handed to someone who will finish it (mu) */
     bool claimed;           /* claimed by the abort; published with the batch (mu) */
     bool late;              /* the abort found it not yet started by the core (mu) */
-    bool adopted;           /* the core claimed it (deadline) and handed it over (mu) */
-    int adopt_status;       /* ... to be published with this, after the quiesce */
-    char adopt_msg[192];
+    bool adopted;           /* the core handed it over (deadline); an abort publishes it */
+    int adopt_status;       /* the status the core gave it (adopt) */
+    char adopt_msg[192];    /* ... and its message */
     cudaError_t record_err; /* cudaEventRecord of end_ev failed (mu) */
     ncclResult_t issue_err; /* NCCL refused it when the poll hook issued it (mu) */
     cl_nccl_work *next, *prev, *batch_next;

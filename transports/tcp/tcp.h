@@ -101,6 +101,7 @@ typedef struct tcp_conn {
 
     /* send side */
     tcp_msg *sq_head, *sq_tail;
+    bool flush_scheduled; /* wev activated to flush after the current callback */
 
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];

@@ -386,20 +386,29 @@ static void conn_ready(tcp_conn *c) {
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
     m->next = NULL;
     m->sent = 0;
-    bool was_empty = c->sq_head == NULL;
     if (c->sq_tail)
         c->sq_tail->next = m;
     else
         c->sq_head = m;
     c->sq_tail = m;
-    if (c->state == TCP_CONN_READY && was_empty) conn_flush(c);
+    /* flush once the current callback is done: messages queued by several
+     * works meanwhile leave in one sendmsg */
+    if (c->state == TCP_CONN_READY && !c->flush_scheduled) {
+        c->flush_scheduled = true;
+        event_active(c->wev, EV_WRITE, 0);
+    }
 }
 
+#define FLUSH_BATCH 32 /* messages gathered into one sendmsg */
+
 /* Write the handshake bytes, then queued messages, until the socket is
- * full. Completing a message may make its work post more messages to this
- * connection: they are appended and picked up by this same loop. */
+ * full. Up to FLUSH_BATCH messages go out in one sendmsg (header and
+ * payload straight from the user's memory). Completing a message may make
+ * its work post more messages to this connection: they are appended and
+ * picked up by this same loop. */
 static void conn_flush(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
+    c->flush_scheduled = false;
     while (c->hs_out_sent < c->hs_out_len) {
         ssize_t n =
             send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent, MSG_NOSIGNAL);
@@ -415,49 +424,79 @@ static void conn_flush(tcp_conn *c) {
         return;
     }
     while (c->sq_head) {
-        tcp_msg *m = c->sq_head;
-        bool busy = m->len > 0;
-        if (busy && !core->work_busy_enter(m->owner->w)) {
-            /* the work is being finished (deadline, cancel): its detach
-             * will drop this message; stop touching its memory now */
-            if (m->sent == 0) {
-                c->sq_head = m->next;
-                if (!c->sq_head) c->sq_tail = NULL;
-                continue;
+        tcp_msg *batch[FLUSH_BATCH];
+        collie_work *entered[FLUSH_BATCH];
+        struct iovec iov[2 * FLUSH_BATCH];
+        int nb = 0, ne = 0, niov = 0;
+        for (tcp_msg *m = c->sq_head; m && nb < FLUSH_BATCH; m = m->next) {
+            if (m->len > 0) { /* the payload is the work's memory: bracket it */
+                collie_work *w = m->owner->w;
+                bool have = false;
+                for (int i = 0; i < ne && !have; i++)
+                    have = entered[i] == w;
+                if (!have && !core->work_busy_enter(w)) {
+                    if (nb > 0) break; /* send what we have; this one next time */
+                    /* the work is being finished (deadline, cancel): its
+                     * detach will drop this message; do not touch it */
+                    if (m->sent > 0) {
+                        conn_lost(c, COLLIE_EABORTED, "a message to rank %d was cut off", c->peer);
+                        return;
+                    }
+                    c->sq_head = m->next;
+                    if (!c->sq_head) c->sq_tail = NULL;
+                    break;
+                }
+                if (!have) entered[ne++] = w;
             }
-            conn_lost(c, COLLIE_EABORTED, "a message to rank %d was cut off", c->peer);
-            return;
+            if (m->sent < TCP_FRAME_HDR) {
+                iov[niov].iov_base = m->hdr + m->sent;
+                iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
+            }
+            uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
+            if (m->len > poff) {
+                iov[niov].iov_base = (void *)(m->payload + poff);
+                iov[niov++].iov_len = m->len - poff;
+            }
+            batch[nb++] = m;
         }
-        struct iovec iov[2];
-        int niov = 0;
-        if (m->sent < TCP_FRAME_HDR) {
-            iov[niov].iov_base = m->hdr + m->sent;
-            iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
-        }
-        uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
-        if (m->len > poff) {
-            iov[niov].iov_base = (void *)(m->payload + poff);
-            iov[niov++].iov_len = m->len - poff;
-        }
+        if (nb == 0) continue; /* a dropped message: look again */
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-        if (busy) core->work_busy_exit(m->owner->w);
+        for (int i = 0; i < ne; i++)
+            core->work_busy_exit(entered[i]);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
             conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer, strerror(errno));
             return;
         }
-        m->sent += (uint64_t)n;
-        if (m->sent < TCP_FRAME_HDR + m->len) goto want_write;
-        c->sq_head = m->next;
-        if (!c->sq_head) c->sq_tail = NULL;
-        cl_tcp_op_done(m->owner);
+        /* account the bytes in order; unlink the finished messages first,
+         * then report them (reporting may queue more or close c) */
+        tcp_work *done[FLUSH_BATCH];
+        int nd = 0;
+        uint64_t left = (uint64_t)n;
+        for (int i = 0; i < nb; i++) {
+            tcp_msg *m = batch[i];
+            uint64_t want = TCP_FRAME_HDR + m->len - m->sent;
+            uint64_t take = left < want ? left : want;
+            m->sent += take;
+            left -= take;
+            if (take < want) break;
+            c->sq_head = m->next;
+            if (!c->sq_head) c->sq_tail = NULL;
+            done[nd++] = m->owner;
+        }
+        bool partial = nd < nb;
+        for (int i = 0; i < nd; i++)
+            cl_tcp_op_done(done[i]);
         if (c->state != TCP_CONN_READY) return; /* closed by a fault */
+        if (partial) goto want_write;
     }
-    event_del(c->wev);
+    event_del(c->wev);          /* also cancels an activation made meanwhile: */
+    c->flush_scheduled = false; /* this flush covered it */
     return;
 want_write:
     event_add(c->wev, NULL);
+    c->flush_scheduled = false;
 }
 
 static void conn_on_write(evutil_socket_t fd, short what, void *arg) {
