@@ -55,34 +55,38 @@ static void svc_init_done(collie_bcomm *bc, int status, const char *fmt, ...) {
     cl_comm_backend_init_done(bc, status, msg);
 }
 
-static int svc_key(collie_bcomm *bc, const char *key, char *out, size_t len) {
-    int n = snprintf(out, len, "%s%s", bc->comm->prefix, key);
-    if (n < 0 || (size_t)n >= len) return cl_set_last_error(COLLIE_EINVAL, "store key too long");
+/* A backend's store request: its key under the comm's namespace, its
+ * callback, its bound. */
+typedef struct svc_req {
+    char key[512];
+    collie_post_opts o;
+} svc_req;
+
+static int svc_req_init(svc_req *r, collie_bcomm *bc, const char *key, int32_t timeout_ms,
+                        collie_work_cb cb, void *arg) {
+    int n = snprintf(r->key, sizeof r->key, "%s%s", bc->comm->prefix, key);
+    if (n < 0 || (size_t)n >= sizeof r->key)
+        return cl_set_last_error(COLLIE_EINVAL, "store key '%s' too long", key);
+    r->o = (collie_post_opts)COLLIE_POST_OPTS_INIT;
+    r->o.cb = cb;
+    r->o.cb_arg = arg;
+    r->o.timeout_ms = timeout_ms;
     return COLLIE_OK;
 }
 
 static int svc_store_set(collie_bcomm *bc, const char *key, const void *val, size_t len,
                          collie_work_cb cb, void *arg, collie_work **out) {
-    char k[512];
-    int r = svc_key(bc, key, k, sizeof k);
-    if (r != COLLIE_OK) return r;
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.cb = cb;
-    o.cb_arg = arg;
-    o.timeout_ms = bc->comm->create_timeout_ms;
-    return collie_store_post_set(bc->comm->store, k, val, len, &o, out);
+    svc_req r;
+    int rc = svc_req_init(&r, bc, key, bc->comm->create_timeout_ms, cb, arg);
+    return rc != COLLIE_OK ? rc
+                           : collie_store_post_set(bc->comm->store, r.key, val, len, &r.o, out);
 }
 
 static int svc_store_get(collie_bcomm *bc, const char *key, int32_t timeout_ms, collie_work_cb cb,
                          void *arg, collie_work **out) {
-    char k[512];
-    int r = svc_key(bc, key, k, sizeof k);
-    if (r != COLLIE_OK) return r;
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.cb = cb;
-    o.cb_arg = arg;
-    o.timeout_ms = timeout_ms;
-    return collie_store_post_get(bc->comm->store, k, &o, out);
+    svc_req r;
+    int rc = svc_req_init(&r, bc, key, timeout_ms, cb, arg);
+    return rc != COLLIE_OK ? rc : collie_store_post_get(bc->comm->store, r.key, &r.o, out);
 }
 
 static void svc_auth_mac(const collie_bcomm *bc, const void *msg, size_t len,
