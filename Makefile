@@ -83,9 +83,11 @@ $(LIB_SO): $(CORE_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared -Wl,-soname,libcollie.so.0 $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
 
+# -rdynamic: backend plugins loaded by a tool (collie-bench --backend nccl)
+# resolve the collie_* API from the tool itself, as they do from tests.
 $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+	$(CC) $(LDFLAGS_ALL) -rdynamic -o $@ $< $(LIB_A) $(LIBS)
 
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)

@@ -2,17 +2,20 @@
  * test_bench.c — collie-bench run as a program under collie-run: every op
  * checked at 2, 3 and 4 ranks with the nccl-tests size conventions, the CSV
  * format, --inflight, dtypes and reductions, a corrupted result caught by
- * --check, an op missing its deadline, usage errors, --help, and a backend
- * that cannot be created (nccl on this machine) failing cleanly.
+ * --check, an op missing its deadline, usage errors, --help, a backend
+ * that cannot be created (nccl on this machine) failing cleanly, and
+ * --backend nccl on CUDA buffers against the CPU double of CUDA and NCCL.
  *
  * Every child runs with its output on pipes read by a bounded poll loop; a
  * run that outlives its bound is a failure, and the teardown SIGKILLs a
  * launcher a failed test left behind (its ranks die with it: collie-run
  * sets PR_SET_PDEATHSIG). CLTEST_QUICK selects smaller sizes (sanitizers).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "spawn.h"
@@ -37,8 +40,10 @@ static spawn_proc *run_start(const char *prog, const char *const *args) {
     return spawn_start(prog, args, NULL, RUN_BOUND_MS);
 }
 
-/* collie-run -n ranks --timeout 120 -- collie-bench bench_args..., to the end. */
-static spawn_proc *bench_run(int ranks, const char *const *bench_args) {
+/* collie-run -n ranks --timeout 120 -- collie-bench bench_args..., to the
+ * end, with env_extra ("NAME=value", NULL-terminated, may be NULL). */
+static spawn_proc *bench_run_env(int ranks, const char *const *env_extra,
+                                 const char *const *bench_args) {
     char n[16];
     snprintf(n, sizeof n, "%d", ranks);
     const char *args[SPAWN_MAX_ARGS + 1] = {"-n",  n,    "--timeout",
@@ -49,9 +54,13 @@ static spawn_proc *bench_run(int ranks, const char *const *bench_args) {
         args[k++] = bench_args[i];
     }
     args[k] = NULL;
-    spawn_proc *r = run_start("collie-run", args);
+    spawn_proc *r = spawn_start("collie-run", args, env_extra, RUN_BOUND_MS);
     spawn_finish(r);
     return r;
+}
+
+static spawn_proc *bench_run(int ranks, const char *const *bench_args) {
+    return bench_run_env(ranks, NULL, bench_args);
 }
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
@@ -381,8 +390,24 @@ static void test_usage_errors(void **state) {
     assert_spawn(r, strstr(r->text[0], "--inflight"));
 }
 
-/* A backend that cannot be created here (no NCCL plugin on this machine)
- * fails at once with a message naming it, on every rank; no hang. */
+/* The build directory made absolute (the ranks resolve the paths). */
+static const char *build_dir(void) {
+    static char dir[PATH_MAX];
+    const char *d = getenv("CLTEST_BUILD_DIR");
+    assert_non_null(realpath(d && *d ? d : "build", dir));
+    return dir;
+}
+
+/* The NCCL plugin was built (not WITH_NCCL=0). */
+static bool nccl_plugin_built(void) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/lib/libcollie_nccl.so", build_dir());
+    return access(path, R_OK) == 0;
+}
+
+/* A backend that cannot be created here fails at once with a message naming
+ * it, on every rank; no hang: without the plugin, and with the plugin but
+ * the real CUDA runtime (no GPU on this machine; with one, skipped). */
 static void test_nccl_backend_fails_cleanly(void **state) {
     (void)state;
     spawn_proc *r = bench_run(2, ARGS("--backend", "nccl", "--sizes", "4", "--iters", "1"));
@@ -390,6 +415,53 @@ static void test_nccl_backend_fails_cleanly(void **state) {
     assert_spawn(r, strstr(r->text[1], "cannot create a communicator with backend 'nccl'"));
     assert_spawn(r, r->len[0] == 0);
     assert_spawn(r, r->elapsed_ms < 20000);
+    spawn_free(r);
+    if (!nccl_plugin_built()) return;
+
+    char pp[PATH_MAX + 32];
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    r = bench_run_env(
+        2, ARGS(pp),
+        ARGS("--backend", "nccl", "--sizes", "4", "--iters", "1", "--timeout-ms", "5000"));
+    if (r->status == 0) skip(); /* this machine has a GPU after all */
+    assert_spawn(r, r->status != 124);
+    assert_spawn(r, strstr(r->text[1], "collie-bench: "));
+    assert_spawn(r, r->elapsed_ms < 20000);
+}
+
+/* --backend cuda:nccl,cpu:tcp against the CPU double of libcudart and
+ * libnccl: the timed ops run on "device" buffers (cudaMalloc, cudaMemcpy of
+ * the double) through collie_cuda_*, checked; the timings are combined on
+ * the cpu backend. One rank: the double's NCCL ranks meet inside one
+ * process, so ranks in separate processes would never finish NCCL init. */
+static void test_nccl_backend_on_the_double(void **state) {
+    (void)state;
+    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
+    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    const char *sizes = quick() ? "4,4096,65536" : "4,4096,1048576";
+    spawn_proc *r = bench_run_env(1, ARGS(ld, pp),
+                                  ARGS("--backend", "cuda:nccl,cpu:tcp", "--op",
+                                       "allreduce,broadcast,allgather", "--sizes", sizes, "--iters",
+                                       "3", "--check", "--timeout-ms", "10000"));
+    if (r->status != 0 && strstr(r->text[1], "unknown backend 'nccl'")) {
+        spawn_dump(r);
+        fail_msg("collie-bench could not load libcollie_nccl.so: a plugin takes collie's symbols "
+                 "from the executable, so collie-bench must be linked with -rdynamic");
+    }
+    assert_spawn(r, r->status == 0);
+    assert_spawn(r, strstr(r->text[0], "CUDA buffers"));
+    static char store[STORE_LEN];
+    char *rows[MAX_LINES];
+    size_t nl = lines_with(r->text[0], "[0] ", rows, MAX_LINES, store, sizeof store), nrows = 0;
+    for (size_t i = 0; i < nl; i++) {
+        if (rows[i][0] == '#') continue;
+        size_t len = strlen(rows[i]);
+        assert_spawn(r, len > 3 && strcmp(rows[i] + len - 3, " ok") == 0);
+        nrows++;
+    }
+    assert_int_equal(nrows, 9);
 }
 
 /* Outside collie-run: a clear error naming what is missing. */
@@ -413,6 +485,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_op_deadline_fails_cleanly, spawn_teardown),
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
         cmocka_unit_test_teardown(test_nccl_backend_fails_cleanly, spawn_teardown),
+        cmocka_unit_test_teardown(test_nccl_backend_on_the_double, spawn_teardown),
         cmocka_unit_test_teardown(test_needs_the_launcher, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

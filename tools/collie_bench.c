@@ -63,9 +63,18 @@
  *    on stderr (the launcher stops the others when the first rank exits, so
  *    rank 0 alone might never get to say it). --csv prints exactly one
  *    header line and the rows. Exit 0 ok, 1 error or check failure, 2 usage.
+ *  - A spec with a cuda backend ("nccl", "cuda:X"): the timed ops run on
+ *    CUDA buffers through collie_cuda.h on the bench's own stream, waited
+ *    with collie_work_wait; libcudart.so.13 is dlopen'ed (no CUDA headers or
+ *    link dependency) after the comm exists, so a missing plugin or device
+ *    is the comm's error. Host buffers stay as staging for --check
+ *    (cudaMemcpy up before, down after). Barriers between timings and the
+ *    statistics allreduce run on the cpu backend: a spec without one gets
+ *    "cpu:tcp," in front.
  *  - No libm: fp16/bf16 rounding is integer code, plus float arithmetic in
  *    the default rounding mode for fp16 subnormals.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -78,6 +87,7 @@
 #include <time.h>
 
 #include "collie.h"
+#include "collie_cuda.h"
 
 #define BENCH_EXIT_OK        0
 #define BENCH_EXIT_ERROR     1
@@ -139,7 +149,11 @@ static const struct {
 static const char *const bench_redops[COLLIE_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
 
 typedef struct bench_opts {
-    const char *backend;
+    const char *backend; /* as given */
+    const char *spec;    /* of the comm: backend, with cpu:tcp added when it has no cpu backend */
+    char spec_buf[256];
+    bool cuda;  /* the spec has a cuda backend: the timed ops run on CUDA buffers */
+    int device; /* --device, or -1 */
     bool ops[BENCH_NUM_OPS];
     size_t sizes[BENCH_MAX_SIZES];
     size_t nsizes;
@@ -158,8 +172,29 @@ typedef struct bench_counts {
     size_t bytes;      /* nccl-tests' size: the larger buffer, in bytes */
 } bench_counts;
 
+/* The few CUDA runtime calls the bench makes, loaded with dlopen (no CUDA
+ * headers, no link dependency). cudaError_t is an int, 0 success. */
+typedef struct bench_cuda {
+    void *lib;
+    int (*GetDeviceCount)(int *);
+    int (*SetDevice)(int);
+    int (*Malloc)(void **, size_t);
+    int (*Free)(void *);
+    int (*Memcpy)(void *, const void *, size_t, int); /* kind: 1 to device, 2 to host */
+    int (*StreamCreate)(collie_cuda_stream_t *);
+    int (*StreamSynchronize)(collie_cuda_stream_t);
+    int (*StreamDestroy)(collie_cuda_stream_t);
+    const char *(*GetErrorString)(int);
+    collie_cuda_stream_t stream;
+    unsigned char *send, *arena; /* device buffers, the size of the host ones */
+} bench_cuda;
+
+#define BENCH_CUDA_TO_DEVICE 1
+#define BENCH_CUDA_TO_HOST   2
+
 typedef struct bench {
     bench_opts o;
+    bench_cuda cu;
     collie_engine *engine;
     collie_comm *comm;
     int rank, size;
@@ -434,7 +469,42 @@ static unsigned char *bench_slot(const bench *b, size_t slot) {
     return b->arena + slot * b->slot_bytes;
 }
 
+static void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int res) {
+    const char *why = collie_last_error();
+    fprintf(stderr, "collie-bench: rank %d: %s of %zu bytes: post failed: %s (%s)\n", b->rank,
+            bench_op_names[op], k->bytes, *why ? why : collie_strerror(res),
+            collie_status_name(res));
+}
+
+/* Post op on the CUDA buffers and stream (collie_cuda.h). */
+static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, size_t slot,
+                           collie_work **w) {
+    collie_comm *c = b->comm;
+    collie_dtype dt = b->o.dt;
+    collie_redop rop = b->o.redop;
+    collie_cuda_stream_t st = b->cu.stream;
+    void *s = b->cu.send, *r = b->cu.arena + slot * b->slot_bytes;
+    size_t n = k->param;
+    switch (op) {
+    case BENCH_ALLREDUCE: return collie_cuda_allreduce(c, s, r, n, dt, rop, st, &b->po, w);
+    case BENCH_BROADCAST: return collie_cuda_broadcast(c, r, n, dt, BENCH_ROOT, st, &b->po, w);
+    case BENCH_REDUCE: return collie_cuda_reduce(c, s, r, n, dt, rop, BENCH_ROOT, st, &b->po, w);
+    case BENCH_ALLGATHER: return collie_cuda_allgather(c, s, r, n, dt, st, &b->po, w);
+    case BENCH_REDUCE_SCATTER:
+        return collie_cuda_reduce_scatter(c, s, r, n, dt, rop, st, &b->po, w);
+    case BENCH_ALLTOALL: return collie_cuda_alltoall(c, s, r, n, dt, st, &b->po, w);
+    case BENCH_GATHER: return collie_cuda_gather(c, s, r, n, dt, BENCH_ROOT, st, &b->po, w);
+    case BENCH_SCATTER: return collie_cuda_scatter(c, s, r, n, dt, BENCH_ROOT, st, &b->po, w);
+    default: return collie_cuda_barrier(c, st, &b->po, w);
+    }
+}
+
 static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, collie_work **w) {
+    if (b->o.cuda) {
+        int res = bench_post_cuda(b, op, k, slot, w);
+        if (res != COLLIE_OK) bench_post_failed(b, op, k, res);
+        return res;
+    }
     collie_comm *c = b->comm;
     collie_dtype dt = b->o.dt;
     collie_redop rop = b->o.redop;
@@ -453,15 +523,12 @@ static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot,
     default: res = collie_barrier(c, &b->po, w); break;
     }
     if (res != COLLIE_OK) {
-        const char *why = collie_last_error();
-        fprintf(stderr, "collie-bench: rank %d: %s of %zu bytes: post failed: %s (%s)\n", b->rank,
-                bench_op_names[op], k->bytes, *why ? why : collie_strerror(res),
-                collie_status_name(res));
+        bench_post_failed(b, op, k, res);
         if (res == COLLIE_ENOTSUP)
             fprintf(stderr,
                     "collie-bench: it posts on CPU buffers, and backend spec '%s' has no "
                     "cpu backend\n",
-                    b->o.backend);
+                    b->o.spec);
     }
     return res;
 }
@@ -516,9 +583,39 @@ static int bench_one(bench *b, bench_op op, const bench_counts *k) {
     return bench_ring(b, op, k, 1, 1, NULL);
 }
 
+/* A barrier on the CPU backend, also with CUDA buffers. */
 static int bench_sync(bench *b) {
     bench_counts none = {0, 0, 0, 0};
-    return bench_one(b, BENCH_BARRIER, &none);
+    int res = collie_barrier(b->comm, &b->po, &b->works[0]);
+    if (res != COLLIE_OK) {
+        bench_post_failed(b, BENCH_BARRIER, &none, res);
+        if (res == COLLIE_ENOTSUP)
+            fprintf(stderr, "collie-bench: backend spec '%s' has no cpu backend\n", b->o.spec);
+        return res;
+    }
+    return bench_wait(b, 0, BENCH_BARRIER, &none);
+}
+
+/* ---- CUDA buffers ---------------------------------------------------------- */
+
+static int bench_cuda_failed(const bench *b, const char *call, int e) {
+    fprintf(stderr, "collie-bench: rank %d: %s: %s\n", b->rank, call, b->cu.GetErrorString(e));
+    return COLLIE_EBACKEND;
+}
+
+/* Copy the send buffer's first `send` bytes and the first `slots` receive
+ * slots between host and device (all works on them have completed). */
+static int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots) {
+    bool up = kind == BENCH_CUDA_TO_DEVICE;
+    size_t len = slots * b->slot_bytes;
+    int e = 0;
+    if (send)
+        e = up ? b->cu.Memcpy(b->cu.send, b->sendbuf, send, kind)
+               : b->cu.Memcpy(b->sendbuf, b->cu.send, send, kind);
+    if (!e && len)
+        e = up ? b->cu.Memcpy(b->cu.arena, b->arena, len, kind)
+               : b->cu.Memcpy(b->arena, b->cu.arena, len, kind);
+    return e ? bench_cuda_failed(b, "cudaMemcpy", e) : COLLIE_OK;
 }
 
 /* ---- check ----------------------------------------------------------------- */
@@ -661,8 +758,9 @@ static void bench_print_header(bench *b) {
         fflush(stdout);
         return;
     }
-    printf("# collie-bench: backend %s, %d ranks, dtype %s, redop %s, root %d\n", b->o.backend,
-           b->size, bench_dtype_name(b->o.dt), bench_redops[b->o.redop], BENCH_ROOT);
+    printf("# collie-bench: backend %s, %d ranks, dtype %s, redop %s, root %d%s\n", b->o.spec,
+           b->size, bench_dtype_name(b->o.dt), bench_redops[b->o.redop], BENCH_ROOT,
+           b->o.cuda ? ", CUDA buffers" : "");
     char inflight[32] = "off";
     if (b->o.inflight) snprintf(inflight, sizeof inflight, "%d", b->o.inflight);
     printf("# iters %d, warmup %d, inflight %s, check %s, op timeout %d ms\n", b->o.iters,
@@ -729,7 +827,12 @@ static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
     int res;
     if (b->o.check) {
         bench_fill(b, op, &k, seed, used);
+        if (b->o.cuda &&
+            (res = bench_cuda_copy(b, BENCH_CUDA_TO_DEVICE, k.send * b->es, used)) != COLLIE_OK)
+            return res;
         if ((res = bench_one(b, op, &k)) != COLLIE_OK) return res;
+        if (b->o.cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, 1)) != COLLIE_OK)
+            return res;
         if (b->rank == b->o.corrupt_rank && k.recv > 0) bench_slot(b, 0)[k.recv * b->es / 2] ^= 1;
         ok = bench_verify(b, op, &k, seed, 0, "after the first op");
     }
@@ -756,6 +859,9 @@ static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
             return res;
     }
     /* every slot used holds the result of the last op that received into it */
+    if (b->o.check && ok && b->o.cuda &&
+        (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, used)) != COLLIE_OK)
+        return res;
     for (size_t sl = 0; b->o.check && ok && sl < used; sl++)
         ok = bench_verify(b, op, &k, seed, sl, "after the timed loops");
     b->lat[iters + 1] = ok ? 0.0 : 1.0;
@@ -804,7 +910,12 @@ static void bench_usage(FILE *f) {
             "Sweeps message sizes for each collective over a communicator created from\n"
             "the environment collie-run sets, and prints one table (rank 0 only).\n"
             "\n"
-            "  --backend SPEC     backend spec of the comm (default tcp; nccl, cpu:tcp,...)\n"
+            "  --backend SPEC     backend spec of the comm (default tcp; nccl, cpu:tcp,...);\n"
+            "                     with a cuda backend (nccl, cuda:nccl, cpu:tcp,cuda:nccl)\n"
+            "                     the ops run on CUDA buffers (libcudart.so.13, loaded at\n"
+            "                     run time) and the timings are combined on the cpu backend:\n"
+            "                     a spec without one gets cpu:tcp (nccl: cpu:tcp,nccl)\n"
+            "  --device N         CUDA device of every rank (default rank %% devices)\n"
             "  --op LIST          comma list of allreduce, broadcast, reduce, allgather,\n"
             "                     reduce_scatter, alltoall, gather, scatter, barrier, or all\n"
             "                     (default all); rooted ops use root 0\n"
@@ -903,6 +1014,7 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
                                              {"csv", no_argument, NULL, 'v'},
                                              {"timeout-ms", required_argument, NULL, 't'},
                                              {"corrupt-rank", required_argument, NULL, 'x'},
+                                             {"device", required_argument, NULL, 'g'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     const char *ops = "all", *sizes = BENCH_DEFAULT_SIZES;
@@ -912,7 +1024,8 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
                       .iters = BENCH_DEFAULT_ITERS,
                       .warmup = BENCH_DEFAULT_WARMUP,
                       .timeout_ms = BENCH_DEFAULT_TMO_MS,
-                      .corrupt_rank = -1};
+                      .corrupt_rank = -1,
+                      .device = -1};
     opterr = 0;
     int ch, v;
     while ((ch = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
@@ -970,6 +1083,10 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
             if (!bench_parse_int(optarg, 0, INT32_MAX, &o->corrupt_rank))
                 return bench_usage_error("--corrupt-rank '%s': want a rank", optarg);
             break;
+        case 'g':
+            if (!bench_parse_int(optarg, 0, INT32_MAX, &o->device))
+                return bench_usage_error("--device '%s': want a CUDA device number", optarg);
+            break;
         case 'h':
             if (!bench_quiet_rank()) bench_usage(stdout);
             return -1;
@@ -1006,12 +1123,85 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
         p += len + 1;
     }
     if (o->inflight > o->iters) o->inflight = o->iters;
+    /* which devices the spec serves: "cuda:X" or a bare nccl is cuda */
+    bool cpu = false;
+    for (const char *p = o->backend;;) {
+        size_t len = strcspn(p, ",");
+        if (!strncasecmp(p, "cuda:", 5) || (len == 4 && !strncasecmp(p, "nccl", 4)))
+            o->cuda = true;
+        else
+            cpu = true;
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    o->spec = o->backend;
+    if (o->cuda && !cpu) { /* the timings are combined on the cpu backend */
+        int len = snprintf(o->spec_buf, sizeof o->spec_buf, "cpu:tcp,%s", o->backend);
+        if (len < 0 || (size_t)len >= sizeof o->spec_buf)
+            return bench_usage_error("--backend '%s' is too long", o->backend);
+        o->spec = o->spec_buf;
+    }
+    if (o->device >= 0 && !o->cuda)
+        return bench_usage_error("--device needs a cuda backend in --backend ('%s')", o->backend);
     if (o->corrupt_rank >= 0 && !o->check)
         return bench_usage_error("--corrupt-rank needs --check%s", "");
     return BENCH_EXIT_OK;
 }
 
 /* ---- main -------------------------------------------------------------------- */
+
+/* Load the CUDA runtime, pick the device (--device, else rank % devices, as
+ * the NCCL plugin does), create our stream and device buffers the size of
+ * the host ones (zeroed from them). */
+static int bench_cuda_setup(bench *b, size_t send_bytes) {
+    bench_cuda *cu = &b->cu;
+    cu->lib = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!cu->lib) {
+        fprintf(stderr, "collie-bench: --backend %s needs the CUDA runtime (libcudart.so.13): %s\n",
+                b->o.backend, dlerror());
+        return COLLIE_EBACKEND;
+    }
+    static const char *const names[] = {"cudaGetDeviceCount",
+                                        "cudaSetDevice",
+                                        "cudaMalloc",
+                                        "cudaFree",
+                                        "cudaMemcpy",
+                                        "cudaStreamCreate",
+                                        "cudaStreamSynchronize",
+                                        "cudaStreamDestroy",
+                                        "cudaGetErrorString"};
+    void **slots[] = {(void **)&cu->GetDeviceCount,
+                      (void **)&cu->SetDevice,
+                      (void **)&cu->Malloc,
+                      (void **)&cu->Free,
+                      (void **)&cu->Memcpy,
+                      (void **)&cu->StreamCreate,
+                      (void **)&cu->StreamSynchronize,
+                      (void **)&cu->StreamDestroy,
+                      (void **)&cu->GetErrorString};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(*slots[i] = dlsym(cu->lib, names[i]))) {
+            fprintf(stderr, "collie-bench: libcudart.so.13 has no %s: %s\n", names[i], dlerror());
+            return COLLIE_EBACKEND;
+        }
+    int n = 0, e = cu->GetDeviceCount(&n);
+    if (e) return bench_cuda_failed(b, "cudaGetDeviceCount", e);
+    if (n <= 0) {
+        fprintf(stderr, "collie-bench: rank %d: no CUDA device\n", b->rank);
+        return COLLIE_EBACKEND;
+    }
+    int dev = b->o.device >= 0 ? b->o.device : b->rank % n;
+    if ((e = cu->SetDevice(dev))) return bench_cuda_failed(b, "cudaSetDevice", e);
+    if ((e = cu->StreamCreate(&cu->stream))) return bench_cuda_failed(b, "cudaStreamCreate", e);
+    void *s = NULL, *r = NULL;
+    if ((e = cu->Malloc(&s, send_bytes)) || (cu->send = s, e = cu->Malloc(&r, b->arena_bytes)))
+        return bench_cuda_failed(b, "cudaMalloc", e);
+    cu->arena = r;
+    if ((e = cu->Memcpy(cu->send, b->sendbuf, send_bytes, BENCH_CUDA_TO_DEVICE)) ||
+        (e = cu->Memcpy(cu->arena, b->arena, b->arena_bytes, BENCH_CUDA_TO_DEVICE)))
+        return bench_cuda_failed(b, "cudaMemcpy", e);
+    return COLLIE_OK;
+}
 
 static int bench_setup(bench *b) {
     collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
@@ -1024,7 +1214,8 @@ static int bench_setup(bench *b) {
     }
     collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
     co.name = "bench";
-    co.backend = b->o.backend;
+    co.backend = b->o.spec;
+    co.device = b->o.device;
     co.timeout_ms = b->o.timeout_ms;
     /* the rendezvous waits for every rank to start: not an op's deadline */
     co.create_timeout_ms =
@@ -1032,8 +1223,11 @@ static int bench_setup(bench *b) {
     res = collie_comm_create_from_env(b->engine, &co, &b->comm);
     if (res != COLLIE_OK) {
         const char *why = collie_last_error();
-        fprintf(stderr, "collie-bench: cannot create a communicator with backend '%s': %s (%s)\n",
-                b->o.backend, *why ? why : collie_strerror(res), collie_status_name(res));
+        fprintf(stderr,
+                "collie-bench: cannot create a communicator with backend '%s'%s%s%s: %s (%s)\n",
+                b->o.backend, b->o.spec != b->o.backend ? " (as '" : "",
+                b->o.spec != b->o.backend ? b->o.spec : "", b->o.spec != b->o.backend ? "')" : "",
+                *why ? why : collie_strerror(res), collie_status_name(res));
         return res;
     }
     b->rank = collie_comm_rank(b->comm);
@@ -1069,7 +1263,7 @@ static int bench_setup(bench *b) {
     memset(b->arena, 0, b->arena_bytes);
     b->po = (collie_post_opts)COLLIE_POST_OPTS_INIT;
     b->po.timeout_ms = b->o.timeout_ms;
-    return COLLIE_OK;
+    return b->o.cuda ? bench_cuda_setup(b, max_bytes) : COLLIE_OK;
 }
 
 static void bench_teardown(bench *b, bool failed) {
@@ -1077,11 +1271,17 @@ static void bench_teardown(bench *b, bool failed) {
     for (size_t i = 0; b->works && i < b->nworks; i++)
         collie_work_release(b->works[i]);
     if (b->comm) collie_comm_destroy(b->comm);
+    /* the comm is gone: no GPU work of ours is left to use the buffers */
+    if (b->cu.stream) b->cu.StreamSynchronize(b->cu.stream);
+    if (b->cu.send) b->cu.Free(b->cu.send);
+    if (b->cu.arena) b->cu.Free(b->cu.arena);
+    if (b->cu.stream) b->cu.StreamDestroy(b->cu.stream);
     if (b->engine) collie_engine_destroy(b->engine);
     free(b->works);
     free(b->lat);
     free(b->sendbuf);
     free(b->arena);
+    if (b->cu.lib) dlclose(b->cu.lib);
 }
 
 int main(int argc, char **argv) {
