@@ -1069,131 +1069,68 @@ static const char *plugin_dir(void) {
     return lib_dir;
 }
 
-static void test_collectives(void **state) {
-    (void)state;
-    run_scenario("collectives", true, plugin_dir(), NULL);
+/* The scenarios: each runs in a child process (see run_scenario) with the
+ * double on LD_LIBRARY_PATH or the real libraries, the plugin directory (or
+ * none) and extra environment switches of the double. */
+typedef struct scenario_case {
+    const char *name;
+    bool with_double, with_plugin;
+    const char *env[4]; /* NULL-terminated */
+} scenario_case;
+
+static void test_scenario(void **state) {
+    const scenario_case *sc = *state;
+    run_scenario(sc->name, sc->with_double, sc->with_plugin ? plugin_dir() : NULL,
+                 sc->env[0] ? sc->env : NULL);
 }
 
-static void test_inprogress(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_NCCL_INPROGRESS_MS=3", NULL};
-    run_scenario("inprogress", true, plugin_dir(), env);
-}
-
-static void test_hang(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
-    run_scenario("hang", true, plugin_dir(), env);
-}
-
-static void test_hang_policy_none(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
-    run_scenario("hang_none", true, plugin_dir(), env);
-}
-
-static void test_device_option(void **state) {
-    (void)state;
-    run_scenario("device", true, plugin_dir(), NULL);
-}
-
-static void test_async_error(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", "CLTEST_NCCL_ABORT_SLOW_MS=200",
-                         NULL};
-    run_scenario("async_error", true, plugin_dir(), env);
-}
-
-static void test_abort_in_flight(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL};
-    run_scenario("abort_in_flight", true, plugin_dir(), env);
-}
-
-static void test_abort_overrun(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=1500",
-                         "COLLIE_NCCL_ABORT_TIMEOUT_MS=300", NULL};
-    run_scenario("abort_overrun", true, plugin_dir(), env);
-}
-
-static void test_policy_none(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", NULL};
-    run_scenario("policy_none", true, plugin_dir(), env);
-}
-
-static void test_engine_shutdown(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", NULL};
-    run_scenario("engine_shutdown", true, plugin_dir(), env);
-}
-
-static void test_cancel(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_SLOW_MS=10000", NULL};
-    run_scenario("cancel", true, plugin_dir(), env);
-}
-
-static void test_wait_stream(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_SLOW_MS=300", NULL};
-    run_scenario("wait_stream", true, plugin_dir(), env);
-}
-
-static void test_graph_capture(void **state) {
-    (void)state;
-    run_scenario("graph_capture", true, plugin_dir(), NULL);
-}
-
-static void test_no_gpu(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_CUDA_NO_DEVICE=1", NULL};
-    run_scenario("no_gpu", true, plugin_dir(), env);
-}
-
-static void test_no_gpu_real_libraries(void **state) {
-    (void)state;
-    run_scenario("no_gpu_real", false, plugin_dir(), NULL);
-}
-
-static void test_plugin_missing(void **state) {
-    (void)state;
-    run_scenario("plugin_missing", false, NULL, NULL);
-}
-
-static void test_init_hang(void **state) {
-    (void)state;
-    const char *env[] = {"CLTEST_NCCL_INIT_HANG=1", NULL};
-    run_scenario("init_hang", true, plugin_dir(), env);
-}
-
-static void test_gpu_allreduce(void **state) {
-    (void)state;
-    run_scenario("gpu_allreduce", false, plugin_dir(), NULL);
-}
+static scenario_case scenario_table[] = {
+    {"plugin_missing", false, false, {NULL}},
+    {"no_gpu", true, true, {"CLTEST_CUDA_NO_DEVICE=1", NULL}},
+    {"no_gpu_real", false, true, {NULL}},
+    {"collectives", true, true, {NULL}},
+    {"inprogress", true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
+    {"wait_stream", true, true, {"CLTEST_CUDA_SLOW_MS=300", NULL}},
+    {"graph_capture", true, true, {NULL}},
+    {"hang", true, true, {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"async_error",
+     true,
+     true,
+     {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", "CLTEST_NCCL_ABORT_SLOW_MS=200", NULL}},
+    {"abort_in_flight",
+     true,
+     true,
+     {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"abort_overrun",
+     true,
+     true,
+     {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=1500",
+      "COLLIE_NCCL_ABORT_TIMEOUT_MS=300", NULL}},
+    {"policy_none", true, true, {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", NULL}},
+    {"hang_none",
+     true,
+     true,
+     {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"device", true, true, {NULL}},
+    {"engine_shutdown", true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
+    {"cancel", true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
+    {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
+    {"gpu_allreduce", false, true, {NULL}},
+};
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--scenario")) return child_main(argv[2]);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plugin_missing),
-        cmocka_unit_test(test_no_gpu),
-        cmocka_unit_test(test_no_gpu_real_libraries),
-        cmocka_unit_test(test_collectives),
-        cmocka_unit_test(test_inprogress),
-        cmocka_unit_test(test_wait_stream),
-        cmocka_unit_test(test_graph_capture),
-        cmocka_unit_test(test_hang),
-        cmocka_unit_test(test_async_error),
-        cmocka_unit_test(test_abort_in_flight),
-        cmocka_unit_test(test_abort_overrun),
-        cmocka_unit_test(test_policy_none),
-        cmocka_unit_test(test_hang_policy_none),
-        cmocka_unit_test(test_device_option),
-        cmocka_unit_test(test_engine_shutdown),
-        cmocka_unit_test(test_cancel),
-        cmocka_unit_test(test_init_hang),
-        cmocka_unit_test(test_gpu_allreduce),
+    enum { N = sizeof scenario_table / sizeof scenario_table[0] };
+    static const char *const names[N] = {
+        "test_plugin_missing",   "test_no_gpu",        "test_no_gpu_real_libraries",
+        "test_collectives",      "test_inprogress",    "test_wait_stream",
+        "test_graph_capture",    "test_hang",          "test_async_error",
+        "test_abort_in_flight",  "test_abort_overrun", "test_policy_none",
+        "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
+        "test_cancel",           "test_init_hang",     "test_gpu_allreduce",
     };
+    struct CMUnitTest tests[N];
+    for (size_t i = 0; i < N; i++)
+        tests[i] = (struct CMUnitTest){names[i], test_scenario, NULL, NULL, &scenario_table[i]};
     return cmocka_run_group_tests(tests, setup_paths, NULL);
 }
