@@ -4,6 +4,8 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/common.h"
@@ -70,3 +72,19 @@ void engine_sync(collie_engine *e) {
 }
 
 int64_t now_ms(void) { return cl_now_ns() / 1000000; }
+
+void test_tmpdir_make(char *buf, size_t len, const char *prefix) {
+    snprintf(buf, len, "/tmp/%s-XXXXXX", prefix);
+    assert_non_null(mkdtemp(buf));
+}
+
+static int tmpdir_rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void test_tmpdir_remove(const char *dir) {
+    if (dir && dir[0]) nftw(dir, tmpdir_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}

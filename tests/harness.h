@@ -37,6 +37,12 @@ int count_threads(void);
  * queued before has run when this returns. */
 void engine_sync(collie_engine *e);
 
+/* test_tmpdir_make: a fresh directory /tmp/<prefix>-XXXXXX into buf (fails
+ * the test if it cannot be made); test_tmpdir_remove: remove it and all it
+ * holds. */
+void test_tmpdir_make(char *buf, size_t len, const char *prefix);
+void test_tmpdir_remove(const char *dir);
+
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 

@@ -657,24 +657,16 @@ static proc *rank_start(const char *prog, int r, int n, const char *store_addr,
     return p;
 }
 
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/cl-faults-XXXXXX");
-    assert_non_null(mkdtemp(tmp_dir));
+    test_tmpdir_make(tmp_dir, sizeof tmp_dir, "cl-faults");
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
     procs_kill_all();
-    nftw(tmp_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_tmpdir_remove(tmp_dir);
     return 0;
 }
 
