@@ -67,6 +67,22 @@ int count_threads(void) { return count_dir("/proc/self/task"); }
 
 static void sync_noop(void *arg) { (void)arg; }
 
+typedef struct tracked_probe {
+    collie_engine *e;
+    size_t n;
+} tracked_probe;
+
+static void tracked_read(void *arg) {
+    tracked_probe *p = arg;
+    p->n = cl_works_tracked(p->e);
+}
+
+size_t engine_tracked(collie_engine *e) {
+    tracked_probe p = {e, 0};
+    assert_int_equal(cl_engine_call(e, tracked_read, &p, 10000), COLLIE_OK);
+    return p.n;
+}
+
 void engine_sync(collie_engine *e) {
     assert_int_equal(cl_engine_call(e, sync_noop, NULL, 10000), COLLIE_OK);
 }

@@ -43,6 +43,10 @@ void engine_sync(collie_engine *e);
 void test_tmpdir_make(char *buf, size_t len, const char *prefix);
 void test_tmpdir_remove(const char *dir);
 
+/* engine_tracked: the engine's number of posted, not yet retired works,
+ * read on its progress thread (the counter is the loop's alone). */
+size_t engine_tracked(collie_engine *e);
+
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 

@@ -76,7 +76,7 @@ static void test_bad_post_options_rejected(void **state) {
     o2.timeout_ms = -7;
     assert_int_equal(manual_post(e, &o2, true, 0, NULL, &m), COLLIE_EINVAL);
     assert_non_null(strstr(collie_last_error(), "-7"));
-    assert_int_equal(cl_works_tracked(e), 0);
+    assert_int_equal(engine_tracked(e), 0);
 }
 
 /* ---- deadlines ------------------------------------------------------------------ */
@@ -356,7 +356,7 @@ static void test_finish_cancel_deadline_race_exactly_one_wins(void **state) {
     }
     engine_sync(e);
     assert_int_equal(atomic_load(&race_cb_calls), rounds); /* one callback per work */
-    assert_int_equal(cl_works_tracked(e), 0);
+    assert_int_equal(engine_tracked(e), 0);
     print_message("race winners: finish %d, cancel %d, peer %d, deadline %d\n", wins_by[0],
                   wins_by[1], wins_by[2], deadline_wins);
 }
