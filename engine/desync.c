@@ -23,7 +23,7 @@
 #include "engine/common.h"
 #include "engine/log.h"
 
-#define DESYNC_MS 800
+#define DESYNC_MS 600
 
 typedef struct desync {
     struct desync *next, *prev; /* the comm's list of reports in progress */
