@@ -106,7 +106,7 @@ $table
 
 Per run (ms): kill: $kill_runs; hang: $hang_runs.
 
-How the faults are found. **Kill**: the dead rank's neighbours read EOF or a reset on its connections at once and fail their oldest work with \`COLLIE_EPEER\`; their comms write the abort notice into the store, and every other rank's watch on the control channel delivers it, so all survivors fail with \`COLLIE_EABORTED\` naming rank 2, in about a millisecond, independent of the op timeout. **Hang**: a stopped process keeps its sockets open, so nothing is noticed before the 2 s deadline; the timed-out work then asks every rank for its progress (the desync report) and waits up to 800 ms for the stopped rank's answer, which never comes: hence timeout + ~800 ms.
+How the faults are found. **Kill**: the dead rank's neighbours read EOF or a reset on its connections at once and fail their oldest work with \`COLLIE_EPEER\`; their comms write the abort notice into the store, and every other rank's watch on the control channel delivers it, so all survivors fail with \`COLLIE_EABORTED\` naming rank 2, in about a millisecond, independent of the op timeout. **Hang**: a stopped process keeps its sockets open, so nothing is noticed before the 2 s deadline; the timed-out work then asks every rank for its progress (the desync report) and waits up to 600 ms for the stopped rank's answer, which never comes: hence timeout + ~600 ms.
 <!-- faults:end -->
 EOF
 )
