@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 
 #include "engine/common.h"
@@ -64,6 +65,34 @@ static int count_dir(const char *path) {
 
 int count_open_fds(void) { return count_dir("/proc/self/fd"); }
 int count_threads(void) { return count_dir("/proc/self/task"); }
+
+static int count_settled(int (*count)(void), int want) {
+    int64_t until = cl_now_ns() + 2000 * CL_NS_PER_MS;
+    int n;
+    while ((n = count()) != want && cl_now_ns() < until) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
+int count_threads_settled(int want) { return count_settled(count_threads, want); }
+
+int count_threads_stable(void) {
+    int64_t until = cl_now_ns() + 2000 * CL_NS_PER_MS, since = cl_now_ns();
+    int n = count_threads();
+    while (cl_now_ns() < until && cl_now_ns() - since < 100 * CL_NS_PER_MS) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        int m = count_threads();
+        if (m != n) {
+            n = m;
+            since = cl_now_ns();
+        }
+    }
+    return n;
+}
+int count_open_fds_settled(int want) { return count_settled(count_open_fds, want); }
 
 static void sync_noop(void *arg) { (void)arg; }
 

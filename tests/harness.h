@@ -33,6 +33,16 @@ int manual_post(collie_engine *e, const collie_post_opts *o, bool auto_finish, i
 int count_open_fds(void);
 int count_threads(void);
 
+/* count_threads_settled / count_open_fds_settled: the count once it equals
+ * `want`, or after 2 s: a thread that was joined, or an fd closed by a
+ * progress thread, can linger in /proc for a moment (more so under the
+ * sanitizers). A real leak still shows after the wait. */
+int count_threads_settled(int want);
+int count_open_fds_settled(int want);
+/* count_threads_stable: the thread count once it has not changed for
+ * 100 ms (at most 2 s): a baseline not inflated by a thread still exiting. */
+int count_threads_stable(void);
+
 /* engine_sync: run nothing on the loop and wait for it: every command
  * queued before has run when this returns. */
 void engine_sync(collie_engine *e);

@@ -1423,12 +1423,12 @@ static void test_abort_cycles(void **state) {
     for (int i = 0; i < cycles; i++) {
         if (i == CYCLES_WARMUP) {
             fds0 = count_open_fds();
-            threads0 = count_threads();
+            threads0 = count_threads_stable();
             rss0 = rss_kb();
         }
         one_cycle(e, st, i);
     }
-    int fds1 = count_open_fds(), threads1 = count_threads();
+    int fds1 = count_open_fds_settled(fds0), threads1 = count_threads_settled(threads0);
     long rss1 = rss_kb();
     print_message("%d cycles in %lld ms: fds %d -> %d, threads %d -> %d, VmRSS %ld -> %ld kB "
                   "(tolerance %d kB)\n",
