@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "collie.h"
+#include "harness.h"
 #include "engine/engine.h"
 #include "store/server.h"
 
@@ -141,6 +142,25 @@ static inline void fx_store_binary(char *buf, size_t len) {
         if (access(buf, X_OK) == 0) return;
     }
     snprintf(buf, len, "collie-store"); /* from PATH */
+}
+
+/* The process's resources before the tests: taken once a store has been
+ * used (that first use initialises libcrypto and libevent globals), and
+ * checked by the last test, so nothing a test started is left behind. */
+static int fx_baseline_fds, fx_baseline_threads;
+
+static inline void fx_baseline_take(void) {
+    store_fx warm;
+    fx_start(&warm, NULL, NULL);
+    assert_int_equal(collie_store_set(warm.st, "k", "v", 1, 2000), COLLIE_OK);
+    fx_stop(&warm);
+    fx_baseline_fds = count_open_fds();
+    fx_baseline_threads = count_threads_stable();
+}
+
+static inline void fx_baseline_check(void) {
+    assert_true(FX_EVENTUALLY(count_open_fds() == fx_baseline_fds));
+    assert_int_equal(count_threads_settled(fx_baseline_threads), fx_baseline_threads);
 }
 
 #endif

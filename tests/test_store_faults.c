@@ -552,22 +552,14 @@ static void test_auth_token_against_tokenless_server(void **state) {
 /* ---- nothing left behind
  * ------------------------------------------------------------------------------ */
 
-static int baseline_fds, baseline_threads;
-
 static void test_nothing_left_outstanding(void **state) {
     (void)state;
-    assert_true(FX_EVENTUALLY(count_open_fds() == baseline_fds));
-    assert_int_equal(count_threads_settled(baseline_threads), baseline_threads);
+    fx_baseline_check();
 }
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    store_fx warm; /* first use initialises libcrypto and libevent globals */
-    fx_start(&warm, NULL, NULL);
-    assert_int_equal(collie_store_set(warm.st, "k", "v", 1, 2000), COLLIE_OK);
-    fx_stop(&warm);
-    baseline_fds = count_open_fds();
-    baseline_threads = count_threads_stable();
+    fx_baseline_take();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_destroyed_mid_wait),
         cmocka_unit_test(test_unreachable_times_out),
