@@ -94,6 +94,7 @@ static const cl_work_ops cl_coll_ops_template = {
     .describe = coll_describe,
     .expire = cl_coll_expire,
     .expire_grace_ms = COLL_EXPIRE_GRACE_MS,
+    .handoff = cl_coll_handoff,
 };
 
 static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];

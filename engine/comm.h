@@ -70,6 +70,9 @@ typedef struct cl_coll_work {
     uint64_t fr_id;                       /* flight-recorder entry, 0 if none */
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
+    cl_cmd handoff_cmd;                   /* cancel/waiter → loop (coll_adopt.c) */
+    int handoff_status;
+    char handoff_msg[160];
     _Alignas(16) unsigned char backend_data[];
 } cl_coll_work;
 
@@ -180,6 +183,10 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
 bool cl_coll_is_work(const collie_work *w);
 /* desync.c: the expire hook of collective works */
 bool cl_coll_expire(collie_work *w);
+/* coll_adopt.c: works a device backend publishes once the device is quiet */
+bool cl_coll_adopts(const cl_coll_work *cw);
+bool cl_coll_expire_adopt(cl_coll_work *cw);
+void cl_coll_handoff(collie_work *w, int status, const char *msg);
 void cl_desync_flush(collie_comm *c);
 
 /* comm_create.c: begin the rendezvous on the loop thread */

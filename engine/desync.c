@@ -150,26 +150,10 @@ static void desync_on_sent(void *arg, int status, uint64_t k) {
     desync_release(d);
 }
 
-/* A backend that must quiesce a device before a completion may be seen
- * (CUDA) adopts the timed-out work: it publishes it after the abort. */
-static bool coll_expire_adopt(cl_coll_work *cw) {
-    collie_work *w = &cw->base;
-    collie_bcomm *bc = cw->bc;
-    if (!cl_work_claim(w)) return true;
-    char msg[160];
-    snprintf(msg, sizeof msg, "deadline of %d ms passed", (int)w->timeout_ms);
-    bc->ops->adopt(bc->state, w, COLLIE_ETIMEDOUT, msg);
-    cl_comm_fault(cw->comm, COLLIE_ETIMEDOUT, "%s %s", w->ops->name, msg);
-    /* policy NONE aborts nothing, but the adopted work is published only by
-     * an abort: a device that missed its deadline must be quiesced anyway */
-    if (cw->comm->policy == COLLIE_POLICY_NONE) bc->ops->abort(bc->state, COLLIE_EABORTED, msg);
-    return true;
-}
-
 bool cl_coll_expire(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;
     collie_comm *c = cw->comm;
-    if (cw->bc->ops->adopt && cw->bc->state) return coll_expire_adopt(cw);
+    if (cl_coll_adopts(cw)) return cl_coll_expire_adopt(cw);
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (p2p || c->size == 1 || !cl_comm_ctl_enabled(c) || atomic_load(&c->state) != CL_COMM_READY)
         return false;

@@ -213,7 +213,9 @@ COLLIE_API int collie_work_result(const collie_work *w);
  * still bounded by the work's own deadline). Returns the work's status, or
  * COLLIE_INPROGRESS if the wait gave up first (the work goes on). If the
  * work's deadline passes while the progress thread is blocked, the waiter
- * completes the work with COLLIE_ETIMEDOUT itself. On the progress thread a
+ * completes the work with COLLIE_ETIMEDOUT itself (a CUDA work: hands it to
+ * the loop, which publishes it once the GPU is quiesced; the wait then
+ * returns COLLIE_INPROGRESS if that takes over 15 s). On the progress thread a
  * pending work returns COLLIE_ESTATE instead of deadlocking. */
 COLLIE_API int collie_work_wait(collie_work *w, int32_t timeout_ms);
 
@@ -228,7 +230,11 @@ COLLIE_API int collie_work_wait_any(collie_work *const *ws, size_t n, int32_t ti
  * done yet. Returns COLLIE_OK if this call cancelled it (the completion may
  * be published a moment later if the progress thread is mid-step on it),
  * COLLIE_ESTATE if it had already completed. For store requests cancel is
- * clean; for collectives it is a local fault (the comm's policy applies). */
+ * clean; for collectives it is a local fault (the comm's policy applies).
+ * A CUDA collective cannot be stopped alone: cancel (like a waiter giving
+ * up on it) aborts the comm and the work completes with COLLIE_ECANCELED
+ * only once the abort has quiesced the GPU — cancel itself never blocks;
+ * once the completion is visible the buffers are free. */
 COLLIE_API int collie_work_cancel(collie_work *w);
 
 /* collie_work_hold / collie_work_release: take / drop a reference. The

@@ -691,12 +691,66 @@ static void sc_cancel(void **state) {
     void *mem[WORLD_MAX];
     collie_work *wk[WORLD_MAX];
     post_many(&g, 1, COLLIE_TIMEOUT_DEFAULT, mem, wk);
+    int64_t t0 = now_ms();
     assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
+    assert_true(now_ms() - t0 < 200); /* cancel does not wait for the GPU */
+    /* NCCL cannot cancel one op: the comm is aborted, and the cancelled work
+     * completes only once that abort (300 ms) has quiesced the GPU */
+    assert_false(collie_work_test(wk[0]));
+    assert_int_equal(collie_work_cancel(wk[0]), COLLIE_ESTATE); /* claimed once */
     expect_status(wk[0], COLLIE_ECANCELED, COLLIE_ECANCELED, "cancelled");
+    expect_quiesced_before(wk[0], 0);
     expect_status(wk[1], COLLIE_EABORTED, COLLIE_EBACKEND, NULL);
+    expect_quiesced_before(wk[1], 1);
+    int st;
+    const char *msg;
+    collie_comm_error(g.w.c[0], &st, &msg);
+    assert_int_equal(st, COLLIE_ECANCELED);
+    if (!strstr(msg, "allreduce cancelled by the application")) fail_msg("comm error: %s", msg);
     for (int i = 0; i < 2; i++)
         collie_work_release(wk[i]);
     /* new works reuse the released memory: the backend must hold none of it */
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
+static void sleep_cb(collie_work *w, void *arg) {
+    (void)w;
+    sleep_ms(*(int *)arg);
+}
+
+/* A waiter whose work's deadline passed while the progress loop was stuck
+ * (a user callback sleeping on it) gives up on the work itself — but a CUDA
+ * work is only handed over: it completes once the loop has aborted the comm
+ * and the abort has quiesced the GPU, never while the GPU may still write. */
+static void sc_waiter_expiry(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "wexpire", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    void *mem[WORLD_MAX];
+    collie_work *wk[WORLD_MAX];
+    int64_t t0 = now_ms();
+    post_many(&g, 1, 200, mem, wk); /* hangs (CLTEST_CUDA_HANG) */
+    /* the waiter expires it at 200 ms + the 1.5 s grace; the loop sleeps 2.5 s */
+    static int stuck_ms = 2500;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = sleep_cb;
+    o.cb_arg = &stuck_ms;
+    manual_work *mw;
+    assert_int_equal(manual_post(g.w.e, &o, true, COLLIE_OK, NULL, &mw), COLLIE_OK);
+    expect_status(wk[0], COLLIE_ETIMEDOUT, COLLIE_EABORTED, NULL);
+    int64_t took = now_ms() - t0;
+    if (took < stuck_ms)
+        fail_msg("completed after %lld ms, while the loop was stuck", (long long)took);
+    expect_quiesced_before(wk[0], 0);
+    expect_status(wk[1], COLLIE_ETIMEDOUT, COLLIE_EABORTED, NULL);
+    expect_quiesced_before(wk[1], 1);
+    for (int i = 0; i < 2; i++)
+        collie_work_release(wk[i]);
+    collie_work_release(&mw->base);
     gworld_destroy(&g, false);
     for (int r = 0; r < 2; r++)
         cu.Free(mem[r]);
@@ -939,6 +993,7 @@ static const struct {
     {"device", sc_device},
     {"engine_shutdown", sc_engine_shutdown},
     {"cancel", sc_cancel},
+    {"waiter_expiry", sc_waiter_expiry},
 };
 
 static int child_main(const char *name) {
@@ -1113,7 +1168,11 @@ static scenario_case scenario_table[] = {
      {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
     {"device", true, true, {NULL}},
     {"engine_shutdown", true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
-    {"cancel", true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
+    {"cancel", true, true, {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"waiter_expiry",
+     true,
+     true,
+     {"CLTEST_CUDA_HANG=allreduce", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
     {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
     {"gpu_allreduce", false, true, {NULL}},
 };
@@ -1127,7 +1186,8 @@ int main(int argc, char **argv) {
         "test_graph_capture",    "test_hang",          "test_async_error",
         "test_abort_in_flight",  "test_abort_overrun", "test_policy_none",
         "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
-        "test_cancel",           "test_init_hang",     "test_gpu_allreduce",
+        "test_cancel",           "test_waiter_expiry", "test_init_hang",
+        "test_gpu_allreduce",
     };
     struct CMUnitTest tests[N];
     for (size_t i = 0; i < N; i++)

@@ -9,7 +9,9 @@
  *    finisher sees the waiter or the waiter sees DONE).
  *  - A waiter is bounded by each work's own deadline, not by the progress
  *    thread: when a deadline passes and the work is still pending (the loop
- *    is stuck), the waiter finishes it with COLLIE_ETIMEDOUT itself.
+ *    is stuck), the waiter finishes it with COLLIE_ETIMEDOUT itself — or,
+ *    for a work a device may still be writing (handoff hook), hands it to
+ *    its producer and waits a bounded while more for the publication.
  *  - On the progress thread a pending work cannot complete while we block,
  *    so waiting there returns COLLIE_ESTATE.
  */
@@ -39,6 +41,10 @@ struct cl_waiter_link {
 static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define CL_WAIT_SPIN_NS (100 * 1000) /* a waiter polls this long before sleeping */
+/* A waiter that expired a work with a handoff hook waits this long more for
+ * its producer to publish it (NCCL's abort bound is 10 s by default); past
+ * it the wait returns COLLIE_INPROGRESS: the work is not complete. */
+#define CL_HANDOFF_WAIT_NS (15000 * CL_NS_PER_MS)
 
 void cl_work_wake_waiters(collie_work *w) {
     pthread_mutex_lock(&cl_wait_mu);
@@ -135,10 +141,15 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
         if (expired) {
             links[expired_i].expiry_tried = true; /* once: if it is being finished, wait */
             pthread_mutex_unlock(&cl_wait_mu);    /* finishing wakes waiters: needs the lock */
-            if (cl_work_finish(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
-                               (int)expired->timeout_ms))
+            if (cl_work_interrupt(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
+                                  (int)expired->timeout_ms)) {
                 CL_DEBUG("work", "%s seq %llu expired by its waiter", expired->ops->name,
                          (unsigned long long)expired->seq);
+                /* handed over: its producer publishes it once its device is
+                 * quiet; wait for that, but not without a bound */
+                int64_t cap = cl_now_ns() + CL_HANDOFF_WAIT_NS;
+                if (expired->ops->handoff && cap < until_ns) until_ns = cap;
+            }
             pthread_mutex_lock(&cl_wait_mu);
             continue;
         }

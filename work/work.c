@@ -16,6 +16,9 @@
  *  - After DONE, the work is retired on the loop thread (registry.c): the
  *    producer's detach hook, the completion queue, the user callback, in that
  *    order, exactly once.
+ *  - Cancel and waiters end a work through cl_work_interrupt: a work whose
+ *    buffers a device may still use (CUDA) has a handoff hook and is
+ *    published by its producer once the device is quiet, never at once.
  *  - References: the poster's (returned to the user), the engine's (post →
  *    retire), a completion queue's (while queued), and collie_work_hold's.
  */
@@ -153,6 +156,21 @@ bool cl_work_finish(collie_work *w, int status, const char *fmt, ...) {
     return true;
 }
 
+bool cl_work_interrupt(collie_work *w, int status, const char *fmt, ...) {
+    if (!cl_work_claim(w)) return false;
+    va_list ap;
+    va_start(ap, fmt);
+    if (w->ops->handoff) {
+        char msg[256];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        w->ops->handoff(w, status, msg);
+    } else {
+        cl_work_vpublish(w, status, fmt, ap);
+    }
+    va_end(ap);
+    return true;
+}
+
 bool cl_work_busy_enter(collie_work *w) {
     uint32_t s = CL_WORK_ACTIVE;
     return atomic_compare_exchange_strong_explicit(&w->state, &s, CL_WORK_ACTIVE | CL_WORK_BUSY,
@@ -220,6 +238,6 @@ int collie_work_info(const collie_work *w, collie_work_details *info) {
 
 int collie_work_cancel(collie_work *w) {
     if (!w) return COLLIE_EINVAL;
-    if (cl_work_finish(w, COLLIE_ECANCELED, "cancelled by the application")) return COLLIE_OK;
+    if (cl_work_interrupt(w, COLLIE_ECANCELED, "cancelled by the application")) return COLLIE_OK;
     return COLLIE_ESTATE;
 }

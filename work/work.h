@@ -42,6 +42,11 @@ typedef struct cl_work_ops {
     /* how long after the deadline a waiter finishes the work itself when
      * the loop has not (works with an expire hook need time for it) */
     int32_t expire_grace_ms;
+    /* handoff: optional; someone other than the producer (cancel, a waiter
+     * past the deadline) has claimed w. Instead of publishing at once, the
+     * work publishes `status`/`msg` itself, within a bound, once nothing
+     * touches its buffers any more (a device must be quiesced). Any thread. */
+    void (*handoff)(collie_work *w, int status, const char *msg);
 } cl_work_ops;
 
 /* Work states (low bits of `state`). */
@@ -118,6 +123,12 @@ void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap);
  * From a foreign thread while the loop holds BUSY, records a kill request
  * (honoured by cl_work_busy_exit) and returns true if it was the first. */
 bool cl_work_finish(collie_work *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* cl_work_interrupt: end w from outside its producer (cancel, a waiter
+ * past the deadline): claim it, then publish, or give it to ops->handoff.
+ * Returns true if this call claimed it. */
+bool cl_work_interrupt(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* cl_work_busy_enter / cl_work_busy_exit: bracket loop-thread access to the
