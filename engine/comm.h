@@ -112,6 +112,11 @@ struct collie_comm {
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
     _Atomic int groups_made;
+    /* made by collie_comm_split/new_group: the parent, whose backends may
+     * build ours from theirs (ops->split), with this rank's colour and key;
+     * the reference is dropped once the creation ends */
+    collie_comm *split_parent;
+    int split_color, split_key;
     /* progress, for desync answers */
     _Atomic uint64_t last_posted; /* highest collective seq posted */
     uint64_t last_done;           /* highest collective seq retired (loop) */
@@ -188,6 +193,13 @@ bool cl_coll_adopts(const cl_coll_work *cw);
 bool cl_coll_expire_adopt(cl_coll_work *cw);
 void cl_coll_handoff(collie_work *w, int status, const char *msg);
 void cl_desync_flush(collie_comm *c);
+
+/* comm_create.c: create a child of `parent` (collie_comm_split and
+ * new_group): like collie_comm_create, but the backends the child shares
+ * with the parent are built by ops->split, and a child without a backend
+ * spec of its own inherits the parent's. */
+int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
+                         int color, int key, collie_comm **out);
 
 /* comm_create.c: begin the rendezvous on the loop thread */
 void cl_comm_create_begin(collie_comm *c);

@@ -101,7 +101,13 @@ static void create_init_backends(create_state *cs) {
         collie_bcomm *bc = &c->bcs[d];
         if (!bc->ops) continue;
         bc->init_called = true;
-        int r = bc->ops->init(bc, &cl_core_services, &bc->state);
+        collie_bcomm *pb = c->split_parent ? &c->split_parent->bcs[d] : NULL;
+        int r;
+        if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready)
+            r = bc->ops->split(bc, &cl_core_services, pb->state, c->split_color, c->split_key,
+                               &bc->state);
+        else
+            r = bc->ops->init(bc, &cl_core_services, &bc->state);
         if (r != COLLIE_OK) {
             create_fail(cs, r, "backend %s failed to initialise: %s", bc->ops->name,
                         collie_last_error());
@@ -216,6 +222,8 @@ static void create_detach(collie_work *w) {
 
 static void create_free(collie_work *w) {
     create_state *cs = (create_state *)w;
+    if (cs->comm->split_parent) cl_comm_release(cs->comm->split_parent);
+    cs->comm->split_parent = NULL;
     cl_comm_release(cs->comm);
     free(cs);
 }
@@ -327,8 +335,27 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     return c;
 }
 
-int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
-                            const collie_comm_opts *o, collie_comm **out, collie_work **work) {
+/* Replace the backends of a comm just allocated (a child inherits its
+ * parent's). */
+static void comm_set_spec(collie_comm *c, const cl_backend_spec *spec) {
+    for (int d = 0; d < CL_NUM_DEVICES; d++)
+        if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
+    c->spec = *spec;
+    for (int d = 0; d < CL_NUM_DEVICES; d++) {
+        c->bcs[d].ops = spec->ops[d];
+        if (spec->ops[d]) cl_coll_pool_init(&c->bcs[d]);
+    }
+}
+
+/* The child part of a creation (cl_comm_create_child), or NULL. */
+typedef struct create_child {
+    collie_comm *parent;
+    int color, key;
+} create_child;
+
+static int create_post(collie_engine *e, collie_store *store, int rank, int size,
+                       const collie_comm_opts *o, const create_child *child, collie_comm **out,
+                       collie_work **work) {
     if (out) *out = NULL;
     if (work) *work = NULL;
     cl_clear_last_error();
@@ -341,6 +368,13 @@ int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int
     if (res != COLLIE_OK) return res;
     collie_comm *c = comm_alloc(e, store, rank, size, o ? o : &dflt, &res);
     if (!c) return res;
+    if (child) {
+        if (!cl_opt(o, backend, NULL)) comm_set_spec(c, &child->parent->spec);
+        cl_comm_hold(child->parent); /* dropped with the create state */
+        c->split_parent = child->parent;
+        c->split_color = child->color;
+        c->split_key = child->key;
+    }
     create_state *cs = calloc(1, sizeof *cs);
     if (!cs) {
         cl_comm_release(c);
@@ -372,11 +406,17 @@ int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int
     return COLLIE_OK;
 }
 
-int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
-                       const collie_comm_opts *o, collie_comm **out) {
+int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
+                            const collie_comm_opts *o, collie_comm **out, collie_work **work) {
+    return create_post(e, store, rank, size, o, NULL, out, work);
+}
+
+static int create_blocking(collie_engine *e, collie_store *store, int rank, int size,
+                           const collie_comm_opts *o, const create_child *child,
+                           collie_comm **out) {
     collie_work *w;
     if (out) *out = NULL;
-    int res = collie_comm_create_post(e, store, rank, size, o, out, &w);
+    int res = create_post(e, store, rank, size, o, child, out, &w);
     if (res != COLLIE_OK) return res;
     res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE); /* bounded by the work's deadline */
     if (res != COLLIE_OK) {
@@ -389,6 +429,17 @@ int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size
     }
     collie_work_release(w);
     return COLLIE_OK;
+}
+
+int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
+                       const collie_comm_opts *o, collie_comm **out) {
+    return create_blocking(e, store, rank, size, o, NULL, out);
+}
+
+int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
+                         int color, int key, collie_comm **out) {
+    create_child child = {parent, color, key};
+    return create_blocking(parent->engine, parent->store, rank, size, o, &child, out);
 }
 
 int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, collie_comm **out) {

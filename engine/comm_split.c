@@ -12,6 +12,12 @@
  *    colour COLLIE_UNDEFINED, or missing from new_group's list, gets
  *    COLLIE_ENOTMEMBER and no object: nothing half-built is ever returned.
  *  - Both block, bounded by the parent's create timeout.
+ *  - A child inherits the parent's backends and device unless its options
+ *    name others. A backend that can build children from the parent
+ *    (ops->split: NCCL's ncclCommSplit, collective over the parent) does
+ *    so for the members; every other rank of the parent takes part through
+ *    split_skip (new_group is a split with colour 0 and the list order as
+ *    the key), so no member waits for a rank that skipped the call.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,10 +43,43 @@ static collie_comm_opts child_opts(const collie_comm *parent, const collie_comm_
     if (o) memcpy(&co, o, o->size < sizeof co ? o->size : sizeof co);
     co.size = sizeof co;
     co.name = name;
+    if (co.device < 0) co.device = parent->device;
     if (co.timeout_ms == 0) co.timeout_ms = parent->timeout_ms;
     if (co.create_timeout_ms == 0) co.create_timeout_ms = parent->create_timeout_ms;
     if (co.policy == COLLIE_POLICY_DEFAULT) co.policy = parent->policy;
     return co;
+}
+
+/* Would a child made with opts `o` run the parent's backend on device d?
+ * (Without a spec of its own it inherits the parent's.) */
+static bool child_shares(const collie_comm *c, const collie_comm_opts *o, int d) {
+    const char *spec = cl_opt(o, backend, NULL);
+    if (!spec) return true;
+    cl_backend_spec cs;
+    return cl_backend_parse_spec(spec, &cs) == COLLIE_OK && cs.ops[d] == c->spec.ops[d];
+}
+
+/* Every rank of the parent takes part in each split of a backend that
+ * builds children from the parent (ops->split): a rank that gets no child
+ * of that backend (`member` false: not in the group; or a child with
+ * another backend) joins through split_skip, in post order. */
+static int split_skips(collie_comm *c, bool member, const collie_comm_opts *o, int key,
+                       const char *who) {
+    for (int d = 0; d < CL_NUM_DEVICES; d++) {
+        collie_bcomm *bc = &c->bcs[d];
+        if (!bc->ops || !bc->ops->split || !bc->ops->split_skip || !bc->state || !bc->ready)
+            continue;
+        if (member && child_shares(c, o, d)) continue;
+        pthread_mutex_lock(&c->mu);
+        int r = bc->ops->split_skip(bc->state, key);
+        pthread_mutex_unlock(&c->mu);
+        if (r != COLLIE_OK)
+            return cl_set_last_error(r,
+                                     "%s: backend %s of comm '%s' could not take part in the "
+                                     "split: %s",
+                                     who, bc->ops->name, c->name, collie_last_error());
+    }
+    return COLLIE_OK;
 }
 
 static int parent_check(collie_comm *c, collie_comm **out, const collie_comm_opts *o,
@@ -76,6 +115,9 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
         if (ranks[i] == c->rank) me = i;
     }
     int k = atomic_fetch_add(&c->groups_made, 1);
+    /* as a split: colour 0 for the members, the list order as the key */
+    r = split_skips(c, me >= 0, o, me, "collie_comm_new_group");
+    if (r != COLLIE_OK) return r;
     if (me < 0)
         return cl_set_last_error(COLLIE_ENOTMEMBER,
                                  "collie_comm_new_group: rank %d of '%s' is not in the group",
@@ -84,7 +126,7 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
     snprintf(suffix, sizeof suffix, "g%d", k);
     child_name(c, suffix, name, sizeof name);
     collie_comm_opts co = child_opts(c, o, name);
-    return collie_comm_create(c->engine, c->store, me, n, &co, out);
+    return cl_comm_create_child(c, me, n, &co, 0, me, out);
 }
 
 typedef struct split_entry {
@@ -136,6 +178,8 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
         if (col != color || color == COLLIE_UNDEFINED) continue;
         all[members++] = (split_entry){col, ky, i};
     }
+    res = split_skips(c, color != COLLIE_UNDEFINED, o, key, "collie_comm_split");
+    if (res != COLLIE_OK) goto out;
     if (color == COLLIE_UNDEFINED) {
         res = cl_set_last_error(COLLIE_ENOTMEMBER,
                                 "collie_comm_split: rank %d of '%s' chose COLLIE_UNDEFINED",
@@ -149,7 +193,7 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     snprintf(suffix, sizeof suffix, "s%d.%d", k, color);
     child_name(c, suffix, name, sizeof name);
     collie_comm_opts co = child_opts(c, o, name);
-    res = collie_comm_create(c->engine, c->store, me, members, &co, out);
+    res = cl_comm_create_child(c, me, members, &co, color, key, out);
 out:
     for (int i = 0; i < n; i++) {
         if (keys) free(keys[i]);

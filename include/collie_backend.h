@@ -177,6 +177,20 @@ typedef struct collie_backend_ops {
      * work_publish(w, status, "%s", msg) once the device no longer touches
      * its buffers (after the abort that follows). Loop thread. */
     void (*adopt)(void *state, collie_work *w, int status, const char *msg);
+    /* split (optional): init for a comm made by collie_comm_split or
+     * collie_comm_new_group whose parent runs this same backend: build the
+     * child from the parent's state (`parent`, ready) instead of a
+     * rendezvous of its own — NCCL: ncclCommSplit. Same contract as init.
+     * Every rank of the parent takes part exactly once per split: members
+     * of a child through split (colour >= 0; child ranks in (key, parent
+     * rank) order), every other rank through split_skip. (loop) */
+    int (*split)(collie_bcomm *bc, const collie_core_services *core, void *parent, int color,
+                 int key, void **state);
+    /* split_skip (optional, with split): this rank of the parent joins no
+     * child that runs this backend; take part in the parent's split without
+     * one. Must not block. (caller's thread, in post order with the
+     * parent's collectives) */
+    int (*split_skip)(void *parent, int key);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

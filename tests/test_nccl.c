@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -72,6 +73,7 @@ static struct {
     int (*live_comms)(void);
     int64_t (*abort_done_ns)(int rank); /* when rank's last ncclCommAbort returned */
     int (*comm_device)(int rank);       /* the device rank's last NCCL comm is on */
+    int (*splits)(void);                /* ncclCommSplit calls so far */
 } dbl;
 
 #define CU_MEMCPY_DEFAULT 4 /* cudaMemcpyDefault */
@@ -111,6 +113,7 @@ static bool cuda_load(void) {
     *(void **)&dbl.live_comms = sym(n, "cltest_nccl_live_comms");
     *(void **)&dbl.abort_done_ns = sym(n, "cltest_nccl_abort_done_ns");
     *(void **)&dbl.comm_device = sym(n, "cltest_nccl_comm_device");
+    *(void **)&dbl.splits = sym(n, "cltest_nccl_splits");
     return true;
 }
 
@@ -757,6 +760,125 @@ static void sc_waiter_expiry(void **state) {
     expect_double_idle();
 }
 
+/* Subgroups on the nccl backend: collie_comm_split and new_group build the
+ * children's NCCL communicators with ncclCommSplit of the parent's (every
+ * rank of the parent calls it once per split: members with their colour,
+ * the others with no colour). Each rank blocks in the call, so each runs
+ * on its own thread; a collective posted on the parent just before must
+ * reach NCCL before the split (with CLTEST_NCCL_INPROGRESS_MS, calls are
+ * still in progress when the split comes). */
+typedef struct gsplit_arg {
+    gworld *g;
+    int rank;
+    int split_rc, group_rc, child_rank, child_size, group_rank;
+    int before_rc, child_rc, group_op_rc, after_rc;
+    float before, child_sum, group_sum, after;
+    collie_comm *child, *group;
+} gsplit_arg;
+
+/* One CUDA allreduce of one float on comm c (stream s), waited for. */
+static int gsplit_allreduce(collie_comm *c, stream_t s, float *dev, float v, float *out) {
+    *dev = v; /* the double's device memory is host memory */
+    collie_work *w;
+    int rc = collie_cuda_allreduce(c, dev, dev, 1, COLLIE_FP32, COLLIE_SUM, s, NULL, &w);
+    if (rc != COLLIE_OK) return rc;
+    rc = collie_work_wait(w, WAIT_MS);
+    collie_work_release(w);
+    *out = *dev;
+    return rc;
+}
+
+static void *gsplit_main(void *p) {
+    gsplit_arg *a = p;
+    collie_comm *c = a->g->w.c[a->rank];
+    stream_t s = a->g->s[a->rank];
+    float *dev;
+    if (cu.Malloc((void **)&dev, sizeof *dev) != 0) return NULL;
+    /* posted on the parent, not waited for: the split must come after it */
+    *dev = 1.0f;
+    collie_work *before;
+    a->before_rc = collie_cuda_allreduce(c, dev, dev, 1, COLLIE_FP32, COLLIE_SUM, s, NULL, &before);
+    int color = a->rank == 2 ? COLLIE_UNDEFINED : a->rank % 2;
+    a->split_rc = collie_comm_split(c, color, -a->rank, NULL, &a->child);
+    if (a->before_rc == COLLIE_OK) {
+        a->before_rc = collie_work_wait(before, WAIT_MS);
+        collie_work_release(before);
+        a->before = *dev;
+    }
+    if (a->split_rc == COLLIE_OK) {
+        a->child_rank = collie_comm_rank(a->child);
+        a->child_size = collie_comm_size(a->child);
+        a->child_rc = gsplit_allreduce(a->child, s, dev, (float)(a->rank + 1), &a->child_sum);
+    } else if (a->split_rc != COLLIE_ENOTMEMBER) {
+        print_error("rank %d: split: %s\n", a->rank, collie_last_error());
+    }
+    int ranks[2] = {3, 1};
+    a->group_rc = collie_comm_new_group(c, ranks, 2, NULL, &a->group);
+    if (a->group_rc == COLLIE_OK) {
+        a->group_rank = collie_comm_rank(a->group);
+        a->group_op_rc = gsplit_allreduce(a->group, s, dev, 10.0f * (float)a->rank, &a->group_sum);
+    } else if (a->group_rc != COLLIE_ENOTMEMBER) {
+        print_error("rank %d: new_group: %s\n", a->rank, collie_last_error());
+    }
+    /* the parent still works after its splits */
+    a->after_rc = gsplit_allreduce(c, s, dev, 2.0f, &a->after);
+    cu.Free(dev);
+    return NULL;
+}
+
+static void sc_split(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 4, "gparent", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    int splits0 = dbl.splits();
+    gsplit_arg args[4];
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) {
+        args[r] = (gsplit_arg){.g = &g, .rank = r};
+        assert_int_equal(pthread_create(&th[r], NULL, gsplit_main, &args[r]), 0);
+    }
+    for (int r = 0; r < 4; r++)
+        pthread_join(th[r], NULL);
+    /* one ncclCommSplit per rank and split, none of them skipped */
+    assert_int_equal(dbl.splits() - splits0, 8);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(args[r].before_rc, COLLIE_OK);
+        assert_true(args[r].before == 4.0f);
+        assert_int_equal(args[r].after_rc, COLLIE_OK);
+        assert_true(args[r].after == 8.0f);
+    }
+    /* colour 0: {0}; colour 1: {1, 3} ordered by key -rank: 3 first */
+    assert_int_equal(args[0].split_rc, COLLIE_OK);
+    assert_int_equal(args[0].child_size, 1);
+    assert_int_equal(args[0].child_rc, COLLIE_OK);
+    assert_true(args[0].child_sum == 1.0f);
+    assert_int_equal(args[2].split_rc, COLLIE_ENOTMEMBER);
+    assert_null(args[2].child);
+    assert_int_equal(args[3].child_rank, 0);
+    assert_int_equal(args[1].child_rank, 1);
+    assert_int_equal(args[1].child_size, 2);
+    for (int r = 1; r < 4; r += 2) {
+        assert_int_equal(args[r].child_rc, COLLIE_OK);
+        assert_true(args[r].child_sum == 6.0f); /* 2 + 4 */
+    }
+    /* new_group {3, 1}: 3 is rank 0; 0 and 2 are not members */
+    assert_int_equal(args[0].group_rc, COLLIE_ENOTMEMBER);
+    assert_int_equal(args[2].group_rc, COLLIE_ENOTMEMBER);
+    assert_int_equal(args[3].group_rank, 0);
+    assert_int_equal(args[1].group_rank, 1);
+    for (int r = 1; r < 4; r += 2) {
+        assert_int_equal(args[r].group_op_rc, COLLIE_OK);
+        assert_true(args[r].group_sum == 40.0f); /* 10 + 30 */
+    }
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(collie_comm_destroy(args[r].child), COLLIE_OK);
+        assert_int_equal(collie_comm_destroy(args[r].group), COLLIE_OK);
+    }
+    gworld_destroy(&g, true);
+    expect_double_idle();
+}
+
 typedef struct probe {
     float *buf;
     float want;
@@ -994,6 +1116,8 @@ static const struct {
     {"engine_shutdown", sc_engine_shutdown},
     {"cancel", sc_cancel},
     {"waiter_expiry", sc_waiter_expiry},
+    {"split", sc_split},
+    {"split_inprogress", sc_split},
 };
 
 static int child_main(const char *name) {
@@ -1173,6 +1297,8 @@ static scenario_case scenario_table[] = {
      true,
      true,
      {"CLTEST_CUDA_HANG=allreduce", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"split", true, true, {NULL}},
+    {"split_inprogress", true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
     {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
     {"gpu_allreduce", false, true, {NULL}},
 };
@@ -1186,8 +1312,8 @@ int main(int argc, char **argv) {
         "test_graph_capture",    "test_hang",          "test_async_error",
         "test_abort_in_flight",  "test_abort_overrun", "test_policy_none",
         "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
-        "test_cancel",           "test_waiter_expiry", "test_init_hang",
-        "test_gpu_allreduce",
+        "test_cancel",           "test_waiter_expiry", "test_split",
+        "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
     };
     struct CMUnitTest tests[N];
     for (size_t i = 0; i < N; i++)

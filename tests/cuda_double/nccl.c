@@ -22,6 +22,11 @@
  *    the buffers again) and returns once none runs: the quiesce the plugin
  *    waits for. A rank that aborts makes peers waiting for it see
  *    ncclRemoteError, as a network transport would.
+ *  - ncclCommSplit is collective over the parent: each call is recorded in
+ *    the parent clique's split of that sequence number; the last rank to
+ *    call makes one clique per colour (ranks in (key, parent rank) order).
+ *    Until then the parent reports ncclInProgress (and refuses calls), and
+ *    each child is an unplaced comm whose init is in progress.
  *  - One mutex and one condition variable (monotonic clock) for everything.
  */
 #include <pthread.h>
@@ -73,6 +78,9 @@ struct ncclComm {
     uint64_t coll_seq, counts[K_NUM];
     struct dbl_op *deferred; /* calls answered ncclInProgress, enqueued later */
     int64_t deferred_until;
+    uint64_t split_seq;   /* ncclCommSplit calls made on this comm */
+    bool split_pending;   /* one of them waits for the other ranks */
+    dbl_clique *split_of; /* a child not yet placed: its parent's clique */
     char last_error[256];
 };
 
@@ -112,13 +120,24 @@ struct dbl_clique {
     bool *rank_aborted;
     dbl_room *rooms;
     dbl_msg *msgs;
+    struct dbl_split *splits; /* ncclCommSplit calls not every rank has made */
 };
+
+/* One ncclCommSplit of a clique: each rank's colour, key and child (NULL
+ * for NCCL_SPLIT_NOCOLOR). The record holds a reference on each child. */
+typedef struct dbl_split {
+    struct dbl_split *next;
+    uint64_t seq;
+    int arrived;
+    int *color, *key;
+    ncclComm_t *child;
+} dbl_split;
 
 static pthread_mutex_t nd_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t nd_cv;
 static pthread_once_t nd_once = PTHREAD_ONCE_INIT;
 static dbl_clique *nd_cliques;
-static int nd_aborts_started, nd_aborts_done, nd_executing, nd_live_comms;
+static int nd_aborts_started, nd_aborts_done, nd_executing, nd_live_comms, nd_splits;
 static _Thread_local int nd_group_depth;
 static _Thread_local struct {
     ncclComm_t comm;
@@ -157,6 +176,7 @@ CLTEST_API int cltest_nccl_aborts_started(void);
 CLTEST_API int cltest_nccl_aborts_done(void);
 CLTEST_API int cltest_nccl_ops_executing(void);
 CLTEST_API int cltest_nccl_live_comms(void);
+CLTEST_API int cltest_nccl_splits(void);
 #define ND_STAT(name, var)                                                                         \
     CLTEST_API int name(void) {                                                                    \
         nd_lock();                                                                                 \
@@ -168,6 +188,7 @@ ND_STAT(cltest_nccl_aborts_started, nd_aborts_started)
 ND_STAT(cltest_nccl_aborts_done, nd_aborts_done)
 ND_STAT(cltest_nccl_ops_executing, nd_executing)
 ND_STAT(cltest_nccl_live_comms, nd_live_comms)
+ND_STAT(cltest_nccl_splits, nd_splits)
 
 /* Per rank (< ND_MAX_RANKS) of any comm: when its last ncclCommAbort
  * returned (CLOCK_MONOTONIC ns, 0: never), and the device its last
@@ -223,13 +244,22 @@ static ncclResult_t nd_async_code(void) {
 
 /* ---- comms and cliques (nd_mu) ------------------------------------------------------- */
 
+static void nd_split_free_locked(dbl_split *sp, int n);
+
 static void nd_comm_unref_locked(ncclComm_t c) {
     if (--c->refs > 0) return;
     dbl_clique *q = c->cq;
-    q->members[c->rank] = NULL;
+    int rank = c->rank;
     nd_live_comms--;
     free(c);
+    if (!q) return; /* a split child never placed */
+    q->members[rank] = NULL;
     if (--q->refs > 0) return;
+    while (q->splits) {
+        dbl_split *sp = q->splits;
+        q->splits = sp->next;
+        nd_split_free_locked(sp, q->nranks);
+    }
     for (dbl_clique **pp = &nd_cliques; *pp; pp = &(*pp)->next)
         if (*pp == q) {
             *pp = q->next;
@@ -526,7 +556,7 @@ static ncclResult_t nd_submit(ncclComm_t c, cudaStream_t s, int kind, const dbl_
         res = ncclInvalidUsage;
     } else if (c->error != ncclSuccess) {
         res = c->error;
-    } else if (!c->initialized || c->call_inprogress) {
+    } else if (!c->initialized || c->call_inprogress || c->split_pending) {
         snprintf(c->last_error, sizeof c->last_error,
                  "cltest double: NCCL call while the communicator is still in progress");
         res = ncclInvalidUsage;
@@ -633,9 +663,15 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
     if (!c || !state) return ncclInvalidArgument;
     nd_lock();
-    if (!c->initialized && c->cq->joined == c->nranks &&
+    if (!c->initialized && c->cq && c->cq->joined == c->nranks &&
         !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
         c->initialized = true;
+    if (!c->cq && c->split_of && c->error == ncclSuccess)
+        for (int i = 0; i < c->split_of->nranks; i++)
+            if (c->split_of->rank_aborted[i])
+                nd_set_error_locked(c, ncclRemoteError,
+                                    "cltest double: ncclCommSplit: parent rank %s%d aborted", "",
+                                    i);
     if (c->deferred && cltest_now_ns() >= c->deferred_until) {
         dbl_op *op = c->deferred;
         c->deferred = NULL;
@@ -649,7 +685,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
     }
     if (c->error != ncclSuccess)
         *state = c->error;
-    else if (!c->initialized || c->call_inprogress)
+    else if (!c->initialized || c->call_inprogress || c->split_pending)
         *state = ncclInProgress;
     else
         *state = ncclSuccess;
@@ -666,7 +702,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (slow > 0) usleep((useconds_t)slow * 1000); /* the kernels keep running meanwhile */
     nd_lock();
     c->aborted = true;
-    c->cq->rank_aborted[c->rank] = true;
+    if (c->cq) c->cq->rank_aborted[c->rank] = true;
     pthread_cond_broadcast(&nd_cv);
     while (c->executing > 0) /* running ops notice and leave: the quiesce */
         nd_wait_until(0);
@@ -683,6 +719,128 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) { return ncclCommAbort(c); }
+
+/* ---- ncclCommSplit ---------------------------------------------------------------------- */
+
+static void nd_split_free_locked(dbl_split *sp, int n) {
+    for (int i = 0; i < n; i++)
+        if (sp->child[i]) nd_comm_unref_locked(sp->child[i]);
+    free(sp->color);
+    free(sp->key);
+    free(sp->child);
+    free(sp);
+}
+
+static dbl_split *nd_split_get_locked(dbl_clique *q, uint64_t seq) {
+    for (dbl_split *sp = q->splits; sp; sp = sp->next)
+        if (sp->seq == seq) return sp;
+    dbl_split *sp = calloc(1, sizeof *sp);
+    if (!sp) abort();
+    sp->seq = seq;
+    sp->color = calloc((size_t)q->nranks, sizeof *sp->color);
+    sp->key = calloc((size_t)q->nranks, sizeof *sp->key);
+    sp->child = calloc((size_t)q->nranks, sizeof *sp->child);
+    if (!sp->color || !sp->key || !sp->child) abort();
+    sp->next = q->splits;
+    q->splits = sp;
+    return sp;
+}
+
+/* Every rank has called: one clique per colour, ranks in (key, parent
+ * rank) order, as NCCL orders them. */
+static void nd_split_complete_locked(dbl_clique *q, dbl_split *sp) {
+    int n = q->nranks;
+    bool *placed = calloc((size_t)n, sizeof *placed);
+    int *order = calloc((size_t)n, sizeof *order);
+    if (!placed || !order) abort();
+    for (int first = 0; first < n; first++) {
+        if (!sp->child[first] || placed[first]) continue;
+        int m = 0;
+        for (int i = first; i < n; i++)
+            if (sp->child[i] && !placed[i] && sp->color[i] == sp->color[first]) {
+                int j = m++;
+                while (j > 0 && (sp->key[order[j - 1]] > sp->key[i])) {
+                    order[j] = order[j - 1];
+                    j--;
+                }
+                order[j] = i;
+                placed[i] = true;
+            }
+        dbl_clique *c = calloc(1, sizeof *c);
+        if (!c) abort();
+        c->members = calloc((size_t)m, sizeof *c->members);
+        c->rank_aborted = calloc((size_t)m, sizeof *c->rank_aborted);
+        if (!c->members || !c->rank_aborted) abort();
+        ncclGetUniqueId(&c->id);
+        c->nranks = m;
+        c->joined = m;
+        c->next = nd_cliques;
+        nd_cliques = c;
+        for (int r = 0; r < m; r++) {
+            ncclComm_t child = sp->child[order[r]];
+            child->cq = c;
+            child->rank = r;
+            child->nranks = m;
+            child->split_of = NULL;
+            c->members[r] = child;
+            c->refs++;
+            if (r < ND_MAX_RANKS) nd_comm_dev1[r] = child->dev + 1;
+        }
+    }
+    free(placed);
+    free(order);
+    for (int i = 0; i < n; i++)
+        if (q->members[i]) q->members[i]->split_pending = false;
+    for (dbl_split **pp = &q->splits; *pp; pp = &(*pp)->next)
+        if (*pp == sp) {
+            *pp = sp->next;
+            break;
+        }
+    nd_split_free_locked(sp, n);
+    pthread_cond_broadcast(&nd_cv);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config) {
+    if (!comm || !newcomm || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) return ncclInvalidArgument;
+    *newcomm = NULL;
+    if (config && config->magic != 0xcafebeef) return ncclInvalidArgument;
+    bool blocking = !config || config->blocking != 0;
+    nd_lock();
+    if (comm->aborted || comm->error != ncclSuccess || !comm->initialized ||
+        comm->call_inprogress || comm->split_pending) {
+        snprintf(comm->last_error, sizeof comm->last_error,
+                 "cltest double: ncclCommSplit on a communicator that is %s",
+                 comm->aborted ? "aborted" : "failed or still in progress");
+        nd_unlock();
+        return ncclInvalidUsage;
+    }
+    nd_splits++;
+    dbl_clique *q = comm->cq;
+    dbl_split *sp = nd_split_get_locked(q, comm->split_seq++);
+    ncclComm_t child = NULL;
+    if (color != NCCL_SPLIT_NOCOLOR) {
+        child = calloc(1, sizeof *child);
+        if (!child) abort();
+        child->rank = -1;
+        child->dev = comm->dev;
+        child->refs = 2; /* the caller's and the split record's */
+        child->split_of = q;
+        nd_live_comms++;
+    }
+    sp->color[comm->rank] = color;
+    sp->key[comm->rank] = key;
+    sp->child[comm->rank] = child;
+    comm->split_pending = true;
+    if (++sp->arrived == q->nranks) nd_split_complete_locked(q, sp);
+    while (blocking && comm->split_pending && !comm->aborted)
+        nd_wait_until(0);
+    if (child) child->initialized = blocking && child->cq;
+    bool pending = comm->split_pending;
+    nd_unlock();
+    *newcomm = child;
+    return pending ? ncclInProgress : ncclSuccess;
+}
 ncclResult_t ncclCommFinalize(ncclComm_t c) { return c ? ncclSuccess : ncclInvalidArgument; }
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int *count) {

@@ -220,9 +220,11 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     for (size_t i = 0; i < ndone; i++)
         nc->core->work_finish(done[i], COLLIE_OK, NULL);
     if (req) collie_work_cancel(req);
-    nc->core->log(1, NCCL_MOD, "comm '%s' rank %d: aborting the NCCL communicator (%zu works): %s",
-                  nc->core->name(nc->bc), nc->rank, claimed + (nc->root && nc->root->claimed),
-                  nc->abort_reason);
+    size_t failing = claimed + (nc->root && nc->root->claimed);
+    /* an idle comm being destroyed is routine; failing works are not */
+    nc->core->log(failing ? 1 : 3, NCCL_MOD,
+                  "comm '%s' rank %d: aborting the NCCL communicator (%zu works): %s",
+                  nc->core->name(nc->bc), nc->rank, failing, nc->abort_reason);
     int e = nccl_helper_start(nc, comm, true);
     if (e != 0) { /* cannot quiesce without blocking the loop: leak the comm, say so */
         nc->core->log(0, NCCL_MOD, "rank %d: cannot start the NCCL abort thread: %s", nc->rank,

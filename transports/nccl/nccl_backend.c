@@ -25,6 +25,10 @@
  *    and the poll hook fails init with COLLIE_ETIMEDOUT "NCCL init did not
  *    complete within X ms" when the CUDA setup or NCCL's init outlives it
  *    (the core's own creation deadline is a backstop behind it).
+ *  - A child of collie_comm_split/new_group (ops->split) skips the unique
+ *    id: on its parent's device, nccl_split.c calls ncclCommSplit on the
+ *    parent's communicator and init polls the child as above; it then
+ *    checks that NCCL numbered the ranks as collie did.
  *  - Lifetime: cl_nccl_comm is referenced by the backend (dropped by
  *    destroy) and by each helper thread; the last reference frees the
  *    stream, the events and the scratch buffer. After destroy nothing
@@ -76,7 +80,9 @@ void cl_nccl_release(cl_nccl_comm *nc) {
     if (nc->stream) cudaStreamDestroy(nc->stream);
     pthread_cond_destroy(&nc->cv);
     pthread_mutex_destroy(&nc->mu);
+    cl_nccl_comm *parent = nc->parent;
     free(nc);
+    if (parent) cl_nccl_release(parent);
 }
 
 /* ---- polling ------------------------------------------------------------------ */
@@ -92,6 +98,7 @@ bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc) {
     switch (nc->phase) {
     case NCCL_SETUP:
     case NCCL_INIT: return true;
+    case NCCL_UID: return nc->parent != NULL; /* a split waits for its parent */
     case NCCL_READY: return nc->head != NULL || nc->nccl_inprogress;
     default: return false;
     }
@@ -150,13 +157,13 @@ static void *nccl_setup_main(void *arg) {
         snprintf(msg, sizeof msg, "the comm's device option is %d but CUDA reports %d device%s",
                  nc->dev_opt, ndev, ndev == 1 ? "" : "s");
     } else {
-        dev = nc->dev_opt >= 0 ? nc->dev_opt : nc->rank % ndev;
+        dev = nc->parent ? nc->parent->dev : nc->dev_opt >= 0 ? nc->dev_opt : nc->rank % ndev;
         if ((ce = cudaSetDevice(dev)) != cudaSuccess ||
             (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
             (ce = cudaMalloc(&scratch, 4)) != cudaSuccess) {
             status = COLLIE_EBACKEND;
             snprintf(msg, sizeof msg, "CUDA device %d: %s", dev, cudaGetErrorString(ce));
-        } else if (nc->rank == 0 && (nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
+        } else if (nc->rank == 0 && !nc->parent && (nr = ncclGetUniqueId(&uid)) != ncclSuccess) {
             status = COLLIE_EBACKEND;
             snprintf(msg, sizeof msg, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
         }
@@ -164,7 +171,9 @@ static void *nccl_setup_main(void *arg) {
     if (status == COLLIE_OK)
         nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: CUDA device %d of %d (%s)",
                       nc->core->name(nc->bc), nc->rank, dev, ndev,
-                      nc->dev_opt >= 0 ? "the device option" : "rank % devices");
+                      nc->parent         ? "the parent comm's"
+                      : nc->dev_opt >= 0 ? "the device option"
+                                         : "rank % devices");
     pthread_mutex_lock(&nc->mu);
     nc->dev = dev;
     nc->stream = stream; /* freed with nc, whatever happens next */
@@ -180,7 +189,7 @@ static void *nccl_setup_main(void *arg) {
 
 /* ---- unique id exchange and NCCL init (loop) -------------------------------------- */
 
-static void nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg) {
+void cl_nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg) {
     pthread_mutex_lock(&nc->mu);
     nc->phase = NCCL_DEAD;
     pthread_mutex_unlock(&nc->mu);
@@ -209,7 +218,7 @@ static void nccl_comm_init(cl_nccl_comm *nc) {
         char err[256];
         snprintf(why, sizeof why, "ncclCommInitRankConfig: %s",
                  cl_nccl_strerror(r, NULL, err, sizeof err));
-        nccl_init_fail(nc, COLLIE_EBACKEND, why);
+        cl_nccl_init_fail(nc, COLLIE_EBACKEND, why);
         return;
     }
     cl_nccl_poll_set(nc, true);
@@ -235,7 +244,7 @@ static void nccl_on_store(collie_work *w, void *arg) {
             snprintf(why, sizeof why, "the NCCL unique id in the store has %zu bytes, not %zu", len,
                      sizeof(ncclUniqueId));
             collie_work_release(w);
-            nccl_init_fail(nc, COLLIE_EPROTO, why);
+            cl_nccl_init_fail(nc, COLLIE_EPROTO, why);
             return;
         }
         pthread_mutex_lock(&nc->mu);
@@ -250,7 +259,7 @@ static void nccl_on_store(collie_work *w, void *arg) {
         snprintf(why, sizeof why, "%sexchanging the NCCL unique id through the store: %s", bound,
                  collie_work_error_message(w));
         collie_work_release(w);
-        if (st != COLLIE_ECANCELED) nccl_init_fail(nc, st, why);
+        if (st != COLLIE_ECANCELED) cl_nccl_init_fail(nc, st, why);
         return;
     }
     collie_work_release(w);
@@ -267,12 +276,16 @@ static int32_t nccl_init_left_ms(const cl_nccl_comm *nc) {
 /* Setup finished (loop, from the poll hook): move the unique id. */
 static void nccl_setup_finished(cl_nccl_comm *nc, int status, const char *msg) {
     if (status != COLLIE_OK) {
-        nccl_init_fail(nc, status, msg);
+        cl_nccl_init_fail(nc, status, msg);
+        return;
+    }
+    if (nc->parent) { /* no unique id: ncclCommSplit of the parent's */
+        cl_nccl_split_poll(nc);
         return;
     }
     cl_nccl_store_ctx *ctx = malloc(sizeof *ctx);
     if (!ctx) {
-        nccl_init_fail(nc, COLLIE_ENOMEM, "no memory for the unique id exchange");
+        cl_nccl_init_fail(nc, COLLIE_ENOMEM, "no memory for the unique id exchange");
         return;
     }
     ctx->nc = nc;
@@ -287,21 +300,24 @@ static void nccl_setup_finished(cl_nccl_comm *nc, int status, const char *msg) {
     if (r != COLLIE_OK) {
         nc->store_ctx = NULL;
         free(ctx);
-        nccl_init_fail(nc, r, "posting the NCCL unique id exchange to the store failed");
+        cl_nccl_init_fail(nc, r, "posting the NCCL unique id exchange to the store failed");
     }
 }
 
 /* The init part of the poll hook (loop). Returns false once init is over. */
 static bool nccl_poll_init(cl_nccl_comm *nc) {
-    enum { NOTHING, SETUP_DONE, READY, FAILED } what = NOTHING;
+    enum { NOTHING, SETUP_DONE, SPLIT, READY, FAILED } what = NOTHING;
     int status = COLLIE_EBACKEND;
     char msg[400] = "", err[300];
     pthread_mutex_lock(&nc->mu);
-    if (nc->aborting || (nc->phase != NCCL_SETUP && nc->phase != NCCL_INIT)) {
+    bool split_wait = nc->phase == NCCL_UID && nc->parent;
+    if (nc->aborting || (nc->phase != NCCL_SETUP && nc->phase != NCCL_INIT && !split_wait)) {
         pthread_mutex_unlock(&nc->mu);
         return false;
     }
-    if (nc->phase == NCCL_SETUP) {
+    if (split_wait) {
+        what = SPLIT;
+    } else if (nc->phase == NCCL_SETUP) {
         if (nc->setup_done) {
             nc->phase = NCCL_UID;
             what = SETUP_DONE;
@@ -312,7 +328,15 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
         ncclResult_t st = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
         if (r != ncclSuccess) st = r;
-        if (st == ncclSuccess) {
+        int ur = -1;
+        if (st == ncclSuccess && nc->parent &&
+            (ncclCommUserRank(nc->comm, &ur) != ncclSuccess || ur != nc->rank)) {
+            what = FAILED; /* collie and NCCL must agree on the child's ranks */
+            status = COLLIE_EPROTO;
+            snprintf(msg, sizeof msg,
+                     "ncclCommSplit made this rank %d of the child, collie expects %d", ur,
+                     nc->rank);
+        } else if (st == ncclSuccess) {
             nc->phase = NCCL_READY;
             what = READY;
         } else if (st != ncclInProgress) {
@@ -321,27 +345,30 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
                      cl_nccl_strerror(st, nc->comm, err, sizeof err));
         }
     }
-    if (what == NOTHING && nc->create_timeout_ms > 0 &&
+    if ((what == NOTHING || what == SPLIT) && nc->create_timeout_ms > 0 &&
         cl_nccl_now_ns() - nc->init_start_ns > (int64_t)nc->create_timeout_ms * 1000000) {
         what = FAILED; /* the core then aborts the communicator being built */
         status = COLLIE_ETIMEDOUT;
         snprintf(msg, sizeof msg, "NCCL init did not complete within %d ms (%s)",
                  (int)nc->create_timeout_ms,
                  nc->phase == NCCL_SETUP ? "the CUDA setup is still running"
+                 : split_wait            ? "the parent comm never became free for ncclCommSplit"
+                 : nc->parent            ? "ncclCommSplit is still in progress"
                                          : "ncclCommInitRankConfig is still in progress");
     }
     pthread_mutex_unlock(&nc->mu);
     switch (what) {
     case SETUP_DONE:
-        cl_nccl_poll_set(nc, false); /* nothing to poll while the store works */
+        if (!nc->parent) cl_nccl_poll_set(nc, false); /* nothing to poll while the store works */
         nccl_setup_finished(nc, status, msg);
         break;
+    case SPLIT: cl_nccl_split_poll(nc); break;
     case READY:
         nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: NCCL communicator ready",
                       nc->core->name(nc->bc), nc->rank);
         nc->core->init_done(nc->bc, COLLIE_OK, NULL);
         break;
-    case FAILED: nccl_init_fail(nc, status, msg); break;
+    case FAILED: cl_nccl_init_fail(nc, status, msg); break;
     default: break;
     }
     return true;
@@ -349,9 +376,16 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
 
 /* ---- ops -------------------------------------------------------------------------- */
 
-static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nccl_comm *parent,
+                       int color, int key, void **state) {
     cl_nccl_comm *nc = calloc(1, sizeof *nc);
     if (!nc) return COLLIE_ENOMEM;
+    if (parent) {
+        cl_nccl_hold(parent);
+        nc->parent = parent;
+        nc->split_color = color;
+        nc->split_key = key;
+    }
     nc->bc = bc;
     nc->core = core;
     nc->rank = core->rank(bc);
@@ -373,7 +407,7 @@ static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **
                      sizeof why) != COLLIE_OK ||
         nccl_setting(core, "COLLIE_NCCL_ABORT_TIMEOUT_MS", NCCL_ABORT_MS_DEFAULT, 1,
                      &nc->abort_timeout_ms, why, sizeof why) != COLLIE_OK) {
-        nccl_init_fail(nc, COLLIE_EINVAL, why);
+        cl_nccl_init_fail(nc, COLLIE_EINVAL, why);
         return COLLIE_OK;
     }
     pthread_t t;
@@ -386,11 +420,15 @@ static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **
     if (e != 0) {
         cl_nccl_release(nc);
         snprintf(why, sizeof why, "cannot start the CUDA setup thread: %s", strerror(e));
-        nccl_init_fail(nc, COLLIE_ESYSTEM, why);
+        cl_nccl_init_fail(nc, COLLIE_ESYSTEM, why);
         return COLLIE_OK;
     }
     cl_nccl_poll_set(nc, true);
     return COLLIE_OK;
+}
+
+static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    return cl_nccl_comm_start(bc, core, NULL, 0, 0, state);
 }
 
 /* The poll hook: init steps, then (nccl_progress.c) completions. */
@@ -444,6 +482,8 @@ static const collie_backend_ops nccl_ops = {
     .abort = cl_nccl_abort,
     .destroy = nccl_destroy,
     .adopt = cl_nccl_adopt,
+    .split = cl_nccl_split,
+    .split_skip = cl_nccl_split_skip,
 };
 
 /* collie_backend_plugin_v1: the one symbol collie looks up in the plugin. */

@@ -10,6 +10,7 @@
  *   nccl_progress.c  poll and detach (loop): completions, async errors
  *   nccl_abort.c     abort and adopt: claim, ncclCommAbort off the loop,
  *                    publish
+ *   nccl_split.c     children of collie_comm_split/new_group by ncclCommSplit
  *
  * Lock: one mutex per comm (mu) guards everything below marked "mu". It is
  * taken on the posting thread (inside the core's comm lock: order core comm
@@ -31,7 +32,8 @@
 
 enum nccl_phase {
     NCCL_SETUP = 0, /* the setup thread picks the device, makes the stream */
-    NCCL_UID,       /* the unique id travels through the store */
+    NCCL_UID,       /* the unique id travels through the store (a split
+                       child: ncclCommSplit waits for the parent to be free) */
     NCCL_INIT,      /* ncclCommInitRankConfig returned; polling its state */
     NCCL_READY,     /* collectives may run */
     NCCL_DEAD,      /* init failed or the comm was aborted: no NCCL call any more */
@@ -71,6 +73,10 @@ struct cl_nccl_comm {
     const collie_core_services *core;
     int rank, size, dev;
     int dev_opt; /* the comm's `device` option (-1: rank % devices) */
+    /* a child of collie_comm_split/new_group: made by ncclCommSplit of the
+     * parent's communicator (held until this one is freed) */
+    cl_nccl_comm *parent;
+    int split_color, split_key;
     int32_t poll_us, abort_timeout_ms;
     int32_t create_timeout_ms; /* the bound of init (<= 0: none) */
     int64_t init_start_ns;
@@ -119,6 +125,20 @@ const char *cl_nccl_strerror(ncclResult_t r, ncclComm_t comm, char *buf, size_t 
 void cl_nccl_poll_set(cl_nccl_comm *nc, bool on);
 /* whether the loop must keep polling (mu) */
 bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc);
+
+/* nccl_split.c: a child comm from the parent's (ncclCommSplit) */
+int cl_nccl_split(collie_bcomm *bc, const collie_core_services *core, void *parent, int color,
+                  int key, void **state);
+int cl_nccl_split_skip(void *parent, int key);
+/* poll hook, phase NCCL_UID of a split child: call ncclCommSplit once the
+ * parent is free (loop) */
+void cl_nccl_split_poll(cl_nccl_comm *nc);
+
+/* nccl_backend.c: a new comm (init; a split child when parent is set) */
+int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nccl_comm *parent,
+                       int color, int key, void **state);
+/* init failed: no NCCL call any more; tell the core (loop) */
+void cl_nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg);
 
 /* nccl_post.c */
 int cl_nccl_start(void *state, collie_work *w, const collie_coll_args *a);
