@@ -515,7 +515,11 @@ COLLIE_API int collie_comm_create_from_env(collie_engine *e, const collie_comm_o
 /* collie_comm_split: new comms from the ranks of `c` with the same colour,
  * ordered by (key, parent rank). Every rank of `c` calls it, in the same
  * order relative to other collectives. A rank passing COLLIE_UNDEFINED gets
- * COLLIE_ENOTMEMBER and *out = NULL. The name is "<parent>.split<k>.<color>". */
+ * COLLIE_ENOTMEMBER and *out = NULL. The name is "<parent>.s<k>.<colour>"
+ * (new_group: "<parent>.g<k>"). Options left unset (NULL opts, backend,
+ * device, timeouts, policy) are the parent's; a backend that can (NCCL:
+ * ncclCommSplit) builds the child from the parent's communicator. Blocks,
+ * bounded by the parent's creation timeout. */
 COLLIE_API int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts *o,
                                  collie_comm **out);
 
