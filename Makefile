@@ -115,6 +115,17 @@ $(BUILD)/tests/plugins/libcollie_%.so: $(BUILD)/obj/tests/plugins/%_plugin.o
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDFLAGS_ALL) -o $@ $<
 
+# libcollie_needslib.so links a library kept off every search path at run
+# time: loading it fails the way a plugin whose libnccl.so.2 is missing does.
+$(BUILD)/tests/plugins/absent/libcltest_absent.so: tests/plugins/absent/absent.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -shared -o $@ $<
+
+$(BUILD)/tests/plugins/libcollie_needslib.so: $(BUILD)/obj/tests/plugins/needslib_plugin.o \
+		$(BUILD)/tests/plugins/absent/libcltest_absent.so
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDFLAGS_ALL) -o $@ $< -L$(BUILD)/tests/plugins/absent -lcltest_absent
+
 # keep objects of pattern chains (tests, tools) instead of deleting them
 .SECONDARY:
 

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include "engine/comm.h"
@@ -92,11 +93,21 @@ int collie_backend_register(const collie_backend_ops *ops) {
 /* Try dlopen of one candidate path; on success register and return ops. */
 static int backend_try_plugin(const char *path, const collie_backend_ops **out, char *why,
                               size_t whylen) {
+    bool has_dir = strchr(path, '/') != NULL;
+    if (has_dir && access(path, F_OK) != 0) return COLLIE_ENOENT; /* not in this directory */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *err = dlerror();
-        snprintf(why, whylen, "%s", err ? err : "dlopen failed");
-        return COLLIE_ENOENT;
+        if (!err) err = "dlopen failed";
+        /* searched by name: is it the plugin that is missing, or something
+         * the plugin needs (libnccl.so.2, libcudart.so.13)? */
+        if (!has_dir && strncmp(err, path, strlen(path)) == 0 && strstr(err, "No such file"))
+            return COLLIE_ENOENT;
+        snprintf(why, whylen, "%s%s", err,
+                 strstr(err, "cannot open shared object")
+                     ? " (a library the plugin needs is not installed or not on the library path)"
+                     : "");
+        return COLLIE_EBACKEND;
     }
     const collie_backend_ops *(*entry)(void);
     *(void **)&entry = dlsym(h, COLLIE_BACKEND_PLUGIN_SYMBOL);

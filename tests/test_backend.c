@@ -476,6 +476,10 @@ static int child_broken_plugins(void) {
          "does not export collie_backend_plugin_v1"},
         {"cpu:NoSym", COLLIE_EINVAL, "tests/plugins/libcollie_nosym.so does not export", NULL},
         {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 1"},
+        {"needslib", COLLIE_EBACKEND,
+         "plugin libcollie_needslib.so is unusable: "
+         "libcltest_absent.so: cannot open shared object file",
+         "a library the plugin needs is not installed or not on the library path"},
         {"absent", COLLIE_EINVAL, "not built in, not registered, and no plugin libcollie_absent.so",
          plugin_path},
     };
