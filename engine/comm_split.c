@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/comm.h"
 #include "engine/common.h"
@@ -70,14 +71,27 @@ static int split_skips(collie_comm *c, bool member, const collie_comm_opts *o, i
         if (!bc->ops || !bc->ops->split || !bc->ops->split_skip || !bc->state || !bc->ready)
             continue;
         if (member && child_shares(c, o, d)) continue;
-        pthread_mutex_lock(&c->mu);
-        int r = bc->ops->split_skip(bc->state, key);
-        pthread_mutex_unlock(&c->mu);
-        if (r != COLLIE_OK)
-            return cl_set_last_error(r,
-                                     "%s: backend %s of comm '%s' could not take part in the "
-                                     "split: %s",
-                                     who, bc->ops->name, c->name, collie_last_error());
+        /* "not now" while the parent has a call in progress: the loop drives
+         * it meanwhile (so the comm's lock is not held while waiting) */
+        int64_t until = cl_deadline_ns(cl_now_ns(), c->create_timeout_ms);
+        int r;
+        for (;;) {
+            cl_clear_last_error();
+            pthread_mutex_lock(&c->mu);
+            r = bc->ops->split_skip(bc->state, key);
+            pthread_mutex_unlock(&c->mu);
+            if (r != COLLIE_INPROGRESS || cl_now_ns() >= until) break;
+            struct timespec ts = {0, 200 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (r == COLLIE_OK) continue;
+        char why[256];
+        snprintf(why, sizeof why, "%s",
+                 r == COLLIE_INPROGRESS ? "the parent was still busy at the creation timeout"
+                                        : collie_last_error());
+        return cl_set_last_error(r == COLLIE_INPROGRESS ? COLLIE_ETIMEDOUT : r,
+                                 "%s: backend %s of comm '%s' could not take part in the split: %s",
+                                 who, bc->ops->name, c->name, why);
     }
     return COLLIE_OK;
 }

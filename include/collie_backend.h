@@ -188,8 +188,10 @@ typedef struct collie_backend_ops {
                  int key, void **state);
     /* split_skip (optional, with split): this rank of the parent joins no
      * child that runs this backend; take part in the parent's split without
-     * one. Must not block. (caller's thread, in post order with the
-     * parent's collectives) */
+     * one. Must not block: COLLIE_INPROGRESS means "not now" (a call still
+     * in progress) and the core calls again, bounded by the parent's
+     * creation timeout. (caller's thread, in post order with the parent's
+     * collectives) */
     int (*split_skip)(void *parent, int key);
 } collie_backend_ops;
 

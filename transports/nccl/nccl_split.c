@@ -12,9 +12,9 @@
  *    posted on the parent before it, as on every other rank, and a
  *    non-blocking communicator takes no call while one is in progress. So
  *    the call waits until the parent has no call in progress and nothing
- *    queued (the member's poll hook retries each turn; split_skip, on the
- *    caller's thread inside collie_comm_split, waits bounded by the
- *    parent's creation timeout).
+ *    queued: the member's poll hook retries each turn; split_skip answers
+ *    COLLIE_INPROGRESS and the core calls it again (bounded, without
+ *    holding the comm's lock, so the loop can drive the parent meanwhile).
  *  - After a split that returned ncclInProgress the parent counts as "a
  *    call in progress": its later posts queue (nccl_post.c) until its
  *    state leaves ncclInProgress. The child's own init is polled like
@@ -24,7 +24,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "transports/nccl/nccl_backend.h"
 
@@ -110,37 +109,26 @@ void cl_nccl_split_poll(cl_nccl_comm *nc) {
 
 int cl_nccl_split_skip(void *state, int key) {
     cl_nccl_comm *p = state;
-    int32_t bound_ms = p->create_timeout_ms > 0 ? p->create_timeout_ms : 10000;
-    int64_t until = cl_nccl_now_ns() + (int64_t)bound_ms * 1000000;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        if (!nccl_parent_usable_locked(p)) {
-            pthread_mutex_unlock(&p->mu);
-            p->core->set_error("the NCCL communicator was aborted");
-            return COLLIE_EABORTED;
-        }
-        if (nccl_parent_free_locked(p)) {
-            ncclComm_t none;
-            char err[300] = "";
-            ncclResult_t r =
-                nccl_split_call_locked(p, NCCL_SPLIT_NOCOLOR, key, p->core->name(p->bc), &none);
-            if (r != ncclSuccess && r != ncclInProgress)
-                cl_nccl_strerror(r, p->comm, err, sizeof err);
-            pthread_mutex_unlock(&p->mu);
-            if (r == ncclInProgress) cl_nccl_poll_set(p, true);
-            if (r != ncclSuccess && r != ncclInProgress) {
-                p->core->set_error("ncclCommSplit (no colour): %s", err);
-                return COLLIE_EBACKEND;
-            }
-            return COLLIE_OK;
-        }
+    ncclComm_t none;
+    char err[300] = "";
+    pthread_mutex_lock(&p->mu);
+    if (!nccl_parent_usable_locked(p)) {
         pthread_mutex_unlock(&p->mu);
-        if (cl_nccl_now_ns() > until) {
-            p->core->set_error("the NCCL communicator still had a call in progress after %d ms",
-                               (int)bound_ms);
-            return COLLIE_ETIMEDOUT;
-        }
-        struct timespec ts = {0, 200000};
-        nanosleep(&ts, NULL);
+        p->core->set_error("the NCCL communicator was aborted");
+        return COLLIE_EABORTED;
     }
+    if (!nccl_parent_free_locked(p)) {
+        pthread_mutex_unlock(&p->mu);
+        return COLLIE_INPROGRESS; /* the core calls again (bounded) */
+    }
+    ncclResult_t r =
+        nccl_split_call_locked(p, NCCL_SPLIT_NOCOLOR, key, p->core->name(p->bc), &none);
+    if (r != ncclSuccess && r != ncclInProgress) cl_nccl_strerror(r, p->comm, err, sizeof err);
+    pthread_mutex_unlock(&p->mu);
+    if (r == ncclInProgress) cl_nccl_poll_set(p, true);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        p->core->set_error("ncclCommSplit (no colour): %s", err);
+        return COLLIE_EBACKEND;
+    }
+    return COLLIE_OK;
 }
