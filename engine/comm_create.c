@@ -16,7 +16,10 @@
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
  *    step callback then sees the cancellation and stops.
- *  - The create state holds a comm reference until its last callback.
+ *  - The create state holds a comm reference until its last callback, and
+ *    a store request in flight holds a reference on the create work: when
+ *    the work ends early its detach only cancels the request, whose
+ *    callback runs later, after the caller may have released the work.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -69,6 +72,8 @@ static int32_t create_remaining_ms(create_state *cs) {
 
 static void create_on_step(collie_work *w, void *arg);
 
+/* Post the store request of the current step; create_on_step gets its
+ * result. The request holds a reference on the create work until then. */
 static int create_post_step(create_state *cs) {
     collie_comm *c = cs->comm;
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
@@ -76,19 +81,26 @@ static int create_post_step(create_state *cs) {
     o.cb_arg = cs;
     o.timeout_ms = create_remaining_ms(cs);
     char key[160];
+    int r;
+    collie_work_hold(&cs->base);
     switch (cs->step) {
     case STEP_JOIN:
         snprintf(key, sizeof key, "collie/%s/joins", c->name);
-        return collie_store_post_add(c->store, key, 1, &o, &cs->req);
+        r = collie_store_post_add(c->store, key, 1, &o, &cs->req);
+        break;
     case STEP_BARRIER:
         snprintf(key, sizeof key, "%screated", c->prefix);
-        return collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+        r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+        break;
     case STEP_COUNT: /* after a barrier timeout: how many ranks did arrive? */
         snprintf(key, sizeof key, "%screated", c->prefix);
         o.timeout_ms = 1000;
-        return collie_store_post_add(c->store, key, 0, &o, &cs->req);
-    default: return COLLIE_EINVAL;
+        r = collie_store_post_add(c->store, key, 0, &o, &cs->req);
+        break;
+    default: r = COLLIE_EINVAL; break;
     }
+    if (r != COLLIE_OK) collie_work_release(&cs->base); /* no callback will run */
+    return r;
 }
 
 static void create_init_backends(create_state *cs) {
@@ -133,8 +145,17 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
     if (r != COLLIE_OK) create_fail(cs, r, "store barrier: %s", collie_last_error());
 }
 
+static void create_step_done(create_state *cs, collie_work *w);
+
+/* The store request's callback: take the step's result, then drop the
+ * request's reference on the create work (last: it may free cs). */
 static void create_on_step(collie_work *w, void *arg) {
     create_state *cs = arg;
+    create_step_done(cs, w);
+    collie_work_release(&cs->base);
+}
+
+static void create_step_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
     int st = collie_work_result(w);
     cs->req = NULL;

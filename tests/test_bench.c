@@ -3,8 +3,10 @@
  * checked at 2, 3 and 4 ranks with the nccl-tests size conventions, the CSV
  * format, --inflight, dtypes and reductions, a corrupted result caught by
  * --check, an op missing its deadline, usage errors, --help, a backend
- * that cannot be created (nccl on this machine) failing cleanly, and
- * --backend nccl on CUDA buffers against the CPU double of CUDA and NCCL.
+ * that cannot be created (nccl on this machine) failing cleanly,
+ * --backend nccl on CUDA buffers against the CPU double of CUDA and NCCL,
+ * and --threads: ranks as threads over TCP, and every op through the NCCL
+ * plugin on the double at 2 to 4 ranks in one process.
  *
  * Every child runs with its output on pipes read by a bounded poll loop; a
  * run that outlives its bound is a failure, and the teardown SIGKILLs a
@@ -140,38 +142,30 @@ static void assert_only_rank0_stdout(const spawn_proc *r) {
 #define MAX_LINES 256
 #define STORE_LEN (64 * 1024)
 
-/* Every op, --check, at `ranks` ranks: exit 0, one table from rank 0 with a
- * row per op and size, sized as nccl-tests sizes them, every row checked. */
-static void all_ops_checked(int ranks) {
-    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
-    const size_t *sizes = quick() ? small : full;
-    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
-    const char *iters = quick() ? "2" : "3";
-    const size_t nsizes = 3;
-    spawn_proc *r =
-        bench_run(ranks, ARGS("--op", "all", "--check", "--sizes", size_arg, "--iters", iters));
-    assert_spawn(r, r->status == 0);
-    assert_spawn(r, !strstr(r->text[1], "collie-bench:"));
-    assert_only_rank0_stdout(r);
-    assert_spawn(r, strstr(r->text[0], "nccl-tests"));
-
+/* The table rank 0 printed: a row per op in `ops` (NULL: all) and size
+ * (the barrier: one), sized as nccl-tests sizes them at `ranks` ranks, in
+ * dtype f32, every row checked. The header names the world size. */
+static void assert_table(const spawn_proc *r, const size_t *sizes, size_t nsizes, int ranks,
+                         const bool *ops) {
     static char store[STORE_LEN];
-    char *rows[MAX_LINES];
+    char *rows[MAX_LINES], head[64];
+    snprintf(head, sizeof head, ", %d ranks", ranks);
+    assert_spawn(r, strstr(r->text[0], head));
     size_t nl = lines_with(r->text[0], "[0] ", rows, MAX_LINES, store, sizeof store);
-    size_t seen[NUM_OPS] = {0}, nrows = 0;
+    size_t seen[NUM_OPS] = {0}, nrows = 0, want_rows = 0;
     for (size_t i = 0; i < nl; i++) {
         if (rows[i][0] == '#') continue;
-        char op[32], algbw[32], busbw[32], ops[32], check[8];
+        char op[32], algbw[32], busbw[32], opss[32], check[8];
         size_t bytes, count;
         double t, lat;
         int got = sscanf(rows[i], "%31s %zu %zu %lf %lf %31s %31s %31s %7s", op, &bytes, &count, &t,
-                         &lat, algbw, busbw, ops, check);
+                         &lat, algbw, busbw, opss, check);
         if (got != 9) {
             spawn_dump(r);
             fail_msg("table row '%s'", rows[i]);
         }
         int k = op_index(op);
-        assert_spawn(r, k >= 0);
+        assert_spawn(r, k >= 0 && (!ops || ops[k]));
         size_t want =
             nccl_tests_bytes(op, k == NUM_OPS - 1 ? 0 : sizes[seen[k] % nsizes], 4, (size_t)ranks);
         if (bytes != want) {
@@ -184,13 +178,30 @@ static void all_ops_checked(int ranks) {
         nrows++;
     }
     for (int k = 0; k < NUM_OPS; k++) {
-        size_t want = k == NUM_OPS - 1 ? 1 : nsizes;
+        size_t want = ops && !ops[k] ? 0 : k == NUM_OPS - 1 ? 1 : nsizes;
         if (seen[k] != want) {
             spawn_dump(r);
             fail_msg("%s: %zu rows, want %zu", op_names[k], seen[k], want);
         }
+        want_rows += want;
     }
-    assert_int_equal(nrows, (NUM_OPS - 1) * nsizes + 1);
+    assert_int_equal(nrows, want_rows);
+}
+
+/* Every op, --check, at `ranks` ranks: exit 0, one table from rank 0 with a
+ * row per op and size, sized as nccl-tests sizes them, every row checked. */
+static void all_ops_checked(int ranks) {
+    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
+    const size_t *sizes = quick() ? small : full;
+    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
+    const char *iters = quick() ? "2" : "3";
+    spawn_proc *r =
+        bench_run(ranks, ARGS("--op", "all", "--check", "--sizes", size_arg, "--iters", iters));
+    assert_spawn(r, r->status == 0);
+    assert_spawn(r, !strstr(r->text[1], "collie-bench:"));
+    assert_only_rank0_stdout(r);
+    assert_spawn(r, strstr(r->text[0], "nccl-tests"));
+    assert_table(r, sizes, 3, ranks, NULL);
 }
 
 static void test_all_ops_2_ranks(void **state) {
@@ -464,6 +475,99 @@ static void test_nccl_backend_on_the_double(void **state) {
     assert_int_equal(nrows, 9);
 }
 
+/* --threads T (nccl-tests' -t): each process runs T ranks, one thread
+ * each; N processes are N*T ranks. Checked results, one table from rank 0
+ * for the whole world; a corrupted result on a rank in a thread (global
+ * rank numbering: process 1 of 2 holds ranks 2 and 3) fails every rank. */
+static void test_threads(void **state) {
+    (void)state;
+    static const size_t sizes[] = {4, 4099, 65536};
+    static const bool ops[NUM_OPS] = {[0] = true, [2] = true, [3] = true, [5] = true, [8] = true};
+    const char *op_arg = "allreduce,reduce,allgather,alltoall,barrier";
+    static const struct {
+        int procs;
+        const char *flag, *threads;
+    } runs[] = {{1, "--threads", "2"}, {2, "--threads", "2"}, {1, "-t", "3"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        int world = runs[i].procs * atoi(runs[i].threads);
+        spawn_proc *r = bench_run(runs[i].procs,
+                                  ARGS(runs[i].flag, runs[i].threads, "--check", "--op", op_arg,
+                                       "--sizes", "4,4099,64K", "--iters", "2", "--warmup", "1"));
+        if (r->status != 0) {
+            spawn_dump(r);
+            fail_msg("-n %d %s %s: exit %d", runs[i].procs, runs[i].flag, runs[i].threads,
+                     r->status);
+        }
+        assert_spawn(r, !strstr(r->text[1], "collie-bench:"));
+        assert_only_rank0_stdout(r);
+        assert_table(r, sizes, 3, world, ops);
+        spawn_free(r);
+    }
+
+    /* --csv: the ranks column is the world */
+    spawn_proc *r = bench_run(
+        2, ARGS("-t", "2", "--op", "allreduce", "--sizes", "4096", "--iters", "2", "--csv"));
+    assert_spawn(r, r->status == 0);
+    assert_spawn(r, strstr(r->text[0], "[0] allreduce,4096,4,"));
+    spawn_free(r);
+
+    r = bench_run(2, ARGS("--threads", "2", "--op", "allreduce", "--check", "--sizes", "4096",
+                          "--iters", "2", "--corrupt-rank", "3"));
+    assert_spawn(r, r->status == 1);
+    assert_spawn(r, strstr(r->text[1], "[1] collie-bench: rank 3: check failed for allreduce of "
+                                       "4096 bytes (f32, sum) after the first op: first bad index "
+                                       "512 of the result"));
+    assert_spawn(r, strstr(r->text[1], "[0] collie-bench: allreduce of 4096 bytes: check failed"));
+    assert_spawn(r, r->elapsed_ms < 20000);
+    spawn_free(r);
+
+    static const char *const bad[][2] = {{"--threads", "0"}, {"-t", "257"}, {"--threads", "x"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run_start("collie-bench", bad[i]);
+        spawn_finish(r);
+        assert_spawn(r, r->status == 2 && strstr(r->text[1], "collie-bench: --threads '"));
+        spawn_free(r);
+    }
+}
+
+/* Every op through the NCCL plugin on the CPU double at 2, 3 and 4 ranks:
+ * ranks as threads of one process, which is where the double's ranks meet
+ * (each on device rank % 4). Every result checked; a corrupted one fails. */
+static void test_nccl_threads_on_the_double(void **state) {
+    (void)state;
+    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
+    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
+    const size_t *sizes = quick() ? small : full;
+    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
+    static const char *const threads[] = {"2", "3", "4"};
+    for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
+        spawn_proc *r =
+            bench_run_env(1, ARGS(ld, pp),
+                          ARGS("--backend", "cuda:nccl,cpu:tcp", "--threads", threads[i], "--op",
+                               "all", "--check", "--sizes", size_arg, "--iters", "2", "--warmup",
+                               "1", "--timeout-ms", "10000"));
+        if (r->status != 0) {
+            spawn_dump(r);
+            fail_msg("--threads %s: exit %d", threads[i], r->status);
+        }
+        assert_spawn(r, strstr(r->text[0], "CUDA buffers"));
+        assert_table(r, sizes, 3, atoi(threads[i]), NULL);
+        spawn_free(r);
+    }
+
+    spawn_proc *r = bench_run_env(1, ARGS(ld, pp),
+                                  ARGS("--backend", "nccl", "--threads", "2", "--op", "allgather",
+                                       "--check", "--sizes", "4096", "--iters", "2", "--timeout-ms",
+                                       "10000", "--corrupt-rank", "1"));
+    assert_spawn(r, r->status == 1);
+    assert_spawn(r, strstr(r->text[1], "[0] collie-bench: rank 1: check failed for allgather of "
+                                       "4096 bytes (f32, no redop) after the first op"));
+    assert_spawn(r, r->elapsed_ms < 20000);
+}
+
 /* Outside collie-run: a clear error naming what is missing. */
 static void test_needs_the_launcher(void **state) {
     (void)state;
@@ -486,6 +590,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
         cmocka_unit_test_teardown(test_nccl_backend_fails_cleanly, spawn_teardown),
         cmocka_unit_test_teardown(test_nccl_backend_on_the_double, spawn_teardown),
+        cmocka_unit_test_teardown(test_threads, spawn_teardown),
+        cmocka_unit_test_teardown(test_nccl_threads_on_the_double, spawn_teardown),
         cmocka_unit_test_teardown(test_needs_the_launcher, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

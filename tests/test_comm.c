@@ -1,7 +1,8 @@
 /*
  * test_comm.c — communicator lifetime: option checks, non-blocking
  * creation with collectives queued behind it, creation timeouts,
- * generations, abort and destroy (bounded, idempotent), buffers left alone
+ * generations, abort and destroy (bounded, idempotent; also during
+ * creation), buffers left alone
  * after an error, engine shutdown under live comms, error policy settings.
  */
 #include <stdio.h>
@@ -209,6 +210,36 @@ static void test_abort_then_destroy(void **state) {
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
 }
 
+/* Abort while the creation waits in the store for a rank that never comes:
+ * the create work fails with EABORTED at once and is released at once,
+ * while the store request it cancelled has yet to run its callback (which
+ * must find the creation's state alive). Early and late in the rendezvous. */
+static void test_abort_during_create(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 1);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.create_timeout_ms = 20000;
+    for (int i = 0; i < 40; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "abort_in_create%d", i);
+        o.name = name;
+        collie_comm *c;
+        collie_work *cw;
+        assert_int_equal(collie_comm_create_post(m.e, m.st[0], 0, 2, &o, &c, &cw), COLLIE_OK);
+        if (i % 2) usleep(5000); /* joined, waiting at the barrier */
+        int64_t t0 = now_ms();
+        assert_int_equal(collie_comm_abort(c, "abort during create"), COLLIE_OK);
+        assert_int_equal(collie_work_wait(cw, 5000), COLLIE_EABORTED);
+        assert_non_null(strstr(collie_work_error_message(cw), "abort during create"));
+        collie_work_release(cw);
+        int st = collie_comm_destroy(c);
+        assert_true(st == COLLIE_OK || st == COLLIE_EABORTED);
+        assert_true(now_ms() - t0 < 2000);
+    }
+    mini_down(&m);
+}
+
 /* destroy with a pending work: waits (bounded by the op timeout), then
  * aborts it and says so. */
 static void test_destroy_with_pending_work_is_bounded(void **state) {
@@ -357,6 +388,7 @@ int main(void) {
         cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
+        cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),
         cmocka_unit_test(test_engine_destroy_with_live_comms),

@@ -3,9 +3,9 @@
  * and prints latency, algbw and busbw with the nccl-tests conventions. Run
  * it under the launcher:
  *
- *   collie-run -n N -- collie-bench [--backend SPEC] [--op LIST|all]
- *       [--sizes LIST] [--dtype T] [--redop R] [--iters N] [--warmup N]
- *       [--inflight K] [--check] [--csv] [--timeout-ms T]
+ *   collie-run -n N -- collie-bench [-t|--threads T] [--backend SPEC]
+ *       [--op LIST|all] [--sizes LIST] [--dtype T] [--redop R] [--iters N]
+ *       [--warmup N] [--inflight K] [--check] [--csv] [--timeout-ms T]
  *
  * Design notes
  *  - Sizes follow nccl-tests exactly (its *GetCollByteCount): a requested
@@ -52,17 +52,34 @@
  *    finds a mismatch prints the first bad index; a flag travels in the
  *    statistics allreduce so every rank then exits 1 together (no rank is
  *    left waiting for a peer that quit).
+ *  - --threads T (nccl-tests' -t): a process runs T ranks, one thread each
+ *    (thread 0 on the main thread); rank = process rank * T + thread, world
+ *    size = processes * T. A rank in a thread is a rank in a process minus
+ *    the address space: its own engine (progress thread), store connection,
+ *    comm, buffers, work array, CUDA stream and device (rank % devices), so
+ *    -n 4 and -n 2 -t 2 time the same thing, and memory per process grows T
+ *    times. Only the parsed options and where the process sits in the world
+ *    (bench_proc) are shared, read-only. Ranks in threads are what lets the
+ *    CPU double of CUDA and NCCL, whose ranks meet only inside one process,
+ *    run a multi-rank --backend nccl.
  *  - Errors: a failed post prints collie_last_error(), a failed work its
- *    collie_work_error_message(); the comm is aborted and the rank exits 1.
+ *    collie_work_error_message(); the comm is aborted and the rank exits 1
+ *    (a process of several ranks exits 1 if any of them failed). A rank that
+ *    fails also aborts the comms of the other ranks of its process, as
+ *    collie-run stops the other processes, so none of them waits out a
+ *    deadline for it; comms are created with collie_comm_create_post and
+ *    published at once, so one still in its rendezvous can be aborted too.
+ *    A failed check is not such a failure: every rank learns it together.
  *    Every op carries --timeout-ms as its deadline (post options and comm
  *    default), and every wait is additionally bounded by that plus a slack.
  *    Creating the comm waits for every rank to start, so its bound is
- *    --timeout-ms but at least BENCH_CREATE_TMO_MS.
- *  - Output: only rank 0 prints results and --help (one table under
- *    collie-run); every rank reports its own errors, usage errors included,
- *    on stderr (the launcher stops the others when the first rank exits, so
- *    rank 0 alone might never get to say it). --csv prints exactly one
- *    header line and the rows. Exit 0 ok, 1 error or check failure, 2 usage.
+ *    --timeout-ms but at least BENCH_CREATE_TMO_MS (plus the slack).
+ *  - Output: only rank 0 (thread 0 of process 0) prints results, and only
+ *    process 0 --help (one table under collie-run); every rank reports its
+ *    own errors on stderr, every process its usage errors (the launcher
+ *    stops the others when the first rank exits, so rank 0 alone might
+ *    never get to say it). --csv prints exactly one header line and the
+ *    rows. Exit 0 ok, 1 error or check failure, 2 usage.
  *  - A spec with a cuda backend ("nccl", "cuda:X"): the timed ops run on
  *    CUDA buffers through collie_cuda.h on the bench's own stream, waited
  *    with collie_work_wait; libcudart.so.13 is dlopen'ed (no CUDA headers or
@@ -78,6 +95,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +126,7 @@
 #define BENCH_SLOT_ALIGN     64                 /* receive slots start on cache lines */
 #define BENCH_ARENA_BYTES    ((size_t)64 << 20) /* receive slots, unless one size needs more */
 #define BENCH_CHECK_FAILED   1000               /* bench_size: a rank's check failed */
+#define BENCH_MAX_THREADS    256                /* --threads: ranks per process */
 
 typedef enum bench_op {
     BENCH_ALLREDUCE,
@@ -163,6 +183,7 @@ typedef struct bench_opts {
     bool check, csv;
     int32_t timeout_ms;
     int corrupt_rank; /* -1, or the rank that spoils its first checked result */
+    int threads;      /* ranks per process, one thread each */
 } bench_opts;
 
 /* What one op is called with for one requested size (nccl-tests). */
@@ -192,12 +213,30 @@ typedef struct bench_cuda {
 #define BENCH_CUDA_TO_DEVICE 1
 #define BENCH_CUDA_TO_HOST   2
 
+/* What the ranks of one process share. The options and the place in the
+ * world are read-only once the threads start; `failed_rank`, `comms` and `why`
+ * live under `mu`. */
+typedef struct bench_proc {
+    const bench_opts *o;
+    const char *store_addr; /* COLLIE_STORE_ADDR */
+    int prank, nprocs;      /* COLLIE_RANK, COLLIE_WORLD_SIZE: processes, not ranks */
+    pthread_mutex_t mu;
+    int failed_rank;     /* -1, or the first rank of this process that failed: the others stop */
+    collie_comm **comms; /* thread t's comm from its creation to its destruction */
+    char why[96];        /* the abort reason given to the others */
+} bench_proc;
+
+/* One rank: everything it touches is its own (one per thread). */
 typedef struct bench {
-    bench_opts o;
+    const bench_opts *o;
+    bench_proc *proc;
+    int thread; /* of this process, 0 .. threads-1 */
+    int res;    /* how the rank ended: COLLIE_OK, an error, BENCH_CHECK_FAILED */
     bench_cuda cu;
     collie_engine *engine;
+    collie_store *store;
     collie_comm *comm;
-    int rank, size;
+    int rank, size;         /* global: prank * threads + thread, nprocs * threads */
     size_t es;              /* bytes per element */
     unsigned char *sendbuf; /* sized for the largest size; only read by the ops */
     unsigned char *arena;   /* receive slots, one per work in flight */
@@ -308,17 +347,17 @@ static uint64_t bench_hash(uint32_t seed, int q, size_t j) {
 /* Input of rank q at index j for a reduction: small integers (see notes). */
 static int64_t bench_red_val(const bench *b, uint32_t seed, int q, size_t j) {
     uint64_t h = bench_hash(seed, q, j);
-    if (b->o.redop == COLLIE_PROD) {
+    if (b->o->redop == COLLIE_PROD) {
         static const int64_t f[4] = {-2, -1, 1, 2};
-        return b->o.dt == COLLIE_UINT8 ? (int64_t)(1 + h % 3) : f[h % 4];
+        return b->o->dt == COLLIE_UINT8 ? (int64_t)(1 + h % 3) : f[h % 4];
     }
-    return b->o.dt == COLLIE_UINT8 ? (int64_t)(h % 9) : (int64_t)(h % 9) - 4;
+    return b->o->dt == COLLIE_UINT8 ? (int64_t)(h % 9) : (int64_t)(h % 9) - 4;
 }
 
 /* Input of rank q at index j for data movement: exact in the dtype. */
 static int64_t bench_move_val(const bench *b, uint32_t seed, int q, size_t j) {
     uint64_t h = bench_hash(seed, q, j);
-    switch (b->o.dt) {
+    switch (b->o->dt) {
     case COLLIE_INT8: return (int64_t)(h & 0xff) - 128;
     case COLLIE_UINT8: return (int64_t)(h & 0xff);
     case COLLIE_INT32: return (int64_t)(h & 0xffffffff) - ((int64_t)1 << 31);
@@ -379,8 +418,8 @@ static void bench_store(collie_dtype dt, void *p, int64_t v) {
 
 /* The reference result at input index j of a reduction over all ranks. */
 static void bench_red_ref(const bench *b, uint32_t seed, size_t j, void *out) {
-    collie_dtype dt = b->o.dt;
-    collie_redop op = b->o.redop;
+    collie_dtype dt = b->o->dt;
+    collie_redop op = b->o->redop;
     int n = b->size;
     if (bench_dtype_is_float(dt)) {
         double acc = 0;
@@ -480,8 +519,8 @@ static void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int 
 static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, size_t slot,
                            collie_work **w) {
     collie_comm *c = b->comm;
-    collie_dtype dt = b->o.dt;
-    collie_redop rop = b->o.redop;
+    collie_dtype dt = b->o->dt;
+    collie_redop rop = b->o->redop;
     collie_cuda_stream_t st = b->cu.stream;
     void *s = b->cu.send, *r = b->cu.arena + slot * b->slot_bytes;
     size_t n = k->param;
@@ -500,14 +539,14 @@ static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, size_t 
 }
 
 static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, collie_work **w) {
-    if (b->o.cuda) {
+    if (b->o->cuda) {
         int res = bench_post_cuda(b, op, k, slot, w);
         if (res != COLLIE_OK) bench_post_failed(b, op, k, res);
         return res;
     }
     collie_comm *c = b->comm;
-    collie_dtype dt = b->o.dt;
-    collie_redop rop = b->o.redop;
+    collie_dtype dt = b->o->dt;
+    collie_redop rop = b->o->redop;
     void *s = b->sendbuf, *r = bench_slot(b, slot);
     size_t n = k->param;
     int res;
@@ -528,7 +567,7 @@ static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot,
             fprintf(stderr,
                     "collie-bench: it posts on CPU buffers, and backend spec '%s' has no "
                     "cpu backend\n",
-                    b->o.spec);
+                    b->o->spec);
     }
     return res;
 }
@@ -536,15 +575,15 @@ static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot,
 /* Wait for b->works[i] (bounded) and release it. */
 static int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
     collie_work *w = b->works[i];
-    int res = collie_work_wait(w, b->o.timeout_ms + BENCH_WAIT_SLACK_MS);
+    int res = collie_work_wait(w, b->o->timeout_ms + BENCH_WAIT_SLACK_MS);
     if (res != COLLIE_OK) {
         const char *msg = collie_work_error_message(w);
         if (res == COLLIE_INPROGRESS)
             fprintf(stderr,
                     "collie-bench: rank %d: %s of %zu bytes did not complete within %d ms "
                     "(its deadline is %d ms)\n",
-                    b->rank, bench_op_names[op], k->bytes, b->o.timeout_ms + BENCH_WAIT_SLACK_MS,
-                    b->o.timeout_ms);
+                    b->rank, bench_op_names[op], k->bytes, b->o->timeout_ms + BENCH_WAIT_SLACK_MS,
+                    b->o->timeout_ms);
         else
             fprintf(stderr, "collie-bench: rank %d: %s of %zu bytes failed: %s (%s)\n", b->rank,
                     bench_op_names[op], k->bytes, *msg ? msg : collie_strerror(res),
@@ -590,7 +629,7 @@ static int bench_sync(bench *b) {
     if (res != COLLIE_OK) {
         bench_post_failed(b, BENCH_BARRIER, &none, res);
         if (res == COLLIE_ENOTSUP)
-            fprintf(stderr, "collie-bench: backend spec '%s' has no cpu backend\n", b->o.spec);
+            fprintf(stderr, "collie-bench: backend spec '%s' has no cpu backend\n", b->o->spec);
         return res;
     }
     return bench_wait(b, 0, BENCH_BARRIER, &none);
@@ -631,27 +670,28 @@ static void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t se
     case BENCH_REDUCE:
     case BENCH_REDUCE_SCATTER:
         for (size_t j = 0; j < k->send; j++)
-            bench_store(b->o.dt, b->sendbuf + j * es, bench_red_val(b, seed, r, j));
+            bench_store(b->o->dt, b->sendbuf + j * es, bench_red_val(b, seed, r, j));
         break;
     case BENCH_BROADCAST:
         if (r == BENCH_ROOT)
             for (size_t sl = 0; sl < slots; sl++)
                 for (size_t j = 0; j < k->recv; j++)
-                    bench_store(b->o.dt, bench_slot(b, sl) + j * es, bench_move_val(b, seed, r, j));
+                    bench_store(b->o->dt, bench_slot(b, sl) + j * es,
+                                bench_move_val(b, seed, r, j));
         break;
     case BENCH_ALLGATHER:
     case BENCH_GATHER:
     case BENCH_ALLTOALL:
     case BENCH_SCATTER:
         for (size_t j = 0; j < k->send; j++)
-            bench_store(b->o.dt, b->sendbuf + j * es, bench_move_val(b, seed, r, j));
+            bench_store(b->o->dt, b->sendbuf + j * es, bench_move_val(b, seed, r, j));
         break;
     default: break;
     }
 }
 
 static void bench_print_elem(const bench *b, const unsigned char *p, char *buf, size_t len) {
-    switch (b->o.dt) {
+    switch (b->o->dt) {
     case COLLIE_INT8: snprintf(buf, len, "%d", (int)(int8_t)p[0]); break;
     case COLLIE_UINT8: snprintf(buf, len, "%u", (unsigned)p[0]); break;
     case COLLIE_INT32: {
@@ -670,7 +710,7 @@ static void bench_print_elem(const bench *b, const unsigned char *p, char *buf, 
     case COLLIE_BF16: {
         uint16_t h;
         memcpy(&h, p, 2);
-        snprintf(buf, len, "%g (0x%04x)", b->o.dt == COLLIE_FP16 ? bench_h2d(h) : bench_bf2d(h),
+        snprintf(buf, len, "%g (0x%04x)", b->o->dt == COLLIE_FP16 ? bench_h2d(h) : bench_bf2d(h),
                  (unsigned)h);
         break;
     }
@@ -717,14 +757,14 @@ static bool bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t 
         case BENCH_ALLREDUCE:
         case BENCH_REDUCE: bench_red_ref(b, seed, j, want); break;
         case BENCH_REDUCE_SCATTER: bench_red_ref(b, seed, (size_t)r * c + j, want); break;
-        case BENCH_BROADCAST: bench_store(b->o.dt, want, bench_move_val(b, seed, 0, j)); break;
+        case BENCH_BROADCAST: bench_store(b->o->dt, want, bench_move_val(b, seed, 0, j)); break;
         case BENCH_SCATTER:
-            bench_store(b->o.dt, want, bench_move_val(b, seed, BENCH_ROOT, (size_t)r * c + j));
+            bench_store(b->o->dt, want, bench_move_val(b, seed, BENCH_ROOT, (size_t)r * c + j));
             break;
         case BENCH_ALLGATHER:
-        case BENCH_GATHER: bench_store(b->o.dt, want, bench_move_val(b, seed, (int)q, i)); break;
+        case BENCH_GATHER: bench_store(b->o->dt, want, bench_move_val(b, seed, (int)q, i)); break;
         default: /* alltoall: block q came from rank q, its block r */
-            bench_store(b->o.dt, want, bench_move_val(b, seed, (int)q, (size_t)r * c + i));
+            bench_store(b->o->dt, want, bench_move_val(b, seed, (int)q, (size_t)r * c + i));
             break;
         }
         if (memcmp(want, res + j * es, es) != 0) {
@@ -742,9 +782,9 @@ static bool bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t 
             "collie-bench: rank %d: check failed for %s of %zu bytes (%s, %s) %s: first bad "
             "index %zu of the result (receive slot %zu): got %s, expected %s (%zu of %zu "
             "elements wrong)\n",
-            r, bench_op_names[op], k->bytes, bench_dtype_name(b->o.dt),
+            r, bench_op_names[op], k->bytes, bench_dtype_name(b->o->dt),
             op == BENCH_ALLREDUCE || op == BENCH_REDUCE || op == BENCH_REDUCE_SCATTER
-                ? bench_redops[b->o.redop]
+                ? bench_redops[b->o->redop]
                 : "no redop",
             when, first, slot, got_s, want_s, bad, len);
     return false;
@@ -753,18 +793,22 @@ static bool bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t 
 /* ---- one row --------------------------------------------------------------- */
 
 static void bench_print_header(bench *b) {
-    if (b->o.csv) {
+    if (b->o->csv) {
         printf("op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s\n");
         fflush(stdout);
         return;
     }
-    printf("# collie-bench: backend %s, %d ranks, dtype %s, redop %s, root %d%s\n", b->o.spec,
-           b->size, bench_dtype_name(b->o.dt), bench_redops[b->o.redop], BENCH_ROOT,
-           b->o.cuda ? ", CUDA buffers" : "");
+    char layout[64] = "";
+    if (b->o->threads > 1)
+        snprintf(layout, sizeof layout, " (%d process%s x %d threads)", b->proc->nprocs,
+                 b->proc->nprocs == 1 ? "" : "es", b->o->threads);
+    printf("# collie-bench: backend %s, %d ranks%s, dtype %s, redop %s, root %d%s\n", b->o->spec,
+           b->size, layout, bench_dtype_name(b->o->dt), bench_redops[b->o->redop], BENCH_ROOT,
+           b->o->cuda ? ", CUDA buffers" : "");
     char inflight[32] = "off";
-    if (b->o.inflight) snprintf(inflight, sizeof inflight, "%d", b->o.inflight);
-    printf("# iters %d, warmup %d, inflight %s, check %s, op timeout %d ms\n", b->o.iters,
-           b->o.warmup, inflight, b->o.check ? "on" : "off", b->o.timeout_ms);
+    if (b->o->inflight) snprintf(inflight, sizeof inflight, "%d", b->o->inflight);
+    printf("# iters %d, warmup %d, inflight %s, check %s, op timeout %d ms\n", b->o->iters,
+           b->o->warmup, inflight, b->o->check ? "on" : "off", b->o->timeout_ms);
     printf("# bytes, count: nccl-tests' size (the op's largest buffer) and the count argument\n");
     printf("# time_us: per-op mean of iters back-to-back ops, averaged over ranks (nccl-tests);\n"
            "#   algbw = bytes / time_us, busbw = algbw * nccl-tests' factor\n");
@@ -784,13 +828,13 @@ static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double
         b->busbw_sum += busbw;
         b->busbw_rows++;
     }
-    if (b->o.csv) {
+    if (b->o->csv) {
         printf("%s,%zu,%d,%.3f,", bench_op_names[op], k->bytes, b->size, lat_s * 1e6);
         if (bw)
             printf("%.6f,%.6f", algbw, busbw);
         else
             printf(",");
-        if (b->o.inflight)
+        if (b->o->inflight)
             printf(",%.1f\n", ops_s);
         else
             printf(",\n");
@@ -800,9 +844,9 @@ static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double
             snprintf(a, sizeof a, "%.3f", algbw);
             snprintf(u, sizeof u, "%.3f", busbw);
         }
-        if (b->o.inflight) snprintf(s, sizeof s, "%.0f", ops_s);
+        if (b->o->inflight) snprintf(s, sizeof s, "%.0f", ops_s);
         printf("  %14s %13zu %12zu %10.2f %10.2f %11s %11s %12s %6s\n", bench_op_names[op],
-               k->bytes, k->param, time_s * 1e6, lat_s * 1e6, a, u, s, b->o.check ? "ok" : "-");
+               k->bytes, k->param, time_s * 1e6, lat_s * 1e6, a, u, s, b->o->check ? "ok" : "-");
     }
     fflush(stdout);
 }
@@ -813,8 +857,8 @@ static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double
 static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
     bench_counts k = bench_counts_for(op, S, b->es, b->size);
     uint32_t seed = (uint32_t)(op * 7919 + size_idx * 104729 + 1);
-    size_t iters = (size_t)b->o.iters, warmup = (size_t)b->o.warmup;
-    size_t inflight = (size_t)b->o.inflight;
+    size_t iters = (size_t)b->o->iters, warmup = (size_t)b->o->warmup;
+    size_t inflight = (size_t)b->o->inflight;
     b->slot_bytes = (k.recv * b->es + BENCH_SLOT_ALIGN - 1) / BENCH_SLOT_ALIGN * BENCH_SLOT_ALIGN;
     if (b->slot_bytes == 0) b->slot_bytes = BENCH_SLOT_ALIGN;
     b->nslots = b->arena_bytes / b->slot_bytes;
@@ -825,15 +869,15 @@ static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
     if (infl_depth > used) used = infl_depth;
     bool ok = true;
     int res;
-    if (b->o.check) {
+    if (b->o->check) {
         bench_fill(b, op, &k, seed, used);
-        if (b->o.cuda &&
+        if (b->o->cuda &&
             (res = bench_cuda_copy(b, BENCH_CUDA_TO_DEVICE, k.send * b->es, used)) != COLLIE_OK)
             return res;
         if ((res = bench_one(b, op, &k)) != COLLIE_OK) return res;
-        if (b->o.cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, 1)) != COLLIE_OK)
+        if (b->o->cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, 1)) != COLLIE_OK)
             return res;
-        if (b->rank == b->o.corrupt_rank && k.recv > 0) bench_slot(b, 0)[k.recv * b->es / 2] ^= 1;
+        if (b->rank == b->o->corrupt_rank && k.recv > 0) bench_slot(b, 0)[k.recv * b->es / 2] ^= 1;
         ok = bench_verify(b, op, &k, seed, 0, "after the first op");
     }
     if (warmup && (res = bench_ring(b, op, &k, warmup, warm_depth, NULL)) != COLLIE_OK) return res;
@@ -859,10 +903,10 @@ static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
             return res;
     }
     /* every slot used holds the result of the last op that received into it */
-    if (b->o.check && ok && b->o.cuda &&
+    if (b->o->check && ok && b->o->cuda &&
         (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, used)) != COLLIE_OK)
         return res;
-    for (size_t sl = 0; b->o.check && ok && sl < used; sl++)
+    for (size_t sl = 0; b->o->check && ok && sl < used; sl++)
         ok = bench_verify(b, op, &k, seed, sl, "after the timed loops");
     b->lat[iters + 1] = ok ? 0.0 : 1.0;
 
@@ -891,7 +935,7 @@ static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
     double ops_s = inflight_s > 0 ? (double)iters / inflight_s : 0;
     if (b->rank == 0) {
         bench_print_row(b, op, &k, b->avg[0], median, ops_s);
-        if (!b->o.csv && (batch_depth < iters || infl_depth < inflight)) {
+        if (!b->o->csv && (batch_depth < iters || infl_depth < inflight)) {
             printf("#   (receive slots for %zu works in flight at this size: batch depth %zu",
                    b->nslots, batch_depth);
             if (inflight) printf(", --inflight depth %zu", infl_depth);
@@ -910,6 +954,9 @@ static void bench_usage(FILE *f) {
             "Sweeps message sizes for each collective over a communicator created from\n"
             "the environment collie-run sets, and prints one table (rank 0 only).\n"
             "\n"
+            "  -t, --threads T    ranks per process, one thread each (default 1), as\n"
+            "                     nccl-tests' -t: N processes of T threads are N*T ranks,\n"
+            "                     rank = process rank * T + thread\n"
             "  --backend SPEC     backend spec of the comm (default tcp; nccl, cpu:tcp,...);\n"
             "                     with a cuda backend (nccl, cuda:nccl, cpu:tcp,cuda:nccl)\n"
             "                     the ops run on CUDA buffers (libcudart.so.13, loaded at\n"
@@ -1012,7 +1059,8 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
                                              {"inflight", required_argument, NULL, 'k'},
                                              {"check", no_argument, NULL, 'c'},
                                              {"csv", no_argument, NULL, 'v'},
-                                             {"timeout-ms", required_argument, NULL, 't'},
+                                             {"timeout-ms", required_argument, NULL, 'm'},
+                                             {"threads", required_argument, NULL, 't'},
                                              {"corrupt-rank", required_argument, NULL, 'x'},
                                              {"device", required_argument, NULL, 'g'},
                                              {"help", no_argument, NULL, 'h'},
@@ -1025,10 +1073,11 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
                       .warmup = BENCH_DEFAULT_WARMUP,
                       .timeout_ms = BENCH_DEFAULT_TMO_MS,
                       .corrupt_rank = -1,
-                      .device = -1};
+                      .device = -1,
+                      .threads = 1};
     opterr = 0;
     int ch, v;
-    while ((ch = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+ht:", longopts, NULL)) != -1) {
         switch (ch) {
         case 'b':
             if (!*optarg) return bench_usage_error("--backend needs a spec%s", "");
@@ -1073,11 +1122,15 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
             break;
         case 'c': o->check = true; break;
         case 'v': o->csv = true; break;
-        case 't':
+        case 'm':
             if (!bench_parse_int(optarg, 1, 86400000, &v))
                 return bench_usage_error("--timeout-ms '%s': want milliseconds from 1 to 86400000",
                                          optarg);
             o->timeout_ms = v;
+            break;
+        case 't':
+            if (!bench_parse_int(optarg, 1, BENCH_MAX_THREADS, &o->threads))
+                return bench_usage_error("--threads '%s': want an integer from 1 to 256", optarg);
             break;
         case 'x':
             if (!bench_parse_int(optarg, 0, INT32_MAX, &o->corrupt_rank))
@@ -1158,7 +1211,7 @@ static int bench_cuda_setup(bench *b, size_t send_bytes) {
     cu->lib = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!cu->lib) {
         fprintf(stderr, "collie-bench: --backend %s needs the CUDA runtime (libcudart.so.13): %s\n",
-                b->o.backend, dlerror());
+                b->o->backend, dlerror());
         return COLLIE_EBACKEND;
     }
     static const char *const names[] = {"cudaGetDeviceCount",
@@ -1190,7 +1243,7 @@ static int bench_cuda_setup(bench *b, size_t send_bytes) {
         fprintf(stderr, "collie-bench: rank %d: no CUDA device\n", b->rank);
         return COLLIE_EBACKEND;
     }
-    int dev = b->o.device >= 0 ? b->o.device : b->rank % n;
+    int dev = b->o->device >= 0 ? b->o->device : b->rank % n;
     if ((e = cu->SetDevice(dev))) return bench_cuda_failed(b, "cudaSetDevice", e);
     if ((e = cu->StreamCreate(&cu->stream))) return bench_cuda_failed(b, "cudaStreamCreate", e);
     void *s = NULL, *r = NULL;
@@ -1203,44 +1256,132 @@ static int bench_cuda_setup(bench *b, size_t send_bytes) {
     return COLLIE_OK;
 }
 
+/* ---- ranks of one process ------------------------------------------------------- */
+
+/* Publish thread t's comm (NULL: withdraw it, before destroying it). A comm
+ * published after a sibling failed is aborted at once. */
+static void bench_proc_publish(bench *b, collie_comm *c) {
+    bench_proc *p = b->proc;
+    pthread_mutex_lock(&p->mu);
+    p->comms[b->thread] = c;
+    if (c && p->failed_rank >= 0) collie_comm_abort(c, p->why);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* `rank` failed: abort the comms of the other ranks of this process, as the
+ * launcher stops the other processes when one fails; nobody waits out a
+ * deadline for a rank that quit. collie_comm_abort never blocks and calls
+ * nothing of ours, and holding mu keeps each comm alive while it runs. */
+static void bench_proc_stop(bench_proc *p, int rank) {
+    int self = rank - p->prank * p->o->threads;
+    pthread_mutex_lock(&p->mu);
+    if (p->failed_rank < 0) {
+        p->failed_rank = rank;
+        snprintf(p->why, sizeof p->why, "collie-bench: rank %d of this process failed", rank);
+        for (int t = 0; t < p->o->threads; t++)
+            if (t != self && p->comms[t]) collie_comm_abort(p->comms[t], p->why);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Read where this process sits in the world (collie-run sets it). */
+static int bench_proc_init(bench_proc *p, const bench_opts *o) {
+    const char *r = getenv("COLLIE_RANK"), *n = getenv("COLLIE_WORLD_SIZE");
+    *p = (bench_proc){.o = o, .store_addr = getenv("COLLIE_STORE_ADDR"), .failed_rank = -1};
+    if (!r || !*r || !n || !*n || !p->store_addr || !*p->store_addr) {
+        fprintf(stderr, "collie-bench: COLLIE_RANK, COLLIE_WORLD_SIZE and COLLIE_STORE_ADDR must "
+                        "be set: run it under the launcher, collie-run -n N -- collie-bench ...\n");
+        return BENCH_EXIT_ERROR;
+    }
+    if (!bench_parse_int(n, 1, INT_MAX / o->threads, &p->nprocs) ||
+        !bench_parse_int(r, 0, p->nprocs - 1, &p->prank)) {
+        fprintf(stderr,
+                "collie-bench: COLLIE_RANK '%s' and COLLIE_WORLD_SIZE '%s' are not a rank of a "
+                "world of at most %d processes of %d threads (collie-run sets them)\n",
+                r, n, INT_MAX / o->threads, o->threads);
+        return BENCH_EXIT_ERROR;
+    }
+    if (!(p->comms = calloc((size_t)o->threads, sizeof *p->comms))) {
+        fprintf(stderr, "collie-bench: out of memory\n");
+        return BENCH_EXIT_ERROR;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    return BENCH_EXIT_OK;
+}
+
+static void bench_proc_fini(bench_proc *p) {
+    pthread_mutex_destroy(&p->mu);
+    free(p->comms);
+}
+
+/* ---- one rank ---------------------------------------------------------------- */
+
+/* Create the comm of rank b->rank of b->size over the store. Posted, so the
+ * comm is published (and a failing sibling can abort it) while the
+ * rendezvous waits for every rank to start. */
+static int bench_comm_create(bench *b) {
+    const bench_opts *o = b->o;
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    co.name = "bench";
+    co.backend = o->spec;
+    co.device = o->device;
+    co.timeout_ms = o->timeout_ms;
+    /* the rendezvous waits for every rank to start: not an op's deadline */
+    co.create_timeout_ms =
+        o->timeout_ms > BENCH_CREATE_TMO_MS ? o->timeout_ms : BENCH_CREATE_TMO_MS;
+    collie_comm *c = NULL;
+    collie_work *w = NULL;
+    const char *why = "";
+    int res = collie_store_connect(b->engine, b->proc->store_addr, NULL, &b->store);
+    if (res == COLLIE_OK)
+        res = collie_comm_create_post(b->engine, b->store, b->rank, b->size, &co, &c, &w);
+    if (res != COLLIE_OK) {
+        why = collie_last_error();
+    } else {
+        bench_proc_publish(b, c);
+        b->comm = c; /* bench_teardown withdraws and destroys it, also after a failure */
+        res = collie_work_wait(w, co.create_timeout_ms + BENCH_WAIT_SLACK_MS);
+        if (res == COLLIE_INPROGRESS) {
+            res = COLLIE_ETIMEDOUT;
+            why = "the rendezvous did not complete in time";
+        } else if (res != COLLIE_OK) {
+            why = collie_work_error_message(w);
+        }
+    }
+    if (res != COLLIE_OK) {
+        const char *as = o->spec != o->backend ? o->spec : NULL;
+        fprintf(stderr,
+                "collie-bench: rank %d: cannot create a communicator with backend '%s'%s%s%s: %s "
+                "(%s)\n",
+                b->rank, o->backend, as ? " (as '" : "", as ? as : "", as ? "')" : "",
+                *why ? why : collie_strerror(res), collie_status_name(res));
+    }
+    collie_work_release(w);
+    return res;
+}
+
 static int bench_setup(bench *b) {
+    const bench_opts *o = b->o;
+    b->rank = b->proc->prank * o->threads + b->thread;
+    b->size = b->proc->nprocs * o->threads;
     collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
     eo.name = "collie-bench";
     int res = collie_engine_create(&eo, &b->engine);
     if (res != COLLIE_OK) {
-        fprintf(stderr, "collie-bench: cannot start the engine: %s (%s)\n", collie_last_error(),
-                collie_strerror(res));
+        fprintf(stderr, "collie-bench: rank %d: cannot start the engine: %s (%s)\n", b->rank,
+                collie_last_error(), collie_strerror(res));
         return res;
     }
-    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
-    co.name = "bench";
-    co.backend = b->o.spec;
-    co.device = b->o.device;
-    co.timeout_ms = b->o.timeout_ms;
-    /* the rendezvous waits for every rank to start: not an op's deadline */
-    co.create_timeout_ms =
-        b->o.timeout_ms > BENCH_CREATE_TMO_MS ? b->o.timeout_ms : BENCH_CREATE_TMO_MS;
-    res = collie_comm_create_from_env(b->engine, &co, &b->comm);
-    if (res != COLLIE_OK) {
-        const char *why = collie_last_error();
-        fprintf(stderr,
-                "collie-bench: cannot create a communicator with backend '%s'%s%s%s: %s (%s)\n",
-                b->o.backend, b->o.spec != b->o.backend ? " (as '" : "",
-                b->o.spec != b->o.backend ? b->o.spec : "", b->o.spec != b->o.backend ? "')" : "",
-                *why ? why : collie_strerror(res), collie_status_name(res));
-        return res;
-    }
-    b->rank = collie_comm_rank(b->comm);
-    b->size = collie_comm_size(b->comm);
-    b->es = collie_dtype_size(b->o.dt);
+    if ((res = bench_comm_create(b)) != COLLIE_OK) return res;
+    b->es = collie_dtype_size(o->dt);
 
     /* the send buffer holds the largest size; the receive arena a slot of
      * it for each work in flight, within BENCH_ARENA_BYTES */
-    size_t max_bytes = BENCH_SLOT_ALIGN, depth = (size_t)b->o.iters;
-    for (size_t i = 0; i < b->o.nsizes; i++)
-        if (b->o.sizes[i] > max_bytes) max_bytes = b->o.sizes[i];
+    size_t max_bytes = BENCH_SLOT_ALIGN, depth = (size_t)o->iters;
+    for (size_t i = 0; i < o->nsizes; i++)
+        if (o->sizes[i] > max_bytes) max_bytes = o->sizes[i];
     max_bytes = (max_bytes + BENCH_SLOT_ALIGN - 1) / BENCH_SLOT_ALIGN * BENCH_SLOT_ALIGN;
-    if ((size_t)b->o.warmup > depth) depth = (size_t)b->o.warmup;
+    if ((size_t)o->warmup > depth) depth = (size_t)o->warmup;
     b->nworks = depth;
     if (depth > BENCH_ARENA_BYTES / max_bytes) depth = BENCH_ARENA_BYTES / max_bytes;
     if (depth == 0) depth = 1;
@@ -1248,7 +1389,7 @@ static int bench_setup(bench *b) {
     void *s = NULL, *r = NULL;
     if (posix_memalign(&s, 4096, max_bytes) || posix_memalign(&r, 4096, b->arena_bytes) ||
         !(b->works = calloc(b->nworks, sizeof *b->works)) ||
-        !(b->lat = calloc((size_t)b->o.iters + 2, sizeof *b->lat))) {
+        !(b->lat = calloc((size_t)o->iters + 2, sizeof *b->lat))) {
         free(s);
         free(r);
         fprintf(stderr,
@@ -1262,20 +1403,24 @@ static int bench_setup(bench *b) {
     memset(b->sendbuf, 0, max_bytes); /* fault the pages in before timing */
     memset(b->arena, 0, b->arena_bytes);
     b->po = (collie_post_opts)COLLIE_POST_OPTS_INIT;
-    b->po.timeout_ms = b->o.timeout_ms;
-    return b->o.cuda ? bench_cuda_setup(b, max_bytes) : COLLIE_OK;
+    b->po.timeout_ms = o->timeout_ms;
+    return o->cuda ? bench_cuda_setup(b, max_bytes) : COLLIE_OK;
 }
 
 static void bench_teardown(bench *b, bool failed) {
     if (b->comm && failed) collie_comm_abort(b->comm, "collie-bench stopped after an error");
     for (size_t i = 0; b->works && i < b->nworks; i++)
         collie_work_release(b->works[i]);
-    if (b->comm) collie_comm_destroy(b->comm);
+    if (b->comm) {
+        bench_proc_publish(b, NULL);
+        collie_comm_destroy(b->comm);
+    }
     /* the comm is gone: no GPU work of ours is left to use the buffers */
     if (b->cu.stream) b->cu.StreamSynchronize(b->cu.stream);
     if (b->cu.send) b->cu.Free(b->cu.send);
     if (b->cu.arena) b->cu.Free(b->cu.arena);
     if (b->cu.stream) b->cu.StreamDestroy(b->cu.stream);
+    collie_store_destroy(b->store); /* after the comm, which uses it */
     if (b->engine) collie_engine_destroy(b->engine);
     free(b->works);
     free(b->lat);
@@ -1284,25 +1429,69 @@ static void bench_teardown(bench *b, bool failed) {
     if (b->cu.lib) dlclose(b->cu.lib);
 }
 
-int main(int argc, char **argv) {
-    bench b;
-    memset(&b, 0, sizeof b);
-    int rc = bench_parse_args(argc, argv, &b.o);
-    if (rc != BENCH_EXIT_OK) return rc < 0 ? BENCH_EXIT_OK : rc;
-
-    int res = bench_setup(&b);
-    if (res == COLLIE_OK) res = bench_sync(&b); /* also: can this comm run CPU collectives? */
-    if (res == COLLIE_OK && b.rank == 0) bench_print_header(&b);
+/* Run one rank from setup to teardown; its outcome goes to b->res. The
+ * thread function of --threads (thread 0 runs on the main thread). */
+static void *bench_rank_main(void *arg) {
+    bench *b = arg;
+    const bench_opts *o = b->o;
+    int res = bench_setup(b);
+    if (res == COLLIE_OK) res = bench_sync(b); /* also: can this comm run CPU collectives? */
+    if (res == COLLIE_OK && b->rank == 0) bench_print_header(b);
     for (int op = 0; op < BENCH_NUM_OPS && res == COLLIE_OK; op++) {
-        if (!b.o.ops[op]) continue;
-        size_t n = op == BENCH_BARRIER ? 1 : b.o.nsizes;
+        if (!o->ops[op]) continue;
+        size_t n = op == BENCH_BARRIER ? 1 : o->nsizes;
         for (size_t i = 0; i < n && res == COLLIE_OK; i++)
-            res = bench_size(&b, (bench_op)op, op == BENCH_BARRIER ? 0 : b.o.sizes[i], i);
+            res = bench_size(b, (bench_op)op, op == BENCH_BARRIER ? 0 : o->sizes[i], i);
     }
-    if (res == COLLIE_OK && b.rank == 0 && !b.o.csv && b.busbw_rows)
-        printf("# avg busbw: %.3f GB/s over %d rows\n", b.busbw_sum / b.busbw_rows, b.busbw_rows);
+    if (res == COLLIE_OK && b->rank == 0 && !o->csv && b->busbw_rows)
+        printf("# avg busbw: %.3f GB/s over %d rows\n", b->busbw_sum / b->busbw_rows,
+               b->busbw_rows);
     fflush(stdout);
     /* after a failed check every rank stops here together: leave in order */
-    bench_teardown(&b, res != COLLIE_OK && res != BENCH_CHECK_FAILED);
-    return res == COLLIE_OK ? BENCH_EXIT_OK : BENCH_EXIT_ERROR;
+    bool failed = res != COLLIE_OK && res != BENCH_CHECK_FAILED;
+    if (failed) bench_proc_stop(b->proc, b->rank);
+    bench_teardown(b, failed);
+    b->res = res;
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    bench_opts o;
+    int rc = bench_parse_args(argc, argv, &o);
+    if (rc != BENCH_EXIT_OK) return rc < 0 ? BENCH_EXIT_OK : rc;
+    bench_proc p;
+    if ((rc = bench_proc_init(&p, &o)) != BENCH_EXIT_OK) return rc;
+
+    int T = o.threads, started = 1;
+    bench *ranks = calloc((size_t)T, sizeof *ranks);
+    pthread_t *tids = calloc((size_t)T, sizeof *tids);
+    if (!ranks || !tids) {
+        fprintf(stderr, "collie-bench: out of memory\n");
+        free(ranks);
+        free(tids);
+        bench_proc_fini(&p);
+        return BENCH_EXIT_ERROR;
+    }
+    for (int t = 0; t < T; t++)
+        ranks[t] = (bench){.o = &o, .proc = &p, .thread = t};
+    for (; started < T; started++) {
+        int e = pthread_create(&tids[started], NULL, bench_rank_main, &ranks[started]);
+        if (e) {
+            fprintf(stderr, "collie-bench: cannot start the thread of rank %d: %s\n",
+                    p.prank * T + started, strerror(e));
+            bench_proc_stop(&p, p.prank * T + started);
+            ranks[0].res = COLLIE_ENOMEM; /* rank 0 does not start */
+            break;
+        }
+    }
+    if (started == T) bench_rank_main(&ranks[0]);
+    rc = ranks[0].res == COLLIE_OK ? BENCH_EXIT_OK : BENCH_EXIT_ERROR;
+    for (int t = 1; t < started; t++) {
+        pthread_join(tids[t], NULL);
+        if (ranks[t].res != COLLIE_OK) rc = BENCH_EXIT_ERROR;
+    }
+    free(ranks);
+    free(tids);
+    bench_proc_fini(&p);
+    return rc;
 }
