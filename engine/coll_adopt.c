@@ -10,7 +10,9 @@
  *    (its policy applies; under NONE the backend is aborted all the same),
  *    and the backend publishes the work once its abort has quiesced the
  *    device. A completion the user sees means the buffers are free.
- *  - Deadline: on the loop (cl_coll_expire). Cancel and waiters run on the
+ *  - Deadline: on the loop (cl_coll_expire), after the desync report when
+ *    the comm has one (desync.c adopts the work with the report as its
+ *    message). Cancel and waiters run on the
  *    caller's thread: they claim the work there (so nobody else finishes it)
  *    and queue the rest to the loop (handoff_cmd), where backends and comm
  *    faults live. The waiter's own wait stays bounded (wait.c).
@@ -27,8 +29,7 @@ bool cl_coll_adopts(const cl_coll_work *cw) {
     return cw->bc->ops->adopt != NULL && cw->bc->state != NULL;
 }
 
-/* w is claimed: hand it to the backend and fault the comm (loop). */
-static void coll_adopt(cl_coll_work *cw, int status, const char *msg) {
+void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
     collie_bcomm *bc = cw->bc;
     bc->ops->adopt(bc->state, w, status, msg);
@@ -43,7 +44,7 @@ bool cl_coll_expire_adopt(cl_coll_work *cw) {
     if (!cl_work_claim(w)) return true;
     char msg[160];
     snprintf(msg, sizeof msg, "deadline of %d ms passed", (int)w->timeout_ms);
-    coll_adopt(cw, COLLIE_ETIMEDOUT, msg);
+    cl_coll_adopt_claimed(cw, COLLIE_ETIMEDOUT, msg);
     return true;
 }
 
@@ -52,7 +53,7 @@ static void coll_handoff_cmd(cl_cmd *cmd) {
     if (!cl_coll_adopts(cw) || cw->comm->engine_gone)
         cl_work_publish(&cw->base, cw->handoff_status, "%s", cw->handoff_msg);
     else
-        coll_adopt(cw, cw->handoff_status, cw->handoff_msg);
+        cl_coll_adopt_claimed(cw, cw->handoff_status, cw->handoff_msg);
 }
 
 void cl_coll_handoff(collie_work *w, int status, const char *msg) {

@@ -191,6 +191,8 @@ bool cl_coll_expire(collie_work *w);
 /* coll_adopt.c: works a device backend publishes once the device is quiet */
 bool cl_coll_adopts(const cl_coll_work *cw);
 bool cl_coll_expire_adopt(cl_coll_work *cw);
+/* cw is claimed: hand it to its backend, fault the comm (loop) */
+void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg);
 void cl_coll_handoff(collie_work *w, int status, const char *msg);
 void cl_desync_flush(collie_comm *c);
 

@@ -13,6 +13,9 @@
  *    (stopped, dead, or its progress loop stuck).
  *  - Only comms whose policy watches the control channel do this; others
  *    fail the work at the deadline as usual.
+ *  - A CUDA work waits for the report like any other (its kernel keeps
+ *    running), then goes to its backend with the report as its message
+ *    (coll_adopt.c): published once the abort has quiesced the GPU.
  */
 #include <event2/event.h>
 #include <stdio.h>
@@ -33,6 +36,7 @@ typedef struct desync {
     int refs; /* the timer + one per store request in flight (loop only) */
     int waiting;
     bool published;
+    bool adopt; /* a device backend publishes it once quiesced (coll_adopt.c) */
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
 } desync;
@@ -55,6 +59,16 @@ static void desync_release(desync *d) {
     collie_work_release(d->w);
     cl_comm_release(d->c);
     free(d);
+}
+
+/* The claimed work ends with `msg`: published now, or handed to a device
+ * backend that publishes it once the device is quiet. */
+static void desync_finish(collie_work *w, bool adopt, const char *msg) {
+    cl_coll_work *cw = (cl_coll_work *)w;
+    if (adopt && cl_coll_adopts(cw))
+        cl_coll_adopt_claimed(cw, COLLIE_ETIMEDOUT, msg);
+    else
+        cl_work_publish(w, COLLIE_ETIMEDOUT, "%s", msg);
 }
 
 static void desync_publish(desync *d) {
@@ -84,11 +98,12 @@ static void desync_publish(desync *d) {
             rl += (size_t)snprintf(reached + rl, rl < sizeof reached ? sizeof reached - rl : 0,
                                    "%srank %d (%s)", rl ? ", " : "", r, a);
     }
-    cl_work_publish(d->w, COLLIE_ETIMEDOUT,
-                    "deadline of %d ms passed. Desync report: never reached seq %llu: %s; "
-                    "reached it: %s",
-                    (int)d->w->timeout_ms, (unsigned long long)d->seq, nl ? never : "none",
-                    rl ? reached : "none");
+    char msg[2200];
+    snprintf(msg, sizeof msg,
+             "deadline of %d ms passed. Desync report: never reached seq %llu: %s; reached it: %s",
+             (int)d->w->timeout_ms, (unsigned long long)d->seq, nl ? never : "none",
+             rl ? reached : "none");
+    desync_finish(d->w, d->adopt, msg);
 }
 
 static void desync_on_timer(evutil_socket_t fd, short what, void *arg) {
@@ -153,18 +168,21 @@ static void desync_on_sent(void *arg, int status, uint64_t k) {
 bool cl_coll_expire(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;
     collie_comm *c = cw->comm;
-    if (cl_coll_adopts(cw)) return cl_coll_expire_adopt(cw);
+    bool adopt = cl_coll_adopts(cw);
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (p2p || c->size == 1 || !cl_comm_ctl_enabled(c) || atomic_load(&c->state) != CL_COMM_READY)
-        return false;
+        return adopt ? cl_coll_expire_adopt(cw) : false;
     if (!cl_work_claim(w)) return true; /* someone else is finishing it */
     desync *d = calloc(1, sizeof *d);
     if (d) d->answer = calloc((size_t)c->size, sizeof *d->answer);
     if (!d || !d->answer) {
         if (d) free(d);
-        cl_work_publish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
+        char msg[64];
+        snprintf(msg, sizeof msg, "deadline of %d ms passed", (int)w->timeout_ms);
+        desync_finish(w, adopt, msg);
         return true;
     }
+    d->adopt = adopt;
     d->c = c;
     d->w = w;
     d->seq = w->seq;

@@ -439,6 +439,9 @@ static void sc_hang(void **state) {
     }
     assert_int_equal(collie_work_result(wk[1]), COLLIE_ETIMEDOUT);
     assert_non_null(strstr(collie_work_error_message(wk[1]), "deadline of 800 ms passed"));
+    /* the desync report, as on TCP: both ranks are stuck in seq 2 */
+    if (!strstr(collie_work_error_message(wk[1]), "Desync report: never reached seq 2: none"))
+        fail_msg("no desync report: %s", collie_work_error_message(wk[1]));
     assert_null(strstr(collie_work_error_message(wk[1]), "may still be using"));
     collie_work_details d;
     collie_work_info(wk[1], &d);
