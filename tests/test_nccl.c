@@ -795,13 +795,13 @@ typedef struct gsplit_arg {
 
 /* One CUDA allreduce of one float on comm c (stream s), waited for. */
 static int gsplit_allreduce(collie_comm *c, stream_t s, float *dev, float v, float *out) {
-    *dev = v; /* the double's device memory is host memory */
+    if (cu.Memcpy(dev, &v, sizeof v, CU_MEMCPY_DEFAULT) != 0) return COLLIE_EBACKEND;
     collie_work *w;
     int rc = collie_cuda_allreduce(c, dev, dev, 1, COLLIE_FP32, COLLIE_SUM, s, NULL, &w);
     if (rc != COLLIE_OK) return rc;
     rc = collie_work_wait(w, WAIT_MS);
     collie_work_release(w);
-    *out = *dev;
+    if (cu.Memcpy(out, dev, sizeof *out, CU_MEMCPY_DEFAULT) != 0) return COLLIE_EBACKEND;
     return rc;
 }
 
@@ -812,7 +812,8 @@ static void *gsplit_main(void *p) {
     float *dev;
     if (cu.Malloc((void **)&dev, sizeof *dev) != 0) return NULL;
     /* posted on the parent, not waited for: the split must come after it */
-    *dev = 1.0f;
+    float one = 1.0f;
+    if (cu.Memcpy(dev, &one, sizeof one, CU_MEMCPY_DEFAULT) != 0) return NULL;
     collie_work *before;
     a->before_rc = collie_cuda_allreduce(c, dev, dev, 1, COLLIE_FP32, COLLIE_SUM, s, NULL, &before);
     int color = a->rank == 2 ? COLLIE_UNDEFINED : a->rank % 2;
@@ -820,7 +821,8 @@ static void *gsplit_main(void *p) {
     if (a->before_rc == COLLIE_OK) {
         a->before_rc = collie_work_wait(before, WAIT_MS);
         collie_work_release(before);
-        a->before = *dev;
+        if (cu.Memcpy(&a->before, dev, sizeof a->before, CU_MEMCPY_DEFAULT) != 0)
+            a->before_rc = COLLIE_EBACKEND;
     }
     if (a->split_rc == COLLIE_OK) {
         a->child_rank = collie_comm_rank(a->child);
@@ -844,11 +846,11 @@ static void *gsplit_main(void *p) {
 }
 
 static void sc_split(void **state) {
-    (void)state;
-    need_double();
+    bool real = state == NULL; /* gpu_split: the real libraries, 4 GPUs */
+    if (!real) need_double();
     gworld g;
     gworld_create(&g, 4, "gparent", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
-    int splits0 = dbl.splits();
+    int splits0 = real ? 0 : dbl.splits();
     gsplit_arg args[4];
     pthread_t th[4];
     for (int r = 0; r < 4; r++) {
@@ -858,7 +860,7 @@ static void sc_split(void **state) {
     for (int r = 0; r < 4; r++)
         pthread_join(th[r], NULL);
     /* one ncclCommSplit per rank and split, none of them skipped */
-    assert_int_equal(dbl.splits() - splits0, 8);
+    if (!real) assert_int_equal(dbl.splits() - splits0, 8);
     for (int r = 0; r < 4; r++) {
         assert_int_equal(args[r].before_rc, COLLIE_OK);
         assert_true(args[r].before == 4.0f);
@@ -893,7 +895,31 @@ static void sc_split(void **state) {
         assert_int_equal(collie_comm_destroy(args[r].group), COLLIE_OK);
     }
     gworld_destroy(&g, true);
-    expect_double_idle();
+    if (!real) expect_double_idle();
+}
+
+/* The real libraries only: skip without `want` CUDA devices. */
+static void need_gpus(int want) {
+    if (cuda_load()) fail_msg("the double was loaded: GPU tests must not run against it");
+    int n = 0;
+    int rc = cu.GetDeviceCount(&n);
+    if (rc != 0 || n < want) {
+        char why[200], got[120];
+        if (rc)
+            snprintf(got, sizeof got, "%s", cu.GetErrorString(rc));
+        else
+            snprintf(got, sizeof got, "%d device%s", n, n == 1 ? "" : "s");
+        snprintf(why, sizeof why, "needs %d CUDA device%s (cudaGetDeviceCount: %s)", want,
+                 want == 1 ? "" : "s", got);
+        child_skip(why);
+    }
+}
+
+/* sc_split on 4 real GPUs (one rank per device). */
+static void sc_gpu_split(void **state) {
+    (void)state;
+    need_gpus(4);
+    sc_split(NULL);
 }
 
 typedef struct probe {
@@ -1090,15 +1116,9 @@ static void sc_init_hang(void **state) {
 /* Real GPUs: one rank per device (at most 4); never on the double. */
 static void sc_gpu_allreduce(void **state) {
     (void)state;
-    if (cuda_load()) fail_msg("the double was loaded: GPU tests must not run against it");
+    need_gpus(1);
     int n = 0;
-    int rc = cu.GetDeviceCount(&n);
-    if (rc != 0 || n < 1) {
-        char why[200];
-        snprintf(why, sizeof why, "no CUDA device (cudaGetDeviceCount: %s)",
-                 rc ? cu.GetErrorString(rc) : "0 devices");
-        child_skip(why);
-    }
+    cu.GetDeviceCount(&n);
     if (n > 4) n = 4;
     gworld g;
     gworld_create(&g, n, "gpu", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
@@ -1135,6 +1155,7 @@ static const struct {
     {"waiter_expiry", sc_waiter_expiry},
     {"split", sc_split},
     {"split_inprogress", sc_split},
+    {"gpu_split", sc_gpu_split},
 };
 
 static int child_main(const char *name) {
@@ -1318,6 +1339,7 @@ static scenario_case scenario_table[] = {
     {"split_inprogress", true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
     {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
     {"gpu_allreduce", false, true, {NULL}},
+    {"gpu_split", false, true, {NULL}},
 };
 
 int main(int argc, char **argv) {
@@ -1331,6 +1353,7 @@ int main(int argc, char **argv) {
         "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
         "test_cancel",           "test_waiter_expiry", "test_split",
         "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
+        "test_gpu_split",
     };
     struct CMUnitTest tests[N];
     for (size_t i = 0; i < N; i++)
