@@ -102,6 +102,8 @@ typedef struct tcp_conn {
     /* send side */
     tcp_msg *sq_head, *sq_tail;
     bool flush_scheduled; /* wev activated to flush after the current callback */
+    bool send_broken;     /* a message was cut off mid-way: nothing more is written */
+    char broken_why[160]; /* which message, for the op that next needs this peer */
 
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];
@@ -166,7 +168,8 @@ typedef struct tcp_work {
 } tcp_work;
 
 /* tcp_conn.c */
-tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer); /* creates and connects lazily */
+/* creates and connects lazily; closes a connection whose sending broke */
+tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer);
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why);
 void cl_tcp_conn_free(tcp_conn *c);
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);

@@ -24,6 +24,16 @@
  *    match posted receives by tag; unmatched ones are buffered.
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
+ *  - Broken sending: a message cut off mid-way (its work ended by deadline,
+ *    cancel or abort while the message was partly written; its payload is
+ *    no longer ours to read) leaves the peer mid-frame. The connection then
+ *    stops writing for good and fails the works whose messages were queued
+ *    behind, but it is not closed: it is still read (the peer's EOF or
+ *    error is noticed), and a peer that saw it drop now would blame us
+ *    ("rank 1 closed its connection") before it could read the root cause
+ *    from the store. It closes with the comm's delayed close (the backend's
+ *    abort), at destroy, or when a later op needs that peer (policy NONE,
+ *    where nothing else closes it): that op fails with EPEER naming the cut.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -147,7 +157,7 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         uint8_t bye[TCP_FRAME_HDR] = {0};
         collie_coll_args none = {.kind = (collie_coll_kind)TCP_KIND_BYE};
         cl_tcp_frame_header(bye, c->tc, &none, 0, 0, 0);
-        if (!c->sq_head) {
+        if (!c->sq_head && !c->send_broken) {
             ssize_t n = send(c->fd, bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)n;
         }
@@ -176,6 +186,30 @@ static void conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
     int peer = c->peer;
     cl_tcp_conn_close(c, status, why);
     if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
+}
+
+/* Message `cut` left only partly written (its work is ending): stop writing
+ * on c for good (see the design notes). The messages queued behind it can
+ * never go: their works fail. The socket stays open and read. */
+static void conn_break_send(tcp_conn *c, const tcp_msg *cut) {
+    if (c->send_broken) return;
+    c->send_broken = true;
+    snprintf(c->broken_why, sizeof c->broken_why,
+             "the stream to rank %d is broken: a message (seq %llu) was cut off mid-way", c->peer,
+             (unsigned long long)get64(cut->hdr + 16));
+    tcp_msg *m = c->sq_head;
+    c->sq_head = c->sq_tail = NULL;
+    if (c->wev) event_del(c->wev);
+    c->flush_scheduled = false;
+    c->tc->core->log(3, "tcp", "comm '%s' rank %d: %s; no more sends on it",
+                     c->tc->core->name(c->tc->bc), c->tc->rank, c->broken_why);
+    /* finishing only schedules a work's retirement: the list stays ours */
+    while (m) {
+        tcp_msg *next = m->next;
+        if (m->owner && m->owner != cut->owner && !m->owner->finished)
+            cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
+        m = next;
+    }
 }
 
 /* ---- handshake ------------------------------------------------------------------------ */
@@ -384,6 +418,10 @@ static void conn_ready(tcp_conn *c) {
 }
 
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
+    if (c->send_broken) { /* cl_tcp_conn_get closes these: not expected */
+        if (!m->owner->finished) cl_tcp_work_fail(m->owner, COLLIE_EPEER, "%s", c->broken_why);
+        return;
+    }
     m->next = NULL;
     m->sent = 0;
     if (c->sq_tail)
@@ -419,7 +457,7 @@ static void conn_flush(tcp_conn *c) {
         }
         c->hs_out_sent += (size_t)n;
     }
-    if (c->state != TCP_CONN_READY) {
+    if (c->state != TCP_CONN_READY || c->send_broken) {
         event_del(c->wev);
         return;
     }
@@ -439,7 +477,7 @@ static void conn_flush(tcp_conn *c) {
                     /* the work is being finished (deadline, cancel): its
                      * detach will drop this message; do not touch it */
                     if (m->sent > 0) {
-                        conn_lost(c, COLLIE_EABORTED, "a message to rank %d was cut off", c->peer);
+                        conn_break_send(c, m);
                         return;
                     }
                     c->sq_head = m->next;
@@ -769,16 +807,17 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
 /* Drop every message and slot of tw from this connection (tw is ending,
  * its memory is about to be freed). A message already partly on the wire
  * cannot be finished (its payload is the user's, no longer ours to read),
- * so the byte stream is broken: the connection is closed. The comm is
+ * so the byte stream is broken: the connection stops sending, but stays
+ * open until the comm's delayed close (see the design notes). The comm is
  * failing in that case anyway (a work ends early only by deadline, cancel
- * or abort). */
+ * or abort), NONE excepted. */
 void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
-    bool cut = false;
+    tcp_msg *cut = NULL;
     tcp_msg *last = NULL;
     for (tcp_msg **mp = &c->sq_head; *mp;) {
         tcp_msg *m = *mp;
         if (m->owner == tw) {
-            cut |= m->sent > 0;
+            if (m->sent > 0) cut = m;
             *mp = m->next;
             continue;
         }
@@ -799,7 +838,7 @@ void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
         c->drain.owner = NULL;
         c->cur = &c->drain;
     }
-    if (cut) cl_tcp_conn_close(c, COLLIE_EABORTED, "a message was cut off mid-way");
+    if (cut) conn_break_send(c, cut);
 }
 
 /* ---- connecting ------------------------------------------------------------------------- */
@@ -860,7 +899,11 @@ static void conn_on_addr(collie_work *w, void *arg) {
 }
 
 tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
-    if (tc->conns[peer]) return tc->conns[peer];
+    tcp_conn *old = tc->conns[peer];
+    if (old) { /* an op needs the peer: a broken stream cannot serve it */
+        if (old->send_broken) cl_tcp_conn_close(old, COLLIE_EPEER, old->broken_why);
+        return old;
+    }
     tcp_conn *c = conn_new(tc, peer);
     if (!c) return NULL;
     tc->conns[peer] = c;
