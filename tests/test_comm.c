@@ -2,8 +2,9 @@
  * test_comm.c — communicator lifetime: option checks, non-blocking
  * creation with collectives queued behind it, creation timeouts,
  * generations, abort and destroy (bounded, idempotent; also during
- * creation), buffers left alone
- * after an error, engine shutdown under live comms, error policy settings.
+ * creation), buffers left alone after an error, a message cut off mid-way
+ * (the peer still learns the root cause), engine shutdown under live comms,
+ * error policy settings.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,6 +311,91 @@ static void test_buffers_untouched_after_error(void **state) {
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
 }
 
+/* A collective cancelled while its message to the peer is partly written
+ * (the peer had not posted yet, so TCP flow control held the rest back):
+ * the stream is broken, but the connection must not drop at once. The
+ * peer, which posts meanwhile and reads that connection, would otherwise
+ * see it close and blame rank 0 for it ("rank 0 closed its connection",
+ * EPEER) before it could read the root cause from the store. */
+static void test_cut_message_keeps_connection_until_told(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "cutoff", NULL);
+    enum { COUNT = 4 << 20 }; /* 16 MB: far more than the socket buffers hold */
+    float *b0 = calloc(COUNT, sizeof(float)), *b1 = calloc(COUNT, sizeof(float));
+    assert_non_null(b0);
+    assert_non_null(b1);
+    collie_work *w0, *w1;
+    assert_int_equal(collie_allreduce(w.c[0], b0, b0, COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &w0),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 100), COLLIE_INPROGRESS); /* the buffers fill */
+    assert_int_equal(collie_allreduce(w.c[1], b1, b1, COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &w1),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_cancel(w0), COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_ECANCELED);
+    /* rank 1 learns rank 0's root cause, not a dropped connection */
+    assert_int_equal(collie_work_wait(w1, 5000), COLLIE_EABORTED);
+    int st;
+    const char *msg;
+    collie_comm_error(w.c[1], &st, &msg);
+    print_message("rank 1: %s\n", msg);
+    assert_int_equal(st, COLLIE_EABORTED);
+    assert_non_null(strstr(msg, "rank 0 failed"));
+    assert_non_null(strstr(msg, "cancelled"));
+    collie_work_release(w0);
+    collie_work_release(w1);
+    int64_t t0 = now_ms();
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_comm_destroy(w.c[r]), COLLIE_OK);
+        collie_store_destroy(w.st[r]);
+    }
+    assert_true(now_ms() - t0 < 2000);
+    free(b0);
+    free(b1);
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+}
+
+/* The same cut under policy NONE, where no delayed close comes: the next
+ * op that needs the peer closes the broken connection and fails at once,
+ * naming the cut, instead of waiting out its deadline. */
+static void test_cut_message_policy_none(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "cutnone";
+    o.policy = COLLIE_POLICY_NONE;
+    world w;
+    world_create(&w, 2, "cutnone", &o);
+    enum { COUNT = 4 << 20 };
+    float *b0 = calloc(COUNT, sizeof(float));
+    assert_non_null(b0);
+    collie_work *w0;
+    assert_int_equal(collie_allreduce(w.c[0], b0, b0, COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &w0),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 100), COLLIE_INPROGRESS);
+    assert_int_equal(collie_work_cancel(w0), COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_ECANCELED);
+    collie_work_release(w0);
+    int32_t x = 1;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 10000;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &w0),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_EPEER);
+    assert_true(now_ms() - t0 < 2000);
+    print_message("rank 0: %s\n", collie_work_error_message(w0));
+    assert_non_null(strstr(collie_work_error_message(w0), "cut off mid-way"));
+    collie_work_release(w0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_comm_destroy(w.c[r]), COLLIE_OK);
+        collie_store_destroy(w.st[r]);
+    }
+    free(b0);
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+}
+
 /* Destroying the engine under live comms fails their works with ECLOSED;
  * destroying the comms afterwards only frees them. */
 static void test_engine_destroy_with_live_comms(void **state) {
@@ -391,6 +477,8 @@ int main(void) {
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),
+        cmocka_unit_test(test_cut_message_keeps_connection_until_told),
+        cmocka_unit_test(test_cut_message_policy_none),
         cmocka_unit_test(test_engine_destroy_with_live_comms),
         cmocka_unit_test(test_policy_settings),
     };

@@ -13,7 +13,10 @@
  *               rank 0) is SIGKILLed: every survivor's pending works fail
  *               within 2 s of the kill, naming the dead rank; destroy takes
  *               < 1 s; a restarted rank and the survivors re-create the
- *               comm and complete 100 correct allreduces.
+ *               comm and complete 100 correct allreduces. Stalled: rank 1,
+ *               which has no connection to rank 2, is SIGSTOPped across the
+ *               kill for longer than the close grace: it must still name
+ *               rank 2, not the survivor whose connection it saw close.
  *   hang:       rank 3 SIGSTOPs itself between two allreduces (sockets stay
  *               open); with a 2 s op timeout ranks 0-2 fail within 3 s of
  *               the stop, their messages name rank 3 as not having reached
@@ -31,6 +34,7 @@
  *   recovery:   examples/recovery under collie-run -n 4 --restarts 1.
  *
  * Every wait is bounded; every child is SIGKILLed and reaped in teardown.
+ * CLTEST_FILTER=<glob> runs only the tests whose names match.
  * `test_faults --measure kill|hang RUNS` runs a scenario RUNS times and
  * prints the detection times (bench/faults.sh).
  */
@@ -61,6 +65,7 @@ extern char **environ;
 #define STEP_MS          20000 /* bound of any step of a scenario (start-up, recovery) */
 #define KILL_OP_TIMEOUT  30000 /* op timeout in the kill tests: never what finds the fault */
 #define DETECT_MS        2000  /* kill → every survivor's pending works failed */
+#define STALL_MS         100   /* a survivor stopped across the kill (> the close grace) */
 #define DESTROY_MS       1000  /* destroy of a faulted comm */
 #define HANG_OP_TIMEOUT  2000  /* op timeout in the hang and network-cut tests */
 #define HANG_SLACK_MS    1000  /* the hang is reported within timeout + this */
@@ -715,7 +720,11 @@ static bool blames_victim(const char *line, void *arg) {
     return false;
 }
 
-static void scenario_kill(int victim, kill_result *res) {
+/* `stall`: a survivor SIGSTOPped from just before the kill until STALL_MS
+ * after it (-1: none). With 4 ranks the recursive-doubling allreduce pairs
+ * rank r with r^1 and r^2, so rank victim^3 has no connection to the
+ * victim: it learns of the death only from the others. */
+static void scenario_kill(int victim, int stall, kill_result *res) {
     enum { N = 4 };
     char addr[64];
     store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
@@ -730,8 +739,13 @@ static void scenario_kill(int victim, kill_result *res) {
     for (int r = 0; r < N; r++)
         CHECK(proc_wait_line(rk[r], "RUNNING", STEP_MS), "rank %d is not running\n", r);
     usleep(50000 + (useconds_t)(rand() % 50) * 1000); /* somewhere mid-op */
+    if (stall >= 0) kill(rk[stall]->pid, SIGSTOP);
     int64_t t_kill = mono_ns();
     kill(rk[victim]->pid, SIGKILL);
+    if (stall >= 0) {
+        usleep(STALL_MS * 1000);
+        kill(rk[stall]->pid, SIGCONT);
+    }
     CHECK(proc_wait_exit(rk[victim], 5000), "rank %d did not die\n", victim);
     CHECK(rk[victim]->status == 128 + SIGKILL, "rank %d: status %d\n", victim, rk[victim]->status);
     /* as collie-run --restarts would: the same rank again */
@@ -749,11 +763,13 @@ static void scenario_kill(int victim, kill_result *res) {
         CHECK(ms < DETECT_MS, "rank %d: its pending works failed %lld ms after the kill\n", r,
               (long long)ms);
         if ((last - t_kill) / 1000 > worst) worst = (last - t_kill) / 1000;
-        /* every work that failed names the dead rank (root code or EABORTED) */
+        /* every work that failed, and the comm's root cause, name the dead
+         * rank (root code or EABORTED) */
         CHECK(n > 0 || proc_line(rk[r], "POSTFAIL"), "rank %d: nothing failed?\n", r);
         blame b = {.victim = victim};
         CHECK(proc_each_line(rk[r], "WORK", blames_victim, &b) == 0 &&
-                  proc_each_line(rk[r], "POSTFAIL", blames_victim, &b) == 0,
+                  proc_each_line(rk[r], "POSTFAIL", blames_victim, &b) == 0 &&
+                  proc_each_line(rk[r], "COMMERR", blames_victim, &b) == 0,
               "rank %d: an error does not name rank %d: %s\n", r, victim, b.bad);
         const char *cb = proc_wait_line(rk[r], "ONERROR", STEP_MS);
         CHECK(cb && line_int(cb, "calls", 0) == 1 && line_int(cb, "off_loop", 1) == 0,
@@ -777,15 +793,28 @@ static void scenario_kill(int victim, kill_result *res) {
 static void test_kill_rank2_recover(void **state) {
     (void)state;
     kill_result res;
-    scenario_kill(2, &res);
+    scenario_kill(2, -1, &res);
     print_message("kill rank 2: every pending work failed within %.2f ms\n",
                   (double)res.detect_us / 1000);
+}
+
+/* Rank 1 hears of rank 2's death only from ranks 0 and 3, which close
+ * their connections to it a moment after telling the store. Stopped for
+ * longer than that moment, it finds both the notice and the closed
+ * connections when it resumes: whichever it reads first, it must blame
+ * rank 2 (the connections' last frame carries the root cause). */
+static void test_kill_rank2_stalled_peer(void **state) {
+    (void)state;
+    kill_result res;
+    scenario_kill(2, 1, &res);
+    print_message("kill rank 2, rank 1 stalled %d ms: every pending work failed within %.2f ms\n",
+                  STALL_MS, (double)res.detect_us / 1000);
 }
 
 static void test_kill_rank0_recover(void **state) {
     (void)state;
     kill_result res;
-    scenario_kill(0, &res);
+    scenario_kill(0, -1, &res);
     print_message("kill rank 0: every pending work failed within %.2f ms\n",
                   (double)res.detect_us / 1000);
 }
@@ -1560,7 +1589,7 @@ static int measure(const char *what, int runs) {
         setup(NULL);
         if (!strcmp(what, "kill")) {
             kill_result r;
-            scenario_kill(2, &r);
+            scenario_kill(2, -1, &r);
             us[i] = r.detect_us;
         } else {
             hang_result r;
@@ -1604,10 +1633,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_abort_cycles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_generation_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_recover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_rank2_stalled_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank0_recover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
         cmocka_unit_test_setup_teardown(test_recovery_example, setup, teardown),
     };
+    const char *only = getenv("CLTEST_FILTER"); /* e.g. "test_kill_*" */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

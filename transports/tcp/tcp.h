@@ -23,10 +23,12 @@
 
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
-#define TCP_PROTO_VERSION 1
+#define TCP_PROTO_VERSION 2           /* 2: the ABORT frame */
 #define TCP_FRAME_HDR     40
 #define TCP_P2P_STEP      0xffffffffu /* step value of point-to-point frames */
 #define TCP_KIND_BYE      0xfe        /* frame kind: the sender destroyed its comm */
+#define TCP_KIND_ABORT    0xfd        /* frame kind: the sender's comm failed; payload: why */
+#define TCP_ABORT_MAX     255         /* longest reason an ABORT frame carries */
 #define TCP_STAGE_BYTES   (256 * 1024)
 
 struct tcp_comm;
@@ -102,6 +104,8 @@ typedef struct tcp_conn {
     /* send side */
     tcp_msg *sq_head, *sq_tail;
     bool flush_scheduled; /* wev activated to flush after the current callback */
+    bool send_broken;     /* a message was cut off mid-way: nothing more is written */
+    char broken_why[160]; /* which message, for the op that next needs this peer */
 
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];
@@ -110,6 +114,8 @@ typedef struct tcp_conn {
     tcp_slot *cur;           /* matched slot being filled */
     tcp_slot drain;          /* stands in for cur when its work ended mid-message */
     tcp_unexpected *cur_unx; /* unexpected p2p being filled */
+    bool reading_abort;      /* the frame being read is the peer's ABORT */
+    char peer_abort[TCP_ABORT_MAX + 1];
     uint64_t payload_len, payload_got;
     uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
     uint64_t stage_fill; /* bytes in stage for the current chunk */
@@ -166,8 +172,11 @@ typedef struct tcp_work {
 } tcp_work;
 
 /* tcp_conn.c */
-tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer); /* creates and connects lazily */
+/* creates and connects lazily; closes a connection whose sending broke */
+tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer);
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why);
+/* the comm is closing: tell the peer (goodbye, or the abort's reason), close */
+void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why);
 void cl_tcp_conn_free(tcp_conn *c);
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);

@@ -5,7 +5,8 @@
  * Design notes
  *  - Everything runs on the progress thread (the backend does not set
  *    COLLIE_BACKEND_POST_ON_CALLER).
- *  - abort closes every connection and fails every work it runs; the
+ *  - abort tells every identified peer why (tcp_conn.c: BYE or an ABORT
+ *    frame), closes every connection and fails every work it runs; the
  *    structures stay until destroy, so late events find them closed.
  *  - A work's transport state lives inside the core's work (work_data_size)
  *    so starting a work allocates only what its schedule needs.
@@ -106,7 +107,7 @@ static void tcp_abort(void *state, int status, const char *reason) {
     snprintf(tc->abort_reason, sizeof tc->abort_reason, "%s", reason);
     if (tc->listen_ev) event_del(tc->listen_ev);
     for (int p = 0; p < tc->size; p++)
-        if (tc->conns[p]) cl_tcp_conn_close(tc->conns[p], status, reason);
+        if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
     for (tcp_conn *c = tc->pending; c; c = c->next_pending)
         cl_tcp_conn_close(c, status, reason);
     /* finishing retires later, on the loop; detach then unlinks each work */

@@ -24,6 +24,25 @@
  *    match posted receives by tag; unmatched ones are buffered.
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
+ *  - Broken sending: a message cut off mid-way (its work ended by deadline,
+ *    cancel or abort while the message was partly written; its payload is
+ *    no longer ours to read) leaves the peer mid-frame. The connection then
+ *    stops writing for good and fails the works whose messages were queued
+ *    behind, but it is not closed: it is still read (the peer's EOF or
+ *    error is noticed), and a peer that saw it drop now would blame us
+ *    ("rank 1 closed its connection") before it could read the root cause
+ *    from the store. It closes with the comm's delayed close (the backend's
+ *    abort), at destroy, or when a later op needs that peer (policy NONE,
+ *    where nothing else closes it): that op fails with EPEER naming the cut.
+ *  - Last words: when the comm closes its connections after a fault, each
+ *    one that is at a frame boundary first carries an ABORT frame with the
+ *    root cause (an orderly destroy sends BYE instead). The store's abort
+ *    notice tells the peers too, and the comm waits a moment for them to
+ *    read it, but a peer that was descheduled for longer would otherwise
+ *    read only the end of the connection and blame us; TCP delivers the
+ *    frame before that end (Linux also reads out queued data before
+ *    reporting a reset). The peer's comm fails with the same words as from
+ *    the notice, whichever comes first.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -140,18 +159,8 @@ void cl_tcp_conn_free(tcp_conn *c) {
 
 /* Close the socket; queued messages and slots stay for the abort to fail. */
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
+    (void)status;
     if (c->state == TCP_CONN_CLOSED) return;
-    if (status == COLLIE_ECLOSED && c->state == TCP_CONN_READY && c->fd >= 0) {
-        /* orderly: tell the peer, best effort, so it does not take our
-         * disappearance for a crash */
-        uint8_t bye[TCP_FRAME_HDR] = {0};
-        collie_coll_args none = {.kind = (collie_coll_kind)TCP_KIND_BYE};
-        cl_tcp_frame_header(bye, c->tc, &none, 0, 0, 0);
-        if (!c->sq_head) {
-            ssize_t n = send(c->fd, bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
-            (void)n;
-        }
-    }
     c->state = TCP_CONN_CLOSED;
     snprintf(c->closed_why, sizeof c->closed_why, "%s", why);
     if (c->rev) event_del(c->rev);
@@ -162,6 +171,37 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
     }
     c->tc->core->log(3, "tcp", "comm '%s' rank %d: connection to rank %d closed: %s",
                      c->tc->core->name(c->tc->bc), c->tc->rank, c->peer, why);
+}
+
+/* Can a frame of our own go out now without landing inside another one? */
+static bool conn_at_frame_boundary(const tcp_conn *c) {
+    return c->state == TCP_CONN_READY && c->fd >= 0 && !c->send_broken &&
+           c->hs_out_sent == c->hs_out_len && (!c->sq_head || c->sq_head->sent == 0);
+}
+
+/* The comm is closing (the backend's abort). Tell the peer why first, best
+ * effort, in the stream it reads, so that the end of the connection is
+ * never all it learns: ECLOSED is an orderly goodbye (so it does not take
+ * our departure for a crash), anything else an ABORT frame carrying the
+ * reason, which TCP delivers before the end of the stream (see the design
+ * notes). A broken or busy stream gets nothing: the store notice has to do. */
+void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
+    if (conn_at_frame_boundary(c)) {
+        uint8_t h[TCP_FRAME_HDR];
+        size_t len = strlen(why);
+        if (len > TCP_ABORT_MAX) len = TCP_ABORT_MAX;
+        bool bye = status == COLLIE_ECLOSED;
+        collie_coll_args none = {.kind = (collie_coll_kind)(bye ? TCP_KIND_BYE : TCP_KIND_ABORT)};
+        cl_tcp_frame_header(h, c->tc, &none, 0, 0, bye ? 0 : len);
+        struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h},
+                               {.iov_base = (void *)why, .iov_len = len}};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = bye ? 1 : 2};
+        if (!bye || !c->sq_head) {
+            ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)n;
+        }
+    }
+    cl_tcp_conn_close(c, status, why);
 }
 
 static void conn_lost(tcp_conn *c, int status, const char *fmt, ...)
@@ -176,6 +216,30 @@ static void conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
     int peer = c->peer;
     cl_tcp_conn_close(c, status, why);
     if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
+}
+
+/* Message `cut` left only partly written (its work is ending): stop writing
+ * on c for good (see the design notes). The messages queued behind it can
+ * never go: their works fail. The socket stays open and read. */
+static void conn_break_send(tcp_conn *c, const tcp_msg *cut) {
+    if (c->send_broken) return;
+    c->send_broken = true;
+    snprintf(c->broken_why, sizeof c->broken_why,
+             "the stream to rank %d is broken: a message (seq %llu) was cut off mid-way", c->peer,
+             (unsigned long long)get64(cut->hdr + 16));
+    tcp_msg *m = c->sq_head;
+    c->sq_head = c->sq_tail = NULL;
+    if (c->wev) event_del(c->wev);
+    c->flush_scheduled = false;
+    c->tc->core->log(3, "tcp", "comm '%s' rank %d: %s; no more sends on it",
+                     c->tc->core->name(c->tc->bc), c->tc->rank, c->broken_why);
+    /* finishing only schedules a work's retirement: the list stays ours */
+    while (m) {
+        tcp_msg *next = m->next;
+        if (m->owner && m->owner != cut->owner && !m->owner->finished)
+            cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
+        m = next;
+    }
 }
 
 /* ---- handshake ------------------------------------------------------------------------ */
@@ -384,6 +448,10 @@ static void conn_ready(tcp_conn *c) {
 }
 
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
+    if (c->send_broken) { /* cl_tcp_conn_get closes these: not expected */
+        if (!m->owner->finished) cl_tcp_work_fail(m->owner, COLLIE_EPEER, "%s", c->broken_why);
+        return;
+    }
     m->next = NULL;
     m->sent = 0;
     if (c->sq_tail)
@@ -400,6 +468,28 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
 }
 
 #define FLUSH_BATCH 32 /* messages gathered into one sendmsg */
+
+/* Reading waits for a receive to be posted (the peer is ahead). */
+static bool conn_read_paused(const tcp_conn *c) {
+    return c->have_hdr && !c->cur && !c->cur_unx && !c->reading_abort;
+}
+
+/* Sending failed: the peer has gone. Its last words (an ABORT frame naming
+ * the root cause) may still wait in our receive queue, behind frames no
+ * receive is posted for (they are of no use now: skipped). Read them before
+ * blaming the peer; reading ends the connection if they are there, or at
+ * the end of the stream. Bounded: a few skipped frames, 64 reads each. */
+static void conn_read_last_words(tcp_conn *c) {
+    for (int i = 0; i < 8 && c->state == TCP_CONN_READY; i++) {
+        if (conn_read_paused(c)) {
+            memset(&c->drain, 0, sizeof c->drain);
+            c->drain.len = c->payload_len;
+            c->cur = &c->drain; /* owner NULL: into the discard area */
+        }
+        conn_on_read(c->fd, EV_READ, c);
+        if (!conn_read_paused(c)) return;
+    }
+}
 
 /* Write the handshake bytes, then queued messages, until the socket is
  * full. Up to FLUSH_BATCH messages go out in one sendmsg (header and
@@ -419,7 +509,7 @@ static void conn_flush(tcp_conn *c) {
         }
         c->hs_out_sent += (size_t)n;
     }
-    if (c->state != TCP_CONN_READY) {
+    if (c->state != TCP_CONN_READY || c->send_broken) {
         event_del(c->wev);
         return;
     }
@@ -439,7 +529,7 @@ static void conn_flush(tcp_conn *c) {
                     /* the work is being finished (deadline, cancel): its
                      * detach will drop this message; do not touch it */
                     if (m->sent > 0) {
-                        conn_lost(c, COLLIE_EABORTED, "a message to rank %d was cut off", c->peer);
+                        conn_break_send(c, m);
                         return;
                     }
                     c->sq_head = m->next;
@@ -466,7 +556,10 @@ static void conn_flush(tcp_conn *c) {
             core->work_busy_exit(entered[i]);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
-            conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer, strerror(errno));
+            int err = errno;
+            conn_read_last_words(c);
+            if (c->state == TCP_CONN_READY)
+                conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer, strerror(err));
             return;
         }
         /* account the bytes in order; unlink the finished messages first,
@@ -595,6 +688,11 @@ static ssize_t conn_read_payload(tcp_conn *c) {
     tcp_comm *tc = c->tc;
     const collie_core_services *core = tc->core;
     uint64_t left = c->payload_len - c->payload_got;
+    if (c->reading_abort) {
+        ssize_t n = recv(c->fd, c->peer_abort + c->payload_got, left, 0);
+        if (n > 0) c->payload_got += (uint64_t)n;
+        return n < 0 ? -errno : n;
+    }
     if (c->cur_unx) {
         ssize_t n = recv(c->fd, c->cur_unx->data + c->payload_got, left, 0);
         if (n > 0) c->payload_got += (uint64_t)n;
@@ -639,9 +737,16 @@ static ssize_t conn_read_payload(tcp_conn *c) {
     return n < 0 ? -errno : n;
 }
 
+static void conn_peer_aborted(tcp_conn *c);
+
 static void conn_message_done(tcp_conn *c) {
     c->have_hdr = false;
     c->hdr_got = 0;
+    if (c->reading_abort) {
+        c->reading_abort = false;
+        conn_peer_aborted(c);
+        return;
+    }
     if (c->cur_unx) {
         tcp_unexpected *u = c->cur_unx;
         c->cur_unx = NULL;
@@ -692,6 +797,21 @@ static void conn_goodbye(tcp_conn *c) {
     cl_tcp_conn_close(c, COLLIE_EPEER, why);
 }
 
+/* The peer's comm failed and it says why (its ABORT frame, in peer_abort):
+ * ours fails with that root cause, in the words of the store's abort
+ * notice (comm_ctl.c), whichever of the two arrives first. */
+static void conn_peer_aborted(tcp_conn *c) {
+    c->peer_abort[c->payload_len] = '\0';
+    const char *why = c->peer_abort;
+    if (strncmp(why, "aborted: ", 9) == 0) why += 9; /* the comm's wording of its abort */
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "rank %d ", c->peer);
+    if (strncmp(why, prefix, (size_t)n) == 0) /* it names its rank already */
+        conn_lost(c, COLLIE_EABORTED, "%s", why);
+    else
+        conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
+}
+
 static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
@@ -727,7 +847,15 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
                 return;
             }
             c->have_hdr = true;
-            if (!conn_match(c)) {
+            if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
+                c->reading_abort = true;
+                c->payload_len = get64(c->hdr + 32);
+                c->payload_got = 0;
+                if (c->payload_len > TCP_ABORT_MAX) {
+                    conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                    return;
+                }
+            } else if (!conn_match(c)) {
                 if (c->state == TCP_CONN_READY) event_del(c->rev); /* paused */
                 return;
             }
@@ -758,8 +886,8 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
         pp = &(*pp)->next;
     *pp = s;
     /* a header waiting for exactly this slot: resume reading */
-    if (c->state == TCP_CONN_READY && c->have_hdr && !c->cur && !c->cur_unx &&
-        get32(c->hdr + 8) == s->step && get64(c->hdr + 16) == s->seq) {
+    if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) == s->step &&
+        get64(c->hdr + 16) == s->seq) {
         if (!conn_match(c)) return;
         event_add(c->rev, NULL);
         event_active(c->rev, EV_READ, 0);
@@ -769,16 +897,17 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
 /* Drop every message and slot of tw from this connection (tw is ending,
  * its memory is about to be freed). A message already partly on the wire
  * cannot be finished (its payload is the user's, no longer ours to read),
- * so the byte stream is broken: the connection is closed. The comm is
+ * so the byte stream is broken: the connection stops sending, but stays
+ * open until the comm's delayed close (see the design notes). The comm is
  * failing in that case anyway (a work ends early only by deadline, cancel
- * or abort). */
+ * or abort), NONE excepted. */
 void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
-    bool cut = false;
+    tcp_msg *cut = NULL;
     tcp_msg *last = NULL;
     for (tcp_msg **mp = &c->sq_head; *mp;) {
         tcp_msg *m = *mp;
         if (m->owner == tw) {
-            cut |= m->sent > 0;
+            if (m->sent > 0) cut = m;
             *mp = m->next;
             continue;
         }
@@ -799,7 +928,7 @@ void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
         c->drain.owner = NULL;
         c->cur = &c->drain;
     }
-    if (cut) cl_tcp_conn_close(c, COLLIE_EABORTED, "a message was cut off mid-way");
+    if (cut) conn_break_send(c, cut);
 }
 
 /* ---- connecting ------------------------------------------------------------------------- */
@@ -860,7 +989,11 @@ static void conn_on_addr(collie_work *w, void *arg) {
 }
 
 tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
-    if (tc->conns[peer]) return tc->conns[peer];
+    tcp_conn *old = tc->conns[peer];
+    if (old) { /* an op needs the peer: a broken stream cannot serve it */
+        if (old->send_broken) cl_tcp_conn_close(old, COLLIE_EPEER, old->broken_why);
+        return old;
+    }
     tcp_conn *c = conn_new(tc, peer);
     if (!c) return NULL;
     tc->conns[peer] = c;
