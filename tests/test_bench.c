@@ -521,7 +521,8 @@ static void test_threads(void **state) {
     assert_spawn(r, r->elapsed_ms < 20000);
     spawn_free(r);
 
-    static const char *const bad[][2] = {{"--threads", "0"}, {"-t", "257"}, {"--threads", "x"}};
+    static const char *const bad[][3] = {
+        {"--threads", "0", NULL}, {"-t", "257", NULL}, {"--threads", "x", NULL}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = run_start("collie-bench", bad[i]);
         spawn_finish(r);
