@@ -14,6 +14,9 @@
  *                                    error and then hang (until ncclCommAbort)
  *   CLTEST_CUDA_ASYNC_ERROR_CODE=C   system (default), internal, remote, cuda
  *   CLTEST_CUDA_SLOW_MS=N            every NCCL op takes N ms longer
+ *   CLTEST_CUDA_CRASH=SPEC           the matching NCCL ops SIGKILL their own
+ *                                    process when they start to run (a rank
+ *                                    process dying mid-op)
  *   CLTEST_NCCL_INPROGRESS_MS=N      every NCCL call returns ncclInProgress and
  *                                    is enqueued N ms later (on the first
  *                                    ncclCommGetAsyncError after that)
@@ -23,6 +26,10 @@
  * allgather, reduce_scatter, p2p (a send/recv group: alltoall, gather,
  * scatter, send, recv) or *; #N the N-th such op of the rank (1-based; every
  * one if absent); @R only on rank R.
+ *
+ * Ranks of one ncclUniqueId may live in different processes: the process
+ * that made the id hosts them all (a hub on an abstract Unix socket, see
+ * nccl_proc.c); the switches act in the process where the call is made.
  */
 #ifndef CLTEST_CUDA_DOUBLE_H
 #define CLTEST_CUDA_DOUBLE_H

@@ -1,7 +1,8 @@
 /*
  * nccl.c — the CPU double of the NCCL calls collie's NCCL plugin makes
  * (tests only; built as libnccl.so.2, linked against the double's
- * libcudart.so.13). Ranks live in one process.
+ * libcudart.so.13). This file is the ranks of one process; nccl_proc.c
+ * bridges ranks of other processes into them (its Design notes).
  *
  * Design notes
  *  - A clique is every comm made with one ncclUniqueId (a process-global
@@ -27,9 +28,17 @@
  *    call makes one clique per colour (ranks in (key, parent rank) order).
  *    Until then the parent reports ncclInProgress (and refuses calls), and
  *    each child is an unplaced comm whose init is in progress.
+ *  - The clique of an id lives in the process that made it. A comm made in
+ *    another process is remote (c->rm): its ops run through that process's
+ *    hub, where a proxy member (c->proxy) runs them here, on copies. A rank
+ *    whose process dies is marked ND_DIED, and its peers' errors say so.
+ *  - CLTEST_CUDA_CRASH kills the calling process (SIGKILL) when the op
+ *    starts to run: a rank process dying mid-op.
  *  - One mutex and one condition variable (monotonic clock) for everything.
  */
 #include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,98 +49,11 @@
 
 #include "collie.h"
 #include "tests/cuda_double/double.h"
+#include "tests/cuda_double/nccl_double.h"
 #include "transports/reduce.h"
 
-enum {
-    K_ALLREDUCE,
-    K_BROADCAST,
-    K_REDUCE,
-    K_ALLGATHER,
-    K_REDUCE_SCATTER,
-    K_P2P,
-    K_SEND,
-    K_RECV,
-    K_NUM
-};
-static const char *const dbl_kind_names[K_NUM] = {
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "p2p", "send", "recv"};
-
-typedef struct dbl_item {
-    int kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    ncclDataType_t dt;
-    ncclRedOp_t op;
-    int root, peer;
-} dbl_item;
-
-typedef struct dbl_clique dbl_clique;
-
-struct ncclComm {
-    dbl_clique *cq;
-    int rank, nranks, dev;
-    bool initialized, aborted, call_inprogress;
-    ncclResult_t error;
-    int refs;      /* the user's + one per op not yet run */
-    int executing; /* ops running right now */
-    uint64_t coll_seq, counts[K_NUM];
-    struct dbl_op *deferred; /* calls answered ncclInProgress, enqueued later */
-    int64_t deferred_until;
-    uint64_t split_seq;   /* ncclCommSplit calls made on this comm */
-    bool split_pending;   /* one of them waits for the other ranks */
-    dbl_clique *split_of; /* a child not yet placed: its parent's clique */
-    char last_error[256];
-};
-
-typedef struct dbl_op {
-    struct dbl_op *next;
-    ncclComm_t comm;
-    cudaStream_t stream;
-    int kind, nitems;
-    uint64_t seq, nth; /* collective sequence; the nth op of its kind on this rank */
-    bool hang, error;
-    dbl_item items[];
-} dbl_op;
-
-typedef struct dbl_room {
-    struct dbl_room *next;
-    uint64_t seq;
-    int arrived, left;
-    bool done, broken;
-    void *result;
-    size_t *off, *len; /* rank r copies result[off[r] .. + len[r]) */
-    const dbl_item **slot;
-} dbl_room;
-
-typedef struct dbl_msg {
-    struct dbl_msg *next;
-    int src, dst;
-    const void *buf;
-    size_t bytes;
-    bool taken;
-} dbl_msg;
-
-struct dbl_clique {
-    dbl_clique *next;
-    ncclUniqueId id;
-    int nranks, joined, refs;
-    ncclComm_t *members;
-    bool *rank_aborted;
-    dbl_room *rooms;
-    dbl_msg *msgs;
-    struct dbl_split *splits; /* ncclCommSplit calls not every rank has made */
-};
-
-/* One ncclCommSplit of a clique: each rank's colour, key and child (NULL
- * for NCCL_SPLIT_NOCOLOR). The record holds a reference on each child. */
-typedef struct dbl_split {
-    struct dbl_split *next;
-    uint64_t seq;
-    int arrived;
-    int *color, *key;
-    ncclComm_t *child;
-} dbl_split;
+const char *const dbl_kind_names[K_NUM] = {"allreduce",      "broadcast", "reduce", "allgather",
+                                           "reduce_scatter", "p2p",       "send",   "recv"};
 
 static pthread_mutex_t nd_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t nd_cv;
@@ -146,7 +68,7 @@ static _Thread_local struct {
 } nd_group[256];
 static _Thread_local int nd_group_n;
 static _Thread_local ncclResult_t nd_group_err;
-static _Thread_local char nd_last_error[256];
+_Thread_local char nd_last_error[256];
 
 static void nd_init(void) {
     pthread_condattr_t ca;
@@ -156,14 +78,16 @@ static void nd_init(void) {
     pthread_condattr_destroy(&ca);
 }
 
-static void nd_lock(void) {
+void nd_lock(void) {
     pthread_once(&nd_once, nd_init);
     pthread_mutex_lock(&nd_mu);
 }
 
-static void nd_unlock(void) { pthread_mutex_unlock(&nd_mu); }
+void nd_unlock(void) { pthread_mutex_unlock(&nd_mu); }
 
-static void nd_wait_until(int64_t until_ns) {
+void nd_broadcast_locked(void) { pthread_cond_broadcast(&nd_cv); }
+
+void nd_wait_until(int64_t until_ns) {
     if (until_ns <= 0) {
         pthread_cond_wait(&nd_cv, &nd_mu);
         return;
@@ -246,11 +170,12 @@ static ncclResult_t nd_async_code(void) {
 
 static void nd_split_free_locked(dbl_split *sp, int n);
 
-static void nd_comm_unref_locked(ncclComm_t c) {
+void nd_comm_unref_locked(ncclComm_t c) {
     if (--c->refs > 0) return;
     dbl_clique *q = c->cq;
     int rank = c->rank;
-    nd_live_comms--;
+    if (!c->proxy) nd_live_comms--;
+    if (c->rm) nd_remote_free_locked(c);
     free(c);
     if (!q) return; /* a split child never placed */
     q->members[rank] = NULL;
@@ -282,11 +207,13 @@ static void nd_comm_unref_locked(ncclComm_t c) {
 }
 
 /* Fail the comm with an async error (the first one sticks). */
-static void nd_set_error_locked(ncclComm_t c, ncclResult_t e, const char *fmt, const char *a,
-                                int b) {
+void nd_set_error_locked(ncclComm_t c, ncclResult_t e, const char *fmt, ...) {
     if (c->error != ncclSuccess) return;
     c->error = e;
-    snprintf(c->last_error, sizeof c->last_error, fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- collectives --------------------------------------------------------------------- */
@@ -305,7 +232,7 @@ static bool nd_dtype(ncclDataType_t dt, collie_dtype *out) {
     }
 }
 
-static size_t nd_dsize(ncclDataType_t dt) {
+size_t nd_dsize(ncclDataType_t dt) {
     collie_dtype d;
     return nd_dtype(dt, &d) ? collie_dtype_size(d) : 0;
 }
@@ -403,12 +330,15 @@ static void nd_room_free_locked(dbl_clique *q, dbl_room *r) {
     free(r);
 }
 
-/* Did a rank we are waiting for abort? */
-static bool nd_peer_gone_locked(dbl_clique *q, dbl_room *r) {
-    if (r->broken) return true;
+/* Did a rank we are waiting for abort (or die)? Returns the rank whose
+ * process died, nranks for another reason, -1 if none is gone. */
+static int nd_peer_gone_locked(dbl_clique *q, dbl_room *r) {
     for (int i = 0; i < q->nranks; i++)
-        if (!r->slot[i] && q->rank_aborted[i]) return true;
-    return false;
+        if (!r->slot[i] && q->rank_aborted[i] == ND_DIED) return i;
+    if (r->broken) return q->nranks;
+    for (int i = 0; i < q->nranks; i++)
+        if (!r->slot[i] && q->rank_aborted[i]) return q->nranks;
+    return -1;
 }
 
 static void nd_coll_run_locked(ncclComm_t c, dbl_op *op) {
@@ -429,7 +359,13 @@ static void nd_coll_run_locked(ncclComm_t c, dbl_op *op) {
         pthread_cond_broadcast(&nd_cv);
     }
     while (!r->done && !c->aborted) {
-        if (nd_peer_gone_locked(q, r) && c->error == ncclSuccess)
+        int gone = nd_peer_gone_locked(q, r);
+        if (gone >= 0 && gone < q->nranks)
+            nd_set_error_locked(c, ncclRemoteError,
+                                "cltest double: %s seq %d: rank %d's process died (its connection "
+                                "to the hub closed)",
+                                dbl_kind_names[op->kind], (int)op->seq, gone);
+        else if (gone >= 0)
             nd_set_error_locked(c, ncclRemoteError,
                                 "cltest double: %s seq %d: a peer aborted its communicator",
                                 dbl_kind_names[op->kind], (int)op->seq);
@@ -489,17 +425,17 @@ static void nd_p2p_run_locked(ncclComm_t c, dbl_op *op) {
             if (c->aborted) break;
             if (q->rank_aborted[it->peer])
                 nd_set_error_locked(c, ncclRemoteError,
-                                    "cltest double: %s from rank %d: the peer aborted", "recv",
-                                    it->peer);
+                                    "cltest double: %s from rank %d: the peer %s", "recv", it->peer,
+                                    q->rank_aborted[it->peer] == ND_DIED ? "died" : "aborted");
             nd_wait_until(0);
         }
     }
     for (int i = 0; i < nmine; i++) { /* our sends must be received before we finish */
         while (!mine[i]->taken && !c->aborted) {
             if (q->rank_aborted[mine[i]->dst])
-                nd_set_error_locked(c, ncclRemoteError,
-                                    "cltest double: %s to rank %d: the peer aborted", "send",
-                                    mine[i]->dst);
+                nd_set_error_locked(c, ncclRemoteError, "cltest double: %s to rank %d: the peer %s",
+                                    "send", mine[i]->dst,
+                                    q->rank_aborted[mine[i]->dst] == ND_DIED ? "died" : "aborted");
             nd_wait_until(0);
         }
         for (dbl_msg **pp = &q->msgs; *pp; pp = &(*pp)->next)
@@ -513,9 +449,11 @@ static void nd_p2p_run_locked(ncclComm_t c, dbl_op *op) {
 
 /* ---- running ops ------------------------------------------------------------------------ */
 
-static void nd_op_run(void *arg) {
+void nd_op_run(void *arg) {
     dbl_op *op = arg;
     long slow_ms = cltest_env_int("CLTEST_CUDA_SLOW_MS", 0);
+    bool completed = false;
+    if (op->crash) kill(getpid(), SIGKILL); /* a rank process dying mid-op */
     nd_lock();
     ncclComm_t c = op->comm;
     if (!c->aborted) {
@@ -533,10 +471,13 @@ static void nd_op_run(void *arg) {
             while (!c->aborted)
                 nd_wait_until(0);
         } else if (!c->aborted) {
-            if (op->kind == K_P2P)
+            if (c->rm)
+                nd_remote_run_locked(c, op);
+            else if (op->kind == K_P2P)
                 nd_p2p_run_locked(c, op);
             else
                 nd_coll_run_locked(c, op);
+            completed = !c->aborted; /* both wait until done or aborted */
         }
         c->executing--;
         nd_executing--;
@@ -544,6 +485,7 @@ static void nd_op_run(void *arg) {
     }
     nd_comm_unref_locked(c);
     nd_unlock();
+    if (op->done) op->done(op, completed);
     free(op);
 }
 
@@ -576,6 +518,7 @@ static ncclResult_t nd_submit(ncclComm_t c, cudaStream_t s, int kind, const dbl_
     uint64_t nth = op->nth = ++c->counts[kind];
     op->hang = nd_spec_match("CLTEST_CUDA_HANG", kind, nth, c->rank);
     op->error = nd_spec_match("CLTEST_CUDA_ASYNC_ERROR", kind, nth, c->rank);
+    op->crash = nd_spec_match("CLTEST_CUDA_CRASH", kind, nth, c->rank);
     c->refs++;
     long inprogress_ms = cltest_env_int("CLTEST_NCCL_INPROGRESS_MS", 0);
     if (inprogress_ms > 0) {
@@ -602,27 +545,25 @@ ncclResult_t ncclGetVersion(int *version) {
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     static _Atomic uint64_t counter;
     memset(id, 0, sizeof *id);
-    uint64_t v[3] = {(uint64_t)getpid(), (uint64_t)cltest_now_ns(), ++counter};
+    /* the creator's pid and hub token: where ranks of other processes join */
+    uint64_t v[4] = {(uint64_t)getpid(), (uint64_t)cltest_now_ns(), ++counter, nd_hub_start()};
     memcpy(id->internal, v, sizeof v);
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t *config) {
-    if (!out || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+ncclResult_t nd_comm_join_locked(const ncclUniqueId *id, int nranks, int rank, int dev, bool proxy,
+                                 ncclComm_t *out) {
     *out = NULL;
-    if (config && config->magic != 0xcafebeef) return ncclInvalidArgument;
-    bool blocking = !config || config->blocking != 0;
-    nd_lock();
     dbl_clique *q = nd_cliques;
-    while (q && memcmp(&q->id, &id, sizeof id) != 0)
+    while (q && memcmp(&q->id, id, sizeof *id) != 0)
         q = q->next;
     if (!q) {
         q = calloc(1, sizeof *q);
+        if (!q) abort();
         q->members = calloc((size_t)nranks, sizeof *q->members);
         q->rank_aborted = calloc((size_t)nranks, sizeof *q->rank_aborted);
-        if (!q || !q->members || !q->rank_aborted) abort();
-        q->id = id;
+        if (!q->members || !q->rank_aborted) abort();
+        q->id = *id;
         q->nranks = nranks;
         q->next = nd_cliques;
         nd_cliques = q;
@@ -631,7 +572,6 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
         snprintf(nd_last_error, sizeof nd_last_error,
                  "cltest double: rank %d of %d does not fit the clique (%d ranks)", rank, nranks,
                  q->nranks);
-        nd_unlock();
         return ncclInvalidUsage;
     }
     ncclComm_t c = calloc(1, sizeof *c);
@@ -639,15 +579,70 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     c->cq = q;
     c->rank = rank;
     c->nranks = nranks;
-    c->dev = cltest_current_device();
-    if (rank < ND_MAX_RANKS) nd_comm_dev1[rank] = c->dev + 1;
+    c->dev = dev;
+    c->proxy = proxy;
+    if (!proxy && rank < ND_MAX_RANKS) nd_comm_dev1[rank] = c->dev + 1;
     c->refs = 1;
     q->members[rank] = c;
     q->joined++;
     q->refs++;
-    nd_live_comms++;
+    if (proxy)
+        q->proxies++;
+    else
+        nd_live_comms++;
     pthread_cond_broadcast(&nd_cv);
+    *out = c;
+    return ncclSuccess;
+}
+
+/* A rank of an id made by another process: it joins through that
+ * process's hub (nccl_proc.c). */
+static ncclResult_t nd_init_remote(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                                   bool blocking, bool hang) {
+    ncclComm_t c = calloc(1, sizeof *c);
+    if (!c) abort();
+    c->rank = rank;
+    c->nranks = nranks;
+    c->dev = cltest_current_device();
+    c->refs = 1;
+    ncclResult_t res = nd_remote_join(c, id);
+    if (res != ncclSuccess) {
+        free(c);
+        return res;
+    }
+    nd_lock();
+    if (rank < ND_MAX_RANKS) nd_comm_dev1[rank] = c->dev + 1;
+    nd_live_comms++;
+    while (blocking && (!nd_remote_ready_locked(c) || hang) && c->error == ncclSuccess)
+        nd_wait_until(0);
+    c->initialized = blocking && c->error == ncclSuccess;
+    res = c->error;
+    nd_unlock();
+    if (blocking && res != ncclSuccess) {
+        snprintf(nd_last_error, sizeof nd_last_error, "%s", c->last_error);
+        ncclCommAbort(c);
+        return res;
+    }
+    *out = c;
+    return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+    if (!out || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    *out = NULL;
+    if (config && config->magic != 0xcafebeef) return ncclInvalidArgument;
+    bool blocking = !config || config->blocking != 0;
     bool hang = cltest_env_int("CLTEST_NCCL_INIT_HANG", 0) != 0;
+    if (nd_id_remote(&id)) return nd_init_remote(out, nranks, &id, rank, blocking, hang);
+    nd_lock();
+    ncclComm_t c;
+    ncclResult_t res = nd_comm_join_locked(&id, nranks, rank, cltest_current_device(), false, &c);
+    if (res != ncclSuccess) {
+        nd_unlock();
+        return res;
+    }
+    dbl_clique *q = c->cq;
     while (blocking && (q->joined < nranks || hang))
         nd_wait_until(0);
     c->initialized = blocking;
@@ -664,6 +659,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
     if (!c || !state) return ncclInvalidArgument;
     nd_lock();
     if (!c->initialized && c->cq && c->cq->joined == c->nranks &&
+        !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
+        c->initialized = true;
+    if (!c->initialized && c->rm && nd_remote_ready_locked(c) &&
         !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
         c->initialized = true;
     if (!c->cq && c->split_of && c->error == ncclSuccess)
@@ -702,7 +700,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (slow > 0) usleep((useconds_t)slow * 1000); /* the kernels keep running meanwhile */
     nd_lock();
     c->aborted = true;
-    if (c->cq) c->cq->rank_aborted[c->rank] = true;
+    if (c->cq) c->cq->rank_aborted[c->rank] = ND_ABORTED;
     pthread_cond_broadcast(&nd_cv);
     while (c->executing > 0) /* running ops notice and leave: the quiesce */
         nd_wait_until(0);
@@ -710,6 +708,11 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
         free(c->deferred);
         c->deferred = NULL;
         c->refs--;
+    }
+    if (c->rm) { /* the hub hears of it and aborts our stand-in there */
+        nd_unlock();
+        nd_remote_close(c);
+        nd_lock();
     }
     nd_aborts_done++;
     if (c->rank < ND_MAX_RANKS) nd_abort_done_ns[c->rank] = cltest_now_ns(); /* returning now */
@@ -812,6 +815,13 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         snprintf(comm->last_error, sizeof comm->last_error,
                  "cltest double: ncclCommSplit on a communicator that is %s",
                  comm->aborted ? "aborted" : "failed or still in progress");
+        nd_unlock();
+        return ncclInvalidUsage;
+    }
+    if (comm->rm || comm->cq->proxies > 0) {
+        snprintf(comm->last_error, sizeof comm->last_error,
+                 "cltest double: ncclCommSplit of a communicator whose ranks live in several "
+                 "processes is not supported");
         nd_unlock();
         return ncclInvalidUsage;
     }
