@@ -6,7 +6,8 @@
  * that cannot be created (nccl on this machine) failing cleanly,
  * --backend nccl on CUDA buffers against the CPU double of CUDA and NCCL,
  * and --threads: ranks as threads over TCP, and every op through the NCCL
- * plugin on the double at 2 to 4 ranks in one process.
+ * plugin on the double at 2 to 4 ranks in one process, and with the ranks
+ * in separate processes.
  *
  * Every child runs with its output on pipes read by a bounded poll loop; a
  * run that outlives its bound is a failure, and the teardown SIGKILLs a
@@ -443,8 +444,7 @@ static void test_nccl_backend_fails_cleanly(void **state) {
 /* --backend cuda:nccl,cpu:tcp against the CPU double of libcudart and
  * libnccl: the timed ops run on "device" buffers (cudaMalloc, cudaMemcpy of
  * the double) through collie_cuda_*, checked; the timings are combined on
- * the cpu backend. One rank: the double's NCCL ranks meet inside one
- * process, so ranks in separate processes would never finish NCCL init. */
+ * the cpu backend. One rank (ranks in separate processes: below). */
 static void test_nccl_backend_on_the_double(void **state) {
     (void)state;
     if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
@@ -569,6 +569,51 @@ static void test_nccl_threads_on_the_double(void **state) {
     assert_spawn(r, r->elapsed_ms < 20000);
 }
 
+/* Every op through the NCCL plugin on the CPU double with the ranks in
+ * separate processes (the double's hub in rank 0's process bridges them,
+ * over a Unix socket) at 2 and 3 ranks, and 2 processes of 2 threads (a
+ * clique mixing local and remote ranks). Every result checked; a corrupted
+ * one on a remote rank fails. */
+static void test_nccl_processes_on_the_double(void **state) {
+    (void)state;
+    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
+    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
+    const size_t *sizes = quick() ? small : full;
+    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
+    static const struct {
+        int procs;
+        const char *threads;
+    } runs[] = {{2, "1"}, {3, "1"}, {2, "2"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        spawn_proc *r =
+            bench_run_env(runs[i].procs, ARGS(ld, pp),
+                          ARGS("--backend", "cuda:nccl,cpu:tcp", "--threads", runs[i].threads,
+                               "--op", "all", "--check", "--sizes", size_arg, "--iters", "2",
+                               "--warmup", "1", "--timeout-ms", "10000"));
+        if (r->status != 0) {
+            spawn_dump(r);
+            fail_msg("-n %d --threads %s: exit %d", runs[i].procs, runs[i].threads, r->status);
+        }
+        assert_spawn(r, strstr(r->text[0], "CUDA buffers"));
+        assert_only_rank0_stdout(r);
+        assert_table(r, sizes, 3, runs[i].procs * atoi(runs[i].threads), NULL);
+        spawn_free(r);
+    }
+
+    spawn_proc *r = bench_run_env(3, ARGS(ld, pp),
+                                  ARGS("--backend", "cuda:nccl,cpu:tcp", "--op", "allreduce",
+                                       "--check", "--sizes", "4096", "--iters", "2", "--timeout-ms",
+                                       "10000", "--corrupt-rank", "2"));
+    assert_spawn(r, r->status == 1);
+    assert_spawn(r, strstr(r->text[1], "[2] collie-bench: rank 2: check failed for allreduce of "
+                                       "4096 bytes (f32, sum) after the first op: first bad index "
+                                       "512 of the result"));
+    assert_spawn(r, r->elapsed_ms < 20000);
+}
+
 /* Outside collie-run: a clear error naming what is missing. */
 static void test_needs_the_launcher(void **state) {
     (void)state;
@@ -593,6 +638,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_nccl_backend_on_the_double, spawn_teardown),
         cmocka_unit_test_teardown(test_threads, spawn_teardown),
         cmocka_unit_test_teardown(test_nccl_threads_on_the_double, spawn_teardown),
+        cmocka_unit_test_teardown(test_nccl_processes_on_the_double, spawn_teardown),
         cmocka_unit_test_teardown(test_needs_the_launcher, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
