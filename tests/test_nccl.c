@@ -22,6 +22,9 @@
  *    scenario needing it skips; "plugin missing" runs everywhere.
  *  - Every wait is bounded; each scenario ends by checking that the double
  *    holds no communicator and runs no op.
+ *  - test_procs_faults runs the ranks as separate processes instead:
+ *    collie-run + collie-bench (spawn.h), the double bridging them through
+ *    the hub in rank 0's process.
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -40,6 +43,7 @@
 #include "coll_fixture.h"
 #include "collie_cuda.h"
 #include "harness.h"
+#include "spawn.h"
 #include "transports/reduce.h"
 
 extern char **environ;
@@ -1342,6 +1346,102 @@ static scenario_case scenario_table[] = {
     {"gpu_split", false, true, {NULL}},
 };
 
+/* ---- ranks in separate processes: collie-run + collie-bench -------------------------- */
+
+/* collie-run -n 3 --keep-going -- collie-bench --backend nccl (allreduce of
+ * 4096 bytes, 3 iterations, --timeout-ms timeout_ms) on the double with
+ * the switch sw ("NAME=value"); ranks 1 and 2 are remote ranks of the
+ * double, rank 0's process hosts the hub. Waits for the end. */
+static spawn_proc *procs_run(const char *sw, const char *timeout_ms) {
+    if (!getenv("CLTEST_BUILD_DIR")) setenv("CLTEST_BUILD_DIR", build_dir, 1);
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 64];
+    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir);
+    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir);
+    const char *const env[] = {ld, pp, sw, NULL};
+    const char *const args[] = {"-n",
+                                "3",
+                                "--keep-going",
+                                "--timeout",
+                                "60",
+                                "--",
+                                spawn_bin_path("collie-bench"),
+                                "--backend",
+                                "nccl",
+                                "--op",
+                                "allreduce",
+                                "--sizes",
+                                "4096",
+                                "--iters",
+                                "3",
+                                "--warmup",
+                                "0",
+                                "--timeout-ms",
+                                timeout_ms,
+                                NULL};
+    spawn_proc *r = spawn_start("collie-run", args, env, 50000);
+    spawn_finish(r);
+    return r;
+}
+
+/* The stderr line of r that starts with prefix must contain `want`. */
+static void expect_line(const spawn_proc *r, const char *prefix, const char *want) {
+    const char *l = strstr(r->text[1], prefix);
+    if (!l) {
+        spawn_dump(r);
+        fail_msg("no line '%s'", prefix);
+    }
+    const char *end = strchr(l, '\n');
+    size_t len = end ? (size_t)(end - l) : strlen(l);
+    char line[2048];
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), l);
+    if (!strstr(line, want)) {
+        spawn_dump(r);
+        fail_msg("'%s' does not say '%s'", line, want);
+    }
+}
+
+/* Faults with the ranks in three processes: a hung NCCL op on a remote
+ * rank fails every rank's work at its deadline (plus the abort), and a rank
+ * process SIGKILLed mid-op -- a remote one, then the hub's own -- fails the
+ * survivors' works at once, naming the dead rank. Every process exits. */
+static void test_procs_faults(void **state) {
+    (void)state;
+    if (!plugin_built()) skip(); /* built without NCCL (WITH_NCCL=0 / no CUDA) */
+    spawn_proc *r = procs_run("CLTEST_CUDA_HANG=allreduce#2@1", "1500");
+    assert_spawn(r, r->status == 1);
+    for (int i = 0; i < 3; i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix,
+                 "[%d] collie-bench: rank %d: allreduce of 4096 bytes failed", i, i);
+        expect_line(r, prefix, "deadline of 1500 ms passed");
+    }
+    assert_spawn(r, !strstr(r->text[1], "killed by signal"));
+    assert_spawn(r, r->elapsed_ms < 1500 + 2500);
+    spawn_free(r);
+
+    static const struct {
+        int dead;
+        const char *sw;
+    } kills[] = {{2, "CLTEST_CUDA_CRASH=allreduce#2@2"}, {0, "CLTEST_CUDA_CRASH=allreduce#2@0"}};
+    for (size_t k = 0; k < sizeof kills / sizeof kills[0]; k++) {
+        r = procs_run(kills[k].sw, "10000");
+        char killed[64], dead[16];
+        snprintf(killed, sizeof killed, "collie-run: rank %d killed by signal SIGKILL",
+                 kills[k].dead);
+        snprintf(dead, sizeof dead, "rank %d", kills[k].dead);
+        assert_spawn(r, strstr(r->text[1], killed));
+        for (int i = 0; i < 3; i++) {
+            if (i == kills[k].dead) continue;
+            char prefix[64];
+            snprintf(prefix, sizeof prefix,
+                     "[%d] collie-bench: rank %d: allreduce of 4096 bytes failed", i, i);
+            expect_line(r, prefix, dead);
+        }
+        assert_spawn(r, r->elapsed_ms < 5000); /* not the op's 10 s deadline */
+        spawn_free(r);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--scenario")) return child_main(argv[2]);
     enum { N = sizeof scenario_table / sizeof scenario_table[0] };
@@ -1355,8 +1455,9 @@ int main(int argc, char **argv) {
         "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
         "test_gpu_split",
     };
-    struct CMUnitTest tests[N];
+    struct CMUnitTest tests[N + 1];
     for (size_t i = 0; i < N; i++)
         tests[i] = (struct CMUnitTest){names[i], test_scenario, NULL, NULL, &scenario_table[i]};
+    tests[N] = (struct CMUnitTest)cmocka_unit_test_teardown(test_procs_faults, spawn_teardown);
     return cmocka_run_group_tests(tests, setup_paths, NULL);
 }
