@@ -54,6 +54,9 @@ extern char **environ;
 /* ---- the CUDA runtime and the double's counters, through dlsym ------------------------ */
 
 typedef collie_cuda_stream_t stream_t;
+typedef struct {
+    char internal[128];
+} ncclid; /* ncclUniqueId, passed by value */
 
 static struct {
     int (*GetDeviceCount)(int *);
@@ -1078,6 +1081,77 @@ static void sc_plugin_missing(void **state) {
 
 /* NCCL init never completes: the comm's creation timeout ends it and the
  * NCCL communicator being built is aborted. */
+/* The double alone, rank 1 in a forked process (remote: its id was made
+ * here): the collective crosses processes; ncclCommSplit there fails
+ * cleanly; when rank 1's process dies mid-op (CLTEST_CUDA_CRASH) rank 0's
+ * op gets ncclRemoteError naming it, and ncclCommAbort returns. */
+static void sc_procs_double(void **state) {
+    (void)state;
+    need_double();
+    void *n = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    int (*get_id)(ncclid *) = sym(n, "ncclGetUniqueId");
+    int (*init)(void **, int, ncclid, int, void *) = sym(n, "ncclCommInitRankConfig");
+    int (*async)(void *, int *) = sym(n, "ncclCommGetAsyncError");
+    int (*allreduce)(const void *, void *, size_t, int, int, void *, stream_t) =
+        sym(n, "ncclAllReduce");
+    int (*split)(void *, int, int, void **, void *) = sym(n, "ncclCommSplit");
+    int (*abort_comm)(void *) = sym(n, "ncclCommAbort");
+    const char *(*last_error)(void *) = sym(n, "ncclGetLastError");
+    ncclid id;
+    assert_int_equal(get_id(&id), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    int rank = pid == 0 ? 1 : 0;
+    /* ncclConfig_t with blocking = 1 would do; NULL is the blocking default */
+    void *comm = NULL;
+    int rc = init(&comm, 2, id, rank, NULL);
+    if (pid == 0 && rc != 0) _exit(10);
+    assert_int_equal(rc, 0);
+    stream_t st;
+    float *buf;
+    if (cu.StreamCreate(&st) || cu.Malloc((void **)&buf, 4 * sizeof *buf)) {
+        if (pid == 0) _exit(11);
+        fail_msg("stream/malloc");
+    }
+    for (int i = 0; i < 4; i++)
+        buf[i] = (float)(rank + 1) * (float)i;
+    rc = allreduce(buf, buf, 4, 7 /* ncclFloat32 */, 0 /* ncclSum */, comm, st);
+    if (rc == 0) rc = cu.StreamSynchronize(st);
+    for (int i = 0; i < 4 && rc == 0; i++)
+        if (buf[i] != 3.0f * (float)i) rc = -1;
+    if (pid == 0) {
+        if (rc != 0) _exit(12);
+        void *child = NULL;
+        if (split(comm, 0, 0, &child, NULL) != 5 /* ncclInvalidUsage */ ||
+            !strstr(last_error(comm), "several processes"))
+            _exit(13);
+        setenv("CLTEST_CUDA_CRASH", "allreduce#2@1", 1);
+        allreduce(buf, buf, 4, 7, 0, comm, st);
+        sleep(10);
+        _exit(14); /* not reached: the op kills us */
+    }
+    assert_int_equal(rc, 0);
+    int64_t t0 = now_ms();
+    assert_int_equal(allreduce(buf, buf, 4, 7, 0, comm, st), 0);
+    int result = 0;
+    while (now_ms() - t0 < 5000 && async(comm, &result) == 0 && result == 0)
+        sleep_ms(5);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL)
+        fail_msg("rank 1's process: %s %d", WIFEXITED(status) ? "exit" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    assert_int_equal(result, 6 /* ncclRemoteError */);
+    if (!strstr(last_error(comm), "rank 1's process died"))
+        fail_msg("ncclGetLastError: %s", last_error(comm));
+    assert_true(now_ms() - t0 < 3000);
+    assert_int_equal(abort_comm(comm), 0);
+    cu.Free(buf);
+    cu.StreamDestroy(st);
+    expect_double_idle();
+}
+
 static void sc_init_hang(void **state) {
     (void)state;
     need_double();
@@ -1149,6 +1223,7 @@ static const struct {
     {"no_gpu_real", sc_no_gpu_real},
     {"plugin_missing", sc_plugin_missing},
     {"init_hang", sc_init_hang},
+    {"procs_double", sc_procs_double},
     {"gpu_allreduce", sc_gpu_allreduce},
     {"abort_overrun", sc_abort_overrun},
     {"policy_none", sc_policy_none},
@@ -1344,6 +1419,7 @@ static scenario_case scenario_table[] = {
     {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
     {"gpu_allreduce", false, true, {NULL}},
     {"gpu_split", false, true, {NULL}},
+    {"procs_double", true, true, {NULL}},
 };
 
 /* ---- ranks in separate processes: collie-run + collie-bench -------------------------- */
@@ -1453,7 +1529,7 @@ int main(int argc, char **argv) {
         "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
         "test_cancel",           "test_waiter_expiry", "test_split",
         "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
-        "test_gpu_split",
+        "test_gpu_split",        "test_procs_double",
     };
     struct CMUnitTest tests[N + 1];
     for (size_t i = 0; i < N; i++)
