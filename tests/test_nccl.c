@@ -1486,7 +1486,7 @@ static void test_procs_faults(void **state) {
     spawn_proc *r = procs_run("CLTEST_CUDA_HANG=allreduce#2@1", "1500");
     assert_spawn(r, r->status == 1);
     for (int i = 0; i < 3; i++) {
-        char prefix[64];
+        char prefix[96];
         snprintf(prefix, sizeof prefix,
                  "[%d] collie-bench: rank %d: allreduce of 4096 bytes failed", i, i);
         expect_line(r, prefix, "deadline of 1500 ms passed");
@@ -1501,14 +1501,14 @@ static void test_procs_faults(void **state) {
     } kills[] = {{2, "CLTEST_CUDA_CRASH=allreduce#2@2"}, {0, "CLTEST_CUDA_CRASH=allreduce#2@0"}};
     for (size_t k = 0; k < sizeof kills / sizeof kills[0]; k++) {
         r = procs_run(kills[k].sw, "10000");
-        char killed[64], dead[16];
+        char killed[96], dead[32];
         snprintf(killed, sizeof killed, "collie-run: rank %d killed by signal SIGKILL",
                  kills[k].dead);
         snprintf(dead, sizeof dead, "rank %d", kills[k].dead);
         assert_spawn(r, strstr(r->text[1], killed));
         for (int i = 0; i < 3; i++) {
             if (i == kills[k].dead) continue;
-            char prefix[64];
+            char prefix[96];
             snprintf(prefix, sizeof prefix,
                      "[%d] collie-bench: rank %d: allreduce of 4096 bytes failed", i, i);
             expect_line(r, prefix, dead);
