@@ -1081,6 +1081,62 @@ static void sc_plugin_missing(void **state) {
 
 /* NCCL init never completes: the comm's creation timeout ends it and the
  * NCCL communicator being built is aborted. */
+/* The NCCL calls of sc_procs_double, through dlsym. */
+static struct {
+    int (*get_id)(ncclid *);
+    int (*init)(void **, int, ncclid, int, void *);
+    int (*async)(void *, int *);
+    int (*allreduce)(const void *, void *, size_t, int, int, void *, stream_t);
+    int (*split)(void *, int, int, void **, void *);
+    int (*abort_comm)(void *);
+    const char *(*last_error)(void *);
+} nc;
+
+#define NC_FLOAT32 7 /* ncclFloat32, ncclSum = 0 */
+
+/* Rank `rank` of 2: init (blocking), one checked allreduce of 4 floats.
+ * Returns 0, or which step failed. */
+static int procs_first_op(ncclid id, int rank, void **comm, stream_t *st, float **buf) {
+    if (nc.init(comm, 2, id, rank, NULL) != 0) return 10;
+    if (cu.StreamCreate(st) || cu.Malloc((void **)buf, 4 * sizeof **buf)) return 11;
+    for (int i = 0; i < 4; i++)
+        (*buf)[i] = (float)(rank + 1) * (float)i;
+    if (nc.allreduce(*buf, *buf, 4, NC_FLOAT32, 0, *comm, *st) || cu.StreamSynchronize(*st))
+        return 12;
+    for (int i = 0; i < 4; i++)
+        if ((*buf)[i] != 3.0f * (float)i) return 13;
+    return 0;
+}
+
+/* Rank 0 (the hub's process), on a thread of its own: LeakSanitizer of
+ * this toolchain crashes at exit when the main thread used a dlopen'd
+ * library's dynamic TLS. Its second allreduce waits for rank 1, whose
+ * process dies: the async error it ends with, and ncclGetLastError. */
+typedef struct procs_rank0 {
+    ncclid id;
+    int step, result;
+    int64_t took_ms;
+    char error[256];
+} procs_rank0;
+
+static void *procs_rank0_main(void *arg) {
+    procs_rank0 *x = arg;
+    void *comm = NULL;
+    stream_t st;
+    float *buf;
+    if ((x->step = procs_first_op(x->id, 0, &comm, &st, &buf)) != 0) return NULL;
+    int64_t t0 = now_ms();
+    if (nc.allreduce(buf, buf, 4, NC_FLOAT32, 0, comm, st) != 0) x->step = 20;
+    while (!x->step && now_ms() - t0 < 5000 && nc.async(comm, &x->result) == 0 && x->result == 0)
+        sleep_ms(5);
+    x->took_ms = now_ms() - t0;
+    snprintf(x->error, sizeof x->error, "%s", nc.last_error(comm));
+    if (nc.abort_comm(comm) != 0) x->step = 21;
+    cu.Free(buf);
+    cu.StreamDestroy(st);
+    return NULL;
+}
+
 /* The double alone, rank 1 in a forked process (remote: its id was made
  * here): the collective crosses processes; ncclCommSplit there fails
  * cleanly; when rank 1's process dies mid-op (CLTEST_CUDA_CRASH) rank 0's
@@ -1089,66 +1145,44 @@ static void sc_procs_double(void **state) {
     (void)state;
     need_double();
     void *n = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-    int (*get_id)(ncclid *) = sym(n, "ncclGetUniqueId");
-    int (*init)(void **, int, ncclid, int, void *) = sym(n, "ncclCommInitRankConfig");
-    int (*async)(void *, int *) = sym(n, "ncclCommGetAsyncError");
-    int (*allreduce)(const void *, void *, size_t, int, int, void *, stream_t) =
-        sym(n, "ncclAllReduce");
-    int (*split)(void *, int, int, void **, void *) = sym(n, "ncclCommSplit");
-    int (*abort_comm)(void *) = sym(n, "ncclCommAbort");
-    const char *(*last_error)(void *) = sym(n, "ncclGetLastError");
-    ncclid id;
-    assert_int_equal(get_id(&id), 0);
+    *(void **)&nc.get_id = sym(n, "ncclGetUniqueId");
+    *(void **)&nc.init = sym(n, "ncclCommInitRankConfig");
+    *(void **)&nc.async = sym(n, "ncclCommGetAsyncError");
+    *(void **)&nc.allreduce = sym(n, "ncclAllReduce");
+    *(void **)&nc.split = sym(n, "ncclCommSplit");
+    *(void **)&nc.abort_comm = sym(n, "ncclCommAbort");
+    *(void **)&nc.last_error = sym(n, "ncclGetLastError");
+    procs_rank0 x = {.step = 0};
+    assert_int_equal(nc.get_id(&x.id), 0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
-    int rank = pid == 0 ? 1 : 0;
-    /* ncclConfig_t with blocking = 1 would do; NULL is the blocking default */
-    void *comm = NULL;
-    int rc = init(&comm, 2, id, rank, NULL);
-    if (pid == 0 && rc != 0) _exit(10);
-    assert_int_equal(rc, 0);
-    stream_t st;
-    float *buf;
-    if (cu.StreamCreate(&st) || cu.Malloc((void **)&buf, 4 * sizeof *buf)) {
-        if (pid == 0) _exit(11);
-        fail_msg("stream/malloc");
-    }
-    for (int i = 0; i < 4; i++)
-        buf[i] = (float)(rank + 1) * (float)i;
-    rc = allreduce(buf, buf, 4, 7 /* ncclFloat32 */, 0 /* ncclSum */, comm, st);
-    if (rc == 0) rc = cu.StreamSynchronize(st);
-    for (int i = 0; i < 4 && rc == 0; i++)
-        if (buf[i] != 3.0f * (float)i) rc = -1;
-    if (pid == 0) {
-        if (rc != 0) _exit(12);
-        void *child = NULL;
-        if (split(comm, 0, 0, &child, NULL) != 5 /* ncclInvalidUsage */ ||
-            !strstr(last_error(comm), "several processes"))
-            _exit(13);
+    if (pid == 0) { /* rank 1: reports a failed step by its exit code */
+        void *comm, *child = NULL;
+        stream_t st;
+        float *buf;
+        int step = procs_first_op(x.id, 1, &comm, &st, &buf);
+        if (step) _exit(step);
+        if (nc.split(comm, 0, 0, &child, NULL) != 5 /* ncclInvalidUsage */ ||
+            !strstr(nc.last_error(comm), "several processes"))
+            _exit(14);
         setenv("CLTEST_CUDA_CRASH", "allreduce#2@1", 1);
-        allreduce(buf, buf, 4, 7, 0, comm, st);
+        nc.allreduce(buf, buf, 4, NC_FLOAT32, 0, comm, st);
         sleep(10);
-        _exit(14); /* not reached: the op kills us */
+        _exit(15); /* not reached: the op kills us */
     }
-    assert_int_equal(rc, 0);
-    int64_t t0 = now_ms();
-    assert_int_equal(allreduce(buf, buf, 4, 7, 0, comm, st), 0);
-    int result = 0;
-    while (now_ms() - t0 < 5000 && async(comm, &result) == 0 && result == 0)
-        sleep_ms(5);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, procs_rank0_main, &x), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL)
         fail_msg("rank 1's process: %s %d", WIFEXITED(status) ? "exit" : "signal",
                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    assert_int_equal(result, 6 /* ncclRemoteError */);
-    if (!strstr(last_error(comm), "rank 1's process died"))
-        fail_msg("ncclGetLastError: %s", last_error(comm));
-    assert_true(now_ms() - t0 < 3000);
-    assert_int_equal(abort_comm(comm), 0);
-    cu.Free(buf);
-    cu.StreamDestroy(st);
+    assert_int_equal(x.step, 0);
+    assert_int_equal(x.result, 6 /* ncclRemoteError */);
+    if (!strstr(x.error, "rank 1's process died")) fail_msg("ncclGetLastError: %s", x.error);
+    assert_true(x.took_ms < 3000);
     expect_double_idle();
 }
 
