@@ -272,14 +272,15 @@ static bool nd_proxy_op_post(nd_conn *k, const nd_hdr *h, const char *payload) {
             ok = false;
             in = 0;
         }
-        if (in) {
-            void *p = malloc(in);
+        /* never NULL, even for 0 bytes: nccl.c memcpy()s from and to them */
+        if (it->kind != K_RECV) {
+            void *p = malloc(in ? in : 1);
             if (!p) abort();
-            memcpy(p, payload + off, in);
+            if (in) memcpy(p, payload + off, in);
             it->send = p;
             off += in;
         }
-        if (out && !(it->recv = calloc(1, out))) abort();
+        if (it->kind != K_SEND && !(it->recv = calloc(1, out ? out : 1))) abort();
     }
     nd_lock();
     k->refs++;
