@@ -417,6 +417,18 @@ static bool nccl_plugin_built(void) {
     return access(path, R_OK) == 0;
 }
 
+/* The environment that puts the CPU double of libcudart/libnccl under the
+ * plugin (LD_LIBRARY_PATH) and the plugin in reach (COLLIE_PLUGIN_PATH);
+ * skips the test when the plugin was not built (WITH_NCCL=0). */
+static void double_env(const char **ld, const char **pp) {
+    static char ldv[PATH_MAX + 64], ppv[PATH_MAX + 32];
+    if (!nccl_plugin_built()) skip();
+    snprintf(ldv, sizeof ldv, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
+    snprintf(ppv, sizeof ppv, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    *ld = ldv;
+    *pp = ppv;
+}
+
 /* A backend that cannot be created here fails at once with a message naming
  * it, on every rank; no hang: without the plugin, and with the plugin but
  * the real CUDA runtime (no GPU on this machine; with one, skipped). */
@@ -447,10 +459,8 @@ static void test_nccl_backend_fails_cleanly(void **state) {
  * the cpu backend. One rank (ranks in separate processes: below). */
 static void test_nccl_backend_on_the_double(void **state) {
     (void)state;
-    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
-    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
-    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
-    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    const char *ld, *pp;
+    double_env(&ld, &pp);
     const char *sizes = quick() ? "4,4096,65536" : "4,4096,1048576";
     spawn_proc *r = bench_run_env(1, ARGS(ld, pp),
                                   ARGS("--backend", "cuda:nccl,cpu:tcp", "--op",
@@ -536,10 +546,8 @@ static void test_threads(void **state) {
  * (each on device rank % 4). Every result checked; a corrupted one fails. */
 static void test_nccl_threads_on_the_double(void **state) {
     (void)state;
-    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
-    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
-    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
-    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    const char *ld, *pp;
+    double_env(&ld, &pp);
     static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
     const size_t *sizes = quick() ? small : full;
     const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
@@ -576,10 +584,8 @@ static void test_nccl_threads_on_the_double(void **state) {
  * one on a remote rank fails. */
 static void test_nccl_processes_on_the_double(void **state) {
     (void)state;
-    if (!nccl_plugin_built()) skip(); /* built with WITH_NCCL=0 */
-    char ld[PATH_MAX + 64], pp[PATH_MAX + 32];
-    snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir());
-    snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s/lib", build_dir());
+    const char *ld, *pp;
+    double_env(&ld, &pp);
     static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
     const size_t *sizes = quick() ? small : full;
     const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
