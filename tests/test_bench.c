@@ -541,59 +541,21 @@ static void test_threads(void **state) {
     }
 }
 
-/* Every op through the NCCL plugin on the CPU double at 2, 3 and 4 ranks:
- * ranks as threads of one process, which is where the double's ranks meet
- * (each on device rank % 4). Every result checked; a corrupted one fails. */
-static void test_nccl_threads_on_the_double(void **state) {
-    (void)state;
+/* A layout of ranks for the runs on the CPU double: processes x threads. */
+typedef struct layout {
+    int procs;
+    const char *threads;
+} layout;
+
+/* Every op through the NCCL plugin on the CPU double, for each layout,
+ * every result checked, the table complete for the whole world. */
+static void nccl_double_all_ops(const layout *runs, size_t n) {
     const char *ld, *pp;
     double_env(&ld, &pp);
     static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
     const size_t *sizes = quick() ? small : full;
     const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
-    static const char *const threads[] = {"2", "3", "4"};
-    for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
-        spawn_proc *r =
-            bench_run_env(1, ARGS(ld, pp),
-                          ARGS("--backend", "cuda:nccl,cpu:tcp", "--threads", threads[i], "--op",
-                               "all", "--check", "--sizes", size_arg, "--iters", "2", "--warmup",
-                               "1", "--timeout-ms", "10000"));
-        if (r->status != 0) {
-            spawn_dump(r);
-            fail_msg("--threads %s: exit %d", threads[i], r->status);
-        }
-        assert_spawn(r, strstr(r->text[0], "CUDA buffers"));
-        assert_table(r, sizes, 3, atoi(threads[i]), NULL);
-        spawn_free(r);
-    }
-
-    spawn_proc *r = bench_run_env(1, ARGS(ld, pp),
-                                  ARGS("--backend", "nccl", "--threads", "2", "--op", "allgather",
-                                       "--check", "--sizes", "4096", "--iters", "2", "--timeout-ms",
-                                       "10000", "--corrupt-rank", "1"));
-    assert_spawn(r, r->status == 1);
-    assert_spawn(r, strstr(r->text[1], "[0] collie-bench: rank 1: check failed for allgather of "
-                                       "4096 bytes (f32, no redop) after the first op"));
-    assert_spawn(r, r->elapsed_ms < 20000);
-}
-
-/* Every op through the NCCL plugin on the CPU double with the ranks in
- * separate processes (the double's hub in rank 0's process bridges them,
- * over a Unix socket) at 2 and 3 ranks, and 2 processes of 2 threads (a
- * clique mixing local and remote ranks). Every result checked; a corrupted
- * one on a remote rank fails. */
-static void test_nccl_processes_on_the_double(void **state) {
-    (void)state;
-    const char *ld, *pp;
-    double_env(&ld, &pp);
-    static const size_t full[] = {4, 4099, 1048576}, small[] = {4, 4099, 65536};
-    const size_t *sizes = quick() ? small : full;
-    const char *size_arg = quick() ? "4,4099,65536" : "4,4099,1048576";
-    static const struct {
-        int procs;
-        const char *threads;
-    } runs[] = {{2, "1"}, {3, "1"}, {2, "2"}};
-    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         spawn_proc *r =
             bench_run_env(runs[i].procs, ARGS(ld, pp),
                           ARGS("--backend", "cuda:nccl,cpu:tcp", "--threads", runs[i].threads,
@@ -608,16 +570,45 @@ static void test_nccl_processes_on_the_double(void **state) {
         assert_table(r, sizes, 3, runs[i].procs * atoi(runs[i].threads), NULL);
         spawn_free(r);
     }
+}
 
-    spawn_proc *r = bench_run_env(3, ARGS(ld, pp),
-                                  ARGS("--backend", "cuda:nccl,cpu:tcp", "--op", "allreduce",
-                                       "--check", "--sizes", "4096", "--iters", "2", "--timeout-ms",
-                                       "10000", "--corrupt-rank", "2"));
+/* A corrupted result on `rank` fails the run (exit 1), named by the rank
+ * that saw it. */
+static void nccl_double_corrupt(int procs, const char *threads, const char *op, const char *rank,
+                                const char *needle) {
+    const char *ld, *pp;
+    double_env(&ld, &pp);
+    spawn_proc *r = bench_run_env(procs, ARGS(ld, pp),
+                                  ARGS("--backend", "cuda:nccl,cpu:tcp", "--threads", threads,
+                                       "--op", op, "--check", "--sizes", "4096", "--iters", "2",
+                                       "--timeout-ms", "10000", "--corrupt-rank", rank));
     assert_spawn(r, r->status == 1);
-    assert_spawn(r, strstr(r->text[1], "[2] collie-bench: rank 2: check failed for allreduce of "
-                                       "4096 bytes (f32, sum) after the first op: first bad index "
-                                       "512 of the result"));
+    assert_spawn(r, strstr(r->text[1], needle));
     assert_spawn(r, r->elapsed_ms < 20000);
+}
+
+/* Ranks as threads of one process (2, 3 and 4), which is where the
+ * double's ranks meet without its hub (each on device rank % 4). */
+static void test_nccl_threads_on_the_double(void **state) {
+    (void)state;
+    static const layout runs[] = {{1, "2"}, {1, "3"}, {1, "4"}};
+    nccl_double_all_ops(runs, sizeof runs / sizeof runs[0]);
+    nccl_double_corrupt(1, "2", "allgather", "1",
+                        "[0] collie-bench: rank 1: check failed for allgather of 4096 bytes (f32, "
+                        "no redop) after the first op");
+}
+
+/* Ranks in separate processes (the double's hub in rank 0's process
+ * bridges them, over a Unix socket) at 2 and 3 ranks, and 2 processes of
+ * 2 threads (a clique mixing local and remote ranks); a corrupted result
+ * on a remote rank fails. */
+static void test_nccl_processes_on_the_double(void **state) {
+    (void)state;
+    static const layout runs[] = {{2, "1"}, {3, "1"}, {2, "2"}};
+    nccl_double_all_ops(runs, sizeof runs / sizeof runs[0]);
+    nccl_double_corrupt(3, "1", "allreduce", "2",
+                        "[2] collie-bench: rank 2: check failed for allreduce of 4096 bytes (f32, "
+                        "sum) after the first op: first bad index 512 of the result");
 }
 
 /* Outside collie-run: a clear error naming what is missing. */
