@@ -10,12 +10,16 @@
  *    libcollie_<name>.so in the COLLIE_PLUGIN_PATH directories, then the
  *    default library search path; its collie_backend_plugin_v1() must return
  *    ops with the ABI version this core speaks (checked before use).
+ *  - The registry holds the core's copy of each ops table, zero-filled past
+ *    the size the backend declared: optional hooks appended after the
+ *    backend was built read as NULL.
  *  - Spec grammar: "name" (the backend's own device) or a comma list of
  *    "device:name" with devices cpu and cuda, each at most once.
  */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +34,13 @@
 #define CL_MAX_BACKENDS 32
 
 static pthread_mutex_t cl_backends_mu = PTHREAD_MUTEX_INITIALIZER;
+/* the core's copies of the registered tables, zero-filled past their size */
+static collie_backend_ops cl_backend_copies[CL_MAX_BACKENDS];
 static const collie_backend_ops *cl_backends[CL_MAX_BACKENDS];
 static size_t cl_nbackends;
+
+/* The smallest table a backend may hand over: every required hook. */
+#define CL_OPS_MIN_SIZE offsetof(collie_backend_ops, wait_stream)
 static bool cl_builtins_done;
 
 static const collie_backend_ops *backend_find_locked(const char *name) {
@@ -46,6 +55,11 @@ static int backend_check_ops(const collie_backend_ops *ops, const char *origin) 
         return cl_set_last_error(COLLIE_ENOTSUP,
                                  "%s: backend ABI version %u, but this collie speaks version %u",
                                  origin, ops->abi_version, COLLIE_BACKEND_ABI_VERSION);
+    if (ops->size < CL_OPS_MIN_SIZE)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "%s: backend ops size %u is too small (set .size = "
+                                 "sizeof(collie_backend_ops); at least %zu)",
+                                 origin, ops->size, (size_t)CL_OPS_MIN_SIZE);
     if (!ops->name || !ops->name[0] || strlen(ops->name) > 32)
         return cl_set_last_error(COLLIE_EINVAL, "%s: backend has no valid name", origin);
     for (const char *p = ops->name; *p; p++)
@@ -72,7 +86,13 @@ static int backend_add_locked(const collie_backend_ops *ops, const char *origin)
     if (cl_nbackends == CL_MAX_BACKENDS)
         return cl_set_last_error(COLLIE_ELIMIT, "%s: too many backends (%d)", origin,
                                  CL_MAX_BACKENDS);
-    cl_backends[cl_nbackends++] = ops;
+    /* our own copy: hooks past the backend's size are NULL, not whatever
+     * follows its table in memory */
+    collie_backend_ops *copy = &cl_backend_copies[cl_nbackends];
+    memset(copy, 0, sizeof *copy);
+    memcpy(copy, ops, ops->size < sizeof *copy ? ops->size : sizeof *copy);
+    copy->size = sizeof *copy;
+    cl_backends[cl_nbackends++] = copy;
     return COLLIE_OK;
 }
 
@@ -134,7 +154,7 @@ static int backend_try_plugin(const char *path, const collie_backend_ops **out, 
         return r;
     }
     CL_INFO("backend", "loaded plugin '%s' from %s", ops->name, path);
-    *out = ops; /* never dlclose'd: works may point into it */
+    *out = backend_find_locked(ops->name); /* our copy; never dlclose'd: it points into it */
     return COLLIE_OK;
 }
 

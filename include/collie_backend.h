@@ -27,7 +27,10 @@
 extern "C" {
 #endif
 
-#define COLLIE_BACKEND_ABI_VERSION   1
+/* Version 2 added collie_backend_ops.size; hooks appended since are
+ * optional and found through it, so the version only changes when an
+ * existing field does. */
+#define COLLIE_BACKEND_ABI_VERSION   2
 #define COLLIE_BACKEND_PLUGIN_SYMBOL "collie_backend_plugin_v1"
 
 struct event_base;
@@ -142,9 +145,15 @@ typedef struct collie_core_services {
 
 enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
 
-/* collie_backend_ops: a backend. `const`, designated initialisers. */
+/* collie_backend_ops: a backend. `const`, designated initialisers, with
+ *     .abi_version = COLLIE_BACKEND_ABI_VERSION,
+ *     .size = sizeof(collie_backend_ops),
+ * The core keeps its own copy, zero-filled past `size`: optional hooks a
+ * backend built against an older header does not know are NULL, and fields
+ * of a newer one are ignored. */
 typedef struct collie_backend_ops {
     uint32_t abi_version;  /* COLLIE_BACKEND_ABI_VERSION */
+    uint32_t size;         /* sizeof(collie_backend_ops) as the backend saw it */
     const char *name;      /* "tcp", "nccl" (matched case-insensitively) */
     const char *device;    /* "cpu" or "cuda" */
     uint32_t flags;        /* COLLIE_BACKEND_POST_ON_CALLER */
@@ -169,8 +178,7 @@ typedef struct collie_backend_ops {
      * finished but not yet detached are detached before destroy. */
     void (*destroy)(void *state);
     /* wait_stream: make the CUDA stream `stream` wait for w (cuda backends;
-     * NULL for cpu backends). Caller's thread. (New fields go at the end:
-     * the ABI version changes only when existing ones do.) */
+     * NULL for cpu backends). Caller's thread. (New fields go at the end.) */
     int (*wait_stream)(void *state, collie_work *w, void *stream);
     /* adopt (optional): the core has claimed w (its deadline passed) and
      * hands it over instead of publishing: the backend publishes it with

@@ -19,6 +19,8 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +123,7 @@ static void test_register_rejects(void **state) {
     o = *tcp;
     o.name = "rej-abi";
     o.abi_version = COLLIE_BACKEND_ABI_VERSION + 1;
-    expect_register(&o, COLLIE_ENOTSUP, "ABI version 2", "speaks version 1");
+    expect_register(&o, COLLIE_ENOTSUP, "ABI version 3", "speaks version 2");
     o = *tcp;
     o.name = "rej-hook";
     o.detach = NULL;
@@ -191,6 +193,63 @@ static void test_register_in_process_backend(void **state) {
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_MAX, 4099, 0, true);
     world_destroy(&w);
     assert_int_equal(atomic_load(&counting_starts), 4);
+}
+
+/* A table from a backend built against an older header (no adopt, split,
+ * split_skip: its .size ends before them) and whatever memory follows it:
+ * the core reads those hooks as NULL (it keeps a zero-filled copy), so a
+ * comm and a split on it work through init. A size below the required
+ * hooks is refused. */
+typedef struct split_thread {
+    world *w;
+    int rank, rc;
+    collie_comm *child;
+} split_thread;
+
+static void *older_split_main(void *p) {
+    split_thread *t = p;
+    t->rc = collie_comm_split(t->w->c[t->rank], 0, t->rank, NULL, &t->child);
+    return NULL;
+}
+
+static void test_register_older_table(void **state) {
+    (void)state;
+    static union {
+        collie_backend_ops ops;
+        unsigned char raw[sizeof(collie_backend_ops)];
+    } older;
+    size_t size = offsetof(collie_backend_ops, adopt);
+    memcpy(older.raw, cl_tcp_backend_ops(), size);
+    memset(older.raw + size, 0xab, sizeof older.raw - size); /* not NULL: garbage */
+    older.ops.size = (uint32_t)size;
+    older.ops.name = "older";
+    assert_int_equal(collie_backend_register(&older.ops), COLLIE_OK);
+
+    collie_backend_ops tiny = *cl_tcp_backend_ops();
+    tiny.name = "tiny";
+    tiny.size = (uint32_t)offsetof(collie_backend_ops, destroy);
+    expect_register(&tiny, COLLIE_EINVAL, "backend ops size", "set .size");
+
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.backend = "older";
+    o.timeout_ms = 30000;
+    world_create(&w, 2, "older", &o);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 7, 0, false);
+    split_thread t[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        t[r] = (split_thread){.w = &w, .rank = r};
+        assert_int_equal(pthread_create(&th[r], NULL, older_split_main, &t[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+        assert_int_equal(t[r].rc, COLLIE_OK);
+        assert_int_equal(collie_comm_size(t[r].child), 2);
+    }
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(t[r].child), COLLIE_OK);
+    world_destroy(&w);
 }
 
 /* ---- plugin children ----------------------------------------------------------- */
@@ -475,7 +534,7 @@ static int child_broken_plugins(void) {
         {"nosym", COLLIE_EINVAL, "plugin libcollie_nosym.so is unusable",
          "does not export collie_backend_plugin_v1"},
         {"cpu:NoSym", COLLIE_EINVAL, "tests/plugins/libcollie_nosym.so does not export", NULL},
-        {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 1"},
+        {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 2"},
         {"needslib", COLLIE_EBACKEND,
          "plugin libcollie_needslib.so is unusable: "
          "libcltest_absent.so: cannot open shared object file",
@@ -586,6 +645,7 @@ int main(void) {
         cmocka_unit_test(test_spec_names_case_insensitive),
         cmocka_unit_test(test_register_rejects),
         cmocka_unit_test(test_register_in_process_backend),
+        cmocka_unit_test(test_register_older_table),
         cmocka_unit_test(test_plugin_dummy),
         cmocka_unit_test(test_plugin_dummy_two_engines),
         cmocka_unit_test(test_plugin_dummy_faults),

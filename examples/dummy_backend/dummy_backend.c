@@ -429,6 +429,7 @@ static void dummy_destroy(void *state) {
 
 static const collie_backend_ops dummy_ops = {
     .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .size = sizeof(collie_backend_ops),
     .name = "dummy",
     .device = "cpu",
     .flags = 0,

@@ -31,7 +31,8 @@ static void badabi_abort(void *state, int status, const char *reason) {
 static void badabi_destroy(void *state) { (void)state; }
 
 static const collie_backend_ops badabi_ops = {
-    .abi_version = COLLIE_BACKEND_ABI_VERSION + 98,
+    .abi_version = 99,
+    .size = sizeof(collie_backend_ops),
     .name = "badabi",
     .device = "cpu",
     .init = badabi_init,

@@ -470,6 +470,7 @@ static void nccl_destroy(void *state) {
 
 static const collie_backend_ops nccl_ops = {
     .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .size = sizeof(collie_backend_ops),
     .name = "nccl",
     .device = "cuda",
     .flags = COLLIE_BACKEND_POST_ON_CALLER,

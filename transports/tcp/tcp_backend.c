@@ -140,6 +140,7 @@ static void tcp_destroy(void *state) {
 
 static const collie_backend_ops tcp_ops = {
     .abi_version = COLLIE_BACKEND_ABI_VERSION,
+    .size = sizeof(collie_backend_ops),
     .name = "tcp",
     .device = "cpu",
     .flags = 0,
