@@ -368,6 +368,18 @@ static void sc_inprogress(void **state) {
     expect_double_idle();
 }
 
+/* The end of a fault scenario on 2 ranks: release the works, destroy the
+ * world (the comms' own results are not checked), free each rank's buffer,
+ * and check the double holds nothing any more. */
+static void scenario_end(gworld *g, collie_work **wk, int n, void **mem) {
+    for (int i = 0; i < n; i++)
+        collie_work_release(wk[i]);
+    gworld_destroy(g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
 /* A gate: a host function that holds a user stream until opened, so that
  * every post is made before any of them runs (bounded). */
 static _Atomic int gate_open;
@@ -469,12 +481,7 @@ static void sc_hang(void **state) {
     /* the comm refuses new posts */
     collie_work *w;
     assert_int_equal(collie_cuda_barrier(g.w.c[0], g.s[0], NULL, &w), COLLIE_EABORTED);
-    for (int i = 0; i < 2 * k; i++)
-        collie_work_release(wk[i]);
-    gworld_destroy(&g, false);
-    for (int r = 0; r < 2; r++)
-        cu.Free(mem[r]);
-    expect_double_idle();
+    scenario_end(&g, wk, 2 * k, mem);
 }
 
 /* An async NCCL error on rank 1: its failing work gets COLLIE_EBACKEND
@@ -510,12 +517,7 @@ static void sc_async_error(void **state) {
     expect_status(wk[0], COLLIE_OK, COLLIE_OK, NULL);
     for (int i = 1; i < k; i++)
         expect_status(wk[i], COLLIE_EBACKEND, COLLIE_EABORTED, NULL);
-    for (int i = 0; i < 2 * k; i++)
-        collie_work_release(wk[i]);
-    gworld_destroy(&g, false);
-    for (int r = 0; r < 2; r++)
-        cu.Free(mem[r]);
-    expect_double_idle();
+    scenario_end(&g, wk, 2 * k, mem);
 }
 
 /* collie_comm_abort while slow ops run: every pending work fails with
@@ -555,12 +557,7 @@ static void sc_abort_in_flight(void **state) {
         !strstr(dump, "\"status\":\"COLLIE_EABORTED\"") || !strstr(dump, "test abort"))
         fail_msg("flight recorder dump: %s", dump);
     free(dump);
-    for (int i = 0; i < 2 * k; i++)
-        collie_work_release(wk[i]);
-    gworld_destroy(&g, false);
-    for (int r = 0; r < 2; r++)
-        cu.Free(mem[r]);
-    expect_double_idle();
+    scenario_end(&g, wk, 2 * k, mem);
 }
 
 /* ncclCommAbort wedged past COLLIE_NCCL_ABORT_TIMEOUT_MS: the works fail at
@@ -617,12 +614,7 @@ static void sc_policy_none(void **state) {
     expect_status(wk[0], COLLIE_OK, COLLIE_OK, NULL);
     for (int i = 1; i < k; i++) /* rank 0 hears of it from NCCL (ncclRemoteError) */
         expect_status(wk[i], COLLIE_EBACKEND, COLLIE_EABORTED, NULL);
-    for (int i = 0; i < 2 * k; i++)
-        collie_work_release(wk[i]);
-    gworld_destroy(&g, false);
-    for (int r = 0; r < 2; r++)
-        cu.Free(mem[r]);
-    expect_double_idle();
+    scenario_end(&g, wk, 2 * k, mem);
 }
 
 /* Policy NONE and a hung op: the core aborts the backend itself, and the
@@ -650,12 +642,7 @@ static void sc_hang_none(void **state) {
     assert_null(w);
     if (!strstr(collie_last_error(), "not usable"))
         fail_msg("collie_last_error() = '%s'", collie_last_error());
-    for (int i = 0; i < 2 * k; i++)
-        collie_work_release(wk[i]);
-    gworld_destroy(&g, false);
-    for (int r = 0; r < 2; r++)
-        cu.Free(mem[r]);
-    expect_double_idle();
+    scenario_end(&g, wk, 2 * k, mem);
 }
 
 static void expect_create_error_dev(int code, int device, const char *needle1, const char *needle2);
