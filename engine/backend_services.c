@@ -8,6 +8,9 @@
 #include <openssl/hmac.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "engine/comm.h"
@@ -121,27 +124,63 @@ static void svc_log(int level, const char *module, const char *fmt, ...) {
     cl_log(level, module, "%s", msg);
 }
 
+/* Polling runs on a periodic timerfd watched by the loop, not on a
+ * libevent timer: libevent sleeps in epoll_wait with a millisecond timeout,
+ * so a 200 us timer would fire every few ms once the loop sleeps (measured:
+ * a 200 us libevent timer fires every 4 ms here). libevent's precise-timer
+ * mode would fix that for every timer, but costs two syscalls per loop turn
+ * while the loop spins. Without a timerfd, a libevent timer does it. */
 static void svc_poll_cb(evutil_socket_t fd, short what, void *arg) {
-    CL_UNUSED(fd);
     CL_UNUSED(what);
     collie_bcomm *bc = arg;
+    if (fd >= 0) {
+        uint64_t expirations;
+        ssize_t n = read(fd, &expirations, sizeof expirations); /* re-arms readability */
+        CL_UNUSED(n);
+    }
     if (bc->state && bc->ops->poll) bc->ops->poll(bc->state);
 }
 
-static void poll_apply(collie_bcomm *bc, bool on, int32_t interval_us) {
-    if (!bc->poll_ev) {
-        if (!on) return;
-        bc->poll_ev = event_new(cl_engine_base(bc->comm->engine), -1, EV_PERSIST, svc_poll_cb, bc);
-        if (!bc->poll_ev) return;
+static bool poll_event_make(collie_bcomm *bc) {
+    struct event_base *base = cl_engine_base(bc->comm->engine);
+    bc->poll_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (bc->poll_fd >= 0) {
+        bc->poll_ev = event_new(base, bc->poll_fd, EV_READ | EV_PERSIST, svc_poll_cb, bc);
+        if (bc->poll_ev && event_add(bc->poll_ev, NULL) == 0) return true;
+        if (bc->poll_ev) event_free(bc->poll_ev);
+        close(bc->poll_fd);
     }
+    bc->poll_fd = -1;
+    bc->poll_ev = event_new(base, -1, EV_PERSIST, svc_poll_cb, bc);
+    return bc->poll_ev != NULL;
+}
+
+static void poll_apply(collie_bcomm *bc, bool on, int32_t interval_us) {
+    if (!bc->poll_ev && (!on || !poll_event_make(bc))) return;
     if (on == bc->poll_on && interval_us == bc->poll_interval_us) return;
-    event_del(bc->poll_ev);
     bc->poll_on = on;
     bc->poll_interval_us = interval_us;
-    if (!on) return;
     if (interval_us < 1) interval_us = 1;
-    struct timeval tv = {.tv_sec = interval_us / 1000000, .tv_usec = interval_us % 1000000};
+    struct timespec every = {.tv_sec = interval_us / 1000000,
+                             .tv_nsec = (long)(interval_us % 1000000) * 1000};
+    if (bc->poll_fd >= 0) { /* periodic while on; disarmed (never readable) while off */
+        struct itimerspec its = {.it_interval = every, .it_value = every};
+        if (!on) its = (struct itimerspec){{0, 0}, {0, 0}};
+        timerfd_settime(bc->poll_fd, 0, &its, NULL);
+        return;
+    }
+    event_del(bc->poll_ev);
+    if (!on) return;
+    struct timeval tv = {.tv_sec = every.tv_sec, .tv_usec = every.tv_nsec / 1000};
     event_add(bc->poll_ev, &tv);
+}
+
+void cl_backend_poll_free(collie_bcomm *bc) {
+    if (bc->poll_ev) event_free(bc->poll_ev);
+    if (bc->poll_fd >= 0) close(bc->poll_fd);
+    bc->poll_ev = NULL;
+    bc->poll_fd = -1;
+    bc->poll_on = false;
 }
 
 static void poll_cmd_run(cl_cmd *cmd) {

@@ -396,10 +396,7 @@ static void comm_backends_destroy(collie_comm *c) {
     if (c->close_pending) comm_close_after_fault(c); /* destroy did not wait for it */
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         collie_bcomm *bc = &c->bcs[d];
-        if (bc->poll_ev) {
-            event_free(bc->poll_ev);
-            bc->poll_ev = NULL;
-        }
+        cl_backend_poll_free(bc);
         if (bc->state) {
             bc->ops->destroy(bc->state);
             bc->state = NULL;

@@ -23,6 +23,8 @@ typedef struct cl_backend_spec {
 int cl_backend_parse_spec(const char *spec, cl_backend_spec *out);
 const collie_backend_ops *cl_tcp_backend_ops(void);
 extern const collie_core_services cl_core_services;
+/* backend_services.c: release a backend instance's poll timer (loop) */
+void cl_backend_poll_free(collie_bcomm *bc);
 
 enum cl_comm_state {
     CL_COMM_CREATING = 0,
@@ -36,7 +38,8 @@ struct collie_bcomm {
     const collie_backend_ops *ops;
     void *state;
     bool init_called, ready, poll_on;
-    struct event *poll_ev;
+    struct event *poll_ev; /* reads poll_fd, a periodic timerfd (backend_services.c) */
+    int poll_fd;           /* -1: none (poll_ev is then a libevent timer) */
     int32_t poll_interval_us;
     /* want_poll from other threads: the wish, applied by poll_cmd on the loop */
     _Atomic int32_t poll_wish_us; /* <= 0: off */

@@ -335,6 +335,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     c->spec = spec;
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         c->bcs[d].comm = c;
+        c->bcs[d].poll_fd = -1;
         c->bcs[d].ops = spec.ops[d];
         if (spec.ops[d]) cl_coll_pool_init(&c->bcs[d]);
     }

@@ -916,6 +916,58 @@ static void sc_gpu_split(void **state) {
     sc_split(NULL);
 }
 
+/* Completion is seen within about one poll interval of the GPU finishing,
+ * also once the progress thread has stopped spinning and sleeps in epoll:
+ * ops of 40 ms (CLTEST_CUDA_SLOW_MS), one after the other, waited for; the
+ * median time beyond the 40 ms stays far below a millisecond-granular timer's
+ * (libevent without a precise timer fires a 200 us timer every few ms). */
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void sc_poll_latency(void **state) {
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    child_skip("a timing check: meaningless under a sanitizer");
+#endif
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "polllat", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    enum { OPS = 7, SLOW_MS = 40 };
+    int64_t extra_us[OPS];
+    float *d[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(cu.Malloc((void **)&d[r], sizeof(float)), 0);
+    for (int i = 0; i < OPS; i++) {
+        sleep_ms(30); /* past the engine's 20 ms spin window: it sleeps */
+        collie_work *wk[2];
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_cuda_allreduce(g.w.c[r], d[r], d[r], 1, COLLIE_FP32, COLLIE_SUM,
+                                                   g.s[r], NULL, &wk[r]),
+                             COLLIE_OK);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(wk[r], WAIT_MS), COLLIE_OK);
+            collie_work_release(wk[r]);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        int64_t us = (t1.tv_sec - t0.tv_sec) * 1000000LL + (t1.tv_nsec - t0.tv_nsec) / 1000;
+        extra_us[i] = us - SLOW_MS * 1000;
+    }
+    qsort(extra_us, OPS, sizeof extra_us[0], cmp_i64);
+    print_message("completion seen %lld us (median) after the 40 ms op\n",
+                  (long long)extra_us[OPS / 2]);
+    if (extra_us[OPS / 2] > 1200) /* typically 0.3-0.6 ms; 1.7 ms with ms-granular timers */
+        fail_msg("median %lld us beyond the op: the 200 us poll does not fire on time",
+                 (long long)extra_us[OPS / 2]);
+    for (int r = 0; r < 2; r++)
+        cu.Free(d[r]);
+    gworld_destroy(&g, true);
+    expect_double_idle();
+}
+
 typedef struct probe {
     float *buf;
     float want;
@@ -1256,6 +1308,7 @@ static const struct {
     {"split", sc_split},
     {"split_inprogress", sc_split},
     {"gpu_split", sc_gpu_split},
+    {"poll_latency", sc_poll_latency},
 };
 
 static int child_main(const char *name) {
@@ -1440,6 +1493,7 @@ static scenario_case scenario_table[] = {
     {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
     {"gpu_allreduce", false, true, {NULL}},
     {"gpu_split", false, true, {NULL}},
+    {"poll_latency", true, true, {"CLTEST_CUDA_SLOW_MS=40", NULL}},
     {"procs_double", true, true, {NULL}},
 };
 
@@ -1550,7 +1604,7 @@ int main(int argc, char **argv) {
         "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
         "test_cancel",           "test_waiter_expiry", "test_split",
         "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
-        "test_gpu_split",        "test_procs_double",
+        "test_gpu_split",        "test_poll_latency",  "test_procs_double",
     };
     struct CMUnitTest tests[N + 1];
     for (size_t i = 0; i < N; i++)
