@@ -155,12 +155,18 @@ static void test_register_rejects(void **state) {
 }
 
 /* An in-process backend: the TCP transport under another name, counting
- * the calls it gets. */
-static _Atomic int counting_inits, counting_starts;
+ * the calls it gets, and asking to be polled every 200 us. */
+static _Atomic int counting_inits, counting_starts, counting_polls;
 
 static int counting_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
     atomic_fetch_add(&counting_inits, 1);
+    core->want_poll(bc, true, 200);
     return cl_tcp_backend_ops()->init(bc, core, state);
+}
+
+static void counting_poll(void *state) {
+    (void)state;
+    atomic_fetch_add(&counting_polls, 1);
 }
 
 static int counting_start(void *state, collie_work *w, const collie_coll_args *a) {
@@ -175,6 +181,7 @@ static void test_register_in_process_backend(void **state) {
     counting.name = "Counting";
     counting.init = counting_init;
     counting.start = counting_start;
+    counting.poll = counting_poll;
     assert_int_equal(collie_backend_register(&counting), COLLIE_OK);
     expect_register(&counting, COLLIE_EEXIST, "already registered", NULL);
     static collie_backend_ops upper;
@@ -189,6 +196,15 @@ static void test_register_in_process_backend(void **state) {
     o.timeout_ms = 30000;
     world_create(&w, 2, "counting", &o);
     assert_int_equal(atomic_load(&counting_inits), 2);
+    /* the poll runs on a timerfd (a libevent timer would fire every few ms
+     * once the loop sleeps), and it runs */
+    assert_true(w.c[0]->bcs[CL_DEV_CPU].poll_fd >= 0);
+    int64_t until = now_ms() + 5000;
+    while (atomic_load(&counting_polls) < 10 && now_ms() < until) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&counting_polls) >= 10);
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 7, 0, false);
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_MAX, 4099, 0, true);
     world_destroy(&w);
