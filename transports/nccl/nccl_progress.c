@@ -13,8 +13,10 @@
  *    loop right after start returns, and finishing it before would retire
  *    it before it is tracked.
  *  - Faults: an async NCCL error, a CUDA error on an end event, or a call
- *    NCCL refused while launching a queued work. The oldest pending work is
- *    the root: it is claimed here (status COLLIE_EBACKEND, the NCCL or CUDA
+ *    NCCL refused while launching a queued work. The async error is read
+ *    before the end events are queried, so a work whose event completed
+ *    before the error appeared is finished, not blamed. The oldest work the
+ *    GPU has not finished is the root: it is claimed here (status COLLIE_EBACKEND, the NCCL or CUDA
  *    error in its message; if the core has not started it yet, as soon as
  *    it has) and published by the abort once the GPU work is quiesced. core->fault then applies the
  * comm's policy, which aborts us; under policy NONE we abort the NCCL communicator ourselves, since
@@ -41,8 +43,12 @@ static void nccl_claim_root_locked(cl_nccl_comm *nc, cl_nccl_work *nw, int statu
                                    const char *msg) {
     if (nc->root) return;
     if (!nw)
-        for (nw = nc->head; nw && (nw->finished || nw->gpu_done); nw = nw->next)
-            ;
+        for (nw = nc->head; nw; nw = nw->next) {
+            if (nw->finished) continue;
+            if (!nw->gpu_done && nw->state == NCCL_W_LAUNCHED && nw->record_err == cudaSuccess)
+                nw->gpu_done = cudaEventQuery(nw->end_ev) == cudaSuccess;
+            if (!nw->gpu_done) break; /* the oldest the GPU has not finished */
+        }
     if (!nw || nw->finished) return;
     if (cl_nccl_work_active(nc->core, nw->w)) {
         if (!nc->core->work_claim(nw->w)) return; /* ended meanwhile (deadline, cancel) */
@@ -120,11 +126,14 @@ void cl_nccl_poll(void *state) {
             cudaSetDevice(nc->dev); /* NCCL calls may be made from this thread */
             cl_nccl_launch_progress_locked(nc);
         }
+        /* the error first, then the events: an end event found complete
+         * after an error was seen really completed before it (stream
+         * order), so the works it ends made it and are not blamed */
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
+        if (r != ncclSuccess) st = r;
         ndone = nccl_scan_locked(nc, done, &fault, msg, sizeof msg);
         if (!fault) {
-            ncclResult_t st = ncclSuccess;
-            ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
-            if (r != ncclSuccess) st = r;
             if (st != ncclSuccess && st != ncclInProgress) {
                 snprintf(msg, sizeof msg, "NCCL error: %s",
                          cl_nccl_strerror(st, nc->comm, err, sizeof err));
