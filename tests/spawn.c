@@ -134,8 +134,11 @@ bool spawn_wait_for(spawn_proc *s, int k, const char *needle, int count, int tim
 }
 
 void spawn_dump(const spawn_proc *s) {
-    print_error("%s: exit status %d after %lld ms\n--- stdout:\n%s\n--- stderr:\n%s\n---\n",
-                s->name, s->status, (long long)s->elapsed_ms, s->text[0], s->text[1]);
+    /* not print_error: cmocka formats into a fixed buffer and cuts long output */
+    fflush(stdout);
+    fprintf(stderr, "%s: exit status %d after %lld ms\n--- stdout:\n%s\n--- stderr:\n%s\n---\n",
+            s->name, s->status, (long long)s->elapsed_ms, s->text[0], s->text[1]);
+    fflush(stderr);
 }
 
 void spawn_finish(spawn_proc *s) {
