@@ -1,18 +1,10 @@
 /*
- * tcp_conn.c — TCP connections between ranks: lazy connect, authenticated
- * handshake, framed sends straight from user memory, receives straight
- * into the matched destination.
+ * tcp_conn.c — TCP connections between ranks, the data path: lifecycle,
+ * framed sends straight from user memory, receives straight into the
+ * matched destination. Making connections (lazy connect, authenticated
+ * handshake, listening) is tcp_setup.c.
  *
  * Design notes
- *  - Who connects: the lower rank of a pair dials (after reading the
- *    peer's address from the store); the higher rank waits for it. Both
- *    sides of a pair need the connection in the same collective, so a
- *    connection is made exactly when first needed, and never twice.
- *  - Handshake: acceptor → CHALLENGE(nonce_a); dialer → HELLO(comm id,
- *    generation, rank, size, nonce_d, MAC); acceptor → ACCEPT(MAC). The MACs
- *    are HMAC-SHA256 under the store's shared secret (zeros without one);
- *    a wrong comm id or generation (a stale process of an earlier
- *    incarnation) is refused and logged with the reason.
  *  - Framing: a 40-byte header (generation, seq, step, op, dtype, count,
  *    payload length) then the payload. Sends use writev from the user's
  *    buffer; receives read straight into the destination, or through this
@@ -44,12 +36,8 @@
  *    reporting a reset). The peer's comm fails with the same words as from
  *    the notice, whichever comes first.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,34 +48,7 @@
 #include "transports/reduce.h"
 #include "transports/tcp/tcp.h"
 
-#define HS_CHALLENGE_LEN 24
-#define HS_HELLO_LEN     80
-#define HS_ACCEPT_LEN    40
-
-enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
-
-/* ---- little-endian helpers ------------------------------------------------------ */
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#include "transports/tcp/tcp_conn_impl.h"
 
 void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len) {
@@ -105,27 +66,17 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
 
-static void conn_on_read(evutil_socket_t fd, short what, void *arg);
-static void conn_on_write(evutil_socket_t fd, short what, void *arg);
-
-static void conn_set_socket_options(evutil_socket_t fd) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    evutil_make_socket_nonblocking(fd);
-    evutil_make_socket_closeonexec(fd);
-}
-
-static int conn_attach_fd(tcp_conn *c, evutil_socket_t fd) {
+int cl_tcp_conn_attach_fd(tcp_conn *c, evutil_socket_t fd) {
     struct event_base *base = c->tc->core->event_base(c->tc->bc);
     c->fd = fd;
-    c->rev = event_new(base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
-    c->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
+    c->rev = event_new(base, fd, EV_READ | EV_PERSIST, cl_tcp_conn_on_read, c);
+    c->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, cl_tcp_conn_on_write, c);
     if (!c->rev || !c->wev) return COLLIE_ENOMEM;
     event_add(c->rev, NULL);
     return COLLIE_OK;
 }
 
-static tcp_conn *conn_new(tcp_comm *tc, int peer) {
+tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     tcp_conn *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->tc = tc;
@@ -204,9 +155,7 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
     cl_tcp_conn_close(c, status, why);
 }
 
-static void conn_lost(tcp_conn *c, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
+void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
     char why[256];
     va_list ap;
     va_start(ap, fmt);
@@ -221,7 +170,7 @@ static void conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
 /* Message `cut` left only partly written (its work is ending): stop writing
  * on c for good (see the design notes). The messages queued behind it can
  * never go: their works fail. The socket stays open and read. */
-static void conn_break_send(tcp_conn *c, const tcp_msg *cut) {
+void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     if (c->send_broken) return;
     c->send_broken = true;
     snprintf(c->broken_why, sizeof c->broken_why,
@@ -242,204 +191,9 @@ static void conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     }
 }
 
-/* ---- handshake ------------------------------------------------------------------------ */
-
-static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
-                   uint32_t rank, uint8_t out[32]) {
-    tcp_comm *tc = c->tc;
-    uint8_t msg[96];
-    size_t len = strlen(label);
-    memcpy(msg, label, len);
-    put64(msg + len, tc->comm_id);
-    put64(msg + len + 8, tc->generation);
-    put32(msg + len + 16, rank);
-    put32(msg + len + 20, (uint32_t)tc->size);
-    memcpy(msg + len + 24, n1, 16);
-    memcpy(msg + len + 40, n2, 16);
-    tc->core->auth_mac(tc->bc, msg, len + 56, out);
-}
-
-static bool mac_equal(const uint8_t *a, const uint8_t *b) {
-    uint8_t d = 0;
-    for (int i = 0; i < 32; i++)
-        d |= a[i] ^ b[i];
-    return d == 0;
-}
-
-static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
-    memcpy(c->hs_out, buf, len);
-    c->hs_out_len = len;
-    c->hs_out_sent = 0;
-    event_add(c->wev, NULL);
-}
-
-static void hs_random(uint8_t *buf, size_t len) {
-    FILE *f = fopen("/dev/urandom", "rb");
-    size_t got = f ? fread(buf, 1, len, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = got; i < len; i++)
-        buf[i] = (uint8_t)rand();
-}
-
-static void hs_start_acceptor(tcp_conn *c) {
-    uint8_t m[HS_CHALLENGE_LEN];
-    hs_random(c->nonce_mine, 16);
-    put32(m, TCP_HS_MAGIC);
-    put32(m + 4, TCP_PROTO_VERSION);
-    memcpy(m + 8, c->nonce_mine, 16);
-    c->state = TCP_CONN_HANDSHAKE;
-    c->hs_phase = HS_A_WAIT_HELLO;
-    c->hs_in_want = HS_HELLO_LEN;
-    c->hs_in_len = 0;
-    hs_queue(c, m, sizeof m);
-}
-
-static void conn_ready(tcp_conn *c);
-static void conn_install(tcp_conn *c, int peer);
-
-/* A complete handshake message is in hs_in. Returns false if c was closed. */
-static bool hs_process(tcp_conn *c) {
-    tcp_comm *tc = c->tc;
-    const uint8_t *m = c->hs_in;
-    if (get32(m) != TCP_HS_MAGIC) {
-        cl_tcp_conn_close(c, COLLIE_EPROTO, "bad handshake magic");
-        return false;
-    }
-    if (c->hs_phase == HS_D_WAIT_CHALLENGE) {
-        if (get32(m + 4) != TCP_PROTO_VERSION) {
-            conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u", c->peer,
-                      get32(m + 4), TCP_PROTO_VERSION);
-            return false;
-        }
-        memcpy(c->nonce_peer, m + 8, 16);
-        hs_random(c->nonce_mine, 16);
-        uint8_t h[HS_HELLO_LEN];
-        put32(h, TCP_HS_MAGIC);
-        put32(h + 4, TCP_PROTO_VERSION);
-        put64(h + 8, tc->comm_id);
-        put64(h + 16, tc->generation);
-        put32(h + 24, (uint32_t)tc->rank);
-        put32(h + 28, (uint32_t)tc->size);
-        memcpy(h + 32, c->nonce_mine, 16);
-        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, h + 48);
-        c->hs_phase = HS_D_WAIT_ACCEPT;
-        c->hs_in_want = HS_ACCEPT_LEN;
-        c->hs_in_len = 0;
-        hs_queue(c, h, sizeof h);
-        return true;
-    }
-    if (c->hs_phase == HS_D_WAIT_ACCEPT) {
-        uint32_t status = get32(m + 4);
-        uint8_t want[32];
-        hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
-        if (status != 0) {
-            conn_lost(c, status == 2 ? COLLIE_EAUTH : COLLIE_EPROTO,
-                      "rank %d refused our connection (%s)", c->peer,
-                      status == 2 ? "authentication failed" : "comm id or generation mismatch");
-            return false;
-        }
-        if (!mac_equal(want, m + 8)) {
-            conn_lost(c, COLLIE_EAUTH, "rank %d failed to authenticate (wrong shared secret?)",
-                      c->peer);
-            return false;
-        }
-        conn_ready(c);
-        return true;
-    }
-    /* acceptor: HELLO */
-    uint64_t id = get64(m + 8), gen = get64(m + 16);
-    uint32_t rank = get32(m + 24), size = get32(m + 28);
-    memcpy(c->nonce_peer, m + 32, 16);
-    uint8_t want[32];
-    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, rank, want);
-    uint32_t refuse = 0;
-    char why[200] = "";
-    if (get32(m + 4) != TCP_PROTO_VERSION) {
-        refuse = 1;
-        snprintf(why, sizeof why, "protocol version %u, expected %u", get32(m + 4),
-                 TCP_PROTO_VERSION);
-    } else if (id != tc->comm_id || gen != tc->generation || size != (uint32_t)tc->size) {
-        refuse = 1;
-        snprintf(why, sizeof why,
-                 "it belongs to generation %llu of size %u, this is generation %llu of size %d "
-                 "(a stale process of an earlier incarnation?)",
-                 (unsigned long long)gen, size, (unsigned long long)tc->generation, tc->size);
-    } else if (rank >= (uint32_t)tc->rank) {
-        refuse = 1;
-        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank, tc->rank);
-    } else if (!mac_equal(want, m + 48)) {
-        refuse = 2;
-        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
-    }
-    uint8_t a[HS_ACCEPT_LEN] = {0};
-    put32(a, TCP_HS_MAGIC);
-    put32(a + 4, refuse);
-    if (refuse) {
-        tc->core->log(1, "tcp", "comm '%s' rank %d: refused a connection claiming rank %u: %s",
-                      tc->core->name(tc->bc), tc->rank, rank, why);
-        /* best effort: tell the dialer, then close */
-        ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)n;
-        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
-        return false;
-    }
-    c->peer = (int)rank;
-    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, rank, a + 8);
-    hs_queue(c, a, sizeof a);
-    conn_install(c, (int)rank);
-    return false; /* c may have been merged into another struct: stop using it */
-}
-
-/* ---- identification of accepted connections --------------------------------------- */
-
-static void conn_remove_pending(tcp_comm *tc, tcp_conn *c) {
-    for (tcp_conn **pp = &tc->pending; *pp; pp = &(*pp)->next_pending)
-        if (*pp == c) {
-            *pp = c->next_pending;
-            return;
-        }
-}
-
-/* The accepted connection `c` proved to be `peer`: move its socket into the
- * placeholder made when this side first needed the peer, or install c. */
-static void conn_install(tcp_conn *c, int peer) {
-    tcp_comm *tc = c->tc;
-    conn_remove_pending(tc, c);
-    tcp_conn *slot = tc->conns[peer];
-    if (slot && slot->state != TCP_CONN_ADDR) {
-        tc->core->log(1, "tcp", "comm '%s' rank %d: duplicate connection from rank %d refused",
-                      tc->core->name(tc->bc), tc->rank, peer);
-        cl_tcp_conn_close(c, COLLIE_EPROTO, "duplicate");
-        cl_tcp_conn_free(c);
-        return;
-    }
-    if (!slot) {
-        tc->conns[peer] = c;
-        conn_ready(c);
-        return;
-    }
-    /* move the socket and the queued ACCEPT into the placeholder */
-    event_free(c->rev);
-    event_free(c->wev);
-    c->rev = c->wev = NULL;
-    memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
-    slot->hs_out_len = c->hs_out_len;
-    slot->hs_out_sent = c->hs_out_sent;
-    evutil_socket_t fd = c->fd;
-    c->fd = -1;
-    cl_tcp_conn_free(c);
-    if (conn_attach_fd(slot, fd) != COLLIE_OK) {
-        conn_lost(slot, COLLIE_ENOMEM, "no memory for events");
-        return;
-    }
-    conn_ready(slot);
-}
-
 /* ---- sending ----------------------------------------------------------------------------- */
 
-static void conn_flush(tcp_conn *c);
-
-static void conn_ready(tcp_conn *c) {
+void cl_tcp_conn_ready(tcp_conn *c) {
     c->state = TCP_CONN_READY;
     c->hs_phase = HS_DONE;
     c->tc->core->log(3, "tcp", "comm '%s' rank %d: connected to rank %d",
@@ -486,7 +240,7 @@ static void conn_read_last_words(tcp_conn *c) {
             c->drain.len = c->payload_len;
             c->cur = &c->drain; /* owner NULL: into the discard area */
         }
-        conn_on_read(c->fd, EV_READ, c);
+        cl_tcp_conn_on_read(c->fd, EV_READ, c);
         if (!conn_read_paused(c)) return;
     }
 }
@@ -496,7 +250,7 @@ static void conn_read_last_words(tcp_conn *c) {
  * payload straight from the user's memory). Completing a message may make
  * its work post more messages to this connection: they are appended and
  * picked up by this same loop. */
-static void conn_flush(tcp_conn *c) {
+void cl_tcp_conn_flush(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
     c->flush_scheduled = false;
     while (c->hs_out_sent < c->hs_out_len) {
@@ -504,7 +258,8 @@ static void conn_flush(tcp_conn *c) {
             send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
-            conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer, strerror(errno));
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer,
+                             strerror(errno));
             return;
         }
         c->hs_out_sent += (size_t)n;
@@ -529,7 +284,7 @@ static void conn_flush(tcp_conn *c) {
                     /* the work is being finished (deadline, cancel): its
                      * detach will drop this message; do not touch it */
                     if (m->sent > 0) {
-                        conn_break_send(c, m);
+                        cl_tcp_conn_break_send(c, m);
                         return;
                     }
                     c->sq_head = m->next;
@@ -559,7 +314,8 @@ static void conn_flush(tcp_conn *c) {
             int err = errno;
             conn_read_last_words(c);
             if (c->state == TCP_CONN_READY)
-                conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer, strerror(err));
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer,
+                                 strerror(err));
             return;
         }
         /* account the bytes in order; unlink the finished messages first,
@@ -592,7 +348,7 @@ want_write:
     c->flush_scheduled = false;
 }
 
-static void conn_on_write(evutil_socket_t fd, short what, void *arg) {
+void cl_tcp_conn_on_write(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     tcp_conn *c = arg;
@@ -601,7 +357,8 @@ static void conn_on_write(evutil_socket_t fd, short what, void *arg) {
         socklen_t len = sizeof err;
         getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err) {
-            conn_lost(c, COLLIE_EPEER, "connect to rank %d failed: %s", c->peer, strerror(err));
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "connect to rank %d failed: %s", c->peer,
+                             strerror(err));
             return;
         }
         c->state = TCP_CONN_HANDSHAKE;
@@ -611,7 +368,7 @@ static void conn_on_write(evutil_socket_t fd, short what, void *arg) {
         event_del(c->wev);
         return;
     }
-    conn_flush(c);
+    cl_tcp_conn_flush(c);
 }
 
 /* ---- receiving ------------------------------------------------------------------------- */
@@ -645,8 +402,8 @@ static bool conn_match(tcp_conn *c) {
         if (u) u->data = malloc(len ? len : 1);
         if (!u || !u->data) {
             free(u);
-            conn_lost(c, COLLIE_ENOMEM, "no memory for an unexpected message from rank %d",
-                      c->peer);
+            cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for an unexpected message from rank %d",
+                             c->peer);
             return false;
         }
         u->tag = seq;
@@ -767,19 +524,20 @@ static void conn_read_handshake(tcp_conn *c) {
     while (c->state == TCP_CONN_HANDSHAKE && c->hs_in_want > 0) {
         ssize_t n = recv(c->fd, c->hs_in + c->hs_in_len, c->hs_in_want - c->hs_in_len, 0);
         if (n == 0) {
-            conn_lost(c, COLLIE_EPEER, "rank %d closed the connection during the handshake",
-                      c->peer);
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed the connection during the handshake",
+                             c->peer);
             return;
         }
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) return;
-            conn_lost(c, COLLIE_EPEER, "handshake with rank %d: %s", c->peer, strerror(errno));
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "handshake with rank %d: %s", c->peer,
+                             strerror(errno));
             return;
         }
         c->hs_in_len += (size_t)n;
         if (c->hs_in_len < c->hs_in_want) continue;
         c->hs_in_want = 0;
-        if (!hs_process(c)) return;
+        if (!cl_tcp_hs_process(c)) return;
     }
 }
 
@@ -788,8 +546,8 @@ static void conn_read_handshake(tcp_conn *c) {
 static void conn_goodbye(tcp_conn *c) {
     bool needed = c->rq_head || c->p2p_head || c->cur || c->sq_head;
     if (needed) {
-        conn_lost(c, COLLIE_EPEER, "rank %d destroyed its comm while work with it was pending",
-                  c->peer);
+        cl_tcp_conn_lost(c, COLLIE_EPEER,
+                         "rank %d destroyed its comm while work with it was pending", c->peer);
         return;
     }
     char why[64];
@@ -807,12 +565,12 @@ static void conn_peer_aborted(tcp_conn *c) {
     char prefix[32];
     int n = snprintf(prefix, sizeof prefix, "rank %d ", c->peer);
     if (strncmp(why, prefix, (size_t)n) == 0) /* it names its rank already */
-        conn_lost(c, COLLIE_EABORTED, "%s", why);
+        cl_tcp_conn_lost(c, COLLIE_EABORTED, "%s", why);
     else
-        conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
+        cl_tcp_conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
 }
 
-static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
+void cl_tcp_conn_on_read(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     tcp_conn *c = arg;
@@ -826,20 +584,20 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
         if (!c->have_hdr) {
             ssize_t n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got, 0);
             if (n == 0) {
-                conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
                 return;
             }
             if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR) return;
-                conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
-                          strerror(errno));
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
+                                 strerror(errno));
                 return;
             }
             c->hdr_got += (size_t)n;
             if (c->hdr_got < TCP_FRAME_HDR) continue;
             if (get32(c->hdr) != TCP_FRAME_MAGIC ||
                 get32(c->hdr + 12) != (uint32_t)c->tc->generation) {
-                conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
                 return;
             }
             if (c->hdr[4] == TCP_KIND_BYE) {
@@ -852,7 +610,7 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
                 c->payload_len = get64(c->hdr + 32);
                 c->payload_got = 0;
                 if (c->payload_len > TCP_ABORT_MAX) {
-                    conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                    cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
                     return;
                 }
             } else if (!conn_match(c)) {
@@ -863,13 +621,13 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg) {
         if (c->payload_got < c->payload_len) {
             ssize_t n = conn_read_payload(c);
             if (n == 0) {
-                conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
                 return;
             }
             if (n < 0) {
                 if (n == -EAGAIN || n == -EINTR) return;
-                conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
-                          strerror((int)-n));
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
+                                 strerror((int)-n));
                 return;
             }
             if (c->payload_got < c->payload_len) continue;
@@ -928,159 +686,5 @@ void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
         c->drain.owner = NULL;
         c->cur = &c->drain;
     }
-    if (cut) conn_break_send(c, cut);
-}
-
-/* ---- connecting ------------------------------------------------------------------------- */
-
-static void conn_on_addr(collie_work *w, void *arg) {
-    tcp_req_ctx *ctx = arg;
-    tcp_conn *c = ctx->target;
-    free(ctx);
-    if (!c) { /* the connection was freed meanwhile */
-        collie_work_release(w);
-        return;
-    }
-    const collie_core_services *core = c->tc->core;
-    c->addr_req = NULL;
-    c->addr_ctx = NULL;
-    int st = collie_work_result(w);
-    if (c->state == TCP_CONN_CLOSED) {
-        collie_work_release(w);
-        return;
-    }
-    if (st != COLLIE_OK) {
-        if (st != COLLIE_ECANCELED)
-            conn_lost(c, st, "cannot find the address of rank %d in the store: %s", c->peer,
-                      collie_work_error_message(w));
-        collie_work_release(w);
-        return;
-    }
-    const void *val;
-    size_t len;
-    core->store_value(w, &val, &len);
-    char addr[80];
-    snprintf(addr, sizeof addr, "%.*s", (int)len, (const char *)val);
-    collie_work_release(w);
-    char *colon = strrchr(addr, ':');
-    struct sockaddr_in sin = {.sin_family = AF_INET};
-    if (!colon || inet_pton(AF_INET, (*colon = '\0', addr), &sin.sin_addr) != 1) {
-        conn_lost(c, COLLIE_EPROTO, "rank %d published a bad address", c->peer);
-        return;
-    }
-    sin.sin_port = htons((uint16_t)atoi(colon + 1));
-    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        conn_lost(c, COLLIE_ESYSTEM, "socket: %s", strerror(errno));
-        return;
-    }
-    conn_set_socket_options(fd);
-    if (conn_attach_fd(c, fd) != COLLIE_OK) {
-        conn_lost(c, COLLIE_ENOMEM, "no memory for events");
-        return;
-    }
-    c->state = TCP_CONN_CONNECTING;
-    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) < 0 && errno != EINPROGRESS) {
-        conn_lost(c, COLLIE_EPEER, "connect to rank %d at %s:%s failed: %s", c->peer, addr,
-                  colon + 1, strerror(errno));
-        return;
-    }
-    event_add(c->wev, NULL);
-}
-
-tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
-    tcp_conn *old = tc->conns[peer];
-    if (old) { /* an op needs the peer: a broken stream cannot serve it */
-        if (old->send_broken) cl_tcp_conn_close(old, COLLIE_EPEER, old->broken_why);
-        return old;
-    }
-    tcp_conn *c = conn_new(tc, peer);
-    if (!c) return NULL;
-    tc->conns[peer] = c;
-    c->state = TCP_CONN_ADDR;
-    c->initiator = tc->rank < peer;
-    if (!c->initiator) return c; /* the peer dials us */
-    char key[32];
-    snprintf(key, sizeof key, "tcp/%d", peer);
-    /* the peer published its address before the creation barrier */
-    c->addr_ctx = malloc(sizeof *c->addr_ctx);
-    if (!c->addr_ctx) {
-        conn_lost(c, COLLIE_ENOMEM, "no memory to look up rank %d's address", peer);
-        return c;
-    }
-    c->addr_ctx->target = c;
-    int r = tc->core->store_get(tc->bc, key, 30000, conn_on_addr, c->addr_ctx, &c->addr_req);
-    if (r != COLLIE_OK) {
-        free(c->addr_ctx);
-        c->addr_ctx = NULL;
-        conn_lost(c, r, "store get of rank %d's address failed", peer);
-    }
-    return c;
-}
-
-/* ---- listening --------------------------------------------------------------------------- */
-
-static void listen_on_accept(evutil_socket_t lfd, short what, void *arg) {
-    (void)what;
-    tcp_comm *tc = arg;
-    for (int i = 0; i < 16; i++) {
-        evutil_socket_t fd = accept(lfd, NULL, NULL);
-        if (fd < 0) return;
-        conn_set_socket_options(fd);
-        tcp_conn *c = conn_new(tc, -1);
-        if (!c || conn_attach_fd(c, fd) != COLLIE_OK) {
-            if (c)
-                cl_tcp_conn_free(c);
-            else
-                close(fd);
-            continue;
-        }
-        c->next_pending = tc->pending;
-        tc->pending = c;
-        hs_start_acceptor(c);
-    }
-}
-
-static int listen_address(const collie_core_services *core, struct in_addr *out) {
-    const char *ifname = core->setting("COLLIE_SOCKET_IFNAME");
-    if (ifname) {
-        struct ifaddrs *ifs, *it;
-        if (getifaddrs(&ifs) != 0) return COLLIE_ESYSTEM;
-        int r = COLLIE_EINVAL;
-        for (it = ifs; it; it = it->ifa_next)
-            if (it->ifa_addr && it->ifa_addr->sa_family == AF_INET &&
-                strcmp(it->ifa_name, ifname) == 0) {
-                *out = ((struct sockaddr_in *)it->ifa_addr)->sin_addr;
-                r = COLLIE_OK;
-                break;
-            }
-        freeifaddrs(ifs);
-        return r;
-    }
-    const char *addr = core->setting("COLLIE_SOCKET_ADDR");
-    return inet_pton(AF_INET, addr ? addr : "127.0.0.1", out) == 1 ? COLLIE_OK : COLLIE_EINVAL;
-}
-
-int cl_tcp_listen(tcp_comm *tc) {
-    struct sockaddr_in sin = {.sin_family = AF_INET};
-    if (listen_address(tc->core, &sin.sin_addr) != COLLIE_OK) return COLLIE_EINVAL;
-    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return COLLIE_ESYSTEM;
-    evutil_make_socket_nonblocking(fd);
-    evutil_make_socket_closeonexec(fd);
-    socklen_t len = sizeof sin;
-    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0) {
-        close(fd);
-        return COLLIE_ESYSTEM;
-    }
-    tc->listen_fd = fd;
-    tc->listen_ev =
-        event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST, listen_on_accept, tc);
-    if (!tc->listen_ev) return COLLIE_ENOMEM;
-    event_add(tc->listen_ev, NULL);
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof ip);
-    snprintf(tc->addr, sizeof tc->addr, "%s:%u", ip, (unsigned)ntohs(sin.sin_port));
-    return COLLIE_OK;
+    if (cut) cl_tcp_conn_break_send(c, cut);
 }

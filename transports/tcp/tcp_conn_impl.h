@@ -1,0 +1,63 @@
+/*
+ * tcp_conn_impl.h — what tcp_conn.c (the data path: lifecycle, sending,
+ * receiving) and tcp_setup.c (handshake, connecting, listening) share.
+ * Private to transports/tcp/.
+ */
+#ifndef CL_TCP_CONN_IMPL_H
+#define CL_TCP_CONN_IMPL_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "transports/tcp/tcp.h"
+
+#define HS_CHALLENGE_LEN 24
+#define HS_HELLO_LEN     80
+#define HS_ACCEPT_LEN    40
+
+enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
+
+/* ---- little-endian helpers ------------------------------------------------------ */
+
+static inline void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* tcp_conn.c */
+tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
+int cl_tcp_conn_attach_fd(tcp_conn *c, evutil_socket_t fd);
+void cl_tcp_conn_on_read(evutil_socket_t fd, short what, void *arg);
+void cl_tcp_conn_on_write(evutil_socket_t fd, short what, void *arg);
+/* the connection is ready: flush what waits to be sent */
+void cl_tcp_conn_ready(tcp_conn *c);
+void cl_tcp_conn_flush(tcp_conn *c);
+void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut);
+/* the connection failed: close it, fail its works, fault the comm */
+void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* tcp_setup.c */
+void cl_tcp_hs_start_acceptor(tcp_conn *c);
+/* a complete handshake message is in hs_in; false if c was closed */
+bool cl_tcp_hs_process(tcp_conn *c);
+void cl_tcp_conn_install(tcp_conn *c, int peer);
+
+#endif

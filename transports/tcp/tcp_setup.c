@@ -1,0 +1,382 @@
+/*
+ * tcp_setup.c — making TCP connections between ranks: lazy connect,
+ * authenticated handshake, identifying accepted connections, listening.
+ *
+ * Design notes
+ *  - Who connects: the lower rank of a pair dials (after reading the
+ *    peer's address from the store); the higher rank waits for it. Both
+ *    sides of a pair need the connection in the same collective, so a
+ *    connection is made exactly when first needed, and never twice.
+ *  - Handshake: acceptor → CHALLENGE(nonce_a); dialer → HELLO(comm id,
+ *    generation, rank, size, nonce_d, MAC); acceptor → ACCEPT(MAC). The MACs
+ *    are HMAC-SHA256 under the store's shared secret (zeros without one);
+ *    nonces come from OpenSSL's RAND_bytes. A wrong comm id or generation
+ *    (a stale process of an earlier incarnation) is refused and logged with
+ *    the reason.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transports/tcp/tcp_conn_impl.h"
+
+static void conn_set_socket_options(evutil_socket_t fd) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    evutil_make_socket_nonblocking(fd);
+    evutil_make_socket_closeonexec(fd);
+}
+
+/* ---- handshake ------------------------------------------------------------------------ */
+
+static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
+                   uint32_t rank, uint8_t out[32]) {
+    tcp_comm *tc = c->tc;
+    uint8_t msg[96];
+    size_t len = strlen(label);
+    memcpy(msg, label, len);
+    put64(msg + len, tc->comm_id);
+    put64(msg + len + 8, tc->generation);
+    put32(msg + len + 16, rank);
+    put32(msg + len + 20, (uint32_t)tc->size);
+    memcpy(msg + len + 24, n1, 16);
+    memcpy(msg + len + 40, n2, 16);
+    tc->core->auth_mac(tc->bc, msg, len + 56, out);
+}
+
+static bool mac_equal(const uint8_t *a, const uint8_t *b) {
+    uint8_t d = 0;
+    for (int i = 0; i < 32; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
+    memcpy(c->hs_out, buf, len);
+    c->hs_out_len = len;
+    c->hs_out_sent = 0;
+    event_add(c->wev, NULL);
+}
+
+static void hs_random(uint8_t *buf, size_t len) {
+    if (RAND_bytes(buf, (int)len) == 1) return;
+    FILE *f = fopen("/dev/urandom", "rb"); /* OpenSSL's pool failed: the kernel's */
+    size_t got = f ? fread(buf, 1, len, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = got; i < len; i++)
+        buf[i] = (uint8_t)rand();
+}
+
+void cl_tcp_hs_start_acceptor(tcp_conn *c) {
+    uint8_t m[HS_CHALLENGE_LEN];
+    hs_random(c->nonce_mine, 16);
+    put32(m, TCP_HS_MAGIC);
+    put32(m + 4, TCP_PROTO_VERSION);
+    memcpy(m + 8, c->nonce_mine, 16);
+    c->state = TCP_CONN_HANDSHAKE;
+    c->hs_phase = HS_A_WAIT_HELLO;
+    c->hs_in_want = HS_HELLO_LEN;
+    c->hs_in_len = 0;
+    hs_queue(c, m, sizeof m);
+}
+
+/* A complete handshake message is in hs_in. Returns false if c was closed. */
+bool cl_tcp_hs_process(tcp_conn *c) {
+    tcp_comm *tc = c->tc;
+    const uint8_t *m = c->hs_in;
+    if (get32(m) != TCP_HS_MAGIC) {
+        cl_tcp_conn_close(c, COLLIE_EPROTO, "bad handshake magic");
+        return false;
+    }
+    if (c->hs_phase == HS_D_WAIT_CHALLENGE) {
+        if (get32(m + 4) != TCP_PROTO_VERSION) {
+            cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u",
+                             c->peer, get32(m + 4), TCP_PROTO_VERSION);
+            return false;
+        }
+        memcpy(c->nonce_peer, m + 8, 16);
+        hs_random(c->nonce_mine, 16);
+        uint8_t h[HS_HELLO_LEN];
+        put32(h, TCP_HS_MAGIC);
+        put32(h + 4, TCP_PROTO_VERSION);
+        put64(h + 8, tc->comm_id);
+        put64(h + 16, tc->generation);
+        put32(h + 24, (uint32_t)tc->rank);
+        put32(h + 28, (uint32_t)tc->size);
+        memcpy(h + 32, c->nonce_mine, 16);
+        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, h + 48);
+        c->hs_phase = HS_D_WAIT_ACCEPT;
+        c->hs_in_want = HS_ACCEPT_LEN;
+        c->hs_in_len = 0;
+        hs_queue(c, h, sizeof h);
+        return true;
+    }
+    if (c->hs_phase == HS_D_WAIT_ACCEPT) {
+        uint32_t status = get32(m + 4);
+        uint8_t want[32];
+        hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
+        if (status != 0) {
+            cl_tcp_conn_lost(c, status == 2 ? COLLIE_EAUTH : COLLIE_EPROTO,
+                             "rank %d refused our connection (%s)", c->peer,
+                             status == 2 ? "authentication failed"
+                                         : "comm id or generation mismatch");
+            return false;
+        }
+        if (!mac_equal(want, m + 8)) {
+            cl_tcp_conn_lost(c, COLLIE_EAUTH,
+                             "rank %d failed to authenticate (wrong shared secret?)", c->peer);
+            return false;
+        }
+        cl_tcp_conn_ready(c);
+        return true;
+    }
+    /* acceptor: HELLO */
+    uint64_t id = get64(m + 8), gen = get64(m + 16);
+    uint32_t rank = get32(m + 24), size = get32(m + 28);
+    memcpy(c->nonce_peer, m + 32, 16);
+    uint8_t want[32];
+    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, rank, want);
+    uint32_t refuse = 0;
+    char why[200] = "";
+    if (get32(m + 4) != TCP_PROTO_VERSION) {
+        refuse = 1;
+        snprintf(why, sizeof why, "protocol version %u, expected %u", get32(m + 4),
+                 TCP_PROTO_VERSION);
+    } else if (id != tc->comm_id || gen != tc->generation || size != (uint32_t)tc->size) {
+        refuse = 1;
+        snprintf(why, sizeof why,
+                 "it belongs to generation %llu of size %u, this is generation %llu of size %d "
+                 "(a stale process of an earlier incarnation?)",
+                 (unsigned long long)gen, size, (unsigned long long)tc->generation, tc->size);
+    } else if (rank >= (uint32_t)tc->rank) {
+        refuse = 1;
+        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank, tc->rank);
+    } else if (!mac_equal(want, m + 48)) {
+        refuse = 2;
+        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
+    }
+    uint8_t a[HS_ACCEPT_LEN] = {0};
+    put32(a, TCP_HS_MAGIC);
+    put32(a + 4, refuse);
+    if (refuse) {
+        tc->core->log(1, "tcp", "comm '%s' rank %d: refused a connection claiming rank %u: %s",
+                      tc->core->name(tc->bc), tc->rank, rank, why);
+        /* best effort: tell the dialer, then close */
+        ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;
+        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
+        return false;
+    }
+    c->peer = (int)rank;
+    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, rank, a + 8);
+    hs_queue(c, a, sizeof a);
+    cl_tcp_conn_install(c, (int)rank);
+    return false; /* c may have been merged into another struct: stop using it */
+}
+
+/* ---- identification of accepted connections --------------------------------------- */
+
+static void conn_remove_pending(tcp_comm *tc, tcp_conn *c) {
+    for (tcp_conn **pp = &tc->pending; *pp; pp = &(*pp)->next_pending)
+        if (*pp == c) {
+            *pp = c->next_pending;
+            return;
+        }
+}
+
+/* The accepted connection `c` proved to be `peer`: move its socket into the
+ * placeholder made when this side first needed the peer, or install c. */
+void cl_tcp_conn_install(tcp_conn *c, int peer) {
+    tcp_comm *tc = c->tc;
+    conn_remove_pending(tc, c);
+    tcp_conn *slot = tc->conns[peer];
+    if (slot && slot->state != TCP_CONN_ADDR) {
+        tc->core->log(1, "tcp", "comm '%s' rank %d: duplicate connection from rank %d refused",
+                      tc->core->name(tc->bc), tc->rank, peer);
+        cl_tcp_conn_close(c, COLLIE_EPROTO, "duplicate");
+        cl_tcp_conn_free(c);
+        return;
+    }
+    if (!slot) {
+        tc->conns[peer] = c;
+        cl_tcp_conn_ready(c);
+        return;
+    }
+    /* move the socket and the queued ACCEPT into the placeholder */
+    event_free(c->rev);
+    event_free(c->wev);
+    c->rev = c->wev = NULL;
+    memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
+    slot->hs_out_len = c->hs_out_len;
+    slot->hs_out_sent = c->hs_out_sent;
+    evutil_socket_t fd = c->fd;
+    c->fd = -1;
+    cl_tcp_conn_free(c);
+    if (cl_tcp_conn_attach_fd(slot, fd) != COLLIE_OK) {
+        cl_tcp_conn_lost(slot, COLLIE_ENOMEM, "no memory for events");
+        return;
+    }
+    cl_tcp_conn_ready(slot);
+}
+
+/* ---- connecting ------------------------------------------------------------------------- */
+
+static void conn_on_addr(collie_work *w, void *arg) {
+    tcp_req_ctx *ctx = arg;
+    tcp_conn *c = ctx->target;
+    free(ctx);
+    if (!c) { /* the connection was freed meanwhile */
+        collie_work_release(w);
+        return;
+    }
+    const collie_core_services *core = c->tc->core;
+    c->addr_req = NULL;
+    c->addr_ctx = NULL;
+    int st = collie_work_result(w);
+    if (c->state == TCP_CONN_CLOSED) {
+        collie_work_release(w);
+        return;
+    }
+    if (st != COLLIE_OK) {
+        if (st != COLLIE_ECANCELED)
+            cl_tcp_conn_lost(c, st, "cannot find the address of rank %d in the store: %s", c->peer,
+                             collie_work_error_message(w));
+        collie_work_release(w);
+        return;
+    }
+    const void *val;
+    size_t len;
+    core->store_value(w, &val, &len);
+    char addr[80];
+    snprintf(addr, sizeof addr, "%.*s", (int)len, (const char *)val);
+    collie_work_release(w);
+    char *colon = strrchr(addr, ':');
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    if (!colon || inet_pton(AF_INET, (*colon = '\0', addr), &sin.sin_addr) != 1) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d published a bad address", c->peer);
+        return;
+    }
+    sin.sin_port = htons((uint16_t)atoi(colon + 1));
+    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "socket: %s", strerror(errno));
+        return;
+    }
+    conn_set_socket_options(fd);
+    if (cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for events");
+        return;
+    }
+    c->state = TCP_CONN_CONNECTING;
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        cl_tcp_conn_lost(c, COLLIE_EPEER, "connect to rank %d at %s:%s failed: %s", c->peer, addr,
+                         colon + 1, strerror(errno));
+        return;
+    }
+    event_add(c->wev, NULL);
+}
+
+tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
+    tcp_conn *old = tc->conns[peer];
+    if (old) { /* an op needs the peer: a broken stream cannot serve it */
+        if (old->send_broken) cl_tcp_conn_close(old, COLLIE_EPEER, old->broken_why);
+        return old;
+    }
+    tcp_conn *c = cl_tcp_conn_new(tc, peer);
+    if (!c) return NULL;
+    tc->conns[peer] = c;
+    c->state = TCP_CONN_ADDR;
+    c->initiator = tc->rank < peer;
+    if (!c->initiator) return c; /* the peer dials us */
+    char key[32];
+    snprintf(key, sizeof key, "tcp/%d", peer);
+    /* the peer published its address before the creation barrier */
+    c->addr_ctx = malloc(sizeof *c->addr_ctx);
+    if (!c->addr_ctx) {
+        cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory to look up rank %d's address", peer);
+        return c;
+    }
+    c->addr_ctx->target = c;
+    int r = tc->core->store_get(tc->bc, key, 30000, conn_on_addr, c->addr_ctx, &c->addr_req);
+    if (r != COLLIE_OK) {
+        free(c->addr_ctx);
+        c->addr_ctx = NULL;
+        cl_tcp_conn_lost(c, r, "store get of rank %d's address failed", peer);
+    }
+    return c;
+}
+
+/* ---- listening --------------------------------------------------------------------------- */
+
+static void listen_on_accept(evutil_socket_t lfd, short what, void *arg) {
+    (void)what;
+    tcp_comm *tc = arg;
+    for (int i = 0; i < 16; i++) {
+        evutil_socket_t fd = accept(lfd, NULL, NULL);
+        if (fd < 0) return;
+        conn_set_socket_options(fd);
+        tcp_conn *c = cl_tcp_conn_new(tc, -1);
+        if (!c || cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
+            if (c)
+                cl_tcp_conn_free(c);
+            else
+                close(fd);
+            continue;
+        }
+        c->next_pending = tc->pending;
+        tc->pending = c;
+        cl_tcp_hs_start_acceptor(c);
+    }
+}
+
+static int listen_address(const collie_core_services *core, struct in_addr *out) {
+    const char *ifname = core->setting("COLLIE_SOCKET_IFNAME");
+    if (ifname) {
+        struct ifaddrs *ifs, *it;
+        if (getifaddrs(&ifs) != 0) return COLLIE_ESYSTEM;
+        int r = COLLIE_EINVAL;
+        for (it = ifs; it; it = it->ifa_next)
+            if (it->ifa_addr && it->ifa_addr->sa_family == AF_INET &&
+                strcmp(it->ifa_name, ifname) == 0) {
+                *out = ((struct sockaddr_in *)it->ifa_addr)->sin_addr;
+                r = COLLIE_OK;
+                break;
+            }
+        freeifaddrs(ifs);
+        return r;
+    }
+    const char *addr = core->setting("COLLIE_SOCKET_ADDR");
+    return inet_pton(AF_INET, addr ? addr : "127.0.0.1", out) == 1 ? COLLIE_OK : COLLIE_EINVAL;
+}
+
+int cl_tcp_listen(tcp_comm *tc) {
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    if (listen_address(tc->core, &sin.sin_addr) != COLLIE_OK) return COLLIE_EINVAL;
+    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return COLLIE_ESYSTEM;
+    evutil_make_socket_nonblocking(fd);
+    evutil_make_socket_closeonexec(fd);
+    socklen_t len = sizeof sin;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 1024) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sin, &len) != 0) {
+        close(fd);
+        return COLLIE_ESYSTEM;
+    }
+    tc->listen_fd = fd;
+    tc->listen_ev =
+        event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST, listen_on_accept, tc);
+    if (!tc->listen_ev) return COLLIE_ENOMEM;
+    event_add(tc->listen_ev, NULL);
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof ip);
+    snprintf(tc->addr, sizeof tc->addr, "%s:%u", ip, (unsigned)ntohs(sin.sin_port));
+    return COLLIE_OK;
+}
