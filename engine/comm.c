@@ -50,7 +50,9 @@ void cl_comm_release(collie_comm *c) {
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    collie_comm *parent = c->split_parent;
     free(c);
+    if (parent) cl_comm_release(parent);
 }
 
 /* ---- accessors ----------------------------------------------------------- */

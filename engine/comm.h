@@ -117,7 +117,7 @@ struct collie_comm {
     _Atomic int groups_made;
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
-     * the reference is dropped once the creation ends */
+     * referenced until this comm is freed (every error path included) */
     collie_comm *split_parent;
     int split_color, split_key;
     /* progress, for desync answers */

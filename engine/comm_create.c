@@ -243,8 +243,6 @@ static void create_detach(collie_work *w) {
 
 static void create_free(collie_work *w) {
     create_state *cs = (create_state *)w;
-    if (cs->comm->split_parent) cl_comm_release(cs->comm->split_parent);
-    cs->comm->split_parent = NULL;
     cl_comm_release(cs->comm);
     free(cs);
 }
@@ -392,7 +390,7 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
     if (!c) return res;
     if (child) {
         if (!cl_opt(o, backend, NULL)) comm_set_spec(c, &child->parent->spec);
-        cl_comm_hold(child->parent); /* dropped with the create state */
+        cl_comm_hold(child->parent); /* dropped when c is freed (cl_comm_release) */
         c->split_parent = child->parent;
         c->split_color = child->color;
         c->split_key = child->key;
