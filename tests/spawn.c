@@ -21,13 +21,19 @@ extern char **environ;
  * failed assertion (kill a child still running, free its output). */
 static spawn_proc the_spawn;
 
-const char *spawn_bin_path(const char *name) {
-    static char path[4][4096];
+const char *spawn_build_path(const char *rel) {
+    static char path[8][4096];
     static int next;
     const char *dir = getenv("CLTEST_BUILD_DIR");
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%s/bin/%s", dir && *dir ? dir : "build", name);
+    char *p = path[next++ % 8];
+    snprintf(p, sizeof path[0], "%s/%s", dir && *dir ? dir : "build", rel);
     return p;
+}
+
+const char *spawn_bin_path(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "bin/%s", name);
+    return spawn_build_path(rel);
 }
 
 spawn_proc *spawn_start(const char *name, const char *const *args, const char *const *env_extra,

@@ -53,8 +53,9 @@ typedef struct spawn_proc {
     char name[64]; /* the tool's name, for messages */
 } spawn_proc;
 
-/* The path of the tool `name` in $CLTEST_BUILD_DIR/bin (default build/bin);
- * the result lives until four more calls. */
+/* The path of `rel` under $CLTEST_BUILD_DIR (default build), and of the
+ * tool `name` in its bin/; a result lives until eight more calls. */
+const char *spawn_build_path(const char *rel);
 const char *spawn_bin_path(const char *name);
 
 /* Start tool `name` with args (NULL-terminated) and env_extra (NULL-terminated,

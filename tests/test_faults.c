@@ -58,6 +58,7 @@
 
 #include "coll_fixture.h"
 #include "harness.h"
+#include "spawn.h"
 
 extern char **environ;
 
@@ -95,15 +96,6 @@ static int64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static const char *build_path(const char *rel) {
-    static char path[8][4096];
-    static int k;
-    const char *dir = getenv("CLTEST_BUILD_DIR");
-    char *p = path[k++ % 8];
-    snprintf(p, sizeof path[0], "%s/%s", dir && *dir ? dir : "build", rel);
-    return p;
 }
 
 /* ======================================================================== */
@@ -610,7 +602,7 @@ static void procs_kill_all(void) {
 static proc *store_start(const char *bind, const char *host, const char *netns, char *addr,
                          size_t len) {
     char *argv[] = {
-        (char *)build_path("bin/collie-store"), "--bind", (char *)bind, "--port", "0", NULL};
+        (char *)spawn_build_path("bin/collie-store"), "--bind", (char *)bind, "--port", "0", NULL};
     char *envp[] = {"COLLIE_LOG=error", NULL};
     proc *p = proc_spawn("collie-store", argv, envp, true, netns);
     const char *l = proc_wait_line(p, "collie-store listening on", 5000);
@@ -828,7 +820,7 @@ typedef struct hang_result {
 } hang_result;
 
 static void run_trace(char *const *dumps, size_t n, char *out, size_t len, int *status) {
-    char *argv[16] = {(char *)build_path("bin/collie-trace")};
+    char *argv[16] = {(char *)spawn_build_path("bin/collie-trace")};
     for (size_t i = 0; i < n && i < 14; i++)
         argv[i + 1] = dumps[i];
     char *envp[] = {NULL};
@@ -1548,7 +1540,7 @@ static void test_store_dies(void **state) {
 
 static void test_recovery_example(void **state) {
     (void)state;
-    char *argv[] = {(char *)build_path("bin/collie-run"),
+    char *argv[] = {(char *)spawn_build_path("bin/collie-run"),
                     "-n",
                     "4",
                     "--restarts",
@@ -1556,7 +1548,7 @@ static void test_recovery_example(void **state) {
                     "--timeout",
                     "60",
                     "--",
-                    (char *)build_path("examples/recovery"),
+                    (char *)spawn_build_path("examples/recovery"),
                     NULL};
     const char *extra[] = {"COLLIE_LOG=error", NULL};
     char **envp = child_env(extra);
