@@ -38,7 +38,7 @@ LIBS       = -levent -lcrypto
 TEST_LIBS  = -lcmocka
 
 # ---- sources ----------------------------------------------------------------
-CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c transports/*.c transports/tcp/*.c)
+CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS    := $(patsubst tools/collie_%.c,$(BUILD)/bin/collie-%,$(wildcard tools/collie_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "coll_fixture.h"
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "harness.h"

@@ -14,7 +14,7 @@
  * error or input that is not a dump (with the file, line and reason).
  *
  * Design notes
- *  - The input is what engine/flight.c writes: a header object on the first
+ *  - The input is what comm/flight.c writes: a header object on the first
  *    line ending in "entries":[, one entry object per line (a ',' after all
  *    but the last), then "]}". The parser here reads exactly that shape with
  *    a small JSON reader for flat objects (strings with escapes, integers,

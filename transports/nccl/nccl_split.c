@@ -7,7 +7,7 @@
  *    calls it once per split, members with their colour and key (NCCL
  *    numbers a child's ranks by key, then parent rank — as collie does),
  *    the others with NCCL_SPLIT_NOCOLOR. The core guarantees that every
- *    rank calls split or split_skip (engine/comm_split.c).
+ *    rank calls split or split_skip (comm/comm_split.c).
  *  - Order on the parent: a split must reach NCCL after the collectives
  *    posted on the parent before it, as on every other rank, and a
  *    non-blocking communicator takes no call while one is in progress. So

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "engine/log.h"
 

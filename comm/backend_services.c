@@ -13,7 +13,7 @@
 #include <unistd.h>
 #include <string.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/log.h"

@@ -36,7 +36,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/log.h"

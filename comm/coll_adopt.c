@@ -22,7 +22,7 @@
  */
 #include <stdio.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 
 bool cl_coll_adopts(const cl_coll_work *cw) {

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/log.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "engine/config.h"
 

@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/comm.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 
 static void child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/coll_args.h"
-#include "engine/comm.h"
+#include "comm/coll_args.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 #include "transports/reduce.h"
 

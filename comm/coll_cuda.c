@@ -5,8 +5,8 @@
  */
 #include "collie_cuda.h"
 
-#include "engine/coll_args.h"
-#include "engine/comm.h"
+#include "comm/coll_args.h"
+#include "comm/comm.h"
 #include "engine/common.h"
 
 static int cuda_post(collie_comm *c, collie_coll_args *a, collie_cuda_stream_t stream,
