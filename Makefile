@@ -234,7 +234,7 @@ $(DOUBLE_DIR)/libcudart.so.13: $(BUILD)/obj/tests/cuda_double/cudart.o tests/cud
 # the double reduces with collie's own kernels (transports/reduce.c)
 $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \
     $(BUILD)/obj/tests/cuda_double/nccl_proc.o \
-    $(BUILD)/obj/transports/reduce.o $(BUILD)/obj/transports/dtype.o \
+    $(BUILD)/obj/transports/reduce.o $(BUILD)/obj/engine/dtype.o \
     $(DOUBLE_DIR)/libcudart.so.13 tests/cuda_double/nccl.map
 	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libnccl.so.2 \
 	  -Wl,--version-script=tests/cuda_double/nccl.map -o $@ $(filter %.o,$^) \

@@ -20,7 +20,7 @@
 #include "comm/coll_args.h"
 #include "comm/comm.h"
 #include "engine/common.h"
-#include "transports/reduce.h"
+#include "engine/dtype.h"
 
 static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "collie.h"
+#include "engine/dtype.h"
 #include "transports/reduce.h"
 
 /* ---- helpers ---------------------------------------------------------------- */

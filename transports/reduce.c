@@ -44,6 +44,8 @@
 
 #include "transports/reduce.h"
 
+#include "engine/dtype.h"
+
 /* Buffer element types: any alignment. fp16/bf16 are read as their bits.
  * (may_alias on red_u16 would stop gcc vectorising the conversions.) */
 typedef int8_t red_i8;

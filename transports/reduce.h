@@ -5,7 +5,7 @@
  * All functions are pure: no locks, no allocation, no logging; any thread
  * may call them on buffers it owns. Buffers may have any alignment (byte
  * offsets included). dtype and op are validated by the caller (at post
- * time, with cl_dtype_valid / cl_redop_valid); the kernels treat an invalid
+ * time, with cl_dtype_valid / cl_redop_valid of engine/dtype.h); the kernels treat an invalid
  * dtype or op as a no-op rather than failing on the progress thread.
  */
 #ifndef CL_TRANSPORTS_REDUCE_H
@@ -15,11 +15,6 @@
 #include <stddef.h>
 
 #include "collie.h"
-
-/* cl_dtype_valid / cl_redop_valid: whether `dt` / `op` names a member of
- * collie_dtype / collie_redop (not the COLLIE_NUM_* sentinels). */
-bool cl_dtype_valid(int dt);
-bool cl_redop_valid(int op);
 
 /* cl_reduce: dst[i] = dst[i] op src[i] for i < count. For COLLIE_AVG this
  * accumulates a sum; the caller divides once at the end with

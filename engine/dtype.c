@@ -3,7 +3,9 @@
  * The tables are indexed by the enum values, so adding a member to
  * collie_dtype or collie_redop without a row here fails to compile.
  */
-#include "transports/reduce.h"
+#include "engine/dtype.h"
+
+#include "collie.h"
 
 static const struct {
     size_t size;
