@@ -29,7 +29,7 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "engine/log.h"
+#include "engine/dtype.h"
 #include "transports/reduce.h"
 #include "transports/tcp/sched_impl.h"
 
@@ -255,35 +255,36 @@ static bool sched_is_rooted(collie_coll_kind k) {
 
 /* sched_validate: the checks the core may already have made, repeated
  * because a wrong schedule is silent data corruption on every rank. */
-static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_t *esize) {
+static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_t *esize,
+                          const char **why) {
     if (size < 1 || rank < 0 || rank >= size) {
-        CL_DEBUG("tcp.sched", "rank %d of size %d", rank, size);
+        *why = "rank outside [0, size)";
         return COLLIE_EINVAL;
     }
     if ((unsigned)a->kind >= COLLIE_COLL_SEND) {
-        CL_DEBUG("tcp.sched", "kind %d is not a scheduled collective", (int)a->kind);
+        *why = "not a scheduled collective";
         return COLLIE_EINVAL;
     }
     *esize = 0;
     if (a->kind == COLLIE_COLL_BARRIER) return COLLIE_OK;
     *esize = collie_dtype_size(a->dtype);
     if (*esize == 0) {
-        CL_DEBUG("tcp.sched", "invalid dtype %d", (int)a->dtype);
+        *why = "invalid dtype";
         return COLLIE_EINVAL;
     }
     if (sched_is_reduction(a->kind) && !cl_redop_valid((int)a->op)) {
-        CL_DEBUG("tcp.sched", "invalid redop %d", (int)a->op);
+        *why = "invalid reduction";
         return COLLIE_EINVAL;
     }
     if (sched_is_rooted(a->kind) && (a->root < 0 || a->root >= size)) {
-        CL_DEBUG("tcp.sched", "root %d outside [0, %d)", a->root, size);
+        *why = "root outside [0, size)";
         return COLLIE_EINVAL;
     }
     /* the largest buffer of any kind is size * count elements */
     uint64_t total;
     if (__builtin_mul_overflow((uint64_t)a->count, *esize, &total) ||
         __builtin_mul_overflow(total, (uint64_t)size, &total) || total > SIZE_MAX) {
-        CL_DEBUG("tcp.sched", "count %zu x %d ranks overflows", a->count, size);
+        *why = "count x ranks overflows";
         return COLLIE_EINVAL;
     }
     return COLLIE_OK;
@@ -292,7 +293,8 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
 int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
     if (!s || !a) return COLLIE_EINVAL;
     cl_sched_b b = {.s = s, .a = a, .rank = rank, .size = size};
-    int res = sched_validate(a, rank, size, &b.esize);
+    const char *why;
+    int res = sched_validate(a, rank, size, &b.esize, &why);
     if (res != COLLIE_OK) return res;
     b.bytes = (uint64_t)a->count * b.esize;
     bool small = b.bytes <= CL_SCHED_SMALL_BYTES;
@@ -329,8 +331,6 @@ int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
         }
     }
     if (b.err) {
-        CL_ERROR("tcp.sched", "building kind %d for rank %d of %d failed: bound too small",
-                 (int)a->kind, rank, size);
         s->nsteps = s->nops = 0;
         s->step_start[0] = 0;
         return b.err;
@@ -341,6 +341,13 @@ int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
         s->nsteps--;
     s->step_start[s->nsteps] = s->nops;
     return COLLIE_OK;
+}
+
+const char *cl_sched_explain(const collie_coll_args *a, int rank, int size) {
+    uint64_t esize;
+    const char *why = NULL;
+    if (!a) return "no arguments";
+    return sched_validate(a, rank, size, &esize, &why) == COLLIE_OK ? NULL : why;
 }
 
 void cl_sched_fini(cl_sched *s) {

@@ -66,10 +66,15 @@ typedef struct cl_sched {
 
 /* cl_sched_build: compile one collective for `rank` of `size` ranks into s
  * (reusing s's arrays; grow-only, so steady state allocates nothing).
- * Returns COLLIE_OK or COLLIE_ENOMEM / COLLIE_EINVAL. SEND/RECV (point to
+ * Returns COLLIE_OK or COLLIE_ENOMEM / COLLIE_EINVAL (cl_sched_explain says
+ * why; the module is pure and logs nothing). SEND/RECV (point to
  * point) are not scheduled. Algorithm choice (e.g. allreduce: recursive
  * doubling below CL_SCHED_SMALL_BYTES, ring above) is made here. */
 int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size);
+
+/* cl_sched_explain: why cl_sched_build rejects these arguments (a static
+ * string), or NULL if it accepts them. */
+const char *cl_sched_explain(const collie_coll_args *a, int rank, int size);
 
 /* cl_sched_fini: free the arrays. */
 void cl_sched_fini(cl_sched *s);

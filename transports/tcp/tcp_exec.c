@@ -232,7 +232,14 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     }
     tw->xb = xb;
     int r = cl_sched_build(&xb->sched, &tw->args, tc->rank, tc->size);
-    if (r != COLLIE_OK) return r;
+    if (r != COLLIE_OK) {
+        const char *why =
+            r == COLLIE_ENOMEM ? "no memory" : cl_sched_explain(&tw->args, tc->rank, tc->size);
+        tc->core->log(0, "tcp", "comm '%s' rank %d of %d: scheduling kind %d failed: %s",
+                      tc->core->name(tc->bc), tc->rank, tc->size, (int)tw->args.kind,
+                      why ? why : "schedule bound exceeded (a bug)");
+        return r;
+    }
     uint32_t widest = 0;
     for (uint32_t s = 0; s < xb->sched.nsteps; s++) {
         uint32_t n = xb->sched.step_start[s + 1] - xb->sched.step_start[s];
