@@ -29,7 +29,6 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "engine/dtype.h"
 #include "transports/reduce.h"
 #include "transports/tcp/sched_impl.h"
 
@@ -272,7 +271,7 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
         *why = "invalid dtype";
         return COLLIE_EINVAL;
     }
-    if (sched_is_reduction(a->kind) && !cl_redop_valid((int)a->op)) {
+    if (sched_is_reduction(a->kind) && (unsigned)a->op >= COLLIE_NUM_REDOPS) {
         *why = "invalid reduction";
         return COLLIE_EINVAL;
     }
