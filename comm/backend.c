@@ -99,7 +99,8 @@ static int backend_add_locked(const collie_backend_ops *ops, const char *origin)
 static void backend_builtins_locked(void) {
     if (cl_builtins_done) return;
     cl_builtins_done = true;
-    backend_add_locked(cl_tcp_backend_ops(), "built-in");
+    for (size_t i = 0; cl_builtin_backends[i]; i++)
+        backend_add_locked(cl_builtin_backends[i](), "built-in");
 }
 
 int collie_backend_register(const collie_backend_ops *ops) {

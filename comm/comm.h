@@ -21,7 +21,10 @@ typedef struct cl_backend_spec {
 } cl_backend_spec;
 
 int cl_backend_parse_spec(const char *spec, cl_backend_spec *out);
-const collie_backend_ops *cl_tcp_backend_ops(void);
+/* The built-in backends, registered before any other: a NULL-terminated
+ * list defined by transports/builtin.c, the one place that names them
+ * (comm/ includes no header of the transports above it). */
+extern const collie_backend_ops *(*const cl_builtin_backends[])(void);
 extern const collie_core_services cl_core_services;
 /* backend_services.c: release a backend instance's poll timer (loop) */
 void cl_backend_poll_free(collie_bcomm *bc);

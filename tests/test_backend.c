@@ -33,6 +33,7 @@
 #include "engine/engine.h"
 #include "harness.h"
 #include "transports/reduce.h"
+#include "transports/tcp/tcp.h"
 
 #define WAIT_MS 10000
 

@@ -21,6 +21,10 @@
 #include "collie_backend.h"
 #include "transports/tcp/sched.h"
 
+/* cl_tcp_backend_ops: the TCP backend's ops table (transports/builtin.c
+ * lists it among the built-in backends). */
+const collie_backend_ops *cl_tcp_backend_ops(void);
+
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
 #define TCP_PROTO_VERSION 2           /* 2: the ABORT frame */

@@ -153,5 +153,4 @@ static const collie_backend_ops tcp_ops = {
     .destroy = tcp_destroy,
 };
 
-const collie_backend_ops *cl_tcp_backend_ops(void);
 const collie_backend_ops *cl_tcp_backend_ops(void) { return &tcp_ops; }
