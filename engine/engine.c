@@ -35,7 +35,6 @@
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/log.h"
-#include "work/work.h"
 
 static _Thread_local collie_engine *cl_tls_loop_engine;
 
@@ -59,6 +58,12 @@ const char *cl_engine_name(const collie_engine *e) { return e->name; }
 
 uint64_t cl_engine_stall_count(const collie_engine *e) {
     return atomic_load(&((collie_engine *)e)->stalls);
+}
+
+void *cl_engine_hooks_state(const collie_engine *e) { return e->hooks_state; }
+
+static size_t engine_run_completions(collie_engine *e) {
+    return e->hooks->run_completions(e->hooks_state);
 }
 
 const char *cl_engine_set_activity(collie_engine *e, const char *what) {
@@ -113,7 +118,7 @@ static size_t engine_drain_cmds(collie_engine *e) {
             cl_engine_set_activity(e, prev);
             /* retire what this command finished before running the next
              * one, so a command queued after a completion sees it retired */
-            cl_works_run_retired(e);
+            engine_run_completions(e);
             c = next;
             ran++;
         }
@@ -128,7 +133,7 @@ static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
     ssize_t n = read(fd, &v, sizeof v);
     CL_UNUSED(n);
     engine_drain_cmds(e);
-    cl_works_run_retired(e);
+    engine_run_completions(e);
     if (atomic_load_explicit(&e->stop_requested, memory_order_acquire))
         event_base_loopbreak(e->base);
 }
@@ -229,39 +234,11 @@ void cl_engine_remove_resident(collie_engine *e, cl_resident *r) {
 
 /* ---- timers --------------------------------------------------------------- */
 
-void cl_engine_arm_deadline(collie_engine *e, int64_t when_ns) {
-    cl_work_registry *reg = &e->works;
-    if (when_ns == INT64_MAX) {
-        if (reg->armed_ns != INT64_MAX) event_del(reg->deadline_ev);
-        reg->armed_ns = INT64_MAX;
-        return;
-    }
-    int64_t delta = when_ns - cl_now_ns();
-    if (delta < 0) delta = 0;
-    struct timeval tv = {.tv_sec = delta / 1000000000LL, .tv_usec = (delta % 1000000000LL) / 1000};
-    event_add(reg->deadline_ev, &tv);
-    reg->armed_ns = when_ns;
-}
-
-static void engine_on_deadline(evutil_socket_t fd, short what, void *arg) {
-    CL_UNUSED(fd);
-    CL_UNUSED(what);
-    collie_engine *e = arg;
-    e->works.armed_ns = INT64_MAX;
-    cl_works_sweep_deadlines(e, cl_now_ns());
-}
-
 static void engine_on_heartbeat(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(fd);
     CL_UNUSED(what);
     collie_engine *e = arg;
     atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
-}
-
-static void engine_on_done(evutil_socket_t fd, short what, void *arg) {
-    CL_UNUSED(fd);
-    CL_UNUSED(what);
-    cl_works_run_retired(arg);
 }
 
 /* ---- the progress thread --------------------------------------------------- */
@@ -291,17 +268,17 @@ static void engine_shutdown_on_loop(collie_engine *e) {
         r = next;
     }
     e->residents = NULL;
-    cl_works_fail_all(e, COLLIE_ECLOSED, "the engine is shutting down");
+    e->hooks->fail_all(e->hooks_state, COLLIE_ECLOSED, "the engine is shutting down");
     /* Every tracked work is now finished; a foreign thread that won a claim
      * may still be about to post its retire command. Wait for them, bounded. */
     int64_t give_up = cl_now_ns() + 2000 * CL_NS_PER_MS;
     for (;;) {
         engine_drain_cmds(e);
-        cl_works_run_retired(e);
-        if (cl_works_tracked(e) == 0) break;
+        engine_run_completions(e);
+        size_t pending = e->hooks->pending(e->hooks_state);
+        if (pending == 0) break;
         if (cl_now_ns() > give_up) {
-            CL_ERROR("engine", "%s: %zu works were never retired at shutdown", e->name,
-                     cl_works_tracked(e));
+            CL_ERROR("engine", "%s: %zu works were never retired at shutdown", e->name, pending);
             break;
         }
         struct timespec ts = {0, 100000};
@@ -317,7 +294,7 @@ static void engine_shutdown_on_loop(collie_engine *e) {
         left->fn(left);
         left = next;
     }
-    cl_works_run_retired(e);
+    engine_run_completions(e);
 }
 
 /* Spin (poll) while works start and complete; block after spin_window of
@@ -327,7 +304,7 @@ static bool engine_should_spin(collie_engine *e) {
      * follows at once (a thread woken from idle takes tens of us) */
     if (e->spin_ns <= 0) return false;
     int64_t now = cl_now_ns();
-    uint64_t sig = e->works.retired * 1000003u + cl_works_tracked(e);
+    uint64_t sig = e->hooks->progress(e->hooks_state);
     if (sig != e->spin_sig) { /* progress: (re)start the window */
         e->spin_sig = sig;
         e->spin_since = now;
@@ -352,7 +329,7 @@ static void *engine_thread_main(void *arg) {
             event_base_loop(e->base, EVLOOP_NONBLOCK);
             if (atomic_load_explicit(&e->queued, memory_order_acquire)) {
                 engine_drain_cmds(e);
-                cl_works_run_retired(e);
+                engine_run_completions(e);
             }
             sched_yield(); /* let a waiter or another rank on this core run */
             continue;
@@ -362,7 +339,7 @@ static void *engine_thread_main(void *arg) {
              * posted while they thought we spun is drained here */
             atomic_store_explicit(&e->spinning, false, memory_order_seq_cst);
             engine_drain_cmds(e);
-            cl_works_run_retired(e);
+            engine_run_completions(e);
             continue;
         }
         event_base_loop(e->base, EVLOOP_ONCE);
@@ -370,8 +347,8 @@ static void *engine_thread_main(void *arg) {
     engine_shutdown_on_loop(e);
     event_free(e->wake_ev);
     event_free(e->heartbeat_ev);
-    event_free(e->works.done_ev);
-    event_free(e->works.deadline_ev);
+    e->hooks->destroy(e->hooks_state);
+    e->hooks_state = NULL;
     event_base_free(e->base);
     e->base = NULL;
     cl_tls_loop_engine = NULL;
@@ -380,12 +357,12 @@ static void *engine_thread_main(void *arg) {
 
 static void engine_free(collie_engine *e) {
     if (e->wake_fd >= 0) close(e->wake_fd);
-    free(e->works.heap);
     pthread_mutex_destroy(&e->qmu);
     free(e);
 }
 
-int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
+int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
+                     collie_engine **out) {
     int res = COLLIE_OK;
     collie_engine *e = NULL;
     if (out) *out = NULL;
@@ -433,13 +410,12 @@ int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
     }
     e->wake_ev = event_new(e->base, e->wake_fd, EV_READ | EV_PERSIST, engine_on_wake, e);
     e->heartbeat_ev = event_new(e->base, -1, EV_PERSIST, engine_on_heartbeat, e);
-    e->works.done_ev = event_new(e->base, -1, 0, engine_on_done, e);
-    e->works.deadline_ev = event_new(e->base, -1, 0, engine_on_deadline, e);
-    if (!e->wake_ev || !e->heartbeat_ev || !e->works.done_ev || !e->works.deadline_ev) {
+    if (!e->wake_ev || !e->heartbeat_ev) {
         res = COLLIE_ENOMEM;
         goto fail_events;
     }
-    cl_works_engine_init(e);
+    e->hooks = hooks;
+    CL_CHECK_GOTO(hooks->create(e, &e->hooks_state), res, fail_events);
     e->spin_ns = cl_spin_enabled() ? CL_SPIN_WINDOW_NS : 0;
     int32_t period = cl_monitor_period_ms(stall_ms);
     struct timeval hb = {.tv_sec = period / 1000, .tv_usec = (period % 1000) * 1000};
@@ -450,6 +426,7 @@ int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
     int r = pthread_create(&e->thread, NULL, engine_thread_main, e);
     if (r != 0) {
         res = cl_set_last_error(COLLIE_ESYSTEM, "pthread_create: %s", strerror(r));
+        hooks->destroy(e->hooks_state);
         goto fail_events;
     }
     res = cl_monitor_start(e, stall_ms, cl_opt(o, on_stall, NULL), cl_opt(o, on_stall_arg, NULL));
@@ -464,8 +441,6 @@ int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
 fail_events:
     if (e->wake_ev) event_free(e->wake_ev);
     if (e->heartbeat_ev) event_free(e->heartbeat_ev);
-    if (e->works.done_ev) event_free(e->works.done_ev);
-    if (e->works.deadline_ev) event_free(e->works.deadline_ev);
     event_base_free(e->base);
 fail:
     if (e) engine_free(e);

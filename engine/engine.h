@@ -73,6 +73,33 @@ typedef struct cl_resident {
 int cl_engine_add_resident(collie_engine *e, cl_resident *r);
 void cl_engine_remove_resident(collie_engine *e, cl_resident *r);
 
+/* What the engine asks of the works it drives. The engine includes no
+ * header of work/: work/ hands this table to cl_engine_create (from
+ * collie_engine_create, which it defines). `create` runs on the creating
+ * thread before the loop starts, `destroy` after the loop has ended (or
+ * never started); every other hook runs on the loop thread. */
+typedef struct cl_engine_hooks {
+    /* make the per-engine state (libevent objects on cl_engine_base(e)) */
+    int (*create)(collie_engine *e, void **state);
+    void (*destroy)(void *state);
+    /* run the completions (callbacks, queues) of works finished so far;
+     * returns how many ran */
+    size_t (*run_completions)(void *state);
+    /* end every pending work with `status` (engine shutdown) */
+    void (*fail_all)(void *state, int status, const char *why);
+    /* works posted and not yet retired */
+    size_t (*pending)(void *state);
+    /* changes whenever a work starts or is retired (the spin heuristic) */
+    uint64_t (*progress)(void *state);
+} cl_engine_hooks;
+
+/* cl_engine_create: collie_engine_create with the works' hooks. */
+int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
+                     collie_engine **out);
+
+/* cl_engine_hooks_state: the state hooks->create made (any thread). */
+void *cl_engine_hooks_state(const collie_engine *e);
+
 /* The default call bound for synchronous hand-offs (destroy of objects). */
 #define CL_ENGINE_CALL_TIMEOUT_MS 10000
 

@@ -1,7 +1,6 @@
 /*
- * engine_impl.h — the engine's private state, shared by the engine files and
- * the work module (which keeps its per-engine lists here). Nothing else may
- * include it.
+ * engine_impl.h — the engine's private state, shared by the files of
+ * engine/. Nothing outside engine/ includes it.
  */
 #ifndef CL_ENGINE_IMPL_H
 #define CL_ENGINE_IMPL_H
@@ -14,19 +13,6 @@
 #include "engine/engine.h"
 
 struct event;
-
-/* Per-engine bookkeeping of the work module (loop thread only). */
-typedef struct cl_work_registry {
-    collie_work *trk_head; /* posted, not yet retired */
-    size_t ntracked;
-    collie_work *done_head, *done_tail; /* finished, waiting to be retired */
-    collie_work **heap;                 /* deadline min-heap */
-    size_t heap_len, heap_cap;
-    int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
-    struct event *done_ev;     /* activated to run the retire list */
-    struct event *deadline_ev; /* the one deadline timer */
-    uint64_t retired;          /* total retired (stats) */
-} cl_work_registry;
 
 typedef struct cl_monitor {
     pthread_t thread;
@@ -61,7 +47,8 @@ struct collie_engine {
     struct event *heartbeat_ev;
 
     cl_resident *residents;
-    cl_work_registry works;
+    const cl_engine_hooks *hooks; /* the works' (work/) */
+    void *hooks_state;
 
     /* watched by the monitor thread */
     _Atomic int64_t heartbeat_ns;
@@ -74,8 +61,5 @@ struct collie_engine {
 int cl_monitor_start(collie_engine *e, int32_t stall_ms, collie_stall_cb cb, void *arg);
 void cl_monitor_stop(collie_engine *e);
 int32_t cl_monitor_period_ms(int32_t stall_ms);
-
-/* engine.c: (re)arm the one deadline timer to fire at `when_ns` */
-void cl_engine_arm_deadline(collie_engine *e, int64_t when_ns);
 
 #endif

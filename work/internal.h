@@ -6,6 +6,28 @@
 
 #include "work/work.h"
 
+struct event;
+
+/* Per-engine bookkeeping of the work module (loop thread only; created by
+ * the engine's hooks, registry.c). */
+typedef struct cl_work_registry {
+    collie_engine *engine;
+    collie_work *trk_head; /* posted, not yet retired */
+    size_t ntracked;
+    collie_work *done_head, *done_tail; /* finished, waiting to be retired */
+    collie_work **heap;                 /* deadline min-heap */
+    size_t heap_len, heap_cap;
+    int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
+    struct event *done_ev;     /* activated to run the retire list */
+    struct event *deadline_ev; /* the one deadline timer */
+    uint64_t retired;          /* total retired (stats) */
+} cl_work_registry;
+
+/* the registry of a work's engine */
+static inline cl_work_registry *cl_work_registry_of(const collie_work *w) {
+    return cl_engine_hooks_state(w->engine);
+}
+
 /* registry.c */
 void cl_work_start_cmd(cl_cmd *c);
 void cl_work_schedule_retire(collie_work *w);

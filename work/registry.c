@@ -19,13 +19,12 @@
 #include <stdlib.h>
 
 #include "engine/common.h"
-#include "engine/engine_impl.h"
 #include "engine/log.h"
 #include "work/internal.h"
 
-void cl_works_engine_init(collie_engine *e) { e->works.armed_ns = INT64_MAX; }
+static cl_work_registry *registry(collie_engine *e) { return cl_engine_hooks_state(e); }
 
-size_t cl_works_tracked(collie_engine *e) { return e->works.ntracked; }
+size_t cl_works_tracked(collie_engine *e) { return registry(e)->ntracked; }
 
 /* ---- deadline heap ---------------------------------------------------------- */
 
@@ -82,10 +81,24 @@ static void heap_remove(cl_work_registry *r, collie_work *w) {
     heap_up(r, last->heap_idx);
 }
 
+/* (Re)arm the one deadline timer to fire at `when_ns` (INT64_MAX: never). */
+static void registry_arm_deadline(cl_work_registry *r, int64_t when_ns) {
+    if (when_ns == INT64_MAX) {
+        if (r->armed_ns != INT64_MAX) event_del(r->deadline_ev);
+        r->armed_ns = INT64_MAX;
+        return;
+    }
+    int64_t delta = when_ns - cl_now_ns();
+    if (delta < 0) delta = 0;
+    struct timeval tv = {.tv_sec = delta / 1000000000LL, .tv_usec = (delta % 1000000000LL) / 1000};
+    event_add(r->deadline_ev, &tv);
+    r->armed_ns = when_ns;
+}
+
 /* ---- tracking ----------------------------------------------------------------- */
 
 static void work_track(collie_engine *e, collie_work *w) {
-    cl_work_registry *r = &e->works;
+    cl_work_registry *r = registry(e);
     w->tracked = true;
     w->trk_prev = NULL;
     w->trk_next = r->trk_head;
@@ -97,11 +110,11 @@ static void work_track(collie_engine *e, collie_work *w) {
         cl_work_finish(w, COLLIE_ENOMEM, "no memory to track the deadline");
         return;
     }
-    if (w->deadline_ns < r->armed_ns) cl_engine_arm_deadline(e, w->deadline_ns);
+    if (w->deadline_ns < r->armed_ns) registry_arm_deadline(r, w->deadline_ns);
 }
 
 static void work_untrack(collie_engine *e, collie_work *w) {
-    cl_work_registry *r = &e->works;
+    cl_work_registry *r = registry(e);
     if (!w->tracked) return;
     w->tracked = false;
     heap_remove(r, w);
@@ -114,6 +127,7 @@ static void work_untrack(collie_engine *e, collie_work *w) {
 }
 
 static void work_retire_append(collie_work *w);
+static size_t registry_run_retired(cl_work_registry *r);
 
 void cl_work_start_cmd(cl_cmd *c) {
     collie_work *w = cl_container_of(c, collie_work, start_cmd);
@@ -147,7 +161,7 @@ void cl_work_start_cmd(cl_cmd *c) {
 
 /* Queue w for retirement and make sure the retire event runs (loop). */
 static void work_retire_append(collie_work *w) {
-    cl_work_registry *r = &w->engine->works;
+    cl_work_registry *r = cl_work_registry_of(w);
     w->done_next = NULL;
     if (r->done_tail)
         r->done_tail->done_next = w;
@@ -196,12 +210,14 @@ static void work_retire(collie_engine *e, collie_work *w) {
         w->cb(w, w->cb_arg);
     }
     cl_engine_set_activity(e, prev);
-    e->works.retired++;
+    registry(e)->retired++;
     collie_work_release(w); /* the engine's reference */
 }
 
-size_t cl_works_run_retired(collie_engine *e) {
-    cl_work_registry *r = &e->works;
+size_t cl_works_run_retired(collie_engine *e) { return registry_run_retired(registry(e)); }
+
+static size_t registry_run_retired(cl_work_registry *r) {
+    collie_engine *e = r->engine;
     size_t n = 0;
     while (r->done_head) {
         collie_work *w = r->done_head;
@@ -213,23 +229,78 @@ size_t cl_works_run_retired(collie_engine *e) {
     return n;
 }
 
-int64_t cl_works_sweep_deadlines(collie_engine *e, int64_t now_ns) {
-    cl_work_registry *r = &e->works;
+static void registry_sweep_deadlines(cl_work_registry *r, int64_t now_ns) {
     while (r->heap_len > 0 && r->heap[0]->deadline_ns <= now_ns) {
         collie_work *w = r->heap[0];
         heap_remove(r, w); /* it stays tracked until retired */
         if (w->ops->expire && !cl_work_done(w) && w->ops->expire(w)) continue;
         cl_work_finish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
     }
-    if (r->heap_len == 0) {
-        cl_engine_arm_deadline(e, INT64_MAX);
-        return -1;
-    }
-    cl_engine_arm_deadline(e, r->heap[0]->deadline_ns);
-    return (r->heap[0]->deadline_ns - now_ns) / CL_NS_PER_MS;
+    registry_arm_deadline(r, r->heap_len ? r->heap[0]->deadline_ns : INT64_MAX);
 }
 
-void cl_works_fail_all(collie_engine *e, int status, const char *why) {
-    for (collie_work *w = e->works.trk_head; w; w = w->trk_next)
+static void registry_fail_all(void *state, int status, const char *why) {
+    cl_work_registry *r = state;
+    for (collie_work *w = r->trk_head; w; w = w->trk_next)
         cl_work_finish(w, status, "%s", why);
+}
+
+/* ---- the engine's hooks ------------------------------------------------------- */
+
+static void registry_on_done(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    registry_run_retired(arg);
+}
+
+static void registry_on_deadline(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    cl_work_registry *r = arg;
+    r->armed_ns = INT64_MAX;
+    registry_sweep_deadlines(r, cl_now_ns());
+}
+
+static void registry_destroy(void *state) {
+    cl_work_registry *r = state;
+    if (!r) return;
+    if (r->done_ev) event_free(r->done_ev);
+    if (r->deadline_ev) event_free(r->deadline_ev);
+    free(r->heap);
+    free(r);
+}
+
+static int registry_create(collie_engine *e, void **state) {
+    cl_work_registry *r = calloc(1, sizeof *r);
+    if (!r) return COLLIE_ENOMEM;
+    r->engine = e;
+    r->armed_ns = INT64_MAX;
+    r->done_ev = event_new(cl_engine_base(e), -1, 0, registry_on_done, r);
+    r->deadline_ev = event_new(cl_engine_base(e), -1, 0, registry_on_deadline, r);
+    if (!r->done_ev || !r->deadline_ev) {
+        registry_destroy(r);
+        return COLLIE_ENOMEM;
+    }
+    *state = r;
+    return COLLIE_OK;
+}
+
+static size_t registry_run_completions(void *state) { return registry_run_retired(state); }
+
+static size_t registry_pending(void *state) { return ((cl_work_registry *)state)->ntracked; }
+
+static uint64_t registry_progress(void *state) {
+    cl_work_registry *r = state;
+    return r->retired * 1000003u + r->ntracked;
+}
+
+static const cl_engine_hooks registry_hooks = {
+    .create = registry_create,
+    .destroy = registry_destroy,
+    .run_completions = registry_run_completions,
+    .fail_all = registry_fail_all,
+    .pending = registry_pending,
+    .progress = registry_progress,
+};
+
+int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
+    return cl_engine_create(o, &registry_hooks, out);
 }

@@ -32,7 +32,6 @@
 #include <time.h>
 
 #include "engine/common.h"
-#include "engine/engine_impl.h"
 #include "engine/log.h"
 #include "work/internal.h"
 

@@ -153,15 +153,9 @@ static inline bool cl_work_is(const collie_work *w, const cl_work_ops *ops) {
  * `until_ns`, without expiring the work (used by sync wrappers and tests). */
 bool cl_work_wait_until(collie_work *w, int64_t until_ns);
 
-/* Engine-side hooks (engine.c calls these on the loop thread). */
-void cl_works_engine_init(collie_engine *e);
-/* run the retire list; returns the number retired */
+/* run the engine's retire list now (loop); returns the number retired */
 size_t cl_works_run_retired(collie_engine *e);
-/* sweep expired deadlines; returns ms until the next one (-1: none) */
-int64_t cl_works_sweep_deadlines(collie_engine *e, int64_t now_ns);
-/* fail every tracked work with `status` (shutdown) */
-void cl_works_fail_all(collie_engine *e, int status, const char *why);
-/* number of tracked (posted, not retired) works */
+/* number of tracked (posted, not retired) works (loop) */
 size_t cl_works_tracked(collie_engine *e);
 
 #endif
