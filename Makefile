@@ -2,7 +2,7 @@
 #
 #   make                 library (build/lib/libcollie.{so,a}), tools, examples, tests
 #   make run             the demo: several local ranks doing non-blocking work
-#   make test            format check, the suite, the fault suite, the suite under
+#   make test            format and layer checks, the suite, the fault suite, the suite under
 #                        ASan+UBSan, engine/work/store/fault tests under TSan
 #   make test-faults     the fault suite alone (test_faults, test_trace)
 #   make valgrind        the suite under valgrind (by hand; slow)
@@ -55,7 +55,7 @@ LIB_SO := $(BUILD)/lib/libcollie.so
 DEPS_STAMP := build/.deps-ok
 
 .PHONY: all lib tools examples tests plugins run test test-normal test-faults test-asan test-tsan \
-        format format-check valgrind clean nccl-check deps
+        format format-check valgrind clean nccl-check deps check-layers
 
 all: lib tools examples tests plugins
 
@@ -149,6 +149,7 @@ FAULT_TESTS := $(BUILD)/tests/test_faults $(BUILD)/tests/test_trace
 test:
 	@rm -rf build/test-results
 	$(MAKE) --no-print-directory format-check
+	@tools/check-layers.sh
 	$(MAKE) --no-print-directory test-normal
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-asan
@@ -186,6 +187,9 @@ valgrind: all
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build/*')
 format:
 	clang-format -i $(FORMAT_SRC)
+check-layers:
+	@tools/check-layers.sh
+
 format-check: $(DEPS_STAMP)
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
 

@@ -27,9 +27,7 @@
 #include <strings.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 #define CL_MAX_BACKENDS 32
 

@@ -14,9 +14,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "store/store.h"
 
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);

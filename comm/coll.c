@@ -19,8 +19,7 @@
 
 #include "comm/coll_args.h"
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/dtype.h"
+#include "engine/engine.h"
 
 static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",

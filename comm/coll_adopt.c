@@ -23,7 +23,7 @@
 #include <stdio.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
+#include "engine/engine.h"
 
 bool cl_coll_adopts(const cl_coll_work *cw) {
     return cw->bc->ops->adopt != NULL && cw->bc->state != NULL;

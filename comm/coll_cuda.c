@@ -7,7 +7,7 @@
 
 #include "comm/coll_args.h"
 #include "comm/comm.h"
-#include "engine/common.h"
+#include "engine/engine.h"
 
 static int cuda_post(collie_comm *c, collie_coll_args *a, collie_cuda_stream_t stream,
                      const collie_post_opts *o, collie_work **out) {

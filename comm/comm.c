@@ -37,9 +37,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 void cl_comm_hold(collie_comm *c) { atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); }
 

@@ -27,9 +27,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 int cl_comm_attach_engine(collie_comm *c);
 

@@ -27,8 +27,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 #define CTL_WATCH_MS 5000 /* bound of one watch request before it is re-armed */
 #define CTL_RETRY_MS 500  /* after a store error */

@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
+#include "engine/engine.h"
 
 static void child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {
     int n = snprintf(out, len, "%s.%s", parent->name, suffix);

@@ -23,8 +23,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 #define DESYNC_MS 600
 

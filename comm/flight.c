@@ -19,9 +19,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 
 static const char *const fr_kind_names[] = {"allreduce",      "broadcast", "reduce", "allgather",
                                             "reduce_scatter", "alltoall",  "gather", "scatter",

@@ -10,8 +10,7 @@
 #include <strings.h>
 
 #include "comm/comm.h"
-#include "engine/common.h"
-#include "engine/config.h"
+#include "engine/engine.h"
 
 int cl_comm_policy_from_env(collie_error_policy *out);
 

@@ -1,5 +1,7 @@
 /*
- * engine.h — internal interface of the progress engine (collie_engine).
+ * engine.h — internal interface of the progress engine (collie_engine), the
+ * one header of engine/ that other folders include (it brings the clock and
+ * error helpers, settings, dtypes and logging with it).
  *
  * The engine owns one libevent event_base and the progress thread that runs
  * it. Only that thread may touch the base or any libevent object created on
@@ -12,6 +14,10 @@
 #include <stdint.h>
 
 #include "collie.h"
+#include "engine/common.h"
+#include "engine/config.h"
+#include "engine/dtype.h"
+#include "engine/log.h"
 
 struct event_base;
 struct collie_work;

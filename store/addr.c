@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "collie.h"
-#include "engine/common.h"
+#include "engine/engine.h"
 
 void cl_store_addr_format(const struct sockaddr *sa, char *buf, size_t len) {
     char host[INET6_ADDRSTRLEN] = "?";

@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
-#include "engine/config.h"
+#include "engine/engine.h"
 #include "store/client.h"
 #include "store/store.h"
 

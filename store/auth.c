@@ -15,8 +15,7 @@
 #include <string.h>
 
 #include "collie.h"
-#include "engine/common.h"
-#include "engine/config.h"
+#include "engine/engine.h"
 
 static const char store_auth_server_label[] = "collie-store/1 server";
 static const char store_auth_client_label[] = "collie-store/1 client";

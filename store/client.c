@@ -41,9 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "store/addr.h"
 #include "store/auth.h"
 #include "store/client.h"

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "engine/engine.h"
 #include "store/client.h"
 
 static void store_req_start(collie_work *w) { cl_store_core_start((cl_store_req *)w); }

@@ -20,8 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "store/addr.h"
 #include "store/auth.h"
 #include "store/server.h"

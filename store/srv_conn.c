@@ -32,8 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "store/addr.h"
 #include "store/auth.h"
 #include "store/server.h"

@@ -23,8 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "store/server.h"
 
 static void store_srv_le32(uint8_t *p, uint32_t v) {

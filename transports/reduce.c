@@ -44,7 +44,7 @@
 
 #include "transports/reduce.h"
 
-#include "engine/dtype.h"
+#include "engine/engine.h"
 
 /* Buffer element types: any alignment. fp16/bf16 are read as their bits.
  * (may_alias on red_u16 would stop gcc vectorising the conversions.) */

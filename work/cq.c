@@ -20,7 +20,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "engine/common.h"
+#include "engine/engine.h"
 #include "work/internal.h"
 
 struct collie_cq {

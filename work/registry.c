@@ -18,8 +18,7 @@
 #include <event2/event.h>
 #include <stdlib.h>
 
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "work/internal.h"
 
 static cl_work_registry *registry(collie_engine *e) { return cl_engine_hooks_state(e); }

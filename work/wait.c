@@ -21,9 +21,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "engine/common.h"
-#include "engine/config.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "work/internal.h"
 
 typedef struct cl_waiter {

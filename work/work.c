@@ -31,8 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/common.h"
-#include "engine/log.h"
+#include "engine/engine.h"
 #include "work/internal.h"
 
 int cl_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
