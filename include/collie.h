@@ -41,28 +41,51 @@ extern "C" {
 /* Status codes                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* collie_status: the one status enum. 0 is success, 1 means "not finished
+/* COLLIE_STATUS_MAP: the one table of status codes (name, value, text);
+ * the enum below, collie_strerror and collie_status_name are generated
+ * from it (libuv's UV_ERRNO_MAP). 0 is success, 1 means "not finished
  * yet", every error is negative. */
+#define COLLIE_STATUS_MAP(X)                                                                       \
+    X(OK, 0, "success")                                                                            \
+    /* not finished yet (work pending, wait gave up) */                                            \
+    X(INPROGRESS, 1, "operation in progress")                                                      \
+    /* invalid argument or configuration value */                                                  \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    /* the operation's deadline passed */                                                          \
+    X(ETIMEDOUT, -3, "operation timed out")                                                        \
+    /* cancelled by the application */                                                             \
+    X(ECANCELED, -4, "operation cancelled")                                                        \
+    /* taken down by an abort (the message names the root cause) */                                \
+    X(EABORTED, -5, "operation aborted")                                                           \
+    /* a peer (or the store server) died or closed the connection */                               \
+    X(EPEER, -6, "peer died or closed the connection")                                             \
+    /* the object (engine, store, comm) is closed */                                               \
+    X(ECLOSED, -7, "object closed")                                                                \
+    /* this rank is not a member of the group */                                                   \
+    X(ENOTMEMBER, -8, "not a member of the group")                                                 \
+    /* the backend (NCCL/CUDA) reported an error */                                                \
+    X(EBACKEND, -9, "backend error")                                                               \
+    /* protocol violation or mismatch between ranks */                                             \
+    X(EPROTO, -10, "protocol error or mismatch between ranks")                                     \
+    X(EAUTH, -11, "authentication failed")                                                         \
+    X(ENOTSUP, -12, "not supported")                                                               \
+    /* the call is not valid in the object's current state */                                      \
+    X(ESTATE, -13, "invalid state for this call")                                                  \
+    /* an operating-system call failed (the message says which) */                                 \
+    X(ESYSTEM, -14, "system call failed")                                                          \
+    /* a configured limit was exceeded (size, count) */                                            \
+    X(ELIMIT, -15, "limit exceeded")                                                               \
+    /* the name is already in use */                                                               \
+    X(EEXIST, -16, "already exists")                                                               \
+    X(ENOENT, -17, "no such object")
+
+/* collie_status: the one status enum (COLLIE_OK, COLLIE_INPROGRESS,
+ * COLLIE_EINVAL, ...), from COLLIE_STATUS_MAP. */
 typedef enum collie_status {
-    COLLIE_OK = 0,
-    COLLIE_INPROGRESS = 1,  /* not finished yet (work pending, wait gave up) */
-    COLLIE_EINVAL = -1,     /* invalid argument or configuration value */
-    COLLIE_ENOMEM = -2,     /* out of memory */
-    COLLIE_ETIMEDOUT = -3,  /* the operation's deadline passed */
-    COLLIE_ECANCELED = -4,  /* cancelled by the application */
-    COLLIE_EABORTED = -5,   /* taken down by an abort (the message names the root cause) */
-    COLLIE_EPEER = -6,      /* a peer (or the store server) died or closed the connection */
-    COLLIE_ECLOSED = -7,    /* the object (engine, store, comm) is closed */
-    COLLIE_ENOTMEMBER = -8, /* this rank is not a member of the group */
-    COLLIE_EBACKEND = -9,   /* the backend (NCCL/CUDA) reported an error */
-    COLLIE_EPROTO = -10,    /* protocol violation or mismatch between ranks */
-    COLLIE_EAUTH = -11,     /* authentication failed */
-    COLLIE_ENOTSUP = -12,   /* not supported */
-    COLLIE_ESTATE = -13,    /* the call is not valid in the object's current state */
-    COLLIE_ESYSTEM = -14,   /* an operating-system call failed (the message says which) */
-    COLLIE_ELIMIT = -15,    /* a configured limit was exceeded (size, count) */
-    COLLIE_EEXIST = -16,    /* the name is already in use */
-    COLLIE_ENOENT = -17,    /* no such object */
+#define COLLIE_STATUS_ENUM_(name, value, text) COLLIE_##name = value,
+    COLLIE_STATUS_MAP(COLLIE_STATUS_ENUM_)
+#undef COLLIE_STATUS_ENUM_
 } collie_status;
 
 /* collie_strerror: a short constant description of a status code
