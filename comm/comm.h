@@ -76,7 +76,7 @@ typedef struct cl_coll_work {
     uint64_t fr_id;                       /* flight-recorder entry, 0 if none */
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
-    cl_cmd handoff_cmd;                   /* cancel/waiter → loop (coll_adopt.c) */
+    cl_cmd handoff_cmd;                   /* cancel/waiter → loop (coll_cancel.c) */
     int handoff_status;
     char handoff_msg[160];
     _Alignas(16) unsigned char backend_data[];
@@ -194,7 +194,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
 bool cl_coll_is_work(const collie_work *w);
 /* desync.c: the expire hook of collective works */
 bool cl_coll_expire(collie_work *w);
-/* coll_adopt.c: works a device backend publishes once the device is quiet */
+/* coll_cancel.c: works a device backend publishes once the device is quiet */
 bool cl_coll_adopts(const cl_coll_work *cw);
 bool cl_coll_expire_adopt(cl_coll_work *cw);
 /* cw is claimed: hand it to its backend, fault the comm (loop) */

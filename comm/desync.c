@@ -15,7 +15,7 @@
  *    fail the work at the deadline as usual.
  *  - A CUDA work waits for the report like any other (its kernel keeps
  *    running), then goes to its backend with the report as its message
- *    (coll_adopt.c): published once the abort has quiesced the GPU.
+ *    (coll_cancel.c): published once the abort has quiesced the GPU.
  */
 #include <event2/event.h>
 #include <stdio.h>
@@ -35,7 +35,7 @@ typedef struct desync {
     int refs; /* the timer + one per store request in flight (loop only) */
     int waiting;
     bool published;
-    bool adopt; /* a device backend publishes it once quiesced (coll_adopt.c) */
+    bool adopt; /* a device backend publishes it once quiesced (coll_cancel.c) */
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
 } desync;

@@ -1,5 +1,5 @@
 /*
- * coll_adopt.c — ending a collective a device may still be working on
+ * coll_cancel.c — ending a collective a device may still be working on
  * (CUDA backends with an adopt hook): deadline, cancel, a waiter giving up.
  *
  * Design notes
