@@ -83,7 +83,16 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
 
 /* A timed-out collective asks the other ranks how far they got before it
  * fails (desync.c); a waiter gives the loop this long to do that. */
-#define COLL_EXPIRE_GRACE_MS 1500
+#define COLL_CANCEL_GRACE_MS 1500
+
+/* A deadline or a cancel leaves the peers mid-operation: the comm's fault,
+ * recorded before anyone can see the failed work (its policy is applied on
+ * the loop when the work is retired). */
+static void coll_on_publish(collie_work *w) {
+    if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
+    cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",
+                         w->errmsg ? w->errmsg : collie_strerror(w->status));
+}
 
 static const cl_work_ops cl_coll_ops_template = {
     .name = NULL,
@@ -91,9 +100,9 @@ static const cl_work_ops cl_coll_ops_template = {
     .detach = coll_detach,
     .free = coll_free,
     .describe = coll_describe,
-    .expire = cl_coll_expire,
-    .expire_grace_ms = COLL_EXPIRE_GRACE_MS,
-    .handoff = cl_coll_handoff,
+    .cancel = cl_coll_cancel,
+    .cancel_grace_ms = COLL_CANCEL_GRACE_MS,
+    .on_publish = coll_on_publish,
 };
 
 static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];

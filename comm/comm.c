@@ -277,9 +277,21 @@ static void comm_tell_then_close(collie_comm *c, bool tell, int status) {
         comm_close_in(c, COMM_CLOSE_GRACE_MS); /* told already, or never created */
 }
 
+void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (comm_record_error(c, status, fmt, ap))
+        atomic_store_explicit(&c->fault_unapplied, true, memory_order_release);
+    va_end(ap);
+}
+
 static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
     bool first = comm_record_error(c, status, fmt, ap);
-    if (!first || c->policy == COLLIE_POLICY_NONE) return;
+    /* a fault recorded before its work was published is applied here */
+    if (!first && !atomic_exchange_explicit(&c->fault_unapplied, false, memory_order_acq_rel))
+        return;
+    if (!first) status = atomic_load_explicit(&c->err_status, memory_order_acquire);
+    if (c->policy == COLLIE_POLICY_NONE) return;
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     char reason[640];
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);

@@ -76,6 +76,7 @@ typedef struct cl_coll_work {
     uint64_t fr_id;                       /* flight-recorder entry, 0 if none */
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
+    bool explaining;                      /* a desync report will end it (loop) */
     cl_cmd handoff_cmd;                   /* cancel/waiter → loop (coll_cancel.c) */
     int handoff_status;
     char handoff_msg[160];
@@ -98,15 +99,16 @@ struct collie_comm {
     cl_backend_spec spec;
     collie_bcomm bcs[CL_NUM_DEVICES];
 
-    _Atomic int state;      /* enum cl_comm_state */
-    _Atomic int err_status; /* COLLIE_OK until the first fault */
-    char err_msg[512];      /* written once, before err_status is published */
-    pthread_mutex_t mu;     /* post ordering (seq + enqueue), err_msg, destroy */
-    pthread_cond_t cv;      /* nactive changes (destroy waits) */
-    uint64_t next_seq;      /* collectives, under mu */
-    uint64_t next_p2p_seq;  /* send/recv, under mu */
-    _Atomic int32_t refs;   /* user + each work + create state */
-    _Atomic int nactive;    /* works posted and not retired */
+    _Atomic int state;            /* enum cl_comm_state */
+    _Atomic int err_status;       /* COLLIE_OK until the first fault */
+    char err_msg[512];            /* written once, before err_status is published */
+    _Atomic bool fault_unapplied; /* recorded by cl_comm_record_fault, policy not yet applied */
+    pthread_mutex_t mu;           /* post ordering (seq + enqueue), err_msg, destroy */
+    pthread_cond_t cv;            /* nactive changes (destroy waits) */
+    uint64_t next_seq;            /* collectives, under mu */
+    uint64_t next_p2p_seq;        /* send/recv, under mu */
+    _Atomic int32_t refs;         /* user + each work + create state */
+    _Atomic int nactive;          /* works posted and not retired */
 
     /* loop-thread state */
     cl_coll_work *wait_head, *wait_tail; /* started before the comm was ready */
@@ -175,6 +177,10 @@ void cl_comm_release(collie_comm *c);
 /* record the first fault and apply the comm's policy (loop) */
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* cl_comm_record_fault: record the first fault only (any thread); the next
+ * cl_comm_fault on the loop applies the policy to it */
+void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* the same; `propagate` false for faults learnt from the control channel */
 void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -192,14 +198,19 @@ void cl_coll_pool_fini(collie_bcomm *bc);
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
                  collie_work **out);
 bool cl_coll_is_work(const collie_work *w);
-/* desync.c: the expire hook of collective works */
-bool cl_coll_expire(collie_work *w);
-/* coll_cancel.c: works a device backend publishes once the device is quiet */
+/* coll_cancel.c: the cancel hook of collective works (cl_work_ops.cancel) */
+bool cl_coll_cancel(collie_work *w, int status, const char *msg);
+/* end cw now with `status` (no report): finished at once, or, when a
+ * device may still use its buffers, claimed and published by its backend
+ * once the device is quiet. Any thread. False if it was ended already. */
+bool cl_coll_end(cl_coll_work *cw, int status, const char *msg);
+/* the backend can adopt works (an adopt hook and a live instance) */
 bool cl_coll_adopts(const cl_coll_work *cw);
-bool cl_coll_expire_adopt(cl_coll_work *cw);
 /* cw is claimed: hand it to its backend, fault the comm (loop) */
 void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg);
-void cl_coll_handoff(collie_work *w, int status, const char *msg);
+/* desync.c: explain a deadline before ending the work (loop). False when
+ * the comm has no report to make (the caller ends the work now). */
+bool cl_desync_start(cl_coll_work *cw);
 void cl_desync_flush(collie_comm *c);
 
 /* comm_create.c: create a child of `parent` (collie_comm_split and

@@ -4,9 +4,10 @@
  * the ranks that never reached that sequence number.
  *
  * Design notes
- *  - Runs on the loop from the work's expire hook. The work is claimed at
- *    once (nobody else can finish it, and the transport stops touching its
- *    buffers), the query goes out on the control channel, and every other
+ *  - Runs on the loop from the work's cancel hook at its deadline. The work
+ *    is not claimed: the transport may still complete it, and a waiter or
+ *    cancel may still end it from its own thread (the report then ends
+ *    nothing). The query goes out on the control channel, and every other
  *    rank's engine answers with its progress under "<prefix>ctl/<k>/ans/<r>".
  *  - Bounded: each answer is awaited at most DESYNC_MS; a timer of the same
  *    length is the backstop. A rank that does not answer is named as such
@@ -14,8 +15,8 @@
  *  - Only comms whose policy watches the control channel do this; others
  *    fail the work at the deadline as usual.
  *  - A CUDA work waits for the report like any other (its kernel keeps
- *    running), then goes to its backend with the report as its message
- *    (coll_cancel.c): published once the abort has quiesced the GPU.
+ *    running), then is ended with the report as its message through
+ *    cl_coll_end (coll_cancel.c): published once the abort quiesced the GPU.
  */
 #include <event2/event.h>
 #include <stdio.h>
@@ -35,7 +36,6 @@ typedef struct desync {
     int refs; /* the timer + one per store request in flight (loop only) */
     int waiting;
     bool published;
-    bool adopt; /* a device backend publishes it once quiesced (coll_cancel.c) */
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
 } desync;
@@ -58,16 +58,6 @@ static void desync_release(desync *d) {
     collie_work_release(d->w);
     cl_comm_release(d->c);
     free(d);
-}
-
-/* The claimed work ends with `msg`: published now, or handed to a device
- * backend that publishes it once the device is quiet. */
-static void desync_finish(collie_work *w, bool adopt, const char *msg) {
-    cl_coll_work *cw = (cl_coll_work *)w;
-    if (adopt && cl_coll_adopts(cw))
-        cl_coll_adopt_claimed(cw, COLLIE_ETIMEDOUT, msg);
-    else
-        cl_work_publish(w, COLLIE_ETIMEDOUT, "%s", msg);
 }
 
 static void desync_publish(desync *d) {
@@ -102,7 +92,9 @@ static void desync_publish(desync *d) {
              "deadline of %d ms passed. Desync report: never reached seq %llu: %s; reached it: %s",
              (int)d->w->timeout_ms, (unsigned long long)d->seq, nl ? never : "none",
              rl ? reached : "none");
-    desync_finish(d->w, d->adopt, msg);
+    cl_coll_work *cw = (cl_coll_work *)d->w;
+    cw->explaining = false;
+    cl_coll_end(cw, COLLIE_ETIMEDOUT, msg);
 }
 
 static void desync_on_timer(evutil_socket_t fd, short what, void *arg) {
@@ -164,24 +156,19 @@ static void desync_on_sent(void *arg, int status, uint64_t k) {
     desync_release(d);
 }
 
-bool cl_coll_expire(collie_work *w) {
-    cl_coll_work *cw = (cl_coll_work *)w;
+bool cl_desync_start(cl_coll_work *cw) {
+    collie_work *w = &cw->base;
     collie_comm *c = cw->comm;
-    bool adopt = cl_coll_adopts(cw);
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (p2p || c->size == 1 || !cl_comm_ctl_enabled(c) || atomic_load(&c->state) != CL_COMM_READY)
-        return adopt ? cl_coll_expire_adopt(cw) : false;
-    if (!cl_work_claim(w)) return true; /* someone else is finishing it */
+        return false;
     desync *d = calloc(1, sizeof *d);
     if (d) d->answer = calloc((size_t)c->size, sizeof *d->answer);
     if (!d || !d->answer) {
-        if (d) free(d);
-        char msg[64];
-        snprintf(msg, sizeof msg, "deadline of %d ms passed", (int)w->timeout_ms);
-        desync_finish(w, adopt, msg);
-        return true;
+        free(d);
+        return false;
     }
-    d->adopt = adopt;
+    cw->explaining = true;
     d->c = c;
     d->w = w;
     d->seq = w->seq;
@@ -198,9 +185,8 @@ bool cl_coll_expire(collie_work *w) {
     char msg[96];
     snprintf(msg, sizeof msg, "query %d %llu", c->rank, (unsigned long long)w->seq);
     d->refs++;
-    if (cl_comm_ctl_send(c, msg, desync_on_sent, d) != COLLIE_OK) {
-        /* ctl_send already reported through desync_on_sent */
-    }
+    /* a failed send is reported through desync_on_sent as well */
+    cl_comm_ctl_send(c, msg, desync_on_sent, d);
     if (!d->timer) { /* no timer: publish what we have when the sends end */
         desync_publish(d);
         desync_release(d);

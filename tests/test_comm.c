@@ -10,10 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coll_fixture.h"
-#include "engine/config.h"
+#include "engine/engine.h"
 #include "harness.h"
 
 typedef struct mini {
@@ -467,6 +468,83 @@ static void test_policy_settings(void **state) {
     assert_non_null(strstr(err, "abort_comm, abort_process, none"));
 }
 
+/* Block an engine's progress loop for `ms` (a command that sleeps). */
+typedef struct loop_block {
+    cl_cmd cmd;
+    int ms;
+} loop_block;
+
+static void loop_block_run(cl_cmd *c) {
+    loop_block *b = cl_container_of(c, loop_block, cmd);
+    struct timespec ts = {b->ms / 1000, (long)(b->ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void loop_block_post(collie_engine *e, loop_block *b, int ms) {
+    b->cmd.fn = loop_block_run;
+    b->ms = ms;
+    assert_int_equal(cl_engine_post_cmd(e, &b->cmd), COLLIE_OK);
+}
+
+/* A waiter whose work's deadline passed returns within its bound even
+ * while the desync report for that work is in flight and the progress loop
+ * is stuck (the report must not hold the work away from the waiter), and
+ * the comm's fault is recorded before the waiter sees the failure. Rank 1
+ * lives on its own engine, blocked, so it cannot answer the report's query. */
+static void test_waiter_past_deadline_during_desync_report(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 1);
+    collie_engine *e1;
+    collie_store *st1;
+    assert_int_equal(collie_engine_create(NULL, &e1), COLLIE_OK);
+    assert_int_equal(collie_store_connect(e1, m.addr, NULL, &st1), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "desyncwait";
+    collie_comm *c[2];
+    collie_work *cw[2];
+    assert_int_equal(collie_comm_create_post(m.e, m.st[0], 0, 2, &o, &c[0], &cw[0]), COLLIE_OK);
+    assert_int_equal(collie_comm_create_post(e1, st1, 1, 2, &o, &c[1], &cw[1]), COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+    enum { DEADLINE_MS = 200, BLOCK1_MS = 4500, BLOCK0_MS = 3500 };
+    loop_block b0, b1;
+    loop_block_post(e1, &b1, BLOCK1_MS); /* rank 1 never answers in time */
+    int32_t x = 1;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = DEADLINE_MS;
+    collie_work *w;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_allreduce(c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &w),
+                     COLLIE_OK);
+    /* the deadline passes, the report starts on the loop, then the loop
+     * sticks while the report waits for rank 1 */
+    struct timespec ts = {0, (DEADLINE_MS + 100) * 1000000L};
+    nanosleep(&ts, NULL);
+    loop_block_post(m.e, &b0, BLOCK0_MS);
+    int rc = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
+    int64_t waited = now_ms() - t0;
+    int st = COLLIE_OK;
+    const char *msg = NULL;
+    int cerr = collie_comm_error(c[0], &st, &msg);
+    assert_int_equal(rc, COLLIE_ETIMEDOUT);
+    assert_non_null(strstr(collie_work_error_message(w), "deadline of 200 ms passed"));
+    /* the deadline plus the waiter's grace for the report, well before the
+     * loop comes back */
+    if (waited >= DEADLINE_MS + 100 + BLOCK0_MS - 500)
+        fail_msg("the waiter waited %lld ms: it depended on the stuck loop", (long long)waited);
+    assert_int_equal(cerr, COLLIE_ETIMEDOUT);
+    assert_non_null(strstr(msg, "deadline of 200 ms passed"));
+    collie_work_release(w);
+    for (int r = 0; r < 2; r++) /* bounded: waits for the loops to come back */
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    collie_store_destroy(st1);
+    assert_int_equal(collie_engine_destroy(e1), COLLIE_OK);
+    mini_down(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -481,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_cut_message_policy_none),
         cmocka_unit_test(test_engine_destroy_with_live_comms),
         cmocka_unit_test(test_policy_settings),
+        cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

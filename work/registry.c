@@ -232,8 +232,7 @@ static void registry_sweep_deadlines(cl_work_registry *r, int64_t now_ns) {
     while (r->heap_len > 0 && r->heap[0]->deadline_ns <= now_ns) {
         collie_work *w = r->heap[0];
         heap_remove(r, w); /* it stays tracked until retired */
-        if (w->ops->expire && !cl_work_done(w) && w->ops->expire(w)) continue;
-        cl_work_finish(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
+        cl_work_cancel(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
     }
     registry_arm_deadline(r, r->heap_len ? r->heap[0]->deadline_ns : INT64_MAX);
 }
@@ -241,7 +240,7 @@ static void registry_sweep_deadlines(cl_work_registry *r, int64_t now_ns) {
 static void registry_fail_all(void *state, int status, const char *why) {
     cl_work_registry *r = state;
     for (collie_work *w = r->trk_head; w; w = w->trk_next)
-        cl_work_finish(w, status, "%s", why);
+        cl_work_cancel(w, status, "%s", why);
 }
 
 /* ---- the engine's hooks ------------------------------------------------------- */

@@ -8,10 +8,10 @@
  *    work's `nwaiters` after publishing DONE (both seq_cst, so either the
  *    finisher sees the waiter or the waiter sees DONE).
  *  - A waiter is bounded by each work's own deadline, not by the progress
- *    thread: when a deadline passes and the work is still pending (the loop
- *    is stuck), the waiter finishes it with COLLIE_ETIMEDOUT itself — or,
- *    for a work a device may still be writing (handoff hook), hands it to
- *    its producer and waits a bounded while more for the publication.
+ *    thread: when a deadline (plus the work's cancel_grace_ms) passes and
+ *    the work is still pending (the loop is stuck), the waiter cancels it
+ *    itself (cl_work_cancel); a provider that must first quiet a device
+ *    publishes it later, and the waiter waits for that at most 15 s more.
  *  - On the progress thread a pending work cannot complete while we block,
  *    so waiting there returns COLLIE_ESTATE.
  */
@@ -39,10 +39,11 @@ struct cl_waiter_link {
 static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define CL_WAIT_SPIN_NS (100 * 1000) /* a waiter polls this long before sleeping */
-/* A waiter that expired a work with a handoff hook waits this long more for
- * its producer to publish it (NCCL's abort bound is 10 s by default); past
- * it the wait returns COLLIE_INPROGRESS: the work is not complete. */
-#define CL_HANDOFF_WAIT_NS (15000 * CL_NS_PER_MS)
+/* A waiter that cancelled a work its provider ends later (a device to
+ * quiet) waits this long more for it (NCCL's abort bound is 10 s by
+ * default); past it the wait returns COLLIE_INPROGRESS: the work is not
+ * complete. */
+#define CL_CANCEL_WAIT_NS (15000 * CL_NS_PER_MS)
 
 void cl_work_wake_waiters(collie_work *w) {
     pthread_mutex_lock(&cl_wait_mu);
@@ -128,7 +129,7 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
             /* works that explain their timeout (desync report) get a grace
              * period to do it on the loop; a stuck loop cannot */
             int64_t due = ws[i]->deadline_ns;
-            if (due != INT64_MAX) due += (int64_t)ws[i]->ops->expire_grace_ms * CL_NS_PER_MS;
+            if (due != INT64_MAX) due += (int64_t)ws[i]->ops->cancel_grace_ms * CL_NS_PER_MS;
             if (due <= now) {
                 expired = ws[i];
                 expired_i = i;
@@ -139,15 +140,14 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
         if (expired) {
             links[expired_i].expiry_tried = true; /* once: if it is being finished, wait */
             pthread_mutex_unlock(&cl_wait_mu);    /* finishing wakes waiters: needs the lock */
-            if (cl_work_interrupt(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
-                                  (int)expired->timeout_ms)) {
+            if (cl_work_cancel(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
+                               (int)expired->timeout_ms))
                 CL_DEBUG("work", "%s seq %llu expired by its waiter", expired->ops->name,
                          (unsigned long long)expired->seq);
-                /* handed over: its producer publishes it once its device is
-                 * quiet; wait for that, but not without a bound */
-                int64_t cap = cl_now_ns() + CL_HANDOFF_WAIT_NS;
-                if (expired->ops->handoff && cap < until_ns) until_ns = cap;
-            }
+            /* ended now, or by its provider once a device is quiet, or by
+             * whoever is ending it already: wait for that, never unbounded */
+            int64_t cap = cl_now_ns() + CL_CANCEL_WAIT_NS;
+            if (cap < until_ns) until_ns = cap;
             pthread_mutex_lock(&cl_wait_mu);
             continue;
         }

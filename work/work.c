@@ -16,9 +16,12 @@
  *  - After DONE, the work is retired on the loop thread (registry.c): the
  *    producer's detach hook, the completion queue, the user callback, in that
  *    order, exactly once.
- *  - Cancel and waiters end a work through cl_work_interrupt: a work whose
- *    buffers a device may still use (CUDA) has a handoff hook and is
- *    published by its producer once the device is quiet, never at once.
+ *  - Everyone but the producer's own completion ends a work through
+ *    cl_work_cancel → ops->cancel (deadline, cancel, waiter, shutdown): the
+ *    provider finishes it itself, at once or — after a desync report, or
+ *    once a device is quiet — later, within a bound. ops->on_publish runs
+ *    before DONE is visible, so a comm's fault is recorded before anyone
+ *    sees the work that caused it.
  *  - References: the poster's (returned to the user), the engine's (post →
  *    retire), a completion queue's (while queued), and collie_work_hold's.
  */
@@ -131,6 +134,7 @@ void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap) {
     w->status = status;
     w->end_ns = cl_now_ns();
     work_format_message(w, status, fmt, ap);
+    if (w->ops->on_publish) w->ops->on_publish(w);
     /* FINISHING (2) | 1 == DONE (3); keeps the BUSY bit of a loop claimer.
      * seq_cst pairs with the waiter's nwaiters increment (Dekker). */
     atomic_fetch_or_explicit(&w->state, 1u, memory_order_seq_cst);
@@ -154,19 +158,15 @@ bool cl_work_finish(collie_work *w, int status, const char *fmt, ...) {
     return true;
 }
 
-bool cl_work_interrupt(collie_work *w, int status, const char *fmt, ...) {
-    if (!cl_work_claim(w)) return false;
+bool cl_work_cancel(collie_work *w, int status, const char *fmt, ...) {
+    if (cl_work_done(w)) return false;
+    char msg[256];
     va_list ap;
     va_start(ap, fmt);
-    if (w->ops->handoff) {
-        char msg[256];
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        w->ops->handoff(w, status, msg);
-    } else {
-        cl_work_vpublish(w, status, fmt, ap);
-    }
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return true;
+    if (w->ops->cancel) return w->ops->cancel(w, status, msg);
+    return cl_work_finish(w, status, "%s", msg);
 }
 
 bool cl_work_busy_enter(collie_work *w) {
@@ -236,6 +236,6 @@ int collie_work_info(const collie_work *w, collie_work_details *info) {
 
 int collie_work_cancel(collie_work *w) {
     if (!w) return COLLIE_EINVAL;
-    if (cl_work_interrupt(w, COLLIE_ECANCELED, "cancelled by the application")) return COLLIE_OK;
+    if (cl_work_cancel(w, COLLIE_ECANCELED, "cancelled by the application")) return COLLIE_OK;
     return COLLIE_ESTATE;
 }

@@ -34,19 +34,24 @@ typedef struct cl_work_ops {
     void (*free)(collie_work *w);
     /* describe: optional; append " (key 'x')" style context to messages. */
     void (*describe)(const collie_work *w, char *buf, size_t len);
-    /* expire: optional; the deadline passed (loop). Return true if the
-     * producer took the work over (claimed it) and will publish the
-     * timeout itself, e.g. after asking the peers what they are doing;
-     * false to let the engine finish it with COLLIE_ETIMEDOUT now. */
-    bool (*expire)(collie_work *w);
-    /* how long after the deadline a waiter finishes the work itself when
-     * the loop has not (works with an expire hook need time for it) */
-    int32_t expire_grace_ms;
-    /* handoff: optional; someone other than the producer (cancel, a waiter
-     * past the deadline) has claimed w. Instead of publishing at once, the
-     * work publishes `status`/`msg` itself, within a bound, once nothing
-     * touches its buffers any more (a device must be quiesced). Any thread. */
-    void (*handoff)(collie_work *w, int status, const char *msg);
+    /* cancel: optional; the one way a work is ended by anyone but its
+     * producer's own completion: the deadline sweep (COLLIE_ETIMEDOUT, loop),
+     * collie_work_cancel (COLLIE_ECANCELED), a waiter past the deadline
+     * (COLLIE_ETIMEDOUT, its thread), engine shutdown (COLLIE_ECLOSED,
+     * loop). Any thread, idempotent, never blocks. The provider finishes
+     * the work itself: at once, or later within a bound when it must first
+     * explain the failure (a desync report) or quiet a device that may still
+     * write the buffers. Returns true if this call will end the work (false:
+     * it was ended or being ended already). Without the hook the work is
+     * finished at once with `status` and `msg`. */
+    bool (*cancel)(collie_work *w, int status, const char *msg);
+    /* how long after the deadline a waiter leaves the ending to the loop
+     * (time for a desync report) before it calls cancel itself */
+    int32_t cancel_grace_ms;
+    /* on_publish: optional; runs on the publishing thread once the result
+     * is set, before DONE is visible: record what the failure means beyond
+     * this work (a comm's fault), so nobody sees the failed work first. */
+    void (*on_publish)(collie_work *w);
 } cl_work_ops;
 
 /* Work states (low bits of `state`). */
@@ -109,26 +114,25 @@ int cl_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
 int cl_work_post(collie_work *w);
 
 /* cl_work_claim: become the one finisher. True if this call won. From a
- * foreign thread it fails while the loop holds BUSY (use cl_work_finish,
- * which then leaves a kill request). */
+ * foreign thread it waits (at most 2 s) while the loop holds BUSY, then
+ * gives up and returns false. */
 bool cl_work_claim(collie_work *w);
 
 /* cl_work_publish: after a successful claim: record status and message
- * (printf-style; NULL for none), mark DONE, wake waiters, schedule retire. */
+ * (printf-style; NULL for none), run ops->on_publish, mark DONE, wake
+ * waiters, schedule retire. */
 void cl_work_publish(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap);
 
-/* cl_work_finish: claim + publish. Returns true if this call finished it.
- * From a foreign thread while the loop holds BUSY, records a kill request
- * (honoured by cl_work_busy_exit) and returns true if it was the first. */
+/* cl_work_finish: claim + publish. Returns true if this call finished it. */
 bool cl_work_finish(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* cl_work_interrupt: end w from outside its producer (cancel, a waiter
- * past the deadline): claim it, then publish, or give it to ops->handoff.
- * Returns true if this call claimed it. */
-bool cl_work_interrupt(collie_work *w, int status, const char *fmt, ...)
+/* cl_work_cancel: end w from outside its producer's completion, through
+ * ops->cancel (see there) or, without the hook, cl_work_finish. Returns
+ * true if this call will end it. Any thread. */
+bool cl_work_cancel(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* cl_work_busy_enter / cl_work_busy_exit: bracket loop-thread access to the
@@ -149,7 +153,7 @@ static inline bool cl_work_is(const collie_work *w, const cl_work_ops *ops) {
     return w != NULL && w->ops == ops;
 }
 
-/* cl_work_wait_ns: wait until DONE or until the absolute monotonic time
+/* cl_work_wait_until: wait until DONE or until the absolute monotonic time
  * `until_ns`, without expiring the work (used by sync wrappers and tests). */
 bool cl_work_wait_until(collie_work *w, int64_t until_ns);
 
