@@ -101,7 +101,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPERS_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -rdynamic -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
 
-# Backend plugins (DESIGN §5): the example backend in lib/, the broken ones
+# Backend plugins (docs/design.md §5): the example backend in lib/, the broken ones
 # the tests need in tests/plugins/. They do not link libcollie: the core's
 # symbols come from whatever loads them (libcollie.so, or an executable
 # linked with -rdynamic).
@@ -139,7 +139,7 @@ run: all
 # TSan runs the tests of the modules with the most cross-thread logic.
 TSAN_TESTS ?= engine work cq store coll comm faults nccl
 
-# The fault suite (issue 5): multi-process kills, hangs, network cuts,
+# The fault suite: multi-process kills, hangs, network cuts,
 # policies, abort races, abort/re-create cycles, the store dying, the
 # recovery example under collie-run (all in test_faults), and collie-trace.
 # `make test` runs it after the normal suite; ASan and TSan runs include it
@@ -204,7 +204,7 @@ ifeq ($(WITH_NCCL),1)
   endif
 endif
 
-# The NCCL transport plugin (transports/nccl, DESIGN §7) and, for the tests
+# The NCCL transport plugin (transports/nccl, docs/design.md §7) and, for the tests
 # only, the CPU double of the CUDA runtime and NCCL it is tested against
 # (tests/cuda_double). Both join `plugins` (so `make` and `make tests` build
 # them) when WITH_NCCL is not 0 and CUDA/NCCL were found. The core library

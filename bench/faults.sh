@@ -94,7 +94,7 @@ section=$(cat <<EOF
 <!-- faults:begin (written by bench/faults.sh; edit the script, not this section) -->
 ## Fault detection
 
-Written by \`bench/faults.sh\` (issue 5): median, min and max over $RUNS runs of each scenario.
+Written by \`bench/faults.sh\`: median, min and max over $RUNS runs of each scenario.
 
 - **command**: \`$cmd\`
 - **date**: $start → $end (UTC)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# memory.sh — the memory targets of issue 4, measured: peak RSS of a rank
+# memory.sh — the memory targets, measured: peak RSS of a rank
 # running 64 MiB allreduces against the buffers it was given, and the heap
 # allocations of 50 vs 500 allreduces (valgrind's count: equal totals mean
 # no allocation per operation). Prints a markdown section for RESULTS.md.

@@ -1,5 +1,5 @@
 /*
- * memory_bench.c — memory figures of a rank (issue 4): peak RSS against the
+ * memory_bench.c — memory figures of a rank: peak RSS against the
  * buffers it was given while running 64 MiB allreduces, and a fixed number
  * of allreduces for the allocation count (bench/memory.sh runs it under
  * valgrind with two counts and compares the totals).

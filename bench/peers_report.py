@@ -182,7 +182,7 @@ def main():
     cpu, ncpu, kernel, mem = machine()
     w("# collie vs Open MPI vs MPICH vs Gloo on loopback")
     w("")
-    w("Written by `bench/peers.sh` (issue 4). Every figure is the median over %d repeat%s of the "
+    w("Written by `bench/peers.sh`. Every figure is the median over %d repeat%s of the "
       "whole run; a cell marked (k/%d) had only k good repeats." % (repeats, "s" * (repeats > 1),
                                                                      repeats))
     w("")

@@ -119,7 +119,7 @@ struct collie_comm {
     cl_cmd abort_cmd;
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
-    _Atomic int groups_made;
+    _Atomic int groups_made; /* split/new_group calls so far (names the children) */
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -145,7 +145,7 @@ struct collie_comm {
     cl_fr_entry *fr_ring;
     uint32_t fr_cap;
     uint64_t fr_count;
-    bool dumped; /* split/new_group calls so far (names the children) */
+    bool dumped; /* the flight recorder was dumped (once, on abort) */
 };
 
 /* comm_ctl.c: the control channel (abort propagation, desync queries) */

@@ -6,7 +6,7 @@
  * are driven by one progress thread per engine (collie_engine). Every work has
  * a deadline; nothing in collie waits without a bound.
  *
- * Conventions (see docs and ../shared/STYLE.md):
+ * Conventions (docs/design.md explains the internals):
  *  - Calls that can fail return an int status: COLLIE_OK (0), or a negative
  *    COLLIE_E* code. Outputs go last and are set to NULL/0 on failure. A call
  *    that fails has no side effects and never runs its callback.

@@ -1,6 +1,6 @@
 /*
  * coll_fixture.h — a world of N ranks inside one test process: one engine,
- * one store server, N store clients and N comms (DESIGN §2: several ranks
+ * one store server, N store clients and N comms (docs/design.md §2: several ranks
  * of one comm may live in one process), plus the reference computations
  * the collective tests compare against.
  */

@@ -1,5 +1,5 @@
 /*
- * test_backend.c — backends (DESIGN §5): spec parsing through comm
+ * test_backend.c — backends (docs/design.md §5): spec parsing through comm
  * creation, collie_backend_register's checks, an in-process registered
  * backend, and plugins found through COLLIE_PLUGIN_PATH: the example
  * "dummy" backend (examples/dummy_backend) and the broken ones of

@@ -1,5 +1,5 @@
 /*
- * test_faults.c — faults across processes and the error policies (issue 5).
+ * test_faults.c — faults across processes and the error policies.
  *
  * Multi-process tests run real ranks: this binary re-executed with
  * "--rank <program>" (a fresh process per rank, its environment set as

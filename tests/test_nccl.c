@@ -1,5 +1,5 @@
 /*
- * test_nccl.c — the NCCL transport plugin (DESIGN §7, transports/nccl)
+ * test_nccl.c — the NCCL transport plugin (docs/design.md §7, transports/nccl)
  * against the CPU double of CUDA and NCCL (tests/cuda_double), plus the
  * GPU tests, which skip cleanly where cudaGetDeviceCount reports no device.
  *

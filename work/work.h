@@ -1,16 +1,27 @@
 /*
- * work.h — internal interface of work handles, for the modules that
- * produce works (store client, transports).
+ * work.h — work/'s public header: the work-handle interface for the
+ * modules that produce works (store client, communicators).
  *
  * A producer embeds `struct collie_work` as the first member of its own
  * request struct, fills an ops table, and calls cl_work_init + cl_work_post.
- * From then on:
- *   - ops->start runs on the loop thread (unless the work was already
- *     finished, e.g. cancelled before it started);
- *   - the producer finishes it with cl_work_finish (or cl_work_claim, fill
- *     results, cl_work_publish) from the loop thread;
- *   - anyone else may finish it too (deadline sweep, cancel, a waiter whose
- *     deadline passed, engine shutdown): the first finish wins (CAS);
+ *
+ * Design notes: the state machine (one atomic word; docs/design.md §3)
+ *
+ *   state      entered by                        next, and who moves it
+ *   QUEUED     cl_work_post                      ACTIVE: the start command (loop)
+ *                                                FINISHING: anyone ending it early
+ *   ACTIVE     start command, then ops->start    FINISHING: the producer, or
+ *                                                cl_work_cancel -> ops->cancel
+ *   FINISHING  cl_work_claim (one CAS winner)    DONE: the claimer only
+ *   DONE       cl_work_publish                   never changes again
+ *   + BUSY     cl_work_busy_enter (loop)         a foreign claim waits for exit
+ *
+ *   - The producer ends its own work with cl_work_finish (or claim, fill in
+ *     results, publish). Everyone else — deadline sweep, collie_work_cancel,
+ *     a waiter past the deadline, engine shutdown — calls cl_work_cancel:
+ *     the provider's ops->cancel ends the work itself, at once or within a
+ *     bound (desync report, a device to quiet). There is no other way.
+ *   - ops->on_publish runs before DONE is visible (a comm records its fault).
  *   - ops->detach then runs exactly once on the loop thread, whoever
  *     finished it, so the producer drops its references (request tables,
  *     transport queues). After detach the producer must not touch the work.
