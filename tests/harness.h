@@ -57,6 +57,15 @@ void test_tmpdir_remove(const char *dir);
  * read on its progress thread (the counter is the loop's alone). */
 size_t engine_tracked(collie_engine *e);
 
+/* skip_because: skip the current test, saying why on the test's output
+ * ("SKIPPED: <reason>"); the suite's last line counts skipped tests. */
+#define skip_because(...)                                                                          \
+    do {                                                                                           \
+        print_message("SKIPPED: " __VA_ARGS__);                                                    \
+        print_message("\n");                                                                       \
+        skip();                                                                                    \
+    } while (0)
+
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 

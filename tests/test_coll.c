@@ -91,7 +91,7 @@ static void test_matrix_world_8(void **state) {
 /* 64 MiB allreduce once (fp32), world 4. */
 static void test_large_allreduce(void **state) {
     (void)state;
-    if (quick()) skip();
+    if (quick()) skip_because("CLTEST_QUICK: the 64 MiB allreduce runs in the normal suite only");
     world w;
     world_create(&w, 4, "large", NULL);
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 16u << 20, 0, false);

@@ -985,8 +985,7 @@ static void test_network_cut(void **state) {
     (void)state;
     char why[128];
     if (!netns_setup(why, sizeof why)) {
-        print_message("skipped: network namespaces unavailable: %s\n", why);
-        skip();
+        skip_because("network namespaces unavailable: %s", why);
     }
     enum { N = 4 };
     char addr_a[64], addr_b[64];

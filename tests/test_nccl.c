@@ -1406,7 +1406,8 @@ static char *child_run(const char *exe, const char *name, const char *const *env
 
 static void run_scenario(const char *name, bool with_double, const char *plugin_dir,
                          const char *const *extra) {
-    if (plugin_dir && !plugin_built()) skip(); /* built without NCCL (WITH_NCCL=0 / no CUDA) */
+    if (plugin_dir && !plugin_built())
+        skip_because("the NCCL plugin was not built (WITH_NCCL=0 or no CUDA)");
     char ld[PATH_MAX + 64], pp[PATH_MAX + 64], exe[PATH_MAX + 32];
     snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir);
     snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s", plugin_dir ? plugin_dir : "/nonexistent");
@@ -1435,6 +1436,8 @@ static void run_scenario(const char *name, bool with_double, const char *plugin_
     }
     bool ok = !killed && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     char *skipped = strstr(out, "CLTEST-SKIP: ");
+    char why[200] = "";
+    if (skipped) sscanf(skipped + strlen("CLTEST-SKIP: "), "%199[^\n]", why);
     if (!ok || skipped) {
         printf("  scenario '%s'%s:\n", name, ok ? " skipped" : " failed");
         for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
@@ -1449,7 +1452,7 @@ static void run_scenario(const char *name, bool with_double, const char *plugin_
                  killed              ? CHILD_S + 10
                  : WIFEXITED(status) ? WEXITSTATUS(status)
                                      : WTERMSIG(status));
-    if (skipped) skip();
+    if (skipped) skip_because("scenario '%s': %s", name, why);
 }
 
 static char lib_dir[PATH_MAX + 8];
@@ -1588,7 +1591,7 @@ static bool line_says(const spawn_proc *r, const char *prefix, const char *want)
  * survivors' works at once, naming the dead rank. Every process exits. */
 static void test_procs_faults(void **state) {
     (void)state;
-    if (!plugin_built()) skip(); /* built without NCCL (WITH_NCCL=0 / no CUDA) */
+    if (!plugin_built()) skip_because("the NCCL plugin was not built (WITH_NCCL=0 or no CUDA)");
     spawn_proc *r = procs_run("CLTEST_CUDA_HANG=allreduce#2@1", "1500");
     assert_spawn(r, r->status == 1);
     for (int i = 0; i < 3; i++) {

@@ -748,7 +748,7 @@ static void test_ipv6(void **state) {
     collie_store_server *srv = NULL;
     if (collie_store_server_create(e, "::1", 0, NULL, &srv) != COLLIE_OK) {
         assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
-        skip(); /* no IPv6 loopback here */
+        skip_because("no IPv6 loopback (::1) on this machine");
     }
     char addr[64];
     snprintf(addr, sizeof addr, "[::1]:%u", collie_store_server_port(srv));

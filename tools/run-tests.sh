@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-tests.sh SUITE BUILD_DIR TEST_BINARY... — run cmocka test binaries, each
-# bounded by a timeout, and record passed/failed counts per binary in
-# build/test-results/SUITE.txt for tools/test-summary.sh.
+# bounded by a timeout, and record passed/failed/skipped counts per binary
+# in build/test-results/SUITE.txt for tools/test-summary.sh. A skipped test
+# says why on its log ("SKIPPED: <reason>"); the reasons are repeated here.
 set -uo pipefail
 suite=$1; build=$2; shift 2
 per_test_timeout=${CLTEST_TIMEOUT:-600}
@@ -22,12 +23,16 @@ for t in "$@"; do
   secs="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
   passed=$(grep -aoE '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
   failed=$(grep -aoE '^\[  FAILED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+  skipped=$(grep -aoE '^\[  SKIPPED \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
   if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
     failed=1 # crashed, timed out or a sanitizer stopped it
   fi
-  echo "$name $passed $failed" >> "$results/$suite.txt"
+  echo "$name $passed $failed $skipped" >> "$results/$suite.txt"
   if [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]; then
-    echo "[$suite] $name: $passed passed (${secs}s)"
+    extra=""
+    [ "$skipped" -gt 0 ] && extra=", $skipped skipped"
+    echo "[$suite] $name: $passed passed$extra (${secs}s)"
+    grep -aoE 'SKIPPED: .*' "$log" | sort | uniq -c | sed 's/^ */    /'
   else
     fail=1
     echo "[$suite] $name: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"

@@ -2,4 +2,4 @@
 # test-summary.sh DIR — add up the per-suite counts written by run-tests.sh.
 set -euo pipefail
 dir=$1
-cat "$dir"/*.txt | awk '{p+=$2; f+=$3} END {printf "%d passed, %d failed\n", p, f; exit (f > 0)}'
+cat "$dir"/*.txt | awk '{p+=$2; f+=$3; s+=$4} END {printf "%d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0)}'
