@@ -133,8 +133,8 @@ struct collie_comm {
     collie_work *ctl_watch, *ctl_probe;
     struct event *ctl_retry_ev;
     bool ctl_stopped, abort_published;
-    int ctl_sending;        /* under mu: control messages being written */
-    struct desync *desyncs; /* desync reports in progress (loop) */
+    int ctl_sending; /* under mu: control messages being written */
+    cl_list desyncs; /* desync reports in progress (desync.c, loop) */
     /* after a fault or abort: the transport closes once the peers were told
      * (comm.c, loop) */
     struct event *close_ev;

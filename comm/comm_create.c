@@ -319,6 +319,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     }
     c->engine = e;
     c->store = store;
+    cl_list_init(&c->desyncs);
     snprintf(c->name, sizeof c->name, "%s", name);
     c->rank = rank;
     c->size = size;

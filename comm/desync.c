@@ -29,7 +29,7 @@
 #define DESYNC_MS 600
 
 typedef struct desync {
-    struct desync *next, *prev; /* the comm's list of reports in progress */
+    cl_list_node node; /* in the comm's list of reports in progress */
     collie_comm *c;
     collie_work *w;
     uint64_t seq;
@@ -40,15 +40,7 @@ typedef struct desync {
     char (*answer)[200]; /* per rank; "" = none */
 } desync;
 
-static void desync_unlink(desync *d) {
-    collie_comm *c = d->c;
-    if (d->prev)
-        d->prev->next = d->next;
-    else if (c->desyncs == d)
-        c->desyncs = d->next;
-    if (d->next) d->next->prev = d->prev;
-    d->next = d->prev = NULL;
-}
+static void desync_unlink(desync *d) { cl_list_remove(&d->node); }
 
 static void desync_release(desync *d) {
     if (--d->refs > 0) return;
@@ -172,9 +164,7 @@ bool cl_desync_start(cl_coll_work *cw) {
     d->c = c;
     d->w = w;
     d->seq = w->seq;
-    d->next = c->desyncs;
-    if (c->desyncs) c->desyncs->prev = d;
-    c->desyncs = d;
+    cl_list_push_front(&c->desyncs, &d->node);
     cl_comm_hold(c);
     collie_work_hold(w);
     cl_comm_progress(c, d->answer[c->rank], sizeof d->answer[0]);
@@ -199,8 +189,8 @@ bool cl_desync_start(cl_coll_work *cw) {
 /* Publish every report in progress with what it has (loop): the comm is
  * going away and its works must complete now. */
 void cl_desync_flush(collie_comm *c) {
-    while (c->desyncs) {
-        desync *d = c->desyncs;
+    desync *d;
+    while ((d = cl_list_first(&c->desyncs, desync, node))) {
         d->refs++;
         desync_publish(d); /* unlinks d */
         desync_release(d);

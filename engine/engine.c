@@ -214,22 +214,13 @@ int cl_engine_call(collie_engine *e, void (*fn)(void *), void *arg, int32_t time
 
 int cl_engine_add_resident(collie_engine *e, cl_resident *r) {
     if (cl_engine_closing(e)) return COLLIE_ECLOSED;
-    r->prev = NULL;
-    r->next = e->residents;
-    if (e->residents) e->residents->prev = r;
-    e->residents = r;
+    cl_list_push_front(&e->residents, &r->node);
     return COLLIE_OK;
 }
 
 void cl_engine_remove_resident(collie_engine *e, cl_resident *r) {
-    if (r->prev)
-        r->prev->next = r->next;
-    else if (e->residents == r)
-        e->residents = r->next;
-    else
-        return; /* not linked */
-    if (r->next) r->next->prev = r->prev;
-    r->next = r->prev = NULL;
+    CL_UNUSED(e);
+    cl_list_remove(&r->node); /* a no-op when not linked */
 }
 
 /* ---- timers --------------------------------------------------------------- */
@@ -260,14 +251,13 @@ void cl_block_async_signals(void) {
 
 static void engine_shutdown_on_loop(collie_engine *e) {
     engine_drain_cmds(e);
-    for (cl_resident *r = e->residents; r;) {
-        cl_resident *next = r->next;
+    cl_resident *r;
+    while ((r = cl_list_first(&e->residents, cl_resident, node))) {
+        cl_list_remove(&r->node);
         const char *prev = cl_engine_set_activity(e, r->what ? r->what : "resident shutdown");
         r->shutdown(r);
         cl_engine_set_activity(e, prev);
-        r = next;
     }
-    e->residents = NULL;
     e->hooks->fail_all(e->hooks_state, COLLIE_ECLOSED, "the engine is shutting down");
     /* Every tracked work is now finished; a foreign thread that won a claim
      * may still be about to post its retire command. Wait for them, bounded. */
@@ -386,6 +376,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
         goto fail;
     }
     e->wake_fd = -1;
+    cl_list_init(&e->residents);
     pthread_mutex_init(&e->qmu, NULL);
     const char *name = cl_opt(o, name, NULL);
     snprintf(e->name, sizeof e->name, "%s", name ? name : "collie");

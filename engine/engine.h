@@ -17,6 +17,7 @@
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/dtype.h"
+#include "engine/list.h"
 #include "engine/log.h"
 
 struct event_base;
@@ -69,7 +70,7 @@ uint64_t cl_engine_stall_count(const collie_engine *e);
  * failed; it closes the object's libevent objects and must not free the
  * object itself (its owner's destroy does that). */
 typedef struct cl_resident {
-    struct cl_resident *next, *prev;
+    cl_list_node node;
     void (*shutdown)(struct cl_resident *r);
     const char *what;
 } cl_resident;

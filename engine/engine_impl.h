@@ -46,7 +46,7 @@ struct collie_engine {
     struct event *wake_ev;
     struct event *heartbeat_ev;
 
-    cl_resident *residents;
+    cl_list residents;            /* cl_resident */
     const cl_engine_hooks *hooks; /* the works' (work/) */
     void *hooks_state;
 

@@ -311,6 +311,51 @@ static void test_strerror_covers_every_code(void **state) {
     assert_int_equal(cl_errno_status(ETIMEDOUT), COLLIE_ETIMEDOUT);
 }
 
+/* The one intrusive list: order, O(1) unlink from anywhere, removal of an
+ * unlinked node, and removal of the current element inside foreach. */
+typedef struct item {
+    int v;
+    cl_list_node node;
+} item;
+
+static void list_expect(cl_list *l, const int *want, int n) {
+    item *it;
+    int i = 0;
+    cl_list_foreach(l, it, item, node) {
+        assert_true(i < n);
+        assert_int_equal(it->v, want[i]);
+        i++;
+    }
+    assert_int_equal(i, n);
+}
+
+static void test_list(void **state) {
+    (void)state;
+    cl_list l;
+    cl_list_init(&l);
+    assert_true(cl_list_empty(&l));
+    assert_null(cl_list_first(&l, item, node));
+    item a[5] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}, {.v = 4}};
+    assert_false(cl_list_linked(&a[0].node));
+    cl_list_remove(&a[0].node); /* unlinked: nothing happens */
+    cl_list_push_back(&l, &a[1].node);
+    cl_list_push_back(&l, &a[2].node);
+    cl_list_push_front(&l, &a[0].node);
+    cl_list_push_back(&l, &a[3].node);
+    list_expect(&l, (int[]){0, 1, 2, 3}, 4);
+    cl_list_remove(&a[2].node); /* the middle */
+    assert_false(cl_list_linked(&a[2].node));
+    list_expect(&l, (int[]){0, 1, 3}, 3);
+    item *it;
+    cl_list_foreach(&l, it, item, node) if (it->v != 3) cl_list_remove(&it->node);
+    list_expect(&l, (int[]){3}, 1);
+    assert_ptr_equal(cl_list_first(&l, item, node), &a[3]);
+    cl_list_remove(&a[3].node);
+    assert_true(cl_list_empty(&l));
+    cl_list_push_front(&l, &a[4].node);
+    list_expect(&l, (int[]){4}, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_args),
@@ -324,6 +369,7 @@ int main(void) {
         cmocka_unit_test(test_config_values_parsed),
         cmocka_unit_test(test_readme_documents_every_setting),
         cmocka_unit_test(test_strerror_covers_every_code),
+        cmocka_unit_test(test_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

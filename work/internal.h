@@ -12,7 +12,7 @@ struct event;
  * the engine's hooks, registry.c). */
 typedef struct cl_work_registry {
     collie_engine *engine;
-    collie_work *trk_head; /* posted, not yet retired */
+    cl_list tracked; /* collie_work.trk_node: posted, not yet retired */
     size_t ntracked;
     collie_work *done_head, *done_tail; /* finished, waiting to be retired */
     collie_work **heap;                 /* deadline min-heap */

@@ -99,10 +99,7 @@ static void registry_arm_deadline(cl_work_registry *r, int64_t when_ns) {
 static void work_track(collie_engine *e, collie_work *w) {
     cl_work_registry *r = registry(e);
     w->tracked = true;
-    w->trk_prev = NULL;
-    w->trk_next = r->trk_head;
-    if (r->trk_head) r->trk_head->trk_prev = w;
-    r->trk_head = w;
+    cl_list_push_front(&r->tracked, &w->trk_node);
     r->ntracked++;
     if (w->deadline_ns == INT64_MAX) return;
     if (!heap_push(r, w)) {
@@ -117,11 +114,7 @@ static void work_untrack(collie_engine *e, collie_work *w) {
     if (!w->tracked) return;
     w->tracked = false;
     heap_remove(r, w);
-    if (w->trk_prev)
-        w->trk_prev->trk_next = w->trk_next;
-    else
-        r->trk_head = w->trk_next;
-    if (w->trk_next) w->trk_next->trk_prev = w->trk_prev;
+    cl_list_remove(&w->trk_node);
     r->ntracked--;
 }
 
@@ -239,8 +232,8 @@ static void registry_sweep_deadlines(cl_work_registry *r, int64_t now_ns) {
 
 static void registry_fail_all(void *state, int status, const char *why) {
     cl_work_registry *r = state;
-    for (collie_work *w = r->trk_head; w; w = w->trk_next)
-        cl_work_cancel(w, status, "%s", why);
+    collie_work *w;
+    cl_list_foreach(&r->tracked, w, collie_work, trk_node) cl_work_cancel(w, status, "%s", why);
 }
 
 /* ---- the engine's hooks ------------------------------------------------------- */
@@ -270,6 +263,7 @@ static int registry_create(collie_engine *e, void **state) {
     cl_work_registry *r = calloc(1, sizeof *r);
     if (!r) return COLLIE_ENOMEM;
     r->engine = e;
+    cl_list_init(&r->tracked);
     r->armed_ns = INT64_MAX;
     r->done_ev = event_new(cl_engine_base(e), -1, 0, registry_on_done, r);
     r->deadline_ev = event_new(cl_engine_base(e), -1, 0, registry_on_deadline, r);

@@ -95,9 +95,9 @@ struct collie_work {
     collie_cq *cq;
 
     /* loop-thread bookkeeping */
-    struct collie_work *trk_next, *trk_prev; /* engine's tracked list */
-    struct collie_work *done_next;           /* engine's retire list */
-    size_t heap_idx;                         /* deadline heap slot, SIZE_MAX if none */
+    cl_list_node trk_node;         /* the registry's tracked list */
+    struct collie_work *done_next; /* engine's retire list */
+    size_t heap_idx;               /* deadline heap slot, SIZE_MAX if none */
     bool tracked;
     bool start_ran;       /* the start command has run */
     bool retire_deferred; /* finished before start ran: start retires it */
