@@ -17,8 +17,6 @@
 #include "engine/engine.h"
 #include "store/store.h"
 
-void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
-
 static int svc_rank(const collie_bcomm *bc) { return bc->comm->rank; }
 static int svc_size(const collie_bcomm *bc) { return bc->comm->size; }
 static const char *svc_name(const collie_bcomm *bc) { return bc->comm->name; }

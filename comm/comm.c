@@ -438,7 +438,6 @@ static void comm_add_resident_fn(void *arg) {
     c->resident_added = cl_engine_add_resident(c->engine, &c->resident) == COLLIE_OK;
 }
 
-int cl_comm_attach_engine(collie_comm *c);
 int cl_comm_attach_engine(collie_comm *c) {
     int r = cl_engine_call(c->engine, comm_add_resident_fn, c, CL_ENGINE_CALL_TIMEOUT_MS);
     if (r != COLLIE_OK) return r;

@@ -224,6 +224,14 @@ int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_c
 void cl_comm_create_begin(collie_comm *c);
 void cl_comm_create_cancel(collie_comm *c);
 
+/* comm_create.c: a backend instance finished its init (loop) */
+void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
+/* policy.c: the error policy COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING
+ * ask for (COLLIE_EINVAL for a conflict or an unknown value) */
+int cl_comm_policy_from_env(collie_error_policy *out);
+/* comm.c: make the comm a resident of its engine (any thread, bounded) */
+int cl_comm_attach_engine(collie_comm *c);
+
 /* registry (comm.c) */
 void cl_comm_unregister(collie_comm *c);
 

@@ -29,8 +29,6 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-int cl_comm_attach_engine(collie_comm *c);
-
 enum create_step { STEP_JOIN, STEP_INIT, STEP_BARRIER, STEP_COUNT, STEP_DONE };
 
 /* The create work's own deadline is a backstop behind the steps' (which
@@ -127,7 +125,6 @@ static void create_init_backends(create_state *cs) {
 }
 
 /* Called by backends through the core services (loop). */
-void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
     collie_comm *c = bc->comm;
     create_state *cs = c->create_state;
@@ -271,8 +268,6 @@ static int comm_check_name(const char *name) {
                                      name, *p);
     return COLLIE_OK;
 }
-
-int cl_comm_policy_from_env(collie_error_policy *out);
 
 static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, int size,
                                const collie_comm_opts *o, int *res) {

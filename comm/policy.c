@@ -12,8 +12,6 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-int cl_comm_policy_from_env(collie_error_policy *out);
-
 int cl_comm_policy_from_env(collie_error_policy *out) {
     const cl_config *cfg = cl_config_get();
     bool blocking = false;

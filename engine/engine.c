@@ -234,8 +234,6 @@ static void engine_on_heartbeat(evutil_socket_t fd, short what, void *arg) {
 
 /* ---- the progress thread --------------------------------------------------- */
 
-void cl_block_async_signals(void);
-
 void cl_block_async_signals(void) {
     sigset_t set;
     sigfillset(&set);

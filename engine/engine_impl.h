@@ -57,6 +57,10 @@ struct collie_engine {
     cl_monitor mon;
 };
 
+/* engine.c: block the asynchronous signals in this thread (progress and
+ * monitor threads), so the application's handlers run on its own threads */
+void cl_block_async_signals(void);
+
 /* monitor.c */
 int cl_monitor_start(collie_engine *e, int32_t stall_ms, collie_stall_cb cb, void *arg);
 void cl_monitor_stop(collie_engine *e);

@@ -17,8 +17,6 @@
 #include "engine/engine_impl.h"
 #include "engine/log.h"
 
-void cl_block_async_signals(void);
-
 int32_t cl_monitor_period_ms(int32_t stall_ms) {
     int32_t p = stall_ms / 4;
     if (p < 5) p = 5;
