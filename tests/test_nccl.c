@@ -1194,7 +1194,11 @@ static void sc_procs_double(void **state) {
     *(void **)&nc.abort_comm = sym(n, "ncclCommAbort");
     *(void **)&nc.last_error = sym(n, "ncclGetLastError");
     procs_rank0 x = {.step = 0};
-    assert_int_equal(nc.get_id(&x.id), 0);
+    /* fork before ncclGetUniqueId: the double starts its hub thread there,
+     * and a fork while another thread holds a lock (the sanitizers'
+     * allocator) can leave the child deadlocked. The id follows on a pipe. */
+    int idp[2];
+    assert_int_equal(pipe(idp), 0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -1202,6 +1206,10 @@ static void sc_procs_double(void **state) {
         void *comm, *child = NULL;
         stream_t st;
         float *buf;
+        close(idp[1]);
+        struct pollfd pf = {.fd = idp[0], .events = POLLIN};
+        if (poll(&pf, 1, 10000) != 1 || read(idp[0], &x.id, sizeof x.id) != sizeof x.id)
+            _exit(16); /* no id from rank 0 */
         int step = procs_first_op(x.id, 1, &comm, &st, &buf);
         if (step) _exit(step);
         if (nc.split(comm, 0, 0, &child, NULL) != 5 /* ncclInvalidUsage */ ||
@@ -1212,6 +1220,10 @@ static void sc_procs_double(void **state) {
         sleep(10);
         _exit(15); /* not reached: the op kills us */
     }
+    close(idp[0]);
+    assert_int_equal(nc.get_id(&x.id), 0);
+    assert_int_equal(write(idp[1], &x.id, sizeof x.id), (ssize_t)sizeof x.id);
+    close(idp[1]);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, procs_rank0_main, &x), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
