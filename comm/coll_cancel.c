@@ -29,14 +29,15 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-bool cl_coll_adopts(const cl_coll_work *cw) {
+/* the backend can adopt works (an adopt hook and a live instance) */
+static bool coll_adopts(const cl_coll_work *cw) {
     return cw->bc->ops->adopt != NULL && cw->bc->state != NULL;
 }
 
 void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
     collie_bcomm *bc = cw->bc;
-    if (!cl_coll_adopts(cw) || cw->comm->engine_gone) {
+    if (!coll_adopts(cw) || cw->comm->engine_gone) {
         cl_work_publish(w, status, "%s", msg);
         return;
     }

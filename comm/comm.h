@@ -204,8 +204,6 @@ bool cl_coll_cancel(collie_work *w, int status, const char *msg);
  * device may still use its buffers, claimed and published by its backend
  * once the device is quiet. Any thread. False if it was ended already. */
 bool cl_coll_end(cl_coll_work *cw, int status, const char *msg);
-/* the backend can adopt works (an adopt hook and a live instance) */
-bool cl_coll_adopts(const cl_coll_work *cw);
 /* cw is claimed: hand it to its backend, fault the comm (loop) */
 void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg);
 /* desync.c: explain a deadline before ending the work (loop). False when
