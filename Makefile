@@ -82,30 +82,38 @@ $(LIB_A): $(CORE_OBJ)
 $(LIB_SO): $(CORE_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared -Wl,-soname,libcollie.so.0 $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
+	ln -sf libcollie.so $(@D)/libcollie.so.0
 
-# -rdynamic: backend plugins loaded by a tool (collie-bench --backend nccl)
-# resolve the collie_* API from the tool itself, as they do from tests.
+# Plugins (collie-bench --backend nccl) need no -rdynamic: they reach the
+# core only through its services table (backend ABI 3).
 $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -rdynamic -o $@ $< $(LIB_A) $(LIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
 
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
 
 # Tests link the static library so they can reach internal cl_* functions.
-# -rdynamic exports the executable's COLLIE_API symbols (collie_work_seq,
-# ...) to the dynamic symbol table, so a plugin dlopen'ed by a test resolves
-# them from the test binary (plugins never link libcollie themselves).
+# No -rdynamic: the plugins they load link no core symbol.
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPERS_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -rdynamic -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
+
+# The same plugin host linked statically and against libcollie.so
+# (test_backend runs both): a plugin must load into either.
+PLUGIN_HOSTS := $(BUILD)/tests/plugin_host_static $(BUILD)/tests/plugin_host_shared
+$(BUILD)/tests/plugin_host_static: $(BUILD)/obj/tests/hosts/plugin_host.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+$(BUILD)/tests/plugin_host_shared: $(BUILD)/obj/tests/hosts/plugin_host.o $(LIB_SO)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $(LIBS)
 
 # Backend plugins (docs/design.md §5): the example backend in lib/, the broken ones
-# the tests need in tests/plugins/. They do not link libcollie: the core's
-# symbols come from whatever loads them (libcollie.so, or an executable
-# linked with -rdynamic).
-plugins: $(BUILD)/lib/libcollie_dummy.so $(TEST_PLUGINS)
+# the tests need in tests/plugins/. They do not link libcollie and reference
+# no core symbol: the core's services table is all they use.
+plugins: $(BUILD)/lib/libcollie_dummy.so $(TEST_PLUGINS) $(PLUGIN_HOSTS)
 
 $(BUILD)/lib/libcollie_dummy.so: $(DUMMY_OBJ)
 	@mkdir -p $(@D)

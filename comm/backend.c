@@ -8,8 +8,11 @@
  *  - Names are compared case-insensitively everywhere ("TCP" == "tcp").
  *  - A name that is not registered is looked for as a plugin,
  *    libcollie_<name>.so in the COLLIE_PLUGIN_PATH directories, then the
- *    default library search path; its collie_backend_plugin_v1() must return
- *    ops with the ABI version this core speaks (checked before use).
+ *    default library search path; its collie_backend_plugin_v3() must return
+ *    ops with the ABI version this core speaks (checked before use). A
+ *    plugin exporting only the ABI-2 entry point (collie_backend_plugin_v1)
+ *    is refused with a message naming both versions: ABI 2 handed plugins
+ *    libevent's event_base, which no longer exists in the services table.
  *  - The registry holds the core's copy of each ops table, zero-filled past
  *    the size the backend declared: optional hooks appended after the
  *    backend was built read as NULL.
@@ -30,6 +33,8 @@
 #include "engine/engine.h"
 
 #define CL_MAX_BACKENDS 32
+/* the entry point of plugins built for ABI 1 and 2 (refused, by name) */
+#define CL_OLD_PLUGIN_SYMBOL "collie_backend_plugin_v1"
 
 static pthread_mutex_t cl_backends_mu = PTHREAD_MUTEX_INITIALIZER;
 /* the core's copies of the registered tables, zero-filled past their size */
@@ -131,6 +136,15 @@ static int backend_try_plugin(const char *path, const collie_backend_ops **out, 
     const collie_backend_ops *(*entry)(void);
     *(void **)&entry = dlsym(h, COLLIE_BACKEND_PLUGIN_SYMBOL);
     if (!entry) {
+        if (dlsym(h, CL_OLD_PLUGIN_SYMBOL)) {
+            snprintf(why, whylen,
+                     "%s was built for backend ABI 2 or older (it exports %s); this collie "
+                     "speaks backend ABI %d (%s): rebuild it against this collie_backend.h",
+                     path, CL_OLD_PLUGIN_SYMBOL, COLLIE_BACKEND_ABI_VERSION,
+                     COLLIE_BACKEND_PLUGIN_SYMBOL);
+            dlclose(h);
+            return COLLIE_ENOTSUP;
+        }
         snprintf(why, whylen, "%s does not export %s", path, COLLIE_BACKEND_PLUGIN_SYMBOL);
         dlclose(h);
         return COLLIE_EINVAL;

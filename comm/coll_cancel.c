@@ -11,15 +11,17 @@
  *    from its own thread — nothing waits on the loop to end a work.
  *  - A CPU work is finished at once: the loop's BUSY bit keeps the
  *    transport off its buffers.
- *  - A CUDA work (its backend has an adopt hook and holds it since the
+ *  - A CUDA work (its backend has a cancel hook and holds it since the
  *    post) cannot be stopped that way, and NCCL cannot cancel one
- *    operation: the canceller claims it (nobody else may end it) and hands
- *    it to the loop, which gives it to the backend (adopt) and faults the
- *    comm (its policy applies; under NONE the backend is aborted all the
- *    same); the backend publishes it once its abort has quiesced the
- *    device. A completion the user sees means the buffers are free.
+ *    operation: the loop asks the backend to end it (ops->cancel), then
+ *    faults the comm (its policy applies; under NONE the backend is aborted
+ *    all the same); the backend ends the work itself once its abort has
+ *    quiesced the device. A completion the user sees means the buffers are
+ *    free. From another thread the request goes to the loop as a command,
+ *    holding a reference to the work until it runs; the work may still
+ *    complete meanwhile (then the request finds it ended and does nothing).
  *  - A backend already destroyed (the engine stopped) has nothing to
- *    quiesce: the work is published at once.
+ *    quiesce: the work is finished at once.
  *  - Every path publishes through cl_work_publish, whose on_publish hook
  *    (coll.c) records a deadline's or a cancel's fault on the comm before
  *    the work is visible as failed.
@@ -29,50 +31,58 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-/* the backend can adopt works (an adopt hook and a live instance) */
-static bool coll_adopts(const cl_coll_work *cw) {
-    return cw->bc->ops->adopt != NULL && cw->bc->state != NULL;
+/* the backend ends canceled works itself (a cancel hook and a live instance) */
+static bool coll_backend_cancels(const cl_coll_work *cw) {
+    return cw->bc->ops->cancel != NULL && cw->bc->state != NULL && !cw->comm->engine_gone;
 }
 
-void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg) {
+/* Ask the backend to end w (loop). */
+static void coll_cancel_on_loop(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
-    collie_bcomm *bc = cw->bc;
-    if (!coll_adopts(cw) || cw->comm->engine_gone) {
-        cl_work_publish(w, status, "%s", msg);
+    if (cl_work_done(w)) return;
+    if (!coll_backend_cancels(cw)) {
+        cl_work_finish(w, status, "%s", msg);
         return;
     }
-    bc->ops->adopt(bc->state, w, status, msg);
+    collie_bcomm *bc = cw->bc;
+    bc->ops->cancel(bc->state, w, status, msg);
     cl_comm_fault(cw->comm, status, "%s %s", w->ops->name, msg);
-    /* policy NONE aborts nothing, but the adopted work is published only by
-     * an abort: a device whose work was given up on must be quiesced anyway */
+    /* policy NONE aborts nothing, but a device whose work was given up on
+     * must be quiesced anyway: the abort is what lets the backend end it */
     if (cw->comm->policy == COLLIE_POLICY_NONE) bc->ops->abort(bc->state, COLLIE_EABORTED, msg);
 }
 
-static void coll_handoff_cmd(cl_cmd *cmd) {
-    cl_coll_work *cw = cl_container_of(cmd, cl_coll_work, handoff_cmd);
-    cl_coll_adopt_claimed(cw, cw->handoff_status, cw->handoff_msg);
+static void coll_cancel_cmd(cl_cmd *cmd) {
+    cl_coll_work *cw = cl_container_of(cmd, cl_coll_work, cancel_cmd);
+    atomic_store_explicit(&cw->cancel_queued, false, memory_order_release);
+    coll_cancel_on_loop(cw, cw->cancel_status, cw->cancel_msg);
+    collie_work_release(&cw->base); /* the request's reference */
 }
 
-/* A device may still write w's buffers: claim it (any thread), then let its
- * backend publish it once the device is quiet (loop). */
+/* A device may still write w's buffers: its backend ends it (loop). */
 static bool coll_cancel_on_device(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
-    if (!cl_work_claim(w)) return false;
     if (cl_engine_on_loop(w->engine)) {
-        cl_coll_adopt_claimed(cw, status, msg);
-        return true;
+        bool ending = !cl_work_done(w);
+        coll_cancel_on_loop(cw, status, msg);
+        return ending;
     }
-    /* claimed and not published: the work (and its comm) stay alive */
-    cw->handoff_status = status;
-    snprintf(cw->handoff_msg, sizeof cw->handoff_msg, "%s", msg);
-    cw->handoff_cmd.fn = coll_handoff_cmd;
-    if (cl_engine_post_cmd(w->engine, &cw->handoff_cmd) != COLLIE_OK)
-        cl_work_publish(w, status, "%s", msg); /* engine stopped: backends are gone */
-    return true;
+    if (atomic_exchange_explicit(&cw->cancel_queued, true, memory_order_acq_rel))
+        return false; /* a request is on its way already */
+    cw->cancel_status = status;
+    snprintf(cw->cancel_msg, sizeof cw->cancel_msg, "%s", msg);
+    cw->cancel_cmd.fn = coll_cancel_cmd;
+    collie_work_hold(w); /* alive until the command runs */
+    if (cl_engine_post_cmd(w->engine, &cw->cancel_cmd) == COLLIE_OK) return true;
+    /* engine stopped: its backends are gone, nothing to quiesce */
+    atomic_store_explicit(&cw->cancel_queued, false, memory_order_release);
+    bool ended = cl_work_finish(w, status, "%s", msg);
+    collie_work_release(w);
+    return ended;
 }
 
 bool cl_coll_end(cl_coll_work *cw, int status, const char *msg) {
-    if (cw->caller_started && cw->bc->ops->adopt) return coll_cancel_on_device(cw, status, msg);
+    if (cw->caller_started && cw->bc->ops->cancel) return coll_cancel_on_device(cw, status, msg);
     return cl_work_finish(&cw->base, status, "%s", msg);
 }
 

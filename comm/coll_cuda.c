@@ -99,5 +99,10 @@ int collie_work_wait_stream(collie_work *w, collie_cuda_stream_t stream) {
         return cl_set_last_error(COLLIE_EINVAL,
                                  "collie_work_wait_stream: %s seq %llu is not a CUDA work",
                                  w->ops->name, (unsigned long long)w->seq);
-    return cw->bc->ops->wait_stream(cw->bc->state, w, stream);
+    void *state = cw->bc->state;
+    if (!state) { /* the backend was destroyed: the work ended long ago */
+        int st = collie_work_result(w);
+        return st == COLLIE_INPROGRESS ? COLLIE_ESTATE : st;
+    }
+    return cw->bc->ops->wait_stream(state, w, stream);
 }

@@ -26,7 +26,16 @@ int cl_backend_parse_spec(const char *spec, cl_backend_spec *out);
  * (comm/ includes no header of the transports above it). */
 extern const collie_backend_ops *(*const cl_builtin_backends[])(void);
 extern const collie_core_services cl_core_services;
-/* backend_services.c: release a backend instance's poll timer (loop) */
+/* backend_events.c: the loop's events as backends see them (watches,
+ * timers, the poll hook; collie_backend.h) */
+collie_watch *cl_backend_watch_new(collie_bcomm *bc, int fd, unsigned events, collie_watch_cb cb,
+                                   void *arg);
+int cl_backend_watch_start(collie_watch *wt, int64_t timeout_us);
+void cl_backend_watch_stop(collie_watch *wt);
+void cl_backend_watch_activate(collie_watch *wt, unsigned events);
+void cl_backend_watch_free(collie_watch *wt);
+void cl_backend_want_poll(collie_bcomm *bc, bool on, int32_t interval_us);
+/* release a backend instance's poll timer (loop) */
 void cl_backend_poll_free(collie_bcomm *bc);
 
 enum cl_comm_state {
@@ -41,7 +50,7 @@ struct collie_bcomm {
     const collie_backend_ops *ops;
     void *state;
     bool init_called, ready, poll_on;
-    struct event *poll_ev; /* reads poll_fd, a periodic timerfd (backend_services.c) */
+    struct event *poll_ev; /* reads poll_fd, a periodic timerfd (backend_events.c) */
     int poll_fd;           /* -1: none (poll_ev is then a libevent timer) */
     int32_t poll_interval_us;
     /* want_poll from other threads: the wish, applied by poll_cmd on the loop */
@@ -77,9 +86,10 @@ typedef struct cl_coll_work {
     struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
     struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
     bool explaining;                      /* a desync report will end it (loop) */
-    cl_cmd handoff_cmd;                   /* cancel/waiter → loop (coll_cancel.c) */
-    int handoff_status;
-    char handoff_msg[160];
+    cl_cmd cancel_cmd;                    /* cancel/waiter → loop (coll_cancel.c) */
+    _Atomic bool cancel_queued;           /* cancel_cmd is posted and has not run */
+    int cancel_status;
+    char cancel_msg[160];
     _Alignas(16) unsigned char backend_data[];
 } cl_coll_work;
 
@@ -201,11 +211,9 @@ bool cl_coll_is_work(const collie_work *w);
 /* coll_cancel.c: the cancel hook of collective works (cl_work_ops.cancel) */
 bool cl_coll_cancel(collie_work *w, int status, const char *msg);
 /* end cw now with `status` (no report): finished at once, or, when a
- * device may still use its buffers, claimed and published by its backend
+ * device may still use its buffers, ended by its backend (ops->cancel)
  * once the device is quiet. Any thread. False if it was ended already. */
 bool cl_coll_end(cl_coll_work *cw, int status, const char *msg);
-/* cw is claimed: hand it to its backend, fault the comm (loop) */
-void cl_coll_adopt_claimed(cl_coll_work *cw, int status, const char *msg);
 /* desync.c: explain a deadline before ending the work (loop). False when
  * the comm has no report to make (the caller ends the work now). */
 bool cl_desync_start(cl_coll_work *cw);

@@ -1,25 +1,41 @@
 /*
- * collie_backend.h — the versioned interface between collie's core and a
- * transport backend (built in, registered in-process, or a plugin .so).
+ * collie_backend.h — the versioned interface (ABI 3) between collie's core
+ * and a transport backend: built in, registered in-process, or a plugin.
  *
- * A backend never links against core internals: everything it needs from
- * the core comes through the const services table handed to init(). The
- * core owns works, sequence numbers, deadlines, error policies and the
- * creation rendezvous; a backend moves bytes.
+ * A backend links no symbol of the core: everything it needs (identity of
+ * the comm, ending works, reading works it holds, dtype names and sizes,
+ * fd watches and timers on the progress thread, the store, logging) comes
+ * through the const services table handed to init(). So a plugin loads
+ * into a program linked with libcollie.so or with libcollie.a alike, and
+ * no libevent type crosses this interface. The core owns works, sequence
+ * numbers, deadlines, error policies and the creation rendezvous; a
+ * backend moves bytes.
  *
- * Threads: init, start, poll, abort and destroy run on the engine's
- * progress thread unless the backend sets COLLIE_BACKEND_POST_ON_CALLER,
- * in which case start runs on the posting thread (NCCL: stream ordering
- * and CUDA graph capture need the caller's thread) and must be thread-safe.
+ * Threads: init, start, poll, cancel, abort and destroy run on the
+ * engine's progress thread ("loop") unless the backend sets
+ * COLLIE_BACKEND_POST_ON_CALLER, in which case start runs on the posting
+ * thread (NCCL: stream ordering and CUDA graph capture need the caller's
+ * thread) and must be thread-safe.
  *
- * Plugins: a shared object found in COLLIE_PLUGIN_PATH as
- * libcollie_<name>.so exporting
- *     const collie_backend_ops *collie_backend_plugin_v1(void);
+ * Plugins: a shared object found in COLLIE_PLUGIN_PATH (or the library
+ * search path) as libcollie_<name>.so exporting
+ *     const collie_backend_ops *collie_backend_plugin_v3(void);
+ * The symbol carries the ABI number. A plugin built for ABI 2 or older
+ * (symbol collie_backend_plugin_v1) is refused with a message naming both
+ * versions: its services table handed out libevent's event_base, which
+ * this core no longer does.
+ *
+ * Growing the ABI: both tables carry their size. New hooks are appended;
+ * a table shorter than the reader's means "hook absent": the core reads a
+ * backend's ops through a zero-filled copy, and a backend tests a service
+ * appended after ABI 3 with COLLIE_CORE_HAS(core, field) before calling
+ * it. The version changes only when an existing field does.
  */
 #ifndef COLLIE_BACKEND_H
 #define COLLIE_BACKEND_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 #include "collie.h"
 
@@ -27,13 +43,8 @@
 extern "C" {
 #endif
 
-/* Version 2 added collie_backend_ops.size; hooks appended since are
- * optional and found through it, so the version only changes when an
- * existing field does. */
-#define COLLIE_BACKEND_ABI_VERSION   2
-#define COLLIE_BACKEND_PLUGIN_SYMBOL "collie_backend_plugin_v1"
-
-struct event_base;
+#define COLLIE_BACKEND_ABI_VERSION   3
+#define COLLIE_BACKEND_PLUGIN_SYMBOL "collie_backend_plugin_v3"
 
 /* collie_coll_kind: the operations a backend may be asked to run. */
 typedef enum collie_coll_kind {
@@ -68,49 +79,98 @@ typedef struct collie_coll_args {
 /* The core's handle for one backend instance of one communicator. */
 typedef struct collie_bcomm collie_bcomm;
 
-/* collie_core_services: what the core offers a backend. All function
- * pointers are always set. "loop" = the progress thread only. */
+/* collie_watch: an fd watch or a timer on the progress thread (a watch
+ * with fd -1 is a timer). Persistent: once started it fires for every
+ * readiness (or each timeout) until stopped. */
+typedef struct collie_watch collie_watch;
+enum {
+    COLLIE_WATCH_READ = 1,    /* the fd is readable */
+    COLLIE_WATCH_WRITE = 2,   /* the fd is writable */
+    COLLIE_WATCH_TIMEOUT = 4, /* the timeout given to watch_start passed */
+};
+typedef void (*collie_watch_cb)(int fd, unsigned events, void *arg);
+
+/* collie_core_services: what the core offers a backend. Every function
+ * pointer up to `size` is set. "loop" = the progress thread only. */
 typedef struct collie_core_services {
-    uint32_t abi_version;
+    uint32_t abi_version; /* the core's COLLIE_BACKEND_ABI_VERSION */
+    uint32_t size;        /* sizeof(collie_core_services) as the core saw it */
 
     /* identity of the communicator */
     int (*rank)(const collie_bcomm *bc);
-    int (*size)(const collie_bcomm *bc);
+    int (*nranks)(const collie_bcomm *bc);
     const char *(*name)(const collie_bcomm *bc);
     uint64_t (*generation)(const collie_bcomm *bc);
     uint64_t (*comm_id)(const collie_bcomm *bc); /* hash of name + generation */
-
-    /* the engine's event base (loop) */
-    struct event_base *(*event_base)(collie_bcomm *bc);
+    int (*device)(const collie_bcomm *bc);       /* the comm's `device` option (-1: none) */
+    int32_t (*create_timeout_ms)(const collie_bcomm *bc); /* bound for init steps */
     bool (*on_progress_thread)(const collie_bcomm *bc);
 
-    /* works: the first finisher wins; after the core calls the backend's
-     * start, the backend must finish the work or see it finished by the
-     * core (deadline, cancel, abort), after which the core calls detach. */
+    /* the loop's events (loop): watch_new makes a stopped watch of `fd`
+     * for `events` (COLLIE_WATCH_READ and/or _WRITE; fd -1 and 0 for a
+     * timer) or returns NULL (no memory). watch_start arms it, with a
+     * timeout in microseconds (-1: none; a timer needs one) re-armed after
+     * each firing; watch_stop disarms it (also drops a pending activation);
+     * watch_activate runs the callback on the next loop turn with `events`;
+     * watch_free stops and frees it. The backend frees its watches by
+     * destroy at the latest. */
+    collie_watch *(*watch_new)(collie_bcomm *bc, int fd, unsigned events, collie_watch_cb cb,
+                               void *arg);
+    int (*watch_start)(collie_watch *wt, int64_t timeout_us);
+    void (*watch_stop)(collie_watch *wt);
+    void (*watch_activate)(collie_watch *wt, unsigned events);
+    void (*watch_free)(collie_watch *wt);
+    /* polling: while on, the engine calls ops->poll every interval_us (any
+     * thread; from another thread it takes effect on the next loop turn) */
+    void (*want_poll)(collie_bcomm *bc, bool on, int32_t interval_us);
+
+    /* ending the works the core started on this backend: the first
+     * finisher wins. work_finish ends w at once; work_claim + work_publish
+     * is the same in two steps (claim, gather results or quiesce a device,
+     * publish). After the core calls start, the backend must end the work
+     * or see it ended by a cancel it was asked to honour (ops->cancel). */
+    bool (*work_finish)(collie_work *w, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
     bool (*work_claim)(collie_work *w);
     void (*work_publish)(collie_work *w, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
-    bool (*work_finish)(collie_work *w, int status, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
-    /* bracket access to the work's user buffers (loop) */
+    /* bracket access to the work's user buffers (loop): enter returns false
+     * if the work is ended or being ended (then do not touch them) */
     bool (*work_busy_enter)(collie_work *w);
     void (*work_busy_exit)(collie_work *w);
-    /* the backend's per-work state slot */
+    /* the backend's per-work state slot (ops->work_data_size bytes) */
     void *(*work_backend_data)(collie_work *w);
+
+    /* reading works (its own, or the store works it posted): as the
+     * collie_work_* functions of collie.h of the same names */
+    bool (*work_test)(const collie_work *w);
+    int (*work_result)(const collie_work *w);
+    const char *(*work_error_message)(const collie_work *w);
+    uint64_t (*work_seq)(const collie_work *w);
+    int (*work_cancel)(collie_work *w);
+    void (*work_release)(collie_work *w);
+
+    /* data types */
+    size_t (*dtype_size)(collie_dtype dt);
+    const char *(*dtype_name)(collie_dtype dt);
+    const char *(*redop_name)(collie_redop op);
 
     /* faults: the backend saw the comm break (peer died, protocol error,
      * async backend error). The core fails the work (if given) with
      * `status`, applies the comm's error policy, and calls abort. (loop) */
     void (*fault)(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
-
     /* init completion: the backend calls this once, with COLLIE_OK when it
      * is ready for start(), or an error. (loop) */
     void (*init_done)(collie_bcomm *bc, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+    /* set the detail collie_last_error() reports to the caller of a post
+     * whose start failed (caller's thread, POST_ON_CALLER backends) */
+    void (*set_error)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
     /* the comm's store namespace ("collie/<name>/<gen>/" + key), async, with
-     * a callback on the loop. The returned work belongs to the backend. */
+     * a callback on the loop. The returned work belongs to the backend
+     * (work_release it). */
     int (*store_set)(collie_bcomm *bc, const char *key, const void *val, size_t len,
                      collie_work_cb cb, void *arg, collie_work **out);
     int (*store_get)(collie_bcomm *bc, const char *key, int32_t timeout_ms, collie_work_cb cb,
@@ -122,26 +182,29 @@ typedef struct collie_core_services {
     void (*auth_mac)(const collie_bcomm *bc, const void *msg, size_t len, unsigned char out[32]);
     bool (*auth_enabled)(const collie_bcomm *bc);
 
-    /* logging: level 0 error .. 3 debug */
+    /* logging: level 0 error .. 3 debug; log_enabled saves formatting */
     void (*log)(int level, const char *module, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
-
-    /* polling: while on, the engine calls ops->poll every interval_us (any
-     * thread; from another thread it takes effect on the next loop turn) */
-    void (*want_poll)(collie_bcomm *bc, bool on, int32_t interval_us);
-
+    bool (*log_enabled)(int level);
     /* settings (COLLIE_SOCKET_IFNAME etc.): the raw value or NULL */
     const char *(*setting)(const char *name);
-
-    /* (appended: the ABI version changes only when existing fields do) */
-    /* the comm's `device` option (-1: none given) */
-    int (*device)(const collie_bcomm *bc);
-    /* the comm's creation bound, for init steps of the backend's own */
-    int32_t (*create_timeout_ms)(const collie_bcomm *bc);
-    /* set the detail collie_last_error() reports to the caller of a post
-     * whose start failed (caller's thread, POST_ON_CALLER backends) */
-    void (*set_error)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+    /* (appended services go here; test them with COLLIE_CORE_HAS) */
 } collie_core_services;
+
+/* COLLIE_CORE_USABLE: is this core's table one a backend built with this
+ * header can use (same ABI, every ABI-3 service present)? A backend checks
+ * it first thing in init and split (and returns COLLIE_ENOTSUP if not). */
+#define COLLIE_CORE_ABI3_SIZE                                                                      \
+    (offsetof(collie_core_services, setting) + sizeof(const char *(*)(const char *)))
+#define COLLIE_CORE_USABLE(core)                                                                   \
+    ((core) != NULL && (core)->abi_version == COLLIE_BACKEND_ABI_VERSION &&                        \
+     (core)->size >= COLLIE_CORE_ABI3_SIZE)
+
+/* COLLIE_CORE_HAS: does this core's table have `field` (a service appended
+ * after the header the backend was built with)? */
+#define COLLIE_CORE_HAS(core, field)                                                               \
+    ((core)->size >= offsetof(collie_core_services, field) + sizeof((core)->field) &&              \
+     (core)->field != NULL)
 
 enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
 
@@ -149,8 +212,8 @@ enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
  *     .abi_version = COLLIE_BACKEND_ABI_VERSION,
  *     .size = sizeof(collie_backend_ops),
  * The core keeps its own copy, zero-filled past `size`: optional hooks a
- * backend built against an older header does not know are NULL, and fields
- * of a newer one are ignored. */
+ * backend built against an older ABI-3 header does not know are NULL, and
+ * fields of a newer one are ignored. */
 typedef struct collie_backend_ops {
     uint32_t abi_version;  /* COLLIE_BACKEND_ABI_VERSION */
     uint32_t size;         /* sizeof(collie_backend_ops) as the backend saw it */
@@ -180,11 +243,16 @@ typedef struct collie_backend_ops {
     /* wait_stream: make the CUDA stream `stream` wait for w (cuda backends;
      * NULL for cpu backends). Caller's thread. (New fields go at the end.) */
     int (*wait_stream)(void *state, collie_work *w, void *stream);
-    /* adopt (optional): the core has claimed w (its deadline passed) and
-     * hands it over instead of publishing: the backend publishes it with
-     * work_publish(w, status, "%s", msg) once the device no longer touches
-     * its buffers (after the abort that follows). Loop thread. */
-    void (*adopt)(void *state, collie_work *w, int status, const char *msg);
+    /* cancel (optional; cuda backends): end `w` with `status` and `msg`
+     * because someone other than the device asked to (its deadline passed,
+     * collie_work_cancel, a waiter past its deadline). The backend ends it
+     * itself (work_finish, or claim + publish) once the device no longer
+     * touches its buffers: at once if its GPU work is done, else after the
+     * abort the core starts next (a CUDA operation cannot be stopped alone).
+     * Idempotent; w may have ended meanwhile (then do nothing). Without the
+     * hook the core finishes the work at once (cpu backends: the BUSY
+     * bracket keeps the loop off the buffers). (loop) */
+    void (*cancel)(void *state, collie_work *w, int status, const char *msg);
     /* split (optional): init for a comm made by collie_comm_split or
      * collie_comm_new_group whose parent runs this same backend: build the
      * child from the parent's state (`parent`, ready) instead of a

@@ -48,7 +48,8 @@ spawn_proc *spawn_start(const char *name, const char *const *args, const char *c
     snprintf(s->name, sizeof s->name, "%s", name);
     for (int i = 0; i < 2; i++)
         assert_non_null(s->text[i] = calloc(1, 1));
-    const char *argv[SPAWN_MAX_ARGS + 2] = {spawn_bin_path(name)};
+    const char *argv[SPAWN_MAX_ARGS + 2] = {strchr(name, '/') ? spawn_build_path(name)
+                                                              : spawn_bin_path(name)};
     size_t n = 1;
     for (size_t i = 0; args[i]; i++) {
         assert_true(n <= SPAWN_MAX_ARGS);

@@ -58,8 +58,9 @@ typedef struct spawn_proc {
 const char *spawn_build_path(const char *rel);
 const char *spawn_bin_path(const char *name);
 
-/* Start tool `name` with args (NULL-terminated) and env_extra (NULL-terminated,
- * may be NULL); spawn_finish will wait at most bound_ms from now. */
+/* Start tool `name` (a path with a '/': relative to the build dir) with
+ * args (NULL-terminated) and env_extra (NULL-terminated, may be NULL);
+ * spawn_finish will wait at most bound_ms from now. */
 spawn_proc *spawn_start(const char *name, const char *const *args, const char *const *env_extra,
                         int bound_ms);
 

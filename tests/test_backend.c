@@ -32,6 +32,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "spawn.h"
 #include "transports/reduce.h"
 #include "transports/tcp/tcp.h"
 
@@ -124,7 +125,9 @@ static void test_register_rejects(void **state) {
     o = *tcp;
     o.name = "rej-abi";
     o.abi_version = COLLIE_BACKEND_ABI_VERSION + 1;
-    expect_register(&o, COLLIE_ENOTSUP, "ABI version 3", "speaks version 2");
+    expect_register(&o, COLLIE_ENOTSUP, "ABI version 4", "speaks version 3");
+    o.abi_version = 2; /* an ABI-2 table handed to register (not through a plugin) */
+    expect_register(&o, COLLIE_ENOTSUP, "ABI version 2", "speaks version 3");
     o = *tcp;
     o.name = "rej-hook";
     o.detach = NULL;
@@ -153,6 +156,125 @@ static void test_register_rejects(void **state) {
     assert_int_equal(cl_backend_parse_spec("rej-abi", &spec), COLLIE_EINVAL);
     assert_int_equal(cl_backend_parse_spec("rej-hook", &spec), COLLIE_EINVAL);
     assert_int_equal(cl_backend_parse_spec("rej-device", &spec), COLLIE_EINVAL);
+}
+
+/* The services table (ABI 3): it says its version and size, a backend
+ * built with this header finds it usable, and a table of another version
+ * or cut short before its last ABI-3 service is refused by the check. */
+static void test_services_table(void **state) {
+    (void)state;
+    const collie_core_services *core = &cl_core_services;
+    assert_int_equal(core->abi_version, 3);
+    assert_int_equal(core->size, sizeof(collie_core_services));
+    assert_true(COLLIE_CORE_USABLE(core));
+    assert_true(COLLIE_CORE_HAS(core, setting));
+    collie_core_services other = *core;
+    other.abi_version = 2;
+    assert_false(COLLIE_CORE_USABLE(&other));
+    other = *core;
+    other.size = (uint32_t)offsetof(collie_core_services, setting);
+    assert_false(COLLIE_CORE_USABLE(&other));
+    assert_false(COLLIE_CORE_HAS(&other, setting));
+    assert_false(COLLIE_CORE_USABLE((const collie_core_services *)NULL));
+    /* the work, dtype and log services are the public functions' twins */
+    assert_int_equal(core->dtype_size(COLLIE_FP64), 8);
+    assert_string_equal(core->dtype_name(COLLIE_BF16), collie_dtype_name(COLLIE_BF16));
+    assert_string_equal(core->redop_name(COLLIE_MAX), "max");
+    assert_true(core->log_enabled(0));
+}
+
+/* The loop's events through the services table: an fd watch fires on
+ * readiness and on watch_activate, stops when stopped; a timer (fd -1)
+ * fires every timeout until stopped; a bad watch_new is refused. */
+typedef struct watch_probe {
+    collie_bcomm *bc;
+    int pfd[2];
+    collie_watch *rd, *timer;
+    _Atomic int reads, writes, timeouts;
+    bool bad_refused;
+} watch_probe;
+
+static void probe_cb(int fd, unsigned events, void *arg) {
+    watch_probe *p = arg;
+    if (events & COLLIE_WATCH_READ) {
+        char b[16];
+        ssize_t n = read(fd, b, sizeof b);
+        (void)n;
+        atomic_fetch_add(&p->reads, 1);
+    }
+    if (events & COLLIE_WATCH_WRITE) atomic_fetch_add(&p->writes, 1);
+    if (events & COLLIE_WATCH_TIMEOUT) atomic_fetch_add(&p->timeouts, 1);
+}
+
+static void probe_setup(void *arg) {
+    watch_probe *p = arg;
+    const collie_core_services *core = &cl_core_services;
+    p->bad_refused = core->watch_new(p->bc, -1, COLLIE_WATCH_READ, probe_cb, p) == NULL &&
+                     core->watch_new(p->bc, p->pfd[0], 0, probe_cb, p) == NULL &&
+                     core->watch_new(p->bc, p->pfd[0], COLLIE_WATCH_READ, NULL, p) == NULL;
+    p->rd = core->watch_new(p->bc, p->pfd[0], COLLIE_WATCH_READ, probe_cb, p);
+    p->timer = core->watch_new(p->bc, -1, 0, probe_cb, p);
+    if (p->rd) core->watch_start(p->rd, -1);
+    if (p->timer) core->watch_start(p->timer, 2000);
+}
+
+static void probe_activate(void *arg) {
+    watch_probe *p = arg;
+    cl_core_services.watch_activate(p->rd, COLLIE_WATCH_WRITE);
+}
+
+static void probe_stop(void *arg) {
+    watch_probe *p = arg;
+    cl_core_services.watch_stop(p->rd);
+    cl_core_services.watch_stop(p->timer);
+}
+
+static void probe_free(void *arg) {
+    watch_probe *p = arg;
+    cl_core_services.watch_free(p->rd);
+    cl_core_services.watch_free(p->timer);
+}
+
+static bool wait_count(_Atomic int *v, int want) {
+    for (int64_t until = now_ms() + 5000; now_ms() < until;) {
+        if (atomic_load(v) >= want) return true;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+static void test_watch_services(void **state) {
+    (void)state;
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    world_create(&w, 1, "watch", &o);
+    static watch_probe p;
+    memset(&p, 0, sizeof p);
+    p.bc = &w.c[0]->bcs[CL_DEV_CPU];
+    assert_int_equal(pipe(p.pfd), 0);
+    collie_engine *e = w.e;
+    assert_int_equal(cl_engine_call(e, probe_setup, &p, 5000), COLLIE_OK);
+    assert_true(p.bad_refused);
+    assert_non_null(p.rd);
+    assert_non_null(p.timer);
+    assert_true(wait_count(&p.timeouts, 3)); /* every 2 ms, until stopped */
+    assert_int_equal(atomic_load(&p.reads), 0);
+    assert_int_equal(write(p.pfd[1], "x", 1), 1);
+    assert_true(wait_count(&p.reads, 1));
+    assert_int_equal(cl_engine_call(e, probe_activate, &p, 5000), COLLIE_OK);
+    assert_true(wait_count(&p.writes, 1));
+    assert_int_equal(cl_engine_call(e, probe_stop, &p, 5000), COLLIE_OK);
+    int reads = atomic_load(&p.reads), timeouts = atomic_load(&p.timeouts);
+    assert_int_equal(write(p.pfd[1], "y", 1), 1);
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(atomic_load(&p.reads), reads); /* stopped: neither fires */
+    assert_int_equal(atomic_load(&p.timeouts), timeouts);
+    assert_int_equal(cl_engine_call(e, probe_free, &p, 5000), COLLIE_OK);
+    close(p.pfd[0]);
+    close(p.pfd[1]);
+    world_destroy(&w);
 }
 
 /* An in-process backend: the TCP transport under another name, counting
@@ -212,7 +334,7 @@ static void test_register_in_process_backend(void **state) {
     assert_int_equal(atomic_load(&counting_starts), 4);
 }
 
-/* A table from a backend built against an older header (no adopt, split,
+/* A table from a backend built against an older header (no cancel, split,
  * split_skip: its .size ends before them) and whatever memory follows it:
  * the core reads those hooks as NULL (it keeps a zero-filled copy), so a
  * comm and a split on it work through init. A size below the required
@@ -235,7 +357,7 @@ static void test_register_older_table(void **state) {
         collie_backend_ops ops;
         unsigned char raw[sizeof(collie_backend_ops)];
     } older;
-    size_t size = offsetof(collie_backend_ops, adopt);
+    size_t size = offsetof(collie_backend_ops, cancel);
     memcpy(older.raw, cl_tcp_backend_ops(), size);
     memset(older.raw + size, 0xab, sizeof older.raw - size); /* not NULL: garbage */
     older.ops.size = (uint32_t)size;
@@ -549,9 +671,13 @@ static int child_broken_plugins(void) {
         const char *needle1, *needle2;
     } cases[] = {
         {"nosym", COLLIE_EINVAL, "plugin libcollie_nosym.so is unusable",
-         "does not export collie_backend_plugin_v1"},
+         "does not export collie_backend_plugin_v3"},
         {"cpu:NoSym", COLLIE_EINVAL, "tests/plugins/libcollie_nosym.so does not export", NULL},
-        {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 2"},
+        {"badabi", COLLIE_ENOTSUP, "backend ABI version 99", "this collie speaks version 3"},
+        {"abi2", COLLIE_ENOTSUP,
+         "was built for backend ABI 2 or older (it exports "
+         "collie_backend_plugin_v1)",
+         "this collie speaks backend ABI 3 (collie_backend_plugin_v3)"},
         {"needslib", COLLIE_EBACKEND,
          "plugin libcollie_needslib.so is unusable: "
          "libcltest_absent.so: cannot open shared object file",
@@ -630,6 +756,26 @@ static void test_plugin_broken(void **state) {
     run_child(child_broken_plugins, "broken plugins");
 }
 
+/* The dummy plugin loads into a program linked with libcollie.a (no
+ * -rdynamic) and into one linked with libcollie.so: it links no core
+ * symbol (backend ABI 3). */
+static void test_plugin_loads_static_and_shared(void **state) {
+    (void)state;
+    static const char *const hosts[][2] = {{"tests/plugin_host_static", "static"},
+                                           {"tests/plugin_host_shared", "shared"}};
+    char env[sizeof plugin_path + 32];
+    snprintf(env, sizeof env, "COLLIE_PLUGIN_PATH=%s", plugin_path);
+    const char *const env_extra[] = {env, NULL};
+    for (size_t i = 0; i < 2; i++) {
+        const char *const args[] = {hosts[i][1], NULL};
+        spawn_proc *s = spawn_start(hosts[i][0], args, env_extra, 30000);
+        spawn_finish(s);
+        assert_spawn(s, s->status == 0);
+        assert_spawn(s, strstr(s->text[0], "dummy plugin loaded, allreduce of 1024 fp32 correct"));
+        spawn_free(s);
+    }
+}
+
 /* COLLIE_PLUGIN_PATH = <build>/lib:<build>/tests/plugins, where <build> is
  * CLTEST_BUILD_DIR (set by tools/run-tests.sh) or this binary's build dir. */
 static int setup_plugin_path(void **state) {
@@ -661,12 +807,15 @@ int main(void) {
         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_spec_names_case_insensitive),
         cmocka_unit_test(test_register_rejects),
+        cmocka_unit_test(test_services_table),
+        cmocka_unit_test(test_watch_services),
         cmocka_unit_test(test_register_in_process_backend),
         cmocka_unit_test(test_register_older_table),
         cmocka_unit_test(test_plugin_dummy),
         cmocka_unit_test(test_plugin_dummy_two_engines),
         cmocka_unit_test(test_plugin_dummy_faults),
         cmocka_unit_test(test_plugin_broken),
+        cmocka_unit_test_teardown(test_plugin_loads_static_and_shared, spawn_teardown),
     };
     return cmocka_run_group_tests(tests, setup_plugin_path, NULL);
 }

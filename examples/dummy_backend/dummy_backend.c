@@ -7,7 +7,7 @@
  * Design notes
  *  - Uses only collie.h, collie_backend.h and the core services table.
  *    Built as libcollie_dummy.so; collie finds it through COLLIE_PLUGIN_PATH
- *    and calls collie_backend_plugin_v1(). See README.md.
+ *    and calls collie_backend_plugin_v3(). See README.md.
  *  - Ranks meet in a process-global list of groups keyed by the comm id
  *    (core->comm_id: name + generation, so a re-created comm never meets
  *    its earlier incarnation). Each collective of a group has a room keyed
@@ -123,8 +123,11 @@ static bool dummy_supported(const collie_coll_args *a) {
            a->dtype == COLLIE_FP64;
 }
 
+/* the core's services: one table per process, the same for every comm */
+static const collie_core_services *dummy_core;
+
 static size_t dummy_bytes(const collie_coll_args *a) {
-    return a->kind == COLLIE_COLL_ALLREDUCE ? a->count * collie_dtype_size(a->dtype) : 0;
+    return a->kind == COLLIE_COLL_ALLREDUCE ? a->count * dummy_core->dtype_size(a->dtype) : 0;
 }
 
 static void dummy_describe(const collie_coll_args *a, char *buf, size_t len) {
@@ -132,8 +135,8 @@ static void dummy_describe(const collie_coll_args *a, char *buf, size_t len) {
         "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
         "scatter",   "barrier",   "send",   "recv"};
     if (a->kind == COLLIE_COLL_ALLREDUCE)
-        snprintf(buf, len, "allreduce of %zu %s (%s)", a->count, collie_dtype_name(a->dtype),
-                 collie_redop_name(a->op));
+        snprintf(buf, len, "allreduce of %zu %s (%s)", a->count, dummy_core->dtype_name(a->dtype),
+                 dummy_core->redop_name(a->op));
     else
         snprintf(buf, len, "%s", (unsigned)a->kind < COLLIE_COLL_NUM_KINDS ? kinds[a->kind] : "?");
 }
@@ -253,12 +256,14 @@ static void dummy_deliver(dummy_work *ready) {
 /* ---- backend ops ------------------------------------------------------------- */
 
 static int dummy_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    if (!COLLIE_CORE_USABLE(core)) return COLLIE_ENOTSUP; /* a core of another ABI */
+    dummy_core = core;
     dummy_comm *dc = calloc(1, sizeof *dc);
     if (!dc) return COLLIE_ENOMEM;
     dc->bc = bc;
     dc->core = core;
     dc->rank = core->rank(bc);
-    int size = core->size(bc);
+    int size = core->nranks(bc);
     pthread_mutex_lock(&dummy_mu);
     dc->g = dummy_group_attach_locked(core->comm_id(bc), size);
     int gsize = dc->g ? dc->g->size : size;
@@ -313,7 +318,7 @@ static int dummy_start(void *state, collie_work *w, const collie_coll_args *a) {
     if (g->broken_rank >= 0) {
         fault = COLLIE_EPEER;
         snprintf(why, sizeof why, "rank %d left the comm: %s", g->broken_rank, g->reason);
-    } else if (!(r = dummy_room_get_locked(g, collie_work_seq(w), a, dc->rank))) {
+    } else if (!(r = dummy_room_get_locked(g, core->work_seq(w), a, dc->rank))) {
         fault = COLLIE_ENOMEM;
         snprintf(why, sizeof why, "no memory for a room");
     } else if (r->args.kind != a->kind || dummy_bytes(&r->args) != bytes ||
@@ -384,7 +389,8 @@ static void dummy_poll(void *state) {
         if (!dw->room) continue;
         if (dw->room->done)
             dummy_take_locked(dw, &ready);
-        else if (dc->g->broken_rank >= 0 && !victim && !dc->aborted && !collie_work_test(dw->w)) {
+        else if (dc->g->broken_rank >= 0 && !victim && !dc->aborted &&
+                 !dc->core->work_test(dw->w)) {
             victim = dw;
             snprintf(why, sizeof why, "rank %d left the comm: %s", dc->g->broken_rank,
                      dc->g->reason);
@@ -442,6 +448,6 @@ static const collie_backend_ops dummy_ops = {
     .destroy = dummy_destroy,
 };
 
-/* collie_backend_plugin_v1: the one symbol collie looks up in the plugin. */
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void);
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void) { return &dummy_ops; }
+/* collie_backend_plugin_v3: the one symbol collie looks up in the plugin. */
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void);
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void) { return &dummy_ops; }

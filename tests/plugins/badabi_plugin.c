@@ -42,5 +42,5 @@ static const collie_backend_ops badabi_ops = {
     .destroy = badabi_destroy,
 };
 
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void);
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void) { return &badabi_ops; }
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void);
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void) { return &badabi_ops; }

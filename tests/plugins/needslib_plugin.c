@@ -9,7 +9,7 @@
 
 int cltest_absent_value(void);
 
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void);
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void) {
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void);
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void) {
     return cltest_absent_value() ? NULL : NULL;
 }

@@ -22,12 +22,13 @@
  *  - Works the core has not started yet when the abort comes ("late": a
  *    post racing with the abort) are claimed by the poll hook once started,
  *    into the batch, or published at once if the batch is already out.
- *  - A work whose deadline passes is claimed by the core and handed over
- *    (adopt, loop) instead of published: it stays on the pending list and
- *    the abort that follows puts it in the batch with the core's status
- *    (ETIMEDOUT) and message; adopted while an abort quiesces, it joins the
- *    batch; adopted once the batch is out (or after its GPU work ended), it
- *    is published at once, with the overrun note if not quiesced.
+ *  - A work the core asks us to end (cancel, loop: its deadline passed,
+ *    collie_work_cancel, a waiter past its deadline) is claimed here and
+ *    kept on the pending list: the abort that follows puts it in the batch
+ *    with the cancel's status (ETIMEDOUT) and message; canceled while an
+ *    abort quiesces, it joins the batch; canceled once the batch is out (or
+ *    after its GPU work ended), it is published at once, with the overrun
+ *    note if not quiesced.
  *  - Exactly one of helper, poll hook and destroy takes the batch
  *    (batch_taken, under mu); batch_published is set once its works are
  *    published. Once destroy has begun (it may come right after abort,
@@ -60,8 +61,10 @@ static void nccl_publish(cl_nccl_comm *nc, cl_nccl_work *batch, const cl_nccl_wo
     for (cl_nccl_work *nw = batch, *next; nw; nw = next) {
         next = nw->batch_next; /* nw may retire (and be freed) once published */
         bool is_root = nw == root;
-        int status = nw->adopted ? nw->adopt_status : is_root ? nc->root_status : nc->abort_status;
-        const char *msg = nw->adopted ? nw->adopt_msg : is_root ? nc->root_msg : nc->abort_reason;
+        int status = nw->canceled ? nw->cancel_status
+                     : is_root    ? nc->root_status
+                                  : nc->abort_status;
+        const char *msg = nw->canceled ? nw->cancel_msg : is_root ? nc->root_msg : nc->abort_reason;
         nc->core->work_publish(nw->w, status, "%s%s", msg, overrun ? nccl_overrun_note : "");
     }
 }
@@ -182,7 +185,7 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     size_t claimed = 0, ndone = 0;
     collie_work *done[64];
     for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
-        if (nw->adopted) { /* the core's, since its deadline: quiesced with the others */
+        if (nw->canceled) { /* canceled: quiesced with the others */
             if (nw != nc->root) {
                 nw->batch_next = NULL;
                 *tail = nw;
@@ -202,7 +205,7 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
             *tail = nw;
             tail = &nw->batch_next;
             claimed++;
-        } else if (collie_work_test(nw->w)) {
+        } else if (nc->core->work_test(nw->w)) {
             nw->finished = true; /* ended already (deadline, cancel) */
         } else {
             /* judged now: once the abort has drained the stream, a completed
@@ -219,7 +222,7 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
 
     for (size_t i = 0; i < ndone; i++)
         nc->core->work_finish(done[i], COLLIE_OK, NULL);
-    if (req) collie_work_cancel(req);
+    if (req) nc->core->work_cancel(req);
     size_t failing = claimed + (nc->root && nc->root->claimed);
     /* an idle comm being destroyed is routine; failing works are not */
     nc->core->log(failing ? 1 : 3, NCCL_MOD,
@@ -239,36 +242,37 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     nc->core->want_poll(nc->bc, true, nc->poll_us); /* watch the bound */
 }
 
-void cl_nccl_adopt(void *state, collie_work *w, int status, const char *msg) {
+void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg) {
     cl_nccl_comm *nc = state;
     cl_nccl_work *nw = nc->core->work_backend_data(w);
     bool now = false, overrun = false;
     pthread_mutex_lock(&nc->mu);
-    if (nw->claimed) { /* ours already: the core could not have claimed it */
+    /* ours already (an abort's batch, a completion), or ended meanwhile */
+    if (nw->claimed || !nc->core->work_claim(w)) {
         pthread_mutex_unlock(&nc->mu);
         return;
     }
     nw->claimed = nw->finished = true;
     nw->late = false; /* the abort's late path must not claim it again */
-    nw->adopt_status = status;
-    snprintf(nw->adopt_msg, sizeof nw->adopt_msg, "%s", msg ? msg : "deadline passed");
-    /* `adopted` marks the ones an abort batch publishes; the others are
+    nw->cancel_status = status;
+    snprintf(nw->cancel_msg, sizeof nw->cancel_msg, "%s", msg ? msg : "deadline passed");
+    /* `canceled` marks the ones an abort batch publishes; the others are
      * published here, and the abort coming next must skip them */
     if (!nw->linked || nccl_gpu_done_locked(nc, nw)) {
         now = true; /* the GPU is done with it: nothing to wait for */
     } else if (nc->aborting && !nc->batch_taken) {
-        nw->adopted = true; /* the abort is quiescing: join its batch */
+        nw->canceled = true; /* the abort is quiescing: join its batch */
         nw->batch_next = nc->batch;
         nc->batch = nw;
     } else if (nc->aborting) {
         now = true; /* the batch is out: quiesced, or past the bound */
         overrun = !nc->abort_done;
     } else {
-        nw->adopted = true; /* the abort that follows (fault or the core) batches it */
+        nw->canceled = true; /* the abort that follows (fault or the core) batches it */
     }
     pthread_mutex_unlock(&nc->mu);
     if (now)
-        nc->core->work_publish(w, status, "%s%s", nw->adopt_msg, overrun ? nccl_overrun_note : "");
+        nc->core->work_publish(w, status, "%s%s", nw->cancel_msg, overrun ? nccl_overrun_note : "");
 }
 
 void cl_nccl_abort_poll(cl_nccl_comm *nc) {
@@ -280,7 +284,7 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
     pthread_mutex_lock(&nc->mu);
     for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
         if (!nw->late) continue;
-        if (collie_work_test(nw->w)) {
+        if (nc->core->work_test(nw->w)) {
             nw->late = false;
             nw->finished = true;
             continue;

@@ -49,6 +49,7 @@
 
 typedef struct cl_nccl_store_ctx {
     cl_nccl_comm *nc; /* NULL once destroy ran */
+    const collie_core_services *core;
 } cl_nccl_store_ctx;
 
 int64_t cl_nccl_now_ns(void) {
@@ -227,10 +228,11 @@ static void nccl_comm_init(cl_nccl_comm *nc) {
 static void nccl_on_store(collie_work *w, void *arg) {
     cl_nccl_store_ctx *ctx = arg;
     cl_nccl_comm *nc = ctx->nc;
+    const collie_core_services *core = ctx->core;
     free(ctx);
-    int st = collie_work_result(w);
+    int st = core->work_result(w);
     if (!nc) { /* destroyed meanwhile */
-        collie_work_release(w);
+        core->work_release(w);
         return;
     }
     nc->store_req = NULL;
@@ -243,7 +245,7 @@ static void nccl_on_store(collie_work *w, void *arg) {
         if (len != sizeof(ncclUniqueId)) {
             snprintf(why, sizeof why, "the NCCL unique id in the store has %zu bytes, not %zu", len,
                      sizeof(ncclUniqueId));
-            collie_work_release(w);
+            nc->core->work_release(w);
             cl_nccl_init_fail(nc, COLLIE_EPROTO, why);
             return;
         }
@@ -257,12 +259,12 @@ static void nccl_on_store(collie_work *w, void *arg) {
             snprintf(bound, sizeof bound,
                      "NCCL init did not complete within %d ms: ", (int)nc->create_timeout_ms);
         snprintf(why, sizeof why, "%sexchanging the NCCL unique id through the store: %s", bound,
-                 collie_work_error_message(w));
-        collie_work_release(w);
+                 nc->core->work_error_message(w));
+        nc->core->work_release(w);
         if (st != COLLIE_ECANCELED) cl_nccl_init_fail(nc, st, why);
         return;
     }
-    collie_work_release(w);
+    nc->core->work_release(w);
     nccl_comm_init(nc);
 }
 
@@ -289,6 +291,7 @@ static void nccl_setup_finished(cl_nccl_comm *nc, int status, const char *msg) {
         return;
     }
     ctx->nc = nc;
+    ctx->core = nc->core;
     nc->store_ctx = ctx;
     int r;
     if (nc->rank == 0)
@@ -378,6 +381,7 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
 
 int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nccl_comm *parent,
                        int color, int key, void **state) {
+    if (!COLLIE_CORE_USABLE(core)) return COLLIE_ENOTSUP; /* a core of another ABI */
     cl_nccl_comm *nc = calloc(1, sizeof *nc);
     if (!nc) return COLLIE_ENOMEM;
     if (parent) {
@@ -389,7 +393,7 @@ int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nc
     nc->bc = bc;
     nc->core = core;
     nc->rank = core->rank(bc);
-    nc->size = core->size(bc);
+    nc->size = core->nranks(bc);
     nc->dev_opt = core->device(bc);
     nc->create_timeout_ms = core->create_timeout_ms(bc);
     nc->init_start_ns = cl_nccl_now_ns();
@@ -462,7 +466,7 @@ static void nccl_destroy(void *state) {
     pthread_mutex_unlock(&nc->mu);
     if (ctx) { /* its callback frees the context and releases the request */
         ctx->nc = NULL;
-        collie_work_cancel(req);
+        nc->core->work_cancel(req);
     }
     if (comm) cl_nccl_comm_release_async(nc, comm);
     cl_nccl_release(nc);
@@ -482,11 +486,11 @@ static const collie_backend_ops nccl_ops = {
     .wait_stream = cl_nccl_wait_stream,
     .abort = cl_nccl_abort,
     .destroy = nccl_destroy,
-    .adopt = cl_nccl_adopt,
+    .cancel = cl_nccl_cancel,
     .split = cl_nccl_split,
     .split_skip = cl_nccl_split_skip,
 };
 
-/* collie_backend_plugin_v1: the one symbol collie looks up in the plugin. */
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void);
-COLLIE_API const collie_backend_ops *collie_backend_plugin_v1(void) { return &nccl_ops; }
+/* collie_backend_plugin_v3: the one symbol collie looks up in the plugin. */
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void);
+COLLIE_API const collie_backend_ops *collie_backend_plugin_v3(void) { return &nccl_ops; }

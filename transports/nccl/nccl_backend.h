@@ -8,7 +8,7 @@
  *   nccl_post.c      start (caller's thread): the NCCL calls, launching,
  *                    wait_stream
  *   nccl_progress.c  poll and detach (loop): completions, async errors
- *   nccl_abort.c     abort and adopt: claim, ncclCommAbort off the loop,
+ *   nccl_abort.c     abort and cancel: claim, ncclCommAbort off the loop,
  *                    publish
  *   nccl_split.c     children of collie_comm_split/new_group by ncclCommSplit
  *
@@ -54,15 +54,15 @@ struct cl_nccl_work {
     cl_nccl_comm *nc;
     collie_coll_args args;
     cudaEvent_t start_ev, end_ev;
-    int state;              /* enum nccl_wstate (mu) */
-    bool linked;            /* on nc's pending list (mu) */
-    bool gpu_done;          /* end event completed (mu) */
-    bool finished;          /* finished, or handed to someone who will finish it (mu) */
-    bool claimed;           /* claimed by the abort; published with the batch (mu) */
-    bool late;              /* the abort found it not yet started by the core (mu) */
-    bool adopted;           /* the core handed it over (deadline); an abort publishes it */
-    int adopt_status;       /* the status the core gave it (adopt) */
-    char adopt_msg[192];    /* ... and its message */
+    int state;         /* enum nccl_wstate (mu) */
+    bool linked;       /* on nc's pending list (mu) */
+    bool gpu_done;     /* end event completed (mu) */
+    bool finished;     /* finished, or handed to someone who will finish it (mu) */
+    bool claimed;      /* claimed by the abort; published with the batch (mu) */
+    bool late;         /* the abort found it not yet started by the core (mu) */
+    bool canceled;     /* canceled (ops->cancel) while the GPU may use it: an abort publishes it */
+    int cancel_status; /* the status the cancel gave it */
+    char cancel_msg[192];   /* ... and its message */
     cudaError_t record_err; /* cudaEventRecord of end_ev failed (mu) */
     ncclResult_t issue_err; /* NCCL refused it when the poll hook issued it (mu) */
     cl_nccl_work *next, *prev, *batch_next;
@@ -156,7 +156,7 @@ bool cl_nccl_work_active(const collie_core_services *core, collie_work *w);
 /* nccl_abort.c */
 void cl_nccl_abort(void *state, int status, const char *reason);
 /* the core claimed w at its deadline: publish it with the abort's batch (loop) */
-void cl_nccl_adopt(void *state, collie_work *w, int status, const char *msg);
+void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg);
 /* loop, while aborting: claim late works, watch the bound */
 void cl_nccl_abort_poll(cl_nccl_comm *nc);
 /* destroy: wait (bounded) for the abort; publish what is left */

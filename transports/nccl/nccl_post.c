@@ -109,7 +109,7 @@ static ncclResult_t nccl_group_p2p(cl_nccl_comm *nc, const collie_coll_args *a, 
 static ncclResult_t nccl_issue(cl_nccl_comm *nc, const collie_coll_args *a) {
     ncclDataType_t dt = nccl_dtypes[a->kind == COLLIE_COLL_BARRIER ? COLLIE_FP32 : a->dtype];
     ncclRedOp_t op = a->op < COLLIE_NUM_REDOPS ? nccl_redops[a->op] : ncclSum;
-    size_t blk = a->count * collie_dtype_size(a->dtype);
+    size_t blk = a->count * nc->core->dtype_size(a->dtype);
     ncclComm_t c = nc->comm;
     cudaStream_t st = nc->stream;
     switch (a->kind) {
@@ -257,18 +257,14 @@ int cl_nccl_start(void *state, collie_work *w, const collie_coll_args *a) {
 
 int cl_nccl_wait_stream(void *state, collie_work *w, void *stream) {
     cl_nccl_comm *nc = state;
-    if (!nc) { /* the comm was destroyed: the work ended long ago */
-        int st = collie_work_result(w);
-        return st == COLLIE_INPROGRESS ? COLLIE_ESTATE : st;
-    }
     cl_nccl_work *nw = nc->core->work_backend_data(w);
     int64_t give_up = cl_nccl_now_ns() + (int64_t)NCCL_WAIT_STREAM_LAUNCH_MS * 1000000;
     for (;;) {
         pthread_mutex_lock(&nc->mu);
-        if (!nw->linked || nw->gpu_done || collie_work_test(w) || nc->aborting) {
+        if (!nw->linked || nw->gpu_done || nc->core->work_test(w) || nc->aborting) {
             pthread_mutex_unlock(&nc->mu);
             /* done on the GPU (nothing to wait for) or ended with an error */
-            int st = collie_work_result(w);
+            int st = nc->core->work_result(w);
             if (st == COLLIE_OK || (st == COLLIE_INPROGRESS && nw->gpu_done)) return COLLIE_OK;
             return st == COLLIE_INPROGRESS ? COLLIE_EABORTED : st;
         }
@@ -285,7 +281,7 @@ int cl_nccl_wait_stream(void *state, collie_work *w, void *stream) {
         if (cl_nccl_now_ns() > give_up) {
             nc->core->log(1, NCCL_MOD,
                           "wait_stream: NCCL is still enqueueing %s seq %llu after %d ms",
-                          nccl_kind_names[nw->args.kind], (unsigned long long)collie_work_seq(w),
+                          nccl_kind_names[nw->args.kind], (unsigned long long)nc->core->work_seq(w),
                           NCCL_WAIT_STREAM_LAUNCH_MS);
             return COLLIE_EBACKEND;
         }

@@ -53,7 +53,7 @@ static void nccl_claim_root_locked(cl_nccl_comm *nc, cl_nccl_work *nw, int statu
     if (cl_nccl_work_active(nc->core, nw->w)) {
         if (!nc->core->work_claim(nw->w)) return; /* ended meanwhile (deadline, cancel) */
         nw->finished = nw->claimed = true;
-    } else if (collie_work_test(nw->w)) {
+    } else if (nc->core->work_test(nw->w)) {
         nw->finished = true;
         return;
     } else {
@@ -98,7 +98,7 @@ static size_t nccl_scan_locked(cl_nccl_comm *nc, collie_work **done, bool *fault
             }
             nw->gpu_done = true;
         }
-        if (collie_work_test(nw->w)) { /* ended already (deadline, cancel) */
+        if (nc->core->work_test(nw->w)) { /* ended already (deadline, cancel) */
             nw->finished = true;
             continue;
         }

@@ -14,7 +14,6 @@
 #ifndef CL_TCP_H
 #define CL_TCP_H
 
-#include <event2/event.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -92,8 +91,8 @@ typedef struct tcp_conn {
     int state;
     bool initiator;
     char closed_why[160]; /* why the connection closed */
-    evutil_socket_t fd;
-    struct event *rev, *wev;
+    int fd;
+    collie_watch *rev, *wev; /* the fd's read and write watches */
     collie_work *addr_req;
     struct tcp_req_ctx *addr_ctx; /* the store get's callback context */
 
@@ -134,8 +133,8 @@ typedef struct tcp_comm {
     const collie_core_services *core;
     int rank, size;
     uint64_t comm_id, generation;
-    evutil_socket_t listen_fd;
-    struct event *listen_ev;
+    int listen_fd;
+    collie_watch *listen_ev;
     char addr[80];
     tcp_conn **conns;
     tcp_conn *pending;                        /* accepted, handshake not finished */

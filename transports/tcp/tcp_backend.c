@@ -43,7 +43,7 @@ static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **s
     tc->bc = bc;
     tc->core = core;
     tc->rank = core->rank(bc);
-    tc->size = core->size(bc);
+    tc->size = core->nranks(bc);
     tc->comm_id = core->comm_id(bc);
     tc->generation = core->generation(bc);
     tc->listen_fd = -1;
@@ -105,7 +105,7 @@ static void tcp_abort(void *state, int status, const char *reason) {
     tc->aborted = true;
     tc->abort_status = status;
     snprintf(tc->abort_reason, sizeof tc->abort_reason, "%s", reason);
-    if (tc->listen_ev) event_del(tc->listen_ev);
+    if (tc->listen_ev) tc->core->watch_stop(tc->listen_ev);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
     for (tcp_conn *c = tc->pending; c; c = c->next_pending)
@@ -130,7 +130,7 @@ static void tcp_destroy(void *state) {
         tc->publish_ctx->target = NULL;
         collie_work_cancel(tc->publish_req);
     }
-    if (tc->listen_ev) event_free(tc->listen_ev);
+    if (tc->listen_ev) tc->core->watch_free(tc->listen_ev);
     if (tc->listen_fd >= 0) close(tc->listen_fd);
     cl_tcp_xbuf_free_all(tc);
     free(tc->conns);

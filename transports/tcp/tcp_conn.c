@@ -66,13 +66,13 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
 
-int cl_tcp_conn_attach_fd(tcp_conn *c, evutil_socket_t fd) {
-    struct event_base *base = c->tc->core->event_base(c->tc->bc);
+int cl_tcp_conn_attach_fd(tcp_conn *c, int fd) {
+    const collie_core_services *core = c->tc->core;
     c->fd = fd;
-    c->rev = event_new(base, fd, EV_READ | EV_PERSIST, cl_tcp_conn_on_read, c);
-    c->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, cl_tcp_conn_on_write, c);
+    c->rev = core->watch_new(c->tc->bc, fd, COLLIE_WATCH_READ, cl_tcp_conn_on_read, c);
+    c->wev = core->watch_new(c->tc->bc, fd, COLLIE_WATCH_WRITE, cl_tcp_conn_on_write, c);
     if (!c->rev || !c->wev) return COLLIE_ENOMEM;
-    event_add(c->rev, NULL);
+    c->tc->core->watch_start(c->rev, -1);
     return COLLIE_OK;
 }
 
@@ -87,8 +87,8 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
 
 void cl_tcp_conn_free(tcp_conn *c) {
     if (!c) return;
-    if (c->rev) event_free(c->rev);
-    if (c->wev) event_free(c->wev);
+    if (c->rev) c->tc->core->watch_free(c->rev);
+    if (c->wev) c->tc->core->watch_free(c->wev);
     if (c->fd >= 0) close(c->fd);
     if (c->addr_ctx) { /* its callback frees the context and the request */
         c->addr_ctx->target = NULL;
@@ -114,8 +114,8 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
     if (c->state == TCP_CONN_CLOSED) return;
     c->state = TCP_CONN_CLOSED;
     snprintf(c->closed_why, sizeof c->closed_why, "%s", why);
-    if (c->rev) event_del(c->rev);
-    if (c->wev) event_del(c->wev);
+    if (c->rev) c->tc->core->watch_stop(c->rev);
+    if (c->wev) c->tc->core->watch_stop(c->wev);
     if (c->fd >= 0) {
         close(c->fd);
         c->fd = -1;
@@ -178,7 +178,7 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
              (unsigned long long)get64(cut->hdr + 16));
     tcp_msg *m = c->sq_head;
     c->sq_head = c->sq_tail = NULL;
-    if (c->wev) event_del(c->wev);
+    if (c->wev) c->tc->core->watch_stop(c->wev);
     c->flush_scheduled = false;
     c->tc->core->log(3, "tcp", "comm '%s' rank %d: %s; no more sends on it",
                      c->tc->core->name(c->tc->bc), c->tc->rank, c->broken_why);
@@ -198,7 +198,7 @@ void cl_tcp_conn_ready(tcp_conn *c) {
     c->hs_phase = HS_DONE;
     c->tc->core->log(3, "tcp", "comm '%s' rank %d: connected to rank %d",
                      c->tc->core->name(c->tc->bc), c->tc->rank, c->peer);
-    event_add(c->wev, NULL);
+    c->tc->core->watch_start(c->wev, -1);
 }
 
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
@@ -217,7 +217,7 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
      * works meanwhile leave in one sendmsg */
     if (c->state == TCP_CONN_READY && !c->flush_scheduled) {
         c->flush_scheduled = true;
-        event_active(c->wev, EV_WRITE, 0);
+        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
     }
 }
 
@@ -240,7 +240,7 @@ static void conn_read_last_words(tcp_conn *c) {
             c->drain.len = c->payload_len;
             c->cur = &c->drain; /* owner NULL: into the discard area */
         }
-        cl_tcp_conn_on_read(c->fd, EV_READ, c);
+        cl_tcp_conn_on_read(c->fd, COLLIE_WATCH_READ, c);
         if (!conn_read_paused(c)) return;
     }
 }
@@ -265,7 +265,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         c->hs_out_sent += (size_t)n;
     }
     if (c->state != TCP_CONN_READY || c->send_broken) {
-        event_del(c->wev);
+        c->tc->core->watch_stop(c->wev);
         return;
     }
     while (c->sq_head) {
@@ -340,15 +340,15 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         if (c->state != TCP_CONN_READY) return; /* closed by a fault */
         if (partial) goto want_write;
     }
-    event_del(c->wev);          /* also cancels an activation made meanwhile: */
-    c->flush_scheduled = false; /* this flush covered it */
+    c->tc->core->watch_stop(c->wev); /* also cancels an activation made meanwhile: */
+    c->flush_scheduled = false;      /* this flush covered it */
     return;
 want_write:
-    event_add(c->wev, NULL);
+    c->tc->core->watch_start(c->wev, -1);
     c->flush_scheduled = false;
 }
 
-void cl_tcp_conn_on_write(evutil_socket_t fd, short what, void *arg) {
+void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
     tcp_conn *c = arg;
@@ -365,7 +365,7 @@ void cl_tcp_conn_on_write(evutil_socket_t fd, short what, void *arg) {
         c->hs_phase = HS_D_WAIT_CHALLENGE;
         c->hs_in_want = HS_CHALLENGE_LEN;
         c->hs_in_len = 0;
-        event_del(c->wev);
+        c->tc->core->watch_stop(c->wev);
         return;
     }
     cl_tcp_conn_flush(c);
@@ -570,7 +570,7 @@ static void conn_peer_aborted(tcp_conn *c) {
         cl_tcp_conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
 }
 
-void cl_tcp_conn_on_read(evutil_socket_t fd, short what, void *arg) {
+void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
     tcp_conn *c = arg;
@@ -614,7 +614,7 @@ void cl_tcp_conn_on_read(evutil_socket_t fd, short what, void *arg) {
                     return;
                 }
             } else if (!conn_match(c)) {
-                if (c->state == TCP_CONN_READY) event_del(c->rev); /* paused */
+                if (c->state == TCP_CONN_READY) c->tc->core->watch_stop(c->rev); /* paused */
                 return;
             }
         }
@@ -647,8 +647,8 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) == s->step &&
         get64(c->hdr + 16) == s->seq) {
         if (!conn_match(c)) return;
-        event_add(c->rev, NULL);
-        event_active(c->rev, EV_READ, 0);
+        c->tc->core->watch_start(c->rev, -1);
+        c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
     }
 }
 

@@ -6,7 +6,6 @@
 #ifndef CL_TCP_CONN_IMPL_H
 #define CL_TCP_CONN_IMPL_H
 
-#include <event2/event.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,9 +42,9 @@ static inline uint64_t get64(const uint8_t *p) {
 
 /* tcp_conn.c */
 tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
-int cl_tcp_conn_attach_fd(tcp_conn *c, evutil_socket_t fd);
-void cl_tcp_conn_on_read(evutil_socket_t fd, short what, void *arg);
-void cl_tcp_conn_on_write(evutil_socket_t fd, short what, void *arg);
+int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
+void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);
+void cl_tcp_conn_on_write(int fd, unsigned what, void *arg);
 /* the connection is ready: flush what waits to be sent */
 void cl_tcp_conn_ready(tcp_conn *c);
 void cl_tcp_conn_flush(tcp_conn *c);

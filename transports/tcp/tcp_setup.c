@@ -28,11 +28,11 @@
 
 #include "transports/tcp/tcp_conn_impl.h"
 
-static void conn_set_socket_options(evutil_socket_t fd) {
+/* Sockets are made non-blocking and close-on-exec where they are created
+ * (SOCK_NONBLOCK | SOCK_CLOEXEC, accept4). */
+static void conn_set_socket_options(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    evutil_make_socket_nonblocking(fd);
-    evutil_make_socket_closeonexec(fd);
 }
 
 /* ---- handshake ------------------------------------------------------------------------ */
@@ -63,7 +63,7 @@ static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
     memcpy(c->hs_out, buf, len);
     c->hs_out_len = len;
     c->hs_out_sent = 0;
-    event_add(c->wev, NULL);
+    c->tc->core->watch_start(c->wev, -1);
 }
 
 static void hs_random(uint8_t *buf, size_t len) {
@@ -211,13 +211,13 @@ void cl_tcp_conn_install(tcp_conn *c, int peer) {
         return;
     }
     /* move the socket and the queued ACCEPT into the placeholder */
-    event_free(c->rev);
-    event_free(c->wev);
+    c->tc->core->watch_free(c->rev);
+    c->tc->core->watch_free(c->wev);
     c->rev = c->wev = NULL;
     memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
     slot->hs_out_len = c->hs_out_len;
     slot->hs_out_sent = c->hs_out_sent;
-    evutil_socket_t fd = c->fd;
+    int fd = c->fd;
     c->fd = -1;
     cl_tcp_conn_free(c);
     if (cl_tcp_conn_attach_fd(slot, fd) != COLLIE_OK) {
@@ -265,7 +265,7 @@ static void conn_on_addr(collie_work *w, void *arg) {
         return;
     }
     sin.sin_port = htons((uint16_t)atoi(colon + 1));
-    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "socket: %s", strerror(errno));
         return;
@@ -281,7 +281,7 @@ static void conn_on_addr(collie_work *w, void *arg) {
                          colon + 1, strerror(errno));
         return;
     }
-    event_add(c->wev, NULL);
+    c->tc->core->watch_start(c->wev, -1);
 }
 
 tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
@@ -316,11 +316,11 @@ tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
 
 /* ---- listening --------------------------------------------------------------------------- */
 
-static void listen_on_accept(evutil_socket_t lfd, short what, void *arg) {
+static void listen_on_accept(int lfd, unsigned what, void *arg) {
     (void)what;
     tcp_comm *tc = arg;
     for (int i = 0; i < 16; i++) {
-        evutil_socket_t fd = accept(lfd, NULL, NULL);
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         conn_set_socket_options(fd);
         tcp_conn *c = cl_tcp_conn_new(tc, -1);
@@ -360,10 +360,8 @@ static int listen_address(const collie_core_services *core, struct in_addr *out)
 int cl_tcp_listen(tcp_comm *tc) {
     struct sockaddr_in sin = {.sin_family = AF_INET};
     if (listen_address(tc->core, &sin.sin_addr) != COLLIE_OK) return COLLIE_EINVAL;
-    evutil_socket_t fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return COLLIE_ESYSTEM;
-    evutil_make_socket_nonblocking(fd);
-    evutil_make_socket_closeonexec(fd);
     socklen_t len = sizeof sin;
     if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 1024) != 0 ||
         getsockname(fd, (struct sockaddr *)&sin, &len) != 0) {
@@ -371,10 +369,9 @@ int cl_tcp_listen(tcp_comm *tc) {
         return COLLIE_ESYSTEM;
     }
     tc->listen_fd = fd;
-    tc->listen_ev =
-        event_new(tc->core->event_base(tc->bc), fd, EV_READ | EV_PERSIST, listen_on_accept, tc);
+    tc->listen_ev = tc->core->watch_new(tc->bc, fd, COLLIE_WATCH_READ, listen_on_accept, tc);
     if (!tc->listen_ev) return COLLIE_ENOMEM;
-    event_add(tc->listen_ev, NULL);
+    tc->core->watch_start(tc->listen_ev, -1);
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof ip);
     snprintf(tc->addr, sizeof tc->addr, "%s:%u", ip, (unsigned)ntohs(sin.sin_port));
