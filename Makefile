@@ -172,7 +172,7 @@ test-faults: all
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples
-	@CLTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	@CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tools/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
 
 test-tsan:
@@ -182,7 +182,7 @@ test-tsan:
 	@# mmap randomisation; running with ASLR off avoids it.
 	@# die_after_fork=0: test_nccl's procs_double forks a rank (no exec) from
 	@# a process with threads; the child only runs the double's calls.
-	@CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 \
+	@CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=5 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
 	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
 

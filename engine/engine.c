@@ -349,6 +349,9 @@ static void engine_free(collie_engine *e) {
     free(e);
 }
 
+/* engines created and not destroyed (the tests' leftover check) */
+static _Atomic size_t engines_live;
+
 int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
                      collie_engine **out) {
     int res = COLLIE_OK;
@@ -424,6 +427,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
         return res;
     }
     CL_INFO("engine", "%s: started (stall threshold %d ms)", e->name, (int)stall_ms);
+    atomic_fetch_add_explicit(&engines_live, 1, memory_order_relaxed);
     *out = e;
     return COLLIE_OK;
 
@@ -466,5 +470,8 @@ int collie_engine_destroy(collie_engine *e) {
     cl_monitor_stop(e);
     CL_INFO("engine", "%s: stopped", e->name);
     engine_free(e);
+    atomic_fetch_sub_explicit(&engines_live, 1, memory_order_relaxed);
     return COLLIE_OK;
 }
+
+size_t cl_engines_live(void) { return atomic_load_explicit(&engines_live, memory_order_relaxed); }

@@ -101,6 +101,9 @@ typedef struct cl_engine_hooks {
 } cl_engine_hooks;
 
 /* cl_engine_create: collie_engine_create with the works' hooks. */
+/* engines created and not yet destroyed in this process (a leak check) */
+size_t cl_engines_live(void);
+
 int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
                      collie_engine **out);
 

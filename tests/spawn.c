@@ -36,6 +36,15 @@ const char *spawn_bin_path(const char *name) {
     return spawn_build_path(rel);
 }
 
+/* Does one of the extra entries name the variable of `entry` ("NAME=...")? */
+static bool env_named(const char *const *extra, size_t n, const char *entry) {
+    size_t len = strcspn(entry, "=");
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(extra[i], entry, len) == 0 && (extra[i][len] == '=' || !extra[i][len]))
+            return true;
+    return false;
+}
+
 spawn_proc *spawn_start(const char *name, const char *const *args, const char *const *env_extra,
                         int bound_ms) {
     spawn_proc *s = &the_spawn;
@@ -67,9 +76,10 @@ spawn_proc *spawn_start(const char *name, const char *const *args, const char *c
     assert_non_null(envp);
     size_t k = 0;
     for (size_t i = 0; i < nenv; i++)
-        if (strncmp(environ[i], "COLLIE_", 7) != 0) envp[k++] = environ[i];
+        if (strncmp(environ[i], "COLLIE_", 7) != 0 && !env_named(env_extra, nextra, environ[i]))
+            envp[k++] = environ[i];
     for (size_t i = 0; i < nextra; i++)
-        envp[k++] = (char *)env_extra[i];
+        if (strchr(env_extra[i], '=')) envp[k++] = (char *)env_extra[i];
 
     int out[2], err[2];
     assert_int_equal(pipe2(out, O_CLOEXEC), 0);

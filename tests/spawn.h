@@ -17,7 +17,8 @@
  *     (after printing what the child said) when it is exceeded.
  *   - The child gets our environment minus every COLLIE_* variable (so the
  *     test's own settings never leak into a tool), plus up to
- *     SPAWN_MAX_ENV extra "NAME=value" strings; stdin is /dev/null.
+ *     SPAWN_MAX_ENV extra "NAME=value" strings, each replacing an inherited
+ *     NAME (an extra "NAME" without '=' removes it); stdin is /dev/null.
  *   - Output is kept whole, NUL-terminated (text[0] stdout, text[1]
  *     stderr), so tests search it with the str* functions.
  *   - Failures use cmocka asserts, as the tests do: a test that cannot

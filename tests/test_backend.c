@@ -6,25 +6,22 @@
  * tests/plugins.
  *
  * Design notes
- *  - Settings are parsed once per process, so each plugin test runs in a
- *    forked child that sets COLLIE_PLUGIN_PATH and calls cl_config_reload()
- *    (as test_engine.c does); a plugin, once loaded, also stays registered,
- *    so each child starts from a clean registry. Children never use cmocka
- *    asserts (a failure would resume the parent's runner inside the child):
- *    CHECK writes a message to a pipe and the child exits non-zero. alarm()
- *    bounds every child; every wait is bounded.
+ *  - Every test runs in a process of its own (tests/runner.h), so a plugin
+ *    test sets COLLIE_PLUGIN_PATH and calls cl_config_reload() (settings
+ *    are parsed once per process) and starts from a clean registry (a
+ *    plugin, once loaded, stays registered). The plugin checks use CHECK,
+ *    which records a message and returns, so the test fails with it after
+ *    the check's function returns; every wait is bounded.
  *  - Registered backends live for the life of the process, so each test
  *    uses names no other test uses.
  */
 #include <limits.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "coll_fixture.h"
@@ -32,6 +29,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "runner.h"
 #include "spawn.h"
 #include "transports/reduce.h"
 #include "transports/tcp/tcp.h"
@@ -391,7 +389,7 @@ static void test_register_older_table(void **state) {
     world_destroy(&w);
 }
 
-/* ---- plugin children ----------------------------------------------------------- */
+/* ---- plugin tests ----------------------------------------------------------- */
 
 static char child_msg[1024];
 static char plugin_path[2 * PATH_MAX + 32];
@@ -702,58 +700,33 @@ static int child_broken_plugins(void) {
     return 0;
 }
 
-/* Run fn in a child with COLLIE_PLUGIN_PATH set; fail with its message. */
-static void run_child(int (*fn)(void), const char *what) {
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        alarm(60);
-        setenv("COLLIE_PLUGIN_PATH", plugin_path, 1);
-        cl_config_reload();
-        int r = fn();
-        ssize_t n = write(pfd[1], child_msg, strlen(child_msg));
-        (void)n;
-        exit(r ? 1 : 0); /* not _exit: LeakSanitizer checks the child too */
-    }
-    close(pfd[1]);
-    char msg[sizeof child_msg] = "";
-    size_t got = 0;
-    ssize_t n;
-    while (got < sizeof msg - 1 && (n = read(pfd[0], msg + got, sizeof msg - 1 - got)) > 0)
-        got += (size_t)n;
-    msg[got] = '\0';
-    close(pfd[0]);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    if (WIFSIGNALED(st))
-        fail_msg("%s: child killed by signal %d%s", what, WTERMSIG(st),
-                 WTERMSIG(st) == SIGALRM ? " (timed out)" : "");
-    if (WEXITSTATUS(st) != 0)
-        fail_msg("%s: %s", what, msg[0] ? msg : "child failed (see its output above)");
+/* Run fn with COLLIE_PLUGIN_PATH set (each test has a process of its own:
+ * tests/runner.h); fail with its message. */
+static void run_with_plugins(int (*fn)(void), const char *what) {
+    setenv("COLLIE_PLUGIN_PATH", plugin_path, 1);
+    cl_config_reload();
+    child_msg[0] = '\0';
+    if (fn() != 0) fail_msg("%s: %s", what, child_msg);
 }
 
 static void test_plugin_dummy(void **state) {
     (void)state;
-    run_child(child_dummy_world, "dummy plugin");
+    run_with_plugins(child_dummy_world, "dummy plugin");
 }
 
 static void test_plugin_dummy_two_engines(void **state) {
     (void)state;
-    run_child(child_dummy_two_engines, "dummy plugin, two engines");
+    run_with_plugins(child_dummy_two_engines, "dummy plugin, two engines");
 }
 
 static void test_plugin_dummy_faults(void **state) {
     (void)state;
-    run_child(child_dummy_faults, "dummy plugin faults");
+    run_with_plugins(child_dummy_faults, "dummy plugin faults");
 }
 
 static void test_plugin_broken(void **state) {
     (void)state;
-    run_child(child_broken_plugins, "broken plugins");
+    run_with_plugins(child_broken_plugins, "broken plugins");
 }
 
 /* The dummy plugin loads into a program linked with libcollie.a (no
@@ -817,5 +790,5 @@ int main(void) {
         cmocka_unit_test(test_plugin_broken),
         cmocka_unit_test_teardown(test_plugin_loads_static_and_shared, spawn_teardown),
     };
-    return cmocka_run_group_tests(tests, setup_plugin_path, NULL);
+    return cltest_main(tests, setup_plugin_path, NULL);
 }

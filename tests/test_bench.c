@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "runner.h"
 #include "spawn.h"
 
 #define RUN_BOUND_MS 50000 /* no run of a test takes longer than this */
@@ -639,5 +640,5 @@ int main(void) {
         cmocka_unit_test_teardown(test_nccl_processes_on_the_double, spawn_teardown),
         cmocka_unit_test_teardown(test_needs_the_launcher, spawn_teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

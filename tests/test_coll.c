@@ -14,6 +14,7 @@
 
 #include "coll_fixture.h"
 #include "harness.h"
+#include "runner.h"
 
 static bool quick(void) { return getenv("CLTEST_QUICK") != NULL; }
 
@@ -404,5 +405,5 @@ int main(void) {
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

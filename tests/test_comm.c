@@ -16,6 +16,7 @@
 #include "coll_fixture.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "runner.h"
 
 typedef struct mini {
     collie_engine *e;
@@ -561,5 +562,5 @@ int main(void) {
         cmocka_unit_test(test_policy_settings),
         cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

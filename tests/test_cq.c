@@ -10,6 +10,7 @@
 
 #include "engine/common.h"
 #include "harness.h"
+#include "runner.h"
 
 static int setup_engine(void **state) {
     collie_engine *e;
@@ -157,5 +158,5 @@ int main(void) {
         cmocka_unit_test(test_destroy_with_queued_and_pending_works),
         cmocka_unit_test(test_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, setup_engine, teardown_engine);
+    return cltest_main(tests, setup_engine, teardown_engine);
 }

@@ -15,6 +15,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "runner.h"
 
 static void test_create_destroy_cycles(void **state) {
     (void)state;
@@ -371,5 +372,5 @@ int main(void) {
         cmocka_unit_test(test_strerror_covers_every_code),
         cmocka_unit_test(test_list),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

@@ -58,6 +58,7 @@
 
 #include "coll_fixture.h"
 #include "harness.h"
+#include "runner.h"
 #include "spawn.h"
 
 extern char **environ;
@@ -1630,7 +1631,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
         cmocka_unit_test_setup_teardown(test_recovery_example, setup, teardown),
     };
-    const char *only = getenv("CLTEST_FILTER"); /* e.g. "test_kill_*" */
-    if (only && *only) cmocka_set_test_filter(only);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

@@ -43,6 +43,7 @@
 #include "coll_fixture.h"
 #include "collie_cuda.h"
 #include "harness.h"
+#include "runner.h"
 #include "spawn.h"
 #include "transports/reduce.h"
 
@@ -1295,47 +1296,6 @@ static void sc_gpu_allreduce(void **state) {
     gworld_destroy(&g, true);
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void **);
-} scenarios[] = {
-    {"collectives", sc_collectives},
-    {"inprogress", sc_inprogress},
-    {"hang", sc_hang},
-    {"async_error", sc_async_error},
-    {"abort_in_flight", sc_abort_in_flight},
-    {"wait_stream", sc_wait_stream},
-    {"graph_capture", sc_graph_capture},
-    {"no_gpu", sc_no_gpu},
-    {"no_gpu_real", sc_no_gpu_real},
-    {"plugin_missing", sc_plugin_missing},
-    {"init_hang", sc_init_hang},
-    {"procs_double", sc_procs_double},
-    {"gpu_allreduce", sc_gpu_allreduce},
-    {"abort_overrun", sc_abort_overrun},
-    {"policy_none", sc_policy_none},
-    {"hang_none", sc_hang_none},
-    {"device", sc_device},
-    {"engine_shutdown", sc_engine_shutdown},
-    {"cancel", sc_cancel},
-    {"waiter_expiry", sc_waiter_expiry},
-    {"split", sc_split},
-    {"split_inprogress", sc_split},
-    {"gpu_split", sc_gpu_split},
-    {"poll_latency", sc_poll_latency},
-};
-
-static int child_main(const char *name) {
-    alarm(CHILD_S);
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-        if (!strcmp(scenarios[i].name, name)) {
-            const struct CMUnitTest t[] = {{scenarios[i].name, scenarios[i].fn, NULL, NULL, NULL}};
-            return _cmocka_run_group_tests(name, t, 1, NULL, NULL);
-        }
-    fprintf(stderr, "unknown scenario '%s'\n", name);
-    return 2;
-}
-
 /* ---- the parent: one child per scenario --------------------------------------------------- */
 
 static char build_dir[PATH_MAX];
@@ -1368,102 +1328,44 @@ static bool plugin_built(void) {
            file_exists(dbl_dir, "libnccl.so.2");
 }
 
-/* Run scenario `name` in a child with the double (or not) and `extra`
- * variables ("NAME=value", NULL-terminated). */
-/* Run this binary's scenario `name` in a child with environment `env`;
- * its output (the start of it) into a malloc'd string. */
-static char *child_run(const char *exe, const char *name, const char *const *env, int *status,
-                       bool *killed) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(stdout);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
-        char *const argv[] = {(char *)exe, "--scenario", (char *)name, NULL};
-        execve(exe, argv, (char *const *)env);
-        _exit(127);
-    }
-    close(fds[1]);
-    fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    size_t cap = 1 << 16, len = 0;
-    char *out = malloc(cap + 1);
-    int64_t until = now_ms() + (CHILD_S + 10) * 1000;
-    bool exited = false;
-    *status = 0;
-    *killed = false;
-    for (;;) {
-        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
-        poll(&pfd, 1, 100);
-        ssize_t k;
-        char sink[4096];
-        while ((k = len < cap ? read(fds[0], out + len, cap - len)
-                              : read(fds[0], sink, sizeof sink)) > 0)
-            if (len < cap) len += (size_t)k; /* the start is enough to explain */
-        if (!exited && waitpid(pid, status, WNOHANG) == pid) exited = true;
-        if (exited && k <= 0) break;
-        if (!exited && now_ms() > until) {
-            kill(pid, SIGKILL);
-            *killed = true;
-        }
-    }
-    close(fds[0]);
-    out[len] = '\0';
-    return out;
-}
-
+/* Run scenario `name` (this binary with --scenario, through spawn.c) with
+ * the double on LD_LIBRARY_PATH or not, the plugin directory (or none) and
+ * the double's switches `extra` ("NAME=value", NULL-terminated). */
 static void run_scenario(const char *name, bool with_double, const char *plugin_dir,
                          const char *const *extra) {
     if (plugin_dir && !plugin_built())
         skip_because("the NCCL plugin was not built (WITH_NCCL=0 or no CUDA)");
-    char ld[PATH_MAX + 64], pp[PATH_MAX + 64], exe[PATH_MAX + 32];
+    char ld[PATH_MAX + 64], pp[PATH_MAX + 64];
     snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir);
     snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s", plugin_dir ? plugin_dir : "/nonexistent");
-    snprintf(exe, sizeof exe, "%s/tests/test_nccl", build_dir);
-    const char *env[256];
+    const char *env[SPAWN_MAX_ENV + 1];
     size_t ne = 0;
-    for (char **e = environ; *e && ne < 200; e++)
-        if (strncmp(*e, "LD_LIBRARY_PATH=", 16) && strncmp(*e, "COLLIE_PLUGIN_PATH=", 19) &&
-            strncmp(*e, "CLTEST_CUDA_", 12) && strncmp(*e, "CLTEST_NCCL_", 12))
-            env[ne++] = *e;
-    if (with_double) env[ne++] = ld;
+    env[ne++] = with_double ? ld : "LD_LIBRARY_PATH"; /* without '=': removed */
     env[ne++] = pp;
-    for (; extra && *extra && ne < 254; extra++)
+    for (; extra && *extra && ne < SPAWN_MAX_ENV; extra++)
         env[ne++] = *extra;
     env[ne] = NULL;
-
-    int status = 0;
-    bool killed = false;
-    char *out = child_run(exe, name, env, &status, &killed);
+    const char *const args[] = {"--scenario", name, NULL};
+    spawn_proc *r = spawn_start("tests/test_nccl", args, env, (CHILD_S + 10) * 1000);
+    spawn_finish(r);
     /* gcc 12's TSan runtime sometimes cannot map its shadow at start-up
      * (ENOMEM at a fixed address): the scenario never ran; run it again */
-    for (int again = 0; again < 2 && strstr(out, "ThreadSanitizer failed to allocate"); again++) {
+    for (int again = 0; again < 2 && strstr(r->text[1], "ThreadSanitizer failed to allocate");
+         again++) {
         printf("  scenario '%s': the TSan runtime failed to start; running it again\n", name);
-        free(out);
-        out = child_run(exe, name, env, &status, &killed);
+        spawn_free(r);
+        r = spawn_start("tests/test_nccl", args, env, (CHILD_S + 10) * 1000);
+        spawn_finish(r);
     }
-    bool ok = !killed && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    char *skipped = strstr(out, "CLTEST-SKIP: ");
+    char *skipped = strstr(r->text[0], "CLTEST-SKIP: ");
     char why[200] = "";
     if (skipped) sscanf(skipped + strlen("CLTEST-SKIP: "), "%199[^\n]", why);
-    if (!ok || skipped) {
-        printf("  scenario '%s'%s:\n", name, ok ? " skipped" : " failed");
-        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
-            printf("    | %s\n", line);
+    if (r->status != 0 || skipped) {
+        printf("  scenario '%s'%s:\n", name, r->status == 0 ? " skipped" : " failed");
+        spawn_dump(r);
     }
-    free(out);
-    if (!ok)
-        fail_msg("scenario '%s': %s %d", name,
-                 killed              ? "killed after"
-                 : WIFEXITED(status) ? "exit"
-                                     : "signal",
-                 killed              ? CHILD_S + 10
-                 : WIFEXITED(status) ? WEXITSTATUS(status)
-                                     : WTERMSIG(status));
+    assert_spawn(r, r->status == 0);
+    spawn_free(r);
     if (skipped) skip_because("scenario '%s': %s", name, why);
 }
 
@@ -1474,63 +1376,60 @@ static const char *plugin_dir(void) {
     return lib_dir;
 }
 
-/* The scenarios: each runs in a child process (see run_scenario) with the
- * double on LD_LIBRARY_PATH or the real libraries, the plugin directory (or
- * none) and extra environment switches of the double. */
-typedef struct scenario_case {
+/* The one table: each scenario is a test, run (test_scenario) as this
+ * binary with --scenario <name> in a process of its own, with the double on
+ * LD_LIBRARY_PATH or the real libraries, the plugin directory (or none) and
+ * the double's switches in its environment (read at its start). */
+typedef struct scenario {
     const char *name;
+    void (*fn)(void **state);
     bool with_double, with_plugin;
     const char *env[4]; /* NULL-terminated */
-} scenario_case;
+} scenario;
+
+static const scenario scenarios[] = {
+    {"test_plugin_missing", sc_plugin_missing, false, false, {NULL}},
+    {"test_no_gpu", sc_no_gpu, true, true, {"CLTEST_CUDA_NO_DEVICE=1", NULL}},
+    {"test_no_gpu_real_libraries", sc_no_gpu_real, false, true, {NULL}},
+    {"test_collectives", sc_collectives, true, true, {NULL}},
+    {"test_inprogress", sc_inprogress, true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
+    {"test_wait_stream", sc_wait_stream, true, true, {"CLTEST_CUDA_SLOW_MS=300", NULL}},
+    {"test_graph_capture", sc_graph_capture, true, true, {NULL}},
+    {"test_hang", sc_hang, true, true, {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"test_async_error", sc_async_error, true, true, {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", "CLTEST_NCCL_ABORT_SLOW_MS=200", NULL}},
+    {"test_abort_in_flight", sc_abort_in_flight, true, true, {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"test_abort_overrun", sc_abort_overrun, true, true, {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=1500", "COLLIE_NCCL_ABORT_TIMEOUT_MS=300", NULL}},
+    {"test_policy_none", sc_policy_none, true, true, {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", NULL}},
+    {"test_hang_policy_none", sc_hang_none, true, true, {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"test_device_option", sc_device, true, true, {NULL}},
+    {"test_engine_shutdown", sc_engine_shutdown, true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
+    {"test_cancel", sc_cancel, true, true, {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"test_waiter_expiry", sc_waiter_expiry, true, true, {"CLTEST_CUDA_HANG=allreduce", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
+    {"test_split", sc_split, true, true, {NULL}},
+    {"test_split_inprogress", sc_split, true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
+    {"test_init_hang", sc_init_hang, true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
+    {"test_gpu_allreduce", sc_gpu_allreduce, false, true, {NULL}},
+    {"test_gpu_split", sc_gpu_split, false, true, {NULL}},
+    {"test_poll_latency", sc_poll_latency, true, true, {"CLTEST_CUDA_SLOW_MS=40", NULL}},
+    {"test_procs_double", sc_procs_double, true, true, {NULL}},
+};
+enum { NSCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
 static void test_scenario(void **state) {
-    const scenario_case *sc = *state;
+    const scenario *sc = *state;
     run_scenario(sc->name, sc->with_double, sc->with_plugin ? plugin_dir() : NULL,
                  sc->env[0] ? sc->env : NULL);
 }
 
-static scenario_case scenario_table[] = {
-    {"plugin_missing", false, false, {NULL}},
-    {"no_gpu", true, true, {"CLTEST_CUDA_NO_DEVICE=1", NULL}},
-    {"no_gpu_real", false, true, {NULL}},
-    {"collectives", true, true, {NULL}},
-    {"inprogress", true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
-    {"wait_stream", true, true, {"CLTEST_CUDA_SLOW_MS=300", NULL}},
-    {"graph_capture", true, true, {NULL}},
-    {"hang", true, true, {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
-    {"async_error",
-     true,
-     true,
-     {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", "CLTEST_NCCL_ABORT_SLOW_MS=200", NULL}},
-    {"abort_in_flight",
-     true,
-     true,
-     {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
-    {"abort_overrun",
-     true,
-     true,
-     {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=1500",
-      "COLLIE_NCCL_ABORT_TIMEOUT_MS=300", NULL}},
-    {"policy_none", true, true, {"CLTEST_CUDA_ASYNC_ERROR=allreduce#2@1", NULL}},
-    {"hang_none",
-     true,
-     true,
-     {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
-    {"device", true, true, {NULL}},
-    {"engine_shutdown", true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
-    {"cancel", true, true, {"CLTEST_CUDA_SLOW_MS=10000", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
-    {"waiter_expiry",
-     true,
-     true,
-     {"CLTEST_CUDA_HANG=allreduce", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
-    {"split", true, true, {NULL}},
-    {"split_inprogress", true, true, {"CLTEST_NCCL_INPROGRESS_MS=3", NULL}},
-    {"init_hang", true, true, {"CLTEST_NCCL_INIT_HANG=1", NULL}},
-    {"gpu_allreduce", false, true, {NULL}},
-    {"gpu_split", false, true, {NULL}},
-    {"poll_latency", true, true, {"CLTEST_CUDA_SLOW_MS=40", NULL}},
-    {"procs_double", true, true, {NULL}},
-};
+/* --scenario <name>: run it here, under cmocka, bounded */
+static int scenario_main(const char *name) {
+    alarm(CHILD_S);
+    struct CMUnitTest sc_tests[NSCENARIOS];
+    for (size_t i = 0; i < NSCENARIOS; i++)
+        sc_tests[i] = (struct CMUnitTest){scenarios[i].name, scenarios[i].fn, NULL, NULL, NULL};
+    cmocka_set_test_filter(name);
+    return cmocka_run_group_tests(sc_tests, NULL, NULL);
+}
 
 /* ---- ranks in separate processes: collie-run + collie-bench -------------------------- */
 
@@ -1651,23 +1550,12 @@ static void test_procs_faults(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "--scenario")) return child_main(argv[2]);
-    enum { N = sizeof scenario_table / sizeof scenario_table[0] };
-    static const char *const names[N] = {
-        "test_plugin_missing",   "test_no_gpu",        "test_no_gpu_real_libraries",
-        "test_collectives",      "test_inprogress",    "test_wait_stream",
-        "test_graph_capture",    "test_hang",          "test_async_error",
-        "test_abort_in_flight",  "test_abort_overrun", "test_policy_none",
-        "test_hang_policy_none", "test_device_option", "test_engine_shutdown",
-        "test_cancel",           "test_waiter_expiry", "test_split",
-        "test_split_inprogress", "test_init_hang",     "test_gpu_allreduce",
-        "test_gpu_split",        "test_poll_latency",  "test_procs_double",
-    };
-    struct CMUnitTest tests[N + 1];
-    for (size_t i = 0; i < N; i++)
-        tests[i] = (struct CMUnitTest){names[i], test_scenario, NULL, NULL, &scenario_table[i]};
-    tests[N] = (struct CMUnitTest)cmocka_unit_test_teardown(test_procs_faults, spawn_teardown);
-    const char *only = getenv("CLTEST_FILTER"); /* e.g. "test_split*" */
-    if (only && *only) cmocka_set_test_filter(only);
-    return cmocka_run_group_tests(tests, setup_paths, NULL);
+    if (argc == 3 && !strcmp(argv[1], "--scenario")) return scenario_main(argv[2]);
+    struct CMUnitTest tests[NSCENARIOS + 1];
+    for (size_t i = 0; i < NSCENARIOS; i++)
+        tests[i] = (struct CMUnitTest){scenarios[i].name, test_scenario, NULL, spawn_teardown,
+                                       (void *)&scenarios[i]};
+    tests[NSCENARIOS] =
+        (struct CMUnitTest)cmocka_unit_test_teardown(test_procs_faults, spawn_teardown);
+    return cltest_main(tests, setup_paths, NULL);
 }

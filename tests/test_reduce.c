@@ -22,6 +22,7 @@
 #include "collie.h"
 #include "engine/dtype.h"
 #include "transports/reduce.h"
+#include "runner.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -812,5 +813,5 @@ int main(void) {
         cmocka_unit_test(test_every_dtype_op_count_offset),
         cmocka_unit_test(test_reduce3_aliasing),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

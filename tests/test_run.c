@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "runner.h"
 #include "spawn.h"
 
 #define LAUNCH_TIMEOUT_MS 8000 /* no test's launcher runs longer than this */
@@ -490,5 +491,5 @@ int main(void) {
         cmocka_unit_test_teardown(test_cannot_exec, spawn_teardown),
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
     };
-    return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
+    return cltest_main(tests, setup_tmp, teardown_tmp);
 }

@@ -33,6 +33,7 @@
 
 #include "transports/reduce.h"
 #include "transports/tcp/sched.h"
+#include "runner.h"
 
 #define SIM_MAX    8
 #define SIM_PERIOD 85 /* lcm of the input generators' periods (17, 5) */
@@ -835,5 +836,5 @@ int main(void) {
         cmocka_unit_test(test_rebuild_does_not_reallocate),
         cmocka_unit_test(test_invalid),
     };
-    return cmocka_run_group_tests(tests, NULL, sim_teardown);
+    return cltest_main(tests, NULL, sim_teardown);
 }

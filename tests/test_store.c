@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "harness.h"
+#include "runner.h"
 #include "store_fixture.h"
 
 #include "engine/engine.h"
@@ -788,5 +789,5 @@ int main(void) {
         cmocka_unit_test(test_ipv6),
         cmocka_unit_test(test_nothing_left_outstanding),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

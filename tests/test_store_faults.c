@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "runner.h"
 #include "store_fixture.h"
 
 #include "engine/engine.h"
@@ -574,5 +575,5 @@ int main(void) {
         cmocka_unit_test(test_auth_token_against_tokenless_server),
         cmocka_unit_test(test_nothing_left_outstanding),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

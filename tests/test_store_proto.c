@@ -20,6 +20,7 @@
 #include "store/kv.h"
 #include "store/proto.h"
 #include "store/siphash.h"
+#include "runner.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -663,5 +664,5 @@ int main(void) {
         cmocka_unit_test(test_auth_proofs),
         cmocka_unit_test(test_addr_parse),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

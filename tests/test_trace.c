@@ -20,6 +20,7 @@
 
 #include "coll_fixture.h"
 #include "harness.h"
+#include "runner.h"
 
 #define TOOL_TIMEOUT_MS 10000
 
@@ -361,5 +362,5 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_corners, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_input, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cltest_main(tests, NULL, NULL);
 }

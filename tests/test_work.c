@@ -12,6 +12,7 @@
 #include "engine/common.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "runner.h"
 
 static int setup_engine(void **state) {
     collie_engine *e;
@@ -422,5 +423,5 @@ int main(void) {
         cmocka_unit_test(test_finish_cancel_deadline_race_exactly_one_wins),
         cmocka_unit_test(test_busy_section_defers_foreign_finish),
     };
-    return cmocka_run_group_tests(tests, setup_engine, teardown_engine);
+    return cltest_main(tests, setup_engine, teardown_engine);
 }

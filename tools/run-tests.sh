@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# run-tests.sh SUITE BUILD_DIR TEST_BINARY... — run cmocka test binaries, each
-# bounded by a timeout, and record passed/failed/skipped counts per binary
-# in build/test-results/SUITE.txt for tools/test-summary.sh. A skipped test
-# says why on its log ("SKIPPED: <reason>"); the reasons are repeated here.
+# run-tests.sh SUITE BUILD_DIR TEST_BINARY... — run the test binaries and
+# record passed/failed/skipped counts per binary in
+# build/test-results/SUITE.txt for tools/test-summary.sh. Each binary runs
+# every test in a child process of its own with a per-test bound
+# (tests/runner.h: CLTEST_TEST_TIMEOUT_S, scaled by CLTEST_TIMEOUT_SCALE);
+# the bound per binary here is only a backstop. A skipped test says why on
+# its log ("SKIPPED: <reason>"); the reasons are repeated here.
 set -uo pipefail
 suite=$1; build=$2; shift 2
-per_test_timeout=${CLTEST_TIMEOUT:-600}
+binary_timeout=${CLTEST_BINARY_TIMEOUT:-1800}
 results=build/test-results
 mkdir -p "$results" "$build/test-logs"
 : > "$results/$suite.txt"
@@ -17,7 +20,7 @@ for t in "$@"; do
   # the bin dir first on PATH so tests can find collie-run/collie-store
   # CLTEST_WRAP: a command prefix, e.g. "setarch x86_64 -R" for TSan
   PATH="$build/bin:$PATH" CLTEST_BUILD_DIR="$build" \
-    timeout -k 10 "$per_test_timeout" ${CLTEST_WRAP:-} "$t" > "$log" 2>&1
+    timeout -k 10 "$binary_timeout" ${CLTEST_WRAP:-} "$t" > "$log" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   secs="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
@@ -36,8 +39,13 @@ for t in "$@"; do
   else
     fail=1
     echo "[$suite] $name: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
-    tail -n 60 "$log" | sed 's/^/    /'
-    [ "$rc" -eq 124 ] && echo "    (timed out after ${per_test_timeout}s)"
+    # each failed test's own output (its last 40 lines), then the summary
+    awk '/^\[ RUN      \]/ { n = 0 }
+         { block[n++ % 40] = $0 }
+         /^\[  FAILED  \] [^0-9]/ && / \([0-9]+ ms\)$/ {
+           for (i = (n > 40 ? n - 40 : 0); i < n; i++) print "    " block[i % 40] }' "$log"
+    tail -n 12 "$log" | sed 's/^/    /'
+    [ "$rc" -eq 124 ] && echo "    (the binary timed out after ${binary_timeout}s)"
   fi
 done
 exit $fail

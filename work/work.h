@@ -170,6 +170,8 @@ bool cl_work_wait_until(collie_work *w, int64_t until_ns);
 
 /* run the engine's retire list now (loop); returns the number retired */
 size_t cl_works_run_retired(collie_engine *e);
+/* posted works not yet freed, in this process (a leak check) */
+size_t cl_works_live(void);
 /* number of tracked (posted, not retired) works (loop) */
 size_t cl_works_tracked(collie_engine *e);
 
