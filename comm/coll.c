@@ -35,7 +35,7 @@ void cl_coll_pool_init(collie_bcomm *bc) { pthread_mutex_init(&bc->pool_mu, NULL
 void cl_coll_pool_fini(collie_bcomm *bc) {
     while (bc->pool) {
         cl_coll_work *cw = bc->pool;
-        bc->pool = cw->q_next;
+        bc->pool = cw->pool_next;
         free(cw);
     }
     pthread_mutex_destroy(&bc->pool_mu);
@@ -46,7 +46,7 @@ static cl_coll_work *coll_alloc(collie_bcomm *bc) {
     pthread_mutex_lock(&bc->pool_mu);
     cl_coll_work *cw = bc->pool;
     if (cw) {
-        bc->pool = cw->q_next;
+        bc->pool = cw->pool_next;
         bc->pool_n--;
     }
     pthread_mutex_unlock(&bc->pool_mu);
@@ -61,7 +61,7 @@ static void coll_free(collie_work *w) {
     collie_bcomm *bc = cw->bc;
     pthread_mutex_lock(&bc->pool_mu);
     if (bc->pool_n < COLL_POOL_MAX) {
-        cw->q_next = bc->pool;
+        cw->pool_next = bc->pool;
         bc->pool = cw;
         bc->pool_n++;
         cw = NULL;

@@ -83,22 +83,6 @@ static bool comm_record_error(collie_comm *c, int status, const char *fmt, va_li
 
 /* ---- starting works ---------------------------------------------------------- */
 
-static void comm_active_add(collie_comm *c, cl_coll_work *cw) {
-    cw->a_prev = NULL;
-    cw->a_next = c->active_head;
-    if (c->active_head) c->active_head->a_prev = cw;
-    c->active_head = cw;
-}
-
-static void comm_active_del(collie_comm *c, cl_coll_work *cw) {
-    if (cw->a_prev)
-        cw->a_prev->a_next = cw->a_next;
-    else if (c->active_head == cw)
-        c->active_head = cw->a_next;
-    if (cw->a_next) cw->a_next->a_prev = cw->a_prev;
-    cw->a_next = cw->a_prev = NULL;
-}
-
 static void comm_fail_fast(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
     cl_work_finish(&cw->base, COLLIE_EABORTED, "comm '%s' has failed: %s", c->name, c->err_msg);
@@ -107,7 +91,7 @@ static void comm_fail_fast(cl_coll_work *cw) {
 static void comm_start_now(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
     collie_bcomm *bc = cw->bc;
-    comm_active_add(c, cw);
+    cl_list_push_back(&c->active, &cw->link);
     cw->started = true;
     cl_flight_start(c, cw);
     int r = bc->ops->start(bc->state, &cw->base, &cw->args);
@@ -119,34 +103,16 @@ static void comm_start_now(cl_coll_work *cw) {
 void cl_comm_start_work(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
     if (cw->caller_started) { /* the backend has it already: just track it */
-        comm_active_add(c, cw);
+        cl_list_push_back(&c->active, &cw->link);
         cw->started = true;
         cl_flight_start(c, cw);
         return;
     }
     switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
     case CL_COMM_FAILED: comm_fail_fast(cw); return;
-    case CL_COMM_CREATING:
-        cw->q_next = NULL;
-        if (c->wait_tail)
-            c->wait_tail->q_next = cw;
-        else
-            c->wait_head = cw;
-        c->wait_tail = cw;
-        return;
+    case CL_COMM_CREATING: cl_list_push_back(&c->waiting, &cw->link); return;
     default: comm_start_now(cw); return;
     }
-}
-
-static void comm_wait_remove(collie_comm *c, cl_coll_work *cw) {
-    cl_coll_work **pp = &c->wait_head, *prev = NULL;
-    while (*pp && *pp != cw) {
-        prev = *pp;
-        pp = &(*pp)->q_next;
-    }
-    if (!*pp) return;
-    *pp = cw->q_next;
-    if (c->wait_tail == cw) c->wait_tail = prev;
 }
 
 void cl_comm_detach_work(cl_coll_work *cw) {
@@ -154,12 +120,8 @@ void cl_comm_detach_work(cl_coll_work *cw) {
     collie_work *w = &cw->base;
     /* caller_started: a CUDA work the backend holds even if the loop never
      * started it (cancelled before its start command ran) */
-    if (cw->started || cw->caller_started) {
-        comm_active_del(c, cw);
-        if (cw->bc->state) cw->bc->ops->detach(cw->bc->state, w);
-    } else {
-        comm_wait_remove(c, cw);
-    }
+    cl_list_remove(&cw->link); /* from the active list, or the waiting queue */
+    if ((cw->started || cw->caller_started) && cw->bc->state) cw->bc->ops->detach(cw->bc->state, w);
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (!p2p && w->seq > c->last_done) c->last_done = w->seq;
     cl_flight_end(c, cw);
@@ -186,15 +148,14 @@ void cl_comm_detach_work(cl_coll_work *cw) {
  * alone; a CUDA backend's works fail only through its abort, which
  * quiesces the GPU first, so that backend is aborted now. */
 static void comm_fail_pending(collie_comm *c, int status, const char *reason) {
-    while (c->wait_head) {
-        cl_coll_work *cw = c->wait_head;
-        c->wait_head = cw->q_next;
-        if (!c->wait_head) c->wait_tail = NULL;
+    cl_coll_work *cw;
+    while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
+        cl_list_remove(&cw->link);
         cl_work_finish(&cw->base, status, "%s", reason);
     }
     /* finishing only queues the retirement: the list stays intact here */
-    for (cl_coll_work *cw = c->active_head; cw; cw = cw->a_next)
-        if (cw->bc == &c->bcs[CL_DEV_CPU]) cl_work_finish(&cw->base, status, "%s", reason);
+    cl_list_foreach(&c->active, cw, cl_coll_work, link) if (cw->bc == &c->bcs[CL_DEV_CPU])
+        cl_work_finish(&cw->base, status, "%s", reason);
     collie_bcomm *cuda = &c->bcs[CL_DEV_CUDA];
     if (cuda->state) cuda->ops->abort(cuda->state, status, reason);
     if (c->create_work) cl_work_finish(c->create_work, status, "%s", reason);
@@ -372,10 +333,9 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
                 (unsigned long long)c->generation, c->rank, c->size);
         cl_comm_ctl_start(c);
-        while (c->wait_head) {
-            cl_coll_work *cw = c->wait_head;
-            c->wait_head = cw->q_next;
-            if (!c->wait_head) c->wait_tail = NULL;
+        cl_coll_work *cw;
+        while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
+            cl_list_remove(&cw->link);
             comm_start_now(cw);
         }
         return;

@@ -80,14 +80,14 @@ typedef struct cl_coll_work {
     collie_comm *comm;
     collie_bcomm *bc;
     collie_coll_args args;
-    bool started;                         /* backend start ran (loop) */
-    bool caller_started;                  /* started on the posting thread (cuda backends) */
-    uint64_t fr_id;                       /* flight-recorder entry, 0 if none */
-    struct cl_coll_work *q_next;          /* comm's waiting queue (loop) */
-    struct cl_coll_work *a_next, *a_prev; /* comm's active list (loop) */
-    bool explaining;                      /* a desync report will end it (loop) */
-    cl_cmd cancel_cmd;                    /* cancel/waiter → loop (coll_cancel.c) */
-    _Atomic bool cancel_queued;           /* cancel_cmd is posted and has not run */
+    bool started;                   /* backend start ran (loop) */
+    bool caller_started;            /* started on the posting thread (cuda backends) */
+    uint64_t fr_id;                 /* flight-recorder entry, 0 if none */
+    cl_list_node link;              /* comm's waiting queue or active list (loop) */
+    struct cl_coll_work *pool_next; /* its backend's pool of free works */
+    bool explaining;                /* a desync report will end it (loop) */
+    cl_cmd cancel_cmd;              /* cancel/waiter → loop (coll_cancel.c) */
+    _Atomic bool cancel_queued;     /* cancel_cmd is posted and has not run */
     int cancel_status;
     char cancel_msg[160];
     _Alignas(16) unsigned char backend_data[];
@@ -121,8 +121,8 @@ struct collie_comm {
     _Atomic int nactive;          /* works posted and not retired */
 
     /* loop-thread state */
-    cl_coll_work *wait_head, *wait_tail; /* started before the comm was ready */
-    cl_coll_work *active_head;           /* handed to a backend */
+    cl_list waiting; /* started before the comm was ready (loop) */
+    cl_list active;  /* handed to a backend (loop) */
     collie_work *create_work;
     void *create_state;
     cl_resident resident;

@@ -47,8 +47,8 @@ static void ctl_key(const collie_comm *c, char *buf, size_t len, const char *fmt
 
 /* This rank's progress, for desync answers and reports (loop). */
 void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
-    cl_coll_work *oldest = NULL;
-    for (cl_coll_work *cw = c->active_head; cw; cw = cw->a_next) {
+    cl_coll_work *oldest = NULL, *cw;
+    cl_list_foreach(&c->active, cw, cl_coll_work, link) {
         if (cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV) continue;
         if (!oldest || cw->base.seq < oldest->base.seq) oldest = cw;
     }
@@ -56,7 +56,7 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
     if (oldest)
         snprintf(buf, len, "posted %llu, completed %llu, in %s seq %llu", posted, done,
                  oldest->base.ops->name, (unsigned long long)oldest->base.seq);
-    else if (c->wait_head)
+    else if (!cl_list_empty(&c->waiting))
         snprintf(buf, len, "posted %llu, completed %llu, waiting for creation", posted, done);
     else
         snprintf(buf, len, "posted %llu, completed %llu, idle", posted, done);

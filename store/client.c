@@ -65,36 +65,17 @@ static void store_cli_bev_close(struct bufferevent *bev) {
 
 static void store_cli_enqueue(cl_store_core *c, cl_store_req *r) {
     r->where = CL_STORE_REQ_QUEUED;
-    r->next = NULL;
-    r->prev = c->q_tail;
-    if (c->q_tail)
-        c->q_tail->next = r;
-    else
-        c->q_head = r;
-    c->q_tail = r;
+    cl_list_push_back(&c->queued, &r->link);
 }
 
-static void store_cli_dequeue(cl_store_core *c, cl_store_req *r) {
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        c->q_head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        c->q_tail = r->prev;
-    r->next = r->prev = NULL;
+static void store_cli_dequeue(cl_store_req *r) {
+    cl_list_remove(&r->link);
     r->where = CL_STORE_REQ_NOWHERE;
 }
 
 static void store_cli_unsend(cl_store_core *c, cl_store_req *r) {
-    cl_store_idmap_del(&c->sent, r->node.id);
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        c->s_head = r->next;
-    if (r->next) r->next->prev = r->prev;
-    r->next = r->prev = NULL;
+    cl_store_idmap_del(&c->sent_ids, r->node.id);
+    cl_list_remove(&r->link);
     r->where = CL_STORE_REQ_NOWHERE;
 }
 
@@ -102,11 +83,11 @@ static void store_cli_unsend(cl_store_core *c, cl_store_req *r) {
  * never calls back into us synchronously, but keep it simple to reason. */
 static void store_cli_fail_all(cl_store_core *c, bool sent, int status, const char *msg) {
     cl_store_req *r;
-    while ((r = sent ? c->s_head : c->q_head)) {
+    while ((r = cl_list_first(sent ? &c->sent : &c->queued, cl_store_req, link))) {
         if (sent)
             store_cli_unsend(c, r);
         else
-            store_cli_dequeue(c, r);
+            store_cli_dequeue(r);
         cl_work_finish(&r->work, status, "%s", msg);
     }
 }
@@ -141,9 +122,9 @@ static void store_cli_send(cl_store_core *c, cl_store_req *r) {
     uint32_t id;
     do {
         id = ++c->next_req_id;
-    } while (id == 0 || cl_store_idmap_get(&c->sent, id));
+    } while (id == 0 || cl_store_idmap_get(&c->sent_ids, id));
     r->node.id = id;
-    if (cl_store_idmap_put(&c->sent, &r->node) != COLLIE_OK) {
+    if (cl_store_idmap_put(&c->sent_ids, &r->node) != COLLIE_OK) {
         cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
         return;
     }
@@ -156,16 +137,13 @@ static void store_cli_send(cl_store_core *c, cl_store_req *r) {
     if (evbuffer_add_reference(bufferevent_get_output(c->bev), p, len, store_cli_free_frame,
                                NULL) != 0) {
         free(p);
-        cl_store_idmap_del(&c->sent, id);
+        cl_store_idmap_del(&c->sent_ids, id);
         cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
         return;
     }
     r->where = CL_STORE_REQ_SENT;
     r->conn_gen = c->conn_gen;
-    r->prev = NULL;
-    r->next = c->s_head;
-    if (c->s_head) c->s_head->prev = r;
-    c->s_head = r;
+    cl_list_push_front(&c->sent, &r->link);
 }
 
 /* A small control frame (HELLO, AUTH, CANCEL). */
@@ -226,7 +204,7 @@ static void store_cli_on_backoff(evutil_socket_t fd, short what, void *arg) {
     cl_store_core *c = arg;
     if (c->state != CL_STORE_BACKOFF) return;
     c->state = CL_STORE_IDLE;
-    if (c->q_head) store_cli_connect(c);
+    if (!cl_list_empty(&c->queued)) store_cli_connect(c);
 }
 
 /* The connection (or the attempt) is over. fatal: do not retry; fail the
@@ -248,7 +226,7 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
     /* The requests failed here carry msg as their cause; the connection
      * summary (for later messages) is updated after, so it is not repeated. */
     if (prev == CL_STORE_READY) {
-        if (c->s_head)
+        if (!cl_list_empty(&c->sent))
             CL_WARN("store", "client of %s: %s; failing the requests in flight", c->addr, msg);
         else
             CL_INFO("store", "client of %s: %s", c->addr, msg);
@@ -260,7 +238,7 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
         CL_DEBUG("store", "client of %s: %s", c->addr, msg);
     }
     store_cli_set_connected(c, false, msg);
-    if (c->q_head) {
+    if (!cl_list_empty(&c->queued)) {
         if (prev == CL_STORE_READY)
             store_cli_connect(c); /* first retry at once */
         else
@@ -274,9 +252,9 @@ static void store_cli_ready(cl_store_core *c) {
     bufferevent_set_timeouts(c->bev, NULL, NULL);
     store_cli_set_connected(c, true, NULL);
     CL_DEBUG("store", "client of %s: connected", c->addr);
-    while (c->q_head && c->state == CL_STORE_READY) {
-        cl_store_req *r = c->q_head;
-        store_cli_dequeue(c, r);
+    cl_store_req *r;
+    while (c->state == CL_STORE_READY && (r = cl_list_first(&c->queued, cl_store_req, link))) {
+        store_cli_dequeue(r);
         store_cli_send(c, r);
     }
 }
@@ -383,7 +361,7 @@ static bool store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint
 /* A reply while READY. Returns false if the connection is gone. */
 static bool store_cli_on_reply(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
                                const uint8_t *body) {
-    cl_store_idnode *n = cl_store_idmap_get(&c->sent, h->req_id);
+    cl_store_idnode *n = cl_store_idmap_get(&c->sent_ids, h->req_id);
     if (!n) return true; /* cancelled or timed out meanwhile: drop it */
     cl_store_req *r = cl_container_of(n, cl_store_req, node);
     if (r->op != op) {
@@ -501,7 +479,7 @@ static void store_cli_connect(cl_store_core *c) {
  * (restarted while we were idle)? Then reconnect instead of sending into a
  * dead socket; nothing is in flight, so nothing is ambiguous. */
 static bool store_cli_idle_conn_dead(cl_store_core *c) {
-    if (c->s_head) return false; /* busy: its replies will tell */
+    if (!cl_list_empty(&c->sent)) return false; /* busy: its replies will tell */
     char b;
     ssize_t n = recv(bufferevent_getfd(c->bev), &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -532,7 +510,7 @@ void cl_store_core_start(cl_store_req *r) {
 void cl_store_core_detach(cl_store_req *r) {
     cl_store_core *c = r->core;
     if (r->where == CL_STORE_REQ_QUEUED) {
-        store_cli_dequeue(c, r);
+        store_cli_dequeue(r);
     } else if (r->where == CL_STORE_REQ_SENT) {
         store_cli_unsend(c, r);
         if (!r->replied && cl_store_op_waits(r->op) && c->state == CL_STORE_READY &&
@@ -586,7 +564,7 @@ static void store_cli_init_call(void *arg) {
 }
 
 static void store_cli_free(cl_store_core *c) {
-    cl_store_idmap_fini(&c->sent);
+    cl_store_idmap_fini(&c->sent_ids);
     pthread_mutex_destroy(&c->mu);
     free(c->token);
     free(c->addr);
@@ -625,6 +603,8 @@ int cl_store_core_create(collie_engine *e, const char *addr, const collie_store_
     CL_CHECK_GOTO(cl_store_addr_parse(addr, host, sizeof host, &port), res, fail);
     if (!(c = calloc(1, sizeof *c))) return COLLIE_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
+    cl_list_init(&c->queued);
+    cl_list_init(&c->sent);
     c->engine = e;
     atomic_init(&c->refs, 1);
     atomic_init(&c->handles, 1);

@@ -47,10 +47,10 @@ typedef struct cl_store_req {
     /* loop thread */
     int where;
     bool replied;
-    uint64_t conn_gen;                /* the connection it was sent on */
-    cl_store_idnode node;             /* node.id = request id while SENT */
-    struct cl_store_req *next, *prev; /* core's queue or sent list */
-    cl_store_wbuf frame;              /* the encoded request; freed once written */
+    uint64_t conn_gen;    /* the connection it was sent on */
+    cl_store_idnode node; /* node.id = request id while SENT */
+    cl_list_node link;    /* core's queued or sent list */
+    cl_store_wbuf frame;  /* the encoded request; freed once written */
 
     /* immutable after post: context for messages (" (key 'a')") */
     char desc[112];
@@ -94,10 +94,10 @@ struct cl_store_core {
     struct event *backoff_ev;
     uint32_t backoff_ms; /* next retry delay */
     uint32_t next_req_id;
-    uint64_t conn_gen;             /* bumped whenever a connection goes away */
-    cl_store_req *q_head, *q_tail; /* QUEUED, in post order */
-    cl_store_req *s_head;          /* SENT */
-    cl_store_idmap sent;
+    uint64_t conn_gen;       /* bumped whenever a connection goes away */
+    cl_list queued;          /* QUEUED, in post order */
+    cl_list sent;            /* SENT, newest first */
+    cl_store_idmap sent_ids; /* SENT, by request id */
     uint8_t cnonce[CL_STORE_NONCE_LEN];
     int auth_status; /* set when we refused the server: fail with this */
     char auth_msg[256];

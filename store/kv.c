@@ -33,7 +33,7 @@ typedef struct cl_store_kv_entry {
     uint8_t *val;
     uint32_t vlen, vcap;
     bool present;
-    cl_store_wlink *waiters; /* doubly linked via cl_store_wlink.next/prev */
+    cl_list waiters; /* cl_store_wlink.node */
     uint32_t klen;
     uint8_t key[];
 } store_kv_entry;
@@ -45,7 +45,7 @@ struct cl_store_kv {
     size_t npresent;
     cl_store_kv_limits lim;
     uint8_t seed[16];
-    cl_store_waiter *ready_head, *ready_tail;
+    cl_list ready; /* cl_store_waiter.rnode: every key there */
     char err[160];
 };
 
@@ -73,6 +73,7 @@ cl_store_kv *cl_store_kv_create(const cl_store_kv_limits *lim, const uint8_t see
     }
     kv->lim = *lim;
     memcpy(kv->seed, seed, sizeof kv->seed);
+    cl_list_init(&kv->ready);
     return kv;
 }
 
@@ -80,20 +81,20 @@ void cl_store_kv_destroy(cl_store_kv *kv) {
     if (!kv) return;
     /* Waiters still registered: collect each once (nlinks = 0 marks it),
      * then free their links, then the entries. */
-    for (cl_store_waiter *w = kv->ready_head; w; w = w->rnext)
-        w->ready = false;
-    cl_store_waiter *dead = NULL;
+    cl_store_waiter *w;
+    cl_list_foreach(&kv->ready, w, cl_store_waiter, rnode) cl_list_remove(&w->rnode);
+    cl_list dead; /* through rnode, now free */
+    cl_list_init(&dead);
+    cl_store_wlink *l;
     for (size_t i = 0; i < kv->nbuckets; i++)
         for (store_kv_entry *e = kv->buckets[i]; e; e = e->next)
-            for (cl_store_wlink *l = e->waiters; l; l = l->next) {
+            cl_list_foreach(&e->waiters, l, cl_store_wlink, node) {
                 if (l->w->nlinks == 0) continue;
                 l->w->nlinks = 0;
-                l->w->rnext = dead;
-                dead = l->w;
+                cl_list_push_back(&dead, &l->w->rnode);
             }
-    while (dead) {
-        cl_store_waiter *w = dead;
-        dead = w->rnext;
+    while ((w = cl_list_first(&dead, cl_store_waiter, rnode))) {
+        cl_list_remove(&w->rnode);
         free(w->links);
         memset(w, 0, sizeof *w); /* unregistered: a later unwatch is a no-op */
     }
@@ -157,6 +158,7 @@ static store_kv_entry *store_kv_get_or_add(cl_store_kv *kv, const void *key, siz
     if (!e) return NULL;
     e->hash = h;
     e->klen = (uint32_t)klen;
+    cl_list_init(&e->waiters);
     if (klen) memcpy(e->key, key, klen);
     if (kv->nentries >= kv->nbuckets) store_kv_grow(kv);
     e->next = kv->buckets[h & (kv->nbuckets - 1)];
@@ -167,7 +169,7 @@ static store_kv_entry *store_kv_get_or_add(cl_store_kv *kv, const void *key, siz
 
 /* Free an entry that holds neither a value nor waiters. */
 static void store_kv_maybe_drop(cl_store_kv *kv, store_kv_entry *e) {
-    if (e->present || e->waiters) return;
+    if (e->present || !cl_list_empty(&e->waiters)) return;
     store_kv_entry **pp = &kv->buckets[e->hash & (kv->nbuckets - 1)];
     while (*pp != e)
         pp = &(*pp)->next;
@@ -206,33 +208,13 @@ static bool store_kv_link_eval(const cl_store_wlink *l) {
 }
 
 static void store_kv_ready_push(cl_store_kv *kv, cl_store_waiter *w) {
-    w->ready = true;
-    w->rnext = NULL;
-    w->rprev = kv->ready_tail;
-    if (kv->ready_tail)
-        kv->ready_tail->rnext = w;
-    else
-        kv->ready_head = w;
-    kv->ready_tail = w;
-}
-
-static void store_kv_ready_unlink(cl_store_kv *kv, cl_store_waiter *w) {
-    if (!w->ready) return;
-    if (w->rprev)
-        w->rprev->rnext = w->rnext;
-    else
-        kv->ready_head = w->rnext;
-    if (w->rnext)
-        w->rnext->rprev = w->rprev;
-    else
-        kv->ready_tail = w->rprev;
-    w->rnext = w->rprev = NULL;
-    w->ready = false;
+    cl_list_push_back(&kv->ready, &w->rnode);
 }
 
 /* Re-evaluate the waiters of a mutated entry. */
 static void store_kv_touch(cl_store_kv *kv, store_kv_entry *e) {
-    for (cl_store_wlink *l = e->waiters; l; l = l->next) {
+    cl_store_wlink *l;
+    cl_list_foreach(&e->waiters, l, cl_store_wlink, node) {
         bool sat = store_kv_link_eval(l);
         if (sat == l->satisfied) continue;
         l->satisfied = sat;
@@ -240,7 +222,7 @@ static void store_kv_touch(cl_store_kv *kv, store_kv_entry *e) {
         if (sat) {
             if (--w->missing == 0) store_kv_ready_push(kv, w);
         } else {
-            if (w->missing++ == 0) store_kv_ready_unlink(kv, w);
+            if (w->missing++ == 0) cl_list_remove(&w->rnode);
         }
     }
 }
@@ -266,9 +248,7 @@ int cl_store_kv_watch(cl_store_kv *kv, cl_store_waiter *w, size_t n, const cl_st
         cl_store_wlink *l = &w->links[i];
         l->w = w;
         l->entry = e;
-        l->next = e->waiters;
-        if (e->waiters) e->waiters->prev = l;
-        e->waiters = l;
+        cl_list_push_front(&e->waiters, &l->node);
         w->nlinks = (uint32_t)(i + 1);
         l->satisfied = store_kv_link_eval(l);
         if (!l->satisfied) w->missing++;
@@ -279,16 +259,11 @@ int cl_store_kv_watch(cl_store_kv *kv, cl_store_waiter *w, size_t n, const cl_st
 
 void cl_store_kv_unwatch(cl_store_kv *kv, cl_store_waiter *w) {
     if (!w->registered) return;
-    store_kv_ready_unlink(kv, w);
+    cl_list_remove(&w->rnode);
     for (uint32_t i = 0; i < w->nlinks; i++) {
         cl_store_wlink *l = &w->links[i];
-        store_kv_entry *e = l->entry;
-        if (l->prev)
-            l->prev->next = l->next;
-        else
-            e->waiters = l->next;
-        if (l->next) l->next->prev = l->prev;
-        store_kv_maybe_drop(kv, e);
+        cl_list_remove(&l->node);
+        store_kv_maybe_drop(kv, l->entry);
     }
     free(w->links);
     w->links = NULL;
@@ -297,8 +272,8 @@ void cl_store_kv_unwatch(cl_store_kv *kv, cl_store_waiter *w) {
 }
 
 cl_store_waiter *cl_store_kv_pop_ready(cl_store_kv *kv) {
-    cl_store_waiter *w = kv->ready_head;
-    if (w) store_kv_ready_unlink(kv, w);
+    cl_store_waiter *w = cl_list_first(&kv->ready, cl_store_waiter, rnode);
+    if (w) cl_list_remove(&w->rnode);
     return w;
 }
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/list.h"
 #include "store/proto.h" /* cl_store_bytes */
 
 typedef struct cl_store_kv cl_store_kv;
@@ -39,7 +40,7 @@ enum cl_store_wait_kind {
 
 /* One key of a waiter, linked into that key's entry (kv-private). */
 typedef struct cl_store_wlink {
-    struct cl_store_wlink *next, *prev;
+    cl_list_node node; /* its entry's waiters */
     struct cl_store_kv_entry *entry;
     struct cl_store_waiter *w;
     bool satisfied;
@@ -53,8 +54,8 @@ typedef struct cl_store_waiter {
     uint32_t nlinks, missing;
     int kind;
     int64_t target;
-    bool registered, ready;
-    struct cl_store_waiter *rnext, *rprev; /* ready list */
+    bool registered;
+    cl_list_node rnode; /* the table's ready list while every key is there */
 } cl_store_waiter;
 
 /* cl_store_kv_create: a new empty table; `seed` keys the hash (16 bytes,

@@ -62,8 +62,9 @@ static void store_srv_stop(collie_store_server *s, bool from_engine) {
     s->lis = NULL;
     if (s->relisten_ev) event_free(s->relisten_ev);
     s->relisten_ev = NULL;
-    while (s->conns)
-        cl_store_srv_conn_free(s->conns);
+    store_srv_conn *c;
+    while ((c = cl_list_first(&s->conns, store_srv_conn, link)))
+        cl_store_srv_conn_free(c);
     cl_store_kv_destroy(s->kv);
     s->kv = NULL;
     if (!from_engine) cl_engine_remove_resident(s->engine, &s->resident);
@@ -190,6 +191,7 @@ int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t
         return cl_set_last_error(COLLIE_EINVAL, "collie_store_server_create: opts.size not set "
                                                 "(use COLLIE_STORE_SERVER_OPTS_INIT)");
     if (!(s = calloc(1, sizeof *s))) return COLLIE_ENOMEM;
+    cl_list_init(&s->conns);
     s->engine = e;
     CL_CHECK_GOTO(store_srv_configure(s, bind_addr, port, o), res, fail);
     CL_CHECK_GOTO(cl_store_auth_random(seed, sizeof seed), res, fail);

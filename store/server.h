@@ -36,9 +36,9 @@ typedef struct store_srv_conn store_srv_conn;
 
 /* A waiting request (get, wait, multi_get, barrier) of one connection. */
 typedef struct store_srv_wait {
-    cl_store_waiter kw;                 /* registered in the server's key table */
-    cl_store_idnode node;               /* node.id = the request id, in conn->waits */
-    struct store_srv_wait *next, *prev; /* conn's list */
+    cl_store_waiter kw;   /* registered in the server's key table */
+    cl_store_idnode node; /* node.id = the request id, in conn->waits */
+    cl_list_node link;    /* its conn's wait_list */
     store_srv_conn *conn;
     uint8_t op;
 } store_srv_wait;
@@ -50,7 +50,7 @@ enum store_srv_conn_state {
 };
 
 struct store_srv_conn {
-    store_srv_conn *next, *prev; /* server's list */
+    cl_list_node link; /* the server's conns */
     collie_store_server *srv;
     struct bufferevent *bev;
     char peer[64];
@@ -59,7 +59,7 @@ struct store_srv_conn {
     bool paused;  /* reading stopped: too many unsent replies */
     uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
     cl_store_idmap waits;
-    store_srv_wait *wait_head;
+    cl_list wait_list; /* store_srv_wait.link */
     uint32_t nwaits;
 };
 
@@ -82,7 +82,7 @@ struct collie_store_server {
     struct evconnlistener *lis;
     struct event *relisten_ev; /* re-enables accept after EMFILE */
     cl_store_kv *kv;
-    store_srv_conn *conns;
+    cl_list conns;          /* store_srv_conn.link */
     uint64_t refused;       /* connections refused since the last report */
     int64_t refused_log_ns; /* when that was */
     int start_status;

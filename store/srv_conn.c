@@ -52,11 +52,7 @@ void cl_store_srv_conn_free(store_srv_conn *c) {
     int fd = bufferevent_getfd(c->bev);
     if (fd >= 0) shutdown(fd, SHUT_RDWR);
     bufferevent_free(c->bev);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
+    cl_list_remove(&c->link);
     atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
     free(c);
 }
@@ -343,6 +339,7 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
         return;
     }
     store_srv_conn *c = calloc(1, sizeof *c);
+    if (c) cl_list_init(&c->wait_list);
     struct bufferevent *bev =
         c ? bufferevent_socket_new(cl_engine_base(s->engine), fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
     if (!bev) {
@@ -357,9 +354,7 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     c->bev = bev;
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->state = STORE_SRV_HELLO;
-    c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
-    s->conns = c;
+    cl_list_push_front(&s->conns, &c->link);
     atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
     struct timeval hs = {STORE_SRV_HANDSHAKE_MS / 1000, (STORE_SRV_HANDSHAKE_MS % 1000) * 1000};
     bufferevent_setcb(bev, store_srv_conn_on_read, store_srv_conn_on_write, store_srv_conn_on_event,

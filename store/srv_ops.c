@@ -61,18 +61,15 @@ static void store_srv_wait_free(store_srv_wait *w) {
     store_srv_conn *c = w->conn;
     cl_store_kv_unwatch(c->srv->kv, &w->kw);
     cl_store_idmap_del(&c->waits, w->node.id);
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        c->wait_head = w->next;
-    if (w->next) w->next->prev = w->prev;
+    cl_list_remove(&w->link);
     c->nwaits--;
     free(w);
 }
 
 void cl_store_srv_drop_waits(store_srv_conn *c) {
-    while (c->wait_head)
-        store_srv_wait_free(c->wait_head);
+    store_srv_wait *w;
+    while ((w = cl_list_first(&c->wait_list, store_srv_wait, link)))
+        store_srv_wait_free(w);
     cl_store_idmap_fini(&c->waits);
 }
 
@@ -116,9 +113,7 @@ static void store_srv_wait_begin(store_srv_conn *c, const cl_store_hdr *h, const
         cl_store_srv_send_error(c, h->op, h->req_id, COLLIE_ENOMEM, "server out of memory");
         return;
     }
-    w->next = c->wait_head;
-    if (c->wait_head) c->wait_head->prev = w;
-    c->wait_head = w;
+    cl_list_push_front(&c->wait_list, &w->link);
     c->nwaits++;
 }
 

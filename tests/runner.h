@@ -52,9 +52,8 @@ int cltest_parent(const struct CMUnitTest *tests, size_t n);
 void cltest_allow_leftovers(const char *why);
 
 #define cltest_main(tests, setup, teardown)                                                        \
-    (cltest_child_name()                                                                           \
-         ? (cltest_child_begin(), cmocka_set_test_filter(cltest_child_name()),                     \
-            cltest_child_end(cmocka_run_group_tests(tests, setup, teardown)))                      \
-         : cltest_parent(tests, sizeof(tests) / sizeof((tests)[0])))
+    (cltest_child_name() ? (cltest_child_begin(), cmocka_set_test_filter(cltest_child_name()),     \
+                            cltest_child_end(cmocka_run_group_tests(tests, setup, teardown)))      \
+                         : cltest_parent(tests, sizeof(tests) / sizeof((tests)[0])))
 
 #endif

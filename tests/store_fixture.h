@@ -98,8 +98,8 @@ typedef struct fx_waits_probe {
 static inline void fx_probe_waits(void *arg) {
     fx_waits_probe *p = arg;
     p->waits = 0;
-    for (store_srv_conn *c = p->srv->conns; c; c = c->next)
-        p->waits += c->nwaits;
+    store_srv_conn *c;
+    cl_list_foreach(&p->srv->conns, c, store_srv_conn, link) p->waits += c->nwaits;
 }
 
 /* Waiting requests the server holds right now (read on its loop). */

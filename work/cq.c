@@ -25,7 +25,7 @@
 
 struct collie_cq {
     pthread_mutex_t mu;
-    collie_work *head, *tail;
+    cl_list works; /* collie_work.cq_node, completion order */
     size_t n;
     bool closed;
     int efd;
@@ -45,6 +45,7 @@ int collie_cq_create(collie_cq **out) {
                                  strerror(err));
     }
     pthread_mutex_init(&cq->mu, NULL);
+    cl_list_init(&cq->works);
     atomic_init(&cq->refs, 1);
     *out = cq;
     return COLLIE_OK;
@@ -76,12 +77,7 @@ void cl_cq_push(collie_cq *cq, collie_work *w) {
         return;
     }
     collie_work_hold(w);
-    w->cq_next = NULL;
-    if (cq->tail)
-        cq->tail->cq_next = w;
-    else
-        cq->head = w;
-    cq->tail = w;
+    cl_list_push_back(&cq->works, &w->cq_node);
     if (cq->n++ == 0) {
         uint64_t one = 1;
         ssize_t r = write(cq->efd, &one, sizeof one);
@@ -91,10 +87,9 @@ void cl_cq_push(collie_cq *cq, collie_work *w) {
 }
 
 static collie_work *cq_take(collie_cq *cq) {
-    collie_work *w = cq->head;
+    collie_work *w = cl_list_first(&cq->works, collie_work, cq_node);
     if (!w) return NULL;
-    cq->head = w->cq_next;
-    if (!cq->head) cq->tail = NULL;
+    cl_list_remove(&w->cq_node);
     if (--cq->n == 0) {
         uint64_t v;
         ssize_t r = read(cq->efd, &v, sizeof v);
@@ -130,14 +125,18 @@ void collie_cq_destroy(collie_cq *cq) {
     if (!cq) return;
     pthread_mutex_lock(&cq->mu);
     cq->closed = true;
-    collie_work *w = cq->head;
-    cq->head = cq->tail = NULL;
+    cl_list left; /* released outside the lock: a release may free the work */
+    cl_list_init(&left);
+    collie_work *w;
+    while ((w = cl_list_first(&cq->works, collie_work, cq_node))) {
+        cl_list_remove(&w->cq_node);
+        cl_list_push_back(&left, &w->cq_node);
+    }
     cq->n = 0;
     pthread_mutex_unlock(&cq->mu);
-    while (w) { /* release outside the lock: a release may free the work */
-        collie_work *next = w->cq_next;
+    while ((w = cl_list_first(&left, collie_work, cq_node))) {
+        cl_list_remove(&w->cq_node);
         collie_work_release(w);
-        w = next;
     }
     cl_cq_release(cq);
 }

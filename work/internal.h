@@ -14,8 +14,8 @@ typedef struct cl_work_registry {
     collie_engine *engine;
     cl_list tracked; /* collie_work.trk_node: posted, not yet retired */
     size_t ntracked;
-    collie_work *done_head, *done_tail; /* finished, waiting to be retired */
-    collie_work **heap;                 /* deadline min-heap */
+    cl_list done;       /* finished, waiting to be retired (collie_work.done_node) */
+    collie_work **heap; /* deadline min-heap */
     size_t heap_len, heap_cap;
     int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
     struct event *done_ev;     /* activated to run the retire list */

@@ -154,12 +154,7 @@ void cl_work_start_cmd(cl_cmd *c) {
 /* Queue w for retirement and make sure the retire event runs (loop). */
 static void work_retire_append(collie_work *w) {
     cl_work_registry *r = cl_work_registry_of(w);
-    w->done_next = NULL;
-    if (r->done_tail)
-        r->done_tail->done_next = w;
-    else
-        r->done_head = w;
-    r->done_tail = w;
+    cl_list_push_back(&r->done, &w->done_node);
     event_active(r->done_ev, 0, 0);
 }
 
@@ -211,10 +206,9 @@ size_t cl_works_run_retired(collie_engine *e) { return registry_run_retired(regi
 static size_t registry_run_retired(cl_work_registry *r) {
     collie_engine *e = r->engine;
     size_t n = 0;
-    while (r->done_head) {
-        collie_work *w = r->done_head;
-        r->done_head = w->done_next;
-        if (!r->done_head) r->done_tail = NULL;
+    collie_work *w;
+    while ((w = cl_list_first(&r->done, collie_work, done_node))) {
+        cl_list_remove(&w->done_node);
         work_retire(e, w);
         n++;
     }
@@ -264,6 +258,7 @@ static int registry_create(collie_engine *e, void **state) {
     if (!r) return COLLIE_ENOMEM;
     r->engine = e;
     cl_list_init(&r->tracked);
+    cl_list_init(&r->done);
     r->armed_ns = INT64_MAX;
     r->done_ev = event_new(cl_engine_base(e), -1, 0, registry_on_done, r);
     r->deadline_ev = event_new(cl_engine_base(e), -1, 0, registry_on_deadline, r);

@@ -30,7 +30,7 @@ typedef struct cl_waiter {
 } cl_waiter;
 
 struct cl_waiter_link {
-    struct cl_waiter_link *next, *prev;
+    cl_list_node node; /* in its work's waiters */
     cl_waiter *waiter;
     collie_work *work;
     bool expiry_tried;
@@ -47,7 +47,8 @@ static pthread_mutex_t cl_wait_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void cl_work_wake_waiters(collie_work *w) {
     pthread_mutex_lock(&cl_wait_mu);
-    for (struct cl_waiter_link *l = w->waiters; l; l = l->next) {
+    struct cl_waiter_link *l;
+    cl_list_foreach(&w->waiters, l, struct cl_waiter_link, node) {
         l->waiter->fired = true;
         pthread_cond_signal(&l->waiter->cv);
     }
@@ -58,20 +59,13 @@ static void link_add(struct cl_waiter_link *l, collie_work *w, cl_waiter *wt) {
     l->waiter = wt;
     l->work = w;
     l->expiry_tried = false;
-    l->prev = NULL;
-    l->next = w->waiters;
-    if (w->waiters) w->waiters->prev = l;
-    w->waiters = l;
+    cl_list_push_front(&w->waiters, &l->node);
     atomic_fetch_add_explicit(&w->nwaiters, 1, memory_order_seq_cst);
 }
 
 static void link_del(struct cl_waiter_link *l) {
     collie_work *w = l->work;
-    if (l->prev)
-        l->prev->next = l->next;
-    else
-        w->waiters = l->next;
-    if (l->next) l->next->prev = l->prev;
+    cl_list_remove(&l->node);
     atomic_fetch_sub_explicit(&w->nwaiters, 1, memory_order_seq_cst);
 }
 

@@ -54,6 +54,7 @@ int cl_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
     atomic_init(&w->state, CL_WORK_QUEUED);
     atomic_init(&w->refs, 1);
     atomic_init(&w->nwaiters, 0);
+    cl_list_init(&w->waiters);
     w->ops = ops;
     w->engine = e;
     w->status = COLLIE_INPROGRESS;

@@ -95,9 +95,9 @@ struct collie_work {
     collie_cq *cq;
 
     /* loop-thread bookkeeping */
-    cl_list_node trk_node;         /* the registry's tracked list */
-    struct collie_work *done_next; /* engine's retire list */
-    size_t heap_idx;               /* deadline heap slot, SIZE_MAX if none */
+    cl_list_node trk_node;  /* the registry's tracked list */
+    cl_list_node done_node; /* the registry's retire list */
+    size_t heap_idx;        /* deadline heap slot, SIZE_MAX if none */
     bool tracked;
     bool start_ran;       /* the start command has run */
     bool retire_deferred; /* finished before start ran: start retires it */
@@ -105,10 +105,10 @@ struct collie_work {
 
     /* waiters (under the global wait lock) */
     _Atomic int nwaiters;
-    struct cl_waiter_link *waiters;
+    cl_list waiters; /* struct cl_waiter_link (wait.c) */
 
     /* completion queue link (under the cq's lock) */
-    struct collie_work *cq_next;
+    cl_list_node cq_node;
 };
 
 /* cl_work_init: initialise a work for engine e (one reference, the

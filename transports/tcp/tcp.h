@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "collie_backend.h"
+#include "engine/list.h"
 #include "transports/tcp/sched.h"
 
 /* cl_tcp_backend_ops: the TCP backend's ops table (transports/builtin.c
@@ -137,8 +138,8 @@ typedef struct tcp_comm {
     collie_watch *listen_ev;
     char addr[80];
     tcp_conn **conns;
-    tcp_conn *pending;                        /* accepted, handshake not finished */
-    struct tcp_work *works_head, *works_tail; /* started collectives, seq order */
+    tcp_conn *pending; /* accepted, handshake not finished */
+    cl_list works;     /* started collectives, seq order */
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
     uint8_t *discard;
@@ -168,10 +169,10 @@ typedef struct tcp_work {
     tcp_xbuf *xb; /* NULL for point-to-point works */
     uint32_t step;
     uint32_t pending; /* ops of the current step not yet done */
-    bool finished, running, posted, kind_p2p, linked;
+    bool finished, running, posted, kind_p2p;
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
-    struct tcp_work *next, *prev;
+    cl_list_node node; /* tcp_comm.works */
 } tcp_work;
 
 /* tcp_conn.c */

@@ -40,6 +40,7 @@ static void tcp_on_published(collie_work *w, void *arg) {
 static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
     tcp_comm *tc = calloc(1, sizeof *tc);
     if (!tc) return COLLIE_ENOMEM;
+    cl_list_init(&tc->works);
     tc->bc = bc;
     tc->core = core;
     tc->rank = core->rank(bc);
@@ -82,17 +83,7 @@ static void tcp_detach(void *state, collie_work *w) {
     tcp_work *tw = tc->core->work_backend_data(w);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_forget(tc->conns[p], tw);
-    if (tw->linked) {
-        if (tw->prev)
-            tw->prev->next = tw->next;
-        else
-            tc->works_head = tw->next;
-        if (tw->next)
-            tw->next->prev = tw->prev;
-        else
-            tc->works_tail = tw->prev;
-        tw->linked = false;
-    }
+    cl_list_remove(&tw->node);
     if (tw->xb) {
         cl_tcp_xbuf_put(tc, tw->xb);
         tw->xb = NULL;
@@ -111,8 +102,9 @@ static void tcp_abort(void *state, int status, const char *reason) {
     for (tcp_conn *c = tc->pending; c; c = c->next_pending)
         cl_tcp_conn_close(c, status, reason);
     /* finishing retires later, on the loop; detach then unlinks each work */
-    for (tcp_work *tw = tc->works_head; tw; tw = tw->next)
-        if (!tw->finished) cl_tcp_work_fail(tw, status, "%s", reason);
+    tcp_work *tw;
+    cl_list_foreach(&tc->works, tw, tcp_work, node) if (!tw->finished)
+        cl_tcp_work_fail(tw, status, "%s", reason);
     if (tc->publish_req) collie_work_cancel(tc->publish_req);
 }
 

@@ -213,14 +213,7 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
         cl_tcp_work_fail(tw, COLLIE_EABORTED, "%s", tc->abort_reason);
         return COLLIE_OK;
     }
-    tw->prev = tc->works_tail;
-    tw->next = NULL;
-    if (tc->works_tail)
-        tc->works_tail->next = tw;
-    else
-        tc->works_head = tw;
-    tc->works_tail = tw;
-    tw->linked = true;
+    cl_list_push_back(&tc->works, &tw->node);
     if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
         return work_start_p2p(tc, tw);
     tcp_xbuf *xb = tc->xb_pool;
@@ -266,7 +259,8 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
 void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     if (tc->aborted) return;
     /* the oldest work in flight is the one that saw it */
-    collie_work *victim = tc->works_head ? tc->works_head->w : NULL;
+    tcp_work *oldest = cl_list_first(&tc->works, tcp_work, node);
+    collie_work *victim = oldest ? oldest->w : NULL;
     (void)peer; /* `why` names it */
     tc->core->fault(tc->bc, victim, status, "%s", why);
 }
