@@ -74,17 +74,12 @@ const char *cl_engine_set_activity(collie_engine *e, const char *what) {
 
 int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
     bool wake = false;
-    c->next = NULL;
     pthread_mutex_lock(&e->qmu);
     if (e->stopped) {
         pthread_mutex_unlock(&e->qmu);
         return COLLIE_ECLOSED;
     }
-    if (e->qtail)
-        e->qtail->next = c;
-    else
-        e->qhead = c;
-    e->qtail = c;
+    cl_list_push_back(&e->queue, &c->node);
     /* a spinning loop polls the queue itself: no system call needed */
     if (!e->wake_pending && !atomic_load_explicit(&e->spinning, memory_order_seq_cst)) {
         e->wake_pending = true;
@@ -105,21 +100,21 @@ static size_t engine_drain_cmds(collie_engine *e) {
     size_t ran = 0;
     for (;;) {
         pthread_mutex_lock(&e->qmu);
-        cl_cmd *c = e->qhead;
-        e->qhead = e->qtail = NULL;
+        cl_list batch;
+        cl_list_move_all(&batch, &e->queue);
         e->wake_pending = false;
         atomic_store_explicit(&e->queued, false, memory_order_relaxed);
         pthread_mutex_unlock(&e->qmu);
-        if (!c) break;
-        while (c) {
-            cl_cmd *next = c->next; /* c may be freed or re-queued by fn */
+        if (cl_list_empty(&batch)) break;
+        cl_cmd *c;
+        while ((c = cl_list_first(&batch, cl_cmd, node))) {
+            cl_list_remove(&c->node); /* before fn: it may free or re-post c */
             const char *prev = cl_engine_set_activity(e, "engine command");
             c->fn(c);
             cl_engine_set_activity(e, prev);
             /* retire what this command finished before running the next
              * one, so a command queued after a completion sees it retired */
             engine_run_completions(e);
-            c = next;
             ran++;
         }
     }
@@ -274,13 +269,13 @@ static void engine_shutdown_on_loop(collie_engine *e) {
     }
     pthread_mutex_lock(&e->qmu);
     e->stopped = true;
-    cl_cmd *left = e->qhead;
-    e->qhead = e->qtail = NULL;
+    cl_list left; /* posted between the last drain and `stopped`: run them */
+    cl_list_move_all(&left, &e->queue);
     pthread_mutex_unlock(&e->qmu);
-    while (left) { /* posted between the last drain and `stopped`: run them */
-        cl_cmd *next = left->next;
-        left->fn(left);
-        left = next;
+    cl_cmd *c;
+    while ((c = cl_list_first(&left, cl_cmd, node))) {
+        cl_list_remove(&c->node);
+        c->fn(c);
     }
     engine_run_completions(e);
 }
@@ -379,6 +374,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     e->wake_fd = -1;
     cl_list_init(&e->residents);
     pthread_mutex_init(&e->qmu, NULL);
+    cl_list_init(&e->queue);
     const char *name = cl_opt(o, name, NULL);
     snprintf(e->name, sizeof e->name, "%s", name ? name : "collie");
     atomic_init(&e->activity, "idle");

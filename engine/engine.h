@@ -27,7 +27,7 @@ struct collie_work;
  * acts on (no allocation per command). A command may be queued only once at
  * a time. */
 typedef struct cl_cmd {
-    struct cl_cmd *next;
+    cl_list_node node; /* in the engine's queue while posted */
     void (*fn)(struct cl_cmd *c);
 } cl_cmd;
 

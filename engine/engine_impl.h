@@ -32,7 +32,7 @@ struct collie_engine {
 
     /* command queue */
     pthread_mutex_t qmu;
-    cl_cmd *qhead, *qtail;
+    cl_list queue; /* cl_cmd.node, posted and not yet taken (qmu) */
     bool wake_pending;
     _Atomic bool stop_requested;
     _Atomic bool closing;  /* destroy began: posts of new works are refused */

@@ -49,6 +49,18 @@ static inline void cl_list_remove(cl_list_node *n) {
     n->next = n->prev = NULL;
 }
 
+/* cl_list_move_all: dst (uninitialised or empty) takes every node of src,
+ * in order; src is left empty. */
+static inline void cl_list_move_all(cl_list *dst, cl_list *src) {
+    cl_list_init(dst);
+    if (cl_list_empty(src)) return;
+    dst->head.next = src->head.next;
+    dst->head.prev = src->head.prev;
+    dst->head.next->prev = &dst->head;
+    dst->head.prev->next = &dst->head;
+    cl_list_init(src);
+}
+
 /* cl_list_first_node: the first node, or NULL for an empty list. */
 static inline cl_list_node *cl_list_first_node(const cl_list *l) {
     return cl_list_empty(l) ? NULL : l->head.next;

@@ -355,6 +355,20 @@ static void test_list(void **state) {
     assert_true(cl_list_empty(&l));
     cl_list_push_front(&l, &a[4].node);
     list_expect(&l, (int[]){4}, 1);
+    /* move_all: every node, in order, to another head; the source empties */
+    cl_list_push_back(&l, &a[0].node);
+    cl_list_push_back(&l, &a[2].node);
+    cl_list moved;
+    cl_list_move_all(&moved, &l);
+    assert_true(cl_list_empty(&l));
+    list_expect(&moved, (int[]){4, 0, 2}, 3);
+    cl_list_remove(&a[0].node);
+    list_expect(&moved, (int[]){4, 2}, 2);
+    cl_list_move_all(&l, &moved);
+    list_expect(&l, (int[]){4, 2}, 2);
+    cl_list empty;
+    cl_list_move_all(&empty, &moved); /* an empty source */
+    assert_true(cl_list_empty(&empty) && cl_list_empty(&moved));
 }
 
 int main(void) {

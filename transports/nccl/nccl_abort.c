@@ -184,7 +184,8 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     }
     size_t claimed = 0, ndone = 0;
     collie_work *done[64];
-    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+    cl_nccl_work *nw;
+    cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) {
         if (nw->canceled) { /* canceled: quiesced with the others */
             if (nw != nc->root) {
                 nw->batch_next = NULL;
@@ -258,7 +259,7 @@ void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg) {
     snprintf(nw->cancel_msg, sizeof nw->cancel_msg, "%s", msg ? msg : "deadline passed");
     /* `canceled` marks the ones an abort batch publishes; the others are
      * published here, and the abort coming next must skip them */
-    if (!nw->linked || nccl_gpu_done_locked(nc, nw)) {
+    if (!cl_list_linked(&nw->node) || nccl_gpu_done_locked(nc, nw)) {
         now = true; /* the GPU is done with it: nothing to wait for */
     } else if (nc->aborting && !nc->batch_taken) {
         nw->canceled = true; /* the abort is quiescing: join its batch */
@@ -282,7 +283,8 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
     size_t ndone = 0;
     bool overran = false;
     pthread_mutex_lock(&nc->mu);
-    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+    cl_nccl_work *nw;
+    cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) {
         if (!nw->late) continue;
         if (nc->core->work_test(nw->w)) {
             nw->late = false;

@@ -92,15 +92,15 @@ bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc) {
     if (nc->destroyed) return false;
     if (nc->aborting) {
         if (!nc->batch_taken) return true;
-        for (const cl_nccl_work *nw = nc->head; nw; nw = nw->next)
-            if (nw->late) return true;
+        const cl_nccl_work *nw;
+        cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) if (nw->late) return true;
         return false;
     }
     switch (nc->phase) {
     case NCCL_SETUP:
     case NCCL_INIT: return true;
     case NCCL_UID: return nc->parent != NULL; /* a split waits for its parent */
-    case NCCL_READY: return nc->head != NULL || nc->nccl_inprogress;
+    case NCCL_READY: return !cl_list_empty(&nc->pending) || nc->nccl_inprogress;
     default: return false;
     }
 }
@@ -399,6 +399,7 @@ int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nc
     nc->init_start_ns = cl_nccl_now_ns();
     atomic_init(&nc->refs, 1);
     pthread_mutex_init(&nc->mu, NULL);
+    cl_list_init(&nc->pending);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -452,13 +453,13 @@ static void nccl_destroy(void *state) {
     nc->comm = NULL;
     /* works finished here (the abort's batch) retire after us: the core calls
      * their detach with a NULL state, so let go of them now */
-    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next) {
+    cl_nccl_work *nw;
+    while ((nw = cl_list_first(&nc->pending, cl_nccl_work, node))) {
+        cl_list_remove(&nw->node);
         cl_nccl_event_put_locked(nc, nw->start_ev, nw->gpu_done);
         cl_nccl_event_put_locked(nc, nw->end_ev, nw->gpu_done);
         nw->start_ev = nw->end_ev = NULL;
-        nw->linked = false;
     }
-    nc->head = nc->tail = NULL;
     cl_nccl_store_ctx *ctx = nc->store_ctx;
     collie_work *req = nc->store_req;
     nc->store_ctx = NULL;

@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 
 #include "collie_backend.h"
+#include "engine/list.h"
 
 #define NCCL_MOD "nccl"
 
@@ -55,7 +56,6 @@ struct cl_nccl_work {
     collie_coll_args args;
     cudaEvent_t start_ev, end_ev;
     int state;         /* enum nccl_wstate (mu) */
-    bool linked;       /* on nc's pending list (mu) */
     bool gpu_done;     /* end event completed (mu) */
     bool finished;     /* finished, or handed to someone who will finish it (mu) */
     bool claimed;      /* claimed by the abort; published with the batch (mu) */
@@ -65,7 +65,8 @@ struct cl_nccl_work {
     char cancel_msg[192];   /* ... and its message */
     cudaError_t record_err; /* cudaEventRecord of end_ev failed (mu) */
     ncclResult_t issue_err; /* NCCL refused it when the poll hook issued it (mu) */
-    cl_nccl_work *next, *prev, *batch_next;
+    cl_list_node node;      /* nc's pending list, post order (mu) */
+    cl_nccl_work *batch_next;
 };
 
 struct cl_nccl_comm {
@@ -91,7 +92,7 @@ struct cl_nccl_comm {
     cudaStream_t stream;  /* the internal stream every NCCL call runs on */
     void *scratch;        /* 4 device bytes for barriers */
     bool nccl_inprogress; /* a call returned ncclInProgress: no other NCCL call yet */
-    cl_nccl_work *head, *tail;
+    cl_list pending;      /* cl_nccl_work.node */
     cudaEvent_t *pool;
     size_t npool, cappool;
 

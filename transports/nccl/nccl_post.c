@@ -140,7 +140,9 @@ static void nccl_launched_locked(cl_nccl_comm *nc, cl_nccl_work *nw) {
  * refuses now was accepted at post time: it keeps the error (issue_err) and
  * the poll hook turns it into a comm fault; nothing after it is issued. */
 static void nccl_issue_queued_locked(cl_nccl_comm *nc) {
-    for (cl_nccl_work *nw = nc->head; nw && !nc->nccl_inprogress; nw = nw->next) {
+    cl_nccl_work *nw;
+    cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) {
+        if (nc->nccl_inprogress) return;
         if (nw->state != NCCL_W_QUEUED) continue;
         if (nw->issue_err != ncclSuccess) return;
         ncclResult_t r = nccl_issue(nc, &nw->args);
@@ -162,8 +164,9 @@ void cl_nccl_launch_progress_locked(cl_nccl_comm *nc) {
     if (ncclCommGetAsyncError(nc->comm, &st) != ncclSuccess || st != ncclSuccess)
         return; /* still in progress, or an error the poll hook reports */
     nc->nccl_inprogress = false;
-    for (cl_nccl_work *nw = nc->head; nw; nw = nw->next)
-        if (nw->state == NCCL_W_LAUNCHING) nccl_launched_locked(nc, nw);
+    cl_nccl_work *nw;
+    cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) if (nw->state == NCCL_W_LAUNCHING)
+        nccl_launched_locked(nc, nw);
     nccl_issue_queued_locked(nc);
 }
 
@@ -230,13 +233,7 @@ int cl_nccl_start(void *state, collie_work *w, const collie_coll_args *a) {
             } else {
                 nccl_launched_locked(nc, nw);
             }
-            nw->linked = true;
-            nw->prev = nc->tail;
-            if (nc->tail)
-                nc->tail->next = nw;
-            else
-                nc->head = nw;
-            nc->tail = nw;
+            cl_list_push_back(&nc->pending, &nw->node);
         }
     }
     if (status != COLLIE_OK) {
@@ -261,7 +258,7 @@ int cl_nccl_wait_stream(void *state, collie_work *w, void *stream) {
     int64_t give_up = cl_nccl_now_ns() + (int64_t)NCCL_WAIT_STREAM_LAUNCH_MS * 1000000;
     for (;;) {
         pthread_mutex_lock(&nc->mu);
-        if (!nw->linked || nw->gpu_done || nc->core->work_test(w) || nc->aborting) {
+        if (!cl_list_linked(&nw->node) || nw->gpu_done || nc->core->work_test(w) || nc->aborting) {
             pthread_mutex_unlock(&nc->mu);
             /* done on the GPU (nothing to wait for) or ended with an error */
             int st = nc->core->work_result(w);

@@ -42,13 +42,18 @@ bool cl_nccl_work_active(const collie_core_services *core, collie_work *w) {
 static void nccl_claim_root_locked(cl_nccl_comm *nc, cl_nccl_work *nw, int status,
                                    const char *msg) {
     if (nc->root) return;
-    if (!nw)
-        for (nw = nc->head; nw; nw = nw->next) {
-            if (nw->finished) continue;
-            if (!nw->gpu_done && nw->state == NCCL_W_LAUNCHED && nw->record_err == cudaSuccess)
-                nw->gpu_done = cudaEventQuery(nw->end_ev) == cudaSuccess;
-            if (!nw->gpu_done) break; /* the oldest the GPU has not finished */
+    if (!nw) {
+        cl_nccl_work *it;
+        cl_list_foreach(&nc->pending, it, cl_nccl_work, node) {
+            if (it->finished) continue;
+            if (!it->gpu_done && it->state == NCCL_W_LAUNCHED && it->record_err == cudaSuccess)
+                it->gpu_done = cudaEventQuery(it->end_ev) == cudaSuccess;
+            if (!it->gpu_done) { /* the oldest the GPU has not finished */
+                nw = it;
+                break;
+            }
         }
+    }
     if (!nw || nw->finished) return;
     if (cl_nccl_work_active(nc->core, nw->w)) {
         if (!nc->core->work_claim(nw->w)) return; /* ended meanwhile (deadline, cancel) */
@@ -70,7 +75,9 @@ static size_t nccl_scan_locked(cl_nccl_comm *nc, collie_work **done, bool *fault
                                size_t len) {
     size_t n = 0;
     char err[300];
-    for (cl_nccl_work *nw = nc->head; nw && n < NCCL_POLL_BATCH; nw = nw->next) {
+    cl_nccl_work *nw;
+    cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) {
+        if (n == NCCL_POLL_BATCH) break;
         if (nw->finished) continue;
         if (nw->issue_err != ncclSuccess) {
             snprintf(msg, len, "NCCL error: %s",
@@ -169,16 +176,8 @@ void cl_nccl_detach(void *state, collie_work *w) {
     if (!nc) return; /* destroyed before the work retired: nothing left */
     cl_nccl_work *nw = nc->core->work_backend_data(w);
     pthread_mutex_lock(&nc->mu);
-    if (nw->linked) {
-        if (nw->prev)
-            nw->prev->next = nw->next;
-        else
-            nc->head = nw->next;
-        if (nw->next)
-            nw->next->prev = nw->prev;
-        else
-            nc->tail = nw->prev;
-        nw->linked = false;
+    if (cl_list_linked(&nw->node)) {
+        cl_list_remove(&nw->node);
         nw->late = false;
         /* the GPU finished with these events only if the end event completed */
         cl_nccl_event_put_locked(nc, nw->start_ev, nw->gpu_done);

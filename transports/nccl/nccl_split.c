@@ -36,8 +36,9 @@ int cl_nccl_split(collie_bcomm *bc, const collie_core_services *core, void *pare
  * driven by the parent's poll hook, which is on while there is one. */
 static bool nccl_parent_free_locked(const cl_nccl_comm *p) {
     if (p->nccl_inprogress) return false;
-    for (const cl_nccl_work *nw = p->head; nw; nw = nw->next)
-        if (nw->state == NCCL_W_QUEUED) return false;
+    const cl_nccl_work *nw;
+    cl_list_foreach(&p->pending, nw, cl_nccl_work,
+                    node) if (nw->state == NCCL_W_QUEUED) return false;
     return true;
 }
 

@@ -49,7 +49,7 @@ typedef struct tcp_req_ctx {
 /* One outgoing message: a frame header and a payload in the user's (or
  * scratch) memory, sent with writev without copying the payload. */
 typedef struct tcp_msg {
-    struct tcp_msg *next;
+    cl_list_node node;      /* its connection's send queue */
     struct tcp_work *owner; /* NULL once the owner is gone */
     uint8_t hdr[TCP_FRAME_HDR];
     const uint8_t *payload;
@@ -59,7 +59,7 @@ typedef struct tcp_msg {
 
 /* One expected incoming message. */
 typedef struct tcp_slot {
-    struct tcp_slot *next;
+    cl_list_node node; /* its connection's expected or p2p_expected */
     struct tcp_work *owner;
     uint64_t seq;  /* collective seq, or tag for p2p */
     uint32_t step; /* TCP_P2P_STEP for p2p */
@@ -71,7 +71,7 @@ typedef struct tcp_slot {
 
 /* A p2p message that arrived before its receive was posted. */
 typedef struct tcp_unexpected {
-    struct tcp_unexpected *next;
+    cl_list_node node; /* its connection's unexpected */
     uint64_t tag;
     uint8_t hdr[TCP_FRAME_HDR];
     uint8_t *data;
@@ -106,7 +106,7 @@ typedef struct tcp_conn {
     int hs_phase;
 
     /* send side */
-    tcp_msg *sq_head, *sq_tail;
+    cl_list sendq;        /* tcp_msg, in sending order */
     bool flush_scheduled; /* wev activated to flush after the current callback */
     bool send_broken;     /* a message was cut off mid-way: nothing more is written */
     char broken_why[160]; /* which message, for the op that next needs this peer */
@@ -121,12 +121,12 @@ typedef struct tcp_conn {
     bool reading_abort;      /* the frame being read is the peer's ABORT */
     char peer_abort[TCP_ABORT_MAX + 1];
     uint64_t payload_len, payload_got;
-    uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
-    uint64_t stage_fill; /* bytes in stage for the current chunk */
-    tcp_slot *rq_head;   /* expected collective messages from this peer */
-    tcp_slot *p2p_head;  /* posted p2p receives from this peer */
-    tcp_unexpected *unx_head, *unx_tail;
-    struct tcp_conn *next_pending; /* accepted, not yet identified */
+    uint8_t *stage;            /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
+    uint64_t stage_fill;       /* bytes in stage for the current chunk */
+    cl_list expected;          /* tcp_slot: collective messages expected from this peer */
+    cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer */
+    cl_list unexpected;        /* tcp_unexpected: p2p messages that came first */
+    cl_list_node pending_node; /* tcp_comm.pending: accepted, not yet identified */
 } tcp_conn;
 
 typedef struct tcp_comm {
@@ -138,8 +138,8 @@ typedef struct tcp_comm {
     collie_watch *listen_ev;
     char addr[80];
     tcp_conn **conns;
-    tcp_conn *pending; /* accepted, handshake not finished */
-    cl_list works;     /* started collectives, seq order */
+    cl_list pending; /* tcp_conn.pending_node: accepted, handshake not finished */
+    cl_list works;   /* started collectives, seq order */
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
     uint8_t *discard;

@@ -41,6 +41,7 @@ static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **s
     tcp_comm *tc = calloc(1, sizeof *tc);
     if (!tc) return COLLIE_ENOMEM;
     cl_list_init(&tc->works);
+    cl_list_init(&tc->pending);
     tc->bc = bc;
     tc->core = core;
     tc->rank = core->rank(bc);
@@ -99,8 +100,8 @@ static void tcp_abort(void *state, int status, const char *reason) {
     if (tc->listen_ev) tc->core->watch_stop(tc->listen_ev);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
-    for (tcp_conn *c = tc->pending; c; c = c->next_pending)
-        cl_tcp_conn_close(c, status, reason);
+    tcp_conn *c;
+    cl_list_foreach(&tc->pending, c, tcp_conn, pending_node) cl_tcp_conn_close(c, status, reason);
     /* finishing retires later, on the loop; detach then unlinks each work */
     tcp_work *tw;
     cl_list_foreach(&tc->works, tw, tcp_work, node) if (!tw->finished)
@@ -113,9 +114,9 @@ static void tcp_destroy(void *state) {
     if (!tc) return;
     for (int p = 0; tc->conns && p < tc->size; p++)
         cl_tcp_conn_free(tc->conns[p]);
-    while (tc->pending) {
-        tcp_conn *c = tc->pending;
-        tc->pending = c->next_pending;
+    tcp_conn *c;
+    while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node))) {
+        cl_list_remove(&c->pending_node);
         cl_tcp_conn_free(c);
     }
     if (tc->publish_ctx) { /* its callback frees the context and the request */

@@ -82,11 +82,16 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     c->tc = tc;
     c->peer = peer;
     c->fd = -1;
+    cl_list_init(&c->sendq);
+    cl_list_init(&c->expected);
+    cl_list_init(&c->p2p_expected);
+    cl_list_init(&c->unexpected);
     return c;
 }
 
 void cl_tcp_conn_free(tcp_conn *c) {
     if (!c) return;
+    cl_list_remove(&c->pending_node); /* if it was still being identified */
     if (c->rev) c->tc->core->watch_free(c->rev);
     if (c->wev) c->tc->core->watch_free(c->wev);
     if (c->fd >= 0) close(c->fd);
@@ -94,9 +99,9 @@ void cl_tcp_conn_free(tcp_conn *c) {
         c->addr_ctx->target = NULL;
         collie_work_cancel(c->addr_req);
     }
-    while (c->unx_head) {
-        tcp_unexpected *u = c->unx_head;
-        c->unx_head = u->next;
+    tcp_unexpected *u;
+    while ((u = cl_list_first(&c->unexpected, tcp_unexpected, node))) {
+        cl_list_remove(&u->node);
         free(u->data);
         free(u);
     }
@@ -127,7 +132,8 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
 /* Can a frame of our own go out now without landing inside another one? */
 static bool conn_at_frame_boundary(const tcp_conn *c) {
     return c->state == TCP_CONN_READY && c->fd >= 0 && !c->send_broken &&
-           c->hs_out_sent == c->hs_out_len && (!c->sq_head || c->sq_head->sent == 0);
+           c->hs_out_sent == c->hs_out_len &&
+           (cl_list_empty(&c->sendq) || cl_list_first(&c->sendq, tcp_msg, node)->sent == 0);
 }
 
 /* The comm is closing (the backend's abort). Tell the peer why first, best
@@ -147,7 +153,7 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
         struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h},
                                {.iov_base = (void *)why, .iov_len = len}};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = bye ? 1 : 2};
-        if (!bye || !c->sq_head) {
+        if (!bye || cl_list_empty(&c->sendq)) {
             ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)n;
         }
@@ -176,18 +182,18 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     snprintf(c->broken_why, sizeof c->broken_why,
              "the stream to rank %d is broken: a message (seq %llu) was cut off mid-way", c->peer,
              (unsigned long long)get64(cut->hdr + 16));
-    tcp_msg *m = c->sq_head;
-    c->sq_head = c->sq_tail = NULL;
+    cl_list queued; /* moved out: the queue is empty from here on */
+    cl_list_move_all(&queued, &c->sendq);
     if (c->wev) c->tc->core->watch_stop(c->wev);
     c->flush_scheduled = false;
     c->tc->core->log(3, "tcp", "comm '%s' rank %d: %s; no more sends on it",
                      c->tc->core->name(c->tc->bc), c->tc->rank, c->broken_why);
     /* finishing only schedules a work's retirement: the list stays ours */
-    while (m) {
-        tcp_msg *next = m->next;
+    tcp_msg *m;
+    while ((m = cl_list_first(&queued, tcp_msg, node))) {
+        cl_list_remove(&m->node);
         if (m->owner && m->owner != cut->owner && !m->owner->finished)
             cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
-        m = next;
     }
 }
 
@@ -206,13 +212,8 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
         if (!m->owner->finished) cl_tcp_work_fail(m->owner, COLLIE_EPEER, "%s", c->broken_why);
         return;
     }
-    m->next = NULL;
     m->sent = 0;
-    if (c->sq_tail)
-        c->sq_tail->next = m;
-    else
-        c->sq_head = m;
-    c->sq_tail = m;
+    cl_list_push_back(&c->sendq, &m->node);
     /* flush once the current callback is done: messages queued by several
      * works meanwhile leave in one sendmsg */
     if (c->state == TCP_CONN_READY && !c->flush_scheduled) {
@@ -268,12 +269,14 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         c->tc->core->watch_stop(c->wev);
         return;
     }
-    while (c->sq_head) {
+    while (!cl_list_empty(&c->sendq)) {
         tcp_msg *batch[FLUSH_BATCH];
         collie_work *entered[FLUSH_BATCH];
         struct iovec iov[2 * FLUSH_BATCH];
         int nb = 0, ne = 0, niov = 0;
-        for (tcp_msg *m = c->sq_head; m && nb < FLUSH_BATCH; m = m->next) {
+        tcp_msg *m;
+        cl_list_foreach(&c->sendq, m, tcp_msg, node) {
+            if (nb == FLUSH_BATCH) break;
             if (m->len > 0) { /* the payload is the work's memory: bracket it */
                 collie_work *w = m->owner->w;
                 bool have = false;
@@ -287,8 +290,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                         cl_tcp_conn_break_send(c, m);
                         return;
                     }
-                    c->sq_head = m->next;
-                    if (!c->sq_head) c->sq_tail = NULL;
+                    cl_list_remove(&m->node);
                     break;
                 }
                 if (!have) entered[ne++] = w;
@@ -330,8 +332,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
             m->sent += take;
             left -= take;
             if (take < want) break;
-            c->sq_head = m->next;
-            if (!c->sq_head) c->sq_tail = NULL;
+            cl_list_remove(&m->node);
             done[nd++] = m->owner;
         }
         bool partial = nd < nb;
@@ -373,13 +374,12 @@ void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {
 
 /* ---- receiving ------------------------------------------------------------------------- */
 
-static tcp_slot *slot_take(tcp_slot **head, uint64_t seq, uint32_t step) {
-    for (tcp_slot **pp = head; *pp; pp = &(*pp)->next)
-        if ((*pp)->seq == seq && (*pp)->step == step) {
-            tcp_slot *s = *pp;
-            *pp = s->next;
-            return s;
-        }
+static tcp_slot *slot_take(cl_list *slots, uint64_t seq, uint32_t step) {
+    tcp_slot *s;
+    cl_list_foreach(slots, s, tcp_slot, node) if (s->seq == seq && s->step == step) {
+        cl_list_remove(&s->node);
+        return s;
+    }
     return NULL;
 }
 
@@ -393,7 +393,7 @@ static bool conn_match(tcp_conn *c) {
     c->payload_got = 0;
     c->stage_fill = 0;
     if (step == TCP_P2P_STEP) {
-        tcp_slot *s = slot_take(&c->p2p_head, seq, TCP_P2P_STEP);
+        tcp_slot *s = slot_take(&c->p2p_expected, seq, TCP_P2P_STEP);
         if (s) {
             c->cur = s;
             return true;
@@ -412,7 +412,7 @@ static bool conn_match(tcp_conn *c) {
         c->cur_unx = u;
         return true;
     }
-    tcp_slot *s = slot_take(&c->rq_head, seq, step);
+    tcp_slot *s = slot_take(&c->expected, seq, step);
     if (!s) return false; /* not posted yet: the peer is ahead */
     const collie_coll_args *a = &s->owner->args;
     if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
@@ -507,12 +507,7 @@ static void conn_message_done(tcp_conn *c) {
     if (c->cur_unx) {
         tcp_unexpected *u = c->cur_unx;
         c->cur_unx = NULL;
-        u->next = NULL;
-        if (c->unx_tail)
-            c->unx_tail->next = u;
-        else
-            c->unx_head = u;
-        c->unx_tail = u;
+        cl_list_push_back(&c->unexpected, &u->node);
         return;
     }
     tcp_slot *s = c->cur;
@@ -544,7 +539,8 @@ static void conn_read_handshake(tcp_conn *c) {
 /* The peer destroyed its comm. Harmless unless something here still
  * waits for it. */
 static void conn_goodbye(tcp_conn *c) {
-    bool needed = c->rq_head || c->p2p_head || c->cur || c->sq_head;
+    bool needed = !cl_list_empty(&c->expected) || !cl_list_empty(&c->p2p_expected) || c->cur ||
+                  !cl_list_empty(&c->sendq);
     if (needed) {
         cl_tcp_conn_lost(c, COLLIE_EPEER,
                          "rank %d destroyed its comm while work with it was pending", c->peer);
@@ -637,12 +633,7 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
 }
 
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
-    tcp_slot **head = s->step == TCP_P2P_STEP ? &c->p2p_head : &c->rq_head;
-    s->next = NULL;
-    tcp_slot **pp = head;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = s;
+    cl_list_push_back(s->step == TCP_P2P_STEP ? &c->p2p_expected : &c->expected, &s->node);
     /* a header waiting for exactly this slot: resume reading */
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) == s->step &&
         get64(c->hdr + 16) == s->seq) {
@@ -660,30 +651,19 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
  * failing in that case anyway (a work ends early only by deadline, cancel
  * or abort), NONE excepted. */
 void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
-    tcp_msg *cut = NULL;
-    tcp_msg *last = NULL;
-    for (tcp_msg **mp = &c->sq_head; *mp;) {
-        tcp_msg *m = *mp;
-        if (m->owner == tw) {
-            if (m->sent > 0) cut = m;
-            *mp = m->next;
-            continue;
-        }
-        last = m;
-        mp = &m->next;
+    tcp_msg *cut = NULL, *m;
+    cl_list_foreach(&c->sendq, m, tcp_msg, node) if (m->owner == tw) {
+        if (m->sent > 0) cut = m;
+        cl_list_remove(&m->node);
     }
-    c->sq_tail = last;
-    tcp_slot **heads[2] = {&c->rq_head, &c->p2p_head};
+    cl_list *slots[2] = {&c->expected, &c->p2p_expected};
+    tcp_slot *s;
     for (int h = 0; h < 2; h++)
-        for (tcp_slot **sp = heads[h]; *sp;) {
-            if ((*sp)->owner == tw)
-                *sp = (*sp)->next;
-            else
-                sp = &(*sp)->next;
-        }
+        cl_list_foreach(slots[h], s, tcp_slot, node) if (s->owner == tw) cl_list_remove(&s->node);
     if (c->cur && c->cur->owner == tw) { /* drain the rest of it into the void */
         c->drain = *c->cur;              /* the slot itself is tw's memory */
         c->drain.owner = NULL;
+        c->drain.node = (cl_list_node){NULL, NULL};
         c->cur = &c->drain;
     }
     if (cut) cl_tcp_conn_break_send(c, cut);

@@ -175,11 +175,10 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
         return COLLIE_OK;
     }
     /* a matching message may have arrived already */
-    for (tcp_unexpected **up = &c->unx_head, *prev = NULL; *up; prev = *up, up = &(*up)->next) {
-        tcp_unexpected *u = *up;
+    tcp_unexpected *u;
+    cl_list_foreach(&c->unexpected, u, tcp_unexpected, node) {
         if (u->tag != a->tag) continue;
-        *up = u->next;
-        if (c->unx_tail == u) c->unx_tail = prev;
+        cl_list_remove(&u->node);
         if (u->len != len) {
             cl_tcp_work_fail(tw, COLLIE_EPROTO,
                              "rank %d sent %llu bytes with tag %llu, this recv expects %llu",

@@ -184,19 +184,11 @@ bool cl_tcp_hs_process(tcp_conn *c) {
 
 /* ---- identification of accepted connections --------------------------------------- */
 
-static void conn_remove_pending(tcp_comm *tc, tcp_conn *c) {
-    for (tcp_conn **pp = &tc->pending; *pp; pp = &(*pp)->next_pending)
-        if (*pp == c) {
-            *pp = c->next_pending;
-            return;
-        }
-}
-
 /* The accepted connection `c` proved to be `peer`: move its socket into the
  * placeholder made when this side first needed the peer, or install c. */
 void cl_tcp_conn_install(tcp_conn *c, int peer) {
     tcp_comm *tc = c->tc;
-    conn_remove_pending(tc, c);
+    cl_list_remove(&c->pending_node);
     tcp_conn *slot = tc->conns[peer];
     if (slot && slot->state != TCP_CONN_ADDR) {
         tc->core->log(1, "tcp", "comm '%s' rank %d: duplicate connection from rank %d refused",
@@ -331,8 +323,7 @@ static void listen_on_accept(int lfd, unsigned what, void *arg) {
                 close(fd);
             continue;
         }
-        c->next_pending = tc->pending;
-        tc->pending = c;
+        cl_list_push_front(&tc->pending, &c->pending_node);
         cl_tcp_hs_start_acceptor(c);
     }
 }
