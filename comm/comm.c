@@ -48,7 +48,7 @@ void cl_comm_release(collie_comm *c) {
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
-    collie_comm *parent = c->split_parent;
+    collie_comm *parent = c->split.parent;
     free(c);
     if (parent) cl_comm_release(parent);
 }
@@ -163,7 +163,7 @@ static void comm_fail_pending(collie_comm *c, int status, const char *reason) {
 
 /* Close the CPU transport (abort the backend): its connections drop. */
 static void comm_close_transport(collie_comm *c, int status, const char *reason) {
-    c->transport_closed = true;
+    c->closing.transport_closed = true;
     collie_bcomm *bc = &c->bcs[CL_DEV_CPU];
     if (bc->state) bc->ops->abort(bc->state, status, reason);
 }
@@ -179,16 +179,16 @@ static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
  * close the transport; under ABORT_PROCESS end the process. Idempotent. */
 static void comm_close_after_fault(collie_comm *c) {
     cl_comm_dump_on_abort(c);
-    if (!c->transport_closed) {
+    if (!c->closing.transport_closed) {
         char reason[640];
         snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
         comm_close_transport(c, COLLIE_EABORTED, reason);
     }
     pthread_mutex_lock(&c->mu);
-    c->close_pending = false;
+    c->closing.pending = false;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (c->terminate_on_close) {
+    if (c->closing.terminate) {
         CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
                  c->rank);
         abort();
@@ -203,19 +203,19 @@ static void comm_on_close_timer(evutil_socket_t fd, short what, void *arg) {
 
 /* (Re)arm the close for `ms` from now (loop). */
 static void comm_close_in(collie_comm *c, int32_t ms) {
-    if (c->destroyed || c->transport_closed) {
+    if (c->destroyed || c->closing.transport_closed) {
         comm_close_after_fault(c);
         return;
     }
-    if (!c->close_ev)
-        c->close_ev = event_new(cl_engine_base(c->engine), -1, 0, comm_on_close_timer, c);
+    if (!c->closing.ev)
+        c->closing.ev = event_new(cl_engine_base(c->engine), -1, 0, comm_on_close_timer, c);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    if (!c->close_ev || event_add(c->close_ev, &tv) != 0) {
+    if (!c->closing.ev || event_add(c->closing.ev, &tv) != 0) {
         comm_close_after_fault(c);
         return;
     }
     pthread_mutex_lock(&c->mu);
-    c->close_pending = true;
+    c->closing.pending = true;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -267,7 +267,7 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
         c->on_error(c, status, c->err_msg, c->on_error_arg);
         cl_engine_set_activity(c->engine, prev);
     }
-    c->terminate_on_close = c->policy == COLLIE_POLICY_ABORT_PROCESS;
+    c->closing.terminate = c->policy == COLLIE_POLICY_ABORT_PROCESS;
     /* tell the peers (they abort within milliseconds, with our root cause),
      * then close; a fault learnt from the control channel was told already */
     comm_tell_then_close(c, propagate, status);
@@ -361,11 +361,11 @@ static void comm_backends_destroy(collie_comm *c) {
     cl_works_run_retired(c->engine);
     cl_comm_ctl_stop(c);
     c->destroyed = true;
-    if (c->close_ev) {
-        event_free(c->close_ev);
-        c->close_ev = NULL;
+    if (c->closing.ev) {
+        event_free(c->closing.ev);
+        c->closing.ev = NULL;
     }
-    if (c->close_pending) comm_close_after_fault(c); /* destroy did not wait for it */
+    if (c->closing.pending) comm_close_after_fault(c); /* destroy did not wait for it */
     for (int d = 0; d < CL_NUM_DEVICES; d++) {
         collie_bcomm *bc = &c->bcs[d];
         cl_backend_poll_free(bc);
@@ -431,7 +431,7 @@ static bool comm_wait_idle(collie_comm *c, int64_t until_ns) {
 static void comm_wait_closed(collie_comm *c, int64_t until_ns) {
     struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
     pthread_mutex_lock(&c->mu);
-    while (c->close_pending)
+    while (c->closing.pending)
         if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
     pthread_mutex_unlock(&c->mu);
 }
@@ -441,7 +441,7 @@ static void comm_wait_closed(collie_comm *c, int64_t until_ns) {
 static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
     struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
     pthread_mutex_lock(&c->mu);
-    while (c->ctl_sending > 0)
+    while (c->ctl.sending > 0)
         if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
     pthread_mutex_unlock(&c->mu);
 }

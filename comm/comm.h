@@ -133,29 +133,37 @@ struct collie_comm {
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
-    collie_comm *split_parent;
-    int split_color, split_key;
+    struct {
+        collie_comm *parent;
+        int color, key;
+    } split;
     /* progress, for desync answers */
     _Atomic uint64_t last_posted; /* highest collective seq posted */
     uint64_t last_done;           /* highest collective seq retired (loop) */
     /* control channel (comm_ctl.c, loop) */
-    uint64_t ctl_next;
-    collie_work *ctl_watch, *ctl_probe;
-    struct event *ctl_retry_ev;
-    bool ctl_stopped, abort_published;
-    int ctl_sending; /* under mu: control messages being written */
+    struct {
+        uint64_t next;
+        collie_work *watch, *probe;
+        struct event *retry_ev;
+        bool stopped, abort_published;
+        int sending; /* under mu: control messages being written */
+    } ctl;
     cl_list desyncs; /* desync reports in progress (desync.c, loop) */
     /* after a fault or abort: the transport closes once the peers were told
      * (comm.c, loop) */
-    struct event *close_ev;
-    bool transport_closed, terminate_on_close;
-    bool close_pending; /* under mu: a delayed close is armed (destroy waits) */
+    struct {
+        struct event *ev;
+        bool transport_closed, terminate;
+        bool pending; /* under mu: a delayed close is armed (destroy waits) */
+    } closing;
     /* flight recorder (flight.c) */
-    pthread_mutex_t fr_mu;
-    cl_fr_entry *fr_ring;
-    uint32_t fr_cap;
-    uint64_t fr_count;
-    bool dumped; /* the flight recorder was dumped (once, on abort) */
+    struct {
+        pthread_mutex_t mu;
+        cl_fr_entry *ring;
+        uint32_t cap;
+        uint64_t count;
+        bool dumped; /* dumped (once, on abort) */
+    } fr;
 };
 
 /* comm_ctl.c: the control channel (abort propagation, desync queries) */

@@ -109,10 +109,10 @@ static void create_init_backends(create_state *cs) {
         collie_bcomm *bc = &c->bcs[d];
         if (!bc->ops) continue;
         bc->init_called = true;
-        collie_bcomm *pb = c->split_parent ? &c->split_parent->bcs[d] : NULL;
+        collie_bcomm *pb = c->split.parent ? &c->split.parent->bcs[d] : NULL;
         int r;
         if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready)
-            r = bc->ops->split(bc, &cl_core_services, pb->state, c->split_color, c->split_key,
+            r = bc->ops->split(bc, &cl_core_services, pb->state, c->split.color, c->split.key,
                                &bc->state);
         else
             r = bc->ops->init(bc, &cl_core_services, &bc->state);
@@ -387,9 +387,9 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
     if (child) {
         if (!cl_opt(o, backend, NULL)) comm_set_spec(c, &child->parent->spec);
         cl_comm_hold(child->parent); /* dropped when c is freed (cl_comm_release) */
-        c->split_parent = child->parent;
-        c->split_color = child->color;
-        c->split_key = child->key;
+        c->split.parent = child->parent;
+        c->split.color = child->color;
+        c->split.key = child->key;
     }
     create_state *cs = calloc(1, sizeof *cs);
     if (!cs) {

@@ -117,10 +117,10 @@ static void ctl_retry_cb(evutil_socket_t fd, short what, void *arg) {
 }
 
 static void ctl_retry_later(collie_comm *c) {
-    if (!c->ctl_retry_ev)
-        c->ctl_retry_ev = event_new(cl_engine_base(c->engine), -1, 0, ctl_retry_cb, c);
+    if (!c->ctl.retry_ev)
+        c->ctl.retry_ev = event_new(cl_engine_base(c->engine), -1, 0, ctl_retry_cb, c);
     struct timeval tv = {0, CTL_RETRY_MS * 1000};
-    if (c->ctl_retry_ev) event_add(c->ctl_retry_ev, &tv);
+    if (c->ctl.retry_ev) event_add(c->ctl.retry_ev, &tv);
 }
 
 static void ctl_on_count(collie_work *w, void *arg) {
@@ -128,12 +128,12 @@ static void ctl_on_count(collie_work *w, void *arg) {
     int64_t n = 0;
     if (collie_work_result(w) == COLLIE_OK) collie_store_work_int(w, &n);
     collie_work_release(w);
-    c->ctl_probe = NULL;
-    if (!c->ctl_stopped) {
-        if ((uint64_t)n >= c->ctl_next) {
+    c->ctl.probe = NULL;
+    if (!c->ctl.stopped) {
+        if ((uint64_t)n >= c->ctl.next) {
             CL_WARN("comm", "comm '%s': control message %llu was never written; skipping it",
-                    c->name, (unsigned long long)c->ctl_next);
-            c->ctl_next++;
+                    c->name, (unsigned long long)c->ctl.next);
+            c->ctl.next++;
         }
         ctl_watch_post(c);
     }
@@ -143,8 +143,8 @@ static void ctl_on_count(collie_work *w, void *arg) {
 static void ctl_on_msg(collie_work *w, void *arg) {
     collie_comm *c = arg;
     int st = collie_work_result(w);
-    c->ctl_watch = NULL;
-    if (c->ctl_stopped || st == COLLIE_ECANCELED || st == COLLIE_ECLOSED) {
+    c->ctl.watch = NULL;
+    if (c->ctl.stopped || st == COLLIE_ECANCELED || st == COLLIE_ECLOSED) {
         collie_work_release(w);
         cl_comm_release(c);
         return;
@@ -153,11 +153,11 @@ static void ctl_on_msg(collie_work *w, void *arg) {
         const void *val;
         size_t len;
         collie_store_work_value(w, &val, &len);
-        uint64_t k = c->ctl_next++;
+        uint64_t k = c->ctl.next++;
         CL_DEBUG("comm", "comm '%s' rank %d: control message %llu: %.*s", c->name, c->rank,
                  (unsigned long long)k, (int)len, (const char *)val);
         ctl_handle(c, val, len, k);
-        if (!c->ctl_stopped) ctl_watch_post(c);
+        if (!c->ctl.stopped) ctl_watch_post(c);
     } else if (st == COLLIE_ETIMEDOUT) {
         /* nothing new, or a writer died between taking k and writing it */
         char key[160];
@@ -167,7 +167,7 @@ static void ctl_on_msg(collie_work *w, void *arg) {
         o.cb_arg = c;
         o.timeout_ms = 2000;
         cl_comm_hold(c);
-        if (collie_store_post_add(c->store, key, 0, &o, &c->ctl_probe) != COLLIE_OK) {
+        if (collie_store_post_add(c->store, key, 0, &o, &c->ctl.probe) != COLLIE_OK) {
             cl_comm_release(c);
             ctl_retry_later(c);
         }
@@ -179,16 +179,16 @@ static void ctl_on_msg(collie_work *w, void *arg) {
 }
 
 static void ctl_watch_post(collie_comm *c) {
-    if (c->ctl_stopped || c->ctl_watch) return;
+    if (c->ctl.stopped || c->ctl.watch) return;
     char key[160];
-    ctl_key(c, key, sizeof key, "%llu", c->ctl_next);
+    ctl_key(c, key, sizeof key, "%llu", c->ctl.next);
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.cb = ctl_on_msg;
     o.cb_arg = c;
     o.timeout_ms = CTL_WATCH_MS;
     cl_comm_hold(c);
-    if (collie_store_post_get(c->store, key, &o, &c->ctl_watch) != COLLIE_OK) {
-        c->ctl_watch = NULL;
+    if (collie_store_post_get(c->store, key, &o, &c->ctl.watch) != COLLIE_OK) {
+        c->ctl.watch = NULL;
         cl_comm_release(c);
         ctl_retry_later(c);
     }
@@ -196,17 +196,17 @@ static void ctl_watch_post(collie_comm *c) {
 
 void cl_comm_ctl_start(collie_comm *c) {
     if (!cl_comm_ctl_enabled(c)) return;
-    c->ctl_next = 1;
+    c->ctl.next = 1;
     ctl_watch_post(c);
 }
 
 void cl_comm_ctl_stop(collie_comm *c) {
-    c->ctl_stopped = true;
-    if (c->ctl_watch) collie_work_cancel(c->ctl_watch);
-    if (c->ctl_probe) collie_work_cancel(c->ctl_probe);
-    if (c->ctl_retry_ev) {
-        event_free(c->ctl_retry_ev);
-        c->ctl_retry_ev = NULL;
+    c->ctl.stopped = true;
+    if (c->ctl.watch) collie_work_cancel(c->ctl.watch);
+    if (c->ctl.probe) collie_work_cancel(c->ctl.probe);
+    if (c->ctl.retry_ev) {
+        event_free(c->ctl.retry_ev);
+        c->ctl.retry_ev = NULL;
     }
 }
 
@@ -223,7 +223,7 @@ static void ctl_send_finish(ctl_send *s, int status, uint64_t k) {
     collie_comm *c = s->c;
     if (s->done) s->done(s->done_arg, status, k);
     pthread_mutex_lock(&c->mu);
-    c->ctl_sending--;
+    c->ctl.sending--;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     free(s);
@@ -276,7 +276,7 @@ int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, 
     s->done_arg = done_arg;
     cl_comm_hold(c);
     pthread_mutex_lock(&c->mu);
-    c->ctl_sending++;
+    c->ctl.sending++;
     pthread_mutex_unlock(&c->mu);
     char key[160];
     ctl_key(c, key, sizeof key, "n", 0);
@@ -292,8 +292,8 @@ int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, 
 
 bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
                                void (*done)(void *, int, uint64_t), void *done_arg) {
-    if (c->prefix[0] == '\0' || c->abort_published) return false; /* never created, or done */
-    c->abort_published = true;
+    if (c->prefix[0] == '\0' || c->ctl.abort_published) return false; /* never created, or done */
+    c->ctl.abort_published = true;
     char msg[600];
     snprintf(msg, sizeof msg, "abort %d %d %s", c->rank, status, reason);
     cl_comm_ctl_send(c, msg, done, done_arg);

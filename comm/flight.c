@@ -27,19 +27,19 @@ static const char *const fr_kind_names[] = {"allreduce",      "broadcast", "redu
 
 int cl_flight_init(collie_comm *c) {
     uint32_t n = (uint32_t)cl_config_get()->trace_buffer;
-    c->fr_cap = n;
+    c->fr.cap = n;
     if (n == 0) return COLLIE_OK;
-    c->fr_ring = calloc(n, sizeof *c->fr_ring);
-    if (!c->fr_ring) return COLLIE_ENOMEM;
-    pthread_mutex_init(&c->fr_mu, NULL);
+    c->fr.ring = calloc(n, sizeof *c->fr.ring);
+    if (!c->fr.ring) return COLLIE_ENOMEM;
+    pthread_mutex_init(&c->fr.mu, NULL);
     return COLLIE_OK;
 }
 
 void cl_flight_fini(collie_comm *c) {
-    if (!c->fr_ring) return;
-    free(c->fr_ring);
-    c->fr_ring = NULL;
-    pthread_mutex_destroy(&c->fr_mu);
+    if (!c->fr.ring) return;
+    free(c->fr.ring);
+    c->fr.ring = NULL;
+    pthread_mutex_destroy(&c->fr.mu);
 }
 
 /* Wall-clock microseconds of a monotonic timestamp (for humans; the
@@ -53,10 +53,10 @@ static int64_t fr_wall_us(int64_t mono_ns) {
 }
 
 void cl_flight_post(collie_comm *c, cl_coll_work *cw) {
-    if (!c->fr_ring) return;
-    pthread_mutex_lock(&c->fr_mu);
-    uint64_t id = ++c->fr_count;
-    cl_fr_entry *e = &c->fr_ring[(id - 1) % c->fr_cap];
+    if (!c->fr.ring) return;
+    pthread_mutex_lock(&c->fr.mu);
+    uint64_t id = ++c->fr.count;
+    cl_fr_entry *e = &c->fr.ring[(id - 1) % c->fr.cap];
     memset(e, 0, sizeof *e);
     e->id = id;
     e->seq = cw->base.seq;
@@ -71,26 +71,26 @@ void cl_flight_post(collie_comm *c, cl_coll_work *cw) {
     e->post_ns = cw->base.post_ns;
     e->status = COLLIE_INPROGRESS;
     cw->fr_id = id;
-    pthread_mutex_unlock(&c->fr_mu);
+    pthread_mutex_unlock(&c->fr.mu);
 }
 
 static cl_fr_entry *fr_entry(collie_comm *c, cl_coll_work *cw) {
-    if (!c->fr_ring || cw->fr_id == 0) return NULL;
-    cl_fr_entry *e = &c->fr_ring[(cw->fr_id - 1) % c->fr_cap];
+    if (!c->fr.ring || cw->fr_id == 0) return NULL;
+    cl_fr_entry *e = &c->fr.ring[(cw->fr_id - 1) % c->fr.cap];
     return e->id == cw->fr_id ? e : NULL;
 }
 
 void cl_flight_start(collie_comm *c, cl_coll_work *cw) {
-    if (!c->fr_ring) return;
-    pthread_mutex_lock(&c->fr_mu);
+    if (!c->fr.ring) return;
+    pthread_mutex_lock(&c->fr.mu);
     cl_fr_entry *e = fr_entry(c, cw);
     if (e) e->start_ns = cl_now_ns();
-    pthread_mutex_unlock(&c->fr_mu);
+    pthread_mutex_unlock(&c->fr.mu);
 }
 
 void cl_flight_end(collie_comm *c, cl_coll_work *cw) {
-    if (!c->fr_ring) return;
-    pthread_mutex_lock(&c->fr_mu);
+    if (!c->fr.ring) return;
+    pthread_mutex_lock(&c->fr.mu);
     cl_fr_entry *e = fr_entry(c, cw);
     if (e) {
         e->end_ns = cw->base.end_ns ? cw->base.end_ns : cl_now_ns();
@@ -98,7 +98,7 @@ void cl_flight_end(collie_comm *c, cl_coll_work *cw) {
         snprintf(e->error, sizeof e->error, "%s",
                  cw->base.errmsg && cw->base.status != COLLIE_OK ? cw->base.errmsg : "");
     }
-    pthread_mutex_unlock(&c->fr_mu);
+    pthread_mutex_unlock(&c->fr.mu);
 }
 
 static void fr_json_string(FILE *f, const char *s) {
@@ -133,12 +133,12 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
             (unsigned long long)c->generation, c->rank, c->size, collie_status_name(st),
             (unsigned long long)atomic_load(&c->last_posted));
     fr_json_string(f, msg);
-    fprintf(f, ",\"capacity\":%u,\"entries\":[\n", c->fr_cap);
-    if (c->fr_ring) {
-        pthread_mutex_lock(&c->fr_mu);
-        uint64_t first = c->fr_count > c->fr_cap ? c->fr_count - c->fr_cap + 1 : 1;
-        for (uint64_t id = first; id <= c->fr_count; id++) {
-            const cl_fr_entry *e = &c->fr_ring[(id - 1) % c->fr_cap];
+    fprintf(f, ",\"capacity\":%u,\"entries\":[\n", c->fr.cap);
+    if (c->fr.ring) {
+        pthread_mutex_lock(&c->fr.mu);
+        uint64_t first = c->fr.count > c->fr.cap ? c->fr.count - c->fr.cap + 1 : 1;
+        for (uint64_t id = first; id <= c->fr.count; id++) {
+            const cl_fr_entry *e = &c->fr.ring[(id - 1) % c->fr.cap];
             fprintf(f,
                     "{\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"count\":%llu,"
                     "\"peer\":%d,\"cuda\":%s,\"state\":\"%s\",\"status\":\"%s\",\"post_us\":%lld,"
@@ -151,9 +151,9 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
                     (long long)fr_wall_us(e->post_ns), (long long)fr_wall_us(e->start_ns),
                     (long long)fr_wall_us(e->end_ns));
             fr_json_string(f, e->error);
-            fprintf(f, "}%s\n", id == c->fr_count ? "" : ",");
+            fprintf(f, "}%s\n", id == c->fr.count ? "" : ",");
         }
-        pthread_mutex_unlock(&c->fr_mu);
+        pthread_mutex_unlock(&c->fr.mu);
     }
     fprintf(f, "]}\n");
     return ferror(f) ? COLLIE_ESYSTEM : COLLIE_OK;
@@ -161,8 +161,8 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
 
 void cl_comm_dump_on_abort(collie_comm *c) {
     const char *dir = cl_config_get()->dump_dir;
-    if (!dir || c->dumped) return;
-    c->dumped = true;
+    if (!dir || c->fr.dumped) return;
+    c->fr.dumped = true;
     char path[512];
     snprintf(path, sizeof path, "%s/collie-%s-g%llu-r%d.json", dir, c->name,
              (unsigned long long)c->generation, c->rank);

@@ -15,7 +15,7 @@
  *    it the child's whole process group is SIGKILLed and the test fails,
  *    saying so. tools/run-tests.sh bounds the whole binary as a backstop.
  *  - The leftover check (child, after the group teardown): no thread but
- *    the main one, no file descriptor that was not open before the group
+ *    the main one (and TSan's own), no file descriptor that was not open before the group
  *    setup, no engine and no posted work still alive (cl_engines_live,
  *    cl_works_live). Counts are read settled (a joined thread lingers in
  *    /proc for a moment). A test that must leave something (an engine it
