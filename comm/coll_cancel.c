@@ -54,28 +54,27 @@ static void coll_cancel_on_loop(cl_coll_work *cw, int status, const char *msg) {
 
 static void coll_cancel_cmd(cl_cmd *cmd) {
     cl_coll_work *cw = cl_container_of(cmd, cl_coll_work, cancel_cmd);
-    atomic_store_explicit(&cw->cancel_queued, false, memory_order_release);
     coll_cancel_on_loop(cw, cw->cancel_status, cw->cancel_msg);
     collie_work_release(&cw->base); /* the request's reference */
 }
 
-/* A device may still write w's buffers: its backend ends it (loop). */
+/* A device may still write w's buffers: its backend ends it (loop). The
+ * first request is the one: later ones (a waiter after a cancel, a
+ * deadline after either) return false, as for a work already ending. */
 static bool coll_cancel_on_device(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
+    if (atomic_exchange_explicit(&cw->cancel_requested, true, memory_order_acq_rel)) return false;
     if (cl_engine_on_loop(w->engine)) {
         bool ending = !cl_work_done(w);
         coll_cancel_on_loop(cw, status, msg);
         return ending;
     }
-    if (atomic_exchange_explicit(&cw->cancel_queued, true, memory_order_acq_rel))
-        return false; /* a request is on its way already */
-    cw->cancel_status = status;
+    cw->cancel_status = status; /* written once: the flag above */
     snprintf(cw->cancel_msg, sizeof cw->cancel_msg, "%s", msg);
     cw->cancel_cmd.fn = coll_cancel_cmd;
     collie_work_hold(w); /* alive until the command runs */
     if (cl_engine_post_cmd(w->engine, &cw->cancel_cmd) == COLLIE_OK) return true;
     /* engine stopped: its backends are gone, nothing to quiesce */
-    atomic_store_explicit(&cw->cancel_queued, false, memory_order_release);
     bool ended = cl_work_finish(w, status, "%s", msg);
     collie_work_release(w);
     return ended;

@@ -87,7 +87,7 @@ typedef struct cl_coll_work {
     struct cl_coll_work *pool_next; /* its backend's pool of free works */
     bool explaining;                /* a desync report will end it (loop) */
     cl_cmd cancel_cmd;              /* cancel/waiter → loop (coll_cancel.c) */
-    _Atomic bool cancel_queued;     /* cancel_cmd is posted and has not run */
+    _Atomic bool cancel_requested;  /* its backend was (or will be) asked to end it */
     int cancel_status;
     char cancel_msg[160];
     _Alignas(16) unsigned char backend_data[];
