@@ -55,7 +55,7 @@ LIB_SO := $(BUILD)/lib/libcollie.so
 DEPS_STAMP := build/.deps-ok
 
 .PHONY: all lib tools examples tests plugins run test test-normal test-faults test-asan test-tsan \
-        format format-check valgrind clean nccl-check deps check-layers
+        format format-check valgrind clean nccl-check deps check-layers gpu-kit
 
 all: lib tools examples tests plugins
 
@@ -251,7 +251,42 @@ $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \
 	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libnccl.so.2 \
 	  -Wl,--version-script=tests/cuda_double/nccl.map -o $@ $(filter %.o,$^) \
 	  $(DOUBLE_DIR)/libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -Wl,--enable-new-dtags
+
+# The GPU verification kit (tools/gpu_kit): a folder to carry to a CUDA host
+# (run.sh REPORT_DIR there). collie-gpucheck links libcollie, libevent and
+# libcrypto statically (the host may lack them); the CUDA runtime travels
+# with it; NCCL is the host's (run.sh finds it). `plugins` builds it, so
+# `make test` keeps it from rotting and test_gpukit runs it on the double.
+GPU_KIT := $(BUILD)/gpu-kit
+GPU_KIT_FILES := $(GPU_KIT)/bin/collie-gpucheck $(GPU_KIT)/run.sh $(GPU_KIT)/README.md \
+                 $(GPU_KIT)/lib/libcollie_nccl.so $(GPU_KIT)/lib/libcudart.so.13
+gpu-kit: $(GPU_KIT_FILES)
+	@du -sh $(GPU_KIT) | awk '{print "gpu-kit: " $$2 " (" $$1 ")"}'
+ifeq ($(SANFLAGS),)
+plugins: $(GPU_KIT_FILES)
 endif
+
+$(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
+$(GPU_KIT)/run.sh: tools/gpu_kit/run.sh
+	@mkdir -p $(@D)
+	cp $< $@
+$(GPU_KIT)/README.md: tools/gpu_kit/README.md
+	@mkdir -p $(@D)
+	cp $< $@
+$(GPU_KIT)/lib/libcollie_nccl.so: $(NCCL_PLUGIN)
+	@mkdir -p $(@D)
+	cp $< $@
+$(GPU_KIT)/lib/libcudart.so.13: $(CUDA_HOME)/lib64/libcudart.so.13
+	@mkdir -p $(@D)
+	cp -L $< $@
+endif
+endif
+
+ifneq ($(HAVE_NCCL)$(filter 0,$(WITH_NCCL)),1)
+gpu-kit:
+	@echo "gpu-kit: needs CUDA and NCCL under CUDA_HOME=$(CUDA_HOME) (and WITH_NCCL not 0)"; exit 1
 endif
 
 clean:
