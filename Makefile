@@ -259,6 +259,7 @@ $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \
 # `make test` keeps it from rotting and test_gpukit runs it on the double.
 GPU_KIT := $(BUILD)/gpu-kit
 GPU_KIT_FILES := $(GPU_KIT)/bin/collie-gpucheck $(GPU_KIT)/run.sh $(GPU_KIT)/README.md \
+                 $(GPU_KIT)/bin/collie-run $(GPU_KIT)/bin/collie-bench \
                  $(GPU_KIT)/lib/libcollie_nccl.so $(GPU_KIT)/lib/libcudart.so.13
 gpu-kit: $(GPU_KIT_FILES)
 	@du -sh $(GPU_KIT) | awk '{print "gpu-kit: " $$2 " (" $$1 ")"}'
@@ -267,6 +268,9 @@ plugins: $(GPU_KIT_FILES)
 endif
 
 $(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
+$(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
 $(GPU_KIT)/run.sh: tools/gpu_kit/run.sh

@@ -72,14 +72,18 @@ static void test_kit_on_the_double(void **state) {
     kit_expect(s, "PASS", "post_overhead", "collie_k16_us=");
     kit_expect(s, "PASS", "allreduce_time_vs_raw", "262144B:");
     kit_expect(s, "PASS", "graph_capture_refused", NULL);
+    /* the double has 4 devices: the multi-GPU section runs too */
+    kit_expect(s, "PASS", "multi_gpu_collectives", "ranks=4");
+    kit_expect(s, "PASS", "multi_gpu_rank_killed", "failed naming it");
+    kit_expect(s, "PASS", "multi_gpu_split", NULL);
     /* what needs a GPU's driver says so */
     kit_expect(s, "SKIP", "hang_deadline_abort", "needs a stream gate");
     kit_expect(s, "SKIP", "destroy_blocked_cycles", "needs a stream gate");
     kit_expect(s, "SKIP", "stream_order", "cudaMemcpyAsync");
-    assert_spawn(s, strstr(s->text[0], "7 passed, 0 failed, 6 skipped") != NULL);
+    assert_spawn(s, strstr(s->text[0], "10 passed, 0 failed, 5 skipped") != NULL);
     const char *json = slurp(dir, "report.json");
     if (!strstr(json, "\"check\": \"collectives_1gpu\", \"status\": \"PASS\"") ||
-        !strstr(json, "\"passed\": 7, \"failed\": 0, \"skipped\": 6"))
+        !strstr(json, "\"passed\": 10, \"failed\": 0, \"skipped\": 5"))
         fail_msg("report.json: %s", json);
     const char *txt = slurp(dir, "report.txt");
     if (!strstr(txt, "PASS graph_capture_refused")) fail_msg("report.txt: %s", txt);
@@ -104,10 +108,10 @@ static void test_kit_without_a_gpu(void **state) {
     assert_spawn(s, s->status == 0);
     kit_expect(s, "SKIP", "environment", NULL);
     kit_expect(s, "SKIP", "collectives_1gpu", NULL);
-    kit_expect(s, "SKIP", "multi_gpu", NULL);
-    assert_spawn(s, strstr(s->text[0], "0 passed, 0 failed, 13 skipped") != NULL);
+    kit_expect(s, "SKIP", "multi_gpu_split", NULL);
+    assert_spawn(s, strstr(s->text[0], "0 passed, 0 failed, 15 skipped") != NULL);
     const char *json = slurp(dir, "report.json");
-    if (!strstr(json, "\"passed\": 0, \"failed\": 0, \"skipped\": 13"))
+    if (!strstr(json, "\"passed\": 0, \"failed\": 0, \"skipped\": 15"))
         fail_msg("report.json: %s", json);
     spawn_free(s);
     test_tmpdir_remove(dir);
