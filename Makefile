@@ -224,7 +224,7 @@ ifeq ($(HAVE_NCCL),1)
 NCCL_OBJ    := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard transports/nccl/*.c))
 NCCL_PLUGIN := $(BUILD)/lib/libcollie_nccl.so
 DOUBLE_DIR  := $(BUILD)/tests/cuda_double
-DOUBLE_LIBS := $(DOUBLE_DIR)/libcudart.so.13 $(DOUBLE_DIR)/libnccl.so.2
+DOUBLE_LIBS := $(DOUBLE_DIR)/libcudart.so.13 $(DOUBLE_DIR)/libnccl.so.2 $(DOUBLE_DIR)/libcuda.so.1
 DOUBLE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/cuda_double/*.c))
 
 plugins: $(NCCL_PLUGIN) $(DOUBLE_LIBS)
@@ -242,6 +242,11 @@ $(DOUBLE_DIR)/libcudart.so.13: $(BUILD)/obj/tests/cuda_double/cudart.o tests/cud
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libcudart.so.13 \
 	  -Wl,--version-script=tests/cuda_double/cudart.map -o $@ $<
+
+# the driver call of the GPU kit's stream gate (cuStreamWaitValue32)
+$(DOUBLE_DIR)/libcuda.so.1: $(BUILD)/obj/tests/cuda_double/cuda_driver.o $(DOUBLE_DIR)/libcudart.so.13
+	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libcuda.so.1 -o $@ $< \
+	  $(DOUBLE_DIR)/libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -Wl,--enable-new-dtags
 
 # the double reduces with collie's own kernels (transports/reduce.c)
 $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \

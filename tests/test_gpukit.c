@@ -1,9 +1,9 @@
 /*
  * test_gpukit.c — the GPU verification kit (make gpu-kit) run as it would
- * be on a GPU host: its run.sh from another directory, against collie's
- * CPU double of CUDA and NCCL (the checks that need no GPU-only feature
- * pass, the others SKIP saying why), and against the real CUDA runtime on
- * this GPU-less machine (every check SKIPs, saying why). Both write
+ * be on a GPU host: its run.sh against collie's CPU double of CUDA, NCCL
+ * and the one driver call it makes (every check runs: the figures are not
+ * GPU figures, the logic of each check is exercised), and against the real
+ * CUDA runtime on this GPU-less machine (every check SKIPs, saying why). Both write
  * report.txt and report.json. The kit is built by the normal build only.
  */
 #include <stdio.h>
@@ -76,14 +76,16 @@ static void test_kit_on_the_double(void **state) {
     kit_expect(s, "PASS", "multi_gpu_collectives", "ranks=4");
     kit_expect(s, "PASS", "multi_gpu_rank_killed", "failed naming it");
     kit_expect(s, "PASS", "multi_gpu_split", NULL);
-    /* what needs a GPU's driver says so */
-    kit_expect(s, "SKIP", "hang_deadline_abort", "needs a stream gate");
-    kit_expect(s, "SKIP", "destroy_blocked_cycles", "needs a stream gate");
-    kit_expect(s, "SKIP", "stream_order", "cudaMemcpyAsync");
-    assert_spawn(s, strstr(s->text[0], "10 passed, 0 failed, 5 skipped") != NULL);
+    /* the gate (the double's cuStreamWaitValue32) holds the stream */
+    kit_expect(s, "PASS", "stream_order", NULL);
+    kit_expect(s, "PASS", "wait_after_gpu_done", "waited_ms=");
+    kit_expect(s, "PASS", "wait_stream_nonblocking", "call_us=");
+    kit_expect(s, "PASS", "hang_deadline_abort", "comm faulted (COLLIE_ETIMEDOUT)");
+    kit_expect(s, "PASS", "destroy_blocked_cycles", "cycles=5");
+    assert_spawn(s, strstr(s->text[0], "15 passed, 0 failed, 0 skipped") != NULL);
     const char *json = slurp(dir, "report.json");
     if (!strstr(json, "\"check\": \"collectives_1gpu\", \"status\": \"PASS\"") ||
-        !strstr(json, "\"passed\": 10, \"failed\": 0, \"skipped\": 5"))
+        !strstr(json, "\"passed\": 15, \"failed\": 0, \"skipped\": 0"))
         fail_msg("report.json: %s", json);
     const char *txt = slurp(dir, "report.txt");
     if (!strstr(txt, "PASS graph_capture_refused")) fail_msg("report.txt: %s", txt);

@@ -355,6 +355,48 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return cudaSuccess;
 }
 
+/* An asynchronous copy: a host function on the stream. */
+typedef struct dbl_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+} dbl_copy;
+
+static void dbl_copy_run(void *arg) {
+    dbl_copy *c = arg;
+    if (c->n) memmove(c->dst, c->src, c->n);
+    free(c);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t h) {
+    (void)kind;
+    dbl_copy *c = malloc(sizeof *c);
+    if (!c) return dbl_ret(cudaErrorMemoryAllocation);
+    *c = (dbl_copy){dst, src, n};
+    cudaError_t e = cltest_stream_enqueue(h, dbl_copy_run, c);
+    if (e != cudaSuccess) free(c);
+    return dbl_ret(e);
+}
+
+/* Pinned, mapped host memory: host memory, its device pointer itself. */
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+    (void)flags;
+    return cudaMalloc(p, size);
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags) {
+    (void)flags;
+    if (!dev || !host) return dbl_ret(cudaErrorInvalidValue);
+    *dev = host;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void *p, int v, size_t n) {
     memset(p, v, n);
     return cudaSuccess;

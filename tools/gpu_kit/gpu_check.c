@@ -38,6 +38,10 @@
 #include "collie_cuda.h"
 
 #define WAIT_MS 30000
+/* COLLIE_NCCL_ABORT_TIMEOUT_MS for the kit's comms (unless the caller set
+ * one): how long an abort waits for a blocked stream before it fails the
+ * works anyway (10 s by default) */
+#define ABORT_BOUND_MS 1000
 
 /* ---- the CUDA runtime, the driver's stream memory ops, NCCL (dlopen) ------------ */
 
@@ -872,7 +876,9 @@ static void check_destroy_cycles(int cycles) {
     int64_t worst = 0;
     for (int c = 0; c < cycles; c++) {
         world w;
-        if (world_open(&w, "cuda:nccl", "kit-destroy", WAIT_MS, why, sizeof why)) {
+        /* op deadline 1 s: a graceful destroy waits that long for the
+         * queued works, then aborts (quiesce bound: ABORT_BOUND_MS) */
+        if (world_open(&w, "cuda:nccl", "kit-destroy", 1000, why, sizeof why)) {
             result("FAIL", "destroy_blocked_cycles", "", "cycle %d: %s", c, why);
             world_close(&w);
             gate_free(&g);
@@ -910,8 +916,10 @@ static void check_destroy_cycles(int cycles) {
              threads0, threads1);
     bool leak = fds1 > fds0 || threads1 > threads0 ||
                 (free0 > free1 && free0 - free1 > (64u << 20)); /* allocator slack */
-    if (worst > 30000000000LL)
-        result("FAIL", "destroy_blocked_cycles", fig, "a destroy took more than 30 s");
+    if (worst > (1000 + ABORT_BOUND_MS + 3000) * 1000000LL)
+        result("FAIL", "destroy_blocked_cycles", fig,
+               "a destroy took longer than the op deadline (1 s) + the abort bound (%d ms) + 3 s",
+               ABORT_BOUND_MS);
     else if (leak)
         result("FAIL", "destroy_blocked_cycles", fig, "resources leaked");
     else
@@ -1188,6 +1196,9 @@ int main(int argc, char **argv) {
         char *slash = strrchr(kit_bin, '/');
         if (slash) *slash = '\0';
     }
+    char bound[16];
+    snprintf(bound, sizeof bound, "%d", ABORT_BOUND_MS);
+    setenv("COLLIE_NCCL_ABORT_TIMEOUT_MS", bound, 0); /* before collie reads its settings */
     char why[512];
     cuda_open(why, sizeof why);
     int ndev = 0;
