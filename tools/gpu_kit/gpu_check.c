@@ -842,9 +842,10 @@ static void check_hang(void) {
             : one_rank_coll(&w2, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, 1000, false, why, sizeof why);
     world_close(&w2);
     int threads1 = count_dir("/proc/self/task");
-    char fig[160];
-    snprintf(fig, sizeof fig, "fault_ms=%" PRId64 " threads_before=%d threads_after=%d", fault_ms,
-             threads0, threads1);
+    char fig[256];
+    snprintf(fig, sizeof fig,
+             "fault_ms=%" PRId64 " wait_1s_while_blocked=%s threads_before=%d threads_after=%d",
+             fault_ms, collie_status_name(wr), threads0, threads1);
     if (r != COLLIE_OK || st == COLLIE_OK)
         result("FAIL", "hang_deadline_abort", fig, "the comm did not fault within 5 s (%s)",
                r != COLLIE_OK ? collie_last_error() : "no error");
