@@ -231,6 +231,55 @@ static void test_send_recv_tags_out_of_order(void **state) {
     world_destroy(&w);
 }
 
+/* A receive whose count or dtype differs from its send fails with EPROTO
+ * naming both sides, whichever arrives first, and never writes past its
+ * buffer (heap buffers of the exact size: ASan would see an overrun); the
+ * comm stays usable. */
+static void test_recv_mismatch_is_eproto_and_writes_nothing(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "p2pmis", NULL);
+    int32_t *big = calloc(64, sizeof *big), *small = malloc(4 * sizeof *small);
+    assert_non_null(big);
+    assert_non_null(small);
+    for (int i = 0; i < 4; i++)
+        small[i] = -1;
+    collie_work *s, *r;
+    /* the receive is posted first: the frame finds its slot */
+    assert_int_equal(collie_recv(w.c[1], small, 4, COLLIE_INT32, 0, 5, NULL, &r), COLLIE_OK);
+    assert_int_equal(collie_send(w.c[0], big, 64, COLLIE_INT32, 1, 5, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_work_wait(r, 30000), COLLIE_EPROTO);
+    if (!strstr(collie_work_error_message(r), "rank 0 sent 64 x int32") ||
+        !strstr(collie_work_error_message(r), "expects 4 x int32"))
+        fail_msg("recv: %s", collie_work_error_message(r));
+    assert_int_equal(collie_work_wait(s, 30000), COLLIE_OK);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(small[i], -1);
+    collie_work_release(s);
+    collie_work_release(r);
+    /* the send arrives first (unexpected), then a receive of the same bytes
+     * in another dtype */
+    assert_int_equal(collie_send(w.c[0], big, 8, COLLIE_INT32, 1, 6, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_work_wait(s, 30000), COLLIE_OK);
+    int64_t *other = malloc(4 * sizeof *other);
+    assert_non_null(other);
+    other[0] = 7;
+    assert_int_equal(collie_recv(w.c[1], other, 4, COLLIE_INT64, 0, 6, NULL, &r), COLLIE_OK);
+    assert_int_equal(collie_work_wait(r, 30000), COLLIE_EPROTO);
+    if (!strstr(collie_work_error_message(r), "sent 8 x int32") ||
+        !strstr(collie_work_error_message(r), "expects 4 x int64"))
+        fail_msg("recv: %s", collie_work_error_message(r));
+    assert_int_equal(other[0], 7);
+    collie_work_release(s);
+    collie_work_release(r);
+    /* the comm goes on */
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 100, 0, false);
+    free(big);
+    free(small);
+    free(other);
+    world_destroy(&w);
+}
+
 /* Different collectives posted in the same order: EPROTO naming both ranks. */
 static void test_mismatched_posts_are_eproto(void **state) {
     (void)state;
@@ -401,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_four_comms_four_threads),
         cmocka_unit_test(test_send_recv_tags_out_of_order),
+        cmocka_unit_test(test_recv_mismatch_is_eproto_and_writes_nothing),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),

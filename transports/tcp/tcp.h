@@ -194,6 +194,10 @@ void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);
 void cl_tcp_xbuf_free_all(tcp_comm *tc);
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
 void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
+/* Does the p2p frame header h carry what the receive `a` expects (count
+ * and dtype)? If not, why (naming the peer and both sides). */
+bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, char *why,
+                        size_t len);
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* a peer's connection broke: fault the comm */

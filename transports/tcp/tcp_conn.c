@@ -394,6 +394,21 @@ static bool conn_match(tcp_conn *c) {
     c->stage_fill = 0;
     if (step == TCP_P2P_STEP) {
         tcp_slot *s = slot_take(&c->p2p_expected, seq, TCP_P2P_STEP);
+        char why[256];
+        if (s && len != s->len && cl_tcp_p2p_matches(h, &s->owner->args, c->peer, why, sizeof why))
+            snprintf(why, sizeof why, "rank %d sent a frame of %llu bytes, this recv expects %llu",
+                     c->peer, (unsigned long long)len, (unsigned long long)s->len);
+        if (s &&
+            (len != s->len || !cl_tcp_p2p_matches(h, &s->owner->args, c->peer, why, sizeof why))) {
+            /* the receive fails; the frame goes into the void, never into
+             * a buffer sized for something else */
+            cl_tcp_work_fail(s->owner, COLLIE_EPROTO, "%s", why);
+            c->drain = *s;
+            c->drain.owner = NULL;
+            c->drain.node = (cl_list_node){NULL, NULL};
+            c->cur = &c->drain;
+            return true;
+        }
         if (s) {
             c->cur = s;
             return true;
@@ -437,6 +452,19 @@ static bool conn_match(tcp_conn *c) {
     }
     c->cur = s;
     return true;
+}
+
+bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, char *why,
+                        size_t len) {
+    uint64_t count = get64(h + 24);
+    collie_dtype dt = (collie_dtype)h[5];
+    if (h[5] == (uint8_t)a->dtype && count == a->count) return true;
+    snprintf(why, len,
+             "rank %d sent %llu x %s with tag %llu, this recv (from rank %d) expects %llu x %s",
+             peer, (unsigned long long)count, collie_dtype_name(dt),
+             (unsigned long long)get64(h + 16), peer, (unsigned long long)a->count,
+             collie_dtype_name(a->dtype));
+    return false;
 }
 
 /* Feed payload bytes to the current slot. Returns >0 bytes read, 0 on EOF,
