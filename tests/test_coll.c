@@ -313,6 +313,74 @@ static void test_mismatched_posts_are_eproto(void **state) {
     collie_engine_destroy(w.e);
 }
 
+/* Ranks disagreeing on a root. Before, each completed OK and nobody was
+ * told. 2 ranks whose claims make frames cross (broadcast and scatter:
+ * each names itself; reduce and gather: each names the other): every frame
+ * for a seq is consumed before the seq completes, so a frame arriving for
+ * a finished seq, or meeting a slot posted with another root, is EPROTO;
+ * the receiving rank's comm faults with a message naming the root its peer
+ * used (ABORT_COMM: the other rank learns it too). */
+static void test_root_mismatch_is_eproto(void **state) {
+    (void)state;
+    static const collie_coll_kind kinds[] = {COLLIE_COLL_BROADCAST, COLLIE_COLL_REDUCE,
+                                             COLLIE_COLL_GATHER, COLLIE_COLL_SCATTER};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        world w;
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.timeout_ms = 10000;
+        world_create(&w, 2, "rootmis", &o);
+        int32_t *buf[2], *out[2];
+        collie_work *wk[2];
+        bool self = kinds[k] == COLLIE_COLL_BROADCAST || kinds[k] == COLLIE_COLL_SCATTER;
+        for (int r = 0; r < 2; r++) {
+            buf[r] = calloc(2 * 64, sizeof(int32_t));
+            out[r] = calloc(2 * 64, sizeof(int32_t));
+            assert_non_null(buf[r]);
+            assert_non_null(out[r]);
+            int root = self ? r : 1 - r, rc;
+            switch (kinds[k]) {
+            case COLLIE_COLL_BROADCAST:
+                rc = collie_broadcast(w.c[r], buf[r], 64, COLLIE_INT32, root, NULL, &wk[r]);
+                break;
+            case COLLIE_COLL_REDUCE:
+                rc = collie_reduce(w.c[r], buf[r], out[r], 64, COLLIE_INT32, COLLIE_SUM, root, NULL,
+                                   &wk[r]);
+                break;
+            case COLLIE_COLL_GATHER:
+                rc = collie_gather(w.c[r], buf[r], out[r], 64, COLLIE_INT32, root, NULL, &wk[r]);
+                break;
+            default:
+                rc = collie_scatter(w.c[r], buf[r], out[r], 64, COLLIE_INT32, root, NULL, &wk[r]);
+                break;
+            }
+            assert_int_equal(rc, COLLIE_OK);
+        }
+        int eproto = 0;
+        for (int r = 0; r < 2; r++) {
+            (void)collie_work_wait(wk[r], 20000); /* OK (it sent), or failed by the fault */
+            collie_work_release(wk[r]);
+            int st;
+            const char *msg;
+            int64_t until = now_ms() + 10000;
+            do
+                collie_comm_error(w.c[r], &st, &msg);
+            while (st == COLLIE_OK && now_ms() < until);
+            if (st == COLLIE_OK) fail_msg("kind %d: rank %d was never told", (int)kinds[k], r);
+            if (st == COLLIE_EPROTO) {
+                if (!strstr(msg, "mismatched collectives") || !strstr(msg, "root "))
+                    fail_msg("kind %d, rank %d: %s", (int)kinds[k], r, msg);
+                eproto++;
+            }
+        }
+        if (eproto == 0) fail_msg("kind %d: no rank saw the mismatch", (int)kinds[k]);
+        for (int r = 0; r < 2; r++) {
+            free(buf[r]);
+            free(out[r]);
+        }
+        world_destroy(&w);
+    }
+}
+
 /* Invalid arguments: COLLIE_EINVAL, no work, no side effects (the sequence
  * number is not consumed, so later collectives still match). */
 static void test_invalid_arguments(void **state) {
@@ -451,6 +519,7 @@ int main(void) {
         cmocka_unit_test(test_four_comms_four_threads),
         cmocka_unit_test(test_send_recv_tags_out_of_order),
         cmocka_unit_test(test_recv_mismatch_is_eproto_and_writes_nothing),
+        cmocka_unit_test(test_root_mismatch_is_eproto),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),

@@ -28,12 +28,16 @@ const collie_backend_ops *cl_tcp_backend_ops(void);
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
 #define TCP_PROTO_VERSION 2           /* 2: the ABORT frame */
-#define TCP_FRAME_HDR     40
-#define TCP_P2P_STEP      0xffffffffu /* step value of point-to-point frames */
-#define TCP_KIND_BYE      0xfe        /* frame kind: the sender destroyed its comm */
-#define TCP_KIND_ABORT    0xfd        /* frame kind: the sender's comm failed; payload: why */
-#define TCP_ABORT_MAX     255         /* longest reason an ABORT frame carries */
-#define TCP_STAGE_BYTES   (256 * 1024)
+/* A frame header: magic, kind, dtype, op, 0, step, generation, seq (tag for
+ * p2p), count, payload length, root (TCP_NO_ROOT for kinds without one), 0.
+ * Every argument that must agree across ranks travels, and the receiver
+ * compares them all (tcp_conn.c). */
+#define TCP_FRAME_HDR   48
+#define TCP_P2P_STEP    0xffffffffu /* step value of point-to-point frames */
+#define TCP_KIND_BYE    0xfe        /* frame kind: the sender destroyed its comm */
+#define TCP_KIND_ABORT  0xfd        /* frame kind: the sender's comm failed; payload: why */
+#define TCP_ABORT_MAX   255         /* longest reason an ABORT frame carries */
+#define TCP_STAGE_BYTES (256 * 1024)
 
 struct tcp_comm;
 struct tcp_work;
@@ -138,8 +142,9 @@ typedef struct tcp_comm {
     collie_watch *listen_ev;
     char addr[80];
     tcp_conn **conns;
-    cl_list pending; /* tcp_conn.pending_node: accepted, handshake not finished */
-    cl_list works;   /* started collectives, seq order */
+    cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
+    cl_list works;             /* started collectives, seq order */
+    uint64_t coll_seq_started; /* the highest collective seq started */
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
     uint8_t *discard;
@@ -185,6 +190,9 @@ void cl_tcp_conn_free(tcp_conn *c);
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
 void cl_tcp_conn_forget(tcp_conn *c, struct tcp_work *tw); /* drop the work's msgs/slots */
+/* collective `seq` just finished here: a frame for it held back on c is a
+ * mismatch (comm fault) */
+void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
 int cl_tcp_listen(tcp_comm *tc);
 void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len);
@@ -193,6 +201,9 @@ void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_arg
 void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);
 void cl_tcp_xbuf_free_all(tcp_comm *tc);
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
+/* has this rank finished collective `seq` (started it, and it is no longer
+ * in flight)? */
+bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq);
 void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
 /* Does the p2p frame header h carry what the receive `a` expects (count
  * and dtype)? If not, why (naming the peer and both sides). */

@@ -85,6 +85,11 @@ static void tcp_detach(void *state, collie_work *w) {
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_forget(tc->conns[p], tw);
     cl_list_remove(&tw->node);
+    /* a frame for this seq held back (its slot was not posted) can no
+     * longer be consumed: the ranks disagreed (each check may fault) */
+    if (tw->args.kind != COLLIE_COLL_SEND && tw->args.kind != COLLIE_COLL_RECV)
+        for (int p = 0; p < tc->size && !tc->aborted; p++)
+            if (tc->conns[p]) cl_tcp_conn_recheck(tc->conns[p], tc->core->work_seq(w));
     if (tw->xb) {
         cl_tcp_xbuf_put(tc, tw->xb);
         tw->xb = NULL;

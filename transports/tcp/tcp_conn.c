@@ -62,6 +62,32 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
     put64(h + 16, seq);
     put64(h + 24, a->count);
     put64(h + 32, len);
+    put32(h + 40, tcp_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT);
+    put32(h + 44, 0);
+}
+
+/* One side of a collective for messages: "broadcast of 4 x int32 (root 1)",
+ * "allreduce of 4 x fp32 (sum)"; no reduction for ops that have none. */
+static void describe_post(char *buf, size_t len, unsigned kind, uint64_t count, unsigned dtype,
+                          unsigned op, uint32_t root) {
+    static const char *const names[] = {"allreduce",      "broadcast", "reduce", "allgather",
+                                        "reduce_scatter", "alltoall",  "gather", "scatter",
+                                        "barrier",        "send",      "recv"};
+    const char *name = kind < COLLIE_COLL_NUM_KINDS ? names[kind] : "?";
+    if (kind == COLLIE_COLL_BARRIER) {
+        snprintf(buf, len, "barrier");
+        return;
+    }
+    char extra[48] = "";
+    bool reduces = tcp_reduces(kind);
+    if (reduces && tcp_has_root(kind))
+        snprintf(extra, sizeof extra, " (%s, root %u)", collie_redop_name((collie_redop)op), root);
+    else if (reduces)
+        snprintf(extra, sizeof extra, " (%s)", collie_redop_name((collie_redop)op));
+    else if (tcp_has_root(kind))
+        snprintf(extra, sizeof extra, " (root %u)", root);
+    snprintf(buf, len, "%s of %llu x %s%s", name, (unsigned long long)count,
+             collie_dtype_name((collie_dtype)dtype), extra);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -428,26 +454,32 @@ static bool conn_match(tcp_conn *c) {
         return true;
     }
     tcp_slot *s = slot_take(&c->expected, seq, step);
+    if (!s && cl_tcp_coll_finished(tc, seq)) {
+        /* every frame for a collective is consumed before it completes: one
+         * for a finished seq means the ranks posted different things */
+        char theirs[96];
+        describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], get32(h + 40));
+        tc->core->fault(tc->bc, NULL, COLLIE_EPROTO,
+                        "mismatched collectives at seq %llu: rank %d sent a frame of %s, which "
+                        "rank %d had already completed without it (the ranks' arguments differ)",
+                        (unsigned long long)seq, c->peer, theirs, tc->rank);
+        return false;
+    }
     if (!s) return false; /* not posted yet: the peer is ahead */
     const collie_coll_args *a = &s->owner->args;
+    uint32_t root = get32(h + 40), mine = tcp_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
     if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
-        len != s->len ||
-        (h[6] != (uint8_t)a->op && a->kind != COLLIE_COLL_BARRIER &&
-         (a->kind == COLLIE_COLL_ALLREDUCE || a->kind == COLLIE_COLL_REDUCE ||
-          a->kind == COLLIE_COLL_REDUCE_SCATTER))) {
-        static const char *const names[] = {"allreduce",      "broadcast", "reduce", "allgather",
-                                            "reduce_scatter", "alltoall",  "gather", "scatter",
-                                            "barrier",        "send",      "recv"};
-        const char *theirs = h[4] < COLLIE_COLL_NUM_KINDS ? names[h[4]] : "?";
-        tcp_work *tw = s->owner;
-        tc->core->fault(tc->bc, tw->w, COLLIE_EPROTO,
-                        "mismatched collectives at seq %llu: rank %d posted %s of %llu x %s "
-                        "(%s), rank %d posted %s of %llu x %s (%s)",
-                        (unsigned long long)seq, tc->rank, names[a->kind],
-                        (unsigned long long)a->count, collie_dtype_name(a->dtype),
-                        collie_redop_name(a->op), c->peer, theirs,
-                        (unsigned long long)get64(h + 24), collie_dtype_name((collie_dtype)h[5]),
-                        collie_redop_name((collie_redop)h[6]));
+        len != s->len || root != mine || (tcp_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
+        char ours[96], theirs[96];
+        describe_post(ours, sizeof ours, a->kind, a->count, a->dtype, a->op, mine);
+        describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], root);
+        if (!strcmp(ours, theirs)) /* same arguments, a frame of another length */
+            snprintf(theirs + strlen(theirs), sizeof theirs - strlen(theirs),
+                     " in a frame of %llu bytes where %llu were due", (unsigned long long)len,
+                     (unsigned long long)s->len);
+        tc->core->fault(tc->bc, s->owner->w, COLLIE_EPROTO,
+                        "mismatched collectives at seq %llu: rank %d posted %s, rank %d posted %s",
+                        (unsigned long long)seq, tc->rank, ours, c->peer, theirs);
         return false;
     }
     c->cur = s;
@@ -669,6 +701,12 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
         c->tc->core->watch_start(c->rev, -1);
         c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
     }
+}
+
+void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq) {
+    if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) != TCP_P2P_STEP &&
+        get64(c->hdr + 16) == seq)
+        conn_match(c); /* finds seq finished: a comm fault */
 }
 
 /* Drop every message and slot of tw from this connection (tw is ending,

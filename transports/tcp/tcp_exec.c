@@ -210,12 +210,27 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
 
 /* ---- starting ------------------------------------------------------------------------- */
 
+static bool tcp_work_is_p2p(const tcp_work *tw) {
+    return tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV;
+}
+
+bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq) {
+    if (seq == 0 || seq > tc->coll_seq_started) return false;
+    const tcp_work *tw;
+    cl_list_foreach(&tc->works, tw, tcp_work,
+                    node) if (!tcp_work_is_p2p(tw) &&
+                              tc->core->work_seq(tw->w) == seq) return false;
+    return true;
+}
+
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     if (tc->aborted) {
         cl_tcp_work_fail(tw, COLLIE_EABORTED, "%s", tc->abort_reason);
         return COLLIE_OK;
     }
     cl_list_push_back(&tc->works, &tw->node);
+    uint64_t seq = tc->core->work_seq(tw->w);
+    if (!tcp_work_is_p2p(tw) && seq > tc->coll_seq_started) tc->coll_seq_started = seq;
     if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
         return work_start_p2p(tc, tw);
     tcp_xbuf *xb = tc->xb_pool;
