@@ -32,6 +32,9 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* recorded before the work is visible as failed: a waiter that wakes
+     * finds collie_comm_error set; the policy is applied next */
+    cl_comm_record_fault(bc->comm, status, "%s", msg);
     if (w) cl_work_finish(w, status, "%s", msg);
     cl_comm_fault(bc->comm, status, "%s", msg);
 }

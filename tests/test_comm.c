@@ -546,6 +546,51 @@ static void test_waiter_past_deadline_during_desync_report(void **state) {
     mini_down(&m);
 }
 
+/* The comm's fault is recorded before any work it failed is visible as
+ * done: right after a wait returns the failure, collie_comm_error already
+ * reports it, with no polling — under BLOCKING_WAIT (a deadline) and under
+ * the default policy (a mismatch), 30 times each. */
+static void test_comm_error_before_failed_work(void **state) {
+    (void)state;
+    for (int run = 0; run < 30; run++) {
+        for (int mismatch = 0; mismatch < 2; mismatch++) {
+            world w;
+            collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+            o.policy = mismatch ? COLLIE_POLICY_DEFAULT : COLLIE_POLICY_BLOCKING_WAIT;
+            o.timeout_ms = mismatch ? 10000 : 100;
+            world_create(&w, 2, "errorder", &o);
+            float a[32] = {0}, b[32] = {0};
+            collie_work *w0 = NULL, *w1 = NULL;
+            assert_int_equal(collie_allreduce(w.c[0], a, a, 16, COLLIE_FP32, COLLIE_SUM, NULL, &w0),
+                             0);
+            if (mismatch)
+                assert_int_equal(
+                    collie_allreduce(w.c[1], b, b, 32, COLLIE_FP32, COLLIE_SUM, NULL, &w1), 0);
+            int rc = collie_work_wait(w0, 20000);
+            assert_int_not_equal(rc, COLLIE_OK);
+            int st;
+            const char *msg;
+            collie_comm_error(w.c[0], &st, &msg);
+            if (st == COLLIE_OK)
+                fail_msg("run %d (%s): the work failed with %s, collie_comm_error says OK", run,
+                         mismatch ? "mismatch" : "BLOCKING_WAIT deadline", collie_status_name(rc));
+            if (w1) {
+                rc = collie_work_wait(w1, 20000);
+                assert_int_not_equal(rc, COLLIE_OK);
+                collie_comm_error(w.c[1], &st, &msg);
+                if (st == COLLIE_OK)
+                    fail_msg("run %d: rank 1's work failed with %s, its comm says OK", run,
+                             collie_status_name(rc));
+                collie_work_release(w1);
+            }
+            collie_work_release(w0);
+            for (int r = 0; r < 2; r++)
+                collie_comm_abort(w.c[r], "test over");
+            world_destroy(&w);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -561,6 +606,7 @@ int main(void) {
         cmocka_unit_test(test_engine_destroy_with_live_comms),
         cmocka_unit_test(test_policy_settings),
         cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
+        cmocka_unit_test(test_comm_error_before_failed_work),
     };
     return cltest_main(tests, NULL, NULL);
 }
