@@ -111,14 +111,18 @@ static void create_init_backends(create_state *cs) {
         bc->init_called = true;
         collie_bcomm *pb = c->split.parent ? &c->split.parent->bcs[d] : NULL;
         int r;
+        cl_clear_last_error(); /* nothing stale in the message below */
         if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready)
             r = bc->ops->split(bc, &cl_core_services, pb->state, c->split.color, c->split.key,
                                &bc->state);
         else
             r = bc->ops->init(bc, &cl_core_services, &bc->state);
         if (r != COLLIE_OK) {
+            /* the backend says why through set_error; if it did not, at
+             * least the status does */
+            const char *why = collie_last_error();
             create_fail(cs, r, "backend %s failed to initialise: %s", bc->ops->name,
-                        collie_last_error());
+                        why && why[0] ? why : collie_strerror(r));
             return;
         }
     }

@@ -15,6 +15,7 @@
 
 #include "coll_fixture.h"
 #include "engine/engine.h"
+#include "engine/config.h"
 #include "harness.h"
 #include "runner.h"
 
@@ -591,6 +592,44 @@ static void test_comm_error_before_failed_work(void **state) {
     }
 }
 
+/* A TCP backend that cannot listen says why, naming the setting and the
+ * system's answer (before: "backend tcp failed to initialise: "). Each
+ * test has a process of its own, so the settings can change here. */
+static void create_fails_saying(const char *var, const char *value, const char *needle1,
+                                const char *needle2) {
+    setenv(var, value, 1);
+    cl_config_reload();
+    collie_engine *e;
+    collie_store_server *srv;
+    collie_store *st;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.timeout_ms = 10000;
+    collie_comm *c = NULL;
+    int rc = collie_comm_create(e, st, 0, 1, &o, &c);
+    const char *msg = collie_last_error();
+    if (rc == COLLIE_OK || !strstr(msg, needle1) || !strstr(msg, needle2))
+        fail_msg("%s=%s: create gave %s: '%s'", var, value, collie_status_name(rc), msg);
+    if (c) collie_comm_destroy(c);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    collie_engine_destroy(e);
+    unsetenv(var);
+    cl_config_reload();
+}
+
+static void test_listen_failures_say_why(void **state) {
+    (void)state;
+    create_fails_saying("COLLIE_SOCKET_IFNAME", "nope", "COLLIE_SOCKET_IFNAME 'nope'",
+                        "interfaces with one: lo");
+    create_fails_saying("COLLIE_SOCKET_ADDR", "10.9.9.9", "COLLIE_SOCKET_ADDR '10.9.9.9'",
+                        "cannot bind");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -607,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_policy_settings),
         cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
         cmocka_unit_test(test_comm_error_before_failed_work),
+        cmocka_unit_test(test_listen_failures_say_why),
     };
     return cltest_main(tests, NULL, NULL);
 }

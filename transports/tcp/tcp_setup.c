@@ -328,34 +328,65 @@ static void listen_on_accept(int lfd, unsigned what, void *arg) {
     }
 }
 
-static int listen_address(const collie_core_services *core, struct in_addr *out) {
+/* The address to listen on, from COLLIE_SOCKET_IFNAME or COLLIE_SOCKET_ADDR
+ * (default 127.0.0.1); `what` names the setting for messages. Failures say
+ * why through core->set_error. */
+static int listen_address(const collie_core_services *core, struct in_addr *out, char *what,
+                          size_t len) {
     const char *ifname = core->setting("COLLIE_SOCKET_IFNAME");
     if (ifname) {
+        snprintf(what, len, "COLLIE_SOCKET_IFNAME '%s'", ifname);
         struct ifaddrs *ifs, *it;
-        if (getifaddrs(&ifs) != 0) return COLLIE_ESYSTEM;
+        if (getifaddrs(&ifs) != 0) {
+            core->set_error("%s: getifaddrs: %s", what, strerror(errno));
+            return COLLIE_ESYSTEM;
+        }
+        char names[256] = "";
+        size_t used = 0;
         int r = COLLIE_EINVAL;
-        for (it = ifs; it; it = it->ifa_next)
-            if (it->ifa_addr && it->ifa_addr->sa_family == AF_INET &&
-                strcmp(it->ifa_name, ifname) == 0) {
+        for (it = ifs; it; it = it->ifa_next) {
+            if (!it->ifa_addr || it->ifa_addr->sa_family != AF_INET) continue;
+            if (strcmp(it->ifa_name, ifname) == 0) {
                 *out = ((struct sockaddr_in *)it->ifa_addr)->sin_addr;
                 r = COLLIE_OK;
                 break;
             }
+            if (used < sizeof names)
+                used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                         used ? ", " : "", it->ifa_name);
+        }
         freeifaddrs(ifs);
+        if (r != COLLIE_OK)
+            core->set_error("%s: no interface of that name has an IPv4 address (interfaces "
+                            "with one: %s)",
+                            what, names[0] ? names : "none");
         return r;
     }
     const char *addr = core->setting("COLLIE_SOCKET_ADDR");
-    return inet_pton(AF_INET, addr ? addr : "127.0.0.1", out) == 1 ? COLLIE_OK : COLLIE_EINVAL;
+    snprintf(what, len, "%s '%s'", addr ? "COLLIE_SOCKET_ADDR" : "the default address",
+             addr ? addr : "127.0.0.1");
+    if (inet_pton(AF_INET, addr ? addr : "127.0.0.1", out) == 1) return COLLIE_OK;
+    core->set_error("%s: not an IPv4 address", what);
+    return COLLIE_EINVAL;
 }
 
 int cl_tcp_listen(tcp_comm *tc) {
     struct sockaddr_in sin = {.sin_family = AF_INET};
-    if (listen_address(tc->core, &sin.sin_addr) != COLLIE_OK) return COLLIE_EINVAL;
+    char what[128];
+    int r = listen_address(tc->core, &sin.sin_addr, what, sizeof what);
+    if (r != COLLIE_OK) return r;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return COLLIE_ESYSTEM;
+    if (fd < 0) {
+        tc->core->set_error("socket: %s", strerror(errno));
+        return COLLIE_ESYSTEM;
+    }
     socklen_t len = sizeof sin;
-    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0) {
+    const char *step = "bind";
+    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 ||
+        (step = "listen", listen(fd, 1024) != 0) ||
+        (step = "getsockname", getsockname(fd, (struct sockaddr *)&sin, &len) != 0)) {
+        tc->core->set_error("%s: cannot %s a listening socket there: %s", what, step,
+                            strerror(errno));
         close(fd);
         return COLLIE_ESYSTEM;
     }
