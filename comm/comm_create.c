@@ -12,7 +12,16 @@
  *               same name gets a fresh key space "collie/<name>/<gen>/";
  *      INIT     each backend's init (the TCP transport publishes its
  *               listening address), reported through init_done;
- *      BARRIER  barrier("collie/<name>/<gen>/created", size).
+ *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
+ *               rank claimed by another process of this generation is a
+ *               conflict (a rank restarted into the next generation is not);
+ *      SIZE     compare_set("<prefix>size", "" -> "<size> (rank r, ...)"):
+ *               a rank that says another world size is a conflict;
+ *      BARRIER  barrier("collie/<name>/<gen>/created", size);
+ *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
+ *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
+ *    2^30 to the barrier's counter, so every rank waiting there wakes at
+ *    once, reads it and fails with it; it fails itself with EINVAL.
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
  *    step callback then sees the cancellation and stops.
@@ -22,14 +31,28 @@
  *    callback runs later, after the caller may have released the work.
  */
 #include <ctype.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-enum create_step { STEP_JOIN, STEP_INIT, STEP_BARRIER, STEP_COUNT, STEP_DONE };
+enum create_step {
+    STEP_JOIN,
+    STEP_CLAIM, /* compare_set <prefix>rank/<r>: this process holds rank r */
+    STEP_SIZE,  /* compare_set <prefix>size: every rank says the same size */
+    STEP_INIT,
+    STEP_BARRIER,
+    STEP_VERIFY,   /* check <prefix>conflict: did another rank find one? */
+    STEP_CONFLICT, /* get <prefix>conflict: what it found */
+    STEP_POISON,   /* set <prefix>conflict = why (this rank found one) */
+    STEP_RELEASE,  /* add 2^30 to <prefix>created: the waiting ranks' barrier ends */
+    STEP_COUNT,
+    STEP_DONE
+};
 
 /* The create work's own deadline is a backstop behind the steps' (which
  * carry the real bound and produce the precise message). */
@@ -41,6 +64,8 @@ typedef struct create_state {
     int step;
     collie_work *req; /* store request in flight (loop) */
     int inits_pending;
+    char me[112];       /* "pid P on host H (handle N)": this comm's claim */
+    char conflict[600]; /* a rendezvous conflict this rank found */
 } create_state;
 
 static void create_fail(create_state *cs, int status, const char *fmt, ...)
@@ -84,9 +109,40 @@ static int create_post_step(create_state *cs) {
         snprintf(key, sizeof key, "collie/%s/joins", c->name);
         r = collie_store_post_add(c->store, key, 1, &o, &cs->req);
         break;
+    case STEP_CLAIM:
+        snprintf(key, sizeof key, "%srank/%d", c->prefix, c->rank);
+        r = collie_store_post_compare_set(c->store, key, "", 0, cs->me, strlen(cs->me), &o,
+                                          &cs->req);
+        break;
+    case STEP_SIZE: {
+        char val[160];
+        int n = snprintf(val, sizeof val, "%d (rank %d, %s)", c->size, c->rank, cs->me);
+        snprintf(key, sizeof key, "%ssize", c->prefix);
+        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
+        break;
+    }
     case STEP_BARRIER:
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+        break;
+    case STEP_VERIFY: {
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        const char *keys[] = {key};
+        r = collie_store_post_check(c->store, keys, 1, &o, &cs->req);
+        break;
+    }
+    case STEP_CONFLICT:
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        r = collie_store_post_get(c->store, key, &o, &cs->req);
+        break;
+    case STEP_POISON:
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        r = collie_store_post_set(c->store, key, cs->conflict, strlen(cs->conflict), &o, &cs->req);
+        break;
+    case STEP_RELEASE:
+        snprintf(key, sizeof key, "%screated", c->prefix);
+        /* far past any round's count: every waiting rank's barrier ends */
+        r = collie_store_post_add(c->store, key, 1 << 30, &o, &cs->req);
         break;
     case STEP_COUNT: /* after a barrier timeout: how many ranks did arrive? */
         snprintf(key, sizeof key, "%screated", c->prefix);
@@ -145,6 +201,15 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
 }
 
 static void create_step_done(create_state *cs, collie_work *w);
+static void create_succeed(create_state *cs);
+
+/* Go to `step` and post its request; a post that fails ends the create. */
+static void create_next(create_state *cs, int step) {
+    cs->step = step;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK)
+        create_fail(cs, r, "store request of the rendezvous: %s", collie_last_error());
+}
 
 /* The store request's callback: take the step's result, then drop the
  * request's reference on the create work (last: it may free cs). */
@@ -209,10 +274,70 @@ static void create_step_done(create_state *cs, collie_work *w) {
         for (const char *p = c->prefix; *p; p++)
             h = (h ^ (unsigned char)*p) * 1099511628211ULL;
         c->id = h;
-        create_init_backends(cs);
+        create_next(cs, STEP_CLAIM);
+        return;
+    }
+    if (cs->step == STEP_CLAIM || cs->step == STEP_SIZE) {
+        const void *val = NULL;
+        size_t len = 0;
+        collie_store_work_value(w, &val, &len);
+        char held[160];
+        snprintf(held, sizeof held, "%.*s", (int)len, (const char *)val);
+        collie_work_release(w);
+        if (cs->step == STEP_CLAIM && strcmp(held, cs->me) != 0) {
+            snprintf(cs->conflict, sizeof cs->conflict,
+                     "rank %d of comm '%s' (generation %llu) is claimed by %s and by %s", c->rank,
+                     c->name, (unsigned long long)c->generation, held, cs->me);
+            create_next(cs, STEP_POISON);
+        } else if (cs->step == STEP_SIZE && atoi(held) != c->size) {
+            snprintf(cs->conflict, sizeof cs->conflict,
+                     "comm '%s' (generation %llu): rank %d says the world has %d ranks, %s "
+                     "says %d",
+                     c->name, (unsigned long long)c->generation, c->rank, c->size,
+                     strchr(held, '(') ? strchr(held, '(') : "another rank", atoi(held));
+            create_next(cs, STEP_POISON);
+        } else if (cs->step == STEP_CLAIM) {
+            create_next(cs, STEP_SIZE);
+        } else {
+            create_init_backends(cs);
+        }
+        return;
+    }
+    if (cs->step == STEP_POISON || cs->step == STEP_RELEASE) {
+        collie_work_release(w);
+        if (cs->step == STEP_POISON)
+            create_next(cs, STEP_RELEASE);
+        else
+            create_fail(cs, COLLIE_EINVAL, "%s", cs->conflict);
+        return;
+    }
+    if (cs->step == STEP_BARRIER || cs->step == STEP_VERIFY) {
+        int64_t found = 0;
+        if (cs->step == STEP_VERIFY) collie_store_work_int(w, &found);
+        collie_work_release(w);
+        if (cs->step == STEP_BARRIER)
+            create_next(cs, STEP_VERIFY);
+        else if (found)
+            create_next(cs, STEP_CONFLICT);
+        else
+            create_succeed(cs);
+        return;
+    }
+    if (cs->step == STEP_CONFLICT) {
+        const void *val = NULL;
+        size_t len = 0;
+        collie_store_work_value(w, &val, &len);
+        snprintf(cs->conflict, sizeof cs->conflict, "%.*s", (int)len, (const char *)val);
+        collie_work_release(w);
+        create_fail(cs, COLLIE_EINVAL, "rendezvous: %s", cs->conflict);
         return;
     }
     collie_work_release(w);
+    create_succeed(cs);
+}
+
+static void create_succeed(create_state *cs) {
+    collie_comm *c = cs->comm;
     cs->step = STEP_DONE;
     /* READY before the completion is visible: a caller that saw the create
      * work succeed must find the comm ready */
@@ -225,6 +350,12 @@ static void create_step_done(create_state *cs, collie_work *w) {
 static void create_start(collie_work *w) {
     create_state *cs = (create_state *)w;
     cs->comm->create_state = cs;
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    /* the handle number tells two comms of one process apart */
+    static _Atomic unsigned handles;
+    snprintf(cs->me, sizeof cs->me, "pid %d on host %s (handle %u)", (int)getpid(), host,
+             atomic_fetch_add(&handles, 1) + 1);
     cs->step = STEP_JOIN;
     int r = create_post_step(cs);
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());

@@ -630,6 +630,66 @@ static void test_listen_failures_say_why(void **state) {
                         "cannot bind");
 }
 
+/* Rendezvous mistakes fail fast (well before the 20 s bound) on every rank
+ * that can know, naming the conflicting claims: a world size that differs
+ * between ranks, and a rank claimed by two processes (here two handles of
+ * one process, posted first so both are in generation 0). */
+static void test_rendezvous_conflicts_fail_fast(void **state) {
+    (void)state;
+    collie_engine *e;
+    collie_store_server *srv;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    for (int scenario = 0; scenario < 2; scenario++) {
+        /* 0: ranks 0 and 1 say sizes 2 and 3; 1: rank 0 twice, then rank 1 */
+        static const int ranks[2][3] = {{0, 1, -1}, {0, 0, 1}},
+                         sizes[2][3] = {{2, 3, 0}, {2, 2, 2}};
+        collie_store *st[3] = {0};
+        collie_comm *c[3] = {0};
+        collie_work *cw[3] = {0};
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = scenario ? "dup" : "sizes";
+        o.create_timeout_ms = 20000;
+        int n = scenario ? 3 : 2;
+        int64_t t0 = now_ms();
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(collie_store_connect(e, addr, NULL, &st[i]), COLLIE_OK);
+            assert_int_equal(collie_comm_create_post(e, st[i], ranks[scenario][i],
+                                                     sizes[scenario][i], &o, &c[i], &cw[i]),
+                             COLLIE_OK);
+            struct timespec ts = {0, 200 * 1000000L}; /* join in this order */
+            nanosleep(&ts, NULL);
+        }
+        int conflicts = 2; /* both size camps; both claimers of rank 0 */
+        for (int i = 0; i < conflicts; i++) {
+            int rc = collie_work_wait(cw[i], 20000);
+            const char *msg = collie_work_error_message(cw[i]);
+            if (rc != COLLIE_EINVAL ||
+                !strstr(msg, scenario ? "is claimed by pid" : "says the world has"))
+                fail_msg("scenario %d, handle %d: %s: %s", scenario, i, collie_status_name(rc),
+                         msg);
+            if (scenario == 0 && (!strstr(msg, "rank 0") || !strstr(msg, "rank 1") ||
+                                  !strstr(msg, "2") || !strstr(msg, "3")))
+                fail_msg("sizes: %s", msg);
+        }
+        int64_t took = now_ms() - t0;
+        if (took > 5000)
+            fail_msg("scenario %d: the conflict took %lld ms to surface", scenario,
+                     (long long)took);
+        for (int i = 0; i < n; i++) {
+            collie_comm_abort(c[i], "test over");
+            if (i >= conflicts) collie_work_wait(cw[i], 20000); /* bounded either way */
+            collie_work_release(cw[i]);
+            collie_comm_destroy(c[i]);
+            collie_store_destroy(st[i]);
+        }
+    }
+    collie_store_server_destroy(srv);
+    collie_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -647,6 +707,7 @@ int main(void) {
         cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
         cmocka_unit_test(test_comm_error_before_failed_work),
         cmocka_unit_test(test_listen_failures_say_why),
+        cmocka_unit_test(test_rendezvous_conflicts_fail_fast),
     };
     return cltest_main(tests, NULL, NULL);
 }
