@@ -49,6 +49,7 @@
 /* Bound on connect + handshake, independent of request deadlines. */
 #define STORE_CLI_HANDSHAKE_MS           10000
 #define STORE_CLI_BACKOFF_START_MS       10
+#define STORE_CLI_NAG_MS                 5000 /* a failing connection is logged this often */
 #define STORE_CLI_DEFAULT_BACKOFF_CAP_MS 1000
 
 static void store_cli_connect(cl_store_core *c);
@@ -207,6 +208,24 @@ static void store_cli_on_backoff(evutil_socket_t fd, short what, void *arg) {
     if (!cl_list_empty(&c->queued)) store_cli_connect(c);
 }
 
+/* A connection attempt failed and will be retried: say so at the first
+ * failure and every STORE_CLI_NAG_MS after, so a store address that refuses
+ * is known while the requests wait, not only at their deadline. */
+static void store_cli_note_refusal(cl_store_core *c, const char *msg) {
+    int64_t now = cl_now_ns();
+    if (!c->failing_since_ns) {
+        c->failing_since_ns = c->nagged_ns = now;
+        CL_WARN("store", "client of %s: %s; retrying (requests wait up to their deadline)", c->addr,
+                msg);
+    } else if (now - c->nagged_ns >= (int64_t)STORE_CLI_NAG_MS * CL_NS_PER_MS) {
+        c->nagged_ns = now;
+        CL_WARN("store", "client of %s: still no connection after %.0f s: %s; retrying", c->addr,
+                (double)(now - c->failing_since_ns) / 1e9, msg);
+    } else {
+        CL_DEBUG("store", "client of %s: %s", c->addr, msg);
+    }
+}
+
 /* The connection (or the attempt) is over. fatal: do not retry; fail the
  * queued requests with `status` too. */
 static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...)
@@ -235,7 +254,7 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
         CL_WARN("store", "client of %s: %s", c->addr, msg);
         store_cli_fail_all(c, false, status, msg);
     } else {
-        CL_DEBUG("store", "client of %s: %s", c->addr, msg);
+        store_cli_note_refusal(c, msg);
     }
     store_cli_set_connected(c, false, msg);
     if (!cl_list_empty(&c->queued)) {
@@ -247,6 +266,10 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
 }
 
 static void store_cli_ready(cl_store_core *c) {
+    if (c->failing_since_ns)
+        CL_INFO("store", "client of %s: connected after %.1f s of failed attempts", c->addr,
+                (double)(cl_now_ns() - c->failing_since_ns) / 1e9);
+    c->failing_since_ns = 0;
     c->state = CL_STORE_READY;
     c->backoff_ms = 0;
     bufferevent_set_timeouts(c->bev, NULL, NULL);

@@ -93,6 +93,8 @@ struct cl_store_core {
     struct bufferevent *bev;
     struct event *backoff_ev;
     uint32_t backoff_ms; /* next retry delay */
+    /* connection attempts failing since (0: not failing), last logged */
+    int64_t failing_since_ns, nagged_ns;
     uint32_t next_req_id;
     uint64_t conn_gen;       /* bumped whenever a connection goes away */
     cl_list queued;          /* QUEUED, in post order */

@@ -490,6 +490,40 @@ static char *capture_end(log_capture *lc) {
     return text;
 }
 
+/* An address that refuses connections is said while the request waits:
+ * at the first failure and every 5 s, not only at the request's deadline. */
+static void test_refusing_address_is_logged_while_waiting(void **state) {
+    (void)state;
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    /* a port bound but not listening: connections are refused, and no other
+     * program can start listening there meanwhile */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sin;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof sin), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)ntohs(sin.sin_port));
+    log_capture lc;
+    capture_begin(&lc);
+    collie_store *st;
+    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    void *v = NULL;
+    int rc = collie_store_get(st, "k", 6500, &v, NULL);
+    char *log = capture_end(&lc);
+    assert_int_equal(rc, COLLIE_ETIMEDOUT);
+    char first[128], later[128];
+    snprintf(first, sizeof first, "client of %s:", addr);
+    snprintf(later, sizeof later, "client of %s: still no connection after ", addr);
+    if (!strstr(log, first) || !strstr(log, "retrying") || !strstr(log, later))
+        fail_msg("log (%zu bytes): %.3000s", strlen(log), log);
+    free(log);
+    collie_store_destroy(st);
+    collie_engine_destroy(e);
+    close(fd);
+}
+
 static void test_auth_success_and_refusals(void **state) {
     (void)state;
     store_fx fx;
@@ -571,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_garbage_closes_only_that_connection),
         cmocka_unit_test(test_oversized_and_malformed_frames),
         cmocka_unit_test(test_connection_limit),
+        cmocka_unit_test(test_refusing_address_is_logged_while_waiting),
         cmocka_unit_test(test_auth_success_and_refusals),
         cmocka_unit_test(test_auth_token_against_tokenless_server),
         cmocka_unit_test(test_nothing_left_outstanding),
