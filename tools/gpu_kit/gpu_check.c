@@ -359,6 +359,17 @@ static void gate_free(gate *g) {
     g->host = NULL;
 }
 
+/* Open a 1-rank cuda:nccl world for check `name`; when that fails, report
+ * the check FAIL, release `g` (if given) and return false. */
+static bool check_world(world *w, const char *name, const char *comm, int32_t timeout_ms, gate *g) {
+    char why[256];
+    if (world_open(w, "cuda:nccl", comm, timeout_ms, why, sizeof why) == 0) return true;
+    result("FAIL", name, "", "%s", why);
+    world_close(w);
+    if (g) gate_free(g);
+    return false;
+}
+
 /* ---- the checks ------------------------------------------------------------------------- */
 
 static const collie_dtype all_dtypes[] = {COLLIE_INT8, COLLIE_UINT8, COLLIE_INT32, COLLIE_INT64,
@@ -459,11 +470,7 @@ static const char *const kind_names[] = {"allreduce", "broadcast",      "reduce"
 static void check_collectives(void) {
     world w;
     char why[512] = "";
-    if (world_open(&w, "cuda:nccl", "kit-colls", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "collectives_1gpu", "", "%s", why);
-        world_close(&w);
-        return;
-    }
+    if (!check_world(&w, "collectives_1gpu", "kit-colls", WAIT_MS, NULL)) return;
     int runs = 0;
     for (int k = COLLIE_COLL_ALLREDUCE; k <= COLLIE_COLL_BARRIER; k++)
         for (size_t d = 0; d < sizeof all_dtypes / sizeof all_dtypes[0]; d++)
@@ -532,12 +539,7 @@ static void check_stream_order(void) {
         return;
     }
     world w;
-    if (world_open(&w, "cuda:nccl", "kit-order", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "stream_order", "", "%s", why);
-        world_close(&w);
-        gate_free(&g);
-        return;
-    }
+    if (!check_world(&w, "stream_order", "kit-order", WAIT_MS, &g)) return;
     enum { N = 1 << 20 };
     float *h = NULL, *out = malloc(N * sizeof *out);
     void *d = NULL;
@@ -583,12 +585,7 @@ static void check_wait_semantics(void) {
         return;
     }
     world w;
-    if (world_open(&w, "cuda:nccl", "kit-wait", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "wait_after_gpu_done", "", "%s", why);
-        world_close(&w);
-        gate_free(&g);
-        return;
-    }
+    if (!check_world(&w, "wait_after_gpu_done", "kit-wait", WAIT_MS, &g)) return;
     void *d = NULL;
     cu.Malloc(&d, 4096);
     event_t ev = NULL;
@@ -647,12 +644,7 @@ static void check_wait_semantics(void) {
 /* GPU done (event) -> work done, median and p99. */
 static void check_completion_latency(int iters) {
     world w;
-    char why[256];
-    if (world_open(&w, "cuda:nccl", "kit-latency", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "completion_latency", "", "%s", why);
-        world_close(&w);
-        return;
-    }
+    if (!check_world(&w, "completion_latency", "kit-latency", WAIT_MS, NULL)) return;
     void *d = NULL;
     cu.Malloc(&d, 4096);
     event_t ev = NULL;
@@ -695,12 +687,7 @@ static void check_completion_latency(int iters) {
  * time per allreduce against raw NCCL from 4 B to max_bytes. */
 static void check_overhead(size_t max_bytes, int iters) {
     world w;
-    char why[256];
-    if (world_open(&w, "cuda:nccl", "kit-overhead", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "post_overhead", "", "%s", why);
-        world_close(&w);
-        return;
-    }
+    if (!check_world(&w, "post_overhead", "kit-overhead", WAIT_MS, NULL)) return;
     nccl_id id;
     void *raw = NULL;
     int ne = nccl.GetUniqueId(&id);
@@ -803,12 +790,7 @@ static void check_hang(void) {
     }
     int threads0 = count_dir("/proc/self/task");
     world w;
-    if (world_open(&w, "cuda:nccl", "kit-hang", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "hang_deadline_abort", "", "%s", why);
-        world_close(&w);
-        gate_free(&g);
-        return;
-    }
+    if (!check_world(&w, "hang_deadline_abort", "kit-hang", WAIT_MS, &g)) return;
     void *d = NULL;
     cu.Malloc(&d, 4096);
     gate_shut(&g, w.s);
@@ -931,11 +913,7 @@ static void check_destroy_cycles(int cycles) {
 static void check_graph_capture(void) {
     world w;
     char why[256];
-    if (world_open(&w, "cuda:nccl", "kit-capture", WAIT_MS, why, sizeof why)) {
-        result("FAIL", "graph_capture_refused", "", "%s", why);
-        world_close(&w);
-        return;
-    }
+    if (!check_world(&w, "graph_capture_refused", "kit-capture", WAIT_MS, NULL)) return;
     void *d = NULL;
     cu.Malloc(&d, 64);
     int e = cu.StreamBeginCapture(w.s, STREAM_CAPTURE_GLOBAL);
