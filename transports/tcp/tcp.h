@@ -189,7 +189,9 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why);
 void cl_tcp_conn_free(tcp_conn *c);
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
-void cl_tcp_conn_forget(tcp_conn *c, struct tcp_work *tw); /* drop the work's msgs/slots */
+/* drop one message / slot of an ending work (O(1); see tcp_conn.c) */
+void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m);
+void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
 /* collective `seq` just finished here: a frame for it held back on c is a
  * mismatch (comm fault) */
 void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
@@ -201,6 +203,9 @@ void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_arg
 void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);
 void cl_tcp_xbuf_free_all(tcp_comm *tc);
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
+/* tw is ending: unlink its messages and slots of the current step (the
+ * only ones that can be linked), each in O(1) */
+void cl_tcp_work_forget(tcp_work *tw);
 /* has this rank finished collective `seq` (started it, and it is no longer
  * in flight)? */
 bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq);

@@ -82,8 +82,7 @@ static int tcp_start(void *state, collie_work *w, const collie_coll_args *a) {
 static void tcp_detach(void *state, collie_work *w) {
     tcp_comm *tc = state;
     tcp_work *tw = tc->core->work_backend_data(w);
-    for (int p = 0; p < tc->size; p++)
-        if (tc->conns[p]) cl_tcp_conn_forget(tc->conns[p], tw);
+    cl_tcp_work_forget(tw); /* its own messages and slots only: O(ops of a step) */
     cl_list_remove(&tw->node);
     /* a frame for this seq held back (its slot was not posted) can no
      * longer be consumed: the ranks disagreed (each check may fault) */

@@ -709,28 +709,26 @@ void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq) {
         conn_match(c); /* finds seq finished: a comm fault */
 }
 
-/* Drop every message and slot of tw from this connection (tw is ending,
- * its memory is about to be freed). A message already partly on the wire
- * cannot be finished (its payload is the user's, no longer ours to read),
- * so the byte stream is broken: the connection stops sending, but stays
- * open until the comm's delayed close (see the design notes). The comm is
- * failing in that case anyway (a work ends early only by deadline, cancel
- * or abort), NONE excepted. */
-void cl_tcp_conn_forget(tcp_conn *c, tcp_work *tw) {
-    tcp_msg *cut = NULL, *m;
-    cl_list_foreach(&c->sendq, m, tcp_msg, node) if (m->owner == tw) {
-        if (m->sent > 0) cut = m;
-        cl_list_remove(&m->node);
-    }
-    cl_list *slots[2] = {&c->expected, &c->p2p_expected};
-    tcp_slot *s;
-    for (int h = 0; h < 2; h++)
-        cl_list_foreach(slots[h], s, tcp_slot, node) if (s->owner == tw) cl_list_remove(&s->node);
-    if (c->cur && c->cur->owner == tw) { /* drain the rest of it into the void */
-        c->drain = *c->cur;              /* the slot itself is tw's memory */
+/* One message or receive slot of a work that is ending (its memory is
+ * about to be freed): unlinked in O(1). A message already partly on the
+ * wire cannot be finished (its payload is the user's, no longer ours to
+ * read), so the byte stream is broken: the connection stops sending, but
+ * stays open until the comm's delayed close (see the design notes). The
+ * comm is failing in that case anyway (a work ends early only by deadline,
+ * cancel or abort), NONE excepted. A slot being filled is drained into the
+ * void. c may be NULL (no connection to that peer any more). */
+void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
+    if (!cl_list_linked(&m->node)) return;
+    cl_list_remove(&m->node);
+    if (m->sent > 0 && c) cl_tcp_conn_break_send(c, m);
+}
+
+void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {
+    cl_list_remove(&s->node);
+    if (c && c->cur == s) { /* drain the rest of it into the void */
+        c->drain = *c->cur; /* the slot itself is the work's memory */
         c->drain.owner = NULL;
         c->drain.node = (cl_list_node){NULL, NULL};
         c->cur = &c->drain;
     }
-    if (cut) cl_tcp_conn_break_send(c, cut);
 }

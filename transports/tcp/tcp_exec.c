@@ -214,6 +214,31 @@ static bool tcp_work_is_p2p(const tcp_work *tw) {
     return tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV;
 }
 
+static tcp_conn *work_conn(const tcp_comm *tc, int peer) {
+    return peer >= 0 && peer < tc->size ? tc->conns[peer] : NULL;
+}
+
+void cl_tcp_work_forget(tcp_work *tw) {
+    tcp_comm *tc = tw->tc;
+    if (tcp_work_is_p2p(tw)) {
+        tcp_conn *c = work_conn(tc, tw->args.peer);
+        cl_tcp_conn_forget_msg(c, &tw->p2p_msg);
+        cl_tcp_conn_forget_slot(c, &tw->p2p_slot);
+        return;
+    }
+    if (!tw->xb || tw->step >= tw->xb->sched.nsteps) return;
+    const cl_sched *s = &tw->xb->sched;
+    uint32_t first = s->step_start[tw->step], end = s->step_start[tw->step + 1];
+    for (uint32_t i = first; i < end; i++) {
+        const cl_sop *op = &s->ops[i];
+        if (op->kind == CL_SOP_SEND)
+            cl_tcp_conn_forget_msg(work_conn(tc, op->peer), &tw->xb->msgs[i - first]);
+        else if (op->kind == CL_SOP_RECV || op->kind == CL_SOP_RECV_REDUCE ||
+                 op->kind == CL_SOP_RECV_REDUCE3)
+            cl_tcp_conn_forget_slot(work_conn(tc, op->peer), &tw->xb->slots[i - first]);
+    }
+}
+
 bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq) {
     if (seq == 0 || seq > tc->coll_seq_started) return false;
     const tcp_work *tw;
