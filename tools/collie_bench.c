@@ -114,7 +114,7 @@
 #define BENCH_MAX_SIZES      64
 #define BENCH_MAX_BYTES      ((size_t)1 << 40) /* per buffer */
 #define BENCH_MAX_ITERS      1000000
-#define BENCH_MAX_INFLIGHT   65536
+#define BENCH_MAX_INFLIGHT   (1 << 20)
 #define BENCH_WAIT_SLACK_MS  5000 /* wait bound beyond the op deadline */
 #define BENCH_DEFAULT_SIZES  "4,4096,1048576,16777216"
 #define BENCH_DEFAULT_ITERS  20
