@@ -111,13 +111,10 @@ static bool svc_log_enabled(int level) {
 static void svc_log(int level, const char *module, const char *fmt, ...) {
     if (level < CL_LOG_ERROR) level = CL_LOG_ERROR;
     if (level > CL_LOG_DEBUG) level = CL_LOG_DEBUG;
-    if (!cl_log_enabled(level)) return;
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cl_vlog(level, module, fmt, ap);
     va_end(ap);
-    cl_log(level, module, "%s", msg);
 }
 
 static const char *svc_setting(const char *name) {

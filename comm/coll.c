@@ -21,10 +21,6 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-static const char *const cl_coll_names[COLLIE_COLL_NUM_KINDS] = {
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-    "scatter",   "barrier",   "send",   "recv"};
-
 static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
 static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
 
@@ -111,14 +107,14 @@ static pthread_once_t cl_coll_ops_once = PTHREAD_ONCE_INIT;
 static void coll_ops_init(void) {
     for (int k = 0; k < COLLIE_COLL_NUM_KINDS; k++) {
         cl_coll_ops[k] = cl_coll_ops_template;
-        cl_coll_ops[k].name = cl_coll_names[k];
+        cl_coll_ops[k].name = collie_coll_kind_name((collie_coll_kind)k);
     }
 }
 
 /* ---- validation ----------------------------------------------------------- */
 
 static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie_work **out) {
-    const char *op = cl_coll_names[a->kind];
+    const char *op = collie_coll_kind_name(a->kind);
     if (out) *out = NULL;
     if (!c || !out) return cl_set_last_error(COLLIE_EINVAL, "%s: comm and out are required", op);
     if (a->kind != COLLIE_COLL_BARRIER && !cl_dtype_valid(a->dtype))

@@ -15,7 +15,7 @@
  *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
  *               rank claimed by another process of this generation is a
  *               conflict (a rank restarted into the next generation is not);
- *      SIZE     compare_set("<prefix>size", "" -> "<size> (rank r, ...)"):
+ *      SIZE     compare_set("<prefix>size", "" -> "<size>|rank r (claim)"):
  *               a rank that says another world size is a conflict;
  *      BARRIER  barrier("collie/<name>/<gen>/created", size);
  *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
@@ -116,7 +116,7 @@ static int create_post_step(create_state *cs) {
         break;
     case STEP_SIZE: {
         char val[160];
-        int n = snprintf(val, sizeof val, "%d (rank %d, %s)", c->size, c->rank, cs->me);
+        int n = snprintf(val, sizeof val, "%d|rank %d (%s)", c->size, c->rank, cs->me);
         snprintf(key, sizeof key, "%ssize", c->prefix);
         r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
@@ -294,7 +294,7 @@ static void create_step_done(create_state *cs, collie_work *w) {
                      "comm '%s' (generation %llu): rank %d says the world has %d ranks, %s "
                      "says %d",
                      c->name, (unsigned long long)c->generation, c->rank, c->size,
-                     strchr(held, '(') ? strchr(held, '(') : "another rank", atoi(held));
+                     strchr(held, '|') ? strchr(held, '|') + 1 : "another rank", atoi(held));
             create_next(cs, STEP_POISON);
         } else if (cs->step == STEP_CLAIM) {
             create_next(cs, STEP_SIZE);

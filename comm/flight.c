@@ -21,10 +21,6 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-static const char *const fr_kind_names[] = {"allreduce",      "broadcast", "reduce", "allgather",
-                                            "reduce_scatter", "alltoall",  "gather", "scatter",
-                                            "barrier",        "send",      "recv"};
-
 int cl_flight_init(collie_comm *c) {
     uint32_t n = (uint32_t)cl_config_get()->trace_buffer;
     c->fr.cap = n;
@@ -143,8 +139,7 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
                     "{\"seq\":%llu,\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"count\":%llu,"
                     "\"peer\":%d,\"cuda\":%s,\"state\":\"%s\",\"status\":\"%s\",\"post_us\":%lld,"
                     "\"start_us\":%lld,\"end_us\":%lld,\"error\":",
-                    (unsigned long long)e->seq,
-                    e->kind < COLLIE_COLL_NUM_KINDS ? fr_kind_names[e->kind] : "?",
+                    (unsigned long long)e->seq, collie_coll_kind_name((collie_coll_kind)e->kind),
                     collie_dtype_name((collie_dtype)e->dtype),
                     collie_redop_name((collie_redop)e->op), (unsigned long long)e->count, e->peer,
                     e->cuda ? "true" : "false", fr_state(e), collie_status_name(e->status),

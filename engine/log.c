@@ -21,12 +21,16 @@ static const char *const cl_level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 bool cl_log_enabled(int level) { return level <= cl_config_get()->log_level; }
 
 void cl_log(int level, const char *module, const char *fmt, ...) {
-    if (!cl_log_enabled(level)) return;
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cl_vlog(level, module, fmt, ap);
     va_end(ap);
+}
+
+void cl_vlog(int level, const char *module, const char *fmt, va_list ap) {
+    if (!cl_log_enabled(level)) return;
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

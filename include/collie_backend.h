@@ -62,6 +62,15 @@ typedef enum collie_coll_kind {
     COLLIE_COLL_NUM_KINDS
 } collie_coll_kind;
 
+/* collie_coll_kind_name: "allreduce", "reduce_scatter", ... ("?" for a
+ * value that is no kind). Header-only: a plugin needs no core symbol. */
+static inline const char *collie_coll_kind_name(collie_coll_kind k) {
+    static const char *const names[COLLIE_COLL_NUM_KINDS] = {
+        "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+        "scatter",   "barrier",   "send",   "recv"};
+    return (unsigned)k < COLLIE_COLL_NUM_KINDS ? names[k] : "?";
+}
+
 /* collie_coll_args: one validated operation. Counts follow collie.h. */
 typedef struct collie_coll_args {
     collie_coll_kind kind;

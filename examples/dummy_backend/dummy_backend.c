@@ -131,14 +131,11 @@ static size_t dummy_bytes(const collie_coll_args *a) {
 }
 
 static void dummy_describe(const collie_coll_args *a, char *buf, size_t len) {
-    static const char *const kinds[COLLIE_COLL_NUM_KINDS] = {
-        "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-        "scatter",   "barrier",   "send",   "recv"};
     if (a->kind == COLLIE_COLL_ALLREDUCE)
         snprintf(buf, len, "allreduce of %zu %s (%s)", a->count, dummy_core->dtype_name(a->dtype),
                  dummy_core->redop_name(a->op));
     else
-        snprintf(buf, len, "%s", (unsigned)a->kind < COLLIE_COLL_NUM_KINDS ? kinds[a->kind] : "?");
+        snprintf(buf, len, "%s", collie_coll_kind_name(a->kind));
 }
 
 /* ---- groups and rooms (under dummy_mu) --------------------------------------- */

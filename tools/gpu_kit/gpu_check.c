@@ -463,10 +463,6 @@ done:
     return rc;
 }
 
-static const char *const kind_names[] = {"allreduce", "broadcast",      "reduce",
-                                         "allgather", "reduce_scatter", "alltoall",
-                                         "gather",    "scatter",        "barrier"};
-
 static void check_collectives(void) {
     world w;
     char why[512] = "";
@@ -479,7 +475,8 @@ static void check_collectives(void) {
                 if (k == COLLIE_COLL_BROADCAST && ip) continue; /* one buffer */
                 if (one_rank_coll(&w, (collie_coll_kind)k, all_dtypes[d], 1000, ip, why,
                                   sizeof why)) {
-                    result("FAIL", "collectives_1gpu", "", "%s %s %s: %s", kind_names[k],
+                    result("FAIL", "collectives_1gpu", "", "%s %s %s: %s",
+                           collie_coll_kind_name((collie_coll_kind)k),
                            collie_dtype_name(all_dtypes[d]), ip ? "in place" : "out of place", why);
                     world_close(&w);
                     return;

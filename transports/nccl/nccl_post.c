@@ -44,10 +44,6 @@ static const ncclRedOp_t nccl_redops[COLLIE_NUM_REDOPS] = {
     [COLLIE_MAX] = ncclMax, [COLLIE_AVG] = ncclAvg,
 };
 
-static const char *const nccl_kind_names[COLLIE_COLL_NUM_KINDS] = {
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-    "scatter",   "barrier",   "send",   "recv"};
-
 /* ---- events ----------------------------------------------------------------------- */
 
 static cudaError_t nccl_event_get_locked(cl_nccl_comm *nc, cudaEvent_t *ev) {
@@ -175,9 +171,9 @@ void cl_nccl_launch_progress_locked(cl_nccl_comm *nc) {
 /* Refuse a post (caller's thread): say why in the caller's collie_last_error
  * and the log. */
 static int nccl_refuse(cl_nccl_comm *nc, const collie_coll_args *a, int status, const char *why) {
-    nc->core->set_error("%s: backend nccl refused it: %s", nccl_kind_names[a->kind], why);
+    nc->core->set_error("%s: backend nccl refused it: %s", collie_coll_kind_name(a->kind), why);
     nc->core->log(1, NCCL_MOD, "comm '%s' rank %d: %s refused: %s", nc->core->name(nc->bc),
-                  nc->rank, nccl_kind_names[a->kind], why);
+                  nc->rank, collie_coll_kind_name(a->kind), why);
     return status;
 }
 
@@ -278,8 +274,8 @@ int cl_nccl_wait_stream(void *state, collie_work *w, void *stream) {
         if (cl_nccl_now_ns() > give_up) {
             nc->core->log(1, NCCL_MOD,
                           "wait_stream: NCCL is still enqueueing %s seq %llu after %d ms",
-                          nccl_kind_names[nw->args.kind], (unsigned long long)nc->core->work_seq(w),
-                          NCCL_WAIT_STREAM_LAUNCH_MS);
+                          collie_coll_kind_name(nw->args.kind),
+                          (unsigned long long)nc->core->work_seq(w), NCCL_WAIT_STREAM_LAUNCH_MS);
             return COLLIE_EBACKEND;
         }
         sched_yield();

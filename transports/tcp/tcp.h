@@ -210,10 +210,11 @@ void cl_tcp_work_forget(tcp_work *tw);
  * in flight)? */
 bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq);
 void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
-/* Does the p2p frame header h carry what the receive `a` expects (count
- * and dtype)? If not, why (naming the peer and both sides). */
-bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, char *why,
-                        size_t len);
+/* Does the p2p frame header h carry what the receive `a` expects (count,
+ * dtype, and a frame of want_len bytes)? If not, why (naming the peer and
+ * both sides). */
+bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, uint64_t want_len,
+                        char *why, size_t len);
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* a peer's connection broke: fault the comm */

@@ -70,10 +70,7 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
  * "allreduce of 4 x fp32 (sum)"; no reduction for ops that have none. */
 static void describe_post(char *buf, size_t len, unsigned kind, uint64_t count, unsigned dtype,
                           unsigned op, uint32_t root) {
-    static const char *const names[] = {"allreduce",      "broadcast", "reduce", "allgather",
-                                        "reduce_scatter", "alltoall",  "gather", "scatter",
-                                        "barrier",        "send",      "recv"};
-    const char *name = kind < COLLIE_COLL_NUM_KINDS ? names[kind] : "?";
+    const char *name = collie_coll_kind_name((collie_coll_kind)kind);
     if (kind == COLLIE_COLL_BARRIER) {
         snprintf(buf, len, "barrier");
         return;
@@ -400,6 +397,15 @@ void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {
 
 /* ---- receiving ------------------------------------------------------------------------- */
 
+/* Read the rest of the current frame into the void: a copy of s without
+ * an owner stands in for it. */
+static void conn_drain(tcp_conn *c, const tcp_slot *s) {
+    c->drain = *s;
+    c->drain.owner = NULL;
+    c->drain.node = (cl_list_node){NULL, NULL};
+    c->cur = &c->drain;
+}
+
 static tcp_slot *slot_take(cl_list *slots, uint64_t seq, uint32_t step) {
     tcp_slot *s;
     cl_list_foreach(slots, s, tcp_slot, node) if (s->seq == seq && s->step == step) {
@@ -421,18 +427,11 @@ static bool conn_match(tcp_conn *c) {
     if (step == TCP_P2P_STEP) {
         tcp_slot *s = slot_take(&c->p2p_expected, seq, TCP_P2P_STEP);
         char why[256];
-        if (s && len != s->len && cl_tcp_p2p_matches(h, &s->owner->args, c->peer, why, sizeof why))
-            snprintf(why, sizeof why, "rank %d sent a frame of %llu bytes, this recv expects %llu",
-                     c->peer, (unsigned long long)len, (unsigned long long)s->len);
-        if (s &&
-            (len != s->len || !cl_tcp_p2p_matches(h, &s->owner->args, c->peer, why, sizeof why))) {
+        if (s && !cl_tcp_p2p_matches(h, &s->owner->args, c->peer, s->len, why, sizeof why)) {
             /* the receive fails; the frame goes into the void, never into
              * a buffer sized for something else */
             cl_tcp_work_fail(s->owner, COLLIE_EPROTO, "%s", why);
-            c->drain = *s;
-            c->drain.owner = NULL;
-            c->drain.node = (cl_list_node){NULL, NULL};
-            c->cur = &c->drain;
+            conn_drain(c, s);
             return true;
         }
         if (s) {
@@ -486,16 +485,23 @@ static bool conn_match(tcp_conn *c) {
     return true;
 }
 
-bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, char *why,
-                        size_t len) {
-    uint64_t count = get64(h + 24);
+bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, uint64_t want_len,
+                        char *why, size_t len) {
+    uint64_t count = get64(h + 24), frame = get64(h + 32);
     collie_dtype dt = (collie_dtype)h[5];
-    if (h[5] == (uint8_t)a->dtype && count == a->count) return true;
-    snprintf(why, len,
-             "rank %d sent %llu x %s with tag %llu, this recv (from rank %d) expects %llu x %s",
-             peer, (unsigned long long)count, collie_dtype_name(dt),
-             (unsigned long long)get64(h + 16), peer, (unsigned long long)a->count,
-             collie_dtype_name(a->dtype));
+    bool same = h[5] == (uint8_t)a->dtype && count == a->count;
+    if (same && frame == want_len) return true;
+    if (same) /* the arguments agree, the frame does not: a broken peer */
+        snprintf(why, len,
+                 "rank %d sent a frame of %llu bytes with tag %llu, this recv expects %llu", peer,
+                 (unsigned long long)frame, (unsigned long long)get64(h + 16),
+                 (unsigned long long)want_len);
+    else
+        snprintf(why, len,
+                 "rank %d sent %llu x %s with tag %llu, this recv (from rank %d) expects %llu x %s",
+                 peer, (unsigned long long)count, collie_dtype_name(dt),
+                 (unsigned long long)get64(h + 16), peer, (unsigned long long)a->count,
+                 collie_dtype_name(a->dtype));
     return false;
 }
 
@@ -725,10 +731,5 @@ void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
 
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {
     cl_list_remove(&s->node);
-    if (c && c->cur == s) { /* drain the rest of it into the void */
-        c->drain = *c->cur; /* the slot itself is the work's memory */
-        c->drain.owner = NULL;
-        c->drain.node = (cl_list_node){NULL, NULL};
-        c->cur = &c->drain;
-    }
+    if (c && c->cur == s) conn_drain(c, s); /* the slot itself is the work's memory */
 }

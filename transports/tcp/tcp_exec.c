@@ -180,12 +180,7 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
         if (u->tag != a->tag) continue;
         cl_list_remove(&u->node);
         char why[256];
-        if (u->len != len || !cl_tcp_p2p_matches(u->hdr, a, a->peer, why, sizeof why)) {
-            if (u->len != len)
-                snprintf(why, sizeof why,
-                         "rank %d sent %llu bytes with tag %llu, this recv expects %llu", a->peer,
-                         (unsigned long long)u->len, (unsigned long long)a->tag,
-                         (unsigned long long)len);
+        if (!cl_tcp_p2p_matches(u->hdr, a, a->peer, len, why, sizeof why)) {
             cl_tcp_work_fail(tw, COLLIE_EPROTO, "%s", why);
         } else if (tc->core->work_busy_enter(tw->w)) {
             if (len) memcpy(a->recvbuf, u->data, len);
