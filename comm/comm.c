@@ -12,7 +12,10 @@
  *    with COLLIE_EABORTED naming the root cause.
  *  - The root cause is recorded once (err_status, err_msg); err_msg is
  *    written before err_status is published, and never changes after.
- *  - A fault fails the comm's works at once; the CPU transport's
+ *  - A fault fails the comm's works at once — in slices of CL_LOOP_SLICE
+ *    per loop step (failing.works), so a deep queue does not hold up the
+ *    abort notice or the loop; the notice is posted after the first
+ *    slice, before the rest. The CPU transport's
  *    connections close only once the peers could read the abort notice in
  *    the store (COMM_CLOSE_GRACE_MS after it is there, COMM_CLOSE_MAX_MS
  *    after the fault at the latest; destroy waits for that close), so a
@@ -143,19 +146,53 @@ void cl_comm_detach_work(cl_coll_work *cw) {
 #define COMM_CLOSE_GRACE_MS 20
 #define COMM_CLOSE_MAX_MS   500
 
-/* Fail everything pending on the comm (loop). Works of the CPU backend are
- * failed here, like a deadline fails them, and its connections are left
- * alone; a CUDA backend's works fail only through its abort, which
- * quiesces the GPU first, so that backend is aborted now. */
-static void comm_fail_pending(collie_comm *c, int status, const char *reason) {
+static void comm_on_fail_more(evutil_socket_t fd, short what, void *arg);
+
+/* Fail up to `budget` of the works taken by comm_fail_pending (loop). A
+ * started work goes back to the active list once failed (it stays there
+ * until retired); one still waiting for creation is done with. A CUDA
+ * backend's work is not failed here (its backend's abort does that). */
+static void comm_fail_some(collie_comm *c, size_t budget) {
     cl_coll_work *cw;
-    while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
+    size_t n = 0;
+    while ((cw = cl_list_first(&c->failing.works, cl_coll_work, link))) {
+        if (n++ == budget) {
+            if (!c->failing.ev)
+                c->failing.ev = event_new(cl_engine_base(c->engine), -1, 0, comm_on_fail_more, c);
+            if (c->failing.ev) {
+                cl_event_soon(c->failing.ev);
+                return;
+            }
+            budget = SIZE_MAX; /* no event: finish now */
+        }
         cl_list_remove(&cw->link);
-        cl_work_finish(&cw->base, status, "%s", reason);
+        if (cw->started || cw->caller_started) cl_list_push_back(&c->active, &cw->link);
+        /* finishing only queues the retirement: the lists stay intact here */
+        if (cw->bc == &c->bcs[CL_DEV_CPU] || !cw->started)
+            cl_work_finish(&cw->base, c->failing.status, "%s", c->failing.reason);
     }
-    /* finishing only queues the retirement: the list stays intact here */
-    cl_list_foreach(&c->active, cw, cl_coll_work, link) if (cw->bc == &c->bcs[CL_DEV_CPU])
-        cl_work_finish(&cw->base, status, "%s", reason);
+}
+
+static void comm_on_fail_more(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    comm_fail_some(arg, CL_LOOP_SLICE);
+}
+
+/* Fail everything pending on the comm (loop): the first slice now, the
+ * rest in the next loop steps (or all of it now: `all`, when the comm's
+ * backends are about to go). Works of the CPU backend are failed here,
+ * like a deadline fails them, and its connections are left alone; a CUDA
+ * backend's works fail only through its abort, which quiesces the GPU
+ * first, so that backend is aborted now. The first reason given stays. */
+static void comm_fail_pending(collie_comm *c, int status, const char *reason, bool all) {
+    if (cl_list_empty(&c->failing.works)) {
+        c->failing.status = status;
+        snprintf(c->failing.reason, sizeof c->failing.reason, "%s", reason);
+    }
+    cl_list_append_all(&c->failing.works, &c->waiting);
+    cl_list_append_all(&c->failing.works, &c->active);
+    comm_fail_some(c, all ? SIZE_MAX : CL_LOOP_SLICE);
     collie_bcomm *cuda = &c->bcs[CL_DEV_CUDA];
     if (cuda->state) cuda->ops->abort(cuda->state, status, reason);
     if (c->create_work) cl_work_finish(c->create_work, status, "%s", reason);
@@ -170,14 +207,20 @@ static void comm_close_transport(collie_comm *c, int status, const char *reason)
 
 /* Fail everything pending on the comm and close its transport (loop). */
 static void comm_abort_on_loop(collie_comm *c, int status, const char *reason) {
-    comm_fail_pending(c, status, reason);
+    comm_fail_pending(c, status, reason, true);
     comm_close_transport(c, status, reason);
 }
 
 /* The end of a fault or abort (loop): dump the flight recorder (if asked;
  * by now the failed works are retired, so it shows how each one ended),
  * close the transport; under ABORT_PROCESS end the process. Idempotent. */
+static void comm_close_in(collie_comm *c, int32_t ms);
+
 static void comm_close_after_fault(collie_comm *c) {
+    if (!cl_list_empty(&c->failing.works) && !c->destroyed && !c->closing.transport_closed) {
+        comm_close_in(c, 1); /* the transport closes once every work has failed */
+        return;
+    }
     cl_comm_dump_on_abort(c);
     if (!c->closing.transport_closed) {
         char reason[640];
@@ -258,7 +301,7 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
     CL_WARN("comm", "comm '%s' rank %d: %s (%s)", c->name, c->rank, c->err_msg,
             collie_status_name(status));
-    comm_fail_pending(c, COLLIE_EABORTED, reason);
+    comm_fail_pending(c, COLLIE_EABORTED, reason, false);
     /* BLOCKING_WAIT: nothing else happens in the background — not even a
      * close the peers would notice; the application decides */
     if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return;
@@ -291,7 +334,7 @@ void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fm
 static void comm_app_abort_on_loop(collie_comm *c) {
     char msg[600];
     snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
-    comm_fail_pending(c, COLLIE_EABORTED, msg);
+    comm_fail_pending(c, COLLIE_EABORTED, msg, false);
     comm_tell_then_close(c, true, COLLIE_EABORTED);
 }
 
@@ -358,12 +401,16 @@ static void comm_backends_destroy(collie_comm *c) {
     /* works just failed by the abort are retired (their detach hooks run)
      * while the backends still exist */
     cl_desync_flush(c);
-    cl_works_run_retired(c->engine);
+    cl_works_run_retired(c->engine, SIZE_MAX);
     cl_comm_ctl_stop(c);
     c->destroyed = true;
     if (c->closing.ev) {
         event_free(c->closing.ev);
         c->closing.ev = NULL;
+    }
+    if (c->failing.ev) {
+        event_free(c->failing.ev);
+        c->failing.ev = NULL;
     }
     if (c->closing.pending) comm_close_after_fault(c); /* destroy did not wait for it */
     for (int d = 0; d < CL_NUM_DEVICES; d++) {

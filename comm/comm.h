@@ -149,6 +149,13 @@ struct collie_comm {
         int sending; /* under mu: control messages being written */
     } ctl;
     cl_list desyncs; /* desync reports in progress (desync.c, loop) */
+    /* after a fault: works still to fail, a slice per loop step (comm.c) */
+    struct {
+        cl_list works; /* cl_coll_work.link, taken from waiting and active */
+        int status;
+        char reason[640];
+        struct event *ev;
+    } failing;
     /* after a fault or abort: the transport closes once the peers were told
      * (comm.c, loop) */
     struct {

@@ -450,6 +450,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     c->engine = e;
     c->store = store;
     cl_list_init(&c->desyncs);
+    cl_list_init(&c->failing.works);
     cl_list_init(&c->waiting);
     cl_list_init(&c->active);
     snprintf(c->name, sizeof c->name, "%s", name);

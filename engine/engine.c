@@ -14,6 +14,12 @@
  *    foreign finisher may still be posting its retire command), mark the
  *    queue stopped, free every libevent object, free the base. Only then is
  *    the thread joined.
+ *  - Commands run in slices of CL_LOOP_SLICE: a burst of a million posts
+ *    is moved to the loop's backlog and run a slice per loop step, with the
+ *    sockets polled between slices (more_ev, a zero timeout), so a deep
+ *    queue never hides a dead peer or an abort notice. Retirement and the
+ *    deadline sweep (work/registry.c) and a comm's failing of its works
+ *    (comm/comm.c) are sliced the same way.
  *  - Lock order: qmu is a leaf lock; no callback runs while it is held.
  *  - SIGPIPE and the other asynchronous signals are blocked in the progress
  *    and monitor threads so the application's handlers run on its threads
@@ -63,7 +69,20 @@ uint64_t cl_engine_stall_count(const collie_engine *e) {
 void *cl_engine_hooks_state(const collie_engine *e) { return e->hooks_state; }
 
 static size_t engine_run_completions(collie_engine *e) {
-    return e->hooks->run_completions(e->hooks_state);
+    return e->hooks->run_completions(e->hooks_state, CL_LOOP_SLICE);
+}
+
+static size_t engine_drain_cmds(collie_engine *e, size_t budget);
+
+/* shutdown: everything, now */
+static void engine_run_all(collie_engine *e) {
+    engine_drain_cmds(e, SIZE_MAX);
+    e->hooks->run_completions(e->hooks_state, SIZE_MAX);
+}
+
+void cl_event_soon(struct event *ev) {
+    static const struct timeval now = {0, 0};
+    event_add(ev, &now);
 }
 
 const char *cl_engine_set_activity(collie_engine *e, const char *what) {
@@ -95,30 +114,42 @@ int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
     return COLLIE_OK;
 }
 
-/* Take every queued command and run it. Returns how many ran. */
-static size_t engine_drain_cmds(collie_engine *e) {
+/* Run queued commands, at most `budget` of them: the queue is appended to
+ * the backlog, which keeps the order; what is left runs in the next loop
+ * step (more_ev). Returns how many ran. */
+static size_t engine_drain_cmds(collie_engine *e, size_t budget) {
     size_t ran = 0;
     for (;;) {
-        pthread_mutex_lock(&e->qmu);
-        cl_list batch;
-        cl_list_move_all(&batch, &e->queue);
-        e->wake_pending = false;
-        atomic_store_explicit(&e->queued, false, memory_order_relaxed);
-        pthread_mutex_unlock(&e->qmu);
-        if (cl_list_empty(&batch)) break;
-        cl_cmd *c;
-        while ((c = cl_list_first(&batch, cl_cmd, node))) {
-            cl_list_remove(&c->node); /* before fn: it may free or re-post c */
-            const char *prev = cl_engine_set_activity(e, "engine command");
-            c->fn(c);
-            cl_engine_set_activity(e, prev);
-            /* retire what this command finished before running the next
-             * one, so a command queued after a completion sees it retired */
-            engine_run_completions(e);
-            ran++;
+        if (ran < budget || cl_list_empty(&e->backlog)) {
+            pthread_mutex_lock(&e->qmu);
+            cl_list_append_all(&e->backlog, &e->queue);
+            e->wake_pending = false;
+            atomic_store_explicit(&e->queued, false, memory_order_relaxed);
+            pthread_mutex_unlock(&e->qmu);
         }
+        if (cl_list_empty(&e->backlog)) break;
+        if (ran >= budget) {
+            cl_event_soon(e->more_ev);
+            break;
+        }
+        cl_cmd *c = cl_list_first(&e->backlog, cl_cmd, node);
+        cl_list_remove(&c->node); /* before fn: it may free or re-post c */
+        const char *prev = cl_engine_set_activity(e, "engine command");
+        c->fn(c);
+        cl_engine_set_activity(e, prev);
+        /* retire what this command finished before running the next one,
+         * so a command queued after a completion sees it retired (up to a
+         * slice: a command that failed a deep queue retires it in steps) */
+        engine_run_completions(e);
+        ran++;
     }
     return ran;
+}
+
+static void engine_on_more(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    engine_drain_cmds(arg, CL_LOOP_SLICE);
 }
 
 static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
@@ -127,7 +158,7 @@ static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
     uint64_t v;
     ssize_t n = read(fd, &v, sizeof v);
     CL_UNUSED(n);
-    engine_drain_cmds(e);
+    engine_drain_cmds(e, CL_LOOP_SLICE);
     engine_run_completions(e);
     if (atomic_load_explicit(&e->stop_requested, memory_order_acquire))
         event_base_loopbreak(e->base);
@@ -243,7 +274,7 @@ void cl_block_async_signals(void) {
 }
 
 static void engine_shutdown_on_loop(collie_engine *e) {
-    engine_drain_cmds(e);
+    engine_run_all(e);
     cl_resident *r;
     while ((r = cl_list_first(&e->residents, cl_resident, node))) {
         cl_list_remove(&r->node);
@@ -256,8 +287,7 @@ static void engine_shutdown_on_loop(collie_engine *e) {
      * may still be about to post its retire command. Wait for them, bounded. */
     int64_t give_up = cl_now_ns() + 2000 * CL_NS_PER_MS;
     for (;;) {
-        engine_drain_cmds(e);
-        engine_run_completions(e);
+        engine_run_all(e);
         size_t pending = e->hooks->pending(e->hooks_state);
         if (pending == 0) break;
         if (cl_now_ns() > give_up) {
@@ -277,7 +307,7 @@ static void engine_shutdown_on_loop(collie_engine *e) {
         cl_list_remove(&c->node);
         c->fn(c);
     }
-    engine_run_completions(e);
+    e->hooks->run_completions(e->hooks_state, SIZE_MAX);
 }
 
 /* Spin (poll) while works start and complete; block after spin_window of
@@ -308,10 +338,12 @@ static void *engine_thread_main(void *arg) {
     while (!atomic_load_explicit(&e->stop_requested, memory_order_acquire)) {
         if (engine_should_spin(e)) {
             /* works are in flight: poll instead of sleeping (a sleeping
-             * thread takes tens of microseconds to wake on these VMs) */
-            event_base_loop(e->base, EVLOOP_NONBLOCK);
+             * thread takes tens of microseconds to wake on these VMs).
+             * One pass: NONBLOCK alone keeps looping while any socket is
+             * ready, and busy sockets would starve the command queue. */
+            event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
             if (atomic_load_explicit(&e->queued, memory_order_acquire)) {
-                engine_drain_cmds(e);
+                engine_drain_cmds(e, CL_LOOP_SLICE);
                 engine_run_completions(e);
             }
             sched_yield(); /* let a waiter or another rank on this core run */
@@ -321,7 +353,7 @@ static void *engine_thread_main(void *arg) {
             /* stop spinning: producers write the eventfd again; anything
              * posted while they thought we spun is drained here */
             atomic_store_explicit(&e->spinning, false, memory_order_seq_cst);
-            engine_drain_cmds(e);
+            engine_drain_cmds(e, CL_LOOP_SLICE);
             engine_run_completions(e);
             continue;
         }
@@ -330,6 +362,7 @@ static void *engine_thread_main(void *arg) {
     engine_shutdown_on_loop(e);
     event_free(e->wake_ev);
     event_free(e->heartbeat_ev);
+    event_free(e->more_ev);
     e->hooks->destroy(e->hooks_state);
     e->hooks_state = NULL;
     event_base_free(e->base);
@@ -375,6 +408,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     cl_list_init(&e->residents);
     pthread_mutex_init(&e->qmu, NULL);
     cl_list_init(&e->queue);
+    cl_list_init(&e->backlog);
     const char *name = cl_opt(o, name, NULL);
     snprintf(e->name, sizeof e->name, "%s", name ? name : "collie");
     atomic_init(&e->activity, "idle");
@@ -398,7 +432,8 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     }
     e->wake_ev = event_new(e->base, e->wake_fd, EV_READ | EV_PERSIST, engine_on_wake, e);
     e->heartbeat_ev = event_new(e->base, -1, EV_PERSIST, engine_on_heartbeat, e);
-    if (!e->wake_ev || !e->heartbeat_ev) {
+    e->more_ev = event_new(e->base, -1, 0, engine_on_more, e);
+    if (!e->wake_ev || !e->heartbeat_ev || !e->more_ev) {
         res = COLLIE_ENOMEM;
         goto fail_events;
     }
@@ -430,6 +465,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
 fail_events:
     if (e->wake_ev) event_free(e->wake_ev);
     if (e->heartbeat_ev) event_free(e->heartbeat_ev);
+    if (e->more_ev) event_free(e->more_ev);
     event_base_free(e->base);
 fail:
     if (e) engine_free(e);

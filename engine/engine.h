@@ -21,6 +21,7 @@
 #include "engine/log.h"
 
 struct event_base;
+struct event;
 struct collie_work;
 
 /* A command: a function the loop thread runs. Embed it in the object it
@@ -43,6 +44,19 @@ int cl_engine_post_cmd(collie_engine *e, cl_cmd *c);
  * did not run it in time: it may still run later, so `arg` must stay valid —
  * callers then leak it deliberately and log). */
 int cl_engine_call(collie_engine *e, void (*fn)(void *arg), void *arg, int32_t timeout_ms);
+
+/* CL_LOOP_SLICE: the most items (commands, retirements, expired deadlines,
+ * works failed by a fault) the loop handles in one step before it looks at
+ * its sockets and timers again. A longer batch goes on in the next steps
+ * (cl_event_soon), so however deep the queue, peer deaths, abort notices
+ * and the monitor's heartbeat are seen within about one slice. */
+#define CL_LOOP_SLICE 512
+
+/* cl_event_soon: run ev's callback again after the loop has next polled its
+ * sockets (a zero timeout: libevent activates timers after the poll), not
+ * in the current pass as event_active would. ev must have been made
+ * without a file descriptor. Loop thread only. */
+void cl_event_soon(struct event *ev);
 
 /* cl_engine_base: the event base (loop thread only). */
 struct event_base *cl_engine_base(collie_engine *e);
@@ -89,9 +103,10 @@ typedef struct cl_engine_hooks {
     /* make the per-engine state (libevent objects on cl_engine_base(e)) */
     int (*create)(collie_engine *e, void **state);
     void (*destroy)(void *state);
-    /* run the completions (callbacks, queues) of works finished so far;
+    /* run the completions (callbacks, queues) of works finished so far,
+     * at most `budget` of them (the rest follow in later loop steps);
      * returns how many ran */
-    size_t (*run_completions)(void *state);
+    size_t (*run_completions)(void *state, size_t budget);
     /* end every pending work with `status` (engine shutdown) */
     void (*fail_all)(void *state, int status, const char *why);
     /* works posted and not yet retired */

@@ -32,7 +32,9 @@ struct collie_engine {
 
     /* command queue */
     pthread_mutex_t qmu;
-    cl_list queue; /* cl_cmd.node, posted and not yet taken (qmu) */
+    cl_list queue;         /* cl_cmd.node, posted and not yet taken (qmu) */
+    cl_list backlog;       /* taken from queue, not yet run (loop; runs in slices) */
+    struct event *more_ev; /* runs the next slice of the backlog */
     bool wake_pending;
     _Atomic bool stop_requested;
     _Atomic bool closing;  /* destroy began: posts of new works are refused */

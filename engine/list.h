@@ -61,6 +61,18 @@ static inline void cl_list_move_all(cl_list *dst, cl_list *src) {
     cl_list_init(src);
 }
 
+/* cl_list_append_all: every node of src goes to the end of dst (both
+ * initialised), in order, in O(1); src is left empty. */
+static inline void cl_list_append_all(cl_list *dst, cl_list *src) {
+    if (cl_list_empty(src)) return;
+    cl_list_node *first = src->head.next, *last = src->head.prev, *tail = dst->head.prev;
+    tail->next = first;
+    first->prev = tail;
+    last->next = &dst->head;
+    dst->head.prev = last;
+    cl_list_init(src);
+}
+
 /* cl_list_first_node: the first node, or NULL for an empty list. */
 static inline cl_list_node *cl_list_first_node(const cl_list *l) {
     return cl_list_empty(l) ? NULL : l->head.next;

@@ -4,10 +4,14 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <event2/event.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/common.h"
 
@@ -114,6 +118,85 @@ size_t engine_tracked(collie_engine *e) {
 
 void engine_sync(collie_engine *e) {
     assert_int_equal(cl_engine_call(e, sync_noop, NULL, 10000), COLLIE_OK);
+}
+
+#define PROBE_PASSES (1 << 22)
+
+struct loop_probe {
+    collie_engine *e;
+    _Atomic long *counter;
+    long last, max_batch;
+    int64_t *pass_ns; /* when each pass ran (the first PROBE_PASSES) */
+    size_t npass;
+    int fd;
+    struct event *ev;
+};
+
+static void probe_on_pass(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    loop_probe *p = arg;
+    if (p->npass < PROBE_PASSES) p->pass_ns[p->npass++] = cl_now_ns();
+    if (!p->counter) return;
+    long now = atomic_load(p->counter);
+    if (now - p->last > p->max_batch) p->max_batch = now - p->last;
+    p->last = now;
+}
+
+static void probe_add(void *arg) {
+    loop_probe *p = arg;
+    p->ev = event_new(cl_engine_base(p->e), p->fd, EV_READ | EV_PERSIST, probe_on_pass, p);
+    assert_non_null(p->ev);
+    event_add(p->ev, NULL);
+}
+
+static void probe_remove(void *arg) {
+    loop_probe *p = arg;
+    event_free(p->ev);
+}
+
+loop_probe *loop_probe_start(collie_engine *e, _Atomic long *counter) {
+    loop_probe *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    p->e = e;
+    p->counter = counter;
+    p->last = counter ? atomic_load(counter) : 0;
+    p->pass_ns = malloc(PROBE_PASSES * sizeof *p->pass_ns);
+    assert_non_null(p->pass_ns);
+    p->fd = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK); /* readable until read: never read */
+    assert_true(p->fd >= 0);
+    assert_int_equal(cl_engine_call(e, probe_add, p, 10000), COLLIE_OK);
+    return p;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n) {
+    assert_int_equal(cl_engine_call(p->e, probe_remove, p, 10000), COLLIE_OK);
+    long m = p->max_batch;
+    if (stamps) { /* sweep the sorted stamps against the passes */
+        int64_t *t = malloc((n ? n : 1) * sizeof *t);
+        assert_non_null(t);
+        memcpy(t, stamps, n * sizeof *t);
+        qsort(t, n, sizeof *t, cmp_i64);
+        size_t i = 0, k = 0;
+        m = 0;
+        for (; k <= p->npass; k++) { /* stamps before pass k (and after pass k-1) */
+            long here = 0;
+            while (i < n && (k == p->npass || t[i] < p->pass_ns[k])) {
+                i++;
+                here++;
+            }
+            if (here > m) m = here;
+        }
+        free(t);
+    }
+    close(p->fd);
+    free(p->pass_ns);
+    free(p);
+    return m;
 }
 
 int64_t now_ms(void) { return cl_now_ns() / 1000000; }

@@ -66,6 +66,16 @@ size_t engine_tracked(collie_engine *e);
         skip();                                                                                    \
     } while (0)
 
+/* A loop probe: a watch on an always-readable fd, so its callback runs
+ * once in every pass of e's loop, recording the most `*counter` grew
+ * between two passes — the largest batch the loop ran without looking at
+ * its sockets — and when each pass ran. loop_probe_stop removes it and
+ * returns that figure; with `stamps` (CLOCK_MONOTONIC ns, e.g. the works'
+ * end_ns), the most of them that fall between two passes instead. */
+typedef struct loop_probe loop_probe;
+loop_probe *loop_probe_start(collie_engine *e, _Atomic long *counter);
+long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n);
+
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 

@@ -214,6 +214,43 @@ static void test_abort_then_destroy(void **state) {
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
 }
 
+/* A fault with a deep queue fails it in slices, the loop polling its
+ * sockets between them (so the abort notice and the peers' traffic keep
+ * flowing): 20k pending allreduces, then an abort; no more than a few
+ * slices of them end between two passes of the loop. (Before: all 20k in
+ * one go.) */
+static void test_fault_fails_deep_queue_in_slices(void **state) {
+    (void)state;
+    enum { N = 20000 };
+    world w;
+    world_create(&w, 2, "deepfail", NULL);
+    float *buf = calloc(N, sizeof *buf);
+    collie_work **ws = calloc(N, sizeof *ws);
+    int64_t *end = calloc(N, sizeof *end);
+    assert_true(buf && ws && end);
+    for (int i = 0; i < N; i++) /* only rank 0 posts: all wait for rank 1 */
+        assert_int_equal(
+            collie_allreduce(w.c[0], &buf[i], &buf[i], 1, COLLIE_FP32, COLLIE_SUM, NULL, &ws[i]),
+            COLLIE_OK);
+    assert_int_equal(collie_work_wait(ws[N - 1], 200), COLLIE_INPROGRESS); /* all started */
+    loop_probe *p = loop_probe_start(w.e, NULL);
+    assert_int_equal(collie_comm_abort(w.c[0], "deep queue test"), COLLIE_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(collie_work_wait(ws[i], 10000), COLLIE_EABORTED);
+        collie_work_details d;
+        collie_work_info(ws[i], &d);
+        end[i] = d.end_ns;
+        collie_work_release(ws[i]);
+    }
+    long most = loop_probe_stop(p, end, N);
+    print_message("most works failed between two loop passes: %ld of %d\n", most, N);
+    assert_true(most <= 4 * CL_LOOP_SLICE);
+    free(end);
+    free(ws);
+    free(buf);
+    world_destroy(&w);
+}
+
 /* Abort while the creation waits in the store for a rank that never comes:
  * the create work fails with EABORTED at once and is released at once,
  * while the store request it cancelled has yet to run its callback (which
@@ -697,6 +734,7 @@ int main(void) {
         cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
+        cmocka_unit_test(test_fault_fails_deep_queue_in_slices),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),

@@ -82,12 +82,12 @@ static void test_bad_post_options_rejected(void **state) {
 
 /* ---- deadlines ------------------------------------------------------------------ */
 
-static int order_log[8];
+static int order_log[64];
 static _Atomic int order_n;
 static void order_cb(collie_work *w, void *arg) {
     (void)arg;
     int i = atomic_fetch_add(&order_n, 1);
-    if (i < 8) order_log[i] = (int)collie_work_tag(w);
+    if (i < 64) order_log[i] = (int)collie_work_tag(w);
 }
 
 static void test_deadlines_fire_in_order(void **state) {
@@ -120,6 +120,104 @@ static void test_deadlines_fire_in_order(void **state) {
         assert_int_equal(order_log[i], want[i]);
     for (int i = 0; i < 5; i++)
         collie_work_release(&m[i]->base);
+}
+
+/* More distinct timeouts than the registry has queues of their own (the
+ * last queue is shared), posted out of order, two works each: every work
+ * still ends by its own deadline, in deadline order. */
+static void test_deadlines_many_timeouts_in_order(void **state) {
+    collie_engine *e = *state;
+    enum { KINDS = 24, N = 2 * KINDS };
+    manual_work *m[N];
+    atomic_store(&order_n, 0);
+    for (int i = 0; i < N; i++) {
+        int k = (i * 7) % KINDS; /* 0, 7, 14, 21, 4, ...: every kind, scrambled */
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.timeout_ms = 40 + 25 * k;
+        o.cb = order_cb;
+        o.tag = (uint64_t)o.timeout_ms;
+        assert_int_equal(manual_post(e, &o, false, 0, NULL, &m[i]), COLLIE_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(cl_work_wait_until(&m[i]->base, cl_now_ns() + 10000 * CL_NS_PER_MS));
+        assert_int_equal(collie_work_result(&m[i]->base), COLLIE_ETIMEDOUT);
+        collie_work_details d;
+        collie_work_info(&m[i]->base, &d);
+        assert_true(d.end_ns >= d.deadline_ns); /* never early */
+    }
+    engine_sync(e);
+    assert_int_equal(atomic_load(&order_n), N);
+    for (int i = 1; i < N; i++)
+        assert_true(order_log[i - 1] <= order_log[i]);
+    for (int i = 0; i < N; i++)
+        collie_work_release(&m[i]->base);
+}
+
+/* ---- bounded slices ------------------------------------------------------------- */
+
+static _Atomic long slice_done;
+static void slice_cb(collie_work *w, void *arg) {
+    (void)w, (void)arg;
+    atomic_fetch_add(&slice_done, 1);
+}
+
+static _Atomic bool slice_release;
+static void slice_block_cmd(cl_cmd *c) { /* holds the loop while the posts queue up */
+    (void)c;
+    for (int i = 0; i < 10000 && !atomic_load(&slice_release); i++)
+        usleep(1000);
+}
+
+static void wait_count(_Atomic long *n, long want) {
+    for (int i = 0; i < 30000 && atomic_load(n) < want; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(n), want);
+}
+
+/* A deep queue never holds the loop for long: 20k posts queued behind a
+ * busy loop, then 20k deadlines passing at once, are run (started,
+ * retired; expired, retired) in slices with the sockets polled between —
+ * the loop probe sees no batch of more than a few slices. (Before: all
+ * 20k in one pass, and a loop that spins on ready sockets never came back
+ * to its command queue.) */
+static void test_deep_queue_runs_in_slices(void **state) {
+    collie_engine *e = *state;
+    enum { N = 20000 };
+    manual_work **m = calloc(N, sizeof *m);
+    assert_non_null(m);
+    atomic_store(&slice_done, 0);
+    loop_probe *p = loop_probe_start(e, &slice_done);
+    /* commands: the loop is busy while N posts queue up */
+    static cl_cmd block = {.fn = slice_block_cmd};
+    atomic_store(&slice_release, false);
+    assert_int_equal(cl_engine_post_cmd(e, &block), COLLIE_OK);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = slice_cb;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(manual_post(e, &o, true, COLLIE_OK, NULL, &m[i]), COLLIE_OK);
+    atomic_store(&slice_release, true);
+    wait_count(&slice_done, N);
+    long cmd_batch = loop_probe_stop(p, NULL, 0);
+    for (int i = 0; i < N; i++)
+        collie_work_release(&m[i]->base);
+    /* deadlines: N works expire together */
+    atomic_store(&slice_done, 0);
+    o.timeout_ms = 300;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(manual_post(e, &o, false, 0, NULL, &m[i]), COLLIE_OK);
+    engine_sync(e); /* all started and waiting for their deadline */
+    p = loop_probe_start(e, &slice_done);
+    wait_count(&slice_done, N);
+    long expiry_batch = loop_probe_stop(p, NULL, 0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(collie_work_result(&m[i]->base), COLLIE_ETIMEDOUT);
+        collie_work_release(&m[i]->base);
+    }
+    free(m);
+    print_message("largest batch between two polls: %ld posts, %ld expiries (of %d)\n", cmd_batch,
+                  expiry_batch, N);
+    assert_true(cmd_batch <= 4 * CL_LOOP_SLICE);
+    assert_true(expiry_batch <= 4 * CL_LOOP_SLICE);
 }
 
 static void test_infinite_timeout_never_expires(void **state) {
@@ -413,6 +511,8 @@ int main(void) {
         cmocka_unit_test(test_error_message_names_op_and_seq),
         cmocka_unit_test(test_bad_post_options_rejected),
         cmocka_unit_test(test_deadlines_fire_in_order),
+        cmocka_unit_test(test_deadlines_many_timeouts_in_order),
+        cmocka_unit_test(test_deep_queue_runs_in_slices),
         cmocka_unit_test(test_infinite_timeout_never_expires),
         cmocka_unit_test(test_wait_gives_up_with_inprogress),
         cmocka_unit_test(test_wait_any_returns_first_done),

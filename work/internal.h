@@ -8,15 +8,25 @@
 
 struct event;
 
+/* Works of one timeout value, in deadline order (collie_work.dl_node). */
+typedef struct cl_deadline_queue {
+    int32_t timeout_ms;
+    cl_list works;
+} cl_deadline_queue;
+
+/* distinct timeouts with a queue of their own; the last queue also takes
+ * every further value */
+#define CL_DEADLINE_QUEUES 16
+
 /* Per-engine bookkeeping of the work module (loop thread only; created by
  * the engine's hooks, registry.c). */
 typedef struct cl_work_registry {
     collie_engine *engine;
     cl_list tracked; /* collie_work.trk_node: posted, not yet retired */
     size_t ntracked;
-    cl_list done;       /* finished, waiting to be retired (collie_work.done_node) */
-    collie_work **heap; /* deadline min-heap */
-    size_t heap_len, heap_cap;
+    cl_list done; /* finished, waiting to be retired (collie_work.done_node) */
+    cl_deadline_queue dq[CL_DEADLINE_QUEUES];
+    int ndq;
     int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
     struct event *done_ev;     /* activated to run the retire list */
     struct event *deadline_ev; /* the one deadline timer */

@@ -1,19 +1,24 @@
 /*
  * registry.c — the engine's view of works: the tracked list, the deadline
- * heap with its one timer, and retirement.
+ * queues with their one timer, and retirement.
  *
  * Design notes
  *  - Everything here runs on the loop thread and needs no lock.
  *  - A posted work is tracked from its start command until it is retired;
  *    shutdown fails whatever is still tracked.
- *  - Deadlines live in one binary min-heap keyed by deadline_ns (the work
- *    stores its slot), armed on one libevent timer: no event per work. The
- *    timer is re-armed only when the earliest deadline moves earlier.
+ *  - Deadlines live in a few FIFO lists, one per timeout value (works of
+ *    one timeout arrive in deadline order), armed on one libevent timer: no
+ *    event per work, and adding or removing a work is O(1) — a heap was
+ *    O(log n) cache misses per work, a large part of a deep queue's cost.
+ *    The timer is re-armed only when the earliest deadline moves earlier.
  *  - Retire = untrack, producer's detach hook, completion queue push, user
  *    callback, drop the engine's reference — exactly once, in that order.
  *    A finish on the loop thread queues the work on the retire list and
  *    activates one event (callbacks never run inside the finisher's stack);
  *    a finish on another thread posts the work's retire command.
+ *  - Both run in slices of CL_LOOP_SLICE: retiring a failed deep queue and
+ *    expiring thousands of deadlines at once go on in the next loop steps
+ *    (cl_event_soon), with the sockets polled in between.
  */
 #include <event2/event.h>
 #include <stdlib.h>
@@ -25,59 +30,41 @@ static cl_work_registry *registry(collie_engine *e) { return cl_engine_hooks_sta
 
 size_t cl_works_tracked(collie_engine *e) { return registry(e)->ntracked; }
 
-/* ---- deadline heap ---------------------------------------------------------- */
+/* ---- deadline queues --------------------------------------------------------- */
 
-static void heap_set(cl_work_registry *r, size_t i, collie_work *w) {
-    r->heap[i] = w;
-    w->heap_idx = i;
-}
-
-static void heap_up(cl_work_registry *r, size_t i) {
-    collie_work *w = r->heap[i];
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (r->heap[p]->deadline_ns <= w->deadline_ns) break;
-        heap_set(r, i, r->heap[p]);
-        i = p;
+/* The queue for works of timeout `ms`: its own while there are free
+ * queues, else the last one, shared (still kept in deadline order). */
+static cl_list *deadline_queue(cl_work_registry *r, int32_t ms) {
+    for (int i = 0; i < r->ndq; i++)
+        if (r->dq[i].timeout_ms == ms) return &r->dq[i].works;
+    if (r->ndq < CL_DEADLINE_QUEUES) {
+        cl_deadline_queue *q = &r->dq[r->ndq++];
+        q->timeout_ms = ms;
+        cl_list_init(&q->works);
+        return &q->works;
     }
-    heap_set(r, i, w);
+    return &r->dq[CL_DEADLINE_QUEUES - 1].works;
 }
 
-static void heap_down(cl_work_registry *r, size_t i) {
-    collie_work *w = r->heap[i];
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= r->heap_len) break;
-        if (c + 1 < r->heap_len && r->heap[c + 1]->deadline_ns < r->heap[c]->deadline_ns) c++;
-        if (r->heap[c]->deadline_ns >= w->deadline_ns) break;
-        heap_set(r, i, r->heap[c]);
-        i = c;
+/* Insert in deadline order, searching from the back: works of one timeout
+ * arrive in deadline order, so this is O(1) but for posts racing from
+ * several threads (a few steps). */
+static void deadline_insert(cl_work_registry *r, collie_work *w) {
+    cl_list *q = deadline_queue(r, w->timeout_ms);
+    cl_list_node *at = q->head.prev;
+    while (at != &q->head && cl_list_entry(at, collie_work, dl_node)->deadline_ns > w->deadline_ns)
+        at = at->prev;
+    cl_list_insert_after_(at, &w->dl_node);
+}
+
+/* The work whose deadline comes first, or NULL. */
+static collie_work *deadline_first(const cl_work_registry *r) {
+    collie_work *first = NULL;
+    for (int i = 0; i < r->ndq; i++) {
+        collie_work *w = cl_list_first(&r->dq[i].works, collie_work, dl_node);
+        if (w && (!first || w->deadline_ns < first->deadline_ns)) first = w;
     }
-    heap_set(r, i, w);
-}
-
-static bool heap_push(cl_work_registry *r, collie_work *w) {
-    if (r->heap_len == r->heap_cap) {
-        size_t cap = r->heap_cap ? r->heap_cap * 2 : 64;
-        collie_work **h = realloc(r->heap, cap * sizeof *h);
-        if (!h) return false;
-        r->heap = h;
-        r->heap_cap = cap;
-    }
-    heap_set(r, r->heap_len++, w);
-    heap_up(r, r->heap_len - 1);
-    return true;
-}
-
-static void heap_remove(cl_work_registry *r, collie_work *w) {
-    size_t i = w->heap_idx;
-    if (i == SIZE_MAX) return;
-    w->heap_idx = SIZE_MAX;
-    collie_work *last = r->heap[--r->heap_len];
-    if (i == r->heap_len) return;
-    heap_set(r, i, last);
-    heap_down(r, i);
-    heap_up(r, last->heap_idx);
+    return first;
 }
 
 /* (Re)arm the one deadline timer to fire at `when_ns` (INT64_MAX: never). */
@@ -102,10 +89,7 @@ static void work_track(collie_engine *e, collie_work *w) {
     cl_list_push_front(&r->tracked, &w->trk_node);
     r->ntracked++;
     if (w->deadline_ns == INT64_MAX) return;
-    if (!heap_push(r, w)) {
-        cl_work_finish(w, COLLIE_ENOMEM, "no memory to track the deadline");
-        return;
-    }
+    deadline_insert(r, w);
     if (w->deadline_ns < r->armed_ns) registry_arm_deadline(r, w->deadline_ns);
 }
 
@@ -113,13 +97,13 @@ static void work_untrack(collie_engine *e, collie_work *w) {
     cl_work_registry *r = registry(e);
     if (!w->tracked) return;
     w->tracked = false;
-    heap_remove(r, w);
+    cl_list_remove(&w->dl_node);
     cl_list_remove(&w->trk_node);
     r->ntracked--;
 }
 
 static void work_retire_append(collie_work *w);
-static size_t registry_run_retired(cl_work_registry *r);
+static size_t registry_run_retired(cl_work_registry *r, size_t budget);
 
 void cl_work_start_cmd(cl_cmd *c) {
     collie_work *w = cl_container_of(c, collie_work, start_cmd);
@@ -165,7 +149,7 @@ static void work_retire_cmd(cl_cmd *c) {
         return;
     }
     work_retire_append(w);
-    cl_works_run_retired(w->engine);
+    registry_run_retired(cl_work_registry_of(w), CL_LOOP_SLICE);
 }
 
 void cl_work_schedule_retire(collie_work *w) {
@@ -201,13 +185,20 @@ static void work_retire(collie_engine *e, collie_work *w) {
     collie_work_release(w); /* the engine's reference */
 }
 
-size_t cl_works_run_retired(collie_engine *e) { return registry_run_retired(registry(e)); }
+size_t cl_works_run_retired(collie_engine *e, size_t budget) {
+    return registry_run_retired(registry(e), budget);
+}
 
-static size_t registry_run_retired(cl_work_registry *r) {
+/* Retire up to `budget` works; the rest in the next loop step. */
+static size_t registry_run_retired(cl_work_registry *r, size_t budget) {
     collie_engine *e = r->engine;
     size_t n = 0;
     collie_work *w;
     while ((w = cl_list_first(&r->done, collie_work, done_node))) {
+        if (n == budget) {
+            cl_event_soon(r->done_ev);
+            break;
+        }
         cl_list_remove(&w->done_node);
         work_retire(e, w);
         n++;
@@ -215,13 +206,17 @@ static size_t registry_run_retired(cl_work_registry *r) {
     return n;
 }
 
+/* End the works whose deadline passed, up to a slice; the rest (their
+ * deadlines passed too) in the next loop step. */
 static void registry_sweep_deadlines(cl_work_registry *r, int64_t now_ns) {
-    while (r->heap_len > 0 && r->heap[0]->deadline_ns <= now_ns) {
-        collie_work *w = r->heap[0];
-        heap_remove(r, w); /* it stays tracked until retired */
+    collie_work *w;
+    for (size_t n = 0; n < CL_LOOP_SLICE; n++) {
+        if (!(w = deadline_first(r)) || w->deadline_ns > now_ns) break;
+        cl_list_remove(&w->dl_node); /* it stays tracked until retired */
         cl_work_cancel(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed", (int)w->timeout_ms);
     }
-    registry_arm_deadline(r, r->heap_len ? r->heap[0]->deadline_ns : INT64_MAX);
+    w = deadline_first(r);
+    registry_arm_deadline(r, w ? w->deadline_ns : INT64_MAX);
 }
 
 static void registry_fail_all(void *state, int status, const char *why) {
@@ -234,7 +229,7 @@ static void registry_fail_all(void *state, int status, const char *why) {
 
 static void registry_on_done(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
-    registry_run_retired(arg);
+    registry_run_retired(arg, CL_LOOP_SLICE);
 }
 
 static void registry_on_deadline(evutil_socket_t fd, short what, void *arg) {
@@ -249,7 +244,6 @@ static void registry_destroy(void *state) {
     if (!r) return;
     if (r->done_ev) event_free(r->done_ev);
     if (r->deadline_ev) event_free(r->deadline_ev);
-    free(r->heap);
     free(r);
 }
 
@@ -270,7 +264,9 @@ static int registry_create(collie_engine *e, void **state) {
     return COLLIE_OK;
 }
 
-static size_t registry_run_completions(void *state) { return registry_run_retired(state); }
+static size_t registry_run_completions(void *state, size_t budget) {
+    return registry_run_retired(state, budget);
+}
 
 static size_t registry_pending(void *state) { return ((cl_work_registry *)state)->ntracked; }
 

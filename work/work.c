@@ -63,7 +63,6 @@ int cl_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
     w->cb_arg = cl_opt(o, cb_arg, NULL);
     w->cq = cl_opt(o, cq, NULL);
     w->tag = cl_opt(o, tag, 0);
-    w->heap_idx = SIZE_MAX;
     w->post_ns = cl_now_ns();
     w->deadline_ns = cl_deadline_ns(w->post_ns, t);
     if (w->cq) cl_cq_hold(w->cq);

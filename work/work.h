@@ -97,7 +97,7 @@ struct collie_work {
     /* loop-thread bookkeeping */
     cl_list_node trk_node;  /* the registry's tracked list */
     cl_list_node done_node; /* the registry's retire list */
-    size_t heap_idx;        /* deadline heap slot, SIZE_MAX if none */
+    cl_list_node dl_node;   /* the registry's deadline queue of its timeout */
     bool tracked;
     bool start_ran;       /* the start command has run */
     bool retire_deferred; /* finished before start ran: start retires it */
@@ -168,8 +168,9 @@ static inline bool cl_work_is(const collie_work *w, const cl_work_ops *ops) {
  * `until_ns`, without expiring the work (used by sync wrappers and tests). */
 bool cl_work_wait_until(collie_work *w, int64_t until_ns);
 
-/* run the engine's retire list now (loop); returns the number retired */
-size_t cl_works_run_retired(collie_engine *e);
+/* run the engine's retire list now, at most `budget` works (loop; the
+ * rest follow in the next loop steps); returns the number retired */
+size_t cl_works_run_retired(collie_engine *e, size_t budget);
 /* posted works not yet freed, in this process (a leak check) */
 size_t cl_works_live(void);
 /* number of tracked (posted, not retired) works (loop) */
