@@ -14,6 +14,11 @@
  *    (stopped, dead, or its progress loop stuck).
  *  - Only comms whose policy watches the control channel do this; others
  *    fail the work at the deadline as usual.
+ *  - One query per comm per deadline event: a collective whose deadline
+ *    passes while a report is in progress joins it (a deep queue expiring
+ *    at once asked once per work before: thousands of control messages).
+ *    The report ends its own work and then faults the comm on behalf of
+ *    the joined ones, which the comm fails with the report as root cause.
  *  - A CUDA work waits for the report like any other (its kernel keeps
  *    running), then is ended with the report as its message through
  *    cl_coll_end (coll_cancel.c): published once the abort quiesced the GPU.
@@ -35,6 +40,7 @@ typedef struct desync {
     uint64_t seq;
     int refs; /* the timer + one per store request in flight (loop only) */
     int waiting;
+    int joined; /* works whose deadline passed meanwhile, ended with it */
     bool published;
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
@@ -87,6 +93,18 @@ static void desync_publish(desync *d) {
     cl_coll_work *cw = (cl_coll_work *)d->w;
     cw->explaining = false;
     cl_coll_end(cw, COLLIE_ETIMEDOUT, msg);
+    /* the joined works end through the comm's fault (recorded just now by
+     * the work's publish, or here should the work have completed after all) */
+    if (d->joined > 0)
+        cl_comm_fault(c, COLLIE_ETIMEDOUT, "%s seq %llu: %s", d->w->ops->name,
+                      (unsigned long long)d->seq, msg);
+}
+
+/* The comm's report still collecting answers, if any. */
+static desync *desync_in_progress(collie_comm *c) {
+    desync *d;
+    cl_list_foreach(&c->desyncs, d, desync, node) if (!d->published) return d;
+    return NULL;
 }
 
 static void desync_on_timer(evutil_socket_t fd, short what, void *arg) {
@@ -154,7 +172,13 @@ bool cl_desync_start(cl_coll_work *cw) {
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (p2p || c->size == 1 || !cl_comm_ctl_enabled(c) || atomic_load(&c->state) != CL_COMM_READY)
         return false;
-    desync *d = calloc(1, sizeof *d);
+    desync *d = desync_in_progress(c);
+    if (d) { /* one query per deadline event: this work ends with that report */
+        cw->explaining = true;
+        d->joined++;
+        return true;
+    }
+    d = calloc(1, sizeof *d);
     if (d) d->answer = calloc((size_t)c->size, sizeof *d->answer);
     if (!d || !d->answer) {
         free(d);

@@ -251,6 +251,57 @@ static void test_fault_fails_deep_queue_in_slices(void **state) {
     world_destroy(&w);
 }
 
+/* A deep queue whose deadlines pass together asks the other ranks once:
+ * 2000 allreduces rank 1 never joins, 300 ms deadline. The control
+ * channel's counter shows one query (and the abort notice), not one per
+ * work; the first work carries the desync report, every other one fails
+ * naming it, all within the deadline + 1.5 s. */
+static void test_deadline_event_asks_once(void **state) {
+    (void)state;
+    enum { N = 2000, DEADLINE_MS = 300 };
+    world w;
+    world_create(&w, 2, "askonce", NULL);
+    int32_t *buf = calloc(N, sizeof *buf);
+    collie_work **ws = calloc(N, sizeof *ws);
+    assert_true(buf && ws);
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = DEADLINE_MS;
+    int64_t t0 = now_ms();
+    for (int i = 0; i < N; i++)
+        assert_int_equal(
+            collie_allreduce(w.c[0], &buf[i], &buf[i], 1, COLLIE_INT32, COLLIE_SUM, &po, &ws[i]),
+            COLLIE_OK);
+    int timed_out = 0, aborted = 0;
+    for (int i = 0; i < N; i++) {
+        int rc = collie_work_wait(ws[i], 10000);
+        const char *msg = collie_work_error_message(ws[i]);
+        if (rc == COLLIE_ETIMEDOUT) {
+            timed_out++;
+            assert_non_null(strstr(msg, "Desync report"));
+        } else {
+            assert_int_equal(rc, COLLIE_EABORTED);
+            assert_non_null(strstr(msg, "Desync report"));
+            aborted++;
+        }
+        collie_work_release(ws[i]);
+    }
+    int64_t took = now_ms() - t0;
+    char key[160];
+    snprintf(key, sizeof key, "collie/askonce/%llu/ctl/n",
+             (unsigned long long)collie_comm_generation(w.c[0]));
+    int64_t msgs = -1;
+    assert_int_equal(collie_store_add(w.st[1], key, 0, 5000, &msgs), COLLIE_OK);
+    print_message("%d timed out, %d aborted in %lld ms; %lld control messages\n", timed_out,
+                  aborted, (long long)took, (long long)msgs);
+    assert_int_equal(timed_out + aborted, N);
+    assert_true(timed_out >= 1);
+    assert_true(msgs >= 1 && msgs <= 3); /* one query, the abort notice(s) */
+    assert_true(took < DEADLINE_MS + 1500);
+    free(ws);
+    free(buf);
+    world_destroy(&w);
+}
+
 /* Abort while the creation waits in the store for a rank that never comes:
  * the create work fails with EABORTED at once and is released at once,
  * while the store request it cancelled has yet to run its callback (which
@@ -735,6 +786,7 @@ int main(void) {
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
         cmocka_unit_test(test_fault_fails_deep_queue_in_slices),
+        cmocka_unit_test(test_deadline_event_asks_once),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),
