@@ -9,6 +9,11 @@
  *    cancel may still end it from its own thread (the report then ends
  *    nothing). The query goes out on the control channel, and every other
  *    rank's engine answers with its progress under "<prefix>ctl/<k>/ans/<r>".
+ *  - The report names a first suspect when the answers allow it (this
+ *    rank if it saw the deadline over a second late; else a rank that did
+ *    not answer; else the idle rank behind the oldest collective anyone is
+ *    blocked in) and marks the ranks blocked behind it as waiting on it: a
+ *    rank held up by the suspect is not blamed beside it.
  *  - Bounded: each answer is awaited at most DESYNC_MS; a timer of the same
  *    length is the backstop. A rank that does not answer is named as such
  *    (stopped, dead, or its progress loop stuck).
@@ -24,6 +29,7 @@
  *    cl_coll_end (coll_cancel.c): published once the abort quiesced the GPU.
  */
 #include <event2/event.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +37,8 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-#define DESYNC_MS 600
+#define DESYNC_MS      600
+#define DESYNC_LATE_MS 1000 /* a deadline seen this late: this rank was held up */
 
 typedef struct desync {
     cl_list_node node; /* in the comm's list of reports in progress */
@@ -40,7 +47,8 @@ typedef struct desync {
     uint64_t seq;
     int refs; /* the timer + one per store request in flight (loop only) */
     int waiting;
-    int joined; /* works whose deadline passed meanwhile, ended with it */
+    int joined;      /* works whose deadline passed meanwhile, ended with it */
+    int64_t late_ms; /* how long after the deadline the loop saw it */
     bool published;
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
@@ -58,6 +66,101 @@ static void desync_release(desync *d) {
     free(d);
 }
 
+/* One rank's answer, parsed: "posted P, completed C, in <op> seq S" (S: the
+ * oldest collective it has in flight) or "..., idle". */
+typedef struct rank_state {
+    bool answered, in_flight;
+    unsigned long long posted, seq;
+} rank_state;
+
+static rank_state rank_state_of(const char *a) {
+    rank_state st = {.answered = a[0] != '\0'};
+    if (!st.answered) return st;
+    sscanf(a, "posted %llu", &st.posted);
+    const char *in = strstr(a, " seq ");
+    st.in_flight = strstr(a, ", in ") && in && sscanf(in, " seq %llu", &st.seq) == 1;
+    return st;
+}
+
+/* The first suspect: this rank, if its loop saw the deadline over a
+ * second after it passed (it was stopped or starved: what the others say
+ * now comes after the fact); else a rank that did not answer; else the
+ * idle rank furthest behind the oldest collective anyone is blocked in
+ * (every rank in that collective waits for it). -1: the answers name
+ * nobody (every rank is inside the collective: the transport or the
+ * device is stuck). */
+static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) {
+    const collie_comm *c = d->c;
+    int suspect = -1;
+    *n_silent = 0;
+    for (int r = 0; r < c->size; r++)
+        if (!st[r].answered && (*n_silent)++ == 0) suspect = r;
+    if (d->late_ms >= DESYNC_LATE_MS) return c->rank; /* the answers came after the fact */
+    if (suspect >= 0) return suspect;
+    unsigned long long oldest = ULLONG_MAX;
+    for (int r = 0; r < c->size; r++)
+        if (st[r].in_flight && st[r].seq < oldest) oldest = st[r].seq;
+    for (int r = 0; r < c->size; r++)
+        if (!st[r].in_flight && st[r].posted < oldest &&
+            (suspect < 0 || st[r].posted < st[suspect].posted))
+            suspect = r;
+    return suspect;
+}
+
+static void desync_message(const desync *d, char *msg, size_t len) {
+    const collie_comm *c = d->c;
+    rank_state *st = calloc((size_t)c->size, sizeof *st);
+    if (!st) {
+        snprintf(msg, len, "deadline of %d ms passed (no memory for the desync report)",
+                 (int)d->w->timeout_ms);
+        return;
+    }
+    for (int r = 0; r < c->size; r++)
+        st[r] = rank_state_of(d->answer[r]);
+    int silent, sus = desync_suspect(d, st, &silent);
+    char first[300] = "";
+    if (sus == c->rank && d->late_ms >= DESYNC_LATE_MS)
+        snprintf(first, sizeof first,
+                 "first suspect: this rank (%d): its progress loop saw the deadline %lld ms after "
+                 "it passed (the process was stopped or starved); ",
+                 sus, (long long)d->late_ms);
+    else if (sus >= 0 && !st[sus].answered && silent > 1)
+        snprintf(first, sizeof first,
+                 "first suspects: %d ranks gave no answer within %d ms (stopped, dead or stuck); ",
+                 silent, DESYNC_MS);
+    else if (sus >= 0 && !st[sus].answered)
+        snprintf(first, sizeof first,
+                 "first suspect: rank %d (no answer within %d ms: stopped, dead or stuck); ", sus,
+                 DESYNC_MS);
+    else if (sus >= 0)
+        snprintf(first, sizeof first, "first suspect: rank %d (idle: it never posted seq %llu); ",
+                 sus, st[sus].posted + 1);
+    char never[1200] = "", reached[1200] = "";
+    size_t nl = 0, rl = 0;
+    for (int r = 0; r < c->size; r++) {
+        bool behind = !st[r].answered || st[r].posted < d->seq;
+        char *buf = behind ? never : reached;
+        size_t *at = behind ? &nl : &rl, cap = behind ? sizeof never : sizeof reached;
+        const char *sep = *at ? ", " : "";
+        size_t room = *at < cap ? cap - *at : 0;
+        if (!st[r].answered)
+            *at += (size_t)snprintf(buf + *at, room, "%srank %d (no answer)", sep, r);
+        else if (behind && sus >= 0 && r != sus && st[r].in_flight)
+            *at += (size_t)snprintf(buf + *at, room, "%srank %d (%s; waiting on rank %d)", sep, r,
+                                    d->answer[r], sus);
+        else
+            *at += (size_t)snprintf(buf + *at, room, "%srank %d (%s)", sep, r, d->answer[r]);
+    }
+    /* a late rank is the one behind: "nobody" would send the reader astray */
+    const char *none = sus == c->rank ? "no other rank" : "none";
+    snprintf(msg, len,
+             "deadline of %d ms passed. Desync report: %snever reached seq %llu: %s; "
+             "reached it: %s",
+             (int)d->w->timeout_ms, first, (unsigned long long)d->seq, nl ? never : none,
+             rl ? reached : "none");
+    free(st);
+}
+
 static void desync_publish(desync *d) {
     if (d->published) return;
     d->published = true;
@@ -67,29 +170,8 @@ static void desync_publish(desync *d) {
         event_del(d->timer);
         d->refs--; /* callers hold their own, so this never frees d */
     }
-    char never[700] = "", reached[1200] = "";
-    size_t nl = 0, rl = 0;
-    for (int r = 0; r < c->size; r++) {
-        unsigned long long posted = 0;
-        const char *a = d->answer[r];
-        bool answered = a[0] != '\0';
-        if (answered) sscanf(a, "posted %llu", &posted);
-        if (!answered)
-            nl += (size_t)snprintf(never + nl, nl < sizeof never ? sizeof never - nl : 0,
-                                   "%srank %d (no answer within %d ms: stopped, dead or stuck)",
-                                   nl ? ", " : "", r, DESYNC_MS);
-        else if (posted < d->seq)
-            nl += (size_t)snprintf(never + nl, nl < sizeof never ? sizeof never - nl : 0,
-                                   "%srank %d (%s)", nl ? ", " : "", r, a);
-        else
-            rl += (size_t)snprintf(reached + rl, rl < sizeof reached ? sizeof reached - rl : 0,
-                                   "%srank %d (%s)", rl ? ", " : "", r, a);
-    }
-    char msg[2200];
-    snprintf(msg, sizeof msg,
-             "deadline of %d ms passed. Desync report: never reached seq %llu: %s; reached it: %s",
-             (int)d->w->timeout_ms, (unsigned long long)d->seq, nl ? never : "none",
-             rl ? reached : "none");
+    char msg[2600];
+    desync_message(d, msg, sizeof msg);
     cl_coll_work *cw = (cl_coll_work *)d->w;
     cw->explaining = false;
     cl_coll_end(cw, COLLIE_ETIMEDOUT, msg);
@@ -188,6 +270,7 @@ bool cl_desync_start(cl_coll_work *cw) {
     d->c = c;
     d->w = w;
     d->seq = w->seq;
+    d->late_ms = (cl_now_ns() - w->deadline_ns) / CL_NS_PER_MS;
     cl_list_push_front(&c->desyncs, &d->node);
     cl_comm_hold(c);
     collie_work_hold(w);

@@ -214,6 +214,24 @@ static void test_abort_then_destroy(void **state) {
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
 }
 
+/* Block an engine's progress loop for `ms` (a command that sleeps). */
+typedef struct loop_block {
+    cl_cmd cmd;
+    int ms;
+} loop_block;
+
+static void loop_block_run(cl_cmd *c) {
+    loop_block *b = cl_container_of(c, loop_block, cmd);
+    struct timespec ts = {b->ms / 1000, (long)(b->ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void loop_block_post(collie_engine *e, loop_block *b, int ms) {
+    b->cmd.fn = loop_block_run;
+    b->ms = ms;
+    assert_int_equal(cl_engine_post_cmd(e, &b->cmd), COLLIE_OK);
+}
+
 /* A fault with a deep queue fails it in slices, the loop polling its
  * sockets between them (so the abort notice and the peers' traffic keep
  * flowing): 20k pending allreduces, then an abort; no more than a few
@@ -299,6 +317,69 @@ static void test_deadline_event_asks_once(void **state) {
     assert_true(took < DEADLINE_MS + 1500);
     free(ws);
     free(buf);
+    world_destroy(&w);
+}
+
+/* The desync report names one first suspect and marks the ranks it holds
+ * up as waiting on it: 3 ranks, rank 2 posts nothing (idle), rank 0 is
+ * blocked in seq 1 (by rank 2), rank 1 is one op ahead and times out in
+ * seq 2. Rank 0 is behind seq 2 too, but only waiting on rank 2. */
+static void test_desync_report_names_first_suspect(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "suspect", NULL);
+    int32_t x[3] = {1, 1, 1};
+    collie_post_opts slow = COLLIE_POST_OPTS_INIT, fast = COLLIE_POST_OPTS_INIT;
+    slow.timeout_ms = 20000;
+    fast.timeout_ms = 300;
+    collie_work *a0, *a1, *b1;
+    assert_int_equal(
+        collie_allreduce(w.c[0], &x[0], &x[0], 1, COLLIE_INT32, COLLIE_SUM, &slow, &a0), COLLIE_OK);
+    assert_int_equal(
+        collie_allreduce(w.c[1], &x[1], &x[1], 1, COLLIE_INT32, COLLIE_SUM, &slow, &a1), COLLIE_OK);
+    assert_int_equal(
+        collie_allreduce(w.c[1], &x[2], &x[2], 1, COLLIE_INT32, COLLIE_SUM, &fast, &b1), COLLIE_OK);
+    assert_int_equal(collie_work_wait(b1, 5000), COLLIE_ETIMEDOUT);
+    const char *msg = collie_work_error_message(b1);
+    print_message("%s\n", msg);
+    assert_non_null(strstr(msg, "first suspect: rank 2 (idle: it never posted seq 1)"));
+    const char *never = strstr(msg, "never reached seq 2: ");
+    assert_non_null(never);
+    const char *r0 =
+        strstr(never, "rank 0 (posted 1, completed 0, in allreduce seq 1; waiting on rank 2)");
+    const char *r2 = strstr(never, "rank 2 (posted 0, completed 0, idle)");
+    const char *reached = strstr(never, "; reached it: rank 1 (");
+    assert_true(r0 && r2 && reached && r0 < reached && r2 < reached);
+    collie_work_release(b1);
+    collie_work_release(a1);
+    collie_work_release(a0);
+    world_destroy(&w);
+}
+
+/* A rank whose loop saw its deadline long after it passed (the process was
+ * stopped, or starved) blames itself, not the others, whose answers come
+ * after the fact: rank 0's loop is held for 1.5 s past a 200 ms deadline. */
+static void test_desync_report_late_rank_blames_itself(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "late", NULL);
+    int32_t x = 1;
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 200;
+    collie_work *wk;
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &wk),
+                     COLLIE_OK);
+    engine_sync(w.e); /* started */
+    loop_block b;
+    loop_block_post(w.e, &b, 1500);
+    assert_int_equal(collie_work_wait(wk, 10000), COLLIE_ETIMEDOUT);
+    const char *msg = collie_work_error_message(wk);
+    print_message("%s\n", msg);
+    assert_non_null(
+        strstr(msg, "first suspect: this rank (0): its progress loop saw the deadline"));
+    assert_non_null(strstr(msg, "(the process was stopped or starved)"));
+    assert_null(strstr(msg, ": none;"));
+    collie_work_release(wk);
     world_destroy(&w);
 }
 
@@ -558,24 +639,6 @@ static void test_policy_settings(void **state) {
     assert_non_null(strstr(err, "abort_comm, abort_process, none"));
 }
 
-/* Block an engine's progress loop for `ms` (a command that sleeps). */
-typedef struct loop_block {
-    cl_cmd cmd;
-    int ms;
-} loop_block;
-
-static void loop_block_run(cl_cmd *c) {
-    loop_block *b = cl_container_of(c, loop_block, cmd);
-    struct timespec ts = {b->ms / 1000, (long)(b->ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static void loop_block_post(collie_engine *e, loop_block *b, int ms) {
-    b->cmd.fn = loop_block_run;
-    b->ms = ms;
-    assert_int_equal(cl_engine_post_cmd(e, &b->cmd), COLLIE_OK);
-}
-
 /* A waiter whose work's deadline passed returns within its bound even
  * while the desync report for that work is in flight and the progress loop
  * is stuck (the report must not hold the work away from the waiter), and
@@ -787,6 +850,8 @@ int main(void) {
         cmocka_unit_test(test_abort_then_destroy),
         cmocka_unit_test(test_fault_fails_deep_queue_in_slices),
         cmocka_unit_test(test_deadline_event_asks_once),
+        cmocka_unit_test(test_desync_report_names_first_suspect),
+        cmocka_unit_test(test_desync_report_late_rank_blames_itself),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),

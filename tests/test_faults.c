@@ -866,6 +866,16 @@ static void scenario_hang(hang_result *res, bool check_trace) {
         const char *r3 = strstr(never, "rank 3 (");
         CHECK(r3 && (!reached || r3 < reached),
               "rank %d: rank 3 is not named as never reaching the seq: %s\n", r, msg);
+        /* rank 3 first; a rank blocked by it is marked as waiting on it */
+        CHECK(strstr(msg, "first suspect: rank 3 (no answer"),
+              "rank %d: rank 3 is not the first suspect: %s\n", r, msg);
+        for (const char *q = never; (q = strstr(q, "rank ")) && (!reached || q < reached); q++) {
+            int who = atoi(q + 5);
+            const char *close = strchr(q, ')');
+            const char *wait = strstr(q, "waiting on rank 3");
+            CHECK(who == 3 || (wait && close && wait < close) || strstr(q, "idle)") == close - 4,
+                  "rank %d: rank %d is blamed beside rank 3: %s\n", r, who, msg);
+        }
         CHECK(proc_wait_line(rk[r], "EXIT", STEP_MS), "rank %d did not exit\n", r);
     }
     res->detect_us = worst;
