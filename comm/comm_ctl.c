@@ -53,10 +53,14 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
         if (!oldest || cw->base.seq < oldest->base.seq) oldest = cw;
     }
     unsigned long long posted = atomic_load(&c->last_posted), done = c->last_done;
-    if (oldest)
-        snprintf(buf, len, "posted %llu, completed %llu, in %s seq %llu", posted, done,
-                 oldest->base.ops->name, (unsigned long long)oldest->base.seq);
-    else if (!cl_list_empty(&c->waiting))
+    if (oldest) { /* its arguments too: ranks that disagree show it */
+        const collie_coll_args *a = &oldest->args;
+        char what[128];
+        collie_coll_describe(what, sizeof what, a->kind, a->count, collie_dtype_name(a->dtype),
+                             collie_redop_name(a->op), a->root);
+        snprintf(buf, len, "posted %llu, completed %llu, in seq %llu: %s", posted, done,
+                 (unsigned long long)oldest->base.seq, what);
+    } else if (!cl_list_empty(&c->waiting))
         snprintf(buf, len, "posted %llu, completed %llu, waiting for creation", posted, done);
     else
         snprintf(buf, len, "posted %llu, completed %llu, idle", posted, done);

@@ -71,14 +71,17 @@ static void desync_release(desync *d) {
 typedef struct rank_state {
     bool answered, in_flight;
     unsigned long long posted, seq;
+    const char *what; /* "allreduce of 4 x int32 (sum)" of seq, or "" */
 } rank_state;
 
 static rank_state rank_state_of(const char *a) {
-    rank_state st = {.answered = a[0] != '\0'};
+    rank_state st = {.answered = a[0] != '\0', .what = ""};
     if (!st.answered) return st;
     sscanf(a, "posted %llu", &st.posted);
     const char *in = strstr(a, " seq ");
     st.in_flight = strstr(a, ", in ") && in && sscanf(in, " seq %llu", &st.seq) == 1;
+    const char *what = in ? strstr(in, ": ") : NULL;
+    if (st.in_flight && what) st.what = what + 2;
     return st;
 }
 
@@ -107,6 +110,20 @@ static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) 
     return suspect;
 }
 
+/* Ranks inside the same collective with different arguments: the cause
+ * (frames between them would have said so; these never exchanged one). */
+static void desync_disagreement(const desync *d, const rank_state *st, char *buf, size_t len) {
+    buf[0] = '\0';
+    for (int r = 0; r < d->c->size; r++)
+        for (int q = r + 1; q < d->c->size; q++)
+            if (st[r].in_flight && st[q].in_flight && st[r].seq == st[q].seq && st[r].what[0] &&
+                st[q].what[0] && strcmp(st[r].what, st[q].what) != 0) {
+                snprintf(buf, len, "ranks disagree on seq %llu: rank %d posted %s, rank %d %s; ",
+                         st[r].seq, r, st[r].what, q, st[q].what);
+                return;
+            }
+}
+
 static void desync_message(const desync *d, char *msg, size_t len) {
     const collie_comm *c = d->c;
     rank_state *st = calloc((size_t)c->size, sizeof *st);
@@ -118,7 +135,8 @@ static void desync_message(const desync *d, char *msg, size_t len) {
     for (int r = 0; r < c->size; r++)
         st[r] = rank_state_of(d->answer[r]);
     int silent, sus = desync_suspect(d, st, &silent);
-    char first[300] = "";
+    char first[300] = "", disagree[400];
+    desync_disagreement(d, st, disagree, sizeof disagree);
     if (sus == c->rank && d->late_ms >= DESYNC_LATE_MS)
         snprintf(first, sizeof first,
                  "first suspect: this rank (%d): its progress loop saw the deadline %lld ms after "
@@ -154,9 +172,9 @@ static void desync_message(const desync *d, char *msg, size_t len) {
     /* a late rank is the one behind: "nobody" would send the reader astray */
     const char *none = sus == c->rank ? "no other rank" : "none";
     snprintf(msg, len,
-             "deadline of %d ms passed. Desync report: %snever reached seq %llu: %s; "
+             "deadline of %d ms passed. Desync report: %s%snever reached seq %llu: %s; "
              "reached it: %s",
-             (int)d->w->timeout_ms, first, (unsigned long long)d->seq, nl ? never : none,
+             (int)d->w->timeout_ms, disagree, first, (unsigned long long)d->seq, nl ? never : none,
              rl ? reached : "none");
     free(st);
 }

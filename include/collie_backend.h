@@ -36,6 +36,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "collie.h"
 
@@ -69,6 +70,37 @@ static inline const char *collie_coll_kind_name(collie_coll_kind k) {
         "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
         "scatter",   "barrier",   "send",   "recv"};
     return (unsigned)k < COLLIE_COLL_NUM_KINDS ? names[k] : "?";
+}
+
+/* collie_coll_has_root / collie_coll_reduces: does this kind of collective
+ * have a root / a reduction (arguments that must agree across ranks)? */
+static inline bool collie_coll_has_root(collie_coll_kind k) {
+    return k == COLLIE_COLL_BROADCAST || k == COLLIE_COLL_REDUCE || k == COLLIE_COLL_GATHER ||
+           k == COLLIE_COLL_SCATTER;
+}
+static inline bool collie_coll_reduces(collie_coll_kind k) {
+    return k == COLLIE_COLL_ALLREDUCE || k == COLLIE_COLL_REDUCE || k == COLLIE_COLL_REDUCE_SCATTER;
+}
+
+/* collie_coll_describe: one rank's side of a collective for messages:
+ * "broadcast of 4 x int32 (root 1)", "allreduce of 4 x fp32 (sum)" (no
+ * reduction for kinds without one). The caller passes the dtype's and the
+ * reduction's names (collie_dtype_name, collie_redop_name). Header-only. */
+static inline void collie_coll_describe(char *buf, size_t len, collie_coll_kind k, uint64_t count,
+                                        const char *dtype, const char *op, int root) {
+    if (k == COLLIE_COLL_BARRIER) {
+        snprintf(buf, len, "barrier");
+        return;
+    }
+    char extra[48] = "";
+    if (collie_coll_reduces(k) && collie_coll_has_root(k))
+        snprintf(extra, sizeof extra, " (%s, root %d)", op, root);
+    else if (collie_coll_reduces(k))
+        snprintf(extra, sizeof extra, " (%s)", op);
+    else if (collie_coll_has_root(k))
+        snprintf(extra, sizeof extra, " (root %d)", root);
+    snprintf(buf, len, "%s of %llu x %s%s", collie_coll_kind_name(k), (unsigned long long)count,
+             dtype, extra);
 }
 
 /* collie_coll_args: one validated operation. Counts follow collie.h. */

@@ -345,14 +345,45 @@ static void test_desync_report_names_first_suspect(void **state) {
     assert_non_null(strstr(msg, "first suspect: rank 2 (idle: it never posted seq 1)"));
     const char *never = strstr(msg, "never reached seq 2: ");
     assert_non_null(never);
-    const char *r0 =
-        strstr(never, "rank 0 (posted 1, completed 0, in allreduce seq 1; waiting on rank 2)");
+    const char *r0 = strstr(never, "rank 0 (posted 1, completed 0, in seq 1: allreduce of 1 x "
+                                   "int32 (sum); waiting on rank 2)");
     const char *r2 = strstr(never, "rank 2 (posted 0, completed 0, idle)");
     const char *reached = strstr(never, "; reached it: rank 1 (");
     assert_true(r0 && r2 && reached && r0 < reached && r2 < reached);
     collie_work_release(b1);
     collie_work_release(a1);
     collie_work_release(a0);
+    world_destroy(&w);
+}
+
+/* Ranks that disagree without ever exchanging a frame (each waits for the
+ * other's broadcast: roots 1 and 0) end at their deadline, and the report
+ * names what each posted. */
+static void test_desync_report_names_disagreeing_args(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "camps", NULL);
+    int32_t x[2][4] = {{0}};
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 300;
+    collie_work *ws[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_broadcast(w.c[r], x[r], 4, COLLIE_INT32, 1 - r, &po, &ws[r]),
+                         COLLIE_OK);
+    int reports = 0;
+    for (int r = 0; r < 2; r++) {
+        int rc = collie_work_wait(ws[r], 5000);
+        assert_true(rc == COLLIE_ETIMEDOUT || rc == COLLIE_EABORTED);
+        const char *msg = collie_work_error_message(ws[r]);
+        if (rc == COLLIE_ETIMEDOUT) {
+            print_message("%s\n", msg);
+            assert_non_null(strstr(msg, "ranks disagree on seq 1: rank 0 posted broadcast of 4 x "
+                                        "int32 (root 1), rank 1 broadcast of 4 x int32 (root 0)"));
+            reports++;
+        }
+        collie_work_release(ws[r]);
+    }
+    assert_true(reports >= 1);
     world_destroy(&w);
 }
 
@@ -852,6 +883,7 @@ int main(void) {
         cmocka_unit_test(test_deadline_event_asks_once),
         cmocka_unit_test(test_desync_report_names_first_suspect),
         cmocka_unit_test(test_desync_report_late_rank_blames_itself),
+        cmocka_unit_test(test_desync_report_names_disagreeing_args),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),

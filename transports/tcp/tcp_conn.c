@@ -62,29 +62,16 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
     put64(h + 16, seq);
     put64(h + 24, a->count);
     put64(h + 32, len);
-    put32(h + 40, tcp_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT);
+    put32(h + 40, collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT);
     put32(h + 44, 0);
 }
 
-/* One side of a collective for messages: "broadcast of 4 x int32 (root 1)",
- * "allreduce of 4 x fp32 (sum)"; no reduction for ops that have none. */
+/* One side of a collective, from a frame's fields, for messages. */
 static void describe_post(char *buf, size_t len, unsigned kind, uint64_t count, unsigned dtype,
                           unsigned op, uint32_t root) {
-    const char *name = collie_coll_kind_name((collie_coll_kind)kind);
-    if (kind == COLLIE_COLL_BARRIER) {
-        snprintf(buf, len, "barrier");
-        return;
-    }
-    char extra[48] = "";
-    bool reduces = tcp_reduces(kind);
-    if (reduces && tcp_has_root(kind))
-        snprintf(extra, sizeof extra, " (%s, root %u)", collie_redop_name((collie_redop)op), root);
-    else if (reduces)
-        snprintf(extra, sizeof extra, " (%s)", collie_redop_name((collie_redop)op));
-    else if (tcp_has_root(kind))
-        snprintf(extra, sizeof extra, " (root %u)", root);
-    snprintf(buf, len, "%s of %llu x %s%s", name, (unsigned long long)count,
-             collie_dtype_name((collie_dtype)dtype), extra);
+    collie_coll_describe(buf, len, (collie_coll_kind)kind, count,
+                         collie_dtype_name((collie_dtype)dtype),
+                         collie_redop_name((collie_redop)op), (int)root);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -466,9 +453,10 @@ static bool conn_match(tcp_conn *c) {
     }
     if (!s) return false; /* not posted yet: the peer is ahead */
     const collie_coll_args *a = &s->owner->args;
-    uint32_t root = get32(h + 40), mine = tcp_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
+    uint32_t root = get32(h + 40),
+             mine = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
     if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
-        len != s->len || root != mine || (tcp_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
+        len != s->len || root != mine || (collie_coll_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
         char ours[96], theirs[96];
         describe_post(ours, sizeof ours, a->kind, a->count, a->dtype, a->op, mine);
         describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], root);

@@ -45,16 +45,6 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 /* the frame's root field for kinds without one */
 #define TCP_NO_ROOT 0xffffffffu
 
-/* Does this kind of collective have a root / a reduction (arguments that
- * must agree across ranks)? */
-static inline bool tcp_has_root(unsigned kind) {
-    return kind == COLLIE_COLL_BROADCAST || kind == COLLIE_COLL_REDUCE ||
-           kind == COLLIE_COLL_GATHER || kind == COLLIE_COLL_SCATTER;
-}
-static inline bool tcp_reduces(unsigned kind) {
-    return kind == COLLIE_COLL_ALLREDUCE || kind == COLLIE_COLL_REDUCE ||
-           kind == COLLIE_COLL_REDUCE_SCATTER;
-}
 
 int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);
