@@ -45,7 +45,6 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 /* the frame's root field for kinds without one */
 #define TCP_NO_ROOT 0xffffffffu
 
-
 int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);
 void cl_tcp_conn_on_write(int fd, unsigned what, void *arg);
