@@ -493,6 +493,20 @@ static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* The last rank to destroy the comm deletes its generation's keys
+ * (bounded; best effort: a rank that died never counts itself out, and
+ * the next generation's join cleans up then). */
+static void comm_count_out(collie_comm *c) {
+    if (c->prefix[0] == '\0' || !c->store) return; /* never joined a generation */
+    char key[160];
+    snprintf(key, sizeof key, "%sleft", c->prefix);
+    int64_t left = 0;
+    if (collie_store_add(c->store, key, 1, 1000, &left) == COLLIE_OK && left == c->size &&
+        collie_store_delete_prefix(c->store, c->prefix, 1000, NULL) != COLLIE_OK)
+        CL_INFO("comm", "comm '%s': could not delete the keys of generation %llu: %s", c->name,
+                (unsigned long long)c->generation, collie_last_error());
+}
+
 int collie_comm_destroy(collie_comm *c) {
     if (!c) return COLLIE_OK;
     if (!c->engine_gone && cl_engine_on_loop(c->engine))
@@ -520,6 +534,7 @@ int collie_comm_destroy(collie_comm *c) {
         /* works failed by the abort retire promptly; wait for them (bounded) */
         comm_wait_idle(c, cl_now_ns() + 2000 * CL_NS_PER_MS);
         comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
+        comm_count_out(c);
     }
     if (c->owns_store) collie_store_destroy(c->store);
     c->store = NULL;

@@ -173,6 +173,10 @@ struct collie_comm {
     } fr;
 };
 
+/* comm_create.c: delete the store keys of generation `gen` of c's name
+ * (best effort, in the background; any thread) */
+void cl_comm_forget_generation(collie_comm *c, uint64_t gen);
+
 /* comm_ctl.c: the control channel (abort propagation, desync queries) */
 bool cl_comm_ctl_enabled(const collie_comm *c);
 void cl_comm_ctl_start(collie_comm *c);

@@ -22,6 +22,11 @@
  *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
  *    2^30 to the barrier's counter, so every rank waiting there wakes at
  *    once, reads it and fails with it; it fails itself with EINVAL.
+ *  - Keys of old generations go (cl_comm_forget_generation): the last
+ *    member to join generation g deletes "collie/<name>/<g-1>/" (every
+ *    member has moved on), and the last member to destroy a comm deletes
+ *    its own (comm.c), so a server that re-creates its comm after every
+ *    fault keeps a flat store.
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
  *    step callback then sees the cancellation and stops.
@@ -201,6 +206,23 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
 }
 
 static void create_step_done(create_state *cs, collie_work *w);
+
+static void forget_done(collie_work *w, void *arg) {
+    (void)arg;
+    collie_work_release(w);
+}
+
+void cl_comm_forget_generation(collie_comm *c, uint64_t gen) {
+    char prefix[112];
+    snprintf(prefix, sizeof prefix, "collie/%s/%llu/", c->name, (unsigned long long)gen);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 5000;
+    o.cb = forget_done; /* best effort: a failure leaves garbage, nothing else */
+    collie_work *w;
+    if (collie_store_post_delete_prefix(c->store, prefix, &o, &w) != COLLIE_OK)
+        CL_INFO("comm", "comm '%s': could not delete the keys of generation %llu: %s", c->name,
+                (unsigned long long)gen, collie_last_error());
+}
 static void create_succeed(create_state *cs);
 
 /* Go to `step` and post its request; a post that fails ends the create. */
@@ -274,6 +296,9 @@ static void create_step_done(create_state *cs, collie_work *w) {
         for (const char *p = c->prefix; *p; p++)
             h = (h ^ (unsigned char)*p) * 1099511628211ULL;
         c->id = h;
+        /* the last member to join this generation: every member has moved
+         * on from the previous one, whose keys can go */
+        if (v % c->size == 0 && c->generation > 0) cl_comm_forget_generation(c, c->generation - 1);
         create_next(cs, STEP_CLAIM);
         return;
     }

@@ -407,6 +407,12 @@ COLLIE_API int collie_store_post_wait(collie_store *s, const char *const *keys, 
 /* delete: Result: collie_store_work_int 1 if it existed, else 0. */
 COLLIE_API int collie_store_post_delete(collie_store *s, const char *key, const collie_post_opts *o,
                                         collie_work **out);
+/* delete_prefix: every key that starts with `prefix` (after the handle's
+ * own prefix; "" is every key of the handle). Result: collie_store_work_int
+ * = keys deleted. The server scans its whole table: meant for cleanup, not
+ * for every operation. */
+COLLIE_API int collie_store_post_delete_prefix(collie_store *s, const char *prefix,
+                                               const collie_post_opts *o, collie_work **out);
 /* num_keys: keys in the whole store. Result: collie_store_work_int. */
 COLLIE_API int collie_store_post_num_keys(collie_store *s, const collie_post_opts *o,
                                           collie_work **out);
@@ -461,6 +467,8 @@ COLLIE_API int collie_store_wait(collie_store *s, const char *const *keys, size_
                                  int32_t timeout_ms);
 COLLIE_API int collie_store_delete(collie_store *s, const char *key, int32_t timeout_ms,
                                    bool *existed);
+COLLIE_API int collie_store_delete_prefix(collie_store *s, const char *prefix, int32_t timeout_ms,
+                                          int64_t *deleted);
 COLLIE_API int collie_store_num_keys(collie_store *s, int32_t timeout_ms, int64_t *out);
 /* vals[i] are malloc'd (free() each); all NULL on error. */
 COLLIE_API int collie_store_multi_get(collie_store *s, const char *const *keys, size_t n,

@@ -235,6 +235,12 @@ int collie_store_post_delete(collie_store *s, const char *key, const collie_post
     return store_api_post_key(s, CL_STORE_OP_DELETE, key, o, out, "collie_store_post_delete");
 }
 
+int collie_store_post_delete_prefix(collie_store *s, const char *prefix, const collie_post_opts *o,
+                                    collie_work **out) {
+    return store_api_post_key(s, CL_STORE_OP_DELETE_PREFIX, prefix, o, out,
+                              "collie_store_post_delete_prefix");
+}
+
 int collie_store_post_add(collie_store *s, const char *key, int64_t delta,
                           const collie_post_opts *o, collie_work **out) {
     static const char fn[] = "collie_store_post_add";
@@ -453,6 +459,18 @@ int collie_store_delete(collie_store *s, const char *key, int32_t timeout_ms, bo
     if (rc == COLLIE_OK) rc = collie_store_post_delete(s, key, &po, &w);
     rc = store_api_sync_int(w, rc, &v);
     if (existed) *existed = rc == COLLIE_OK && v != 0;
+    return rc;
+}
+
+int collie_store_delete_prefix(collie_store *s, const char *prefix, int32_t timeout_ms,
+                               int64_t *deleted) {
+    STORE_SYNC_OPTS(po, timeout_ms);
+    collie_work *w = NULL;
+    int64_t v = 0;
+    int rc = store_api_sync_check(s, "collie_store_delete_prefix");
+    if (rc == COLLIE_OK) rc = collie_store_post_delete_prefix(s, prefix, &po, &w);
+    rc = store_api_sync_int(w, rc, &v);
+    if (deleted) *deleted = rc == COLLIE_OK ? v : 0;
     return rc;
 }
 

@@ -452,6 +452,23 @@ int cl_store_kv_delete(cl_store_kv *kv, const void *key, size_t klen, bool *exis
     return COLLIE_OK;
 }
 
+size_t cl_store_kv_delete_prefix(cl_store_kv *kv, const void *prefix, size_t plen) {
+    size_t n = 0;
+    for (size_t i = 0; i < kv->nbuckets; i++) {
+        store_kv_entry *e = kv->buckets[i];
+        while (e) {
+            store_kv_entry *next = e->next; /* e may be dropped */
+            if (e->present && e->klen >= plen && memcmp(e->key, prefix, plen) == 0) {
+                bool existed;
+                cl_store_kv_delete(kv, e->key, e->klen, &existed);
+                n++;
+            }
+            e = next;
+        }
+    }
+    return n;
+}
+
 bool cl_store_kv_get(const cl_store_kv *kv, const void *key, size_t klen, const uint8_t **val,
                      size_t *vlen) {
     const store_kv_entry *e = store_kv_lookup(kv, key, klen);

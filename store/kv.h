@@ -89,6 +89,9 @@ int cl_store_kv_multi_set(cl_store_kv *kv, size_t n, const cl_store_bytes *keys,
                           const cl_store_bytes *vals);
 /* delete: *existed tells whether the key was present. */
 int cl_store_kv_delete(cl_store_kv *kv, const void *key, size_t klen, bool *existed);
+/* delete_prefix: every key that starts with the prefix (an empty prefix is
+ * every key); returns how many were deleted. O(keys in the table). */
+size_t cl_store_kv_delete_prefix(cl_store_kv *kv, const void *prefix, size_t plen);
 
 /* Reads. */
 bool cl_store_kv_get(const cl_store_kv *kv, const void *key, size_t klen, const uint8_t **val,

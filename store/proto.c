@@ -33,6 +33,7 @@ static const char *const store_proto_op_names[CL_STORE_OP_COUNT_] = {
     [CL_STORE_OP_APPEND] = "append",
     [CL_STORE_OP_BARRIER] = "barrier",
     [CL_STORE_OP_CANCEL] = "cancel",
+    [CL_STORE_OP_DELETE_PREFIX] = "delete_prefix",
 };
 
 const char *cl_store_op_name(unsigned op) {
@@ -312,6 +313,7 @@ int cl_store_req_decode(uint8_t op, const uint8_t *body, size_t len, cl_store_ms
         break;
     case CL_STORE_OP_GET:
     case CL_STORE_OP_DELETE:
+    case CL_STORE_OP_DELETE_PREFIX:
         m->n = 1;
         m->keys[0] = cl_store_get_bytes(&r);
         break;
@@ -390,6 +392,7 @@ int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_
     case CL_STORE_OP_ADD:
     case CL_STORE_OP_CHECK:
     case CL_STORE_OP_DELETE:
+    case CL_STORE_OP_DELETE_PREFIX:
     case CL_STORE_OP_NUM_KEYS: m->num = cl_store_get_i64(&r); break;
     case CL_STORE_OP_MULTI_GET:
         rc = store_proto_get_count(&r, m, 4, false, true, why, why_len);

@@ -32,6 +32,7 @@
  *   APPEND       key, value                         —
  *   BARRIER      key, u32 n                         —                (waits)
  *   CANCEL       u32 req_id of a waiting request    (no reply)
+ *   DELETE_PREFIX  prefix                           i64 keys deleted
  *
  * A reply with a negative status carries `bytes message` (may be empty).
  * Requests are pipelined: a client may send many before reading replies;
@@ -76,7 +77,8 @@ enum cl_store_op {
     CL_STORE_OP_APPEND = 13,
     CL_STORE_OP_BARRIER = 14,
     CL_STORE_OP_CANCEL = 15,
-    CL_STORE_OP_COUNT_ = 16, /* one past the last */
+    CL_STORE_OP_DELETE_PREFIX = 16,
+    CL_STORE_OP_COUNT_ = 17, /* one past the last */
     CL_STORE_OP_REPLY = 0x80,
 };
 

@@ -61,6 +61,7 @@ static const cl_work_ops store_req_ops[CL_STORE_OP_COUNT_] = {
     STORE_REQ_OPS(CL_STORE_OP_MULTI_SET, "multi_set"),
     STORE_REQ_OPS(CL_STORE_OP_APPEND, "append"),
     STORE_REQ_OPS(CL_STORE_OP_BARRIER, "barrier"),
+    STORE_REQ_OPS(CL_STORE_OP_DELETE_PREFIX, "delete_prefix"),
 };
 
 /* ---- posting ------------------------------------------------------------------- */
@@ -207,7 +208,8 @@ int collie_store_work_int(const collie_work *w, int64_t *out) {
     const cl_store_req *r;
     int rc = store_req_result(w,
                               1u << CL_STORE_OP_ADD | 1u << CL_STORE_OP_CHECK |
-                                  1u << CL_STORE_OP_DELETE | 1u << CL_STORE_OP_NUM_KEYS,
+                                  1u << CL_STORE_OP_DELETE | 1u << CL_STORE_OP_NUM_KEYS |
+                                  1u << CL_STORE_OP_DELETE_PREFIX,
                               &r);
     if (out) *out = rc == COLLIE_OK ? r->ival : 0;
     return rc;

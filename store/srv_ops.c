@@ -233,6 +233,9 @@ int cl_store_srv_dispatch(store_srv_conn *c, const cl_store_hdr *h, cl_store_msg
         cl_store_kv_delete(kv, k->p, k->len, &existed);
         store_srv_reply_i64(c, h, existed);
         break;
+    case CL_STORE_OP_DELETE_PREFIX:
+        store_srv_reply_i64(c, h, (int64_t)cl_store_kv_delete_prefix(kv, k->p, k->len));
+        break;
     case CL_STORE_OP_NUM_KEYS: store_srv_reply_i64(c, h, (int64_t)cl_store_kv_num_keys(kv)); break;
     case CL_STORE_OP_CHECK: store_srv_check(c, h, m); break;
     case CL_STORE_OP_MULTI_SET:

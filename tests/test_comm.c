@@ -414,6 +414,76 @@ static void test_desync_report_late_rank_blames_itself(void **state) {
     world_destroy(&w);
 }
 
+/* Re-creating a comm again and again keeps the store flat: the last rank
+ * to destroy a generation deletes its keys (1000 cycles; 200 under the
+ * sanitizers' CLTEST_QUICK). And when a rank never destroys its old comm
+ * (it died, or re-creates first), the last rank to join the next
+ * generation deletes the old one's keys. */
+static void test_recreation_keeps_store_flat(void **state) {
+    (void)state;
+    int cycles = getenv("CLTEST_QUICK") ? 200 : 1000;
+    world w;
+    world_create(&w, 2, "flat", NULL);
+    int64_t base = -1, keys = -1;
+    for (int i = 0; i < cycles; i++) {
+        int32_t x[2] = {1, 2};
+        collie_work *ws[2], *cw[2];
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(
+                collie_allreduce(w.c[r], &x[r], &x[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ws[r]),
+                COLLIE_OK);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(ws[r], 10000), COLLIE_OK);
+            assert_int_equal(x[r], 3);
+            collie_work_release(ws[r]);
+        }
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_comm_destroy(w.c[r]), COLLIE_OK);
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = "flat";
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_comm_create_post(w.e, w.st[r], r, 2, &o, &w.c[r], &cw[r]),
+                             COLLIE_OK);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+            collie_work_release(cw[r]);
+        }
+        if (i == 4) assert_int_equal(collie_store_num_keys(w.st[0], 5000, &base), COLLIE_OK);
+    }
+    assert_int_equal(collie_store_num_keys(w.st[0], 5000, &keys), COLLIE_OK);
+    print_message("store keys after 5 re-creations: %lld, after %d: %lld (generation %llu)\n",
+                  (long long)base, cycles, (long long)keys,
+                  (unsigned long long)collie_comm_generation(w.c[0]));
+    assert_true(keys <= base);
+    /* rank 1 keeps its old comm while both join the next generation */
+    uint64_t gen = collie_comm_generation(w.c[0]);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    collie_comm *old1 = w.c[1], *c2[2];
+    collie_work *cw[2];
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "flat";
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(w.e, w.st[r], r, 2, &o, &c2[r], &cw[r]),
+                         COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+    char key[96];
+    snprintf(key, sizeof key, "collie/flat/%llu/rank/1", (unsigned long long)gen);
+    const char *k[] = {key};
+    bool there = true;
+    for (int i = 0; i < 200 && there; i++) { /* the delete runs in the background */
+        assert_int_equal(collie_store_check(w.st[0], k, 1, 5000, &there), COLLIE_OK);
+        if (there) usleep(10000);
+    }
+    assert_false(there);
+    assert_int_equal(collie_comm_destroy(old1), COLLIE_OK);
+    w.c[0] = c2[0];
+    w.c[1] = c2[1];
+    world_destroy(&w);
+}
+
 /* Abort while the creation waits in the store for a rank that never comes:
  * the create work fails with EABORTED at once and is released at once,
  * while the store request it cancelled has yet to run its callback (which
@@ -884,6 +954,7 @@ int main(void) {
         cmocka_unit_test(test_desync_report_names_first_suspect),
         cmocka_unit_test(test_desync_report_late_rank_blames_itself),
         cmocka_unit_test(test_desync_report_names_disagreeing_args),
+        cmocka_unit_test(test_recreation_keeps_store_flat),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),
         cmocka_unit_test(test_buffers_untouched_after_error),

@@ -254,6 +254,42 @@ static void test_waits_released_by_another_client(void **state) {
     fx_stop(&fx);
 }
 
+/* delete_prefix removes exactly the keys under the prefix (through a
+ * prefixed view too), counts them, and leaves waiters on those keys
+ * waiting (a later set still releases them). */
+static void test_delete_prefix(void **state) {
+    (void)state;
+    store_fx fx;
+    fx_start(&fx, NULL, NULL);
+    const char *keys[] = {"g/1/a", "g/1/b", "g/1/c/d", "g/10/a", "g/2/a", "h"};
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(collie_store_set(fx.st, keys[i], "v", 1, 2000), COLLIE_OK);
+    collie_work *get = NULL;
+    assert_int_equal(collie_store_post_get(fx.st, "g/1/later", NULL, &get), COLLIE_OK);
+    int64_t n = -1;
+    assert_int_equal(collie_store_delete_prefix(fx.st, "g/1/", 2000, &n), COLLIE_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(collie_store_num_keys(fx.st, 2000, &n), COLLIE_OK);
+    assert_int_equal(n, 3); /* g/10/a, g/2/a, h */
+    bool there = false;
+    const char *k10[] = {"g/10/a"};
+    assert_int_equal(collie_store_check(fx.st, k10, 1, 2000, &there), COLLIE_OK);
+    assert_true(there);
+    collie_store *view;
+    assert_int_equal(collie_store_prefix(fx.st, "g/", &view), COLLIE_OK);
+    assert_int_equal(collie_store_delete_prefix(view, "2/", 2000, &n), COLLIE_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(collie_store_delete_prefix(view, "nothing/", 2000, &n), COLLIE_OK);
+    assert_int_equal(n, 0);
+    assert_false(collie_work_test(get)); /* still waiting for its key */
+    assert_int_equal(collie_store_set(fx.st, "g/1/later", "L", 1, 2000), COLLIE_OK);
+    assert_int_equal(fx_wait(get), COLLIE_OK);
+    assert_value(get, "L");
+    collie_work_release(get);
+    collie_store_destroy(view);
+    fx_stop(&fx);
+}
+
 static void test_cancel_drops_server_waiter(void **state) {
     (void)state;
     store_fx fx;
@@ -774,6 +810,7 @@ int main(void) {
         cmocka_unit_test(test_async_results_and_accessors),
         cmocka_unit_test(test_get_times_out),
         cmocka_unit_test(test_waits_released_by_another_client),
+        cmocka_unit_test(test_delete_prefix),
         cmocka_unit_test(test_cancel_drops_server_waiter),
         cmocka_unit_test(test_barrier_rounds),
         cmocka_unit_test(test_barrier_threads),
