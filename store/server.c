@@ -65,6 +65,10 @@ static void store_srv_stop(collie_store_server *s, bool from_engine) {
     store_srv_conn *c;
     while ((c = cl_list_first(&s->conns, store_srv_conn, link)))
         cl_store_srv_conn_free(c);
+    if (s->flush_ev) event_free(s->flush_ev);
+    s->flush_ev = NULL;
+    while ((c = cl_list_first(&s->conns, store_srv_conn, link)))
+        cl_store_srv_conn_free(c);
     cl_store_kv_destroy(s->kv);
     s->kv = NULL;
     if (!from_engine) cl_engine_remove_resident(s->engine, &s->resident);
@@ -82,6 +86,7 @@ static void store_srv_start_call(void *arg) {
     collie_store_server *s = arg;
     struct event_base *base = cl_engine_base(s->engine);
     s->relisten_ev = evtimer_new(base, store_srv_on_relisten, s);
+    cl_list_init(&s->dirty);
     if (!s->relisten_ev) {
         s->start_status = COLLIE_ENOMEM;
         snprintf(s->start_err, sizeof s->start_err, "store server %s: out of memory", s->name);
@@ -121,8 +126,10 @@ static void store_srv_start_call(void *arg) {
 fail:
     if (s->lis) evconnlistener_free(s->lis);
     s->lis = NULL;
-    event_free(s->relisten_ev);
+    if (s->relisten_ev) event_free(s->relisten_ev);
     s->relisten_ev = NULL;
+    if (s->flush_ev) event_free(s->flush_ev);
+    s->flush_ev = NULL;
 }
 
 static void store_srv_free(collie_store_server *s) {

@@ -55,8 +55,9 @@ struct store_srv_conn {
     struct bufferevent *bev;
     char peer[64];
     int state;
-    bool closing; /* flushing a last reply, then closed */
-    bool paused;  /* reading stopped: too many unsent replies */
+    bool closing;            /* flushing a last reply, then closed */
+    bool paused;             /* reading stopped: too many unsent replies */
+    cl_list_node dirty_link; /* the server's conns with replies to flush */
     uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
     cl_store_idmap waits;
     cl_list wait_list; /* store_srv_wait.link */
@@ -81,6 +82,8 @@ struct collie_store_server {
     cl_resident resident;
     struct evconnlistener *lis;
     struct event *relisten_ev; /* re-enables accept after EMFILE */
+    struct event *flush_ev;    /* writes the replies of the dirty conns (srv_conn.c) */
+    cl_list dirty;             /* store_srv_conn.dirty_link */
     cl_store_kv *kv;
     cl_list conns;          /* store_srv_conn.link */
     uint64_t refused;       /* connections refused since the last report */

@@ -16,6 +16,10 @@
  *    error, handshake timeout) and the write callback (`closing`: a final
  *    reply such as an EAUTH refusal has been flushed). Server teardown frees
  *    the rest.
+ *  - Replies are written straight to the socket once per loop pass
+ *    (cl_store_srv_flush, for every conn that queued some): the write
+ *    event is enabled only while a socket does not take everything, so a
+ *    request costs one read and one write, not two epoll_ctl besides.
  *  - Back-pressure: a client that pipelines requests without reading the
  *    replies stops being read once CL_STORE_SRV_OUT_HIGH bytes of replies
  *    are queued, and is resumed when half of them have been sent.
@@ -53,6 +57,7 @@ void cl_store_srv_conn_free(store_srv_conn *c) {
     if (fd >= 0) shutdown(fd, SHUT_RDWR);
     bufferevent_free(c->bev);
     cl_list_remove(&c->link);
+    cl_list_remove(&c->dirty_link);
     atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
     free(c);
 }
@@ -66,6 +71,8 @@ static void store_srv_conn_reject(store_srv_conn *c, const char *why) {
 /* Close once the output (a final reply) has been flushed. */
 static void store_srv_conn_close_after_flush(store_srv_conn *c) {
     c->closing = true;
+    cl_list_remove(&c->dirty_link);
+    bufferevent_enable(c->bev, EV_WRITE);
     bufferevent_disable(c->bev, EV_READ);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
     bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
@@ -94,7 +101,30 @@ int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t st
         store_srv_conn_close_after_flush(c); /* the stream is cut mid-frame: drop the client */
         return COLLIE_ENOMEM;
     }
+    if (!cl_list_linked(&c->dirty_link)) {
+        cl_list_push_back(&c->srv->dirty, &c->dirty_link);
+        event_active(c->srv->flush_ev, 0, 0);
+    }
     return COLLIE_OK;
+}
+
+static void store_srv_flush(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
+    collie_store_server *s = arg;
+    store_srv_conn *c;
+    while ((c = cl_list_first(&s->dirty, store_srv_conn, dirty_link))) {
+        cl_list_remove(&c->dirty_link);
+        struct evbuffer *out = bufferevent_get_output(c->bev);
+        /* a socket bufferevent keeps its output's start frozen except in
+         * its own write callback: thawed for this write, as it does */
+        evbuffer_unfreeze(out, 1);
+        int n = evbuffer_write(out, bufferevent_getfd(c->bev));
+        int err = errno;
+        evbuffer_freeze(out, 1);
+        if (n < 0 && err != EAGAIN && err != EINTR) continue; /* its event callback ends it */
+        if (evbuffer_get_length(out) > 0) bufferevent_enable(c->bev, EV_WRITE); /* the rest */
+    }
 }
 
 void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int status,
@@ -296,6 +326,7 @@ static void store_srv_conn_on_write(struct bufferevent *bev, void *arg) {
         if (out == 0) cl_store_srv_conn_free(c);
         return;
     }
+    if (out == 0) bufferevent_disable(bev, EV_WRITE); /* back to writing directly */
     if (c->paused && out <= CL_STORE_SRV_OUT_HIGH / 2) {
         c->paused = false;
         bufferevent_enable(bev, EV_READ);
@@ -338,7 +369,8 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
         close(fd);
         return;
     }
-    store_srv_conn *c = calloc(1, sizeof *c);
+    if (!s->flush_ev) s->flush_ev = event_new(cl_engine_base(s->engine), -1, 0, store_srv_flush, s);
+    store_srv_conn *c = s->flush_ev ? calloc(1, sizeof *c) : NULL;
     if (c) cl_list_init(&c->wait_list);
     struct bufferevent *bev =
         c ? bufferevent_socket_new(cl_engine_base(s->engine), fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
@@ -362,6 +394,7 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     bufferevent_set_timeouts(bev, &hs, NULL);
     store_srv_conn_want(c, CL_STORE_HDR_LEN);
     bufferevent_setwatermark(bev, EV_WRITE, CL_STORE_SRV_OUT_HIGH / 2, 0);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    bufferevent_disable(bev, EV_WRITE); /* on by default: replies are written directly */
+    bufferevent_enable(bev, EV_READ);
     CL_DEBUG("store", "server %s: accepted %s", s->name, peer);
 }
