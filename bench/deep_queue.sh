@@ -128,14 +128,6 @@ $frows
 <!-- deepqueue:end -->
 EOS
 )
-touch "$OUT"
-tmp=$(mktemp "$OUT.XXXXXX")
-chmod --reference="$OUT" "$tmp"
-SECTION="$section" awk '
-  /^<!-- deepqueue:begin/ { if (!done) { print ENVIRON["SECTION"]; done = 1 } skip = 1; next }
-  /^<!-- deepqueue:end -->/ { skip = 0; next }
-  !skip { print }
-  END { if (!done) { print ""; print ENVIRON["SECTION"] } }
-' "$OUT" > "$tmp"
-mv "$tmp" "$OUT"
+. bench/results_section.sh
+write_results_section deepqueue "$OUT" "$section"
 echo "deep_queue.sh: wrote the Deep queues section of $OUT"

@@ -113,14 +113,6 @@ EOF
 
 # replace the section between the markers, or append it; written through a
 # temporary file and renamed, so a concurrent reader never sees half a file
-touch "$OUT"
-tmp=$(mktemp "$OUT.XXXXXX")
-chmod --reference="$OUT" "$tmp"
-SECTION="$section" awk '
-  /^<!-- faults:begin/ { if (!done) { print ENVIRON["SECTION"]; done = 1 } skip = 1; next }
-  /^<!-- faults:end -->/ { skip = 0; next }
-  !skip { print }
-  END { if (!done) { print ""; print ENVIRON["SECTION"] } }
-' "$OUT" > "$tmp"
-mv "$tmp" "$OUT"
+. bench/results_section.sh
+write_results_section faults "$OUT" "$section"
 echo "faults.sh: wrote the Fault detection section of $OUT"

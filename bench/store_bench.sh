@@ -123,14 +123,6 @@ $rows
 <!-- storebench:end -->
 EOS
 )
-touch "$OUT"
-t2=$(mktemp "$OUT.XXXXXX")
-chmod --reference="$OUT" "$t2"
-SECTION="$section" awk '
-  /^<!-- storebench:begin/ { if (!done) { print ENVIRON["SECTION"]; done = 1 } skip = 1; next }
-  /^<!-- storebench:end -->/ { skip = 0; next }
-  !skip { print }
-  END { if (!done) { print ""; print ENVIRON["SECTION"] } }
-' "$OUT" > "$t2"
-mv "$t2" "$OUT"
+. bench/results_section.sh
+write_results_section storebench "$OUT" "$section"
 echo "store_bench.sh: wrote the Store throughput section of $OUT"
