@@ -188,7 +188,7 @@ static void desync_publish(desync *d) {
         event_del(d->timer);
         d->refs--; /* callers hold their own, so this never frees d */
     }
-    char msg[2600];
+    char msg[3400]; /* first + disagree + never + reached + the frame */
     desync_message(d, msg, sizeof msg);
     cl_coll_work *cw = (cl_coll_work *)d->w;
     cw->explaining = false;
