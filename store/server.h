@@ -20,7 +20,8 @@
 #include "store/kv.h"
 #include "store/proto.h"
 
-struct bufferevent;
+struct event;
+struct evbuffer;
 struct evconnlistener;
 struct event;
 
@@ -52,7 +53,10 @@ enum store_srv_conn_state {
 struct store_srv_conn {
     cl_list_node link; /* the server's conns */
     collie_store_server *srv;
-    struct bufferevent *bev;
+    int fd;
+    struct event *rev, *wev,
+        *hs_timer; /* read (persistent), write (while output waits), handshake */
+    struct evbuffer *in, *out;
     char peer[64];
     int state;
     bool closing;            /* flushing a last reply, then closed */

@@ -3,12 +3,12 @@
  * handshake (HELLO, AUTH), back-pressure and teardown.
  *
  * Design notes
- *  - Loop thread only. Each connection is a bufferevent on the engine's
- *    base. The read low-watermark is the size of the frame being waited
- *    for, so the callback runs once per complete frame; the header is
- *    validated (magic, version, op, body_len against the limit for the
- *    connection's state) before a single body byte is buffered, and the
- *    high-watermark keeps what libevent reads ahead bounded.
+ *  - Loop thread only. Each connection is a socket with a persistent read
+ *    event and two evbuffers: one recv of up to STORE_SRV_READ_CHUNK per
+ *    wake-up (no FIONREAD first, as evbuffer_read does), then every
+ *    complete frame in the input is handled; a header is validated (magic,
+ *    version, op, body_len against the limit for the connection's state)
+ *    as soon as its 16 bytes are in, before its body is waited for.
  *  - Malformed input closes that connection only (logged at warn with the
  *    peer's address); nothing a client sends can take the server down.
  *  - A connection is freed from exactly three places: the read callback
@@ -17,16 +17,15 @@
  *    reply such as an EAUTH refusal has been flushed). Server teardown frees
  *    the rest.
  *  - Replies are written straight to the socket once per loop pass
- *    (cl_store_srv_flush, for every conn that queued some): the write
- *    event is enabled only while a socket does not take everything, so a
- *    request costs one read and one write, not two epoll_ctl besides.
+ *    (store_srv_flush, for every conn that queued some): the write event
+ *    is added only while a socket does not take everything, so a request
+ *    costs one recv and one writev — no epoll_ctl, no ioctl.
  *  - Back-pressure: a client that pipelines requests without reading the
  *    replies stops being read once CL_STORE_SRV_OUT_HIGH bytes of replies
  *    are queued, and is resumed when half of them have been sent.
  */
 #include <errno.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -41,8 +40,8 @@
 #include "store/auth.h"
 #include "store/server.h"
 
-/* How far ahead of the current frame libevent may read. */
-#define STORE_SRV_READ_AHEAD (256u * 1024u)
+/* The most one recv takes. */
+#define STORE_SRV_READ_CHUNK (64u * 1024u)
 /* A client must finish the handshake within this. */
 #define STORE_SRV_HANDSHAKE_MS 10000
 
@@ -51,11 +50,12 @@ static void store_srv_conn_process(store_srv_conn *c);
 void cl_store_srv_conn_free(store_srv_conn *c) {
     collie_store_server *s = c->srv;
     cl_store_srv_drop_waits(c);
-    /* libevent defers the close(2) of a freed bufferevent to a later loop
-     * turn; the client must learn now (server destroy is synchronous) */
-    int fd = bufferevent_getfd(c->bev);
-    if (fd >= 0) shutdown(fd, SHUT_RDWR);
-    bufferevent_free(c->bev);
+    if (c->rev) event_free(c->rev);
+    if (c->wev) event_free(c->wev);
+    if (c->hs_timer) event_free(c->hs_timer);
+    if (c->in) evbuffer_free(c->in);
+    if (c->out) evbuffer_free(c->out);
+    if (c->fd >= 0) close(c->fd);
     cl_list_remove(&c->link);
     cl_list_remove(&c->dirty_link);
     atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
@@ -71,11 +71,11 @@ static void store_srv_conn_reject(store_srv_conn *c, const char *why) {
 /* Close once the output (a final reply) has been flushed. */
 static void store_srv_conn_close_after_flush(store_srv_conn *c) {
     c->closing = true;
-    cl_list_remove(&c->dirty_link);
-    bufferevent_enable(c->bev, EV_WRITE);
-    bufferevent_disable(c->bev, EV_READ);
-    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-    bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+    event_del(c->rev);
+    if (!cl_list_linked(&c->dirty_link)) { /* the flush frees it once written */
+        cl_list_push_back(&c->srv->dirty, &c->dirty_link);
+        event_active(c->srv->flush_ev, 0, 0);
+    }
 }
 
 int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t status,
@@ -91,7 +91,7 @@ int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t st
                       .req_id = req_id,
                       .status = status};
     cl_store_hdr_encode(hb, &h);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = c->out;
     int bad = body > UINT32_MAX || evbuffer_add(out, hb, sizeof hb) != 0;
     for (size_t i = 0; i < nparts && !bad; i++)
         if (parts[i].len) bad = evbuffer_add(out, parts[i].p, parts[i].len) != 0;
@@ -108,6 +108,34 @@ int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t st
     return COLLIE_OK;
 }
 
+static void store_srv_conn_process(store_srv_conn *c);
+
+/* Write what c has queued. May free c (closing, or the socket failed). */
+static void store_srv_conn_write(store_srv_conn *c) {
+    int n = evbuffer_write(c->out, c->fd);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        CL_DEBUG("store", "server %s: sending to %s failed: %s", c->srv->name, c->peer,
+                 strerror(errno));
+        cl_store_srv_conn_free(c);
+        return;
+    }
+    size_t left = evbuffer_get_length(c->out);
+    if (left > 0) {
+        event_add(c->wev, NULL); /* the socket is full: the rest when it drains */
+        return;
+    }
+    event_del(c->wev);
+    if (c->closing) {
+        cl_store_srv_conn_free(c);
+        return;
+    }
+    if (c->paused) { /* every reply is out: read its requests again */
+        c->paused = false;
+        event_add(c->rev, NULL);
+        store_srv_conn_process(c);
+    }
+}
+
 static void store_srv_flush(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(fd);
     CL_UNUSED(what);
@@ -115,15 +143,7 @@ static void store_srv_flush(evutil_socket_t fd, short what, void *arg) {
     store_srv_conn *c;
     while ((c = cl_list_first(&s->dirty, store_srv_conn, dirty_link))) {
         cl_list_remove(&c->dirty_link);
-        struct evbuffer *out = bufferevent_get_output(c->bev);
-        /* a socket bufferevent keeps its output's start frozen except in
-         * its own write callback: thawed for this write, as it does */
-        evbuffer_unfreeze(out, 1);
-        int n = evbuffer_write(out, bufferevent_getfd(c->bev));
-        int err = errno;
-        evbuffer_freeze(out, 1);
-        if (n < 0 && err != EAGAIN && err != EINTR) continue; /* its event callback ends it */
-        if (evbuffer_get_length(out) > 0) bufferevent_enable(c->bev, EV_WRITE); /* the rest */
+        store_srv_conn_write(c);
     }
 }
 
@@ -141,7 +161,7 @@ void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int
 
 static void store_srv_conn_ready(store_srv_conn *c) {
     c->state = STORE_SRV_READY;
-    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    event_del(c->hs_timer);
     CL_DEBUG("store", "server %s: client %s ready", c->srv->name, c->peer);
 }
 
@@ -238,23 +258,15 @@ static int store_srv_conn_frame(store_srv_conn *c, const cl_store_hdr *h, cl_sto
 
 /* ---- I/O ----------------------------------------------------------------------------- */
 
-static void store_srv_conn_want(store_srv_conn *c, size_t need) {
-    size_t high = need > STORE_SRV_READ_AHEAD ? need : STORE_SRV_READ_AHEAD;
-    bufferevent_setwatermark(c->bev, EV_READ, need, high);
-}
-
 /* Process every complete frame in the input. May free c (then returns at
  * once; callers must not touch c afterwards). */
 static void store_srv_conn_process(store_srv_conn *c) {
     collie_store_server *s = c->srv;
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = c->in;
     char why[256] = "";
     while (!c->closing && !c->paused) {
         size_t avail = evbuffer_get_length(in);
-        if (avail < CL_STORE_HDR_LEN) {
-            store_srv_conn_want(c, CL_STORE_HDR_LEN);
-            return;
-        }
+        if (avail < CL_STORE_HDR_LEN) return;
         uint8_t hb[CL_STORE_HDR_LEN];
         cl_store_hdr h;
         evbuffer_copyout(in, hb, sizeof hb);
@@ -277,10 +289,7 @@ static void store_srv_conn_process(store_srv_conn *c) {
             return;
         }
         size_t need = CL_STORE_HDR_LEN + (size_t)h.body_len;
-        if (avail < need) {
-            store_srv_conn_want(c, need);
-            return;
-        }
+        if (avail < need) return;
         const uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)need);
         if (!frame) {
             store_srv_conn_reject(c, "out of memory for its frame");
@@ -303,49 +312,54 @@ static void store_srv_conn_process(store_srv_conn *c) {
             return;
         }
         evbuffer_drain(in, need);
-        if (evbuffer_get_length(bufferevent_get_output(c->bev)) > CL_STORE_SRV_OUT_HIGH) {
-            c->paused = true;
-            bufferevent_disable(c->bev, EV_READ);
+        if (evbuffer_get_length(c->out) > CL_STORE_SRV_OUT_HIGH) {
+            c->paused = true; /* resumed once its replies are out */
+            event_del(c->rev);
         }
     }
 }
 
-static void store_srv_conn_on_read(struct bufferevent *bev, void *arg) {
-    CL_UNUSED(bev);
+static void store_srv_conn_on_read(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(what);
     store_srv_conn *c = arg;
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(c->in, STORE_SRV_READ_CHUNK, &v, 1) < 1) {
+        store_srv_conn_reject(c, "out of memory for its input");
+        return;
+    }
+    ssize_t n = recv(fd, v.iov_base, v.iov_len, 0);
+    if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (n == 0)
+            CL_DEBUG("store", "server %s: client %s closed the connection", c->srv->name, c->peer);
+        else
+            CL_DEBUG("store", "server %s: connection from %s failed: %s", c->srv->name, c->peer,
+                     strerror(errno));
+        cl_store_srv_conn_free(c);
+        return;
+    }
+    v.iov_len = (size_t)n;
+    evbuffer_commit_space(c->in, &v, 1);
     collie_engine *e = c->srv->engine;
     const char *prev = cl_engine_set_activity(e, "store server: read");
     store_srv_conn_process(c);
     cl_engine_set_activity(e, prev);
 }
 
-static void store_srv_conn_on_write(struct bufferevent *bev, void *arg) {
+static void store_srv_conn_on_write(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
     store_srv_conn *c = arg;
-    size_t out = evbuffer_get_length(bufferevent_get_output(bev));
-    if (c->closing) {
-        if (out == 0) cl_store_srv_conn_free(c);
-        return;
-    }
-    if (out == 0) bufferevent_disable(bev, EV_WRITE); /* back to writing directly */
-    if (c->paused && out <= CL_STORE_SRV_OUT_HIGH / 2) {
-        c->paused = false;
-        bufferevent_enable(bev, EV_READ);
-        store_srv_conn_process(c);
-    }
+    cl_list_remove(&c->dirty_link); /* written now */
+    store_srv_conn_write(c);
 }
 
-static void store_srv_conn_on_event(struct bufferevent *bev, short what, void *arg) {
-    CL_UNUSED(bev);
+static void store_srv_conn_on_handshake_timeout(evutil_socket_t fd, short what, void *arg) {
+    CL_UNUSED(fd);
+    CL_UNUSED(what);
     store_srv_conn *c = arg;
-    int err = EVUTIL_SOCKET_ERROR();
-    if (what & BEV_EVENT_TIMEOUT)
-        CL_WARN("store", "server %s: client %s did not complete the handshake in %d ms; closing",
-                c->srv->name, c->peer, STORE_SRV_HANDSHAKE_MS);
-    else if (what & BEV_EVENT_ERROR)
-        CL_DEBUG("store", "server %s: connection from %s failed: %s", c->srv->name, c->peer,
-                 strerror(err));
-    else
-        CL_DEBUG("store", "server %s: client %s closed the connection", c->srv->name, c->peer);
+    CL_WARN("store", "server %s: client %s did not complete the handshake in %d ms; closing",
+            c->srv->name, c->peer, STORE_SRV_HANDSHAKE_MS);
     cl_store_srv_conn_free(c);
 }
 
@@ -371,30 +385,37 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     }
     if (!s->flush_ev) s->flush_ev = event_new(cl_engine_base(s->engine), -1, 0, store_srv_flush, s);
     store_srv_conn *c = s->flush_ev ? calloc(1, sizeof *c) : NULL;
-    if (c) cl_list_init(&c->wait_list);
-    struct bufferevent *bev =
-        c ? bufferevent_socket_new(cl_engine_base(s->engine), fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
-    if (!bev) {
+    struct event_base *base = cl_engine_base(s->engine);
+    if (c) {
+        c->fd = fd;
+        cl_list_init(&c->wait_list);
+        c->srv = s;
+        c->in = evbuffer_new();
+        c->out = evbuffer_new();
+        c->rev = event_new(base, fd, EV_READ | EV_PERSIST, store_srv_conn_on_read, c);
+        c->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, store_srv_conn_on_write, c);
+        c->hs_timer = evtimer_new(base, store_srv_conn_on_handshake_timeout, c);
+    }
+    if (!c || !c->in || !c->out || !c->rev || !c->wev || !c->hs_timer) {
         CL_WARN("store", "server %s: out of memory accepting %s", s->name, peer);
-        free(c);
-        close(fd);
+        if (c) {
+            c->srv = s;
+            atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
+            cl_store_srv_conn_free(c); /* closes fd */
+        } else {
+            close(fd);
+        }
         return;
     }
+    evutil_make_socket_nonblocking(fd);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c->srv = s;
-    c->bev = bev;
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->state = STORE_SRV_HELLO;
     cl_list_push_front(&s->conns, &c->link);
     atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
     struct timeval hs = {STORE_SRV_HANDSHAKE_MS / 1000, (STORE_SRV_HANDSHAKE_MS % 1000) * 1000};
-    bufferevent_setcb(bev, store_srv_conn_on_read, store_srv_conn_on_write, store_srv_conn_on_event,
-                      c);
-    bufferevent_set_timeouts(bev, &hs, NULL);
-    store_srv_conn_want(c, CL_STORE_HDR_LEN);
-    bufferevent_setwatermark(bev, EV_WRITE, CL_STORE_SRV_OUT_HIGH / 2, 0);
-    bufferevent_disable(bev, EV_WRITE); /* on by default: replies are written directly */
-    bufferevent_enable(bev, EV_READ);
+    event_add(c->hs_timer, &hs);
+    event_add(c->rev, NULL);
     CL_DEBUG("store", "server %s: accepted %s", s->name, peer);
 }
