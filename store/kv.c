@@ -361,6 +361,22 @@ int cl_store_kv_append(cl_store_kv *kv, const void *key, size_t klen, const void
     return COLLIE_OK;
 }
 
+/* Decimal text of v into buf (at least 21 bytes); returns its length. */
+static size_t store_kv_format_int(int64_t v, char *buf) {
+    char tmp[24];
+    size_t n = 0;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    size_t len = 0;
+    if (v < 0) buf[len++] = '-';
+    while (n)
+        buf[len++] = tmp[--n];
+    return len;
+}
+
 int cl_store_kv_add(cl_store_kv *kv, const void *key, size_t klen, int64_t delta, int64_t *out) {
     int res = cl_store_kv_check_key(kv, klen);
     if (res != COLLIE_OK) return res;
@@ -372,8 +388,16 @@ int cl_store_kv_add(cl_store_kv *kv, const void *key, size_t klen, int64_t delta
         return store_kv_fail(kv, COLLIE_EINVAL, "add: %lld + %lld overflows", (long long)cur,
                              (long long)delta);
     char text[24];
-    int len = snprintf(text, sizeof text, "%lld", (long long)next);
-    res = cl_store_kv_set(kv, key, klen, text, (size_t)len);
+    size_t len = store_kv_format_int(next, text);
+    if (e && e->present && e->vcap >= len + 1) { /* the common case: in place */
+        memcpy(e->val, text, len);
+        e->val[len] = '\0';
+        e->vlen = (uint32_t)len;
+        store_kv_touch(kv, e); /* a barrier may be waiting for this value */
+        *out = next;
+        return COLLIE_OK;
+    }
+    res = cl_store_kv_set(kv, key, klen, text, len);
     if (res == COLLIE_OK) *out = next;
     return res;
 }

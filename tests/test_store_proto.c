@@ -433,6 +433,16 @@ static void test_kv_add_append_cas(void **state) {
     assert_int_equal(cl_store_kv_add(kv, "n", 1, -7, &v), COLLIE_OK);
     assert_int_equal(v, -2);
     assert_true(kv_is(kv, "n", "-2"));
+    /* the value's text grows (a new buffer), shrinks and reaches INT64_MIN in place */
+    assert_int_equal(cl_store_kv_add(kv, "n", 1, 1000, &v), COLLIE_OK);
+    assert_true(kv_is(kv, "n", "998"));
+    assert_int_equal(cl_store_kv_set(kv, "z", 1, "-9223372036854775807", 20), COLLIE_OK);
+    assert_int_equal(cl_store_kv_add(kv, "z", 1, -1, &v), COLLIE_OK);
+    assert_true(v == INT64_MIN && kv_is(kv, "z", "-9223372036854775808"));
+    assert_int_equal(cl_store_kv_add(kv, "z", 1, INT64_MAX, &v), COLLIE_OK);
+    assert_true(v == -1 && kv_is(kv, "z", "-1"));
+    assert_int_equal(cl_store_kv_add(kv, "z", 1, 1, &v), COLLIE_OK);
+    assert_true(v == 0 && kv_is(kv, "z", "0"));
     assert_int_equal(cl_store_kv_set(kv, "n", 1, "9223372036854775807", 19), COLLIE_OK);
     assert_int_equal(cl_store_kv_add(kv, "n", 1, 1, &v), COLLIE_EINVAL);
     assert_non_null(strstr(cl_store_kv_error(kv), "overflow"));
