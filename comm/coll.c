@@ -217,6 +217,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     cl_flight_post(c, cw);
     r = on_caller ? coll_start_on_caller(cw) : COLLIE_OK;
     if (r == COLLIE_OK) r = cl_work_post(&cw->base);
+    if (r == COLLIE_OK && dev == CL_DEV_CUDA) cl_check_args_note(c, a, cw->base.seq);
     if (r != COLLIE_OK) {
         if (p2p) {
             c->next_p2p_seq--;

@@ -47,6 +47,7 @@ void cl_comm_hold(collie_comm *c) { atomic_fetch_add_explicit(&c->refs, 1, memor
 void cl_comm_release(collie_comm *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
     cl_flight_fini(c);
+    cl_check_args_free(c);
     for (int d = 0; d < CL_NUM_DEVICES; d++)
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
@@ -376,6 +377,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
                 (unsigned long long)c->generation, c->rank, c->size);
         cl_comm_ctl_start(c);
+        cl_check_args_start(c);
         cl_coll_work *cw;
         while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
             cl_list_remove(&cw->link);
@@ -403,6 +405,7 @@ static void comm_backends_destroy(collie_comm *c) {
     cl_desync_flush(c);
     cl_works_run_retired(c->engine, SIZE_MAX);
     cl_comm_ctl_stop(c);
+    cl_check_args_stop(c);
     c->destroyed = true;
     if (c->closing.ev) {
         event_free(c->closing.ev);

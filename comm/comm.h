@@ -148,7 +148,8 @@ struct collie_comm {
         bool stopped, abort_published;
         int sending; /* under mu: control messages being written */
     } ctl;
-    cl_list desyncs; /* desync reports in progress (desync.c, loop) */
+    cl_list desyncs;           /* desync reports in progress (desync.c, loop) */
+    struct cl_check_args *chk; /* COLLIE_CHECK_ARGS, or NULL (check_args.c) */
     /* after a fault: works still to fail, a slice per loop step (comm.c) */
     struct {
         cl_list works; /* cl_coll_work.link, taken from waiting and active */
@@ -172,6 +173,15 @@ struct collie_comm {
         bool dumped; /* dumped (once, on abort) */
     } fr;
 };
+
+/* check_args.c: COLLIE_CHECK_ARGS (init at creation, any thread; note
+ * under c->mu for each posted CUDA collective; start once ready, stop with
+ * the backends, on the loop; free with the comm) */
+int cl_check_args_init(collie_comm *c);
+void cl_check_args_note(collie_comm *c, const collie_coll_args *a, uint64_t seq);
+void cl_check_args_start(collie_comm *c);
+void cl_check_args_stop(collie_comm *c);
+void cl_check_args_free(collie_comm *c);
 
 /* comm_create.c: delete the store keys of generation `gen` of c's name
  * (best effort, in the background; any thread) */

@@ -499,6 +499,8 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         *res = COLLIE_ENOMEM;
         return NULL;
     }
+    if (cl_check_args_init(c) != COLLIE_OK)
+        CL_WARN("comm", "comm '%s': COLLIE_CHECK_ARGS off: out of memory", c->name);
     atomic_init(&c->state, CL_COMM_CREATING);
     atomic_init(&c->err_status, COLLIE_OK);
     atomic_init(&c->refs, 1);

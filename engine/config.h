@@ -27,6 +27,7 @@ typedef struct cl_config {
     const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
     int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */
+    int32_t check_args;        /* COLLIE_CHECK_ARGS: compare CUDA collectives' arguments */
     int spin;                  /* COLLIE_SPIN: CL_SPIN_AUTO, CL_SPIN_OFF or CL_SPIN_ON */
     int32_t nccl_poll_us;      /* COLLIE_NCCL_POLL_US */
     int32_t nccl_abort_ms;     /* COLLIE_NCCL_ABORT_TIMEOUT_MS */

@@ -665,6 +665,65 @@ static void sc_device(void **state) {
     expect_double_idle();
 }
 
+/* Wait (bounded) for rank r's comm to fail; its status, and the message. */
+static int comm_error_within(gworld *g, int r, int ms, const char **msg) {
+    int st = COLLIE_OK;
+    for (int i = 0; i < ms / 5 && collie_comm_error(g->w.c[r], &st, msg) == COLLIE_OK; i++)
+        usleep(5000);
+    collie_comm_error(g->w.c[r], &st, msg);
+    return st;
+}
+
+/* COLLIE_CHECK_ARGS=1 (this scenario's environment): NCCL (the double,
+ * lenient like the real one) runs a sum on rank 0 against a max on rank 1
+ * without a word; the check
+ * finds it behind the GPU and fails the comm with EPROTO naming both
+ * sides. Agreeing collectives first (150: full windows, then a partial one
+ * that only the timer publishes) raise nothing. */
+static void sc_check_args(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 2, "chk", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    enum { AGREE = 150 };
+    void *mem[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(cu.Malloc(&mem[r], 64), 0);
+    collie_work *wk[2];
+    for (int i = 0; i < AGREE; i++) {
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(post_cuda(&g, r, COLLIE_COLL_ALLREDUCE, mem[r], mem[r], 4, COLLIE_FP32,
+                                       COLLIE_SUM, 0, NULL, &wk[r]),
+                             COLLIE_OK);
+        for (int r = 0; r < 2; r++) {
+            expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+            collie_work_release(wk[r]);
+        }
+    }
+    const char *msg = "";
+    for (int r = 0; r < 2; r++) /* the last partial window has been compared by now */
+        assert_int_equal(comm_error_within(&g, r, 300, &msg), COLLIE_OK);
+    collie_redop ops[2] = {COLLIE_SUM, COLLIE_MAX};
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(post_cuda(&g, r, COLLIE_COLL_ALLREDUCE, mem[r], mem[r], 4, COLLIE_FP32,
+                                   ops[r], 0, NULL, &wk[r]),
+                         COLLIE_OK);
+    for (int r = 0; r < 2; r++) { /* NCCL itself says nothing */
+        expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+        collie_work_release(wk[r]);
+    }
+    assert_int_equal(comm_error_within(&g, 1, 5000, &msg), COLLIE_EPROTO);
+    print_message("rank 1: %s\n", msg);
+    assert_non_null(strstr(msg, "mismatched collectives at seq 151: rank 0 posted allreduce of "
+                                "4 x fp32 (sum), rank 1 posted allreduce of 4 x fp32 (max)"));
+    assert_int_equal(comm_error_within(&g, 0, 5000, &msg), COLLIE_EABORTED); /* told */
+    assert_non_null(strstr(msg, "mismatched collectives at seq 151"));
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 2; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
 /* The engine is destroyed under running GPU works: they end (ECLOSED) once
  * the NCCL communicator is aborted, and destroy leaves nothing behind. */
 static void sc_engine_shutdown(void **state) {
@@ -1427,6 +1486,11 @@ static const scenario scenarios[] = {
      true,
      {"CLTEST_CUDA_HANG=allreduce#2", "CLTEST_NCCL_ABORT_SLOW_MS=300", NULL}},
     {"test_device_option", sc_device, true, true, {NULL}},
+    {"test_check_args",
+     sc_check_args,
+     true,
+     true,
+     {"COLLIE_CHECK_ARGS=1", "CLTEST_NCCL_LENIENT=1", NULL}},
     {"test_engine_shutdown", sc_engine_shutdown, true, true, {"CLTEST_CUDA_SLOW_MS=10000", NULL}},
     {"test_cancel",
      sc_cancel,

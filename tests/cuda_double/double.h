@@ -22,6 +22,9 @@
  *                                    ncclCommGetAsyncError after that)
  *   CLTEST_NCCL_INIT_HANG=1          ncclCommInitRankConfig never completes
  *   CLTEST_NCCL_ABORT_SLOW_MS=N      ncclCommAbort takes N ms longer
+ *   CLTEST_NCCL_LENIENT=1            as the real NCCL does, ranks whose
+ *                                    reduction differs run without an error
+ *                                    (rank 0's reduction is applied)
  * SPEC: comma-separated OP[#N][@R]: OP is allreduce, broadcast, reduce,
  * allgather, reduce_scatter, p2p (a send/recv group: alltoall, gather,
  * scatter, send, recv) or *; #N the N-th such op of the rank (1-based; every

@@ -266,10 +266,11 @@ static void *nd_reduce_all(dbl_room *r, int n, size_t count) {
  * mismatch between ranks. */
 static bool nd_room_compute(dbl_room *r, int n, char *why, size_t len) {
     const dbl_item *a = r->slot[0];
+    bool lenient = cltest_env_int("CLTEST_NCCL_LENIENT", 0) != 0;
     for (int i = 1; i < n; i++) {
         const dbl_item *b = r->slot[i];
         if (b->kind != a->kind || b->count != a->count || b->dt != a->dt ||
-            (a->kind != K_ALLGATHER && b->op != a->op) || b->root != a->root) {
+            (a->kind != K_ALLGATHER && b->op != a->op && !lenient) || b->root != a->root) {
             snprintf(why, len, "ranks 0 and %d posted different collectives (%s / %s)", i,
                      dbl_kind_names[a->kind], dbl_kind_names[b->kind]);
             return false;
