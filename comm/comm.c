@@ -167,9 +167,10 @@ static void comm_fail_some(collie_comm *c, size_t budget) {
             budget = SIZE_MAX; /* no event: finish now */
         }
         cl_list_remove(&cw->link);
-        if (cw->started || cw->caller_started) cl_list_push_back(&c->active, &cw->link);
+        bool started = cw->started || cw->caller_started; /* else: waiting for creation */
+        if (started) cl_list_push_back(&c->active, &cw->link);
         /* finishing only queues the retirement: the lists stay intact here */
-        if (cw->bc == &c->bcs[CL_DEV_CPU] || !cw->started)
+        if (!started || cw->bc == &c->bcs[CL_DEV_CPU])
             cl_work_finish(&cw->base, c->failing.status, "%s", c->failing.reason);
     }
 }

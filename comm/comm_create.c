@@ -22,8 +22,8 @@
  *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
  *    2^30 to the barrier's counter, so every rank waiting there wakes at
  *    once, reads it and fails with it; it fails itself with EINVAL.
- *  - Keys of old generations go (cl_comm_forget_generation): the last
- *    member to join generation g deletes "collie/<name>/<g-1>/" (every
+ *  - Keys of old generations go (cl_comm_forget_generation): once
+ *    generation g is created, rank 0 deletes "collie/<name>/<g-1>/" (every
  *    member has moved on), and the last member to destroy a comm deletes
  *    its own (comm.c), so a server that re-creates its comm after every
  *    fault keeps a flat store.
@@ -296,9 +296,6 @@ static void create_step_done(create_state *cs, collie_work *w) {
         for (const char *p = c->prefix; *p; p++)
             h = (h ^ (unsigned char)*p) * 1099511628211ULL;
         c->id = h;
-        /* the last member to join this generation: every member has moved
-         * on from the previous one, whose keys can go */
-        if (v % c->size == 0 && c->generation > 0) cl_comm_forget_generation(c, c->generation - 1);
         create_next(cs, STEP_CLAIM);
         return;
     }
@@ -367,6 +364,10 @@ static void create_succeed(create_state *cs) {
     /* READY before the completion is visible: a caller that saw the create
      * work succeed must find the comm ready */
     if (cl_work_claim(&cs->base)) {
+        /* every member passed the rendezvous (claims and world size agreed)
+         * into this generation: the previous one's keys can go. Not before:
+         * a rank with a wrong world size computes another generation. */
+        if (c->rank == 0 && c->generation > 0) cl_comm_forget_generation(c, c->generation - 1);
         cl_comm_created(c, COLLIE_OK, NULL);
         cl_work_publish(&cs->base, COLLIE_OK, NULL);
     }

@@ -421,8 +421,8 @@ static void test_desync_report_late_rank_blames_itself(void **state) {
 /* Re-creating a comm again and again keeps the store flat: the last rank
  * to destroy a generation deletes its keys (1000 cycles; 200 under the
  * sanitizers' CLTEST_QUICK). And when a rank never destroys its old comm
- * (it died, or re-creates first), the last rank to join the next
- * generation deletes the old one's keys. */
+ * (it died, or re-creates first), rank 0 of the next generation deletes
+ * the old one's keys once that generation is created. */
 static void test_recreation_keeps_store_flat(void **state) {
     (void)state;
     int cycles = getenv("CLTEST_QUICK") ? 200 : 1000;
