@@ -75,7 +75,7 @@ static void store_cli_dequeue(cl_store_req *r) {
 }
 
 static void store_cli_unsend(cl_store_core *c, cl_store_req *r) {
-    cl_store_idmap_del(&c->sent_ids, r->node.id);
+    cl_idmap_remove(&c->sent_ids, &r->node);
     cl_list_remove(&r->link);
     r->where = CL_STORE_REQ_NOWHERE;
 }
@@ -123,9 +123,9 @@ static void store_cli_send(cl_store_core *c, cl_store_req *r) {
     uint32_t id;
     do {
         id = ++c->next_req_id;
-    } while (id == 0 || cl_store_idmap_get(&c->sent_ids, id));
-    r->node.id = id;
-    if (cl_store_idmap_put(&c->sent_ids, &r->node) != COLLIE_OK) {
+    } while (id == 0 || cl_idmap_get(&c->sent_ids, id));
+    r->node.key = id;
+    if (!cl_idmap_put(&c->sent_ids, &r->node)) {
         cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
         return;
     }
@@ -138,7 +138,7 @@ static void store_cli_send(cl_store_core *c, cl_store_req *r) {
     if (evbuffer_add_reference(bufferevent_get_output(c->bev), p, len, store_cli_free_frame,
                                NULL) != 0) {
         free(p);
-        cl_store_idmap_del(&c->sent_ids, id);
+        cl_idmap_remove(&c->sent_ids, &r->node);
         cl_work_finish(&r->work, COLLIE_ENOMEM, "out of memory sending the request");
         return;
     }
@@ -384,7 +384,7 @@ static bool store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint
 /* A reply while READY. Returns false if the connection is gone. */
 static bool store_cli_on_reply(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
                                const uint8_t *body) {
-    cl_store_idnode *n = cl_store_idmap_get(&c->sent_ids, h->req_id);
+    cl_idnode *n = cl_idmap_get(&c->sent_ids, h->req_id);
     if (!n) return true; /* cancelled or timed out meanwhile: drop it */
     cl_store_req *r = cl_container_of(n, cl_store_req, node);
     if (r->op != op) {
@@ -538,7 +538,7 @@ void cl_store_core_detach(cl_store_req *r) {
         store_cli_unsend(c, r);
         if (!r->replied && cl_store_op_waits(r->op) && c->state == CL_STORE_READY &&
             r->conn_gen == c->conn_gen)
-            store_cli_send_cancel(c, r->node.id);
+            store_cli_send_cancel(c, (uint32_t)r->node.key);
     }
     cl_store_wbuf_fini(&r->frame);
 }
@@ -587,7 +587,7 @@ static void store_cli_init_call(void *arg) {
 }
 
 static void store_cli_free(cl_store_core *c) {
-    cl_store_idmap_fini(&c->sent_ids);
+    cl_idmap_fini(&c->sent_ids);
     pthread_mutex_destroy(&c->mu);
     free(c->token);
     free(c->addr);

@@ -22,7 +22,7 @@
 
 #include "collie.h"
 #include "engine/engine.h"
-#include "store/idmap.h"
+#include "engine/idmap.h"
 #include "store/proto.h"
 #include "work/work.h"
 
@@ -47,10 +47,10 @@ typedef struct cl_store_req {
     /* loop thread */
     int where;
     bool replied;
-    uint64_t conn_gen;    /* the connection it was sent on */
-    cl_store_idnode node; /* node.id = request id while SENT */
-    cl_list_node link;    /* core's queued or sent list */
-    cl_store_wbuf frame;  /* the encoded request; freed once written */
+    uint64_t conn_gen;   /* the connection it was sent on */
+    cl_idnode node;      /* node.key = request id while SENT */
+    cl_list_node link;   /* core's queued or sent list */
+    cl_store_wbuf frame; /* the encoded request; freed once written */
 
     /* immutable after post: context for messages (" (key 'a')") */
     char desc[112];
@@ -96,10 +96,10 @@ struct cl_store_core {
     /* connection attempts failing since (0: not failing), last logged */
     int64_t failing_since_ns, nagged_ns;
     uint32_t next_req_id;
-    uint64_t conn_gen;       /* bumped whenever a connection goes away */
-    cl_list queued;          /* QUEUED, in post order */
-    cl_list sent;            /* SENT, newest first */
-    cl_store_idmap sent_ids; /* SENT, by request id */
+    uint64_t conn_gen; /* bumped whenever a connection goes away */
+    cl_list queued;    /* QUEUED, in post order */
+    cl_list sent;      /* SENT, newest first */
+    cl_idmap sent_ids; /* SENT, by request id */
     uint8_t cnonce[CL_STORE_NONCE_LEN];
     int auth_status; /* set when we refused the server: fail with this */
     char auth_msg[256];

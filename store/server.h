@@ -16,7 +16,7 @@
 
 #include "collie.h"
 #include "engine/engine.h"
-#include "store/idmap.h"
+#include "engine/idmap.h"
 #include "store/kv.h"
 #include "store/proto.h"
 
@@ -37,9 +37,9 @@ typedef struct store_srv_conn store_srv_conn;
 
 /* A waiting request (get, wait, multi_get, barrier) of one connection. */
 typedef struct store_srv_wait {
-    cl_store_waiter kw;   /* registered in the server's key table */
-    cl_store_idnode node; /* node.id = the request id, in conn->waits */
-    cl_list_node link;    /* its conn's wait_list */
+    cl_store_waiter kw; /* registered in the server's key table */
+    cl_idnode node;     /* node.key = the request id, in conn->waits */
+    cl_list_node link;  /* its conn's wait_list */
     store_srv_conn *conn;
     uint8_t op;
 } store_srv_wait;
@@ -63,7 +63,7 @@ struct store_srv_conn {
     bool paused;             /* reading stopped: too many unsent replies */
     cl_list_node dirty_link; /* the server's conns with replies to flush */
     uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
-    cl_store_idmap waits;
+    cl_idmap waits;
     cl_list wait_list; /* store_srv_wait.link */
     uint32_t nwaits;
 };

@@ -60,7 +60,7 @@ static void store_srv_reply_kv_error(store_srv_conn *c, const cl_store_hdr *h, i
 static void store_srv_wait_free(store_srv_wait *w) {
     store_srv_conn *c = w->conn;
     cl_store_kv_unwatch(c->srv->kv, &w->kw);
-    cl_store_idmap_del(&c->waits, w->node.id);
+    cl_idmap_remove(&c->waits, &w->node);
     cl_list_remove(&w->link);
     c->nwaits--;
     free(w);
@@ -70,14 +70,14 @@ void cl_store_srv_drop_waits(store_srv_conn *c) {
     store_srv_wait *w;
     while ((w = cl_list_first(&c->wait_list, store_srv_wait, link)))
         store_srv_wait_free(w);
-    cl_store_idmap_fini(&c->waits);
+    cl_idmap_fini(&c->waits);
 }
 
 /* Can c start one more wait with this request id? Replies (or returns a
  * protocol error) when not. */
 static int store_srv_wait_admit(store_srv_conn *c, const cl_store_hdr *h, char *why,
                                 size_t why_len) {
-    if (cl_store_idmap_get(&c->waits, h->req_id)) {
+    if (cl_idmap_get(&c->waits, h->req_id)) {
         snprintf(why, why_len, "request id %u is already waiting", h->req_id);
         return COLLIE_EPROTO;
     }
@@ -106,8 +106,8 @@ static void store_srv_wait_begin(store_srv_conn *c, const cl_store_hdr *h, const
     }
     w->conn = c;
     w->op = h->op;
-    w->node.id = h->req_id;
-    if (cl_store_idmap_put(&c->waits, &w->node) != COLLIE_OK) {
+    w->node.key = h->req_id;
+    if (!cl_idmap_put(&c->waits, &w->node)) {
         cl_store_kv_unwatch(c->srv->kv, &w->kw);
         free(w);
         cl_store_srv_send_error(c, h->op, h->req_id, COLLIE_ENOMEM, "server out of memory");
@@ -122,7 +122,8 @@ static void store_srv_answer_multi_get(store_srv_wait *w) {
     uint8_t *lens = malloc((size_t)n * 4 + 4);
     cl_store_bytes *parts = malloc(((size_t)n * 2 + 1) * sizeof *parts);
     if (!lens || !parts) {
-        cl_store_srv_send_error(w->conn, w->op, w->node.id, COLLIE_ENOMEM, "server out of memory");
+        cl_store_srv_send_error(w->conn, w->op, (uint32_t)w->node.key, COLLIE_ENOMEM,
+                                "server out of memory");
         goto out;
     }
     store_srv_le32(lens, n);
@@ -135,7 +136,7 @@ static void store_srv_answer_multi_get(store_srv_wait *w) {
         parts[1 + 2 * i] = (cl_store_bytes){lens + 4 + 4 * (size_t)i, 4};
         parts[2 + 2 * i] = (cl_store_bytes){v, (uint32_t)len};
     }
-    cl_store_srv_send(w->conn, w->op | CL_STORE_OP_REPLY, w->node.id, COLLIE_OK, parts,
+    cl_store_srv_send(w->conn, w->op | CL_STORE_OP_REPLY, (uint32_t)w->node.key, COLLIE_OK, parts,
                       2 * (size_t)n + 1);
 out:
     free(lens);
@@ -148,11 +149,12 @@ static void store_srv_answer(store_srv_wait *w) {
     switch (w->op) {
     case CL_STORE_OP_GET:
         cl_store_kv_waiter_value(&w->kw, 0, &v, &len);
-        store_srv_reply_value(w->conn, w->op, w->node.id, v, len);
+        store_srv_reply_value(w->conn, w->op, (uint32_t)w->node.key, v, len);
         break;
     case CL_STORE_OP_MULTI_GET: store_srv_answer_multi_get(w); break;
     default: /* WAIT, BARRIER */
-        cl_store_srv_send(w->conn, w->op | CL_STORE_OP_REPLY, w->node.id, COLLIE_OK, NULL, 0);
+        cl_store_srv_send(w->conn, w->op | CL_STORE_OP_REPLY, (uint32_t)w->node.key, COLLIE_OK,
+                          NULL, 0);
         break;
     }
     store_srv_wait_free(w);
@@ -165,7 +167,7 @@ static void store_srv_flush_ready(collie_store_server *s) {
 }
 
 static void store_srv_cancel(store_srv_conn *c, uint32_t target) {
-    cl_store_idnode *n = cl_store_idmap_get(&c->waits, target);
+    cl_idnode *n = cl_idmap_get(&c->waits, target);
     if (n) store_srv_wait_free(cl_container_of(n, store_srv_wait, node));
     /* unknown: already answered (the reply crossed the cancel) — nothing to do */
 }

@@ -16,7 +16,7 @@
 #include "collie.h"
 #include "store/addr.h"
 #include "store/auth.h"
-#include "store/idmap.h"
+#include "engine/idmap.h"
 #include "store/kv.h"
 #include "store/proto.h"
 #include "store/siphash.h"
@@ -565,32 +565,51 @@ static void test_siphash_vector(void **state) {
 }
 
 typedef struct id_item {
-    cl_store_idnode node;
+    cl_idnode node;
     int v;
 } id_item;
 
 static void test_idmap(void **state) {
     (void)state;
-    cl_store_idmap m = {0};
+    cl_idmap m = {0};
     enum { N = 5000 };
     id_item *items = calloc(N, sizeof *items);
     for (int i = 0; i < N; i++) {
-        items[i].node.id = (uint32_t)(i * 7 + 1);
+        items[i].node.key = (uint64_t)i * 7 + 1 + (i % 2 ? 0 : (1ull << 40));
         items[i].v = i;
-        assert_int_equal(cl_store_idmap_put(&m, &items[i].node), COLLIE_OK);
+        assert_true(cl_idmap_put(&m, &items[i].node));
     }
     for (int i = 0; i < N; i += 3) {
-        cl_store_idnode *n = cl_store_idmap_get(&m, (uint32_t)(i * 7 + 1));
+        cl_idnode *n = cl_idmap_get(&m, items[i].node.key);
         assert_non_null(n);
         assert_int_equal(((id_item *)n)->v, i);
+        assert_null(cl_idmap_next(n));
     }
-    assert_null(cl_store_idmap_get(&m, 2));
+    assert_null(cl_idmap_get(&m, 2));
+    assert_null(cl_idmap_get(&m, 1)); /* item 0's key has bit 40 set */
     for (int i = 0; i < N; i += 2)
-        assert_ptr_equal(cl_store_idmap_del(&m, (uint32_t)(i * 7 + 1)), &items[i].node);
-    assert_null(cl_store_idmap_del(&m, 1));
+        assert_ptr_equal(cl_idmap_del(&m, items[i].node.key), &items[i].node);
+    assert_null(cl_idmap_del(&m, 1ull << 40 | 1));
+    assert_false(cl_idmap_remove(&m, &items[0].node)); /* already gone */
     assert_int_equal(m.count, N / 2);
-    assert_non_null(cl_store_idmap_get(&m, 8));
-    cl_store_idmap_fini(&m);
+    assert_non_null(cl_idmap_get(&m, 8));
+    /* repeated keys: each is found, removing one by node keeps the others */
+    id_item dup[3] = {{.v = 100}, {.v = 101}, {.v = 102}};
+    for (int i = 0; i < 3; i++) {
+        dup[i].node.key = 8;
+        assert_true(cl_idmap_put(&m, &dup[i].node));
+    }
+    int seen = 0;
+    for (cl_idnode *n = cl_idmap_get(&m, 8); n; n = cl_idmap_next(n))
+        seen |= 1 << (((id_item *)n)->v >= 100 ? ((id_item *)n)->v - 100 : 3);
+    assert_int_equal(seen, 0xf); /* the three and item 1 (key 8) */
+    assert_true(cl_idmap_remove(&m, &dup[1].node));
+    seen = 0;
+    for (cl_idnode *n = cl_idmap_get(&m, 8); n; n = cl_idmap_next(n))
+        seen |= 1 << (((id_item *)n)->v >= 100 ? ((id_item *)n)->v - 100 : 3);
+    assert_int_equal(seen, 0xd);
+    assert_int_equal(m.count, N / 2 + 2);
+    cl_idmap_fini(&m);
     free(items);
 }
 

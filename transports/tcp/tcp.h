@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "collie_backend.h"
+#include "engine/idmap.h"
 #include "engine/list.h"
 #include "transports/tcp/sched.h"
 
@@ -63,7 +64,8 @@ typedef struct tcp_msg {
 
 /* One expected incoming message. */
 typedef struct tcp_slot {
-    cl_list_node node; /* its connection's expected or p2p_expected */
+    cl_list_node node; /* p2p: its connection's p2p_expected */
+    cl_idnode by_seq;  /* collective: its connection's expected (key = seq) */
     struct tcp_work *owner;
     uint64_t seq;  /* collective seq, or tag for p2p */
     uint32_t step; /* TCP_P2P_STEP for p2p */
@@ -127,7 +129,7 @@ typedef struct tcp_conn {
     uint64_t payload_len, payload_got;
     uint8_t *stage;            /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
     uint64_t stage_fill;       /* bytes in stage for the current chunk */
-    cl_list expected;          /* tcp_slot: collective messages expected from this peer */
+    cl_idmap expected;         /* tcp_slot.by_seq: collective messages expected from this peer */
     cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer */
     cl_list unexpected;        /* tcp_unexpected: p2p messages that came first */
     cl_list_node pending_node; /* tcp_comm.pending: accepted, not yet identified */
@@ -143,7 +145,8 @@ typedef struct tcp_comm {
     char addr[80];
     tcp_conn **conns;
     cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
-    cl_list works;             /* started collectives, seq order */
+    cl_list works;             /* started works, start order */
+    cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */
     uint64_t coll_seq_started; /* the highest collective seq started */
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
@@ -178,6 +181,7 @@ typedef struct tcp_work {
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
     cl_list_node node; /* tcp_comm.works */
+    cl_idnode by_seq;  /* collectives: tcp_comm.running (key = seq) */
 } tcp_work;
 
 /* tcp_conn.c */

@@ -52,7 +52,7 @@ static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **s
     tc->conns = calloc((size_t)tc->size, sizeof *tc->conns);
     tc->discard = malloc(TCP_STAGE_BYTES);
     *state = tc;
-    if (!tc->conns || !tc->discard) return COLLIE_ENOMEM;
+    if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
     int r = cl_tcp_listen(tc);
     if (r != COLLIE_OK) return r;
     char key[32];
@@ -84,6 +84,7 @@ static void tcp_detach(void *state, collie_work *w) {
     tcp_work *tw = tc->core->work_backend_data(w);
     cl_tcp_work_forget(tw); /* its own messages and slots only: O(ops of a step) */
     cl_list_remove(&tw->node);
+    cl_idmap_remove(&tc->running, &tw->by_seq); /* a no-op for p2p works */
     /* a frame for this seq held back (its slot was not posted) can no
      * longer be consumed: the ranks disagreed (each check may fault) */
     if (tw->args.kind != COLLIE_COLL_SEND && tw->args.kind != COLLIE_COLL_RECV)
@@ -131,6 +132,7 @@ static void tcp_destroy(void *state) {
     if (tc->listen_fd >= 0) close(tc->listen_fd);
     cl_tcp_xbuf_free_all(tc);
     free(tc->conns);
+    cl_idmap_fini(&tc->running);
     free(tc->discard);
     free(tc);
 }

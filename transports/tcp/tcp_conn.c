@@ -10,10 +10,13 @@
  *    buffer; receives read straight into the destination, or through this
  *    connection's staging buffer when the data is reduced on arrival.
  *  - Matching: a header is matched to an expected slot of the same (seq,
- *    step) from this peer. If that slot is not posted yet (the peer is
- *    ahead), reading from this socket pauses until it is — TCP flow control
- *    then holds the peer back; nothing is buffered. Point-to-point messages
- *    match posted receives by tag; unmatched ones are buffered.
+ *    step) from this peer, found in O(1) through a hash of the expected
+ *    slots by seq (a deep queue keeps thousands posted; frames of step k+1
+ *    come while later works' step-k slots wait). If that slot is not
+ *    posted yet (the peer is ahead), reading from this socket pauses until
+ *    it is — TCP flow control then holds the peer back; nothing is
+ *    buffered. Point-to-point messages match posted receives by tag, first
+ *    posted first; unmatched ones are buffered.
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
  *  - Broken sending: a message cut off mid-way (its work ended by deadline,
@@ -38,6 +41,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +97,12 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     c->peer = peer;
     c->fd = -1;
     cl_list_init(&c->sendq);
-    cl_list_init(&c->expected);
     cl_list_init(&c->p2p_expected);
     cl_list_init(&c->unexpected);
+    if (!cl_idmap_grow(&c->expected)) { /* later puts cannot fail */
+        free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -120,6 +127,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
         free(c->cur_unx);
     }
     free(c->stage);
+    cl_idmap_fini(&c->expected);
     free(c);
 }
 
@@ -393,11 +401,24 @@ static void conn_drain(tcp_conn *c, const tcp_slot *s) {
     c->cur = &c->drain;
 }
 
-static tcp_slot *slot_take(cl_list *slots, uint64_t seq, uint32_t step) {
+/* The posted receive this p2p frame matches: the first posted with its tag. */
+static tcp_slot *p2p_slot_take(tcp_conn *c, uint64_t tag) {
     tcp_slot *s;
-    cl_list_foreach(slots, s, tcp_slot, node) if (s->seq == seq && s->step == step) {
+    cl_list_foreach(&c->p2p_expected, s, tcp_slot, node) if (s->seq == tag) {
         cl_list_remove(&s->node);
         return s;
+    }
+    return NULL;
+}
+
+/* The slot expecting this collective frame: O(1), however many are posted. */
+static tcp_slot *coll_slot_take(tcp_conn *c, uint64_t seq, uint32_t step) {
+    for (cl_idnode *n = cl_idmap_get(&c->expected, seq); n; n = cl_idmap_next(n)) {
+        tcp_slot *s = (tcp_slot *)((char *)n - offsetof(tcp_slot, by_seq));
+        if (s->step == step) {
+            cl_idmap_remove(&c->expected, n);
+            return s;
+        }
     }
     return NULL;
 }
@@ -412,7 +433,7 @@ static bool conn_match(tcp_conn *c) {
     c->payload_got = 0;
     c->stage_fill = 0;
     if (step == TCP_P2P_STEP) {
-        tcp_slot *s = slot_take(&c->p2p_expected, seq, TCP_P2P_STEP);
+        tcp_slot *s = p2p_slot_take(c, seq);
         char why[256];
         if (s && !cl_tcp_p2p_matches(h, &s->owner->args, c->peer, s->len, why, sizeof why)) {
             /* the receive fails; the frame goes into the void, never into
@@ -439,7 +460,7 @@ static bool conn_match(tcp_conn *c) {
         c->cur_unx = u;
         return true;
     }
-    tcp_slot *s = slot_take(&c->expected, seq, step);
+    tcp_slot *s = coll_slot_take(c, seq, step);
     if (!s && cl_tcp_coll_finished(tc, seq)) {
         /* every frame for a collective is consumed before it completes: one
          * for a finished seq means the ranks posted different things */
@@ -593,7 +614,7 @@ static void conn_read_handshake(tcp_conn *c) {
 /* The peer destroyed its comm. Harmless unless something here still
  * waits for it. */
 static void conn_goodbye(tcp_conn *c) {
-    bool needed = !cl_list_empty(&c->expected) || !cl_list_empty(&c->p2p_expected) || c->cur ||
+    bool needed = c->expected.count || !cl_list_empty(&c->p2p_expected) || c->cur ||
                   !cl_list_empty(&c->sendq);
     if (needed) {
         cl_tcp_conn_lost(c, COLLIE_EPEER,
@@ -687,7 +708,12 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
 }
 
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
-    cl_list_push_back(s->step == TCP_P2P_STEP ? &c->p2p_expected : &c->expected, &s->node);
+    if (s->step == TCP_P2P_STEP) {
+        cl_list_push_back(&c->p2p_expected, &s->node);
+    } else {
+        s->by_seq.key = s->seq;
+        cl_idmap_put(&c->expected, &s->by_seq); /* never fails: the map has buckets */
+    }
     /* a header waiting for exactly this slot: resume reading */
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) == s->step &&
         get64(c->hdr + 16) == s->seq) {
@@ -718,6 +744,9 @@ void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
 }
 
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {
-    cl_list_remove(&s->node);
+    if (s->step == TCP_P2P_STEP)
+        cl_list_remove(&s->node);
+    else if (c)
+        cl_idmap_remove(&c->expected, &s->by_seq);
     if (c && c->cur == s) conn_drain(c, s); /* the slot itself is the work's memory */
 }

@@ -235,12 +235,7 @@ void cl_tcp_work_forget(tcp_work *tw) {
 }
 
 bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq) {
-    if (seq == 0 || seq > tc->coll_seq_started) return false;
-    const tcp_work *tw;
-    cl_list_foreach(&tc->works, tw, tcp_work,
-                    node) if (!tcp_work_is_p2p(tw) &&
-                              tc->core->work_seq(tw->w) == seq) return false;
-    return true;
+    return seq != 0 && seq <= tc->coll_seq_started && !cl_idmap_get(&tc->running, seq);
 }
 
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
@@ -250,7 +245,11 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     }
     cl_list_push_back(&tc->works, &tw->node);
     uint64_t seq = tc->core->work_seq(tw->w);
-    if (!tcp_work_is_p2p(tw) && seq > tc->coll_seq_started) tc->coll_seq_started = seq;
+    if (!tcp_work_is_p2p(tw)) {
+        if (seq > tc->coll_seq_started) tc->coll_seq_started = seq;
+        tw->by_seq.key = seq;
+        cl_idmap_put(&tc->running, &tw->by_seq); /* never fails: the map has buckets */
+    }
     if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
         return work_start_p2p(tc, tw);
     tcp_xbuf *xb = tc->xb_pool;
