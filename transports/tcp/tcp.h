@@ -64,8 +64,10 @@ typedef struct tcp_msg {
 
 /* One expected incoming message. */
 typedef struct tcp_slot {
-    cl_list_node node; /* p2p: its connection's p2p_expected */
-    cl_idnode by_seq;  /* collective: its connection's expected (key = seq) */
+    union {
+        cl_list_node node; /* p2p: its connection's p2p_expected */
+        cl_idnode by_seq;  /* collective: its connection's expected (key = seq) */
+    };
     struct tcp_work *owner;
     uint64_t seq;  /* collective seq, or tag for p2p */
     uint32_t step; /* TCP_P2P_STEP for p2p */
