@@ -1,6 +1,9 @@
 # collie — one non-recursive Makefile.
 #
-#   make                 library (build/lib/libcollie.{so,a}), tools, examples, tests
+#   make                 library (build/lib/libcollie.{so,a}), tools, examples, plugins;
+#                        needs only libevent's and libcrypto's headers
+#   make install         into $(DESTDIR)$(PREFIX) (default /usr/local); make uninstall
+#   make tests           the test programs (needs cmocka too)
 #   make run             the demo: several local ranks doing non-blocking work
 #   make test            format and layer checks, the suite, the fault suite, the suite under
 #                        ASan+UBSan, engine/work/store/fault tests under TSan
@@ -37,6 +40,11 @@ LDFLAGS_ALL = -pthread $(SANFLAGS) $(LDFLAGS)
 LIBS       = -levent -lcrypto
 TEST_LIBS  = -lcmocka
 
+# The version comes from the public header; the soname carries the major.
+VERSION   := $(shell awk '/^\#define COLLIE_VERSION_(MAJOR|MINOR|PATCH) /{v = v s $$3; s = "."} \
+                          END {print v}' include/collie.h)
+SOVERSION := $(firstword $(subst ., ,$(VERSION)))
+
 # ---- sources ----------------------------------------------------------------
 CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
@@ -49,28 +57,43 @@ DUMMY_OBJ    := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard examples/dummy_backen
 TEST_PLUGINS := $(patsubst tests/plugins/%_plugin.c,$(BUILD)/tests/plugins/libcollie_%.so,\
                   $(wildcard tests/plugins/*_plugin.c))
 
-LIB_A  := $(BUILD)/lib/libcollie.a
-LIB_SO := $(BUILD)/lib/libcollie.so
+LIB_A       := $(BUILD)/lib/libcollie.a
+LIB_SO_REAL := $(BUILD)/lib/libcollie.so.$(VERSION)
+LIB_SO      := $(BUILD)/lib/libcollie.so
 
-DEPS_STAMP := build/.deps-ok
+# Missing Debian packages are installed (as root) before anything compiles:
+# the library and tools need only libevent's and libcrypto's headers, the
+# tests cmocka, clang-format, python3, iproute2 and pkg-config as well.
+STAMP_DIR       ?= build
+DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
+DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
-.PHONY: all lib tools examples tests plugins run test test-normal test-faults test-asan test-tsan \
-        format format-check valgrind clean nccl-check deps check-layers gpu-kit
+.PHONY: all lib tools examples tests plugins test-plugins run test test-normal test-faults \
+        test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
+        check-layers gpu-kit install uninstall
 
-all: lib tools examples tests plugins
+all: lib tools examples plugins
 
 lib: $(LIB_A) $(LIB_SO)
 tools: $(TOOLS)
 examples: $(EXAMPLES)
-tests: $(TESTS) plugins
+tests: $(TESTS) plugins test-plugins
 
-# Missing Debian packages are installed (as root) before anything compiles.
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): tools/deps.sh
-	@tools/deps.sh
+	@tools/deps.sh build
+	@mkdir -p $(@D) && touch $@
+deps-test: $(DEPS_TEST_STAMP)
+$(DEPS_TEST_STAMP): tools/deps.sh
+	@tools/deps.sh test
 	@mkdir -p $(@D) && touch $@
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# the tests' objects (the more specific pattern wins) need cmocka's header
+$(BUILD)/obj/tests/%.o: tests/%.c | $(DEPS_STAMP) $(DEPS_TEST_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
@@ -78,11 +101,15 @@ $(LIB_A): $(CORE_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-# The shared library exports only the COLLIE_API (visibility default) symbols.
-$(LIB_SO): $(CORE_OBJ)
+# The shared library exports only the COLLIE_API (visibility default)
+# symbols. The build tree has the links an install has: libcollie.so.0 (the
+# soname, what programs load) and libcollie.so (what -lcollie finds).
+$(LIB_SO_REAL): $(CORE_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -shared -Wl,-soname,libcollie.so.0 $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
-	ln -sf libcollie.so $(@D)/libcollie.so.0
+	$(CC) -shared -Wl,-soname,libcollie.so.$(SOVERSION) $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
+$(LIB_SO): $(LIB_SO_REAL)
+	ln -sf $(notdir $<) $(@D)/libcollie.so.$(SOVERSION)
+	ln -sf $(notdir $<) $@
 
 # Plugins (collie-bench --backend nccl) need no -rdynamic: they reach the
 # core only through its services table (backend ABI 3).
@@ -113,7 +140,8 @@ $(BUILD)/tests/plugin_host_shared: $(BUILD)/obj/tests/hosts/plugin_host.o $(LIB_
 # Backend plugins (docs/design.md §5): the example backend in lib/, the broken ones
 # the tests need in tests/plugins/. They do not link libcollie and reference
 # no core symbol: the core's services table is all they use.
-plugins: $(BUILD)/lib/libcollie_dummy.so $(TEST_PLUGINS) $(PLUGIN_HOSTS)
+plugins: $(BUILD)/lib/libcollie_dummy.so
+test-plugins: $(TEST_PLUGINS) $(PLUGIN_HOSTS)
 
 $(BUILD)/lib/libcollie_dummy.so: $(DUMMY_OBJ)
 	@mkdir -p $(@D)
@@ -164,10 +192,10 @@ test:
 	$(MAKE) --no-print-directory test-tsan
 	@tools/test-summary.sh build/test-results
 
-test-normal: all
+test-normal: all tests
 	@tools/run-tests.sh normal $(BUILD) $(filter-out $(FAULT_TESTS),$(TESTS))
 
-test-faults: all
+test-faults: all tests
 	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
 
 test-asan:
@@ -177,7 +205,7 @@ test-asan:
 
 test-tsan:
 	$(MAKE) --no-print-directory TSAN=1 $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS)) tools \
-	  plugins build/tsan/examples/recovery
+	  plugins test-plugins build/tsan/examples/recovery
 	@# gcc 12's TSan runtime can crash at start-up under this kernel's 28-bit
 	@# mmap randomisation; running with ASLR off avoids it.
 	@# die_after_fork=0: test_nccl's procs_double forks a rank (no exec) from
@@ -186,7 +214,7 @@ test-tsan:
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
 	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
 
-valgrind: all
+valgrind: all tests
 	@for t in $(TESTS); do \
 	  echo "== valgrind $$t"; \
 	  valgrind --error-exitcode=1 --leak-check=full -q $$t || exit 1; \
@@ -198,7 +226,7 @@ format:
 check-layers:
 	@tools/check-layers.sh
 
-format-check: $(DEPS_STAMP)
+format-check: $(DEPS_TEST_STAMP)
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
 
 # ---- NCCL -------------------------------------------------------------------
@@ -227,7 +255,8 @@ DOUBLE_DIR  := $(BUILD)/tests/cuda_double
 DOUBLE_LIBS := $(DOUBLE_DIR)/libcudart.so.13 $(DOUBLE_DIR)/libnccl.so.2 $(DOUBLE_DIR)/libcuda.so.1
 DOUBLE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/cuda_double/*.c))
 
-plugins: $(NCCL_PLUGIN) $(DOUBLE_LIBS)
+plugins: $(NCCL_PLUGIN)
+test-plugins: $(DOUBLE_LIBS)
 
 $(NCCL_OBJ) $(DOUBLE_OBJ): CFLAGS_ALL += -isystem $(CUDA_HOME)/include
 # the double's exports are chosen by its version scripts
@@ -269,7 +298,7 @@ GPU_KIT_FILES := $(GPU_KIT)/bin/collie-gpucheck $(GPU_KIT)/run.sh $(GPU_KIT)/REA
 gpu-kit: $(GPU_KIT_FILES)
 	@du -sh $(GPU_KIT) | awk '{print "gpu-kit: " $$2 " (" $$1 ")"}'
 ifeq ($(SANFLAGS),)
-plugins: $(GPU_KIT_FILES)
+test-plugins: $(GPU_KIT_FILES)
 endif
 
 $(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
@@ -297,6 +326,59 @@ ifneq ($(HAVE_NCCL)$(filter 0,$(WITH_NCCL)),1)
 gpu-kit:
 	@echo "gpu-kit: needs CUDA and NCCL under CUDA_HOME=$(CUDA_HOME) (and WITH_NCCL not 0)"; exit 1
 endif
+
+# ---- installing ---------------------------------------------------------------
+# make install [PREFIX=/usr/local] [LIBDIR=$(PREFIX)/lib] [DESTDIR=...]: the
+# shared library with its soname and dev links, the static archive, the
+# public headers, the plugins into $(LIBDIR)/collie (where libcollie looks
+# for them, relative to itself, when COLLIE_PLUGIN_PATH is unset), the
+# tools, the man pages and collie.pc. Nothing in the files depends on
+# DESTDIR; only collie.pc names PREFIX.
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR     ?= $(PREFIX)/bin
+MANDIR     ?= $(PREFIX)/share/man
+PLUGINDIR  := $(LIBDIR)/collie
+HEADERS    := include/collie.h include/collie_backend.h include/collie_cuda.h
+MAN1       := $(wildcard docs/man/*.1)
+MAN3       := $(wildcard docs/man/*.3)
+INSTALL_PLUGINS := $(BUILD)/lib/libcollie_dummy.so $(NCCL_PLUGIN)
+PC_FILE    := $(BUILD)/lib/pkgconfig/collie.pc
+
+$(PC_FILE): Makefile include/collie.h
+	@mkdir -p $(@D)
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
+	  'plugindir=$(PLUGINDIR)' '' 'Name: collie' \
+	  'Description: non-blocking collective communication with a watchdog' \
+	  'Version: $(VERSION)' 'Requires.private: libevent libcrypto' \
+	  'Libs: -L$${libdir} -lcollie' 'Libs.private: -pthread -ldl' \
+	  'Cflags: -I$${includedir}' > $@
+
+install: lib tools plugins $(PC_FILE)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
+	install -m 755 $(LIB_SO_REAL) $(DESTDIR)$(LIBDIR)/
+	ln -sf libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so.$(SOVERSION)
+	ln -sf libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so
+	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(INSTALL_PLUGINS) $(DESTDIR)$(PLUGINDIR)/
+	install -m 644 $(PC_FILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
+	$(if $(MAN3),install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/)
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so.$(SOVERSION) \
+	  $(DESTDIR)$(LIBDIR)/libcollie.so $(DESTDIR)$(LIBDIR)/libcollie.a \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/collie.pc \
+	  $(addprefix $(DESTDIR)$(PLUGINDIR)/,$(notdir $(INSTALL_PLUGINS))) \
+	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))) \
+	  $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOLS))) \
+	  $(addprefix $(DESTDIR)$(MANDIR)/man1/,$(notdir $(MAN1))) \
+	  $(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3)))
+	-rmdir $(DESTDIR)$(PLUGINDIR) 2>/dev/null
 
 clean:
 	rm -rf build

@@ -7,8 +7,13 @@
  *    the life of the process (plugins are never dlclose'd).
  *  - Names are compared case-insensitively everywhere ("TCP" == "tcp").
  *  - A name that is not registered is looked for as a plugin,
- *    libcollie_<name>.so in the COLLIE_PLUGIN_PATH directories, then the
- *    default library search path; its collie_backend_plugin_v3() must return
+ *    libcollie_<name>.so in the COLLIE_PLUGIN_PATH directories or, when it
+ *    is unset, beside the running libcollie (found with dladdr, so a
+ *    relocated or DESTDIR install works): collie/ and then the directory of
+ *    libcollie.so itself, or for a program linked with libcollie.a,
+ *    ../lib/collie and ../lib from the program (an installed tool in bin/,
+ *    the build tree's build/bin); then the default library search path.
+ *    Its collie_backend_plugin_v3() must return
  *    ops with the ABI version this core speaks (checked before use). A
  *    plugin exporting only the ABI-2 entry point (collie_backend_plugin_v1)
  *    is refused with a message naming both versions: ABI 2 handed plugins
@@ -171,6 +176,31 @@ static int backend_try_plugin(const char *path, const collie_backend_ops **out, 
     return COLLIE_OK;
 }
 
+/* The plugin directories when COLLIE_PLUGIN_PATH is unset, ':'-separated,
+ * from where the code of this function was loaded. */
+static void backend_default_dirs(char *dirs, size_t len) {
+    dirs[0] = '\0';
+    Dl_info info;
+    char path[4096];
+    if (!dladdr((void *)&backend_default_dirs, &info) || !info.dli_fname) return;
+    const char *base = strrchr(info.dli_fname, '/');
+    bool shared = strncmp(base ? base + 1 : info.dli_fname, "libcollie", 9) == 0;
+    if (shared) {
+        if (!realpath(info.dli_fname, path)) return;
+    } else { /* linked into the program: dli_fname is argv[0], maybe relative */
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        if (n <= 0) return;
+        path[n] = '\0';
+    }
+    char *slash = strrchr(path, '/');
+    if (!slash) return;
+    *slash = '\0';
+    if (shared)
+        snprintf(dirs, len, "%s/collie:%s", path, path);
+    else
+        snprintf(dirs, len, "%s/../lib/collie:%s/../lib", path, path);
+}
+
 static int backend_load_plugin_locked(const char *name, const collie_backend_ops **out) {
     char lower[40];
     size_t n = strlen(name);
@@ -179,6 +209,11 @@ static int backend_load_plugin_locked(const char *name, const collie_backend_ops
     char file[64], path[4096], why[512] = "";
     snprintf(file, sizeof file, "libcollie_%s.so", lower);
     const char *dirs = cl_config_get()->plugin_path;
+    char beside[2 * 4096 + 32];
+    if (!dirs) {
+        backend_default_dirs(beside, sizeof beside);
+        dirs = beside;
+    }
     int last = COLLIE_ENOENT;
     if (dirs) {
         const char *p = dirs;
@@ -198,10 +233,14 @@ static int backend_load_plugin_locked(const char *name, const collie_backend_ops
         if (last == COLLIE_OK) return COLLIE_OK;
     }
     if (last == COLLIE_ENOENT)
-        return cl_set_last_error(COLLIE_EINVAL,
-                                 "unknown backend '%s': not built in, not registered, and no "
-                                 "plugin %s in COLLIE_PLUGIN_PATH (%s) or the library path",
-                                 name, file, dirs ? dirs : "unset");
+        return cl_set_last_error(
+            COLLIE_EINVAL,
+            "unknown backend '%s': not built in, not registered, and no "
+            "plugin %s in %s (%s) or the library path",
+            name, file,
+            dirs == beside ? "the directories beside libcollie (COLLIE_PLUGIN_PATH is unset)"
+                           : "COLLIE_PLUGIN_PATH",
+            dirs);
     return cl_set_last_error(last, "backend '%s': plugin %s is unusable: %s", name, file, why);
 }
 

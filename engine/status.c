@@ -1,10 +1,21 @@
 /*
- * status.c — collie_strerror and collie_status_name, generated from the one
- * table of status codes (COLLIE_STATUS_MAP in collie.h).
+ * status.c — the library's identity and its status codes: collie_version,
+ * and collie_strerror and collie_status_name, generated from the one table
+ * of status codes (COLLIE_STATUS_MAP in collie.h).
  */
 #include <stddef.h>
 
 #include "collie.h"
+
+#define CL_STR_(x) #x
+#define CL_STR(x)  CL_STR_(x)
+
+int collie_version(void) { return COLLIE_VERSION; }
+
+const char *collie_version_string(void) {
+    return CL_STR(COLLIE_VERSION_MAJOR) "." CL_STR(COLLIE_VERSION_MINOR) "." CL_STR(
+        COLLIE_VERSION_PATCH);
+}
 
 const char *collie_strerror(int status) {
     switch (status) {

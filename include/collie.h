@@ -33,9 +33,16 @@ extern "C" {
 #define COLLIE_API
 #endif
 
+/* The version of these headers. The shared library's soname carries the
+ * major number (libcollie.so.0 while the ABI is 0.x: any 0.x release may
+ * change it, and then bumps the minor); a program can compare the headers
+ * it was built with against the library it runs with, collie_version(). */
 #define COLLIE_VERSION_MAJOR 0
 #define COLLIE_VERSION_MINOR 1
 #define COLLIE_VERSION_PATCH 0
+#define COLLIE_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define COLLIE_VERSION                                                                             \
+    COLLIE_VERSION_CODE(COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                              */
@@ -87,6 +94,12 @@ typedef enum collie_status {
     COLLIE_STATUS_MAP(COLLIE_STATUS_ENUM_)
 #undef COLLIE_STATUS_ENUM_
 } collie_status;
+
+/* collie_version: the running library's COLLIE_VERSION (e.g. 100 for
+ * 0.1.0), which may differ from the headers' when the library was upgraded
+ * under the program. collie_version_string: "0.1.0". */
+COLLIE_API int collie_version(void);
+COLLIE_API const char *collie_version_string(void);
 
 /* collie_strerror: a short constant description of a status code
  * ("operation timed out"). Never NULL; unknown codes give "unknown status". */

@@ -1,34 +1,48 @@
 #!/usr/bin/env bash
-# deps.sh — make sure the Debian packages collie builds and tests with are
-# installed. Called by the Makefile before anything is compiled. As root it
-# installs what is missing (apt-get); otherwise it says what to install.
+# deps.sh — make sure the Debian packages collie needs are installed.
+#
+#   tools/deps.sh build   what the library, tools and examples need
+#   tools/deps.sh test    that, and what the tests need besides
+#
+# Called by the Makefile before anything is compiled. As root it installs
+# what is missing (apt-get); otherwise it prints the one apt-get line and
+# stops.
 set -euo pipefail
 
+profile=${1:-build}
 # header or tool that proves the package is there -> package name
 need=(
   "/usr/include/event2/event.h:libevent-dev"
-  "/usr/include/cmocka.h:libcmocka-dev"
   "/usr/include/openssl/hmac.h:libssl-dev"
-  "/usr/bin/pkg-config:pkg-config"
-  "/usr/bin/clang-format:clang-format"
-  "/usr/bin/python3:python3"
-  "/usr/sbin/ip:iproute2"
 )
+case "$profile" in
+  build) ;;
+  test)
+    need+=(
+      "/usr/include/cmocka.h:libcmocka-dev"
+      "/usr/bin/pkg-config:pkg-config"
+      "/usr/bin/clang-format:clang-format"
+      "/usr/bin/python3:python3"
+      "/usr/sbin/ip:iproute2"
+    ) ;;
+  *) echo "deps.sh: unknown profile '$profile' (build or test)" >&2; exit 2 ;;
+esac
 missing=()
 for pair in "${need[@]}"; do
   path=${pair%%:*}; pkg=${pair#*:}
   [ -e "$path" ] || missing+=("$pkg")
 done
 # sanitizer runtimes ship with gcc; make sure the shared objects are there
-for lib in libasan.so libubsan.so libtsan.so; do
-  if ! gcc -print-file-name="$lib" | grep -q /; then missing+=("libgcc-12-dev"); break; fi
-done
+if [ "$profile" = test ]; then
+  for lib in libasan.so libubsan.so libtsan.so; do
+    if ! gcc -print-file-name="$lib" | grep -q /; then missing+=("libgcc-12-dev"); break; fi
+  done
+fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "collie: missing packages: ${missing[*]}" >&2
-  echo "collie: install them with: sudo apt-get install ${missing[*]}" >&2
+  echo "collie: missing packages; install them with: sudo apt-get install ${missing[*]}" >&2
   exit 1
 fi
 if ! command -v apt-get >/dev/null; then

@@ -1,12 +1,14 @@
 /*
  * plugin_host.c — a program that uses collie only through collie.h and
- * loads the dummy backend plugin (COLLIE_PLUGIN_PATH): two ranks on one
- * engine run an allreduce and check it. Built twice, linked with
+ * loads the dummy backend plugin (COLLIE_PLUGIN_PATH, or beside libcollie
+ * when unset): two ranks on one engine run an allreduce and check it; the
+ * library's collie_version() must be the headers' COLLIE_VERSION. Built twice, linked with
  * libcollie.a (no -rdynamic) and with libcollie.so: a plugin that linked a
  * core symbol would fail to load into one of them. test_backend runs both.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "collie.h"
 
@@ -20,6 +22,15 @@ static int fail(const char *what, const char *why) {
 
 int main(int argc, char **argv) {
     const char *linkage = argc > 1 ? argv[1] : "?";
+    /* the library running is the one these headers describe */
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR,
+             COLLIE_VERSION_PATCH);
+    if (collie_version() != COLLIE_VERSION || strcmp(collie_version_string(), want) != 0) {
+        fprintf(stderr, "plugin_host: library version %d (%s), headers %d (%s)\n", collie_version(),
+                collie_version_string(), COLLIE_VERSION, want);
+        return 1;
+    }
     collie_engine *e;
     collie_store_server *srv;
     collie_store *st[2];
@@ -70,6 +81,7 @@ int main(int argc, char **argv) {
     }
     collie_store_server_destroy(srv);
     collie_engine_destroy(e);
-    printf("plugin_host (%s): dummy plugin loaded, allreduce of %d fp32 correct\n", linkage, N);
+    printf("plugin_host (%s): collie %s, dummy plugin loaded, allreduce of %d fp32 correct\n",
+           linkage, collie_version_string(), N);
     return 0;
 }
