@@ -37,10 +37,10 @@ extern "C" {
  * major number (libcollie.so.0 while the ABI is 0.x: any 0.x release may
  * change it, and then bumps the minor); a program can compare the headers
  * it was built with against the library it runs with, collie_version(). */
-#define COLLIE_VERSION_MAJOR 0
-#define COLLIE_VERSION_MINOR 1
-#define COLLIE_VERSION_PATCH 0
-#define COLLIE_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define COLLIE_VERSION_MAJOR                     0
+#define COLLIE_VERSION_MINOR                     1
+#define COLLIE_VERSION_PATCH                     0
+#define COLLIE_VERSION_CODE(major, minor, patch) ((major)*10000 + (minor)*100 + (patch))
 #define COLLIE_VERSION                                                                             \
     COLLIE_VERSION_CODE(COLLIE_VERSION_MAJOR, COLLIE_VERSION_MINOR, COLLIE_VERSION_PATCH)
 
