@@ -34,9 +34,10 @@ extern "C" {
 #endif
 
 /* The version of these headers. The shared library's soname carries the
- * major number (libcollie.so.0 while the ABI is 0.x: any 0.x release may
- * change it, and then bumps the minor); a program can compare the headers
- * it was built with against the library it runs with, collie_version(). */
+ * major number (libcollie.so.0): a release that breaks the ABI bumps it, a
+ * minor release only adds, a patch release only fixes. A program can
+ * compare the headers it was built with (COLLIE_VERSION) with the library
+ * it runs with (collie_version()). */
 #define COLLIE_VERSION_MAJOR                     0
 #define COLLIE_VERSION_MINOR                     1
 #define COLLIE_VERSION_PATCH                     0
