@@ -117,6 +117,14 @@ static void svc_log(int level, const char *module, const char *fmt, ...) {
     va_end(ap);
 }
 
+static void svc_log_comm(const collie_bcomm *bc, int level, const char *module, const char *fmt,
+                         ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cl_vlog_comm(level, module, bc->comm->name, bc->comm->rank, fmt, ap);
+    va_end(ap);
+}
+
 static const char *svc_setting(const char *name) {
     const cl_config *c = cl_config_get();
     if (!strcmp(name, "COLLIE_SOCKET_IFNAME")) return c->socket_ifname;
@@ -191,4 +199,5 @@ const collie_core_services cl_core_services = {
     .log = svc_log,
     .log_enabled = svc_log_enabled,
     .setting = svc_setting,
+    .log_comm = svc_log_comm,
 };

@@ -208,8 +208,8 @@ static void chk_on_window(collie_work *w, void *arg) {
         goto out;
     }
     if (st != COLLIE_OK || len < 1 || (len - 1) % CHK_REC != 0) {
-        CL_WARN("comm", "comm '%s' rank %d: COLLIE_CHECK_ARGS stops: %s", c->name, c->rank,
-                st != COLLIE_OK ? collie_work_error_message(w) : "a malformed window");
+        CL_CWARN("comm", c, "COLLIE_CHECK_ARGS stops: %s",
+                 st != COLLIE_OK ? collie_work_error_message(w) : "a malformed window");
         k->stopped = true;
         goto out;
     }
@@ -293,8 +293,7 @@ static void chk_take_cmd(cl_cmd *cmd) {
     pthread_mutex_unlock(&c->mu);
     for (size_t i = 0; i < q.n && !k->stopped; i++)
         if (!chk_push(&k->mine, &q.v[i])) {
-            CL_WARN("comm", "comm '%s' rank %d: COLLIE_CHECK_ARGS stops: out of memory", c->name,
-                    c->rank);
+            CL_CWARN("comm", c, "COLLIE_CHECK_ARGS stops: out of memory");
             k->stopped = true;
         }
     free(q.v);
@@ -337,8 +336,7 @@ void cl_check_args_start(collie_comm *c) {
     if (!k || k->timer) return;
     k->timer = event_new(cl_engine_base(c->engine), -1, 0, chk_on_timer, k);
     if (!k->timer) {
-        CL_WARN("comm", "comm '%s' rank %d: COLLIE_CHECK_ARGS off: out of memory", c->name,
-                c->rank);
+        CL_CWARN("comm", c, "COLLIE_CHECK_ARGS off: out of memory");
         k->stopped = true;
         return;
     }

@@ -234,8 +234,7 @@ static void comm_close_after_fault(collie_comm *c) {
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (c->closing.terminate) {
-        CL_ERROR("comm", "comm '%s' rank %d: error policy ABORT_PROCESS: terminating", c->name,
-                 c->rank);
+        CL_CERROR("comm", c, "error policy ABORT_PROCESS: terminating");
         abort();
     }
 }
@@ -301,8 +300,7 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     char reason[640];
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
-    CL_WARN("comm", "comm '%s' rank %d: %s (%s)", c->name, c->rank, c->err_msg,
-            collie_status_name(status));
+    CL_CWARN("comm", c, "%s (%s)", c->err_msg, collie_status_name(status));
     comm_fail_pending(c, COLLIE_EABORTED, reason, false);
     /* BLOCKING_WAIT: nothing else happens in the background — not even a
      * close the peers would notice; the application decides */
@@ -507,8 +505,9 @@ static void comm_count_out(collie_comm *c) {
     int64_t left = 0;
     if (collie_store_add(c->store, key, 1, 1000, &left) == COLLIE_OK && left == c->size &&
         collie_store_delete_prefix(c->store, c->prefix, 1000, NULL) != COLLIE_OK)
-        CL_INFO("comm", "comm '%s': could not delete the keys of generation %llu: %s", c->name,
-                (unsigned long long)c->generation, collie_last_error());
+        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
+                    "could not delete the keys of generation %llu: %s",
+                    (unsigned long long)c->generation, collie_last_error());
 }
 
 int collie_comm_destroy(collie_comm *c) {
@@ -531,8 +530,8 @@ int collie_comm_destroy(collie_comm *c) {
         if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=
                 COLLIE_OK &&
             !c->engine_gone) {
-            CL_ERROR("comm", "comm '%s': destroy not processed by the progress loop; leaking it",
-                     c->name);
+            cl_log_comm(CL_LOG_ERROR, "comm", c->name, -1,
+                        "destroy not processed by the progress loop; leaking it");
             return COLLIE_ETIMEDOUT;
         }
         /* works failed by the abort retire promptly; wait for them (bounded) */

@@ -220,8 +220,9 @@ void cl_comm_forget_generation(collie_comm *c, uint64_t gen) {
     o.cb = forget_done; /* best effort: a failure leaves garbage, nothing else */
     collie_work *w;
     if (collie_store_post_delete_prefix(c->store, prefix, &o, &w) != COLLIE_OK)
-        CL_INFO("comm", "comm '%s': could not delete the keys of generation %llu: %s", c->name,
-                (unsigned long long)gen, collie_last_error());
+        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
+                    "could not delete the keys of generation %llu: %s", (unsigned long long)gen,
+                    collie_last_error());
 }
 static void create_succeed(create_state *cs);
 
@@ -501,7 +502,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         return NULL;
     }
     if (cl_check_args_init(c) != COLLIE_OK)
-        CL_WARN("comm", "comm '%s': COLLIE_CHECK_ARGS off: out of memory", c->name);
+        cl_log_comm(CL_LOG_WARN, "comm", c->name, -1, "COLLIE_CHECK_ARGS off: out of memory");
     atomic_init(&c->state, CL_COMM_CREATING);
     atomic_init(&c->err_status, COLLIE_OK);
     atomic_init(&c->refs, 1);

@@ -109,8 +109,7 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
         if (rank != c->rank) ctl_answer(c, k);
         return;
     }
-    CL_WARN("comm", "comm '%s' rank %d: ignoring unknown control message '%s'", c->name, c->rank,
-            buf);
+    CL_CWARN("comm", c, "ignoring unknown control message '%s'", buf);
 }
 
 static void ctl_retry_cb(evutil_socket_t fd, short what, void *arg) {
@@ -135,8 +134,9 @@ static void ctl_on_count(collie_work *w, void *arg) {
     c->ctl.probe = NULL;
     if (!c->ctl.stopped) {
         if ((uint64_t)n >= c->ctl.next) {
-            CL_WARN("comm", "comm '%s': control message %llu was never written; skipping it",
-                    c->name, (unsigned long long)c->ctl.next);
+            cl_log_comm(CL_LOG_WARN, "comm", c->name, -1,
+                        "control message %llu was never written; skipping it",
+                        (unsigned long long)c->ctl.next);
             c->ctl.next++;
         }
         ctl_watch_post(c);
@@ -158,8 +158,8 @@ static void ctl_on_msg(collie_work *w, void *arg) {
         size_t len;
         collie_store_work_value(w, &val, &len);
         uint64_t k = c->ctl.next++;
-        CL_DEBUG("comm", "comm '%s' rank %d: control message %llu: %.*s", c->name, c->rank,
-                 (unsigned long long)k, (int)len, (const char *)val);
+        CL_CDEBUG("comm", c, "control message %llu: %.*s", (unsigned long long)k, (int)len,
+                  (const char *)val);
         ctl_handle(c, val, len, k);
         if (!c->ctl.stopped) ctl_watch_post(c);
     } else if (st == COLLIE_ETIMEDOUT) {
@@ -250,8 +250,7 @@ static void ctl_on_index(collie_work *w, void *arg) {
     if (st == COLLIE_OK) collie_store_work_int(w, &k);
     collie_work_release(w);
     if (st != COLLIE_OK) {
-        CL_WARN("comm", "comm '%s' rank %d: could not post a control message: %s", c->name, c->rank,
-                collie_strerror(st));
+        CL_CWARN("comm", c, "could not post a control message: %s", collie_strerror(st));
         ctl_send_finish(s, st, 0);
         return;
     }

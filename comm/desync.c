@@ -306,8 +306,8 @@ bool cl_desync_start(cl_coll_work *cw) {
         desync_publish(d);
         desync_release(d);
     }
-    CL_INFO("comm", "comm '%s' rank %d: %s seq %llu timed out; asking the other ranks", c->name,
-            c->rank, w->ops->name, (unsigned long long)w->seq);
+    CL_CINFO("comm", c, "%s seq %llu timed out; asking the other ranks", w->ops->name,
+             (unsigned long long)w->seq);
     return true;
 }
 

@@ -163,11 +163,10 @@ void cl_comm_dump_on_abort(collie_comm *c) {
              (unsigned long long)c->generation, c->rank);
     FILE *f = fopen(path, "w");
     if (!f) {
-        CL_ERROR("comm", "comm '%s' rank %d: cannot write the flight recorder to %s: %s", c->name,
-                 c->rank, path, strerror(errno));
+        CL_CERROR("comm", c, "cannot write the flight recorder to %s: %s", path, strerror(errno));
         return;
     }
     collie_comm_dump(c, f);
     fclose(f);
-    CL_WARN("comm", "comm '%s' rank %d: flight recorder written to %s", c->name, c->rank, path);
+    CL_CWARN("comm", c, "flight recorder written to %s", path);
 }

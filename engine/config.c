@@ -43,6 +43,8 @@ typedef struct cl_setting {
 static const cl_setting cl_settings[] = {
     {"COLLIE_LOG", CL_SET_LOGLEVEL, CL_OFF(log_level), 0, "warn",
      "log level: error, warn, info or debug"},
+    {"COLLIE_LOG_FILE", CL_SET_STRING, CL_OFF(log_file), 0, "(stderr)",
+     "append log lines to this file instead of stderr (%p in the name: the pid)"},
     {"COLLIE_TIMEOUT_MS", CL_SET_MS, CL_OFF(timeout_ms), 1, "60000",
      "default deadline of every operation, in ms"},
     {"COLLIE_STALL_MS", CL_SET_MS, CL_OFF(stall_ms), 1, "10000",

@@ -14,6 +14,7 @@
 
 typedef struct cl_config {
     int log_level;             /* COLLIE_LOG */
+    const char *log_file;      /* COLLIE_LOG_FILE (NULL if unset) */
     int32_t timeout_ms;        /* COLLIE_TIMEOUT_MS: default op timeout */
     int32_t stall_ms;          /* COLLIE_STALL_MS: engine-stall threshold */
     const char *store_addr;    /* COLLIE_STORE_ADDR (NULL if unset) */

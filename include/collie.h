@@ -664,6 +664,47 @@ COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype
  * port"). "" if none. Thread-local; valid until the thread's next call. */
 COLLIE_API const char *collie_last_error(void);
 
+/* ------------------------------------------------------------------------ */
+/* Logging                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum collie_log_level {
+    COLLIE_LOG_ERROR = 0,
+    COLLIE_LOG_WARN = 1,
+    COLLIE_LOG_INFO = 2,
+    COLLIE_LOG_DEBUG = 3,
+} collie_log_level;
+
+/* One log line. Fields may be added at the end (check `size`). */
+typedef struct collie_log_record {
+    size_t size; /* sizeof(collie_log_record) of the library */
+    collie_log_level level;
+    const char *module;  /* "comm", "tcp", "store", "engine", "nccl", ... */
+    const char *comm;    /* the communicator's name, or NULL */
+    int rank;            /* its rank in that communicator, or -1 */
+    const char *message; /* one line, no newline */
+    int64_t time_ns;     /* CLOCK_REALTIME */
+} collie_log_record;
+
+/* collie_log_fn: receives every line at or above the level. It runs on
+ * whichever thread logged — the progress thread mostly, a caller's thread
+ * for a failing call — possibly on several at once, and must not block
+ * (it holds up the progress of every comm of that engine) nor call back
+ * into collie. The record and its strings live only during the call. */
+typedef void (*collie_log_fn)(const collie_log_record *r, void *ctx);
+
+/* collie_set_log_handler: route collie's log lines to fn instead of stderr
+ * (or COLLIE_LOG_FILE); NULL restores that. Process-wide. */
+COLLIE_API void collie_set_log_handler(collie_log_fn fn, void *ctx);
+/* collie_set_log_level: the least severe level passed on (overrides
+ * COLLIE_LOG); collie_log_level_get: the level in force. */
+COLLIE_API void collie_set_log_level(collie_log_level level);
+COLLIE_API collie_log_level collie_log_level_get(void);
+/* collie_log_route_libevent: pass libevent's own warnings and errors on as
+ * collie log lines (module "libevent"). Off by default: libevent's log
+ * callback is process-wide and this replaces any the program set. */
+COLLIE_API void collie_log_route_libevent(bool on);
+
 #ifdef __cplusplus
 }
 #endif

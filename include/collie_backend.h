@@ -230,6 +230,10 @@ typedef struct collie_core_services {
     /* settings (COLLIE_SOCKET_IFNAME etc.): the raw value or NULL */
     const char *(*setting)(const char *name);
     /* (appended services go here; test them with COLLIE_CORE_HAS) */
+    /* logging about this comm: the line carries its name and rank (an
+     * embedder's log handler gets them as fields) */
+    void (*log_comm)(const collie_bcomm *bc, int level, const char *module, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
 } collie_core_services;
 
 /* COLLIE_CORE_USABLE: is this core's table one a backend built with this

@@ -7,12 +7,16 @@
  *
  * CLTEST_QUICK=1 (the sanitizer runs) trims the matrix.
  */
+#include <event2/event.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "coll_fixture.h"
+#include "engine/config.h"
 #include "harness.h"
 #include "runner.h"
 
@@ -506,9 +510,131 @@ static void test_registry(void **state) {
     assert_null(found);
 }
 
+/* ---- logging through the embedder's handler ---------------------------------------------- */
+
+typedef struct log_capture {
+    pthread_mutex_t mu;
+    int lines, with_comm, tcp_connected[2];
+    bool bad_record;
+} log_capture;
+
+static void capture_log(const collie_log_record *r, void *ctx) {
+    log_capture *lc = ctx;
+    pthread_mutex_lock(&lc->mu);
+    lc->lines++;
+    if (r->size < sizeof *r || !r->module || !r->message || strchr(r->message, '\n') ||
+        r->level > COLLIE_LOG_DEBUG || r->time_ns <= 0 || (!r->comm && r->rank != -1))
+        lc->bad_record = true;
+    if (r->comm) {
+        lc->with_comm++;
+        if (strcmp(r->comm, "logged") != 0 || r->rank < 0 || r->rank > 1) lc->bad_record = true;
+        /* the comm's name and rank are fields, not repeated in the text */
+        if (strstr(r->message, "comm 'logged'")) lc->bad_record = true;
+        if (strcmp(r->module, "tcp") == 0 && strstr(r->message, "connected to rank") &&
+            r->rank >= 0 && r->rank < 2)
+            lc->tcp_connected[r->rank]++;
+    }
+    pthread_mutex_unlock(&lc->mu);
+}
+
+/* Every line goes to the handler, with the comm's name and rank as fields
+ * where the line is about a comm; the level filters; NULL restores stderr
+ * and the handler is never called after that. */
+static void test_log_handler_gets_comm_and_rank(void **state) {
+    (void)state;
+    static log_capture lc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    collie_set_log_level(COLLIE_LOG_DEBUG);
+    assert_int_equal(collie_log_level_get(), COLLIE_LOG_DEBUG);
+    collie_set_log_handler(capture_log, &lc);
+    world w;
+    world_create(&w, 2, "logged", NULL);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 64, 0, false);
+    world_destroy(&w);
+    collie_set_log_handler(NULL, NULL);
+    pthread_mutex_lock(&lc.mu);
+    int lines = lc.lines;
+    assert_false(lc.bad_record);
+    assert_true(lc.with_comm > 0);
+    assert_int_equal(lc.tcp_connected[0] + lc.tcp_connected[1], 2); /* one connection, both ends */
+    pthread_mutex_unlock(&lc.mu);
+    /* below the level: nothing reaches a handler */
+    collie_set_log_level(COLLIE_LOG_ERROR);
+    collie_set_log_handler(capture_log, &lc);
+    world_create(&w, 2, "logged", NULL);
+    world_destroy(&w);
+    collie_set_log_handler(NULL, NULL);
+    assert_int_equal(lc.lines, lines);
+    collie_set_log_level(COLLIE_LOG_WARN);
+}
+
+static void no_event(evutil_socket_t fd, short what, void *arg) { (void)fd, (void)what, (void)arg; }
+
+/* libevent's own warnings reach the handler only when routed (opt-in). */
+static void test_log_route_libevent(void **state) {
+    (void)state;
+    static log_capture lc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    collie_set_log_handler(capture_log, &lc);
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    int fd = dup(0);
+    close(fd); /* a closed descriptor: epoll_ctl fails and libevent warns */
+    for (int routed = 0; routed < 2; routed++) {
+        collie_log_route_libevent(routed);
+        struct event *ev = event_new(base, fd, EV_READ, no_event, NULL);
+        assert_int_equal(event_add(ev, NULL), -1);
+        event_free(ev);
+        pthread_mutex_lock(&lc.mu);
+        assert_int_equal(lc.lines, routed); /* none before routing, one after */
+        pthread_mutex_unlock(&lc.mu);
+    }
+    collie_log_route_libevent(false);
+    event_base_free(base);
+    collie_set_log_handler(NULL, NULL);
+}
+
+/* COLLIE_LOG_FILE: lines are appended to the file (%p = the pid) instead of
+ * stderr, with the comm and rank in the text. A child process, so the
+ * setting is read fresh. */
+static void test_log_file(void **state) {
+    (void)state;
+    char dir[64], path[128], want[160];
+    test_tmpdir_make(dir, sizeof dir, "cltest-log");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char setting[128];
+        snprintf(setting, sizeof setting, "%s/collie-%%p.log", dir);
+        setenv("COLLIE_LOG_FILE", setting, 1);
+        setenv("COLLIE_LOG", "debug", 1);
+        cl_config_reload();
+        world w;
+        world_create(&w, 2, "filed", NULL);
+        run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 64, 0, false);
+        world_destroy(&w);
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    snprintf(path, sizeof path, "%s/collie-%d.log", dir, (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("no log file %s", path);
+    char line[1024];
+    int found = 0;
+    snprintf(want, sizeof want, "collie[%d] DEBUG tcp: comm 'filed' rank ", (int)pid);
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, want) && strstr(line, "connected to rank")) found++;
+    fclose(f);
+    test_tmpdir_remove(dir);
+    assert_int_equal(found, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invalid_arguments),
+        cmocka_unit_test(test_log_handler_gets_comm_and_rank),
+        cmocka_unit_test(test_log_route_libevent),
+        cmocka_unit_test(test_log_file),
         cmocka_unit_test(test_matrix_world_1),
         cmocka_unit_test(test_matrix_world_2),
         cmocka_unit_test(test_matrix_world_3),

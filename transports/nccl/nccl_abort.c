@@ -226,9 +226,8 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     if (req) nc->core->work_cancel(req);
     size_t failing = claimed + (nc->root && nc->root->claimed);
     /* an idle comm being destroyed is routine; failing works are not */
-    nc->core->log(failing ? 1 : 3, NCCL_MOD,
-                  "comm '%s' rank %d: aborting the NCCL communicator (%zu works): %s",
-                  nc->core->name(nc->bc), nc->rank, failing, nc->abort_reason);
+    NCCL_LOG(nc, failing ? 1 : 3, "aborting the NCCL communicator (%zu works): %s", failing,
+             nc->abort_reason);
     int e = nccl_helper_start(nc, comm, true);
     if (e != 0) { /* cannot quiesce without blocking the loop: leak the comm, say so */
         nc->core->log(0, NCCL_MOD, "rank %d: cannot start the NCCL abort thread: %s", nc->rank,
@@ -326,10 +325,10 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
     for (size_t i = 0; i < ndone; i++)
         nc->core->work_finish(done[i], COLLIE_OK, NULL);
     if (overran) {
-        nc->core->log(0, NCCL_MOD,
-                      "comm '%s' rank %d: ncclCommAbort has not finished after %d ms; failing "
-                      "the works anyway (their buffers may still be in use by the GPU)",
-                      nc->core->name(nc->bc), nc->rank, (int)nc->abort_timeout_ms);
+        NCCL_LOG(nc, 0,
+                 "ncclCommAbort has not finished after %d ms; failing "
+                 "the works anyway (their buffers may still be in use by the GPU)",
+                 (int)nc->abort_timeout_ms);
         nccl_publish(nc, overrun, root, true);
         nccl_published(nc);
     }
@@ -358,10 +357,7 @@ void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc) {
     cl_nccl_work *batch = nccl_take_batch_locked(nc, &root);
     pthread_mutex_unlock(&nc->mu);
     if (!mine) return;
-    if (overran)
-        nc->core->log(0, NCCL_MOD,
-                      "comm '%s' rank %d: destroyed while ncclCommAbort is still running",
-                      nc->core->name(nc->bc), nc->rank);
+    if (overran) NCCL_LOG(nc, 0, "destroyed while ncclCommAbort is still running");
     nccl_publish(nc, batch, root, overran);
     nccl_published(nc);
 }

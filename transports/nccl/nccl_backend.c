@@ -170,11 +170,10 @@ static void *nccl_setup_main(void *arg) {
         }
     }
     if (status == COLLIE_OK)
-        nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: CUDA device %d of %d (%s)",
-                      nc->core->name(nc->bc), nc->rank, dev, ndev,
-                      nc->parent         ? "the parent comm's"
-                      : nc->dev_opt >= 0 ? "the device option"
-                                         : "rank % devices");
+        NCCL_LOG(nc, 2, "CUDA device %d of %d (%s)", dev, ndev,
+                 nc->parent         ? "the parent comm's"
+                 : nc->dev_opt >= 0 ? "the device option"
+                                    : "rank % devices");
     pthread_mutex_lock(&nc->mu);
     nc->dev = dev;
     nc->stream = stream; /* freed with nc, whatever happens next */
@@ -367,8 +366,7 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
         break;
     case SPLIT: cl_nccl_split_poll(nc); break;
     case READY:
-        nc->core->log(2, NCCL_MOD, "comm '%s' rank %d: NCCL communicator ready",
-                      nc->core->name(nc->bc), nc->rank);
+        NCCL_LOG(nc, 2, "NCCL communicator ready");
         nc->core->init_done(nc->bc, COLLIE_OK, NULL);
         break;
     case FAILED: cl_nccl_init_fail(nc, status, msg); break;

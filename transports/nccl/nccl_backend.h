@@ -30,6 +30,12 @@
 #include "engine/list.h"
 
 #define NCCL_MOD "nccl"
+/* a log line about this comm (its name and rank as fields); a core older
+ * than the log_comm service gets a plain line */
+#define NCCL_LOG(nc, level, ...)                                                                   \
+    (COLLIE_CORE_HAS((nc)->core, log_comm)                                                         \
+         ? (nc)->core->log_comm((nc)->bc, level, NCCL_MOD, __VA_ARGS__)                            \
+         : (nc)->core->log(level, NCCL_MOD, __VA_ARGS__))
 
 enum nccl_phase {
     NCCL_SETUP = 0, /* the setup thread picks the device, makes the stream */

@@ -172,8 +172,7 @@ void cl_nccl_launch_progress_locked(cl_nccl_comm *nc) {
  * and the log. */
 static int nccl_refuse(cl_nccl_comm *nc, const collie_coll_args *a, int status, const char *why) {
     nc->core->set_error("%s: backend nccl refused it: %s", collie_coll_kind_name(a->kind), why);
-    nc->core->log(1, NCCL_MOD, "comm '%s' rank %d: %s refused: %s", nc->core->name(nc->bc),
-                  nc->rank, collie_coll_kind_name(a->kind), why);
+    NCCL_LOG(nc, 1, "%s refused: %s", collie_coll_kind_name(a->kind), why);
     return status;
 }
 

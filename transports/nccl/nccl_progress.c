@@ -156,7 +156,7 @@ void cl_nccl_poll(void *state) {
     for (size_t i = 0; i < ndone; i++)
         nc->core->work_finish(done[i], COLLIE_OK, NULL);
     if (fault) {
-        nc->core->log(0, NCCL_MOD, "comm '%s' rank %d: %s", nc->core->name(nc->bc), nc->rank, msg);
+        NCCL_LOG(nc, 0, "%s", msg);
         nc->core->fault(nc->bc, NULL, COLLIE_EBACKEND, "%s", msg); /* the core aborts us */
         pthread_mutex_lock(&nc->mu);
         bool aborting = nc->aborting;

@@ -143,8 +143,7 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         close(c->fd);
         c->fd = -1;
     }
-    c->tc->core->log(3, "tcp", "comm '%s' rank %d: connection to rank %d closed: %s",
-                     c->tc->core->name(c->tc->bc), c->tc->rank, c->peer, why);
+    c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connection to rank %d closed: %s", c->peer, why);
 }
 
 /* Can a frame of our own go out now without landing inside another one? */
@@ -204,8 +203,7 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     cl_list_move_all(&queued, &c->sendq);
     if (c->wev) c->tc->core->watch_stop(c->wev);
     c->flush_scheduled = false;
-    c->tc->core->log(3, "tcp", "comm '%s' rank %d: %s; no more sends on it",
-                     c->tc->core->name(c->tc->bc), c->tc->rank, c->broken_why);
+    c->tc->core->log_comm(c->tc->bc, 3, "tcp", "%s; no more sends on it", c->broken_why);
     /* finishing only schedules a work's retirement: the list stays ours */
     tcp_msg *m;
     while ((m = cl_list_first(&queued, tcp_msg, node))) {
@@ -220,8 +218,7 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
 void cl_tcp_conn_ready(tcp_conn *c) {
     c->state = TCP_CONN_READY;
     c->hs_phase = HS_DONE;
-    c->tc->core->log(3, "tcp", "comm '%s' rank %d: connected to rank %d",
-                     c->tc->core->name(c->tc->bc), c->tc->rank, c->peer);
+    c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d", c->peer);
     c->tc->core->watch_start(c->wev, -1);
 }
 

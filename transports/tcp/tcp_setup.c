@@ -167,8 +167,8 @@ bool cl_tcp_hs_process(tcp_conn *c) {
     put32(a, TCP_HS_MAGIC);
     put32(a + 4, refuse);
     if (refuse) {
-        tc->core->log(1, "tcp", "comm '%s' rank %d: refused a connection claiming rank %u: %s",
-                      tc->core->name(tc->bc), tc->rank, rank, why);
+        tc->core->log_comm(tc->bc, 1, "tcp", "refused a connection claiming rank %u: %s", rank,
+                           why);
         /* best effort: tell the dialer, then close */
         ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)n;
@@ -191,8 +191,7 @@ void cl_tcp_conn_install(tcp_conn *c, int peer) {
     cl_list_remove(&c->pending_node);
     tcp_conn *slot = tc->conns[peer];
     if (slot && slot->state != TCP_CONN_ADDR) {
-        tc->core->log(1, "tcp", "comm '%s' rank %d: duplicate connection from rank %d refused",
-                      tc->core->name(tc->bc), tc->rank, peer);
+        tc->core->log_comm(tc->bc, 1, "tcp", "duplicate connection from rank %d refused", peer);
         cl_tcp_conn_close(c, COLLIE_EPROTO, "duplicate");
         cl_tcp_conn_free(c);
         return;
