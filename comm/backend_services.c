@@ -109,9 +109,7 @@ static bool svc_log_enabled(int level) {
 }
 
 static void svc_log(int level, const char *module, const char *fmt, ...) {
-    if (level < CL_LOG_ERROR) level = CL_LOG_ERROR;
-    if (level > CL_LOG_DEBUG) level = CL_LOG_DEBUG;
-    va_list ap;
+    va_list ap; /* cl_vlog clamps the level */
     va_start(ap, fmt);
     cl_vlog(level, module, fmt, ap);
     va_end(ap);

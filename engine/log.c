@@ -8,9 +8,10 @@
  *    "time collie[pid] LEVEL module: comm 'name' rank R: message" with one
  *    fprintf under stdio's FILE lock, so lines from different threads never
  *    interleave.
- *  - The handler and its context are swapped under a mutex and read with
- *    it held during the call: a handler never runs after
- *    collie_set_log_handler(NULL) has returned. The level is an atomic read
+ *  - The handler and its context are swapped under the write side of a
+ *    rwlock and called under its read side: lines from several threads
+ *    reach the handler at once (no lock serialises them), and a handler
+ *    never runs after collie_set_log_handler(NULL) has returned. The level is an atomic read
  *    on every log call (set by collie_set_log_level, else from COLLIE_LOG
  *    through the parsed config); log calls made while the config is being
  *    parsed use the default level (no recursion into the parser).
@@ -38,7 +39,7 @@
 
 static const char *const cl_level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
-static pthread_mutex_t cl_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t cl_log_lock = PTHREAD_RWLOCK_INITIALIZER;
 static collie_log_fn cl_log_handler;
 static void *cl_log_ctx;
 static _Atomic int cl_log_level_set = -1; /* -1: from COLLIE_LOG */
@@ -61,10 +62,10 @@ void collie_set_log_level(collie_log_level level) {
 collie_log_level collie_log_level_get(void) { return (collie_log_level)log_level(); }
 
 void collie_set_log_handler(collie_log_fn fn, void *ctx) {
-    pthread_mutex_lock(&cl_log_mu);
+    pthread_rwlock_wrlock(&cl_log_lock);
     cl_log_handler = fn;
     cl_log_ctx = ctx;
-    pthread_mutex_unlock(&cl_log_mu);
+    pthread_rwlock_unlock(&cl_log_lock);
 }
 
 static void log_open_file(void) {
@@ -123,10 +124,10 @@ void cl_vlog_comm(int level, const char *module, const char *comm, int rank, con
                            .rank = comm ? rank : -1,
                            .message = msg,
                            .time_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec};
-    pthread_mutex_lock(&cl_log_mu);
+    pthread_rwlock_rdlock(&cl_log_lock);
     collie_log_fn fn = cl_log_handler;
     if (fn) fn(&r, cl_log_ctx);
-    pthread_mutex_unlock(&cl_log_mu);
+    pthread_rwlock_unlock(&cl_log_lock);
     if (!fn) log_print(&r);
 }
 

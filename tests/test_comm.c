@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/config.h"
 #include "harness.h"
+#include "store_fixture.h"
 #include "runner.h"
 
 typedef struct mini {
@@ -855,25 +856,17 @@ static void create_fails_saying(const char *var, const char *value, const char *
                                 const char *needle2) {
     setenv(var, value, 1);
     cl_config_reload();
-    collie_engine *e;
-    collie_store_server *srv;
-    collie_store *st;
-    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
-    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    store_fx fx;
+    fx_start(&fx, NULL, NULL);
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.timeout_ms = 10000;
     collie_comm *c = NULL;
-    int rc = collie_comm_create(e, st, 0, 1, &o, &c);
+    int rc = collie_comm_create(fx.e, fx.st, 0, 1, &o, &c);
     const char *msg = collie_last_error();
     if (rc == COLLIE_OK || !strstr(msg, needle1) || !strstr(msg, needle2))
         fail_msg("%s=%s: create gave %s: '%s'", var, value, collie_status_name(rc), msg);
     if (c) collie_comm_destroy(c);
-    collie_store_destroy(st);
-    collie_store_server_destroy(srv);
-    collie_engine_destroy(e);
+    fx_stop(&fx);
     unsetenv(var);
     cl_config_reload();
 }
@@ -892,12 +885,9 @@ static void test_listen_failures_say_why(void **state) {
  * one process, posted first so both are in generation 0). */
 static void test_rendezvous_conflicts_fail_fast(void **state) {
     (void)state;
-    collie_engine *e;
-    collie_store_server *srv;
-    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    store_fx fx;
+    fx_start(&fx, NULL, NULL); /* its client is not used: each handle gets its own */
+    collie_engine *e = fx.e;
     for (int scenario = 0; scenario < 2; scenario++) {
         /* 0: ranks 0 and 1 say sizes 2 and 3; 1: rank 0 twice, then rank 1 */
         static const int ranks[2][3] = {{0, 1, -1}, {0, 0, 1}},
@@ -911,7 +901,7 @@ static void test_rendezvous_conflicts_fail_fast(void **state) {
         int n = scenario ? 3 : 2;
         int64_t t0 = now_ms();
         for (int i = 0; i < n; i++) {
-            assert_int_equal(collie_store_connect(e, addr, NULL, &st[i]), COLLIE_OK);
+            st[i] = fx_client(e, fx.addr, NULL, FX_WAIT_MS);
             assert_int_equal(collie_comm_create_post(e, st[i], ranks[scenario][i],
                                                      sizes[scenario][i], &o, &c[i], &cw[i]),
                              COLLIE_OK);
@@ -942,8 +932,7 @@ static void test_rendezvous_conflicts_fail_fast(void **state) {
             collie_store_destroy(st[i]);
         }
     }
-    collie_store_server_destroy(srv);
-    collie_engine_destroy(e);
+    fx_stop(&fx);
 }
 
 int main(void) {
