@@ -198,4 +198,5 @@ const collie_core_services cl_core_services = {
     .log_enabled = svc_log_enabled,
     .setting = svc_setting,
     .log_comm = svc_log_comm,
+    .stat_add = cl_stats_backend_add,
 };

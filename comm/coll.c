@@ -216,7 +216,11 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     atomic_fetch_add(&c->nactive, 1);
     cl_flight_post(c, cw);
     r = on_caller ? coll_start_on_caller(cw) : COLLIE_OK;
-    if (r == COLLIE_OK) r = cl_work_post(&cw->base);
+    if (r == COLLIE_OK) {
+        cl_stats_posted(c, 1); /* before the loop can end it */
+        r = cl_work_post(&cw->base);
+        if (r != COLLIE_OK) cl_stats_posted(c, -1);
+    }
     if (r == COLLIE_OK && dev == CL_DEV_CUDA) cl_check_args_note(c, a, cw->base.seq);
     if (r != COLLIE_OK) {
         if (p2p) {

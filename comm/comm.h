@@ -63,6 +63,20 @@ struct collie_bcomm {
     int pool_n;
 };
 
+/* A comm's counters (stats.c): posted is bumped by posting threads, the
+ * rest by the loop as works end; any thread reads them. */
+typedef struct cl_latency_counters {
+    _Atomic uint64_t count, sum_ns;
+    _Atomic uint64_t buckets[COLLIE_LATENCY_BUCKETS];
+} cl_latency_counters;
+
+typedef struct cl_comm_counters {
+    _Atomic uint64_t posted, completed, failed, bytes;
+    _Atomic uint64_t by_status[COLLIE_STATS_STATUSES];
+    _Atomic int32_t connections; /* the backends' count (the stat_add service) */
+    cl_latency_counters latency[COLLIE_STATS_OPS];
+} cl_comm_counters;
+
 /* One flight-recorder entry (flight.c). */
 typedef struct cl_fr_entry {
     uint64_t id, seq, count;
@@ -164,6 +178,7 @@ struct collie_comm {
         bool transport_closed, terminate;
         bool pending; /* under mu: a delayed close is armed (destroy waits) */
     } closing;
+    cl_comm_counters counters; /* stats.c */
     /* flight recorder (flight.c) */
     struct {
         pthread_mutex_t mu;
@@ -209,6 +224,14 @@ void cl_flight_post(collie_comm *c, cl_coll_work *cw);
 void cl_flight_start(collie_comm *c, cl_coll_work *cw);
 void cl_flight_end(collie_comm *c, cl_coll_work *cw);
 void cl_comm_dump_on_abort(collie_comm *c);
+
+/* stats.c: count a post that was accepted (posting thread, before the
+ * engine can end it) / one that was then refused; count an ended work
+ * (loop, when it is detached) */
+void cl_stats_posted(collie_comm *c, int delta);
+void cl_stats_ended(collie_comm *c, const cl_coll_work *cw);
+/* the stat_add service (any thread) */
+void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta);
 
 /* comm.c */
 void cl_comm_hold(collie_comm *c);

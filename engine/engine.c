@@ -66,6 +66,10 @@ uint64_t cl_engine_stall_count(const collie_engine *e) {
     return atomic_load(&((collie_engine *)e)->stalls);
 }
 
+uint32_t cl_engine_residents(const collie_engine *e) {
+    return atomic_load_explicit(&((collie_engine *)e)->nresidents, memory_order_relaxed);
+}
+
 void *cl_engine_hooks_state(const collie_engine *e) { return e->hooks_state; }
 
 static size_t engine_run_completions(collie_engine *e) {
@@ -241,12 +245,14 @@ int cl_engine_call(collie_engine *e, void (*fn)(void *), void *arg, int32_t time
 int cl_engine_add_resident(collie_engine *e, cl_resident *r) {
     if (cl_engine_closing(e)) return COLLIE_ECLOSED;
     cl_list_push_front(&e->residents, &r->node);
+    atomic_fetch_add_explicit(&e->nresidents, 1, memory_order_relaxed);
     return COLLIE_OK;
 }
 
 void cl_engine_remove_resident(collie_engine *e, cl_resident *r) {
-    CL_UNUSED(e);
-    cl_list_remove(&r->node); /* a no-op when not linked */
+    if (!cl_list_linked(&r->node)) return;
+    cl_list_remove(&r->node);
+    atomic_fetch_sub_explicit(&e->nresidents, 1, memory_order_relaxed);
 }
 
 /* ---- timers --------------------------------------------------------------- */
@@ -277,7 +283,7 @@ static void engine_shutdown_on_loop(collie_engine *e) {
     engine_run_all(e);
     cl_resident *r;
     while ((r = cl_list_first(&e->residents, cl_resident, node))) {
-        cl_list_remove(&r->node);
+        cl_engine_remove_resident(e, r);
         const char *prev = cl_engine_set_activity(e, r->what ? r->what : "resident shutdown");
         r->shutdown(r);
         cl_engine_set_activity(e, prev);

@@ -77,6 +77,8 @@ const char *cl_engine_set_activity(collie_engine *e, const char *what);
 
 /* cl_engine_stall_count: stalls the monitor has reported so far. */
 uint64_t cl_engine_stall_count(const collie_engine *e);
+/* cl_engine_residents: objects living on the engine now (any thread). */
+uint32_t cl_engine_residents(const collie_engine *e);
 
 /* A resident: an object living on the engine (store server, store client,
  * communicator) that must be closed when the engine stops. shutdown() runs

@@ -49,6 +49,7 @@ struct collie_engine {
     struct event *heartbeat_ev;
 
     cl_list residents;            /* cl_resident */
+    _Atomic uint32_t nresidents;  /* their number (stats, any thread) */
     const cl_engine_hooks *hooks; /* the works' (work/) */
     void *hooks_state;
 

@@ -659,6 +659,83 @@ COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie
 COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);
 
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Counters for monitoring, cheap enough to read every second from any
+ * thread (a snapshot of relaxed atomic counters: fields are each exact but
+ * not read at one instant). Set `size` first (the *_STATS_INIT macros):
+ * the library fills what both it and the caller know and sets `size` to
+ * that. Fields may be added at the end. */
+
+/* Latency histogram: buckets[0] counts latencies under 1 us, buckets[i]
+ * (0 < i < COLLIE_LATENCY_BUCKETS-1) those in [2^(i-1), 2^i) us, the last
+ * bucket every longer one (over 2^29 us, about 9 minutes). */
+#define COLLIE_LATENCY_BUCKETS 31
+typedef struct collie_latency_histogram {
+    uint64_t count;  /* works measured */
+    uint64_t sum_ns; /* their total latency */
+    uint64_t buckets[COLLIE_LATENCY_BUCKETS];
+} collie_latency_histogram;
+
+/* collie_latency_bucket_le_us: the upper bound of bucket i in microseconds
+ * (2^i; -1 for the last, unbounded one). */
+COLLIE_API int64_t collie_latency_bucket_le_us(int i);
+
+/* Operation kinds counted apart (allreduce, broadcast, ..., send, recv):
+ * index i of collie_comm_stats.latency is named by collie_stats_op_name(i)
+ * (NULL past the last kind). */
+#define COLLIE_STATS_OPS 16
+COLLIE_API const char *collie_stats_op_name(int i);
+
+/* Errors counted apart: failed_by_status[-status] (e.g.
+ * failed_by_status[-COLLIE_ETIMEDOUT]); codes beyond the array land in
+ * its last slot. */
+#define COLLIE_STATS_STATUSES 24
+
+typedef struct collie_comm_stats {
+    size_t size;          /* sizeof(collie_comm_stats) */
+    uint64_t generation;  /* collie_comm_generation */
+    int status;           /* collie_comm_error's status: COLLIE_OK while healthy */
+    uint32_t connections; /* peer connections the CPU transport has open now */
+    uint64_t posted;      /* collectives and send/recv accepted (a refused post is not) */
+    uint64_t completed;   /* ended with COLLIE_OK */
+    uint64_t failed;      /* ended with an error */
+    uint64_t in_flight;   /* posted and not ended yet */
+    uint64_t bytes;       /* payload bytes of the completed works (this rank's buffers) */
+    uint64_t failed_by_status[COLLIE_STATS_STATUSES];
+    uint64_t store_reconnects; /* times the comm's store connection was made again */
+    uint64_t stalls;           /* stalls of its engine's progress loop so far */
+    /* post to completion of the completed works, by kind */
+    collie_latency_histogram latency[COLLIE_STATS_OPS];
+} collie_comm_stats;
+
+/* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */
+#define COLLIE_COMM_STATS_INIT                                                                     \
+    { .size = sizeof(collie_comm_stats) }
+
+/* collie_comm_get_stats: fill *st (st->size set by the caller). Errors:
+ * EINVAL (NULL, or size smaller than the first fields'). */
+COLLIE_API int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st);
+
+typedef struct collie_engine_stats {
+    size_t size;              /* sizeof(collie_engine_stats) */
+    uint64_t works_posted;    /* every kind: collectives, store requests, comm creations */
+    uint64_t works_completed; /* ended with COLLIE_OK (and retired) */
+    uint64_t works_failed;    /* ended with an error (and retired) */
+    uint64_t works_in_flight; /* posted and not retired */
+    uint64_t stalls;          /* progress-loop stalls the monitor reported */
+    uint32_t residents;       /* comms, store clients and servers living on the engine */
+} collie_engine_stats;
+
+#define COLLIE_ENGINE_STATS_INIT                                                                   \
+    { .size = sizeof(collie_engine_stats) }
+
+/* collie_engine_get_stats: fill *st (st->size set by the caller). Errors:
+ * EINVAL. */
+COLLIE_API int collie_engine_get_stats(const collie_engine *e, collie_engine_stats *st);
+
 /* collie_last_error: the detailed message of the last failed call made by
  * this thread (for failures that produce no work: "store address 'x': no
  * port"). "" if none. Thread-local; valid until the thread's next call. */

@@ -234,7 +234,16 @@ typedef struct collie_core_services {
      * embedder's log handler gets them as fields) */
     void (*log_comm)(const collie_bcomm *bc, int level, const char *module, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
+    /* counters the comm's stats report (collie_comm_get_stats): add delta
+     * to counter `which` (COLLIE_BSTAT_*). Any thread. */
+    void (*stat_add)(collie_bcomm *bc, int which, int64_t delta);
 } collie_core_services;
+
+/* The counters of stat_add. */
+enum {
+    COLLIE_BSTAT_CONNECTIONS = 0, /* peer connections open now: +1 when one is ready, -1 when
+                                     it closes */
+};
 
 /* COLLIE_CORE_USABLE: is this core's table one a backend built with this
  * header can use (same ABI, every ABI-3 service present)? A backend checks

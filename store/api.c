@@ -557,3 +557,9 @@ int cl_store_token(const collie_store *s, const char **token, size_t *len) {
     *len = *token ? s->core->token_len : 0;
     return COLLIE_OK;
 }
+
+uint64_t cl_store_reconnects(const collie_store *s) {
+    if (!s || !s->core) return 0;
+    uint64_t n = atomic_load_explicit(&s->core->connects, memory_order_relaxed);
+    return n > 1 ? n - 1 : 0;
+}

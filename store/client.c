@@ -271,6 +271,7 @@ static void store_cli_ready(cl_store_core *c) {
                 (double)(cl_now_ns() - c->failing_since_ns) / 1e9);
     c->failing_since_ns = 0;
     c->state = CL_STORE_READY;
+    atomic_fetch_add_explicit(&c->connects, 1, memory_order_relaxed);
     c->backoff_ms = 0;
     bufferevent_set_timeouts(c->bev, NULL, NULL);
     store_cli_set_connected(c, true, NULL);

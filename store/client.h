@@ -86,7 +86,8 @@ struct cl_store_core {
     _Atomic uint64_t seq;   /* request sequence numbers */
     _Atomic bool shut;      /* loop-side teardown done; destroy only frees memory */
     cl_resident resident;
-    int init_status; /* result of the loop-side part of create */
+    int init_status;           /* result of the loop-side part of create */
+    _Atomic uint64_t connects; /* connections made (stats; read on any thread) */
 
     /* loop thread */
     int state;

@@ -12,4 +12,8 @@
  * with (*token NULL if none), for the transports' handshakes. */
 int cl_store_token(const collie_store *s, const char **token, size_t *len);
 
+/* cl_store_reconnects: how many times the handle's connection was made
+ * again after its first (any thread). */
+uint64_t cl_store_reconnects(const collie_store *s);
+
 #endif

@@ -567,6 +567,105 @@ static void test_log_handler_gets_comm_and_rank(void **state) {
     collie_set_log_level(COLLIE_LOG_WARN);
 }
 
+/* Stats: every accepted post is counted once and ends as completed or
+ * failed (by status), bytes and latencies of the completed ones, the open
+ * connections, and a short `size` gets only the fields it has room for. */
+static void test_comm_stats(void **state) {
+    (void)state;
+    assert_int_equal(collie_latency_bucket_le_us(0), 1);
+    assert_int_equal(collie_latency_bucket_le_us(10), 1024);
+    assert_int_equal(collie_latency_bucket_le_us(COLLIE_LATENCY_BUCKETS - 1), -1);
+    assert_string_equal(collie_stats_op_name(COLLIE_COLL_ALLREDUCE), "allreduce");
+    assert_string_equal(collie_stats_op_name(COLLIE_COLL_RECV), "recv");
+    assert_null(collie_stats_op_name(COLLIE_COLL_NUM_KINDS));
+    assert_null(collie_stats_op_name(-1));
+    world w;
+    world_create(&w, 2, "stats", NULL);
+    collie_comm_stats st = COLLIE_COMM_STATS_INIT;
+    assert_int_equal(collie_comm_get_stats(w.c[0], &st), COLLIE_OK);
+    assert_int_equal(st.size, sizeof st);
+    assert_int_equal(st.posted, 0);
+    assert_int_equal(st.generation, collie_comm_generation(w.c[0]));
+    enum { N = 5, COUNT = 64 };
+    for (int i = 0; i < N; i++)
+        run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, COUNT, 0, false);
+    run_and_check(&w, COLLIE_COLL_BROADCAST, COLLIE_INT64, COLLIE_SUM, COUNT, 1, false);
+    for (int r = 0; r < 2; r++) {
+        st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
+        assert_int_equal(collie_comm_get_stats(w.c[r], &st), COLLIE_OK);
+        assert_int_equal(st.status, COLLIE_OK);
+        assert_int_equal(st.posted, N + 1);
+        assert_int_equal(st.completed, N + 1);
+        assert_int_equal(st.failed, 0);
+        assert_int_equal(st.in_flight, 0);
+        assert_int_equal(st.bytes, N * COUNT * 4 + COUNT * 8);
+        assert_int_equal(st.connections, 1);
+        const collie_latency_histogram *h = &st.latency[COLLIE_COLL_ALLREDUCE];
+        assert_int_equal(h->count, N);
+        uint64_t in_buckets = 0;
+        for (int b = 0; b < COLLIE_LATENCY_BUCKETS; b++)
+            in_buckets += h->buckets[b];
+        assert_int_equal(in_buckets, N);
+        assert_true(h->sum_ns > 0);
+        assert_int_equal(st.latency[COLLIE_COLL_BROADCAST].count, 1);
+        assert_int_equal(st.latency[COLLIE_COLL_REDUCE].count, 0);
+    }
+    /* a refused post is not counted */
+    int32_t buf[4];
+    collie_work *wk;
+    assert_int_equal(
+        collie_allreduce(w.c[1], buf, buf, 4, COLLIE_NUM_DTYPES, COLLIE_SUM, NULL, &wk),
+        COLLIE_EINVAL);
+    st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
+    assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
+    assert_int_equal(st.posted, N + 1);
+    /* a receive nobody answers: its deadline fails it (and the comm) */
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 50;
+    assert_int_equal(collie_recv(w.c[1], buf, 4, COLLIE_INT32, 0, 9, &po, &wk), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk, 30000), COLLIE_ETIMEDOUT);
+    collie_work_release(wk);
+    /* counted when the loop retires it: poll, bounded */
+    int64_t until = cl_now_ns() + 10000 * CL_NS_PER_MS;
+    do {
+        st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
+        assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
+        if (st.failed == 1 && st.connections == 0) break;
+        usleep(1000);
+    } while (cl_now_ns() < until);
+    assert_int_equal(st.posted, N + 2);
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.failed_by_status[-COLLIE_ETIMEDOUT], 1);
+    assert_int_equal(st.in_flight, 0);
+    assert_int_equal(st.status, COLLIE_ETIMEDOUT);
+    assert_int_equal(st.connections, 0); /* the fault closed the transport */
+    /* an older, shorter struct: only its fields are written */
+    unsigned char raw[sizeof(collie_comm_stats)];
+    memset(raw, 0xAB, sizeof raw);
+    collie_comm_stats *part = (collie_comm_stats *)raw;
+    part->size = offsetof(collie_comm_stats, failed_by_status);
+    assert_int_equal(collie_comm_get_stats(w.c[1], part), COLLIE_OK);
+    assert_int_equal(part->size, offsetof(collie_comm_stats, failed_by_status));
+    assert_true(part->posted >= N + 2);
+    assert_int_equal(raw[offsetof(collie_comm_stats, failed_by_status)], 0xAB);
+    part->size = 4;
+    assert_int_equal(collie_comm_get_stats(w.c[1], part), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "COLLIE_COMM_STATS_INIT"));
+    assert_int_equal(collie_comm_get_stats(NULL, &st), COLLIE_EINVAL);
+    /* the engine's view: every work it ran, the residents living on it */
+    collie_engine_stats es = COLLIE_ENGINE_STATS_INIT;
+    assert_int_equal(collie_engine_get_stats(w.e, &es), COLLIE_OK);
+    assert_int_equal(es.size, sizeof es);
+    assert_true(es.works_posted >= 2 * (N + 1) + 1);
+    assert_true(es.works_completed >= 2 * (N + 1));
+    assert_true(es.works_failed >= 1);
+    assert_true(es.works_posted >= es.works_completed + es.works_failed);
+    assert_true(es.residents >= 5); /* server, 2 store clients, 2 comms */
+    es.size = 1;
+    assert_int_equal(collie_engine_get_stats(w.e, &es), COLLIE_EINVAL);
+    world_destroy(&w);
+}
+
 static void no_event(evutil_socket_t fd, short what, void *arg) { (void)fd, (void)what, (void)arg; }
 
 /* libevent's own warnings reach the handler only when routed (opt-in). */
@@ -649,6 +748,7 @@ int main(void) {
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_comm_stats),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -30,7 +30,10 @@ typedef struct cl_work_registry {
     int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
     struct event *done_ev;     /* activated to run the retire list */
     struct event *deadline_ev; /* the one deadline timer */
-    uint64_t retired;          /* total retired (stats) */
+    uint64_t retired;          /* total retired (the spin heuristic) */
+    /* stats (collie_engine_get_stats, any thread): posted by any thread,
+     * the rest counted by the loop as works retire */
+    _Atomic uint64_t posted, completed, failed;
 } cl_work_registry;
 
 /* the registry of a work's engine */
@@ -40,6 +43,7 @@ static inline cl_work_registry *cl_work_registry_of(const collie_work *w) {
 
 /* registry.c */
 void cl_work_start_cmd(cl_cmd *c);
+void cl_works_count_post(collie_engine *e, int delta); /* stats: works posted (any thread) */
 void cl_work_schedule_retire(collie_work *w);
 
 /* wait.c */

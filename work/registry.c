@@ -22,6 +22,7 @@
  */
 #include <event2/event.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/engine.h"
 #include "work/internal.h"
@@ -181,7 +182,10 @@ static void work_retire(collie_engine *e, collie_work *w) {
         w->cb(w, w->cb_arg);
     }
     cl_engine_set_activity(e, prev);
-    registry(e)->retired++;
+    cl_work_registry *r = registry(e);
+    r->retired++;
+    atomic_fetch_add_explicit(w->status == COLLIE_OK ? &r->completed : &r->failed, 1,
+                              memory_order_relaxed);
     collie_work_release(w); /* the engine's reference */
 }
 
@@ -286,4 +290,35 @@ static const cl_engine_hooks registry_hooks = {
 
 int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
     return cl_engine_create(o, &registry_hooks, out);
+}
+
+/* ---- stats ------------------------------------------------------------------------- */
+
+void cl_works_count_post(collie_engine *e, int delta) {
+    if (delta > 0)
+        atomic_fetch_add_explicit(&registry(e)->posted, (uint64_t)delta, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&registry(e)->posted, (uint64_t)-delta, memory_order_relaxed);
+}
+
+int collie_engine_get_stats(const collie_engine *e, collie_engine_stats *st) {
+    if (!e || !st)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_engine_get_stats: NULL argument");
+    if (st->size < offsetof(collie_engine_stats, residents))
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_engine_get_stats: size %zu is too small (set it with "
+                                 "COLLIE_ENGINE_STATS_INIT)",
+                                 st->size);
+    const cl_work_registry *r = cl_engine_hooks_state(e);
+    collie_engine_stats s = {0};
+    s.works_completed = atomic_load_explicit(&r->completed, memory_order_relaxed);
+    s.works_failed = atomic_load_explicit(&r->failed, memory_order_relaxed);
+    s.works_posted = atomic_load_explicit(&r->posted, memory_order_relaxed); /* after: >= */
+    uint64_t ended = s.works_completed + s.works_failed;
+    s.works_in_flight = s.works_posted > ended ? s.works_posted - ended : 0;
+    s.stalls = cl_engine_stall_count(e);
+    s.residents = cl_engine_residents(e);
+    s.size = st->size < sizeof s ? st->size : sizeof s;
+    memcpy(st, &s, s.size);
+    return COLLIE_OK;
 }

@@ -81,7 +81,9 @@ int cl_work_post(collie_work *w) {
                                  cl_engine_name(e));
     atomic_fetch_add_explicit(&w->refs, 1, memory_order_relaxed); /* the engine's */
     w->start_cmd.fn = cl_work_start_cmd;
+    cl_works_count_post(e, 1); /* before the loop can retire it */
     if (cl_engine_post_cmd(e, &w->start_cmd) != COLLIE_OK) {
+        cl_works_count_post(e, -1);
         atomic_fetch_sub_explicit(&w->refs, 1, memory_order_relaxed);
         w->start_cmd.fn = NULL; /* never posted: not counted live */
         return cl_set_last_error(COLLIE_ECLOSED, "%s: engine %s is stopped", w->ops->name,

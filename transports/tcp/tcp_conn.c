@@ -106,8 +106,15 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     return c;
 }
 
+/* the comm's count of open connections (collie_comm_get_stats) */
+static void conn_count(tcp_conn *c, int delta) {
+    const collie_core_services *core = c->tc->core;
+    if (COLLIE_CORE_HAS(core, stat_add)) core->stat_add(c->tc->bc, COLLIE_BSTAT_CONNECTIONS, delta);
+}
+
 void cl_tcp_conn_free(tcp_conn *c) {
     if (!c) return;
+    if (c->state == TCP_CONN_READY) conn_count(c, -1);
     cl_list_remove(&c->pending_node); /* if it was still being identified */
     if (c->rev) c->tc->core->watch_free(c->rev);
     if (c->wev) c->tc->core->watch_free(c->wev);
@@ -135,6 +142,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
     (void)status;
     if (c->state == TCP_CONN_CLOSED) return;
+    if (c->state == TCP_CONN_READY) conn_count(c, -1);
     c->state = TCP_CONN_CLOSED;
     snprintf(c->closed_why, sizeof c->closed_why, "%s", why);
     if (c->rev) c->tc->core->watch_stop(c->rev);
@@ -216,6 +224,7 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
 /* ---- sending ----------------------------------------------------------------------------- */
 
 void cl_tcp_conn_ready(tcp_conn *c) {
+    if (c->state != TCP_CONN_READY) conn_count(c, 1);
     c->state = TCP_CONN_READY;
     c->hs_phase = HS_DONE;
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d", c->peer);

@@ -1,0 +1,112 @@
+/*
+ * stats.c — a communicator's counters for monitoring (collie_comm_get_stats).
+ *
+ * Design notes
+ *  - Counting must cost nothing next to a collective: a few relaxed atomic
+ *    adds per work, no lock. `posted` is bumped on the posting thread before
+ *    the engine can see the work (so a reader never finds more works ended
+ *    than posted); everything else when the loop detaches the ended work.
+ *  - A snapshot reads `ended` before `posted`, so in_flight = posted - ended
+ *    never goes negative. Fields are each exact, not read at one instant.
+ *  - Backends report what only they know (open connections) through the
+ *    stat_add service: counters live here, not in backend state a reader
+ *    on another thread could not touch.
+ *  - Latencies go into power-of-two microsecond buckets: one clz per work,
+ *    and a fixed array an exporter turns into Prometheus `le` buckets.
+ */
+#include <string.h>
+
+#include "comm/comm.h"
+#include "store/store.h"
+
+_Static_assert(COLLIE_COLL_NUM_KINDS <= COLLIE_STATS_OPS, "COLLIE_STATS_OPS too small");
+
+#define RELAXED memory_order_relaxed
+
+const char *collie_stats_op_name(int i) {
+    return i >= 0 && i < COLLIE_COLL_NUM_KINDS ? collie_coll_kind_name((collie_coll_kind)i) : NULL;
+}
+
+int64_t collie_latency_bucket_le_us(int i) {
+    if (i < 0 || i >= COLLIE_LATENCY_BUCKETS - 1) return -1;
+    return (int64_t)1 << i;
+}
+
+/* bucket of a latency: 0 under 1 us, i for [2^(i-1), 2^i) us */
+static int latency_bucket(int64_t ns) {
+    uint64_t us = ns > 0 ? (uint64_t)ns / 1000 : 0;
+    int b = us ? 64 - __builtin_clzll(us) : 0;
+    return b < COLLIE_LATENCY_BUCKETS ? b : COLLIE_LATENCY_BUCKETS - 1;
+}
+
+void cl_stats_posted(collie_comm *c, int delta) {
+    if (delta > 0)
+        atomic_fetch_add_explicit(&c->counters.posted, (uint64_t)delta, RELAXED);
+    else
+        atomic_fetch_sub_explicit(&c->counters.posted, (uint64_t)-delta, RELAXED);
+}
+
+void cl_stats_ended(collie_comm *c, const cl_coll_work *cw) {
+    cl_comm_counters *k = &c->counters;
+    const collie_work *w = &cw->base;
+    if (w->status != COLLIE_OK) {
+        int i = -w->status;
+        if (i <= 0 || i >= COLLIE_STATS_STATUSES) i = COLLIE_STATS_STATUSES - 1;
+        atomic_fetch_add_explicit(&k->by_status[i], 1, RELAXED);
+        atomic_fetch_add_explicit(&k->failed, 1, RELAXED);
+        return;
+    }
+    atomic_fetch_add_explicit(&k->bytes, w->bytes, RELAXED);
+    if ((unsigned)cw->args.kind < COLLIE_STATS_OPS) {
+        int64_t ns = w->end_ns > w->post_ns ? w->end_ns - w->post_ns : 0;
+        cl_latency_counters *l = &k->latency[cw->args.kind];
+        atomic_fetch_add_explicit(&l->buckets[latency_bucket(ns)], 1, RELAXED);
+        atomic_fetch_add_explicit(&l->sum_ns, (uint64_t)ns, RELAXED);
+        atomic_fetch_add_explicit(&l->count, 1, RELAXED);
+    }
+    /* last: a reader that sees it completed sees its latency counted */
+    atomic_fetch_add_explicit(&k->completed, 1, memory_order_release);
+}
+
+void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta) {
+    if (!bc || !bc->comm) return;
+    if (which == COLLIE_BSTAT_CONNECTIONS)
+        atomic_fetch_add_explicit(&bc->comm->counters.connections, (int32_t)delta, RELAXED);
+}
+
+int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
+    if (!c || !st) return cl_set_last_error(COLLIE_EINVAL, "collie_comm_get_stats: NULL argument");
+    size_t want = st->size;
+    if (want < offsetof(collie_comm_stats, failed_by_status))
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_get_stats: size %zu is too small (set it with "
+                                 "COLLIE_COMM_STATS_INIT)",
+                                 want);
+    collie_comm_stats s;
+    memset(&s, 0, sizeof s);
+    cl_comm_counters *k = (cl_comm_counters *)&c->counters; /* atomics: read-only use */
+    s.generation = c->generation;
+    s.status = atomic_load_explicit(&c->err_status, memory_order_acquire);
+    int32_t conns = atomic_load_explicit(&k->connections, RELAXED);
+    s.connections = conns > 0 ? (uint32_t)conns : 0;
+    s.completed = atomic_load_explicit(&k->completed, memory_order_acquire);
+    s.failed = atomic_load_explicit(&k->failed, RELAXED);
+    s.posted = atomic_load_explicit(&k->posted, RELAXED); /* after the ended ones */
+    uint64_t ended = s.completed + s.failed;
+    s.in_flight = s.posted > ended ? s.posted - ended : 0;
+    s.bytes = atomic_load_explicit(&k->bytes, RELAXED);
+    for (int i = 0; i < COLLIE_STATS_STATUSES; i++)
+        s.failed_by_status[i] = atomic_load_explicit(&k->by_status[i], RELAXED);
+    s.store_reconnects = cl_store_reconnects(c->store);
+    s.stalls = cl_engine_stall_count(c->engine);
+    for (int op = 0; op < COLLIE_STATS_OPS; op++) {
+        cl_latency_counters *l = &k->latency[op];
+        s.latency[op].count = atomic_load_explicit(&l->count, RELAXED);
+        s.latency[op].sum_ns = atomic_load_explicit(&l->sum_ns, RELAXED);
+        for (int b = 0; b < COLLIE_LATENCY_BUCKETS; b++)
+            s.latency[op].buckets[b] = atomic_load_explicit(&l->buckets[b], RELAXED);
+    }
+    s.size = want < sizeof s ? want : sizeof s;
+    memcpy(st, &s, s.size);
+    return COLLIE_OK;
+}
