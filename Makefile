@@ -62,8 +62,9 @@ LIB_SO_REAL := $(BUILD)/lib/libcollie.so.$(VERSION)
 LIB_SO      := $(BUILD)/lib/libcollie.so
 
 # Missing Debian packages are installed (as root) before anything compiles:
-# the library and tools need only libevent's and libcrypto's headers, the
-# tests cmocka, clang-format, python3, iproute2 and pkg-config as well.
+# the library needs only libevent's and libcrypto's headers (the tools
+# jansson's too), the tests cmocka, clang-format, python3, iproute2,
+# pkg-config and jq as well.
 STAMP_DIR       ?= build
 DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
 DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
@@ -115,7 +116,9 @@ $(LIB_SO): $(LIB_SO_REAL)
 # core only through its services table (backend ABI 3).
 $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(TOOL_LIBS)
+# the tools that read JSON (dumps, stats) use Debian's jansson
+$(BUILD)/bin/collie-trace $(BUILD)/bin/collie-run: TOOL_LIBS = -ljansson
 
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)

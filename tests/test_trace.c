@@ -196,6 +196,23 @@ static void test_real_dumps_show_the_straggler(void **state) {
     assert_out(r, strstr(r->out, "never posted it: rank 2 (last posted 3)"));
     assert_out(r, strstr(r->out, "posted it, not completed: rank 0 (running), rank 1 (running)"));
     assert_out(r, strstr(r->out, "mismatches: none"));
+    /* the same dumps reformatted by jq (pretty, then compact) read the same */
+    static char first[sizeof res.out];
+    memcpy(first, r->out, sizeof first);
+    static const char *const jq_modes[] = {".", "-c ."};
+    for (size_t m = 0; m < 2; m++) {
+        const char *re[4] = {NULL};
+        for (int i = 0; i < 3; i++) {
+            char name[32], cmd[1024];
+            snprintf(name, sizeof name, "jq%zu-%d.json", m, i);
+            re[i] = write_file(name, "");
+            snprintf(cmd, sizeof cmd, "timeout 10 jq %s '%s' > '%s'", jq_modes[m], files[i], re[i]);
+            assert_int_equal(system(cmd), 0);
+        }
+        r = trace(re);
+        assert_out(r, r->status == 0);
+        assert_string_equal(r->out, first);
+    }
     /* with a dump missing, the rank is named as such */
     const char *two[] = {files[1], files[2], NULL};
     r = trace(two);
@@ -303,28 +320,29 @@ static void test_malformed_input(void **state) {
         const char *name, *text, *why;
     } cases[] = {
         {"empty.json", "", "empty file"},
-        {"text.json", "hello\n", ":1: not a collie flight-recorder dump"},
+        {"text.json", "hello\n", ":1:5: not a valid JSON dump"},
         {"trunc.json", HDR("w", 0, 0, 2, 1, 8) ENTRY(1, "allreduce", 4, "done", "COLLIE_OK", ""),
          "truncated"},
         {"noseq.json", HDR("w", 0, 0, 2, 1, 8) "{\"op\":\"allreduce\",\"state\":\"done\"}\n]}\n",
-         ":2: an entry needs seq, op and state"},
+         "entries[0]: an entry needs seq, op and state"},
         {"type.json",
          HDR("w", 0, 0, 2, 1, 8) "{\"seq\":\"one\",\"op\":\"x\",\"state\":\"done\"}\n]}\n",
-         ":2: \"seq\" must be an integer"},
+         "entries[0]: \"seq\" must be an integer"},
         {"escape.json",
          HDR("w", 0, 0, 2, 1, 8) "{\"seq\":1,\"op\":\"a\\q\",\"state\":\"done\"}\n]}\n",
-         ":2: bad escape"},
+         "not a valid JSON dump: invalid escape"},
         {"state.json", HDR("w", 0, 0, 2, 1, 8) "{\"seq\":1,\"op\":\"a\",\"state\":\"lost\"}\n]}\n",
-         ":2: unknown state \"lost\""},
-        {"after.json", HDR("w", 0, 0, 2, 0, 8) "]}\n{}\n", ":3: text after the closing"},
-        {"hdr.json", "{\"comm\":\"w\",\"rank\":0,\"entries\":[\n]}\n", ":1: the header lacks"},
-        {"rank.json", HDR("w", 0, 5, 2, 0, 8) "]}\n", ":1: rank is not below size"},
+         "entries[0]: unknown state \"lost\""},
+        {"after.json", HDR("w", 0, 0, 2, 0, 8) "]}\n{}\n",
+         ":3:1: not a valid JSON dump: end of file expected"},
+        {"hdr.json", "{\"comm\":\"w\",\"rank\":0,\"entries\":[\n]}\n", "header: the header lacks"},
+        {"rank.json", HDR("w", 0, 5, 2, 0, 8) "]}\n", "header: rank is not below size"},
         {"frac.json", HDR("w", 0, 0, 2, 1, 8) "{\"seq\":1.5,\"op\":\"a\",\"state\":\"done\"}\n]}\n",
-         ":2: expected an integer"},
+         "entries[0]: \"seq\" must be an integer, not a fraction"},
         {"two.json", HDR("w", 0, 0, 2, 1, 8) "{\"seq\":1,\"op\":\"a\",\"state\":\"done\"} {}\n]}\n",
-         ":2: expected one entry per line"},
+         ":2:35: not a valid JSON dump: ']' expected"},
         {"unterminated.json", HDR("w", 0, 0, 2, 1, 8) "{\"seq\":1,\"op\":\"a\n]}\n",
-         ":2: unterminated string"},
+         "not a valid JSON dump"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *f = write_file(cases[i].name, cases[i].text);

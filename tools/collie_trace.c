@@ -14,12 +14,12 @@
  * error or input that is not a dump (with the file, line and reason).
  *
  * Design notes
- *  - The input is what comm/flight.c writes: a header object on the first
- *    line ending in "entries":[, one entry object per line (a ',' after all
- *    but the last), then "]}". The parser here reads exactly that shape with
- *    a small JSON reader for flat objects (strings with escapes, integers,
- *    true/false/null); anything else is rejected, never guessed at.
- *    Unknown keys are skipped, so newer dumps still read.
+ *  - The input is the JSON object comm/flight.c writes (a header with an
+ *    "entries" array), read with jansson: any valid layout of it reads,
+ *    as written (one entry per line) or after `jq .` or `jq -c`. Types
+ *    are checked key by key and anything off is rejected with the file,
+ *    the place (header, entries[i]) and why, never guessed at. Unknown
+ *    keys are skipped, so newer dumps still read.
  *  - "Completed" means completed successfully, counted as a prefix: rank
  *    r has completed seq s when every collective up to s that its ring
  *    still holds is done. Entries older than the ring's first one are
@@ -34,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #define TR_EXIT_BAD       2
 #define TR_TEXT_MAX       1024 /* longest string value kept (longer ones are cut) */
@@ -65,181 +67,18 @@ typedef struct tr_dump {
 
 /* ---- reading ------------------------------------------------------------- */
 
+/* Where a value sits, for messages: "header" or "entries[3]". */
 typedef struct tr_reader {
     const char *path;
-    size_t line;
-    const char *p; /* cursor in the current line */
+    char where[32];
     char err[256];
 } tr_reader;
 
 static bool tr_fail(tr_reader *r, const char *fmt, const char *arg) {
     char what[200];
     snprintf(what, sizeof what, fmt, arg);
-    snprintf(r->err, sizeof r->err, "%s:%zu: %s", r->path, r->line, what);
+    snprintf(r->err, sizeof r->err, "%s: %s: %s", r->path, r->where, what);
     return false;
-}
-
-static void tr_skip_ws(tr_reader *r) {
-    while (*r->p == ' ' || *r->p == '\t' || *r->p == '\r' || *r->p == '\n')
-        r->p++;
-}
-
-static void tr_put_utf8(char *out, size_t cap, size_t *n, unsigned cp) {
-    char b[4];
-    size_t k = 0;
-    if (cp < 0x80) {
-        b[k++] = (char)cp;
-    } else if (cp < 0x800) {
-        b[k++] = (char)(0xC0 | (cp >> 6));
-        b[k++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        b[k++] = (char)(0xE0 | (cp >> 12));
-        b[k++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[k++] = (char)(0x80 | (cp & 0x3F));
-    }
-    for (size_t i = 0; i < k; i++)
-        if (*n + 1 < cap) out[(*n)++] = b[i];
-}
-
-/* A JSON string at the cursor into out (cut to cap-1 bytes). */
-static bool tr_string(tr_reader *r, char *out, size_t cap) {
-    size_t n = 0;
-    if (*r->p != '"') return tr_fail(r, "expected a string%s", "");
-    r->p++;
-    for (;;) {
-        unsigned char ch = (unsigned char)*r->p;
-        if (ch == '\0' || ch == '\n') return tr_fail(r, "unterminated string%s", "");
-        r->p++;
-        if (ch == '"') break;
-        if (ch < 0x20) return tr_fail(r, "control character in a string%s", "");
-        if (ch != '\\') {
-            if (n + 1 < cap) out[n++] = (char)ch;
-            continue;
-        }
-        char esc = *r->p++;
-        switch (esc) {
-        case '"':
-        case '\\':
-        case '/': ch = (unsigned char)esc; break;
-        case 'b': ch = '\b'; break;
-        case 'f': ch = '\f'; break;
-        case 'n': ch = '\n'; break;
-        case 'r': ch = '\r'; break;
-        case 't': ch = '\t'; break;
-        case 'u': {
-            unsigned cp = 0;
-            for (int i = 0; i < 4; i++) {
-                char h = *r->p++;
-                unsigned v;
-                if (h >= '0' && h <= '9')
-                    v = (unsigned)(h - '0');
-                else if (h >= 'a' && h <= 'f')
-                    v = (unsigned)(h - 'a' + 10);
-                else if (h >= 'A' && h <= 'F')
-                    v = (unsigned)(h - 'A' + 10);
-                else
-                    return tr_fail(r, "bad \\u escape in a string%s", "");
-                cp = cp * 16 + v;
-            }
-            tr_put_utf8(out, cap, &n, cp);
-            continue;
-        }
-        default: return tr_fail(r, "bad escape in a string%s", "");
-        }
-        if (n + 1 < cap) out[n++] = (char)ch;
-    }
-    out[n] = '\0';
-    return true;
-}
-
-/* One value: its kind and, for strings and integers, the value. */
-typedef struct tr_value {
-    enum { TV_STRING, TV_INT, TV_BOOL, TV_NULL, TV_OPEN_ARRAY } kind;
-    char s[TR_TEXT_MAX];
-    int64_t i;
-    bool b;
-} tr_value;
-
-static bool tr_value_read(tr_reader *r, tr_value *v) {
-    tr_skip_ws(r);
-    if (*r->p == '"') {
-        v->kind = TV_STRING;
-        return tr_string(r, v->s, sizeof v->s);
-    }
-    if (*r->p == '[') {
-        r->p++;
-        v->kind = TV_OPEN_ARRAY;
-        return true;
-    }
-    static const struct {
-        const char *word;
-        int kind;
-        bool b;
-    } words[] = {{"true", TV_BOOL, true}, {"false", TV_BOOL, false}, {"null", TV_NULL, false}};
-    for (size_t k = 0; k < sizeof words / sizeof words[0]; k++)
-        if (strncmp(r->p, words[k].word, strlen(words[k].word)) == 0) {
-            r->p += strlen(words[k].word);
-            v->kind = words[k].kind;
-            v->b = words[k].b;
-            return true;
-        }
-    const char *start = r->p;
-    if (*r->p == '-') r->p++;
-    if (*r->p < '0' || *r->p > '9') return tr_fail(r, "expected a value%s", "");
-    errno = 0;
-    char *end;
-    long long x = strtoll(start, &end, 10);
-    if (errno != 0) return tr_fail(r, "number out of range%s", "");
-    if (*end == '.' || *end == 'e' || *end == 'E')
-        return tr_fail(r, "expected an integer, not a fraction%s", "");
-    r->p = end;
-    v->kind = TV_INT;
-    v->i = x;
-    return true;
-}
-
-/* What a key of an object means for us. */
-typedef bool (*tr_member_fn)(tr_reader *r, const char *key, const tr_value *v, void *arg);
-
-/* Read "{" members, calling fn for each. With `open_key` set, the object
- * ends at that key's '[' (the header line); otherwise at '}' (an entry). */
-static bool tr_object(tr_reader *r, const char *open_key, tr_member_fn fn, void *arg) {
-    static tr_value v; /* large: keep it off the stack; this tool is single-threaded */
-    tr_skip_ws(r);
-    if (*r->p != '{') return tr_fail(r, "expected '{'%s", "");
-    r->p++;
-    tr_skip_ws(r);
-    if (*r->p == '}' && !open_key) {
-        r->p++;
-        return true;
-    }
-    for (;;) {
-        char key[64];
-        tr_skip_ws(r);
-        if (!tr_string(r, key, sizeof key)) return false;
-        tr_skip_ws(r);
-        if (*r->p != ':') return tr_fail(r, "expected ':' after \"%s\"", key);
-        r->p++;
-        if (!tr_value_read(r, &v)) return false;
-        if (v.kind == TV_OPEN_ARRAY) {
-            if (!open_key || strcmp(key, open_key) != 0)
-                return tr_fail(r, "unexpected array in \"%s\"", key);
-            return true;
-        }
-        if (!fn(r, key, &v, arg)) return false;
-        tr_skip_ws(r);
-        if (*r->p == ',') {
-            r->p++;
-            continue;
-        }
-        if (*r->p == '}' && !open_key) {
-            r->p++;
-            return true;
-        }
-        return tr_fail(
-            r, open_key ? "expected ',' (the header ends with \"%s\":[)" : "expected ',' or '}'%s",
-            open_key ? open_key : "");
-    }
 }
 
 static void tr_copy(char *dst, size_t cap, const char *src) {
@@ -249,77 +88,57 @@ static void tr_copy(char *dst, size_t cap, const char *src) {
     dst[n] = '\0';
 }
 
-static bool tr_want(tr_reader *r, const char *key, const tr_value *v, int kind) {
-    if ((int)v->kind == kind) return true;
-    static const char *const kinds[] = {"a string", "an integer", "true or false", "null"};
-    char what[96];
-    snprintf(what, sizeof what, "\"%s\" must be %s", key, kinds[kind]);
-    return tr_fail(r, "%s", what);
+/* obj[key] as a string into dst (absent: left as is). */
+static bool tr_str(tr_reader *r, json_t *obj, const char *key, char *dst, size_t cap) {
+    json_t *v = json_object_get(obj, key);
+    if (!v) return true;
+    if (!json_is_string(v)) return tr_fail(r, "\"%s\" must be a string", key);
+    tr_copy(dst, cap, json_string_value(v));
+    return true;
 }
 
-#define TR_STR(field, name)                                                                        \
-    if (strcmp(key, name) == 0) {                                                                  \
-        if (!tr_want(r, key, v, TV_STRING)) return false;                                          \
-        tr_copy(field, sizeof field, v->s);                                                        \
-        return true;                                                                               \
-    }
-#define TR_INT(field, name, min)                                                                   \
-    if (strcmp(key, name) == 0) {                                                                  \
-        if (!tr_want(r, key, v, TV_INT)) return false;                                             \
-        if (v->i < (min)) return tr_fail(r, "\"%s\" is out of range", key);                        \
-        field = (__typeof__(field))v->i;                                                           \
-        *seen |= 1u << bit;                                                                        \
-        return true;                                                                               \
-    }                                                                                              \
-    bit++;
-
-typedef struct tr_header_ctx {
-    tr_dump *d;
-    unsigned seen;
-} tr_header_ctx;
-
-enum { TR_H_GEN = 1, TR_H_RANK = 2, TR_H_SIZE = 4, TR_H_POSTED = 8 };
-
-static bool tr_header_member(tr_reader *r, const char *key, const tr_value *v, void *arg) {
-    tr_header_ctx *ctx = arg;
-    tr_dump *d = ctx->d;
-    unsigned *seen = &ctx->seen;
-    int bit = 0;
-    TR_STR(d->comm, "comm");
-    TR_STR(d->status, "status");
-    TR_STR(d->error, "error");
-    TR_INT(d->generation, "generation", 0);
-    TR_INT(d->rank, "rank", 0);
-    TR_INT(d->size, "size", 1);
-    TR_INT(d->last_posted, "last_posted", 0);
-    TR_INT(d->capacity, "capacity", 0);
-    (void)bit;
-    return true; /* unknown keys are skipped */
+/* obj[key] as an integer >= min into *dst; *seen says whether it was there. */
+static bool tr_int(tr_reader *r, json_t *obj, const char *key, int64_t min, int64_t *dst,
+                   bool *seen) {
+    json_t *v = json_object_get(obj, key);
+    if (seen) *seen = v != NULL;
+    if (!v) return true;
+    if (json_is_real(v)) return tr_fail(r, "\"%s\" must be an integer, not a fraction", key);
+    if (!json_is_integer(v)) return tr_fail(r, "\"%s\" must be an integer", key);
+    if (json_integer_value(v) < min) return tr_fail(r, "\"%s\" is out of range", key);
+    *dst = json_integer_value(v);
+    return true;
 }
 
-typedef struct tr_entry_ctx {
-    tr_entry *e;
-    unsigned seen;
-} tr_entry_ctx;
+static bool tr_uint(tr_reader *r, json_t *obj, const char *key, uint64_t *dst, bool *seen) {
+    int64_t x = 0;
+    if (!tr_int(r, obj, key, 0, &x, seen)) return false;
+    if (!seen || *seen) *dst = (uint64_t)x;
+    return true;
+}
 
-static bool tr_entry_member(tr_reader *r, const char *key, const tr_value *v, void *arg) {
-    tr_entry_ctx *ctx = arg;
-    tr_entry *e = ctx->e;
-    unsigned *seen = &ctx->seen;
-    int bit = 0;
-    TR_STR(e->op, "op");
-    TR_STR(e->dtype, "dtype");
-    TR_STR(e->redop, "redop");
-    TR_STR(e->state, "state");
-    TR_STR(e->status, "status");
-    TR_STR(e->error, "error");
-    TR_INT(e->seq, "seq", 0);
-    TR_INT(e->count, "count", 0);
-    TR_INT(e->peer, "peer", -1);
-    TR_INT(e->post_us, "post_us", 0);
-    TR_INT(e->start_us, "start_us", 0);
-    TR_INT(e->end_us, "end_us", 0);
-    (void)bit;
+static bool tr_header(tr_reader *r, json_t *root, tr_dump *d) {
+    snprintf(r->where, sizeof r->where, "header");
+    if (!json_is_object(root))
+        return tr_fail(r, "not a collie flight-recorder dump (expected an object)%s", "");
+    bool has_gen, has_rank, has_size, has_posted, has_cap;
+    int64_t cap = -1;
+    if (!tr_str(r, root, "comm", d->comm, sizeof d->comm) ||
+        !tr_str(r, root, "status", d->status, sizeof d->status) ||
+        !tr_str(r, root, "error", d->error, sizeof d->error) ||
+        !tr_uint(r, root, "generation", &d->generation, &has_gen) ||
+        !tr_int(r, root, "rank", 0, &d->rank, &has_rank) ||
+        !tr_int(r, root, "size", 1, &d->size, &has_size) ||
+        !tr_uint(r, root, "last_posted", &d->last_posted, &has_posted) ||
+        !tr_int(r, root, "capacity", 0, &cap, &has_cap))
+        return false;
+    if (has_cap) d->capacity = cap;
+    if (d->comm[0] == '\0' || !has_gen || !has_rank || !has_size || !has_posted)
+        return tr_fail(r, "the header lacks one of comm, generation, rank, size, last_posted%s",
+                       "");
+    if (d->rank >= d->size) return tr_fail(r, "rank is not below size%s", "");
+    if (!json_is_array(json_object_get(root, "entries")))
+        return tr_fail(r, "not a collie flight-recorder dump (no \"entries\" array)%s", "");
     return true;
 }
 
@@ -341,121 +160,76 @@ static bool tr_entry_add(tr_dump *d, const tr_entry *e) {
 
 static const char *const tr_states[] = {"queued", "running", "done", "failed"};
 
+static bool tr_entry_read(tr_reader *r, json_t *o, tr_entry *e) {
+    if (!json_is_object(o)) return tr_fail(r, "an entry must be an object%s", "");
+    bool has_seq;
+    if (!tr_str(r, o, "op", e->op, sizeof e->op) ||
+        !tr_str(r, o, "dtype", e->dtype, sizeof e->dtype) ||
+        !tr_str(r, o, "redop", e->redop, sizeof e->redop) ||
+        !tr_str(r, o, "state", e->state, sizeof e->state) ||
+        !tr_str(r, o, "status", e->status, sizeof e->status) ||
+        !tr_str(r, o, "error", e->error, sizeof e->error) ||
+        !tr_uint(r, o, "seq", &e->seq, &has_seq) || !tr_uint(r, o, "count", &e->count, NULL) ||
+        !tr_int(r, o, "peer", -1, &e->peer, NULL) ||
+        !tr_int(r, o, "post_us", 0, &e->post_us, NULL) ||
+        !tr_int(r, o, "start_us", 0, &e->start_us, NULL) ||
+        !tr_int(r, o, "end_us", 0, &e->end_us, NULL))
+        return false;
+    if (!has_seq || e->op[0] == '\0' || e->state[0] == '\0')
+        return tr_fail(r, "an entry needs seq, op and state%s", "");
+    for (size_t k = 0; k < sizeof tr_states / sizeof tr_states[0]; k++)
+        if (strcmp(e->state, tr_states[k]) == 0) return true;
+    return tr_fail(r, "unknown state \"%s\"", e->state);
+}
+
+/* Read one dump: any valid JSON layout of the object comm/flight.c writes
+ * (as written, or after `jq .` / `jq -c`). */
 static bool tr_read_file(const char *path, tr_dump *d, char *err, size_t errlen) {
     tr_reader r = {.path = path};
+    memset(d, 0, sizeof *d);
+    d->path = path;
+    d->rank = -1;
+    d->capacity = -1; /* unknown: older dumps may not say */
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return false;
     }
-    memset(d, 0, sizeof *d);
-    d->path = path;
-    d->rank = -1;
-    d->capacity = -1; /* unknown: older dumps may not say */
-    char *line = NULL;
-    size_t cap = 0;
-    bool ok = false, closed = false;
-    ssize_t len;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        r.line++;
-        if ((size_t)len != strlen(line)) {
-            tr_fail(&r, "NUL byte in the input%s", "");
-            goto out;
-        }
-        r.p = line;
-        tr_skip_ws(&r);
-        if (closed) {
-            if (*r.p != '\0') {
-                tr_fail(&r, "text after the closing ']}'%s", "");
-                goto out;
-            }
-            continue;
-        }
-        if (r.line == 1) {
-            tr_header_ctx hc = {.d = d};
-            if (*r.p != '{') {
-                tr_fail(&r, "not a collie flight-recorder dump (expected '{\"comm\":...')%s", "");
-                goto out;
-            }
-            if (!tr_object(&r, "entries", tr_header_member, &hc)) goto out;
-            tr_skip_ws(&r);
-            if (*r.p != '\0') {
-                tr_fail(&r, "expected the end of the header line after \"entries\":[%s", "");
-                goto out;
-            }
-            unsigned need = TR_H_GEN | TR_H_RANK | TR_H_SIZE | TR_H_POSTED;
-            if (d->comm[0] == '\0' || (hc.seen & need) != need) {
-                tr_fail(&r, "the header lacks one of comm, generation, rank, size, last_posted%s",
-                        "");
-                goto out;
-            }
-            if (d->rank >= d->size) {
-                tr_fail(&r, "rank is not below size%s", "");
-                goto out;
-            }
-            continue;
-        }
-        if (*r.p == ']') {
-            r.p++;
-            tr_skip_ws(&r);
-            if (*r.p != '}') {
-                tr_fail(&r, "expected ']}' to close the dump%s", "");
-                goto out;
-            }
-            r.p++;
-            tr_skip_ws(&r);
-            if (*r.p != '\0') {
-                tr_fail(&r, "text after the closing ']}'%s", "");
-                goto out;
-            }
-            closed = true;
-            continue;
-        }
+    int c = fgetc(f);
+    if (c == EOF) {
+        fclose(f);
+        snprintf(err, errlen, "%s: empty file", path);
+        return false;
+    }
+    ungetc(c, f);
+    json_error_t je;
+    json_t *root = json_loadf(f, 0, &je);
+    fclose(f);
+    if (!root) {
+        bool eof = strstr(je.text, "near end of file") || strstr(je.text, "premature end");
+        snprintf(err, errlen, "%s:%d:%d: %s%s", path, je.line, je.column,
+                 eof ? "truncated: " : "not a valid JSON dump: ", je.text);
+        return false;
+    }
+    bool ok = tr_header(&r, root, d);
+    json_t *entries = ok ? json_object_get(root, "entries") : NULL;
+    size_t i;
+    json_t *o;
+    json_array_foreach(entries, i, o) {
+        if (!ok) break;
+        snprintf(r.where, sizeof r.where, "entries[%zu]", i);
         tr_entry e;
         memset(&e, 0, sizeof e);
         e.peer = -1;
-        tr_entry_ctx ec = {.e = &e};
-        if (!tr_object(&r, NULL, tr_entry_member, &ec)) goto out;
-        tr_skip_ws(&r);
-        if (*r.p == ',') r.p++;
-        tr_skip_ws(&r);
-        if (*r.p != '\0') {
-            tr_fail(&r, "expected one entry per line%s", "");
-            goto out;
-        }
-        if (!(ec.seen & 1u << 0) || e.op[0] == '\0' || e.state[0] == '\0') {
-            tr_fail(&r, "an entry needs seq, op and state%s", "");
-            goto out;
-        }
-        bool known = false;
-        for (size_t k = 0; k < 4; k++)
-            known = known || strcmp(e.state, tr_states[k]) == 0;
-        if (!known) {
-            tr_fail(&r, "unknown state \"%s\"", e.state);
-            goto out;
-        }
+        ok = tr_entry_read(&r, o, &e);
+        if (!ok) break;
         if (tr_is_p2p(&e)) {
             if (strcmp(e.state, "done") != 0 && strcmp(e.state, "failed") != 0) d->n_p2p_pending++;
             continue;
         }
-        if (!tr_entry_add(d, &e)) {
-            tr_fail(&r, "out of memory%s", "");
-            goto out;
-        }
+        if (!tr_entry_add(d, &e)) ok = tr_fail(&r, "out of memory%s", "");
     }
-    if (r.line == 0) {
-        snprintf(r.err, sizeof r.err, "%s: empty file", path);
-        goto out;
-    }
-    if (!closed) {
-        snprintf(r.err, sizeof r.err, "%s:%zu: truncated: the dump does not end with ']}'", path,
-                 r.line);
-        goto out;
-    }
-    ok = true;
-out:
-    free(line);
-    fclose(f);
+    json_decref(root);
     if (!ok) snprintf(err, errlen, "%s", r.err);
     return ok;
 }

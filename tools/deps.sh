@@ -14,6 +14,7 @@ profile=${1:-build}
 need=(
   "/usr/include/event2/event.h:libevent-dev"
   "/usr/include/openssl/hmac.h:libssl-dev"
+  "/usr/include/jansson.h:libjansson-dev"
 )
 case "$profile" in
   build) ;;
@@ -24,6 +25,7 @@ case "$profile" in
       "/usr/bin/clang-format:clang-format"
       "/usr/bin/python3:python3"
       "/usr/sbin/ip:iproute2"
+      "/usr/bin/jq:jq"
     ) ;;
   *) echo "deps.sh: unknown profile '$profile' (build or test)" >&2; exit 2 ;;
 esac
