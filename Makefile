@@ -291,7 +291,7 @@ $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \
 
 # The GPU verification kit (tools/gpu_kit): a folder to carry to a CUDA host
 # (run.sh REPORT_DIR there). collie-gpucheck links libcollie, libevent and
-# libcrypto statically (the host may lack them); the CUDA runtime travels
+# libcrypto statically (the host may lack them; the tools jansson too); the CUDA runtime travels
 # with it; NCCL is the host's (run.sh finds it). `plugins` builds it, so
 # `make test` keeps it from rotting and test_gpukit runs it on the double.
 GPU_KIT := $(BUILD)/gpu-kit
@@ -309,7 +309,8 @@ $(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
 $(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
+	  -Wl,-Bdynamic -ldl
 $(GPU_KIT)/run.sh: tools/gpu_kit/run.sh
 	@mkdir -p $(@D)
 	cp $< $@

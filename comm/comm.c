@@ -540,6 +540,7 @@ int collie_comm_destroy(collie_comm *c) {
         comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
         comm_count_out(c);
     }
+    cl_stats_write_on_destroy(c);
     if (c->owns_store) collie_store_destroy(c->store);
     c->store = NULL;
     cl_comm_release(c);

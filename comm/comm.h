@@ -230,6 +230,8 @@ void cl_comm_dump_on_abort(collie_comm *c);
  * (loop, when it is detached) */
 void cl_stats_posted(collie_comm *c, int delta);
 void cl_stats_ended(collie_comm *c, const cl_coll_work *cw);
+/* COLLIE_STATS_DIR: write the comm's stats as JSON (destroy) */
+void cl_stats_write_on_destroy(collie_comm *c);
 /* the stat_add service (any thread) */
 void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta);
 

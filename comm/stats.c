@@ -14,6 +14,8 @@
  *  - Latencies go into power-of-two microsecond buckets: one clz per work,
  *    and a fixed array an exporter turns into Prometheus `le` buckets.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/comm.h"
@@ -109,4 +111,67 @@ int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
     s.size = want < sizeof s ? want : sizeof s;
     memcpy(st, &s, s.size);
     return COLLIE_OK;
+}
+
+/* ---- COLLIE_STATS_DIR ------------------------------------------------------------ */
+
+static void stats_write_json(const collie_comm *c, const collie_comm_stats *s, FILE *f) {
+    fprintf(f,
+            "{\"comm\":\"%s\",\"generation\":%llu,\"rank\":%d,\"size\":%d,\"status\":\"%s\","
+            "\"posted\":%llu,\"completed\":%llu,\"failed\":%llu,\"in_flight\":%llu,"
+            "\"bytes\":%llu,\"connections\":%u,\"store_reconnects\":%llu,\"stalls\":%llu,"
+            "\"failed_by_status\":{",
+            c->name, (unsigned long long)s->generation, c->rank, c->size,
+            collie_status_name(s->status), (unsigned long long)s->posted,
+            (unsigned long long)s->completed, (unsigned long long)s->failed,
+            (unsigned long long)s->in_flight, (unsigned long long)s->bytes, s->connections,
+            (unsigned long long)s->store_reconnects, (unsigned long long)s->stalls);
+    const char *sep = "";
+    for (int i = 1; i < COLLIE_STATS_STATUSES; i++) {
+        if (!s->failed_by_status[i]) continue;
+        fprintf(f, "%s\"%s\":%llu", sep, collie_status_name(-i),
+                (unsigned long long)s->failed_by_status[i]);
+        sep = ",";
+    }
+    fprintf(f, "},\"latency_us_le\":[");
+    for (int b = 0; b < COLLIE_LATENCY_BUCKETS; b++)
+        fprintf(f, "%s%lld", b ? "," : "", (long long)collie_latency_bucket_le_us(b));
+    fprintf(f, "],\"latency\":{");
+    sep = "";
+    for (int op = 0; op < COLLIE_STATS_OPS; op++) {
+        const collie_latency_histogram *h = &s->latency[op];
+        if (!h->count) continue;
+        fprintf(f, "%s\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", sep,
+                collie_stats_op_name(op), (unsigned long long)h->count,
+                (unsigned long long)h->sum_ns);
+        for (int b = 0; b < COLLIE_LATENCY_BUCKETS; b++)
+            fprintf(f, "%s%llu", b ? "," : "", (unsigned long long)h->buckets[b]);
+        fprintf(f, "]}");
+        sep = ",";
+    }
+    fprintf(f, "}}\n");
+}
+
+void cl_stats_write_on_destroy(collie_comm *c) {
+    const char *dir = cl_config_get()->stats_dir;
+    if (!dir) return;
+    collie_comm_stats s = COLLIE_COMM_STATS_INIT;
+    if (collie_comm_get_stats(c, &s) != COLLIE_OK) return;
+    char path[512], tmp[520];
+    snprintf(path, sizeof path, "%s/stats-%s-g%llu-r%d.json", dir, c->name,
+             (unsigned long long)c->generation, c->rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        CL_CERROR("comm", c, "cannot write stats to %s: %s", tmp, strerror(errno));
+        return;
+    }
+    stats_write_json(c, &s, f);
+    bool ok = !ferror(f);
+    ok = fclose(f) == 0 && ok;
+    /* renamed into place complete, so a reader never sees half a file */
+    if (!ok || rename(tmp, path) != 0) {
+        CL_CERROR("comm", c, "cannot write stats to %s: %s", path, strerror(errno));
+        remove(tmp);
+    }
 }

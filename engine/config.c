@@ -57,6 +57,16 @@ static const cl_setting cl_settings[] = {
      "this process's rank (set by collie-run)"},
     {"COLLIE_WORLD_SIZE", CL_SET_INT, CL_OFF(world_size), 1, "(none)",
      "number of ranks (set by collie-run)"},
+    {"COLLIE_LOCAL_RANK", CL_SET_INT, CL_OFF(local_rank), 0, "(none)",
+     "this process's rank among the ranks of its host (set by collie-run)"},
+    {"COLLIE_LOCAL_WORLD_SIZE", CL_SET_INT, CL_OFF(local_world_size), 1, "(none)",
+     "number of ranks on this host (set by collie-run; COLLIE_SPIN=auto counts these)"},
+    {"COLLIE_NODE_RANK", CL_SET_INT, CL_OFF(node_rank), 0, "(none)",
+     "this host's index among the job's nodes (set by collie-run)"},
+    {"COLLIE_RESTART_COUNT", CL_SET_INT, CL_OFF(restart_count), 0, "(none)",
+     "how many times collie-run restarted this rank (set by collie-run)"},
+    {"COLLIE_STATS_DIR", CL_SET_STRING, CL_OFF(stats_dir), 0, "(none)",
+     "directory where each comm writes its stats as JSON when destroyed (collie-run --stats)"},
     {"COLLIE_DUMP_DIR", CL_SET_STRING, CL_OFF(dump_dir), 0, "(none)",
      "directory where flight-recorder dumps are written on abort"},
     {"COLLIE_PLUGIN_PATH", CL_SET_STRING, CL_OFF(plugin_path), 0, "(none)",
@@ -92,6 +102,10 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .stall_ms = 10000,
                                           .rank = -1,
                                           .world_size = -1,
+                                          .local_rank = -1,
+                                          .local_world_size = -1,
+                                          .node_rank = -1,
+                                          .restart_count = -1,
                                           .trace_buffer = 2048,
                                           .nccl_poll_us = 200,
                                           .nccl_abort_ms = 10000};
@@ -227,6 +241,8 @@ bool cl_spin_enabled(void) {
     const cl_config *c = cl_config_get();
     if (c->spin != CL_SPIN_AUTO) return c->spin == CL_SPIN_ON;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int local_ranks = c->world_size > 0 ? c->world_size : 1;
+    int local_ranks = c->local_world_size > 0 ? c->local_world_size
+                      : c->world_size > 0     ? c->world_size
+                                              : 1;
     return cpus > 1 && local_ranks <= cpus;
 }

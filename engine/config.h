@@ -21,6 +21,11 @@ typedef struct cl_config {
     const char *store_token;   /* COLLIE_STORE_TOKEN (NULL if unset) */
     int32_t rank;              /* COLLIE_RANK (-1 if unset) */
     int32_t world_size;        /* COLLIE_WORLD_SIZE (-1 if unset) */
+    int32_t local_rank;        /* COLLIE_LOCAL_RANK (-1 if unset) */
+    int32_t local_world_size;  /* COLLIE_LOCAL_WORLD_SIZE (-1 if unset) */
+    int32_t node_rank;         /* COLLIE_NODE_RANK (-1 if unset) */
+    int32_t restart_count;     /* COLLIE_RESTART_COUNT (-1 if unset) */
+    const char *stats_dir;     /* COLLIE_STATS_DIR (NULL if unset) */
     const char *dump_dir;      /* COLLIE_DUMP_DIR (NULL if unset) */
     const char *plugin_path;   /* COLLIE_PLUGIN_PATH (NULL if unset) */
     const char *socket_ifname; /* COLLIE_SOCKET_IFNAME (NULL if unset) */

@@ -4,13 +4,17 @@
  * grace period, --keep-going, --restarts, --timeout, signal forwarding,
  * usage errors. Ranks are small /bin/sh scripts; every wait is bounded.
  */
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -18,6 +22,8 @@
 #include "spawn.h"
 
 #define LAUNCH_TIMEOUT_MS 8000 /* no test's launcher runs longer than this */
+
+extern char **environ;
 
 static char tmp_dir[64]; /* per run of this binary; marker files live here */
 
@@ -133,10 +139,11 @@ static void test_env_per_rank_and_store(void **state) {
         assert_string_equal(addr[r], addr[0]);
     }
     assert_spawn(l, strncmp(addr[0], "127.0.0.1:", 10) == 0);
-    /* exactly the three names (our own COLLIE_* were not passed in) */
+    /* exactly the names collie-run sets (our own COLLIE_* were not passed in) */
     assert_spawn(l, spawn_wait_for(l, 0,
-                                   "names COLLIE_RANK COLLIE_STORE_ADDR "
-                                   "COLLIE_WORLD_SIZE \n",
+                                   "names COLLIE_LOCAL_RANK COLLIE_LOCAL_WORLD_SIZE "
+                                   "COLLIE_NODE_RANK COLLIE_RANK COLLIE_RESTART_COUNT "
+                                   "COLLIE_STORE_ADDR COLLIE_WORLD_SIZE \n",
                                    N, 5000));
 
     check_store(l, addr[0], NULL, COLLIE_OK); /* the launcher serves it while ranks run */
@@ -306,7 +313,8 @@ static void test_restart_recovers(void **state) {
     snprintf(sh, sizeof sh,
              "if [ $COLLIE_RANK = 1 ] && [ ! -e %s ]; then touch %s; "
              "echo \"first $COLLIE_STORE_ADDR\"; exit 1; fi; "
-             "echo \"ok $COLLIE_RANK $COLLIE_STORE_ADDR\"",
+             "echo \"ok $COLLIE_RANK $COLLIE_STORE_ADDR\"; "
+             "echo \"count $COLLIE_RANK $COLLIE_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT\"",
              tmp_path("restart-marker"), tmp_path("restart-marker"));
     spawn_proc *l = launch_run(ARGS("-n", "2", "--restarts", "2", "--", "/bin/sh", "-c", sh));
     assert_spawn(l, l->status == 0);
@@ -320,6 +328,9 @@ static void test_restart_recovers(void **state) {
     assert_spawn(l, sscanf(q, "[1] ok 1 %63s", again) == 1);
     assert_string_equal(first, again);
     assert_spawn(l, strstr(l->text[0], "[0] ok 0 "));
+    /* the restart count, collie's and torchrun's name, per rank */
+    assert_spawn(l, strstr(l->text[0], "[1] count 1 1 1\n"));
+    assert_spawn(l, strstr(l->text[0], "[0] count 0 0 0\n"));
 }
 
 /* K restarts in all; the failure after that stops the job. */
@@ -418,7 +429,7 @@ static void test_cannot_exec(void **state) {
 
 static void test_usage_errors(void **state) {
     (void)state;
-    static const char *const cases[][6] = {
+    static const char *const cases[][10] = {
         {NULL},                       /* nothing at all */
         {"--", "true", NULL},         /* no -n */
         {"-n", NULL},                 /* -n without a value */
@@ -436,6 +447,14 @@ static void test_usage_errors(void **state) {
         {"-n", "2", "--restarts", "-1", "true", NULL},
         {"-n", "2", "--store", "nocolon", "true", NULL},
         {"-n", "2", "--keep-going=1", "true", NULL},
+        {"-np", NULL},                                      /* -np without a value */
+        {"-np", "x", "true", NULL},                         /* not a number */
+        {"--nproc-per-node", "0", "true", NULL},            /* too few */
+        {"--nproc-per-node", "2", "-n", "3", "true", NULL}, /* 3 != 2 x 1 */
+        {"-n", "3", "--nnodes", "2", "--node-rank", "0", "--store", "127.0.0.1:1", "true", NULL},
+        {"-n", "4", "--nnodes", "2", "--store", "127.0.0.1:1", "true", NULL}, /* no node rank */
+        {"-n", "4", "--nnodes", "2", "--node-rank", "2", "--store", "127.0.0.1:1", "true", NULL},
+        {"-n", "4", "--nnodes", "2", "--node-rank", "1", "true", NULL}, /* no --store */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         spawn_proc *l = launch_run(cases[i]);
@@ -448,6 +467,154 @@ static void test_usage_errors(void **state) {
     }
     spawn_proc *l = launch_run(ARGS("--help"));
     assert_spawn(l, l->status == 0 && strstr(l->text[0], "usage: collie-run"));
+}
+
+/* ---- conventions of mpirun and torchrun ----------------------------------- */
+
+/* -np N as mpirun; torchrun's variables beside collie's, consistent with
+ * them: MASTER_ADDR:MASTER_PORT is the store. */
+static void test_torchrun_env(void **state) {
+    (void)state;
+    const char *sh = "echo \"t $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+                     "$MASTER_ADDR:$MASTER_PORT $COLLIE_RANK $COLLIE_LOCAL_RANK "
+                     "$COLLIE_NODE_RANK $COLLIE_STORE_ADDR\"";
+    spawn_proc *l = launch_run(ARGS("-np", "3", "--", "/bin/sh", "-c", sh));
+    assert_spawn(l, l->status == 0);
+    for (int r = 0; r < 3; r++) {
+        char want[32], master[64], store[64];
+        snprintf(want, sizeof want, "[%d] t %d 3 %d 3 0 ", r, r, r);
+        const char *p = strstr(l->text[0], want);
+        assert_spawn(l, p);
+        int rank, local, node;
+        assert_spawn(l, sscanf(p + strlen(want), "%63s %d %d %d %63s", master, &rank, &local, &node,
+                               store) == 5);
+        assert_spawn(l, rank == r && local == r && node == 0);
+        assert_string_equal(master, store);
+    }
+}
+
+static uint16_t free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* The second launcher of test_two_nodes (spawn.c runs one child at a
+ * time): collie-run with its output in a file and without our COLLIE_*. */
+static pid_t start_second(const char *const *args, const char *out_path) {
+    static const char *argv[24];
+    size_t n = 0;
+    argv[n++] = spawn_bin_path("collie-run");
+    for (size_t i = 0; args[i] && n < 23; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    static char *envp[512];
+    size_t k = 0;
+    for (char **e = environ; *e && k < 511; e++)
+        if (strncmp(*e, "COLLIE_", 7) != 0) envp[k++] = *e;
+    envp[k] = NULL;
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execve(argv[0], (char *const *)argv, envp);
+        _exit(127);
+    }
+    close(fd);
+    return pid;
+}
+
+/* Its exit status, waiting at most timeout_ms (then SIGKILL and -1). */
+static int wait_second(pid_t pid, int timeout_ms) {
+    int st;
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* One job on two "nodes": two collie-runs, node 0 serving the store at the
+ * agreed port, the demo's collectives across all 4 ranks. */
+static void test_two_nodes(void **state) {
+    (void)state;
+    char store[32];
+    snprintf(store, sizeof store, "127.0.0.1:%u", free_port());
+    const char *demo = spawn_build_path("examples/demo");
+    const char *out1 = tmp_path("node1.out");
+    pid_t n1 = start_second(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                                 "--store", store, "--timeout", "6", "--", demo),
+                            out1);
+    spawn_proc *n0 = launch_start(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0",
+                                       "--store", store, "--timeout", "6", "--", demo),
+                                  NULL);
+    spawn_finish(n0);
+    int st1 = wait_second(n1, 8000);
+    static char text1[65536];
+    FILE *f = fopen(out1, "r");
+    assert_non_null(f);
+    text1[fread(text1, 1, sizeof text1 - 1, f)] = '\0';
+    fclose(f);
+    if (st1 != 0) fail_msg("node 1 exited with %d:\n%s", st1, text1);
+    assert_spawn(n0, n0->status == 0);
+    /* node 0 runs global ranks 0 and 1, node 1 ranks 2 and 3 */
+    assert_spawn(n0, spawn_count(n0->text[0], "results correct") == 2);
+    assert_spawn(n0, strstr(n0->text[0], "[1] rank 1: all 4 done"));
+    assert_int_equal(spawn_count(text1, "results correct"), 2);
+    assert_non_null(strstr(text1, "[2] rank 2: all 4 done"));
+    assert_non_null(strstr(text1, "[3] rank 3: all 4 done"));
+    assert_null(strstr(text1, "[0] "));
+}
+
+/* --stats: a line per comm and rank after the job, from what the ranks'
+ * comms counted. */
+static void test_stats(void **state) {
+    (void)state;
+    spawn_proc *l = launch_run(ARGS("-n", "2", "--stats", "--", spawn_build_path("examples/demo")));
+    assert_spawn(l, l->status == 0);
+    const char *h = strstr(l->text[1], "collie-run: stats per comm and rank");
+    assert_spawn(l, h);
+    for (int r = 0; r < 2; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "\ndemo                0 %5d ", r);
+        const char *p = strstr(h, want);
+        assert_spawn(l, p);
+        long long posted, completed, failed, inflight, bytes;
+        assert_spawn(l, sscanf(p + strlen(want), "%lld %lld %lld %lld %lld", &posted, &completed,
+                               &failed, &inflight, &bytes) == 5);
+        /* the demo: 4 collectives, then 4000 tiny allreduces */
+        assert_spawn(l, posted == 4004 && completed == 4004 && failed == 0 && inflight == 0);
+        assert_spawn(l, bytes > 0);
+        assert_spawn(l, strstr(p, "COLLIE_OK\n"));
+    }
+}
+
+/* NCCL's and PyTorch's settings: each named with collie's equivalent;
+ * NCCL's own without one (NCCL still reads them) not at all. */
+static void test_foreign_settings_warned(void **state) {
+    (void)state;
+    spawn_proc *l = launch_start(ARGS("-n", "1", "true"),
+                                 ARGS("NCCL_BLOCKING_WAIT=1", "TORCH_NCCL_TRACE_BUFFER_SIZE=100",
+                                      "TORCH_NCCL_NOVEL=1", "NCCL_IB_HCA=mlx5"));
+    spawn_finish(l);
+    assert_spawn(l, l->status == 0);
+    assert_spawn(l, strstr(l->text[1], "NCCL_BLOCKING_WAIT is set; collie does not read it: its "
+                                       "equivalent is COLLIE_BLOCKING_WAIT\n"));
+    assert_spawn(l, strstr(l->text[1], "TORCH_NCCL_TRACE_BUFFER_SIZE is set; collie does not "
+                                       "read it: its equivalent is COLLIE_TRACE_BUFFER\n"));
+    assert_spawn(l, strstr(l->text[1], "TORCH_NCCL_NOVEL is set; it is PyTorch's NCCL process "
+                                       "group's and has no collie equivalent"));
+    assert_spawn(l, !strstr(l->text[1], "NCCL_IB_HCA"));
 }
 
 /* ---- fixture ------------------------------------------------------------- */
@@ -490,6 +657,10 @@ int main(void) {
         cmocka_unit_test_teardown(test_all_succeed, spawn_teardown),
         cmocka_unit_test_teardown(test_cannot_exec, spawn_teardown),
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
+        cmocka_unit_test_teardown(test_torchrun_env, spawn_teardown),
+        cmocka_unit_test_teardown(test_two_nodes, spawn_teardown),
+        cmocka_unit_test_teardown(test_stats, spawn_teardown),
+        cmocka_unit_test_teardown(test_foreign_settings_warned, spawn_teardown),
     };
     return cltest_main(tests, setup_tmp, teardown_tmp);
 }

@@ -3,8 +3,9 @@
  * starts N ranks, prefixes their output with the rank, and stops the job when
  * a rank fails.
  *
- *   collie-run -n N [--timeout S] [--grace S] [--keep-going] [--restarts K]
- *              [--store HOST:PORT] [--] program [args...]
+ *   collie-run -n N | -np N | --nproc-per-node M [--nnodes K --node-rank R]
+ *              [--timeout S] [--grace S] [--keep-going] [--restarts K]
+ *              [--store HOST:PORT [--store-external]] [--stats] [--] program [args...]
  *
  * Design notes
  *  - One thread of ours runs the job; the engine's threads only serve the
@@ -15,7 +16,20 @@
  *    at RUN_TICK_MS, and children are reaped with WNOHANG.
  *  - The store is hosted here, not on rank 0, so it outlives any rank: a
  *    restarted rank finds it and peers still see abort keys. With --store the
- *    ranks use an external server and no engine is created.
+ *    ranks use an external server and no engine is created — except on node
+ *    0 of a multi-node job (--nnodes > 1), which serves the store at the
+ *    port of --store (as torchrun's node 0 serves MASTER_PORT) unless
+ *    --store-external says a server runs there already.
+ *  - A multi-node job runs one collie-run per node with the same -np (or
+ *    --nproc-per-node and --nnodes) and --store, and its own --node-rank:
+ *    node R runs global ranks R*M .. R*M+M-1. Each rank gets the COLLIE_*
+ *    variables and torchrun's names (RANK, WORLD_SIZE, LOCAL_RANK,
+ *    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/MASTER_PORT = the store,
+ *    TORCHELASTIC_RESTART_COUNT), so programs written for either launcher
+ *    find what they look for.
+ *  - --stats: the ranks write each comm's stats into a private directory
+ *    when they destroy it (COLLIE_STATS_DIR); after the job the launcher
+ *    prints one line per comm and rank from those files.
  *  - Each rank is the leader of its own process group: signals go to the
  *    group, so they also reach what the rank started (sh -c '...; sleep 30'),
  *    and Ctrl-C at a terminal reaches only the launcher, which forwards it
@@ -41,6 +55,7 @@
  *    that are being stopped are not reported. Exit 2 is a usage error, 1 a
  *    launcher error (the store could not start, fork failed).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -61,6 +76,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "collie.h"
 
 #define RUN_MAX_RANKS        1024
@@ -75,11 +92,16 @@
 #define RUN_EXIT_USAGE       2
 #define RUN_EXIT_ERROR       1
 #define RUN_EXIT_TIMEOUT     124
+#define RUN_ENV_OURS         16 /* variables set per rank */
 
 extern char **environ;
 
 typedef struct run_opts {
-    int nranks;
+    int nranks;     /* ranks this launcher runs (on this node) */
+    int world_size; /* ranks of the whole job */
+    int nnodes, node_rank;
+    bool store_external; /* node 0 of a multi-node job: do not serve --store */
+    bool stats;
     int64_t timeout_ms; /* 0: none */
     int64_t grace_ms;
     bool keep_going;
@@ -103,7 +125,8 @@ typedef struct run_rank {
     char prefix[16];
     size_t prefix_len;
     char **envp;
-    char env_rank[32], env_size[32];
+    int restarts; /* times this rank was restarted */
+    char env[RUN_ENV_OURS][300];
 } run_rank;
 
 typedef enum run_state { RUN_RUNNING, RUN_STOPPING } run_state;
@@ -129,7 +152,11 @@ typedef struct run_job {
     run_watch *watched;  /* parallel to pfds */
     sigset_t old_mask;
     struct rlimit old_nofile;
-    char *env_store; /* "COLLIE_STORE_ADDR=host:port" */
+    char *env_store;      /* "COLLIE_STORE_ADDR=host:port" */
+    char store_host[256]; /* the store's host and port (MASTER_ADDR, MASTER_PORT) */
+    char store_port[8];
+    char stats_dir[64];     /* --stats: where the ranks write, "" if not ours */
+    const char *stats_from; /* the directory read after the job, or NULL */
     collie_engine *engine;
     collie_store_server *server;
     char *out; /* output batch */
@@ -160,18 +187,28 @@ static int run_status_code(int wstatus) {
 
 /* ---- command line -------------------------------------------------------- */
 
-#define RUN_USAGE "usage: collie-run -n N [options] [--] program [args...]\n"
+#define RUN_USAGE                                                                                  \
+    "usage: collie-run -n N | -np N | --nproc-per-node M [options] [--] program [args...]\n"
 
 static void run_usage(FILE *f) {
-    fputs(RUN_USAGE "Start N local ranks of program with COLLIE_RANK, COLLIE_WORLD_SIZE and\n"
-                    "COLLIE_STORE_ADDR set, serving the key/value store they share.\n"
-                    "  -n N            number of ranks (1..1024)\n"
-                    "  --timeout S     stop the job after S seconds and exit 124\n"
-                    "  --grace S       seconds from SIGTERM to SIGKILL when stopping (default 3)\n"
-                    "  --keep-going    let the other ranks continue when one fails\n"
-                    "  --restarts K    restart a failed rank, up to K times in all\n"
-                    "  --store ADDR    use the store at host:port instead of hosting one\n"
-                    "  -h, --help      show this help\n",
+    fputs(RUN_USAGE
+          "Start the ranks of program on this node with COLLIE_RANK, COLLIE_WORLD_SIZE,\n"
+          "COLLIE_STORE_ADDR (and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, ...) set,\n"
+          "serving the key/value store they share.\n"
+          "  -n N, -np N           number of ranks in the job (1..1024)\n"
+          "  --nproc-per-node M    ranks on this node (default: all of them)\n"
+          "  --nnodes K            nodes in the job, one collie-run each (default 1)\n"
+          "  --node-rank R         this node's index, 0..K-1 (default 0)\n"
+          "  --store ADDR          the store at host:port: used instead of hosting one;\n"
+          "                        with --nnodes > 1 node 0 serves it at that port\n"
+          "  --store-external      node 0 too uses a store server already running\n"
+          "  --timeout S           stop the job after S seconds and exit 124\n"
+          "  --grace S             seconds from SIGTERM to SIGKILL when stopping (default 3)\n"
+          "  --keep-going          let the other ranks continue when one fails\n"
+          "  --restarts K          restart a failed rank, up to K times in all\n"
+          "  --stats               print each comm's stats (collie_comm_get_stats) after\n"
+          "                        the job\n"
+          "  -h, --help            show this help\n",
           f);
 }
 
@@ -211,10 +248,65 @@ static bool run_valid_addr(const char *addr) {
     return colon && colon != addr && run_parse_int(colon + 1, 1, 65535, &port);
 }
 
+/* Ranks per node and nodes from -n, --nproc-per-node and --nnodes (as
+ * torchrun: world = nproc-per-node x nnodes). Returns -1 if consistent. */
+static int run_check_layout(run_opts *o, int world, int per_node) {
+    char msg[160];
+    if (o->nnodes == 0) o->nnodes = 1;
+    if (world == 0 && per_node == 0)
+        return run_usage_error("%s", "-n N (or -np N, or --nproc-per-node M) is required");
+    if (per_node == 0) {
+        if (world % o->nnodes != 0) {
+            snprintf(msg, sizeof msg, "-n %d ranks do not divide into --nnodes %d nodes", world,
+                     o->nnodes);
+            return run_usage_error("%s", msg);
+        }
+        per_node = world / o->nnodes;
+    } else if (world == 0) {
+        world = per_node * o->nnodes;
+    } else if (world != per_node * o->nnodes) {
+        snprintf(msg, sizeof msg, "-n %d is not --nproc-per-node %d x --nnodes %d", world, per_node,
+                 o->nnodes);
+        return run_usage_error("%s", msg);
+    }
+    if (world > RUN_MAX_RANKS) return run_usage_error("%s", "more than 1024 ranks in all");
+    if (o->node_rank < 0) {
+        if (o->nnodes > 1)
+            return run_usage_error("%s", "--nnodes > 1 needs --node-rank (this node's index)");
+        o->node_rank = 0;
+    }
+    if (o->node_rank >= o->nnodes) {
+        snprintf(msg, sizeof msg, "--node-rank %d is not below --nnodes %d", o->node_rank,
+                 o->nnodes);
+        return run_usage_error("%s", msg);
+    }
+    if (o->nnodes > 1 && !o->store_addr)
+        return run_usage_error("%s", "--nnodes > 1 needs --store HOST:PORT (node 0's address)");
+    o->nranks = per_node;
+    o->world_size = world;
+    return -1;
+}
+
 /* Fills *o; returns -1 to go on, or the exit status (0 for --help). */
 static int run_parse_args(int argc, char **argv, run_opts *o) {
-    enum { OPT_TIMEOUT = 256, OPT_GRACE, OPT_KEEP_GOING, OPT_RESTARTS, OPT_STORE };
+    enum {
+        OPT_TIMEOUT = 256,
+        OPT_GRACE,
+        OPT_KEEP_GOING,
+        OPT_RESTARTS,
+        OPT_STORE,
+        OPT_STORE_EXTERNAL,
+        OPT_NPROC,
+        OPT_NNODES,
+        OPT_NODE_RANK,
+        OPT_STATS,
+    };
     static const struct option longopts[] = {
+        {"nproc-per-node", required_argument, NULL, OPT_NPROC},
+        {"nnodes", required_argument, NULL, OPT_NNODES},
+        {"node-rank", required_argument, NULL, OPT_NODE_RANK},
+        {"store-external", no_argument, NULL, OPT_STORE_EXTERNAL},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"grace", required_argument, NULL, OPT_GRACE},
         {"keep-going", no_argument, NULL, OPT_KEEP_GOING},
@@ -223,17 +315,39 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    *o = (run_opts){.grace_ms = RUN_DEFAULT_GRACE_MS};
+    *o = (run_opts){.grace_ms = RUN_DEFAULT_GRACE_MS, .node_rank = -1};
+    int world = 0, per_node = 0;
     opterr = 0;
     int c;
     /* '+': stop at the program name; ':': report a missing value as ':' */
     while ((c = getopt_long(argc, argv, "+:n:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (!run_parse_int(optarg, 1, RUN_MAX_RANKS, &o->nranks))
+            /* mpirun's -np: getopt reads "-np" as -n with the value "p" */
+            if (strcmp(argv[optind - 1], "-np") == 0) {
+                if (optind >= argc) return run_usage_error("option '%s' needs a value", "-np");
+                optarg = argv[optind++];
+            }
+            if (!run_parse_int(optarg, 1, RUN_MAX_RANKS, &world))
                 return run_usage_error("-n needs a number of ranks from 1 to 1024, not '%s'",
                                        optarg);
             break;
+        case OPT_NPROC:
+            if (!run_parse_int(optarg, 1, RUN_MAX_RANKS, &per_node))
+                return run_usage_error(
+                    "--nproc-per-node needs a number of ranks from 1 to 1024, not '%s'", optarg);
+            break;
+        case OPT_NNODES:
+            if (!run_parse_int(optarg, 1, RUN_MAX_RANKS, &o->nnodes))
+                return run_usage_error("--nnodes needs a number of nodes from 1 to 1024, not '%s'",
+                                       optarg);
+            break;
+        case OPT_NODE_RANK:
+            if (!run_parse_int(optarg, 0, RUN_MAX_RANKS - 1, &o->node_rank))
+                return run_usage_error("--node-rank needs a node index >= 0, not '%s'", optarg);
+            break;
+        case OPT_STORE_EXTERNAL: o->store_external = true; break;
+        case OPT_STATS: o->stats = true; break;
         case OPT_TIMEOUT:
             if (!run_parse_seconds(optarg, false, &o->timeout_ms))
                 return run_usage_error("--timeout needs a number of seconds > 0, not '%s'", optarg);
@@ -262,7 +376,8 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
             return run_usage_error("unknown or malformed option '%s'", argv[optind - 1]);
         }
     }
-    if (o->nranks == 0) return run_usage_error("%s", "-n N (the number of ranks) is required");
+    int rc = run_check_layout(o, world, per_node);
+    if (rc >= 0) return rc;
     if (optind >= argc) return run_usage_error("%s", "no program to run");
     o->argv = argv + optind;
     return -1;
@@ -353,26 +468,68 @@ static void run_rank_drain(run_job *job, run_rank *r) {
 
 /* ---- starting ranks ------------------------------------------------------ */
 
-/* The rank's environment: ours without the three names we set, plus them. */
+/* The variables collie-run sets for a rank: collie's and torchrun's. */
+static const char *const run_env_names[] = {
+    "COLLIE_RANK",
+    "COLLIE_WORLD_SIZE",
+    "COLLIE_STORE_ADDR",
+    "COLLIE_LOCAL_RANK",
+    "COLLIE_LOCAL_WORLD_SIZE",
+    "COLLIE_NODE_RANK",
+    "COLLIE_RESTART_COUNT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "COLLIE_STATS_DIR",
+};
+_Static_assert(sizeof run_env_names / sizeof run_env_names[0] == RUN_ENV_OURS, "RUN_ENV_OURS");
+
+static bool run_env_is_ours(const char *entry) {
+    size_t len = strcspn(entry, "=");
+    for (size_t j = 0; j < RUN_ENV_OURS; j++)
+        if (strlen(run_env_names[j]) == len && strncmp(entry, run_env_names[j], len) == 0)
+            return true;
+    return false;
+}
+
+/* Write the rank's own variables (again before a restart: the count). */
+static void run_rank_env_fill(const run_job *job, run_rank *r) {
+    const run_opts *o = &job->opts;
+    int local = r->rank - o->node_rank * o->nranks;
+    long long vals[] = {r->rank,       o->world_size, -1,          local,
+                        o->nranks,     o->node_rank,  r->restarts, r->rank,
+                        o->world_size, local,         o->nranks,   o->node_rank};
+    size_t k = 0;
+    for (; k < sizeof vals / sizeof vals[0]; k++) {
+        if (k == 2) continue; /* COLLIE_STORE_ADDR below */
+        snprintf(r->env[k], sizeof r->env[k], "%s=%lld", run_env_names[k], vals[k]);
+    }
+    snprintf(r->env[2], sizeof r->env[2], "%s", job->env_store);
+    snprintf(r->env[12], sizeof r->env[12], "MASTER_ADDR=%s", job->store_host);
+    snprintf(r->env[13], sizeof r->env[13], "MASTER_PORT=%s", job->store_port);
+    snprintf(r->env[14], sizeof r->env[14], "TORCHELASTIC_RESTART_COUNT=%d", r->restarts);
+    snprintf(r->env[15], sizeof r->env[15], "COLLIE_STATS_DIR=%s",
+             job->stats_from ? job->stats_from : "");
+}
+
+/* The rank's environment: ours without the names we set, plus them. */
 static int run_rank_env(run_job *job, run_rank *r) {
-    static const char *const ours[] = {"COLLIE_RANK=", "COLLIE_WORLD_SIZE=", "COLLIE_STORE_ADDR="};
     size_t n = 0;
     while (environ[n])
         n++;
-    r->envp = calloc(n + 4, sizeof *r->envp);
+    r->envp = calloc(n + RUN_ENV_OURS + 1, sizeof *r->envp);
     if (!r->envp) return -1;
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool skip = false;
-        for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++)
-            skip = skip || strncmp(environ[i], ours[j], strlen(ours[j])) == 0;
-        if (!skip) r->envp[k++] = environ[i];
-    }
-    snprintf(r->env_rank, sizeof r->env_rank, "COLLIE_RANK=%d", r->rank);
-    snprintf(r->env_size, sizeof r->env_size, "COLLIE_WORLD_SIZE=%d", job->opts.nranks);
-    r->envp[k++] = r->env_rank;
-    r->envp[k++] = r->env_size;
-    r->envp[k++] = job->env_store;
+    for (size_t i = 0; i < n; i++)
+        if (!run_env_is_ours(environ[i])) r->envp[k++] = environ[i];
+    run_rank_env_fill(job, r);
+    for (size_t j = 0; j < RUN_ENV_OURS; j++)
+        if (j != 15 || job->stats_from) r->envp[k++] = r->env[j];
     r->envp[k] = NULL;
     return 0;
 }
@@ -466,7 +623,8 @@ static void run_set_exit(run_job *job, int code) {
 static void run_kill_survivors(run_job *job, const char *why) {
     for (int i = 0; i < job->opts.nranks; i++)
         if (job->ranks[i].pid > 0)
-            fprintf(stderr, "collie-run: rank %d still running %s: SIGKILL\n", i, why);
+            fprintf(stderr, "collie-run: rank %d still running %s: SIGKILL\n", job->ranks[i].rank,
+                    why);
     run_signal_all(job, SIGKILL);
     job->killed = true;
     job->give_up_at_ms = run_now_ms() + RUN_REAP_MS;
@@ -491,6 +649,8 @@ static void run_on_exit(run_job *job, run_rank *r, int wstatus) {
     run_report_exit(r, wstatus);
     if (job->restarts_used < job->opts.restarts) {
         job->restarts_used++;
+        r->restarts++;
+        run_rank_env_fill(job, r); /* the restart counts */
         fprintf(stderr, "collie-run: restarting rank %d (restart %d of %d)\n", r->rank,
                 job->restarts_used, job->opts.restarts);
         if (run_spawn(job, r) == 0) return;
@@ -556,7 +716,8 @@ static bool run_check_deadlines(run_job *job) {
     if (job->killed && job->live > 0 && now >= job->give_up_at_ms) {
         for (int i = 0; i < job->opts.nranks; i++)
             if (job->ranks[i].pid > 0)
-                fprintf(stderr, "collie-run: rank %d did not exit after SIGKILL; giving up\n", i);
+                fprintf(stderr, "collie-run: rank %d did not exit after SIGKILL; giving up\n",
+                        job->ranks[i].rank);
         return false;
     }
     return true;
@@ -600,6 +761,209 @@ static void run_loop(run_job *job) {
     }
 }
 
+/* ---- settings of other launchers ------------------------------------------ */
+
+/* NCCL's and PyTorch's ProcessGroupNCCL's settings that collie reads under
+ * a name of its own: a job carried over from torchrun keeps them and would
+ * silently lose their effect. */
+static const struct {
+    const char *theirs, *ours;
+    bool nccl_reads; /* NCCL's own setting (not PyTorch's): NCCL still reads it */
+} run_equivalents[] = {
+    {"NCCL_BLOCKING_WAIT", "COLLIE_BLOCKING_WAIT", false},
+    {"TORCH_NCCL_BLOCKING_WAIT", "COLLIE_BLOCKING_WAIT", false},
+    {"NCCL_ASYNC_ERROR_HANDLING", "COLLIE_ASYNC_ERROR_HANDLING", false},
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "COLLIE_ASYNC_ERROR_HANDLING", false},
+    {"TORCH_NCCL_TRACE_BUFFER_SIZE", "COLLIE_TRACE_BUFFER", false},
+    {"TORCH_NCCL_DUMP_ON_TIMEOUT", "COLLIE_DUMP_DIR", false},
+    {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "COLLIE_DUMP_DIR", false},
+    {"TORCH_NCCL_ENABLE_MONITORING", "COLLIE_STALL_MS", false},
+    {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "COLLIE_STALL_MS", false},
+    {"TORCH_NCCL_DESYNC_DEBUG", "none needed: collie reports desyncs always", false},
+    {"NCCL_SOCKET_IFNAME", "COLLIE_SOCKET_IFNAME", true},
+    {"NCCL_DEBUG", "COLLIE_LOG", true},
+    {"NCCL_DEBUG_FILE", "COLLIE_LOG_FILE", true},
+};
+
+/* One line per such setting found. NCCL_* settings without an equivalent
+ * are NCCL's own business (the nccl backend's NCCL reads them): not named. */
+static void run_warn_foreign_settings(void) {
+    for (char **e = environ; *e; e++) {
+        bool torch = strncmp(*e, "TORCH_NCCL_", 11) == 0;
+        if (!torch && strncmp(*e, "NCCL_", 5) != 0) continue;
+        int len = (int)strcspn(*e, "=");
+        const char *ours = NULL;
+        bool nccl_reads = false;
+        for (size_t i = 0; i < sizeof run_equivalents / sizeof run_equivalents[0]; i++)
+            if ((int)strlen(run_equivalents[i].theirs) == len &&
+                strncmp(*e, run_equivalents[i].theirs, (size_t)len) == 0) {
+                ours = run_equivalents[i].ours;
+                nccl_reads = run_equivalents[i].nccl_reads;
+            }
+        if (ours)
+            fprintf(stderr,
+                    "collie-run: warning: %.*s is set; collie does not read it: its equivalent "
+                    "is %s%s\n",
+                    len, *e, ours, nccl_reads ? " (NCCL itself still reads it)" : "");
+        else if (torch)
+            fprintf(stderr,
+                    "collie-run: warning: %.*s is set; it is PyTorch's NCCL process group's and "
+                    "has no collie equivalent\n",
+                    len, *e);
+    }
+}
+
+/* ---- --stats ---------------------------------------------------------------- */
+
+typedef struct run_stat_row {
+    char comm[80], status[32];
+    long long gen, rank, posted, completed, failed, in_flight, bytes, stalls;
+    long long p50_us, p99_us; /* bucket upper bounds, -1: beyond the last */
+    char failures[160];
+} run_stat_row;
+
+static long long run_json_int(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_integer(v) ? (long long)json_integer_value(v) : 0;
+}
+
+/* The bucket bound under which `q` of the latencies (all kinds) fall. */
+static long long run_quantile_us(json_t *root, double q) {
+    json_t *le = json_object_get(root, "latency_us_le"), *lat = json_object_get(root, "latency");
+    size_t nb = json_array_size(le);
+    if (nb == 0 || nb > 64) return 0;
+    unsigned long long sum[64] = {0}, total = 0;
+    const char *op;
+    json_t *h;
+    json_object_foreach(lat, op, h) {
+        json_t *b = json_object_get(h, "buckets");
+        for (size_t i = 0; i < nb && i < json_array_size(b); i++) {
+            sum[i] += (unsigned long long)json_integer_value(json_array_get(b, i));
+            total += (unsigned long long)json_integer_value(json_array_get(b, i));
+        }
+    }
+    if (total == 0) return 0;
+    unsigned long long seen = 0;
+    for (size_t i = 0; i < nb; i++) {
+        seen += sum[i];
+        if ((double)seen >= q * (double)total)
+            return (long long)json_integer_value(json_array_get(le, i));
+    }
+    return -1;
+}
+
+static bool run_stat_read(const char *path, run_stat_row *row) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        fprintf(stderr, "collie-run: stats file %s: %s\n", path, je.text);
+        return false;
+    }
+    memset(row, 0, sizeof *row);
+    snprintf(row->comm, sizeof row->comm, "%s",
+             json_string_value(json_object_get(root, "comm")) ?: "?");
+    snprintf(row->status, sizeof row->status, "%s",
+             json_string_value(json_object_get(root, "status")) ?: "?");
+    row->gen = run_json_int(root, "generation");
+    row->rank = run_json_int(root, "rank");
+    row->posted = run_json_int(root, "posted");
+    row->completed = run_json_int(root, "completed");
+    row->failed = run_json_int(root, "failed");
+    row->in_flight = run_json_int(root, "in_flight");
+    row->bytes = run_json_int(root, "bytes");
+    row->stalls = run_json_int(root, "stalls");
+    row->p50_us = run_quantile_us(root, 0.5);
+    row->p99_us = run_quantile_us(root, 0.99);
+    const char *name;
+    json_t *n;
+    size_t len = 0;
+    json_object_foreach(json_object_get(root, "failed_by_status"), name, n) {
+        int k = snprintf(row->failures + len, sizeof row->failures - len, "%s%s %lld",
+                         len ? ", " : "", name, (long long)json_integer_value(n));
+        if (k < 0 || (size_t)k >= sizeof row->failures - len) break;
+        len += (size_t)k;
+    }
+    json_decref(root);
+    return true;
+}
+
+static int run_stat_cmp(const void *a, const void *b) {
+    const run_stat_row *x = a, *y = b;
+    int c = strcmp(x->comm, y->comm);
+    if (c) return c;
+    if (x->gen != y->gen) return x->gen < y->gen ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+static int run_stat_file(const struct dirent *d) {
+    size_t n = strlen(d->d_name);
+    return strncmp(d->d_name, "stats-", 6) == 0 && n > 5 && strcmp(d->d_name + n - 5, ".json") == 0;
+}
+
+static void run_fmt_us(char *buf, size_t n, long long us) {
+    if (us < 0)
+        snprintf(buf, n, "long");
+    else
+        snprintf(buf, n, "<=%lld", us);
+}
+
+/* After the job: one line per comm and rank from the files the ranks wrote. */
+static void run_print_stats(const char *dir) {
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, run_stat_file, alphasort);
+    if (n < 0) {
+        fprintf(stderr, "collie-run: stats: cannot read %s: %s\n", dir, strerror(errno));
+        return;
+    }
+    run_stat_row *rows = calloc((size_t)n + 1, sizeof *rows);
+    int nrows = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+        if (rows && run_stat_read(path, &rows[nrows])) nrows++;
+        free(names[i]);
+    }
+    free(names);
+    if (nrows == 0) {
+        fprintf(stderr, "collie-run: stats: no comm wrote any (none was destroyed?)\n");
+        free(rows);
+        return;
+    }
+    qsort(rows, (size_t)nrows, sizeof *rows, run_stat_cmp);
+    fprintf(stderr, "collie-run: stats per comm and rank (latency: post to completion, "
+                    "all kinds)\n");
+    fprintf(stderr, "%-16s %4s %5s %9s %9s %7s %8s %13s %9s %9s %6s  %s\n", "comm", "gen", "rank",
+            "posted", "completed", "failed", "inflight", "bytes", "p50_us", "p99_us", "stalls",
+            "status");
+    for (int i = 0; i < nrows; i++) {
+        const run_stat_row *r = &rows[i];
+        char p50[24], p99[24];
+        run_fmt_us(p50, sizeof p50, r->p50_us);
+        run_fmt_us(p99, sizeof p99, r->p99_us);
+        fprintf(stderr, "%-16s %4lld %5lld %9lld %9lld %7lld %8lld %13lld %9s %9s %6lld  %s%s%s\n",
+                r->comm, r->gen, r->rank, r->posted, r->completed, r->failed, r->in_flight,
+                r->bytes, p50, p99, r->stalls, r->status, r->failures[0] ? "; failed: " : "",
+                r->failures);
+    }
+    free(rows);
+}
+
+/* Remove the directory --stats made, with the files the ranks wrote. */
+static void run_stats_cleanup(const char *dir) {
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    for (int i = 0; i < n; i++) {
+        if (names[i]->d_name[0] != '.') {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+            unlink(path);
+        }
+        free(names[i]);
+    }
+    free(names);
+    rmdir(dir);
+}
+
 /* ---- setup and teardown -------------------------------------------------- */
 
 /* Make sure fds 0-2 exist, so our pipes never land on them. */
@@ -638,24 +1002,44 @@ static int run_signals_init(run_job *job) {
 }
 
 static int run_store_init(run_job *job) {
-    const char *addr = job->opts.store_addr;
+    const run_opts *o = &job->opts;
+    const char *addr = o->store_addr;
     char local[32];
-    if (!addr) {
+    /* node 0 of a multi-node job serves the store at --store's port */
+    bool serve_at = addr && o->nnodes > 1 && o->node_rank == 0 && !o->store_external;
+    if (!addr || serve_at) {
+        int port = 0;
+        if (serve_at) run_parse_int(strrchr(addr, ':') + 1, 1, 65535, &port);
         collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
         eo.name = "collie-run";
         int rc = collie_engine_create(&eo, &job->engine);
         collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
         so.token = getenv("COLLIE_STORE_TOKEN");
         if (rc == COLLIE_OK)
-            rc = collie_store_server_create(job->engine, "127.0.0.1", 0, &so, &job->server);
+            rc = collie_store_server_create(job->engine, serve_at ? "0.0.0.0" : "127.0.0.1",
+                                            (uint16_t)port, &so, &job->server);
         if (rc != COLLIE_OK) {
-            fprintf(stderr, "collie-run: cannot start the store: %s%s%s\n", collie_strerror(rc),
+            fprintf(stderr, "collie-run: cannot start the store%s%s: %s%s%s\n",
+                    serve_at ? " at " : "", serve_at ? addr : "", collie_strerror(rc),
                     *collie_last_error() ? ": " : "", collie_last_error());
+            if (serve_at)
+                fprintf(stderr, "collie-run: (--store-external if a store server runs there "
+                                "already)\n");
             return -1;
         }
-        snprintf(local, sizeof local, "127.0.0.1:%u", collie_store_server_port(job->server));
-        addr = local;
+        if (!serve_at) {
+            snprintf(local, sizeof local, "127.0.0.1:%u", collie_store_server_port(job->server));
+            addr = local;
+        }
     }
+    const char *colon = strrchr(addr, ':');
+    int hlen = (int)(colon - addr);
+    if (hlen >= 2 && addr[0] == '[' && addr[hlen - 1] == ']') { /* [::1]:port */
+        addr++;
+        hlen -= 2;
+    }
+    snprintf(job->store_host, sizeof job->store_host, "%.*s", hlen, addr);
+    snprintf(job->store_port, sizeof job->store_port, "%s", colon + 1);
     if (asprintf(&job->env_store, "COLLIE_STORE_ADDR=%s", addr) < 0) {
         job->env_store = NULL;
         return -1;
@@ -683,11 +1067,21 @@ static int run_job_init(run_job *job) {
         return -1;
     }
     if (run_store_init(job) != 0) return -1;
+    job->stats_from = getenv("COLLIE_STATS_DIR"); /* the user's: kept, passed on */
+    if (job->opts.stats && !job->stats_from) {
+        snprintf(job->stats_dir, sizeof job->stats_dir, "/tmp/collie-stats-XXXXXX");
+        if (!mkdtemp(job->stats_dir)) {
+            fprintf(stderr, "collie-run: --stats: cannot make a directory: %s\n", strerror(errno));
+            job->stats_dir[0] = '\0';
+            return -1;
+        }
+        job->stats_from = job->stats_dir;
+    }
     for (int i = 0; i < job->opts.nranks; i++) {
         run_rank *r = &job->ranks[i];
-        r->rank = i;
+        r->rank = job->opts.node_rank * job->opts.nranks + i;
         r->streams[0].fd = r->streams[1].fd = -1;
-        r->prefix_len = (size_t)snprintf(r->prefix, sizeof r->prefix, "[%d] ", i);
+        r->prefix_len = (size_t)snprintf(r->prefix, sizeof r->prefix, "[%d] ", r->rank);
         r->streams[0].buf = malloc(RUN_LINE_MAX);
         r->streams[1].buf = malloc(RUN_LINE_MAX);
         if (!r->streams[0].buf || !r->streams[1].buf || run_rank_env(job, r) != 0) {
@@ -723,7 +1117,9 @@ int main(int argc, char **argv) {
     int rc = run_parse_args(argc, argv, &job.opts);
     if (rc >= 0) return rc;
     run_fix_std_fds();
+    run_warn_foreign_settings();
     if (run_job_init(&job) != 0) {
+        if (job.stats_dir[0]) run_stats_cleanup(job.stats_dir);
         run_job_fini(&job);
         return RUN_EXIT_ERROR;
     }
@@ -735,6 +1131,8 @@ int main(int argc, char **argv) {
         }
     }
     run_loop(&job);
+    if (job.opts.stats) run_print_stats(job.stats_from);
+    if (job.stats_dir[0]) run_stats_cleanup(job.stats_dir);
     run_job_fini(&job);
     return job.exit_code < 0 ? 0 : job.exit_code;
 }
