@@ -49,7 +49,8 @@ SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS    := $(patsubst tools/collie_%.c,$(BUILD)/bin/collie-%,$(wildcard tools/collie_*.c))
-EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)) \
+            $(patsubst examples/cxx/%.cpp,$(BUILD)/examples/cxx/%,$(wildcard examples/cxx/*.cpp))
 TESTS    := $(patsubst tests/test_%.c,$(BUILD)/tests/test_%,$(wildcard tests/test_*.c))
 TEST_HELPERS_SRC := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
 TEST_HELPERS_OBJ := $(TEST_HELPERS_SRC:%.c=$(BUILD)/obj/%.o)
@@ -123,6 +124,12 @@ $(BUILD)/bin/collie-trace $(BUILD)/bin/collie-run: TOOL_LIBS = -ljansson
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
+
+# The C++ example: collie.h from C++17, with RAII wrappers of its own.
+$(BUILD)/examples/cxx/%: examples/cxx/%.cpp $(LIB_A) include/collie.h | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(SANFLAGS) -I include -o $@ $< \
+	  $(LDFLAGS_ALL) $(LIB_A) $(LIBS)
 
 # Tests link the static library so they can reach internal cl_* functions.
 # No -rdynamic: the plugins they load link no core symbol.

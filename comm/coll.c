@@ -81,10 +81,12 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
  * fails (desync.c); a waiter gives the loop this long to do that. */
 #define COLL_CANCEL_GRACE_MS 1500
 
-/* A deadline or a cancel leaves the peers mid-operation: the comm's fault,
- * recorded before anyone can see the failed work (its policy is applied on
- * the loop when the work is retired). */
+/* Publication (any thread, once, before anyone can see the result): the
+ * comm's stats count the work; a deadline or a cancel, which leaves the
+ * peers mid-operation, is the comm's fault, recorded now (its policy is
+ * applied on the loop when the work is retired). */
 static void coll_on_publish(collie_work *w) {
+    cl_stats_ended(((cl_coll_work *)w)->comm, (cl_coll_work *)w); /* counted before it is seen */
     if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
     cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",
                          w->errmsg ? w->errmsg : collie_strerror(w->status));

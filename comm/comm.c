@@ -129,7 +129,6 @@ void cl_comm_detach_work(cl_coll_work *cw) {
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (!p2p && w->seq > c->last_done) c->last_done = w->seq;
     cl_flight_end(c, cw);
-    cl_stats_ended(c, cw);
     /* a deadline or cancel leaves the peers mid-operation: a comm fault */
     if (w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED)
         cl_comm_fault(c, w->status, "%s", collie_work_error_message(w));

@@ -64,7 +64,7 @@ struct collie_bcomm {
 };
 
 /* A comm's counters (stats.c): posted is bumped by posting threads, the
- * rest by the loop as works end; any thread reads them. */
+ * rest as works' results are published; any thread reads them. */
 typedef struct cl_latency_counters {
     _Atomic uint64_t count, sum_ns;
     _Atomic uint64_t buckets[COLLIE_LATENCY_BUCKETS];
@@ -227,7 +227,7 @@ void cl_comm_dump_on_abort(collie_comm *c);
 
 /* stats.c: count a post that was accepted (posting thread, before the
  * engine can end it) / one that was then refused; count an ended work
- * (loop, when it is detached) */
+ * (its publisher, before the result is visible) */
 void cl_stats_posted(collie_comm *c, int delta);
 void cl_stats_ended(collie_comm *c, const cl_coll_work *cw);
 /* COLLIE_STATS_DIR: write the comm's stats as JSON (destroy) */

@@ -567,6 +567,41 @@ static void test_log_handler_gets_comm_and_rank(void **state) {
     collie_set_log_level(COLLIE_LOG_WARN);
 }
 
+/* A message sent before its sender destroyed the comm is still received:
+ * the receive, posted after the goodbye closed the connection, takes it
+ * from the messages that arrived unexpected instead of failing with EPEER. */
+static void test_recv_after_sender_left(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "left", NULL);
+    int32_t out[8], in[8];
+    for (int i = 0; i < 8; i++) {
+        out[i] = 100 + i;
+        in[i] = -1;
+    }
+    collie_work *s, *r;
+    assert_int_equal(collie_send(w.c[0], out, 8, COLLIE_INT32, 1, 3, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_work_wait(s, 30000), COLLIE_OK);
+    collie_work_release(s);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+    w.c[0] = NULL;
+    /* rank 1's loop reads the data, then the goodbye (bounded wait for it) */
+    collie_comm_stats st = COLLIE_COMM_STATS_INIT;
+    for (int i = 0; i < 2000; i++) {
+        assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
+        if (st.connections == 0) break;
+        usleep(1000);
+    }
+    assert_int_equal(st.connections, 0);
+    assert_int_equal(collie_recv(w.c[1], in, 8, COLLIE_INT32, 0, 3, NULL, &r), COLLIE_OK);
+    int rc = collie_work_wait(r, 30000);
+    if (rc != COLLIE_OK) fail_msg("recv: %s", collie_work_error_message(r));
+    collie_work_release(r);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(in[i], 100 + i);
+    world_destroy(&w);
+}
+
 /* Stats: every accepted post is counted once and ends as completed or
  * failed (by status), bytes and latencies of the completed ones, the open
  * connections, and a short `size` gets only the fields it has room for. */
@@ -749,6 +784,7 @@ int main(void) {
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_comm_stats),
+        cmocka_unit_test(test_recv_after_sender_left),
     };
     return cltest_main(tests, NULL, NULL);
 }

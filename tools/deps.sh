@@ -15,6 +15,7 @@ need=(
   "/usr/include/event2/event.h:libevent-dev"
   "/usr/include/openssl/hmac.h:libssl-dev"
   "/usr/include/jansson.h:libjansson-dev"
+  "/usr/bin/g++:g++"
 )
 case "$profile" in
   build) ;;

@@ -155,26 +155,10 @@ void cl_tcp_op_done(tcp_work *tw) {
 
 /* ---- point to point ----------------------------------------------------------------- */
 
-static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
+/* A receive whose message arrived before it was started: take it from the
+ * connection's unexpected list. False if none has that tag. */
+static bool p2p_take_unexpected(tcp_comm *tc, tcp_work *tw, tcp_conn *c, uint64_t len) {
     const collie_coll_args *a = &tw->args;
-    uint64_t len = a->count * collie_dtype_size(a->dtype);
-    tcp_conn *c = cl_tcp_conn_get(tc, a->peer);
-    if (!c) return COLLIE_ENOMEM;
-    tw->kind_p2p = true;
-    if (c->state == TCP_CONN_CLOSED) {
-        cl_tcp_peer_lost(tc, a->peer, COLLIE_EPEER, c->closed_why);
-        return COLLIE_OK;
-    }
-    if (a->kind == COLLIE_COLL_SEND) {
-        tcp_msg *m = &tw->p2p_msg;
-        m->owner = tw;
-        m->payload = a->sendbuf;
-        m->len = len;
-        cl_tcp_frame_header(m->hdr, tc, a, a->tag, TCP_P2P_STEP, len);
-        cl_tcp_conn_send(c, m);
-        return COLLIE_OK;
-    }
-    /* a matching message may have arrived already */
     tcp_unexpected *u;
     cl_list_foreach(&c->unexpected, u, tcp_unexpected, node) {
         if (u->tag != a->tag) continue;
@@ -190,6 +174,31 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
         }
         free(u->data);
         free(u);
+        return true;
+    }
+    return false;
+}
+
+static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
+    const collie_coll_args *a = &tw->args;
+    uint64_t len = a->count * collie_dtype_size(a->dtype);
+    tcp_conn *c = cl_tcp_conn_get(tc, a->peer);
+    if (!c) return COLLIE_ENOMEM;
+    tw->kind_p2p = true;
+    /* a matching message may have arrived already — also from a peer that
+     * has since said goodbye: what it sent before is still ours to take */
+    if (a->kind == COLLIE_COLL_RECV && p2p_take_unexpected(tc, tw, c, len)) return COLLIE_OK;
+    if (c->state == TCP_CONN_CLOSED) {
+        cl_tcp_peer_lost(tc, a->peer, COLLIE_EPEER, c->closed_why);
+        return COLLIE_OK;
+    }
+    if (a->kind == COLLIE_COLL_SEND) {
+        tcp_msg *m = &tw->p2p_msg;
+        m->owner = tw;
+        m->payload = a->sendbuf;
+        m->len = len;
+        cl_tcp_frame_header(m->hdr, tc, a, a->tag, TCP_P2P_STEP, len);
+        cl_tcp_conn_send(c, m);
         return COLLIE_OK;
     }
     tcp_slot *sl = &tw->p2p_slot;
