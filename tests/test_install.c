@@ -82,11 +82,27 @@ static void test_library_build_needs_no_test_packages(void **state) {
     if (strstr(out, "tests/")) fail_msg("the library build compiles something of tests/");
 }
 
+/* Every long option a tool's --help lists is in its man page
+ * (tests/install/man_options.sh). */
+static void test_man_pages_cover_options(void **state) {
+    (void)state;
+    const char *b = getenv("CLTEST_BUILD_DIR");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "timeout 60 tests/install/man_options.sh %s/bin docs/man 2>&1",
+             b && *b ? b : "build");
+    static char out[1 << 14];
+    int rc = run_capture(cmd, out, sizeof out);
+    print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "every --help option documented"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_matches_headers),
         cmocka_unit_test(test_install_destdir_pkgconfig),
         cmocka_unit_test(test_library_build_needs_no_test_packages),
+        cmocka_unit_test(test_man_pages_cover_options),
     };
     return cltest_main(tests, NULL, NULL);
 }
