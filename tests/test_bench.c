@@ -360,7 +360,7 @@ static void test_op_deadline_fails_cleanly(void **state) {
  * 0 and names the conventions. */
 static void test_usage_errors(void **state) {
     (void)state;
-    static const char *const cases[][4] = {
+    static const char *const cases[][6] = {
         {"--op", "nope", NULL},
         {"--op", "allreduce,", NULL},
         {"--sizes", "12x", NULL},
@@ -379,6 +379,9 @@ static void test_usage_errors(void **state) {
         {"extra", NULL},
         {"--corrupt-rank", "1", NULL},
         {"--backend", "", NULL},
+        {"--sizes", "2", NULL},                     /* half an fp32 */
+        {"--sizes", "0", NULL},                     /* no element at all */
+        {"--dtype", "f64", "--sizes", "4,8", NULL}, /* 4 B < one fp64 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         spawn_proc *r = run_start("collie-bench", cases[i]);
@@ -391,7 +394,9 @@ static void test_usage_errors(void **state) {
     }
     spawn_proc *r = bench_run(2, ARGS("--op", "nope"));
     assert_spawn(r, r->status == 2);
-    assert_spawn(r, strstr(r->text[1], "] collie-bench: unknown --op in 'nope'"));
+    /* said once, by rank 0, not once per rank */
+    assert_spawn(r, strstr(r->text[1], "[0] collie-bench: unknown --op in 'nope'"));
+    assert_spawn(r, spawn_count(r->text[1], "collie-bench: unknown --op") == 1);
     spawn_free(r);
 
     r = run_start("collie-bench", ARGS("--help"));

@@ -76,9 +76,8 @@
  *    --timeout-ms but at least BENCH_CREATE_TMO_MS (plus the slack).
  *  - Output: only rank 0 (thread 0 of process 0) prints results, and only
  *    process 0 --help (one table under collie-run); every rank reports its
- *    own errors on stderr, every process its usage errors (the launcher
- *    stops the others when the first rank exits, so rank 0 alone might
- *    never get to say it). --csv prints exactly one header line and the
+ *    own errors on stderr; a usage error is said once, by rank 0 (the
+ *    others hold back until the launcher stops them). --csv prints exactly one header line and the
  *    rows. Exit 0 ok, 1 error or check failure, 2 usage.
  *  - A spec with a cuda backend ("nccl", "cuda:X"): the timed ops run on
  *    CUDA buffers through collie_cuda.h on the bench's own stream, waited
@@ -1003,9 +1002,18 @@ static void bench_usage(FILE *f) {
             BENCH_DEFAULT_ITERS, BENCH_DEFAULT_WARMUP, BENCH_DEFAULT_TMO_MS);
 }
 
-/* Every rank reports a usage error: under collie-run the first rank to exit
- * makes the launcher stop the others, so rank 0 alone might never say it. */
+/* A usage error is said once, by rank 0: every rank parses the same
+ * arguments, rank 0 says why and exits, and collie-run stops the others
+ * while they hold back (BENCH_USAGE_HOLD_MS). One still running after that
+ * (rank 0 did not fail: different arguments per rank?) says it too. */
+#define BENCH_USAGE_HOLD_MS 2000
 static int bench_usage_error(const char *fmt, const char *arg) {
+    if (bench_quiet_rank()) {
+        struct timespec hold = {BENCH_USAGE_HOLD_MS / 1000,
+                                (BENCH_USAGE_HOLD_MS % 1000) * 1000000L};
+        while (nanosleep(&hold, &hold) != 0 && errno == EINTR)
+            continue;
+    }
     fprintf(stderr, "collie-bench: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n(collie-bench --help for usage)\n");
@@ -1175,6 +1183,15 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o) {
         if (!p[len]) break;
         p += len + 1;
     }
+    /* a size must hold one element of the dtype (nccl-tests would run 0
+     * elements and report nothing) */
+    for (size_t i = 0; i < o->nsizes; i++)
+        if (o->sizes[i] < collie_dtype_size(o->dt)) {
+            char what[96];
+            snprintf(what, sizeof what, "%zu B is less than one %s element (%zu B)", o->sizes[i],
+                     collie_dtype_name(o->dt), collie_dtype_size(o->dt));
+            return bench_usage_error("--sizes: %s", what);
+        }
     if (o->inflight > o->iters) o->inflight = o->iters;
     /* which devices the spec serves: "cuda:X" or a bare nccl is cuda */
     bool cpu = false;
