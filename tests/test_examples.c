@@ -62,7 +62,7 @@ static const char *http_get(int port, const char *path) {
 /* The port and pid rank r printed ("rank R: pid P life L serving
  * http://127.0.0.1:PORT"), from the `nth` such line (0: the first). */
 static void served_at(spawn_proc *l, int r, int nth, int *port, int *pid) {
-    char needle[32];
+    char needle[80];
     snprintf(needle, sizeof needle, "[%d] rank %d: pid ", r, r);
     assert_spawn(l, spawn_wait_for(l, 0, needle, nth + 1, 20000));
     const char *p = l->text[0];
@@ -152,7 +152,7 @@ static void test_groups_example(void **state) {
     spawn_finish(l);
     assert_spawn(l, l->status == 0);
     for (int r = 0; r < 4; r++) {
-        char want[32];
+        char want[80];
         snprintf(want, sizeof want, "[%d] rank %d: groups ok\n", r, r);
         assert_spawn(l, strstr(l->text[0], want));
     }

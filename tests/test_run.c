@@ -236,7 +236,7 @@ static void test_every_line_prefixed(void **state) {
     }
     for (int r = 0; r < N; r++) {
         assert_spawn(l, per_rank[r] == LINES && tails[r] == 1);
-        char want[32];
+        char want[80];
         snprintf(want, sizeof want, "[%d] e%d\n", r, r);
         assert_spawn(l, strstr(l->text[1], want) != NULL);
     }
@@ -481,7 +481,7 @@ static void test_torchrun_env(void **state) {
     spawn_proc *l = launch_run(ARGS("-np", "3", "--", "/bin/sh", "-c", sh));
     assert_spawn(l, l->status == 0);
     for (int r = 0; r < 3; r++) {
-        char want[32], master[64], store[64];
+        char want[80], master[64], store[64];
         snprintf(want, sizeof want, "[%d] t %d 3 %d 3 0 ", r, r, r);
         const char *p = strstr(l->text[0], want);
         assert_spawn(l, p);
@@ -585,7 +585,7 @@ static void test_stats(void **state) {
     const char *h = strstr(l->text[1], "collie-run: stats per comm and rank");
     assert_spawn(l, h);
     for (int r = 0; r < 2; r++) {
-        char want[32];
+        char want[80];
         snprintf(want, sizeof want, "\ndemo                0 %5d ", r);
         const char *p = strstr(h, want);
         assert_spawn(l, p);
