@@ -44,10 +44,8 @@ static int latency_bucket(int64_t ns) {
 }
 
 void cl_stats_posted(collie_comm *c, int delta) {
-    if (delta > 0)
-        atomic_fetch_add_explicit(&c->counters.posted, (uint64_t)delta, RELAXED);
-    else
-        atomic_fetch_sub_explicit(&c->counters.posted, (uint64_t)-delta, RELAXED);
+    /* a negative delta wraps to a subtraction (unsigned arithmetic) */
+    atomic_fetch_add_explicit(&c->counters.posted, (uint64_t)(int64_t)delta, RELAXED);
 }
 
 void cl_stats_ended(collie_comm *c, const cl_coll_work *cw) {

@@ -493,6 +493,16 @@ static void test_torchrun_env(void **state) {
     }
 }
 
+/* An IPv6 store address reaches the ranks whole in COLLIE_STORE_ADDR, and
+ * without its brackets in MASTER_ADDR (as torch wants a host). */
+static void test_ipv6_store_env(void **state) {
+    (void)state;
+    spawn_proc *l = launch_run(ARGS("-n", "1", "--store", "[::1]:29999", "--", "/bin/sh", "-c",
+                                    "echo \"v6 $COLLIE_STORE_ADDR $MASTER_ADDR $MASTER_PORT\""));
+    assert_spawn(l, l->status == 0);
+    assert_spawn(l, strstr(l->text[0], "[0] v6 [::1]:29999 ::1 29999\n"));
+}
+
 static uint16_t free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -658,6 +668,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_cannot_exec, spawn_teardown),
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
         cmocka_unit_test_teardown(test_torchrun_env, spawn_teardown),
+        cmocka_unit_test_teardown(test_ipv6_store_env, spawn_teardown),
         cmocka_unit_test_teardown(test_two_nodes, spawn_teardown),
         cmocka_unit_test_teardown(test_stats, spawn_teardown),
         cmocka_unit_test_teardown(test_foreign_settings_warned, spawn_teardown),

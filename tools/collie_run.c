@@ -62,6 +62,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,9 +93,35 @@
 #define RUN_EXIT_USAGE       2
 #define RUN_EXIT_ERROR       1
 #define RUN_EXIT_TIMEOUT     124
-#define RUN_ENV_OURS         16 /* variables set per rank */
 
 extern char **environ;
+
+/* The variables collie-run sets for a rank: collie's and torchrun's. */
+#define RUN_ENV_MAP(X)                                                                             \
+    X(COLLIE_RANK)                                                                                 \
+    X(COLLIE_WORLD_SIZE)                                                                           \
+    X(COLLIE_STORE_ADDR)                                                                           \
+    X(COLLIE_LOCAL_RANK)                                                                           \
+    X(COLLIE_LOCAL_WORLD_SIZE)                                                                     \
+    X(COLLIE_NODE_RANK)                                                                            \
+    X(COLLIE_RESTART_COUNT)                                                                        \
+    X(COLLIE_STATS_DIR)                                                                            \
+    X(RANK)                                                                                        \
+    X(WORLD_SIZE)                                                                                  \
+    X(LOCAL_RANK)                                                                                  \
+    X(LOCAL_WORLD_SIZE)                                                                            \
+    X(GROUP_RANK)                                                                                  \
+    X(MASTER_ADDR)                                                                                 \
+    X(MASTER_PORT)                                                                                 \
+    X(TORCHELASTIC_RESTART_COUNT)
+
+/* their indices in run_rank.env */
+enum {
+#define RUN_ENV_INDEX_(n) RUN_ENV_##n,
+    RUN_ENV_MAP(RUN_ENV_INDEX_)
+#undef RUN_ENV_INDEX_
+        RUN_ENV_OURS
+};
 
 typedef struct run_opts {
     int nranks;     /* ranks this launcher runs (on this node) */
@@ -152,8 +179,8 @@ typedef struct run_job {
     run_watch *watched;  /* parallel to pfds */
     sigset_t old_mask;
     struct rlimit old_nofile;
-    char *env_store;      /* "COLLIE_STORE_ADDR=host:port" */
-    char store_host[256]; /* the store's host and port (MASTER_ADDR, MASTER_PORT) */
+    char store_addr[264]; /* the store's host:port, and apart (MASTER_ADDR, MASTER_PORT) */
+    char store_host[256];
     char store_port[8];
     char stats_dir[64];     /* --stats: where the ranks write, "" if not ours */
     const char *stats_from; /* the directory read after the job, or NULL */
@@ -470,24 +497,10 @@ static void run_rank_drain(run_job *job, run_rank *r) {
 
 /* The variables collie-run sets for a rank: collie's and torchrun's. */
 static const char *const run_env_names[] = {
-    "COLLIE_RANK",
-    "COLLIE_WORLD_SIZE",
-    "COLLIE_STORE_ADDR",
-    "COLLIE_LOCAL_RANK",
-    "COLLIE_LOCAL_WORLD_SIZE",
-    "COLLIE_NODE_RANK",
-    "COLLIE_RESTART_COUNT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "COLLIE_STATS_DIR",
+#define RUN_ENV_NAME_(n) #n,
+    RUN_ENV_MAP(RUN_ENV_NAME_)
+#undef RUN_ENV_NAME_
 };
-_Static_assert(sizeof run_env_names / sizeof run_env_names[0] == RUN_ENV_OURS, "RUN_ENV_OURS");
 
 static bool run_env_is_ours(const char *entry) {
     size_t len = strcspn(entry, "=");
@@ -497,24 +510,41 @@ static bool run_env_is_ours(const char *entry) {
     return false;
 }
 
-/* Write the rank's own variables (again before a restart: the count). */
+/* r->env[k] = "NAME=value" */
+static void run_env_set(run_rank *r, int k, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void run_env_set(run_rank *r, int k, const char *fmt, ...) {
+    int n = snprintf(r->env[k], sizeof r->env[k], "%s=", run_env_names[k]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->env[k] + n, sizeof r->env[k] - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* Write the rank's own variables (again before a restart: the count). An
+ * entry left empty is not passed on. */
 static void run_rank_env_fill(const run_job *job, run_rank *r) {
     const run_opts *o = &job->opts;
     int local = r->rank - o->node_rank * o->nranks;
-    long long vals[] = {r->rank,       o->world_size, -1,          local,
-                        o->nranks,     o->node_rank,  r->restarts, r->rank,
-                        o->world_size, local,         o->nranks,   o->node_rank};
-    size_t k = 0;
-    for (; k < sizeof vals / sizeof vals[0]; k++) {
-        if (k == 2) continue; /* COLLIE_STORE_ADDR below */
-        snprintf(r->env[k], sizeof r->env[k], "%s=%lld", run_env_names[k], vals[k]);
-    }
-    snprintf(r->env[2], sizeof r->env[2], "%s", job->env_store);
-    snprintf(r->env[12], sizeof r->env[12], "MASTER_ADDR=%s", job->store_host);
-    snprintf(r->env[13], sizeof r->env[13], "MASTER_PORT=%s", job->store_port);
-    snprintf(r->env[14], sizeof r->env[14], "TORCHELASTIC_RESTART_COUNT=%d", r->restarts);
-    snprintf(r->env[15], sizeof r->env[15], "COLLIE_STATS_DIR=%s",
-             job->stats_from ? job->stats_from : "");
+    run_env_set(r, RUN_ENV_COLLIE_RANK, "%d", r->rank);
+    run_env_set(r, RUN_ENV_RANK, "%d", r->rank);
+    run_env_set(r, RUN_ENV_COLLIE_WORLD_SIZE, "%d", o->world_size);
+    run_env_set(r, RUN_ENV_WORLD_SIZE, "%d", o->world_size);
+    run_env_set(r, RUN_ENV_COLLIE_LOCAL_RANK, "%d", local);
+    run_env_set(r, RUN_ENV_LOCAL_RANK, "%d", local);
+    run_env_set(r, RUN_ENV_COLLIE_LOCAL_WORLD_SIZE, "%d", o->nranks);
+    run_env_set(r, RUN_ENV_LOCAL_WORLD_SIZE, "%d", o->nranks);
+    run_env_set(r, RUN_ENV_COLLIE_NODE_RANK, "%d", o->node_rank);
+    run_env_set(r, RUN_ENV_GROUP_RANK, "%d", o->node_rank);
+    run_env_set(r, RUN_ENV_COLLIE_RESTART_COUNT, "%d", r->restarts);
+    run_env_set(r, RUN_ENV_TORCHELASTIC_RESTART_COUNT, "%d", r->restarts);
+    run_env_set(r, RUN_ENV_COLLIE_STORE_ADDR, "%s", job->store_addr);
+    run_env_set(r, RUN_ENV_MASTER_ADDR, "%s", job->store_host);
+    run_env_set(r, RUN_ENV_MASTER_PORT, "%s", job->store_port);
+    if (job->stats_from)
+        run_env_set(r, RUN_ENV_COLLIE_STATS_DIR, "%s", job->stats_from);
+    else
+        r->env[RUN_ENV_COLLIE_STATS_DIR][0] = '\0';
 }
 
 /* The rank's environment: ours without the names we set, plus them. */
@@ -529,7 +559,7 @@ static int run_rank_env(run_job *job, run_rank *r) {
         if (!run_env_is_ours(environ[i])) r->envp[k++] = environ[i];
     run_rank_env_fill(job, r);
     for (size_t j = 0; j < RUN_ENV_OURS; j++)
-        if (j != 15 || job->stats_from) r->envp[k++] = r->env[j];
+        if (r->env[j][0]) r->envp[k++] = r->env[j];
     r->envp[k] = NULL;
     return 0;
 }
@@ -1034,16 +1064,13 @@ static int run_store_init(run_job *job) {
     }
     const char *colon = strrchr(addr, ':');
     int hlen = (int)(colon - addr);
+    snprintf(job->store_port, sizeof job->store_port, "%s", colon + 1);
+    snprintf(job->store_addr, sizeof job->store_addr, "%s", addr);
     if (hlen >= 2 && addr[0] == '[' && addr[hlen - 1] == ']') { /* [::1]:port */
         addr++;
         hlen -= 2;
     }
     snprintf(job->store_host, sizeof job->store_host, "%.*s", hlen, addr);
-    snprintf(job->store_port, sizeof job->store_port, "%s", colon + 1);
-    if (asprintf(&job->env_store, "COLLIE_STORE_ADDR=%s", addr) < 0) {
-        job->env_store = NULL;
-        return -1;
-    }
     return 0;
 }
 
@@ -1105,7 +1132,6 @@ static void run_job_fini(run_job *job) {
     free(job->pfds);
     free(job->watched);
     free(job->out);
-    free(job->env_store);
     collie_store_server_destroy(job->server);
     collie_engine_destroy(job->engine);
     if (job->devnull >= 0) close(job->devnull);

@@ -30,9 +30,9 @@ typedef struct cl_work_registry {
     int64_t armed_ns;          /* when the deadline timer fires, INT64_MAX if unarmed */
     struct event *done_ev;     /* activated to run the retire list */
     struct event *deadline_ev; /* the one deadline timer */
-    uint64_t retired;          /* total retired (the spin heuristic) */
-    /* stats (collie_engine_get_stats, any thread): posted by any thread,
-     * the rest counted by the loop as works retire */
+    /* counts (collie_engine_get_stats, any thread; completed + failed =
+     * retired, which the spin heuristic watches): posted by any thread,
+     * the rest by the loop as works retire */
     _Atomic uint64_t posted, completed, failed;
 } cl_work_registry;
 

@@ -183,7 +183,6 @@ static void work_retire(collie_engine *e, collie_work *w) {
     }
     cl_engine_set_activity(e, prev);
     cl_work_registry *r = registry(e);
-    r->retired++;
     atomic_fetch_add_explicit(w->status == COLLIE_OK ? &r->completed : &r->failed, 1,
                               memory_order_relaxed);
     collie_work_release(w); /* the engine's reference */
@@ -276,7 +275,9 @@ static size_t registry_pending(void *state) { return ((cl_work_registry *)state)
 
 static uint64_t registry_progress(void *state) {
     cl_work_registry *r = state;
-    return r->retired * 1000003u + r->ntracked;
+    uint64_t retired = atomic_load_explicit(&r->completed, memory_order_relaxed) +
+                       atomic_load_explicit(&r->failed, memory_order_relaxed);
+    return retired * 1000003u + r->ntracked;
 }
 
 static const cl_engine_hooks registry_hooks = {
@@ -295,10 +296,8 @@ int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
 /* ---- stats ------------------------------------------------------------------------- */
 
 void cl_works_count_post(collie_engine *e, int delta) {
-    if (delta > 0)
-        atomic_fetch_add_explicit(&registry(e)->posted, (uint64_t)delta, memory_order_relaxed);
-    else
-        atomic_fetch_sub_explicit(&registry(e)->posted, (uint64_t)-delta, memory_order_relaxed);
+    /* a negative delta wraps to a subtraction (unsigned arithmetic) */
+    atomic_fetch_add_explicit(&registry(e)->posted, (uint64_t)(int64_t)delta, memory_order_relaxed);
 }
 
 int collie_engine_get_stats(const collie_engine *e, collie_engine_stats *st) {
