@@ -42,14 +42,18 @@ mkdir -p "$tmp/app"
 cc -std=c11 -Wall -Werror $cflags tests/hosts/plugin_host.c -o "$tmp/app/host_shared" $libs ||
   die "building against the shared library"
 LD_LIBRARY_PATH=$root/lib "$tmp/app/host_shared" shared || die "the shared-linked program"
-LD_LIBRARY_PATH=$root/lib ldd "$tmp/app/host_shared" | grep -q "libcollie.so.0 => $root/lib/" ||
-  die "the program did not load libcollie.so.0 from the install"
+# (output captured first: `ldd | grep -q` under pipefail fails whenever grep
+# exits before ldd has written everything and ldd dies of SIGPIPE)
+loaded=$(LD_LIBRARY_PATH=$root/lib ldd "$tmp/app/host_shared")
+grep -qF "libcollie.so.0 => $root/lib/" <<<"$loaded" ||
+  die "the program did not load libcollie.so.0 from the install: $loaded"
 
 static_libs=$(pkg-config --static --libs collie | sed 's/-lcollie\b//')
 step "static: cc ... -Wl,-Bstatic -lcollie -Wl,-Bdynamic $static_libs"
 cc -std=c11 -Wall -Werror $cflags tests/hosts/plugin_host.c -o "$root/bin/host_static" \
   -L"$root/lib" -Wl,-Bstatic -lcollie -Wl,-Bdynamic $static_libs || die "building against libcollie.a"
-if readelf -d "$root/bin/host_static" | grep -q libcollie; then die "host_static needs libcollie.so"; fi
+dynamic=$(readelf -d "$root/bin/host_static")
+if grep -q libcollie <<<"$dynamic"; then die "host_static needs libcollie.so"; fi
 "$root/bin/host_static" static || die "the statically linked program (plugins from ../lib/collie)"
 rm "$root/bin/host_static"
 
