@@ -117,7 +117,10 @@ $(LIB_SO): $(LIB_SO_REAL)
 # core only through its services table (backend ABI 3).
 $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(TOOL_LIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) $(LIBS) $(TOOL_LIBS)
+# collie-bench's command line and check data live in tools/bench/
+BENCH_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/bench/*.c))
+$(BUILD)/bin/collie-bench $(BUILD)/gpu-kit/bin/collie-bench: $(BENCH_OBJ)
 # the tools that read JSON (dumps, stats) use Debian's jansson
 $(BUILD)/bin/collie-trace $(BUILD)/bin/collie-run: TOOL_LIBS = -ljansson
 
@@ -316,7 +319,7 @@ $(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
 $(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
+	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
 	  -Wl,-Bdynamic -ldl
 $(GPU_KIT)/run.sh: tools/gpu_kit/run.sh
 	@mkdir -p $(@D)

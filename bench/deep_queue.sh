@@ -48,9 +48,9 @@ for n in $NS; do
   COLLIE_TIMEOUT_MS=600000 timeout 900 build/bin/collie-run -n 4 --timeout 850 -- \
     /usr/bin/time -f "maxrss_kib %M" -o "$tmp/rss.%p" \
     build/bin/collie-bench --op allreduce --sizes 4 --inflight "$n" --iters "$n" --warmup 1 \
-    --timeout-ms 600000 > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
+    --timeout-ms 600000 --csv > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
   wall=$(( ($(date +%s%N) - start) / 1000000 ))
-  ops=$(awk '$2 == "allreduce" { print $9 }' "$tmp/out")
+  ops=$(awk -F, '$1 ~ /allreduce$/ { printf "%.0f", $7 }' "$tmp/out")
   [ -n "$ops" ] || { cat "$tmp/out" >&2; echo "deep_queue.sh: no result for N=$n" >&2; exit 1; }
   us=$(awk -v o="$ops" 'BEGIN { printf "%.1f", 1e6 / o }')
   rss=$(cat "$tmp"/rss.* | awk '{ if ($2 > m) m = $2 } END { print m }')

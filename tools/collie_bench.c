@@ -1,31 +1,39 @@
 /*
  * collie_bench.c — collie-bench: sweeps message sizes for each collective
- * and prints latency, algbw and busbw with the nccl-tests conventions. Run
- * it under the launcher:
+ * and prints nccl-tests' table (size count type redop root, out-of-place and
+ * in-place time algbw busbw #wrong) plus collie's latency and ops/s. Run it
+ * under the launcher:
  *
- *   collie-run -n N -- collie-bench [-t|--threads T] [--backend SPEC]
- *       [--op LIST|all] [--sizes LIST] [--dtype T] [--redop R] [--iters N]
- *       [--warmup N] [--inflight K] [--check] [--csv] [--timeout-ms T]
+ *   collie-run -n N -- collie-bench [-t T] [--backend SPEC] [--op LIST|all]
+ *       [--sizes LIST | -b MIN -e MAX -f F] [-d T|all] [-o R|all] [-r R|all]
+ *       [-n N] [-w N] [--inflight K] [-c N] [--csv] [--timeout-ms T]
+ *
+ * The command line is tools/bench/bench_args.c, the data of --check
+ * tools/bench/bench_data.c.
  *
  * Design notes
  *  - Sizes follow nccl-tests exactly (its *GetCollByteCount): a requested
  *    size S gives count = S / sizeof(dtype); allreduce, broadcast and reduce
  *    pass that count; allgather, gather, reduce_scatter, alltoall and scatter
  *    pass base = (count / nranks) rounded down to a multiple of 16 bytes, so
- *    their largest buffer holds base * nranks elements. The "bytes" column is
- *    nccl-tests' size column: the op's largest buffer (max of send and
- *    receive bytes), and "count" is the count argument of the call. algbw is
- *    bytes / time and busbw = algbw * factor (allreduce 2(n-1)/n; broadcast
- *    and reduce 1; allgather, reduce_scatter, alltoall, gather, scatter
- *    (n-1)/n). The barrier has no size: one row, bytes 0, no bandwidth.
- *  - Three timings per size, each after a barrier. time_us (nccl-tests):
- *    `iters` ops posted back to back, then waited; the per-op mean, averaged
- *    over ranks (nccl-tests' default -a 1); algbw and busbw come from it.
- *    lat_us: `iters` times post one op and wait for it; the per-op times of
- *    all ranks are reduced with one MAX allreduce after the loop (nothing is
- *    exchanged inside it) and the median is reported. ops_per_s (--inflight
- *    K): `iters` ops with K in flight (post K, post another as each
- *    completes); iters / the slowest rank's elapsed time.
+ *    their largest buffer holds base * nranks elements. The size column is
+ *    the op's largest buffer (max of send and receive bytes), count the
+ *    count argument of the call. algbw is size / time and busbw = algbw *
+ *    factor (allreduce 2(n-1)/n; broadcast and reduce 1; allgather,
+ *    reduce_scatter, alltoall, gather, scatter (n-1)/n). The barrier has no
+ *    size: one row, size 0, no bandwidth.
+ *  - A row is (op, dtype, redop, root, size); nccl-tests' loops: per op,
+ *    per dtype, per reduction (reducing ops), per root (rooted ops), per
+ *    size. Timings per row, each after a barrier: out of place, time (nccl-
+ *    tests): `iters` ops posted back to back, then waited; the per-op mean,
+ *    averaged over ranks (nccl-tests' default -a 1). lat_us: `iters` times
+ *    post one op and wait for it; the per-op times of all ranks are reduced
+ *    with one MAX allreduce after the loop (nothing is exchanged inside it)
+ *    and the median is reported. ops/s (--inflight K): `iters` ops with K in
+ *    flight; iters / the slowest rank's elapsed time. In place: the batch
+ *    again with sendbuf == recvbuf (collie.h's in-place forms); alltoall and
+ *    scatter have none (N/A), broadcast has one buffer (both columns time
+ *    the same call).
  *  - Receive buffers: collie runs a comm's works concurrently, each on its
  *    own schedule step (transports/tcp/tcp_exec.c), so works in flight must
  *    not share a receive buffer: two reduces accumulating into one buffer
@@ -33,25 +41,19 @@
  *    Work i of a loop of depth d receives into slot i % d of one arena of at
  *    most BENCH_ARENA_BYTES (or one slot of the largest size); the depth of
  *    the batch and of --inflight is capped by the slots that fit at that
- *    size, and the table says so when it is. Send buffers are only read, so
- *    all works share one. Everything is allocated once, for the largest
- *    size, and touched before timing; nothing of ours is allocated per
- *    iteration (the works are the library's; their handles live in one
- *    array).
- *  - --check: inputs are a deterministic function of (op, size, rank,
- *    index) and the reference is recomputed locally from that function, so
- *    no rank needs another's data. Reductions use small integers (sum, min,
- *    max, avg: [-4, 4], uint8 [0, 8]; prod: {-2, -1, 1, 2}, uint8 {1, 2,
- *    3}) whose partial results are exact in every dtype up to 64 ranks (the
- *    bf16 sums; fp16 products overflow to Inf on both sides alike), so the
- *    order of reduction does not matter and results compare bit-exactly: integers wrap and avg
- * truncates as collie specifies; floating avg is one correctly rounded division. Data movement uses
- *    hashed values exact in the dtype. Slot 0 is poisoned before the
- *    checked op; after the timed loops every slot used is verified (it
- *    holds the result of the last work that received into it). A rank that
- *    finds a mismatch prints the first bad index; a flag travels in the
- *    statistics allreduce so every rank then exits 1 together (no rank is
- *    left waiting for a peer that quit).
+ *    size (in place a slot holds the larger buffer), and the table says so
+ *    when it is. Send buffers are only read, so all works share one.
+ *    Everything is allocated once, for the largest size, and touched before
+ *    timing; nothing of ours is allocated per iteration.
+ *  - --check: out of place, slot 0 is poisoned before the first op and
+ *    checked after it; after the timed loops every slot used is checked (it
+ *    holds the result of the last work that received into it). In place,
+ *    the input is put where the call reads it and one op is checked (the
+ *    timed in-place ops then reduce their own results: their values are not
+ *    checked, as in nccl-tests). Every wrong element is counted; the counts
+ *    are summed over ranks (one SUM allreduce per row) into #wrong, and the
+ *    run goes on: the last lines say "Out of bounds values: N FAILED" and
+ *    every rank exits 1 together (no rank is left waiting for one that quit).
  *  - --threads T (nccl-tests' -t): a process runs T ranks, one thread each
  *    (thread 0 on the main thread); rank = process rank * T + thread, world
  *    size = processes * T. A rank in a thread is a rank in a process minus
@@ -69,30 +71,27 @@
  *    collie-run stops the other processes, so none of them waits out a
  *    deadline for it; comms are created with collie_comm_create_post and
  *    published at once, so one still in its rendezvous can be aborted too.
- *    A failed check is not such a failure: every rank learns it together.
+ *    Wrong results are not such a failure: every rank learns them together.
  *    Every op carries --timeout-ms as its deadline (post options and comm
  *    default), and every wait is additionally bounded by that plus a slack.
  *    Creating the comm waits for every rank to start, so its bound is
  *    --timeout-ms but at least BENCH_CREATE_TMO_MS (plus the slack).
  *  - Output: only rank 0 (thread 0 of process 0) prints results, and only
  *    process 0 --help (one table under collie-run); every rank reports its
- *    own errors on stderr; a usage error is said once, by rank 0 (the
- *    others hold back until the launcher stops them). --csv prints exactly one header line and the
- *    rows. Exit 0 ok, 1 error or check failure, 2 usage.
+ *    own errors on stderr. --csv prints exactly one header line and the
+ *    rows, in collie's own columns (the peers of bench/peers.sh print the
+ *    same). Exit 0 ok, 1 error or wrong results, 2 usage.
  *  - A spec with a cuda backend ("nccl", "cuda:X"): the timed ops run on
  *    CUDA buffers through collie_cuda.h on the bench's own stream, waited
  *    with collie_work_wait; libcudart.so.13 is dlopen'ed (no CUDA headers or
  *    link dependency) after the comm exists, so a missing plugin or device
  *    is the comm's error. Host buffers stay as staging for --check
  *    (cudaMemcpy up before, down after). Barriers between timings and the
- *    statistics allreduce run on the cpu backend: a spec without one gets
+ *    statistics allreduces run on the cpu backend: a spec without one gets
  *    "cpu:tcp," in front.
- *  - No libm: fp16/bf16 rounding is integer code, plus float arithmetic in
- *    the default rounding mode for fp16 subnormals.
  */
 #include <dlfcn.h>
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -101,48 +100,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
-#include "collie.h"
-#include "collie_cuda.h"
+#include "bench/bench.h"
 
-#define BENCH_EXIT_OK        0
-#define BENCH_EXIT_ERROR     1
-#define BENCH_EXIT_USAGE     2
-#define BENCH_MAX_SIZES      64
-#define BENCH_MAX_BYTES      ((size_t)1 << 40) /* per buffer */
-#define BENCH_MAX_ITERS      1000000
-#define BENCH_MAX_INFLIGHT   (1 << 20)
-#define BENCH_WAIT_SLACK_MS  5000 /* wait bound beyond the op deadline */
-#define BENCH_DEFAULT_SIZES  "4,4096,1048576,16777216"
-#define BENCH_DEFAULT_ITERS  20
-#define BENCH_DEFAULT_WARMUP 5
-#define BENCH_DEFAULT_TMO_MS 60000
+#define BENCH_WAIT_SLACK_MS  5000  /* wait bound beyond the op deadline */
 #define BENCH_CREATE_TMO_MS  60000 /* comm creation: at least this */
-#define BENCH_ROOT           0
-#define BENCH_POISON         0xA5
-#define BENCH_SLOT_ALIGN     64                 /* receive slots start on cache lines */
-#define BENCH_ARENA_BYTES    ((size_t)64 << 20) /* receive slots, unless one size needs more */
-#define BENCH_CHECK_FAILED   1000               /* bench_size: a rank's check failed */
-#define BENCH_MAX_THREADS    256                /* --threads: ranks per process */
-
-typedef enum bench_op {
-    BENCH_ALLREDUCE,
-    BENCH_BROADCAST,
-    BENCH_REDUCE,
-    BENCH_ALLGATHER,
-    BENCH_REDUCE_SCATTER,
-    BENCH_ALLTOALL,
-    BENCH_GATHER,
-    BENCH_SCATTER,
-    BENCH_BARRIER,
-    BENCH_NUM_OPS
-} bench_op;
-
-static const char *const bench_op_names[BENCH_NUM_OPS] = {"allreduce", "broadcast",      "reduce",
-                                                          "allgather", "reduce_scatter", "alltoall",
-                                                          "gather",    "scatter",        "barrier"};
+#define BENCH_CUDA_TO_DEVICE 1
+#define BENCH_CUDA_TO_HOST   2
 
 /* nccl-tests' busbw factors (its *GetBw). */
 static double bench_busbw_factor(bench_op op, int n) {
@@ -155,102 +120,12 @@ static double bench_busbw_factor(bench_op op, int n) {
     }
 }
 
-static const struct {
-    const char *name, *alias;
-    collie_dtype dt;
-} bench_dtypes[] = {
-    {"f32", "fp32", COLLIE_FP32},      {"f16", "fp16", COLLIE_FP16},
-    {"bf16", "bfloat16", COLLIE_BF16}, {"f64", "fp64", COLLIE_FP64},
-    {"i8", "int8", COLLIE_INT8},       {"u8", "uint8", COLLIE_UINT8},
-    {"i32", "int32", COLLIE_INT32},    {"i64", "int64", COLLIE_INT64},
-};
+/* collie.h has an in-place form of op (broadcast: its only form). */
+static bool bench_has_inplace(bench_op op) {
+    return op != BENCH_ALLTOALL && op != BENCH_SCATTER && op != BENCH_BARRIER;
+}
 
-static const char *const bench_redops[COLLIE_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
-
-typedef struct bench_opts {
-    const char *backend; /* as given */
-    const char *spec;    /* of the comm: backend, with cpu:tcp added when it has no cpu backend */
-    char spec_buf[256];
-    bool cuda;  /* the spec has a cuda backend: the timed ops run on CUDA buffers */
-    int device; /* --device, or -1 */
-    bool ops[BENCH_NUM_OPS];
-    size_t sizes[BENCH_MAX_SIZES];
-    size_t nsizes;
-    collie_dtype dt;
-    collie_redop redop;
-    int iters, warmup, inflight; /* inflight 0: off */
-    bool check, csv;
-    int32_t timeout_ms;
-    int corrupt_rank; /* -1, or the rank that spoils its first checked result */
-    int threads;      /* ranks per process, one thread each */
-} bench_opts;
-
-/* What one op is called with for one requested size (nccl-tests). */
-typedef struct bench_counts {
-    size_t param;      /* the count argument of the call */
-    size_t send, recv; /* elements of the send and receive buffers */
-    size_t bytes;      /* nccl-tests' size: the larger buffer, in bytes */
-} bench_counts;
-
-/* The few CUDA runtime calls the bench makes, loaded with dlopen (no CUDA
- * headers, no link dependency). cudaError_t is an int, 0 success. */
-typedef struct bench_cuda {
-    void *lib;
-    int (*GetDeviceCount)(int *);
-    int (*SetDevice)(int);
-    int (*Malloc)(void **, size_t);
-    int (*Free)(void *);
-    int (*Memcpy)(void *, const void *, size_t, int); /* kind: 1 to device, 2 to host */
-    int (*StreamCreate)(collie_cuda_stream_t *);
-    int (*StreamSynchronize)(collie_cuda_stream_t);
-    int (*StreamDestroy)(collie_cuda_stream_t);
-    const char *(*GetErrorString)(int);
-    collie_cuda_stream_t stream;
-    unsigned char *send, *arena; /* device buffers, the size of the host ones */
-} bench_cuda;
-
-#define BENCH_CUDA_TO_DEVICE 1
-#define BENCH_CUDA_TO_HOST   2
-
-/* What the ranks of one process share. The options and the place in the
- * world are read-only once the threads start; `failed_rank`, `comms` and `why`
- * live under `mu`. */
-typedef struct bench_proc {
-    const bench_opts *o;
-    const char *store_addr; /* COLLIE_STORE_ADDR */
-    int prank, nprocs;      /* COLLIE_RANK, COLLIE_WORLD_SIZE: processes, not ranks */
-    pthread_mutex_t mu;
-    int failed_rank;     /* -1, or the first rank of this process that failed: the others stop */
-    collie_comm **comms; /* thread t's comm from its creation to its destruction */
-    char why[96];        /* the abort reason given to the others */
-} bench_proc;
-
-/* One rank: everything it touches is its own (one per thread). */
-typedef struct bench {
-    const bench_opts *o;
-    bench_proc *proc;
-    int thread; /* of this process, 0 .. threads-1 */
-    int res;    /* how the rank ended: COLLIE_OK, an error, BENCH_CHECK_FAILED */
-    bench_cuda cu;
-    collie_engine *engine;
-    collie_store *store;
-    collie_comm *comm;
-    int rank, size;         /* global: prank * threads + thread, nprocs * threads */
-    size_t es;              /* bytes per element */
-    unsigned char *sendbuf; /* sized for the largest size; only read by the ops */
-    unsigned char *arena;   /* receive slots, one per work in flight */
-    size_t arena_bytes;
-    size_t slot_bytes, nslots; /* of the current size */
-    collie_work **works;       /* outstanding works; NULL entries are free */
-    size_t nworks;
-    double *lat;   /* iters per-op seconds, then inflight elapsed, then the bad flag */
-    double avg[1]; /* batch per-op seconds, averaged over ranks */
-    collie_post_opts po;
-    double busbw_sum;
-    int busbw_rows;
-} bench;
-
-/* ---- small helpers ------------------------------------------------------- */
+static size_t bench_min(size_t a, size_t b) { return a < b ? a : b; }
 
 static int64_t bench_now_ns(void) {
     struct timespec ts;
@@ -258,254 +133,12 @@ static int64_t bench_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static bool bench_quiet_rank(void) {
-    const char *r = getenv("COLLIE_RANK");
-    return r && *r && strcmp(r, "0") != 0;
-}
-
 static int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static bool bench_dtype_is_float(collie_dtype dt) {
-    return dt == COLLIE_FP16 || dt == COLLIE_BF16 || dt == COLLIE_FP32 || dt == COLLIE_FP64;
-}
-
-static const char *bench_dtype_name(collie_dtype dt) {
-    for (size_t i = 0; i < sizeof bench_dtypes / sizeof bench_dtypes[0]; i++)
-        if (bench_dtypes[i].dt == dt) return bench_dtypes[i].name;
-    return "?";
-}
-
-/* ---- fp16 / bf16 without libm ---------------------------------------------- */
-
-/* Round a float to IEEE binary16, to nearest even (Inf on overflow). */
-static uint16_t bench_f2h(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) return sign | 0x7e00;   /* NaN */
-    if (ax >= 0x477ff000) return sign | 0x7c00;  /* >= 65520 rounds to Inf */
-    if (ax >= 0x38800000) {                      /* normal: rebias 127 -> 15 */
-        uint32_t r = ax - ((uint32_t)112 << 23); /* exponent - 112 */
-        r += 0xfff + ((r >> 13) & 1);
-        return sign | (uint16_t)(r >> 13);
-    }
-    /* subnormal: |f| * 2^24 is exact; round it to an integer, ties to even */
-    float a;
-    memcpy(&a, &ax, 4);
-    float t = a * 16777216.0f;
-    float r = (t + 8388608.0f) - 8388608.0f;
-    return sign | (uint16_t)r;
-}
-
-static uint16_t bench_f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
-/* Widen for messages only. */
-static double bench_h2d(uint16_t h) {
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 31) return m ? __builtin_nan("") : ((h & 0x8000) ? -__builtin_inf() : __builtin_inf());
-    v = e ? (double)(1024 + m) : (double)m;
-    for (int k = 0; k < (e ? e - 1 : 0); k++)
-        v *= 2.0;
-    v /= 16777216.0; /* 2^-24 */
-    return (h & 0x8000) ? -v : v;
-}
-
-static double bench_bf2d(uint16_t b) {
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-/* ---- element values ------------------------------------------------------ */
-
-static uint64_t bench_mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
-static uint64_t bench_hash(uint32_t seed, int q, size_t j) {
-    return bench_mix((uint64_t)j * 0x9e3779b97f4a7c15ULL ^
-                     ((uint64_t)(unsigned)q + 1) * 0xd1b54a32d192ed03ULL ^ seed);
-}
-
-/* Input of rank q at index j for a reduction: small integers (see notes). */
-static int64_t bench_red_val(const bench *b, uint32_t seed, int q, size_t j) {
-    uint64_t h = bench_hash(seed, q, j);
-    if (b->o->redop == COLLIE_PROD) {
-        static const int64_t f[4] = {-2, -1, 1, 2};
-        return b->o->dt == COLLIE_UINT8 ? (int64_t)(1 + h % 3) : f[h % 4];
-    }
-    return b->o->dt == COLLIE_UINT8 ? (int64_t)(h % 9) : (int64_t)(h % 9) - 4;
-}
-
-/* Input of rank q at index j for data movement: exact in the dtype. */
-static int64_t bench_move_val(const bench *b, uint32_t seed, int q, size_t j) {
-    uint64_t h = bench_hash(seed, q, j);
-    switch (b->o->dt) {
-    case COLLIE_INT8: return (int64_t)(h & 0xff) - 128;
-    case COLLIE_UINT8: return (int64_t)(h & 0xff);
-    case COLLIE_INT32: return (int64_t)(h & 0xffffffff) - ((int64_t)1 << 31);
-    case COLLIE_INT64: return (int64_t)(h >> 1) - ((int64_t)1 << 62);
-    case COLLIE_FP16: return (int64_t)(h % 4095) - 2047;
-    case COLLIE_BF16: return (int64_t)(h % 511) - 255;
-    case COLLIE_FP32: return (int64_t)(h % (1u << 24)) - (1 << 23);
-    default: return (int64_t)(h >> 12) - ((int64_t)1 << 51); /* FP64 */
-    }
-}
-
-/* Store a float value (already exact or to be rounded once) as dtype dt. */
-static void bench_store_fp(collie_dtype dt, void *p, double v) {
-    switch (dt) {
-    case COLLIE_FP16: {
-        uint16_t h = bench_f2h((float)v);
-        memcpy(p, &h, 2);
-        break;
-    }
-    case COLLIE_BF16: {
-        uint16_t h = bench_f2bf((float)v);
-        memcpy(p, &h, 2);
-        break;
-    }
-    case COLLIE_FP32: {
-        float f = (float)v;
-        memcpy(p, &f, 4);
-        break;
-    }
-    default: memcpy(p, &v, 8); break;
-    }
-}
-
-/* Store the low bits of an integer (two's complement) as dtype dt. */
-static void bench_store_int(collie_dtype dt, void *p, uint64_t u) {
-    switch (dt) {
-    case COLLIE_INT8:
-    case COLLIE_UINT8: {
-        uint8_t v = (uint8_t)u;
-        memcpy(p, &v, 1);
-        break;
-    }
-    case COLLIE_INT32: {
-        uint32_t v = (uint32_t)u;
-        memcpy(p, &v, 4);
-        break;
-    }
-    default: memcpy(p, &u, 8); break;
-    }
-}
-
-static void bench_store(collie_dtype dt, void *p, int64_t v) {
-    if (bench_dtype_is_float(dt))
-        bench_store_fp(dt, p, (double)v);
-    else
-        bench_store_int(dt, p, (uint64_t)v);
-}
-
-/* The reference result at input index j of a reduction over all ranks. */
-static void bench_red_ref(const bench *b, uint32_t seed, size_t j, void *out) {
-    collie_dtype dt = b->o->dt;
-    collie_redop op = b->o->redop;
-    int n = b->size;
-    if (bench_dtype_is_float(dt)) {
-        double acc = 0;
-        for (int q = 0; q < n; q++) {
-            double v = (double)bench_red_val(b, seed, q, j);
-            if (q == 0)
-                acc = v;
-            else if (op == COLLIE_PROD)
-                acc *= v;
-            else if (op == COLLIE_MIN)
-                acc = v < acc ? v : acc;
-            else if (op == COLLIE_MAX)
-                acc = v > acc ? v : acc;
-            else
-                acc += v;
-        }
-        if (op == COLLIE_AVG) acc /= n; /* exact sum, one rounding (see notes) */
-        bench_store_fp(dt, out, acc);
-        return;
-    }
-    uint64_t acc = 0;
-    int64_t mm = 0;
-    for (int q = 0; q < n; q++) {
-        int64_t v = bench_red_val(b, seed, q, j);
-        if (q == 0) {
-            acc = (uint64_t)v;
-            mm = v;
-        } else if (op == COLLIE_PROD) {
-            acc *= (uint64_t)v;
-        } else {
-            acc += (uint64_t)v;
-            if (op == COLLIE_MIN && v < mm) mm = v;
-            if (op == COLLIE_MAX && v > mm) mm = v;
-        }
-    }
-    if (op == COLLIE_MIN || op == COLLIE_MAX) {
-        acc = (uint64_t)mm;
-    } else if (op == COLLIE_AVG) {
-        /* the wrapped sum, read as signed (unsigned for uint8), truncated */
-        int64_t s;
-        switch (dt) {
-        case COLLIE_INT8: s = (int64_t)(int8_t)(uint8_t)acc; break;
-        case COLLIE_UINT8: s = (int64_t)(uint8_t)acc; break;
-        case COLLIE_INT32: s = (int64_t)(int32_t)(uint32_t)acc; break;
-        default: s = (int64_t)acc; break;
-        }
-        acc = (uint64_t)(s / n);
-    }
-    bench_store_int(dt, out, acc);
-}
-
-/* ---- sizes --------------------------------------------------------------- */
-
-/* nccl-tests' *GetCollByteCount for a requested size of S bytes. */
-static bench_counts bench_counts_for(bench_op op, size_t S, size_t es, int nranks) {
-    size_t n = (size_t)nranks, count = S / es;
-    size_t base = (count / n) & ~(16 / es - 1);
-    bench_counts k = {0, 0, 0, 0};
-    switch (op) {
-    case BENCH_ALLREDUCE:
-    case BENCH_BROADCAST:
-    case BENCH_REDUCE: k.param = k.send = k.recv = count; break;
-    case BENCH_ALLGATHER:
-    case BENCH_GATHER:
-        k.param = k.send = base;
-        k.recv = base * n;
-        break;
-    case BENCH_REDUCE_SCATTER:
-    case BENCH_SCATTER:
-        k.param = k.recv = base;
-        k.send = base * n;
-        break;
-    case BENCH_ALLTOALL:
-        k.param = base;
-        k.send = k.recv = base * n;
-        break;
-    default: break; /* barrier */
-    }
-    k.bytes = (k.send > k.recv ? k.send : k.recv) * es;
-    return k;
-}
-
 /* ---- posting and waiting ------------------------------------------------- */
-
-static unsigned char *bench_slot(const bench *b, size_t slot) {
-    return b->arena + slot * b->slot_bytes;
-}
 
 static void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int res) {
     const char *why = collie_last_error();
@@ -514,55 +147,77 @@ static void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int 
             collie_status_name(res));
 }
 
+/* The buffers of the call receiving into `slot` (host or device): out of
+ * place the shared send buffer; in place as collie.h's in-place forms. */
+static void bench_bufs(const bench *b, bench_op op, const bench_counts *k, size_t slot,
+                       bool inplace, void **s, void **r) {
+    unsigned char *at = (b->o->cuda ? b->cu.arena : b->arena) + slot * b->slot_bytes;
+    size_t at_rank = (size_t)b->rank * k->param * b->es;
+    *s = b->o->cuda ? b->cu.send : b->sendbuf;
+    *r = at;
+    if (!inplace) return;
+    switch (op) {
+    case BENCH_ALLGATHER:
+    case BENCH_GATHER: *s = at + at_rank; break;
+    case BENCH_REDUCE_SCATTER:
+        *s = at;
+        *r = at + at_rank;
+        break;
+    default: *s = at; break;
+    }
+}
+
 /* Post op on the CUDA buffers and stream (collie_cuda.h). */
-static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, size_t slot,
+static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, void *s, void *r,
                            collie_work **w) {
     collie_comm *c = b->comm;
-    collie_dtype dt = b->o->dt;
-    collie_redop rop = b->o->redop;
+    collie_dtype dt = b->dt;
+    collie_redop rop = b->redop;
     collie_cuda_stream_t st = b->cu.stream;
-    void *s = b->cu.send, *r = b->cu.arena + slot * b->slot_bytes;
     size_t n = k->param;
+    int root = b->root;
     switch (op) {
     case BENCH_ALLREDUCE: return collie_cuda_allreduce(c, s, r, n, dt, rop, st, &b->po, w);
-    case BENCH_BROADCAST: return collie_cuda_broadcast(c, r, n, dt, BENCH_ROOT, st, &b->po, w);
-    case BENCH_REDUCE: return collie_cuda_reduce(c, s, r, n, dt, rop, BENCH_ROOT, st, &b->po, w);
+    case BENCH_BROADCAST: return collie_cuda_broadcast(c, r, n, dt, root, st, &b->po, w);
+    case BENCH_REDUCE: return collie_cuda_reduce(c, s, r, n, dt, rop, root, st, &b->po, w);
     case BENCH_ALLGATHER: return collie_cuda_allgather(c, s, r, n, dt, st, &b->po, w);
     case BENCH_REDUCE_SCATTER:
         return collie_cuda_reduce_scatter(c, s, r, n, dt, rop, st, &b->po, w);
     case BENCH_ALLTOALL: return collie_cuda_alltoall(c, s, r, n, dt, st, &b->po, w);
-    case BENCH_GATHER: return collie_cuda_gather(c, s, r, n, dt, BENCH_ROOT, st, &b->po, w);
-    case BENCH_SCATTER: return collie_cuda_scatter(c, s, r, n, dt, BENCH_ROOT, st, &b->po, w);
+    case BENCH_GATHER: return collie_cuda_gather(c, s, r, n, dt, root, st, &b->po, w);
+    case BENCH_SCATTER: return collie_cuda_scatter(c, s, r, n, dt, root, st, &b->po, w);
     default: return collie_cuda_barrier(c, st, &b->po, w);
     }
 }
 
-static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, collie_work **w) {
-    if (b->o->cuda) {
-        int res = bench_post_cuda(b, op, k, slot, w);
-        if (res != COLLIE_OK) bench_post_failed(b, op, k, res);
-        return res;
-    }
+static int bench_post_host(bench *b, bench_op op, const bench_counts *k, void *s, void *r,
+                           collie_work **w) {
     collie_comm *c = b->comm;
-    collie_dtype dt = b->o->dt;
-    collie_redop rop = b->o->redop;
-    void *s = b->sendbuf, *r = bench_slot(b, slot);
+    collie_dtype dt = b->dt;
+    collie_redop rop = b->redop;
     size_t n = k->param;
-    int res;
+    int root = b->root;
     switch (op) {
-    case BENCH_ALLREDUCE: res = collie_allreduce(c, s, r, n, dt, rop, &b->po, w); break;
-    case BENCH_BROADCAST: res = collie_broadcast(c, r, n, dt, BENCH_ROOT, &b->po, w); break;
-    case BENCH_REDUCE: res = collie_reduce(c, s, r, n, dt, rop, BENCH_ROOT, &b->po, w); break;
-    case BENCH_ALLGATHER: res = collie_allgather(c, s, r, n, dt, &b->po, w); break;
-    case BENCH_REDUCE_SCATTER: res = collie_reduce_scatter(c, s, r, n, dt, rop, &b->po, w); break;
-    case BENCH_ALLTOALL: res = collie_alltoall(c, s, r, n, dt, &b->po, w); break;
-    case BENCH_GATHER: res = collie_gather(c, s, r, n, dt, BENCH_ROOT, &b->po, w); break;
-    case BENCH_SCATTER: res = collie_scatter(c, s, r, n, dt, BENCH_ROOT, &b->po, w); break;
-    default: res = collie_barrier(c, &b->po, w); break;
+    case BENCH_ALLREDUCE: return collie_allreduce(c, s, r, n, dt, rop, &b->po, w);
+    case BENCH_BROADCAST: return collie_broadcast(c, r, n, dt, root, &b->po, w);
+    case BENCH_REDUCE: return collie_reduce(c, s, r, n, dt, rop, root, &b->po, w);
+    case BENCH_ALLGATHER: return collie_allgather(c, s, r, n, dt, &b->po, w);
+    case BENCH_REDUCE_SCATTER: return collie_reduce_scatter(c, s, r, n, dt, rop, &b->po, w);
+    case BENCH_ALLTOALL: return collie_alltoall(c, s, r, n, dt, &b->po, w);
+    case BENCH_GATHER: return collie_gather(c, s, r, n, dt, root, &b->po, w);
+    case BENCH_SCATTER: return collie_scatter(c, s, r, n, dt, root, &b->po, w);
+    default: return collie_barrier(c, &b->po, w);
     }
+}
+
+static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, bool inplace,
+                      collie_work **w) {
+    void *s, *r;
+    bench_bufs(b, op, k, slot, inplace, &s, &r);
+    int res = b->o->cuda ? bench_post_cuda(b, op, k, s, r, w) : bench_post_host(b, op, k, s, r, w);
     if (res != COLLIE_OK) {
         bench_post_failed(b, op, k, res);
-        if (res == COLLIE_ENOTSUP)
+        if (res == COLLIE_ENOTSUP && !b->o->cuda)
             fprintf(stderr,
                     "collie-bench: it posts on CPU buffers, and backend spec '%s' has no "
                     "cpu backend\n",
@@ -600,12 +255,12 @@ static int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
  * works in flight never share a receive buffer. *elapsed (if not NULL)
  * gets the seconds taken. */
 static int bench_ring(bench *b, bench_op op, const bench_counts *k, size_t total, size_t depth,
-                      double *elapsed) {
+                      bool inplace, double *elapsed) {
     size_t posted = 0, done = 0;
     int64_t t0 = bench_now_ns();
     while (done < total) {
         while (posted < total && posted - done < depth) {
-            int res = bench_post(b, op, k, posted % depth, &b->works[posted % depth]);
+            int res = bench_post(b, op, k, posted % depth, inplace, &b->works[posted % depth]);
             if (res != COLLIE_OK) return res;
             posted++;
         }
@@ -617,8 +272,8 @@ static int bench_ring(bench *b, bench_op op, const bench_counts *k, size_t total
     return COLLIE_OK;
 }
 
-static int bench_one(bench *b, bench_op op, const bench_counts *k) {
-    return bench_ring(b, op, k, 1, 1, NULL);
+static int bench_one(bench *b, bench_op op, const bench_counts *k, bool inplace) {
+    return bench_ring(b, op, k, 1, 1, inplace, NULL);
 }
 
 /* A barrier on the CPU backend, also with CUDA buffers. */
@@ -632,6 +287,17 @@ static int bench_sync(bench *b) {
         return res;
     }
     return bench_wait(b, 0, BENCH_BARRIER, &none);
+}
+
+/* An allreduce of `n` values of the statistics (host buffers, cpu backend). */
+static int bench_combine(bench *b, void *buf, size_t n, collie_dtype dt, collie_redop op) {
+    bench_counts st = {n, n, n, n * collie_dtype_size(dt)};
+    int res = collie_allreduce(b->comm, buf, buf, n, dt, op, &b->po, &b->works[0]);
+    if (res != COLLIE_OK) {
+        bench_post_failed(b, BENCH_ALLREDUCE, &st, res);
+        return res;
+    }
+    return bench_wait(b, 0, BENCH_ALLREDUCE, &st);
 }
 
 /* ---- CUDA buffers ---------------------------------------------------------- */
@@ -656,172 +322,77 @@ static int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots) {
     return e ? bench_cuda_failed(b, "cudaMemcpy", e) : COLLIE_OK;
 }
 
-/* ---- check ----------------------------------------------------------------- */
+/* ---- the table ------------------------------------------------------------------ */
 
-/* Fill the inputs of op, poison the result in slot 0; a broadcast root
- * fills its first `slots` slots (its input). */
-static void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slots) {
-    size_t es = b->es;
-    int r = b->rank;
-    memset(bench_slot(b, 0), BENCH_POISON, k->recv * es);
-    switch (op) {
-    case BENCH_ALLREDUCE:
-    case BENCH_REDUCE:
-    case BENCH_REDUCE_SCATTER:
-        for (size_t j = 0; j < k->send; j++)
-            bench_store(b->o->dt, b->sendbuf + j * es, bench_red_val(b, seed, r, j));
-        break;
-    case BENCH_BROADCAST:
-        if (r == BENCH_ROOT)
-            for (size_t sl = 0; sl < slots; sl++)
-                for (size_t j = 0; j < k->recv; j++)
-                    bench_store(b->o->dt, bench_slot(b, sl) + j * es,
-                                bench_move_val(b, seed, r, j));
-        break;
-    case BENCH_ALLGATHER:
-    case BENCH_GATHER:
-    case BENCH_ALLTOALL:
-    case BENCH_SCATTER:
-        for (size_t j = 0; j < k->send; j++)
-            bench_store(b->o->dt, b->sendbuf + j * es, bench_move_val(b, seed, r, j));
-        break;
-    default: break;
-    }
+/* nccl-tests' time format: fewer decimals as the time grows. */
+static void bench_fmt_time(char *buf, size_t len, double us) {
+    snprintf(buf, len, us >= 10000.0 ? "%.0f" : us >= 100.0 ? "%.1f" : "%.2f", us);
 }
-
-static void bench_print_elem(const bench *b, const unsigned char *p, char *buf, size_t len) {
-    switch (b->o->dt) {
-    case COLLIE_INT8: snprintf(buf, len, "%d", (int)(int8_t)p[0]); break;
-    case COLLIE_UINT8: snprintf(buf, len, "%u", (unsigned)p[0]); break;
-    case COLLIE_INT32: {
-        int32_t v;
-        memcpy(&v, p, 4);
-        snprintf(buf, len, "%" PRId32, v);
-        break;
-    }
-    case COLLIE_INT64: {
-        int64_t v;
-        memcpy(&v, p, 8);
-        snprintf(buf, len, "%" PRId64, v);
-        break;
-    }
-    case COLLIE_FP16:
-    case COLLIE_BF16: {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        snprintf(buf, len, "%g (0x%04x)", b->o->dt == COLLIE_FP16 ? bench_h2d(h) : bench_bf2d(h),
-                 (unsigned)h);
-        break;
-    }
-    case COLLIE_FP32: {
-        float f;
-        memcpy(&f, p, 4);
-        snprintf(buf, len, "%.9g", (double)f);
-        break;
-    }
-    default: {
-        double d;
-        memcpy(&d, p, 8);
-        snprintf(buf, len, "%.17g", d);
-        break;
-    }
-    }
-}
-
-/* Verify op's result on this rank; true if it is right. `when` names the
- * moment ("after the first op", "after the timed loops"). */
-static bool bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slot,
-                         const char *when) {
-    const unsigned char *res = bench_slot(b, slot);
-    size_t es = b->es, n = (size_t)b->size, c = k->param, len = 0;
-    int r = b->rank;
-    bool root = r == BENCH_ROOT;
-    switch (op) {
-    case BENCH_ALLREDUCE:
-    case BENCH_BROADCAST:
-    case BENCH_REDUCE_SCATTER:
-    case BENCH_SCATTER: len = c; break;
-    case BENCH_REDUCE: len = root ? c : 0; break;
-    case BENCH_ALLGATHER:
-    case BENCH_ALLTOALL: len = c * n; break;
-    case BENCH_GATHER: len = root ? c * n : 0; break;
-    default: return true;
-    }
-    unsigned char want[8];
-    size_t bad = 0, first = 0;
-    unsigned char first_want[8];
-    for (size_t j = 0; j < len; j++) {
-        size_t q = c ? j / c : 0, i = c ? j % c : 0;
-        switch (op) {
-        case BENCH_ALLREDUCE:
-        case BENCH_REDUCE: bench_red_ref(b, seed, j, want); break;
-        case BENCH_REDUCE_SCATTER: bench_red_ref(b, seed, (size_t)r * c + j, want); break;
-        case BENCH_BROADCAST: bench_store(b->o->dt, want, bench_move_val(b, seed, 0, j)); break;
-        case BENCH_SCATTER:
-            bench_store(b->o->dt, want, bench_move_val(b, seed, BENCH_ROOT, (size_t)r * c + j));
-            break;
-        case BENCH_ALLGATHER:
-        case BENCH_GATHER: bench_store(b->o->dt, want, bench_move_val(b, seed, (int)q, i)); break;
-        default: /* alltoall: block q came from rank q, its block r */
-            bench_store(b->o->dt, want, bench_move_val(b, seed, (int)q, (size_t)r * c + i));
-            break;
-        }
-        if (memcmp(want, res + j * es, es) != 0) {
-            if (bad++ == 0) {
-                first = j;
-                memcpy(first_want, want, es);
-            }
-        }
-    }
-    if (bad == 0) return true;
-    char got_s[64], want_s[64];
-    bench_print_elem(b, res + first * es, got_s, sizeof got_s);
-    bench_print_elem(b, first_want, want_s, sizeof want_s);
-    fprintf(stderr,
-            "collie-bench: rank %d: check failed for %s of %zu bytes (%s, %s) %s: first bad "
-            "index %zu of the result (receive slot %zu): got %s, expected %s (%zu of %zu "
-            "elements wrong)\n",
-            r, bench_op_names[op], k->bytes, bench_dtype_name(b->o->dt),
-            op == BENCH_ALLREDUCE || op == BENCH_REDUCE || op == BENCH_REDUCE_SCATTER
-                ? bench_redops[b->o->redop]
-                : "no redop",
-            when, first, slot, got_s, want_s, bad, len);
-    return false;
-}
-
-/* ---- one row --------------------------------------------------------------- */
 
 static void bench_print_header(bench *b) {
-    if (b->o->csv) {
+    const bench_opts *o = b->o;
+    if (o->csv) {
         printf("op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s\n");
         fflush(stdout);
         return;
     }
-    char layout[64] = "";
-    if (b->o->threads > 1)
+    char layout[64] = "", inflight[32] = "off";
+    if (o->threads > 1)
         snprintf(layout, sizeof layout, " (%d process%s x %d threads)", b->proc->nprocs,
-                 b->proc->nprocs == 1 ? "" : "es", b->o->threads);
-    printf("# collie-bench: backend %s, %d ranks%s, dtype %s, redop %s, root %d%s\n", b->o->spec,
-           b->size, layout, bench_dtype_name(b->o->dt), bench_redops[b->o->redop], BENCH_ROOT,
-           b->o->cuda ? ", CUDA buffers" : "");
-    char inflight[32] = "off";
-    if (b->o->inflight) snprintf(inflight, sizeof inflight, "%d", b->o->inflight);
-    printf("# iters %d, warmup %d, inflight %s, check %s, op timeout %d ms\n", b->o->iters,
-           b->o->warmup, inflight, b->o->check ? "on" : "off", b->o->timeout_ms);
-    printf("# bytes, count: nccl-tests' size (the op's largest buffer) and the count argument\n");
-    printf("# time_us: per-op mean of iters back-to-back ops, averaged over ranks (nccl-tests);\n"
-           "#   algbw = bytes / time_us, busbw = algbw * nccl-tests' factor\n");
-    printf("# lat_us: median over iters of one op's post-to-completion time (max over ranks)\n");
-    printf("#\n");
-    printf("# %14s %13s %12s %10s %10s %11s %11s %12s %6s\n", "op", "bytes", "count", "time_us",
-           "lat_us", "algbw_GBps", "busbw_GBps", "ops_per_s", "check");
+                 b->proc->nprocs == 1 ? "" : "es", o->threads);
+    if (o->inflight) snprintf(inflight, sizeof inflight, "%d", o->inflight);
+    size_t lo = o->sizes[0], hi = o->sizes[0];
+    for (size_t i = 1; i < o->nsizes; i++) {
+        lo = bench_min(lo, o->sizes[i]);
+        hi = o->sizes[i] > hi ? o->sizes[i] : hi;
+    }
+    printf("# collie-bench %s: backend %s, %d ranks%s%s\n", collie_version_string(), o->spec,
+           b->size, layout, o->cuda ? ", CUDA buffers" : "");
+    printf("# minBytes %zu maxBytes %zu (%zu sizes) warmup iters: %d iters: %d inflight: %s "
+           "validation: %d op timeout: %d ms\n",
+           lo, hi, o->nsizes, o->warmup, o->iters, inflight, o->check ? 1 : 0, o->timeout_ms);
+    printf("# columns as nccl-tests' (size: the op's largest buffer; time: per-op mean of iters\n"
+           "# back-to-back ops, averaged over ranks; algbw = size/time; busbw = algbw * its\n"
+           "# factor); collie's own: lat_us, the median of one op posted and waited alone (the\n"
+           "# slowest rank), and ops/s with --inflight ops in flight\n");
     fflush(stdout);
 }
 
-static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double time_s,
-                            double lat_s, double ops_s) {
-    bool bw = op != BENCH_BARRIER;
+/* The column heads, before each collective's rows. */
+static void bench_print_heads(bench_op op) {
+    printf("#\n# %s\n", bench_op_names[op]);
+    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+           "                 collie\n",
+           "", "", "", "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %9s  %10s\n", "size",
+           "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+           "busbw", "#wrong", "lat_us", "ops/s");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %9s  %10s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "",
+           "(us)", "");
+}
+
+/* time, algbw, busbw and #wrong of one placement ("N/A" where none). */
+typedef struct bench_cols {
+    char time[16], algbw[16], busbw[16], wrong[24];
+} bench_cols;
+
+static bench_cols bench_placement(const bench *b, bench_op op, const bench_counts *k, bool ran,
+                                  double time_s, int64_t wrong) {
+    bench_cols c = {"N/A", "N/A", "N/A", "N/A"};
+    if (!ran) return c;
     double algbw = time_s > 0 ? (double)k->bytes / 1e9 / time_s : 0;
+    bench_fmt_time(c.time, sizeof c.time, time_s * 1e6);
+    snprintf(c.algbw, sizeof c.algbw, "%.2f", algbw);
+    snprintf(c.busbw, sizeof c.busbw, "%.2f", algbw * bench_busbw_factor(op, b->size));
+    if (b->o->check && op != BENCH_BARRIER) snprintf(c.wrong, sizeof c.wrong, "%" PRId64, wrong);
+    return c;
+}
+
+static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double lat_s,
+                            double ops_s) {
+    bool bw = op != BENCH_BARRIER;
+    double algbw = b->avg[0] > 0 ? (double)k->bytes / 1e9 / b->avg[0] : 0;
     double busbw = algbw * bench_busbw_factor(op, b->size);
     if (bw) {
         b->busbw_sum += busbw;
@@ -837,385 +408,182 @@ static void bench_print_row(bench *b, bench_op op, const bench_counts *k, double
             printf(",%.1f\n", ops_s);
         else
             printf(",\n");
-    } else {
-        char a[32] = "-", u[32] = "-", s[32] = "-";
-        if (bw) {
-            snprintf(a, sizeof a, "%.3f", algbw);
-            snprintf(u, sizeof u, "%.3f", busbw);
-        }
-        if (b->o->inflight) snprintf(s, sizeof s, "%.0f", ops_s);
-        printf("  %14s %13zu %12zu %10.2f %10.2f %11s %11s %12s %6s\n", bench_op_names[op],
-               k->bytes, k->param, time_s * 1e6, lat_s * 1e6, a, u, s, b->o->check ? "ok" : "-");
+        fflush(stdout);
+        return;
     }
+    bench_cols out = bench_placement(b, op, k, true, b->avg[0], b->wrong[0]);
+    bench_cols in = bench_placement(b, op, k, bench_has_inplace(op), b->avg[1], b->wrong[1]);
+    char lat[16], opss[24] = "-";
+    bench_fmt_time(lat, sizeof lat, lat_s * 1e6);
+    if (b->o->inflight) snprintf(opss, sizeof opss, "%.0f", ops_s);
+    printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s  %9s  %10s\n",
+           k->bytes, k->param, bw ? bench_dtype_nccl_name(b->dt) : "none",
+           bench_op_reduces(op) ? bench_redops[b->redop] : "none",
+           bench_op_rooted(op) ? b->root : -1, out.time, out.algbw, out.busbw, out.wrong, in.time,
+           in.algbw, in.busbw, in.wrong, lat, opss);
     fflush(stdout);
 }
 
-/* Run one op at one requested size: check, warm up, time, report.
- * Returns COLLIE_OK, an error status (already reported), or
- * BENCH_CHECK_FAILED when some rank's check failed (every rank knows). */
-static int bench_size(bench *b, bench_op op, size_t S, size_t size_idx) {
-    bench_counts k = bench_counts_for(op, S, b->es, b->size);
-    uint32_t seed = (uint32_t)(op * 7919 + size_idx * 104729 + 1);
-    size_t iters = (size_t)b->o->iters, warmup = (size_t)b->o->warmup;
-    size_t inflight = (size_t)b->o->inflight;
-    b->slot_bytes = (k.recv * b->es + BENCH_SLOT_ALIGN - 1) / BENCH_SLOT_ALIGN * BENCH_SLOT_ALIGN;
+static void bench_print_footer(bench *b) {
+    if (b->o->csv) return;
+    printf("#\n");
+    if (b->o->check)
+        printf("# Out of bounds values : %" PRId64 " %s\n", b->wrong_total,
+               b->wrong_total ? "FAILED" : "OK");
+    else
+        printf("# Out of bounds values : N/A (no --check)\n");
+    if (b->busbw_rows)
+        printf("# Avg bus bandwidth    : %.3f GB/s (out of place, %d rows)\n",
+               b->busbw_sum / b->busbw_rows, b->busbw_rows);
+    printf("#\n");
+}
+
+/* ---- one row --------------------------------------------------------------- */
+
+/* Receive slots for buffers of `elems` elements; returns how many fit. */
+static size_t bench_set_slots(bench *b, size_t elems) {
+    b->slot_bytes = (elems * b->es + BENCH_SLOT_ALIGN - 1) / BENCH_SLOT_ALIGN * BENCH_SLOT_ALIGN;
     if (b->slot_bytes == 0) b->slot_bytes = BENCH_SLOT_ALIGN;
     b->nslots = b->arena_bytes / b->slot_bytes;
-    size_t batch_depth = iters < b->nslots ? iters : b->nslots;
-    size_t warm_depth = warmup < b->nslots ? warmup : b->nslots;
-    size_t infl_depth = inflight < b->nslots ? inflight : b->nslots;
+    return b->nslots;
+}
+
+/* A checked op: fill, run one, copy back (CUDA), count what is wrong. */
+static int bench_checked_op(bench *b, bench_op op, const bench_counts *k, uint32_t seed,
+                            size_t slots, bool inplace, int64_t *wrong) {
+    int res;
+    bench_fill(b, op, k, seed, slots, inplace);
+    size_t send_bytes = inplace ? 0 : k->send * b->es;
+    if (b->o->cuda &&
+        (res = bench_cuda_copy(b, BENCH_CUDA_TO_DEVICE, send_bytes, slots)) != COLLIE_OK)
+        return res;
+    if ((res = bench_one(b, op, k, inplace)) != COLLIE_OK) return res;
+    if (b->o->cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, 1)) != COLLIE_OK) return res;
+    if (b->rank == b->o->corrupt_rank && !inplace && k->recv > 0)
+        bench_slot(b, 0)[k->recv * b->es / 2] ^= 1;
+    *wrong += (int64_t)bench_verify(b, op, k, seed, 0, inplace,
+                                    inplace ? "after the first in-place op" : "after the first op");
+    return COLLIE_OK;
+}
+
+/* Run one row at requested size S: out of place (check, warm up, time
+ * three ways, check every slot used), then in place (check one op, time the
+ * batch); combine over ranks and print. COLLIE_OK (wrong results are
+ * counted, not failures) or an error status (already reported). */
+static int bench_row(bench *b, bench_op op, size_t S, uint32_t seed) {
+    bench_counts k = bench_counts_for(op, S, b->es, b->size);
+    size_t iters = (size_t)b->o->iters, warmup = (size_t)b->o->warmup;
+    size_t inflight = (size_t)b->o->inflight;
+    bool check = b->o->check;
+    int res;
+    b->wrong[0] = b->wrong[1] = 0;
+    b->said_wrong = false;
+    b->avg[0] = b->avg[1] = 0;
+
+    /* out of place */
+    size_t nslots = bench_set_slots(b, k.recv);
+    size_t batch_depth = bench_min(iters, nslots), warm_depth = bench_min(warmup, nslots);
+    size_t infl_depth = bench_min(inflight, nslots);
     size_t used = batch_depth > warm_depth ? batch_depth : warm_depth;
     if (infl_depth > used) used = infl_depth;
-    bool ok = true;
-    int res;
-    if (b->o->check) {
-        bench_fill(b, op, &k, seed, used);
-        if (b->o->cuda &&
-            (res = bench_cuda_copy(b, BENCH_CUDA_TO_DEVICE, k.send * b->es, used)) != COLLIE_OK)
-            return res;
-        if ((res = bench_one(b, op, &k)) != COLLIE_OK) return res;
-        if (b->o->cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, 1)) != COLLIE_OK)
-            return res;
-        if (b->rank == b->o->corrupt_rank && k.recv > 0) bench_slot(b, 0)[k.recv * b->es / 2] ^= 1;
-        ok = bench_verify(b, op, &k, seed, 0, "after the first op");
-    }
-    if (warmup && (res = bench_ring(b, op, &k, warmup, warm_depth, NULL)) != COLLIE_OK) return res;
-
-    /* nccl-tests: iters back to back, per-op mean */
-    if ((res = bench_sync(b)) != COLLIE_OK) return res;
+    if (check && (res = bench_checked_op(b, op, &k, seed, used, false, &b->wrong[0])) != COLLIE_OK)
+        return res;
+    if (warmup && (res = bench_ring(b, op, &k, warmup, warm_depth, false, NULL)) != COLLIE_OK)
+        return res;
     double batch_s;
-    if ((res = bench_ring(b, op, &k, iters, batch_depth, &batch_s)) != COLLIE_OK) return res;
+    if ((res = bench_sync(b)) != COLLIE_OK ||
+        (res = bench_ring(b, op, &k, iters, batch_depth, false, &batch_s)) != COLLIE_OK)
+        return res;
     b->avg[0] = batch_s / (double)iters;
-
-    /* one at a time, per-op times */
     if ((res = bench_sync(b)) != COLLIE_OK) return res;
     for (size_t i = 0; i < iters; i++) {
         int64_t t = bench_now_ns();
-        if ((res = bench_one(b, op, &k)) != COLLIE_OK) return res;
+        if ((res = bench_one(b, op, &k, false)) != COLLIE_OK) return res;
         b->lat[i] = (double)(bench_now_ns() - t) / 1e9;
     }
-
     b->lat[iters] = 0;
-    if (inflight) {
-        if ((res = bench_sync(b)) != COLLIE_OK) return res;
-        if ((res = bench_ring(b, op, &k, iters, infl_depth, &b->lat[iters])) != COLLIE_OK)
-            return res;
-    }
+    if (inflight &&
+        ((res = bench_sync(b)) != COLLIE_OK ||
+         (res = bench_ring(b, op, &k, iters, infl_depth, false, &b->lat[iters])) != COLLIE_OK))
+        return res;
     /* every slot used holds the result of the last op that received into it */
-    if (b->o->check && ok && b->o->cuda &&
-        (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, used)) != COLLIE_OK)
+    if (check && b->o->cuda && (res = bench_cuda_copy(b, BENCH_CUDA_TO_HOST, 0, used)) != COLLIE_OK)
         return res;
-    for (size_t sl = 0; b->o->check && ok && sl < used; sl++)
-        ok = bench_verify(b, op, &k, seed, sl, "after the timed loops");
-    b->lat[iters + 1] = ok ? 0.0 : 1.0;
+    for (size_t sl = 0; check && sl < used; sl++)
+        b->wrong[0] += (int64_t)bench_verify(b, op, &k, seed, sl, false, "after the timed loops");
 
-    /* statistics: per-op times, inflight time and the check flag (MAX),
-     * the batch mean (AVG) */
-    bench_counts st = {iters + 2, iters + 2, iters + 2, (iters + 2) * sizeof(double)};
-    if ((res = collie_allreduce(b->comm, b->lat, b->lat, iters + 2, COLLIE_FP64, COLLIE_MAX, &b->po,
-                                &b->works[0])) != COLLIE_OK ||
-        (res = bench_wait(b, 0, BENCH_ALLREDUCE, &st)) != COLLIE_OK)
-        return res;
-    st = (bench_counts){1, 1, 1, sizeof(double)};
-    if ((res = collie_allreduce(b->comm, b->avg, b->avg, 1, COLLIE_FP64, COLLIE_AVG, &b->po,
-                                &b->works[0])) != COLLIE_OK ||
-        (res = bench_wait(b, 0, BENCH_ALLREDUCE, &st)) != COLLIE_OK)
-        return res;
-    if (b->lat[iters + 1] != 0.0) {
-        if (b->rank == 0)
-            fprintf(stderr, "collie-bench: %s of %zu bytes: check failed (see the ranks above)\n",
-                    bench_op_names[op], k.bytes);
-        return BENCH_CHECK_FAILED;
+    /* in place (the table's second set of columns; --csv has none): a
+     * slot holds the larger buffer */
+    size_t ip_depth = bench_min(iters, bench_set_slots(b, k.bytes / b->es));
+    if (bench_has_inplace(op) && !b->o->csv) {
+        if (check && (res = bench_checked_op(b, op, &k, seed, 1, true, &b->wrong[1])) != COLLIE_OK)
+            return res;
+        if ((res = bench_sync(b)) != COLLIE_OK ||
+            (res = bench_ring(b, op, &k, iters, ip_depth, true, &batch_s)) != COLLIE_OK)
+            return res;
+        b->avg[1] = batch_s / (double)iters;
     }
+
+    /* statistics: per-op times and the inflight time (MAX), the batch means
+     * (AVG), the wrong elements (SUM) */
+    if ((res = bench_combine(b, b->lat, iters + 1, COLLIE_FP64, COLLIE_MAX)) != COLLIE_OK ||
+        (res = bench_combine(b, b->avg, 2, COLLIE_FP64, COLLIE_AVG)) != COLLIE_OK ||
+        (res = bench_combine(b, b->wrong, 2, COLLIE_INT64, COLLIE_SUM)) != COLLIE_OK)
+        return res;
+    int64_t wrong = b->wrong[0] + b->wrong[1];
+    b->wrong_total += wrong;
+    if (wrong && b->rank == 0)
+        fprintf(stderr,
+                "collie-bench: %s of %zu bytes: check failed: %" PRId64
+                " wrong element%s over all ranks (see the ranks above)\n",
+                bench_op_names[op], k.bytes, wrong, wrong == 1 ? "" : "s");
     double inflight_s = b->lat[iters];
     qsort(b->lat, iters, sizeof(double), bench_cmp_double);
     double median =
         iters % 2 ? b->lat[iters / 2] : (b->lat[iters / 2 - 1] + b->lat[iters / 2]) / 2.0;
     double ops_s = inflight_s > 0 ? (double)iters / inflight_s : 0;
     if (b->rank == 0) {
-        bench_print_row(b, op, &k, b->avg[0], median, ops_s);
-        if (!b->o->csv && (batch_depth < iters || infl_depth < inflight)) {
-            printf("#   (receive slots for %zu works in flight at this size: batch depth %zu",
-                   b->nslots, batch_depth);
+        bench_print_row(b, op, &k, median, ops_s);
+        bool ip_capped = bench_has_inplace(op) && ip_depth < iters;
+        if (!b->o->csv && (batch_depth < iters || infl_depth < inflight || ip_capped)) {
+            printf("#   (receive slots for works in flight at this size: batch depth %zu",
+                   batch_depth);
             if (inflight) printf(", --inflight depth %zu", infl_depth);
+            if (bench_has_inplace(op)) printf(", in-place depth %zu", ip_depth);
             printf(")\n");
         }
     }
     return COLLIE_OK;
 }
 
-/* ---- usage ------------------------------------------------------------------- */
-
-static void bench_usage(FILE *f) {
-    fprintf(f,
-            "usage: collie-run -n N -- collie-bench [options]\n"
-            "\n"
-            "Sweeps message sizes for each collective over a communicator created from\n"
-            "the environment collie-run sets, and prints one table (rank 0 only).\n"
-            "\n"
-            "  -t, --threads T    ranks per process, one thread each (default 1), as\n"
-            "                     nccl-tests' -t: N processes of T threads are N*T ranks,\n"
-            "                     rank = process rank * T + thread\n"
-            "  --backend SPEC     backend spec of the comm (default tcp; nccl, cpu:tcp,...);\n"
-            "                     with a cuda backend (nccl, cuda:nccl, cpu:tcp,cuda:nccl)\n"
-            "                     the ops run on CUDA buffers (libcudart.so.13, loaded at\n"
-            "                     run time) and the timings are combined on the cpu backend:\n"
-            "                     a spec without one gets cpu:tcp (nccl: cpu:tcp,nccl)\n"
-            "  --device N         CUDA device of every rank (default rank %% devices)\n"
-            "  --op LIST          comma list of allreduce, broadcast, reduce, allgather,\n"
-            "                     reduce_scatter, alltoall, gather, scatter, barrier, or all\n"
-            "                     (default all); rooted ops use root 0\n"
-            "  --sizes LIST       comma list of sizes in bytes, K/M/G suffixes (x1024)\n"
-            "                     (default " BENCH_DEFAULT_SIZES ")\n"
-            "  --dtype T          f32 f16 bf16 f64 i8 u8 i32 i64 (default f32)\n"
-            "  --redop R          sum prod min max avg (default sum)\n"
-            "  --iters N          timed ops per measurement (default %d)\n"
-            "  --warmup N         untimed ops before timing, per size (default %d)\n"
-            "  --inflight K       also keep K ops in flight for iters ops; report ops/s\n"
-            "  --check            verify every result against a locally computed reference\n"
-            "  --csv              print op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s\n"
-            "  --timeout-ms T     deadline of every op (default %d); creating the comm\n"
-            "                     may take max(T, 60000) ms\n"
-            "  --corrupt-rank R   testing --check itself: rank R flips a bit of its first\n"
-            "                     checked result of each op and size (a rank that receives\n"
-            "                     nothing there, such as a non-root of reduce, flips none)\n"
-            "  -h, --help         this text\n"
-            "\n"
-            "Sizes follow nccl-tests: a size S is S/sizeof(dtype) elements in total.\n"
-            "allreduce, broadcast, reduce: count = S/sizeof(dtype) elements per rank.\n"
-            "allgather, gather: each rank sends count = S/sizeof(dtype)/N elements (rounded\n"
-            "down to 16 bytes), the result holds N*count; reduce_scatter, scatter: the send\n"
-            "buffer holds N*count, each rank gets count; alltoall: count per peer, N*count\n"
-            "each way. The bytes column is the op's largest buffer (nccl-tests' size column),\n"
-            "count is the count argument of the call. The barrier is one row of bytes 0.\n"
-            "\n"
-            "time_us: iters ops posted back to back, per-op mean, averaged over ranks\n"
-            "(nccl-tests' default). algbw = bytes/time_us; busbw = algbw * factor:\n"
-            "allreduce 2(N-1)/N; broadcast, reduce 1; allgather, reduce_scatter, alltoall,\n"
-            "gather, scatter (N-1)/N. lat_us: median over iters of one op posted and waited\n"
-            "alone (the slowest rank's time per iteration). ops_per_s: iters divided by the\n"
-            "slowest rank's time with K ops in flight. CSV fields that do not apply are empty.\n"
-            "Works in flight never share a receive buffer (collie runs them concurrently):\n"
-            "each gets a slot of a 64 MiB arena, which caps the depth for large sizes.\n"
-            "\n"
-            "Exit status: 0 ok, 1 error or check failure, 2 usage error.\n",
-            BENCH_DEFAULT_ITERS, BENCH_DEFAULT_WARMUP, BENCH_DEFAULT_TMO_MS);
-}
-
-/* A usage error is said once, by rank 0: every rank parses the same
- * arguments, rank 0 says why and exits, and collie-run stops the others
- * while they hold back (BENCH_USAGE_HOLD_MS). One still running after that
- * (rank 0 did not fail: different arguments per rank?) says it too. */
-#define BENCH_USAGE_HOLD_MS 2000
-static int bench_usage_error(const char *fmt, const char *arg) {
-    if (bench_quiet_rank()) {
-        struct timespec hold = {BENCH_USAGE_HOLD_MS / 1000,
-                                (BENCH_USAGE_HOLD_MS % 1000) * 1000000L};
-        while (nanosleep(&hold, &hold) != 0 && errno == EINTR)
-            continue;
-    }
-    fprintf(stderr, "collie-bench: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(collie-bench --help for usage)\n");
-    return BENCH_EXIT_USAGE;
-}
-
-static bool bench_parse_int(const char *s, long long lo, long long hi, int *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
-static bool bench_parse_size(const char *s, size_t len, size_t *out) {
-    char tmp[32];
-    if (len == 0 || len >= sizeof tmp || s[0] == '-' || s[0] == '+') return false;
-    memcpy(tmp, s, len);
-    tmp[len] = '\0';
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(tmp, &end, 10);
-    if (errno || end == tmp) return false;
-    unsigned long long mult = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k':
-        case 'K': mult = 1ULL << 10; break;
-        case 'm':
-        case 'M': mult = 1ULL << 20; break;
-        case 'g':
-        case 'G': mult = 1ULL << 30; break;
-        default: return false;
+/* Every row of op: per dtype, reduction (if it reduces), root (if it has
+ * one), size; nccl-tests' order. */
+static int bench_op_rows(bench *b, bench_op op) {
+    const bench_opts *o = b->o;
+    if (b->rank == 0 && !o->csv) bench_print_heads(op);
+    int res = COLLIE_OK;
+    for (int d = 0; d < BENCH_NUM_DTYPES && res == COLLIE_OK; d++) {
+        if (!o->dtypes[d]) continue;
+        b->dt = bench_dtypes[d].dt;
+        b->es = collie_dtype_size(b->dt);
+        for (int r = 0; r < COLLIE_NUM_REDOPS && res == COLLIE_OK; r++) {
+            if (bench_op_reduces(op) ? !o->redops[r] : r != COLLIE_SUM) continue;
+            b->redop = (collie_redop)r;
+            int root0 = o->root == BENCH_ALL_ROOTS ? 0 : o->root;
+            int root1 = o->root == BENCH_ALL_ROOTS && bench_op_rooted(op) ? b->size - 1 : root0;
+            for (int root = root0; root <= root1 && res == COLLIE_OK; root++) {
+                b->root = root;
+                size_t n = op == BENCH_BARRIER ? 1 : o->nsizes;
+                for (size_t i = 0; i < n && res == COLLIE_OK; i++) {
+                    uint32_t seed = (uint32_t)((((op * 8 + d) * 8 + r) * 1024 + i) * 2654435761u +
+                                               (uint32_t)root * 40503u + 1);
+                    res = bench_row(b, op, op == BENCH_BARRIER ? 0 : o->sizes[i], seed);
+                }
+            }
         }
-        if (end[1]) return false;
+        if (op == BENCH_BARRIER) break; /* no dtype */
     }
-    if (v > BENCH_MAX_BYTES / mult) return false;
-    *out = (size_t)(v * mult);
-    return true;
-}
-
-static int bench_parse_args(int argc, char **argv, bench_opts *o) {
-    static const struct option longopts[] = {{"backend", required_argument, NULL, 'b'},
-                                             {"op", required_argument, NULL, 'o'},
-                                             {"sizes", required_argument, NULL, 's'},
-                                             {"dtype", required_argument, NULL, 'd'},
-                                             {"redop", required_argument, NULL, 'r'},
-                                             {"iters", required_argument, NULL, 'n'},
-                                             {"warmup", required_argument, NULL, 'w'},
-                                             {"inflight", required_argument, NULL, 'k'},
-                                             {"check", no_argument, NULL, 'c'},
-                                             {"csv", no_argument, NULL, 'v'},
-                                             {"timeout-ms", required_argument, NULL, 'm'},
-                                             {"threads", required_argument, NULL, 't'},
-                                             {"corrupt-rank", required_argument, NULL, 'x'},
-                                             {"device", required_argument, NULL, 'g'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    const char *ops = "all", *sizes = BENCH_DEFAULT_SIZES;
-    *o = (bench_opts){.backend = "tcp",
-                      .dt = COLLIE_FP32,
-                      .redop = COLLIE_SUM,
-                      .iters = BENCH_DEFAULT_ITERS,
-                      .warmup = BENCH_DEFAULT_WARMUP,
-                      .timeout_ms = BENCH_DEFAULT_TMO_MS,
-                      .corrupt_rank = -1,
-                      .device = -1,
-                      .threads = 1};
-    opterr = 0;
-    int ch, v;
-    while ((ch = getopt_long(argc, argv, "+ht:", longopts, NULL)) != -1) {
-        switch (ch) {
-        case 'b':
-            if (!*optarg) return bench_usage_error("--backend needs a spec%s", "");
-            o->backend = optarg;
-            break;
-        case 'o': ops = optarg; break;
-        case 's': sizes = optarg; break;
-        case 'd': {
-            size_t i, nd = sizeof bench_dtypes / sizeof bench_dtypes[0];
-            for (i = 0; i < nd; i++)
-                if (!strcasecmp(optarg, bench_dtypes[i].name) ||
-                    !strcasecmp(optarg, bench_dtypes[i].alias))
-                    break;
-            if (i == nd)
-                return bench_usage_error("unknown --dtype '%s' (f32 f16 bf16 f64 i8 u8 i32 i64)",
-                                         optarg);
-            o->dt = bench_dtypes[i].dt;
-            break;
-        }
-        case 'r': {
-            int i;
-            for (i = 0; i < COLLIE_NUM_REDOPS; i++)
-                if (!strcasecmp(optarg, bench_redops[i])) break;
-            if (i == COLLIE_NUM_REDOPS)
-                return bench_usage_error("unknown --redop '%s' (sum prod min max avg)", optarg);
-            o->redop = (collie_redop)i;
-            break;
-        }
-        case 'n':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_ITERS, &o->iters))
-                return bench_usage_error("--iters '%s': want an integer from 1 to 1000000", optarg);
-            break;
-        case 'w':
-            if (!bench_parse_int(optarg, 0, BENCH_MAX_ITERS, &o->warmup))
-                return bench_usage_error("--warmup '%s': want an integer from 0 to 1000000",
-                                         optarg);
-            break;
-        case 'k':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_INFLIGHT, &o->inflight))
-                return bench_usage_error("--inflight '%s': want an integer from 1 to 65536",
-                                         optarg);
-            break;
-        case 'c': o->check = true; break;
-        case 'v': o->csv = true; break;
-        case 'm':
-            if (!bench_parse_int(optarg, 1, 86400000, &v))
-                return bench_usage_error("--timeout-ms '%s': want milliseconds from 1 to 86400000",
-                                         optarg);
-            o->timeout_ms = v;
-            break;
-        case 't':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_THREADS, &o->threads))
-                return bench_usage_error("--threads '%s': want an integer from 1 to 256", optarg);
-            break;
-        case 'x':
-            if (!bench_parse_int(optarg, 0, INT32_MAX, &o->corrupt_rank))
-                return bench_usage_error("--corrupt-rank '%s': want a rank", optarg);
-            break;
-        case 'g':
-            if (!bench_parse_int(optarg, 0, INT32_MAX, &o->device))
-                return bench_usage_error("--device '%s': want a CUDA device number", optarg);
-            break;
-        case 'h':
-            if (!bench_quiet_rank()) bench_usage(stdout);
-            return -1;
-        default: return bench_usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bench_usage_error("unexpected argument '%s'", argv[optind]);
-
-    /* ops: a comma list of names, or all */
-    for (const char *p = ops;;) {
-        size_t len = strcspn(p, ",");
-        bool found = false;
-        if (len == 3 && !strncmp(p, "all", 3)) {
-            for (int i = 0; i < BENCH_NUM_OPS; i++)
-                o->ops[i] = true;
-            found = true;
-        }
-        for (int i = 0; i < BENCH_NUM_OPS && !found; i++)
-            if (strlen(bench_op_names[i]) == len && !strncmp(p, bench_op_names[i], len))
-                o->ops[i] = found = true;
-        if (!found) return bench_usage_error("unknown --op in '%s'", ops);
-        if (!p[len]) break;
-        p += len + 1;
-    }
-    /* sizes */
-    for (const char *p = sizes;;) {
-        size_t len = strcspn(p, ",");
-        if (o->nsizes == BENCH_MAX_SIZES)
-            return bench_usage_error("--sizes: at most 64 sizes ('%s')", sizes);
-        if (!bench_parse_size(p, len, &o->sizes[o->nsizes++]))
-            return bench_usage_error("--sizes '%s': want byte counts like 4,4K,1M (at most 1T)",
-                                     sizes);
-        if (!p[len]) break;
-        p += len + 1;
-    }
-    /* a size must hold one element of the dtype (nccl-tests would run 0
-     * elements and report nothing) */
-    for (size_t i = 0; i < o->nsizes; i++)
-        if (o->sizes[i] < collie_dtype_size(o->dt)) {
-            char what[96];
-            snprintf(what, sizeof what, "%zu B is less than one %s element (%zu B)", o->sizes[i],
-                     collie_dtype_name(o->dt), collie_dtype_size(o->dt));
-            return bench_usage_error("--sizes: %s", what);
-        }
-    if (o->inflight > o->iters) o->inflight = o->iters;
-    /* which devices the spec serves: "cuda:X" or a bare nccl is cuda */
-    bool cpu = false;
-    for (const char *p = o->backend;;) {
-        size_t len = strcspn(p, ",");
-        if (!strncasecmp(p, "cuda:", 5) || (len == 4 && !strncasecmp(p, "nccl", 4)))
-            o->cuda = true;
-        else
-            cpu = true;
-        if (!p[len]) break;
-        p += len + 1;
-    }
-    o->spec = o->backend;
-    if (o->cuda && !cpu) { /* the timings are combined on the cpu backend */
-        int len = snprintf(o->spec_buf, sizeof o->spec_buf, "cpu:tcp,%s", o->backend);
-        if (len < 0 || (size_t)len >= sizeof o->spec_buf)
-            return bench_usage_error("--backend '%s' is too long", o->backend);
-        o->spec = o->spec_buf;
-    }
-    if (o->device >= 0 && !o->cuda)
-        return bench_usage_error("--device needs a cuda backend in --backend ('%s')", o->backend);
-    if (o->corrupt_rank >= 0 && !o->check)
-        return bench_usage_error("--corrupt-rank needs --check%s", "");
-    return BENCH_EXIT_OK;
+    return res;
 }
 
 /* ---- main -------------------------------------------------------------------- */
@@ -1390,7 +758,6 @@ static int bench_setup(bench *b) {
         return res;
     }
     if ((res = bench_comm_create(b)) != COLLIE_OK) return res;
-    b->es = collie_dtype_size(o->dt);
 
     /* the send buffer holds the largest size; the receive arena a slot of
      * it for each work in flight, within BENCH_ARENA_BYTES */
@@ -1453,19 +820,24 @@ static void *bench_rank_main(void *arg) {
     const bench_opts *o = b->o;
     int res = bench_setup(b);
     if (res == COLLIE_OK) res = bench_sync(b); /* also: can this comm run CPU collectives? */
-    if (res == COLLIE_OK && b->rank == 0) bench_print_header(b);
-    for (int op = 0; op < BENCH_NUM_OPS && res == COLLIE_OK; op++) {
-        if (!o->ops[op]) continue;
-        size_t n = op == BENCH_BARRIER ? 1 : o->nsizes;
-        for (size_t i = 0; i < n && res == COLLIE_OK; i++)
-            res = bench_size(b, (bench_op)op, op == BENCH_BARRIER ? 0 : o->sizes[i], i);
+    if (res == COLLIE_OK && o->root >= b->size) {
+        /* every rank knows the world size now: rank 0 says it, all stop */
+        if (b->rank == 0) {
+            char what[96];
+            snprintf(what, sizeof what, "-r/--root %d: the world has %d ranks", o->root, b->size);
+            bench_usage_error("%s", what);
+        }
+        res = BENCH_BAD_ROOT;
     }
-    if (res == COLLIE_OK && b->rank == 0 && !o->csv && b->busbw_rows)
-        printf("# avg busbw: %.3f GB/s over %d rows\n", b->busbw_sum / b->busbw_rows,
-               b->busbw_rows);
+    if (res == COLLIE_OK && b->rank == 0) bench_print_header(b);
+    for (int op = 0; op < BENCH_NUM_OPS && res == COLLIE_OK; op++)
+        if (o->ops[op]) res = bench_op_rows(b, (bench_op)op);
+    if (res == COLLIE_OK && b->rank == 0) bench_print_footer(b);
     fflush(stdout);
-    /* after a failed check every rank stops here together: leave in order */
-    bool failed = res != COLLIE_OK && res != BENCH_CHECK_FAILED;
+    /* wrong results and a bad root: every rank knows and stops here
+     * together, so they leave in order */
+    if (res == COLLIE_OK && b->wrong_total) res = BENCH_CHECK_FAILED;
+    bool failed = res != COLLIE_OK && res != BENCH_CHECK_FAILED && res != BENCH_BAD_ROOT;
     if (failed) bench_proc_stop(b->proc, b->rank);
     bench_teardown(b, failed);
     b->res = res;
@@ -1502,10 +874,13 @@ int main(int argc, char **argv) {
         }
     }
     if (started == T) bench_rank_main(&ranks[0]);
-    rc = ranks[0].res == COLLIE_OK ? BENCH_EXIT_OK : BENCH_EXIT_ERROR;
-    for (int t = 1; t < started; t++) {
-        pthread_join(tids[t], NULL);
-        if (ranks[t].res != COLLIE_OK) rc = BENCH_EXIT_ERROR;
+    rc = BENCH_EXIT_OK;
+    for (int t = 0; t < started; t++) {
+        if (t > 0) pthread_join(tids[t], NULL);
+        if (ranks[t].res == BENCH_BAD_ROOT && rc == BENCH_EXIT_OK)
+            rc = BENCH_EXIT_USAGE;
+        else if (ranks[t].res != COLLIE_OK && ranks[t].res != BENCH_BAD_ROOT)
+            rc = BENCH_EXIT_ERROR;
     }
     free(ranks);
     free(tids);
