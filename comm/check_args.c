@@ -127,7 +127,8 @@ static void chk_describe(const chk_fp *fp, char *buf, size_t len) {
 /* Do two ranks' fingerprints of one seq agree (every argument that must)? */
 static bool chk_agree(const chk_fp *a, const chk_fp *b) {
     collie_coll_kind k = (collie_coll_kind)a->kind;
-    return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
+    return a->kind == b->kind && a->dtype == b->dtype &&
+           (!collie_coll_count_agrees(k) || a->count == b->count) &&
            (!collie_coll_reduces(k) || a->op == b->op) &&
            (!collie_coll_has_root(k) || a->root == b->root);
 }

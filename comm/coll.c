@@ -55,6 +55,8 @@ static void coll_free(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;
     collie_comm *c = cw->comm;
     collie_bcomm *bc = cw->bc;
+    free(cw->vcounts);
+    cw->vcounts = NULL;
     pthread_mutex_lock(&bc->pool_mu);
     if (bc->pool_n < COLL_POOL_MAX) {
         cw->pool_next = bc->pool;
@@ -195,20 +197,34 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     cl_clear_last_error();
     int r = coll_check(c, a, dev, out);
     if (r != COLLIE_OK) return r;
+    collie_coll_args va;
+    size_t *vown = NULL;
+    if (collie_coll_is_v(a->kind)) { /* the counts checked and copied */
+        va = *a;
+        if ((r = cl_coll_v_prepare(c, &va, &vown)) != COLLIE_OK) return r;
+        a = &va;
+    }
     pthread_once(&cl_coll_ops_once, coll_ops_init);
     collie_bcomm *bc = &c->bcs[dev];
     cl_coll_work *cw = coll_alloc(bc);
-    if (!cw) return COLLIE_ENOMEM;
+    if (!cw) {
+        free(vown);
+        return COLLIE_ENOMEM;
+    }
     r = cl_work_init(&cw->base, c->engine, &cl_coll_ops[a->kind], o, c->timeout_ms);
     if (r != COLLIE_OK) {
+        free(vown);
         free(cw); /* never posted: not pooled */
         return r;
     }
     cw->comm = c;
     cw->bc = bc;
     cw->args = *a;
+    cw->vcounts = vown;
     size_t es = a->kind == COLLIE_COLL_BARRIER ? 0 : collie_dtype_size(a->dtype);
-    cw->base.bytes = a->count * es;
+    /* this rank's payload: allgatherv's own block, not the whole result */
+    size_t mine = a->kind == COLLIE_COLL_ALLGATHERV ? a->recvcounts[c->rank] : a->count;
+    cw->base.bytes = mine * es;
     cl_comm_hold(c);
     bool p2p = a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV;
     bool on_caller = (bc->ops->flags & COLLIE_BACKEND_POST_ON_CALLER) != 0;
@@ -236,6 +252,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     pthread_mutex_unlock(&c->mu);
     if (r != COLLIE_OK) {
         cl_comm_release(c);
+        free(cw->vcounts);
         free(cw);
         return r;
     }
@@ -307,6 +324,22 @@ int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t co
 
 int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out) {
     collie_coll_args a = cl_args_barrier();
+    return coll_post(c, &a, o, out);
+}
+
+int collie_allgatherv(collie_comm *c, const void *sendbuf, void *recvbuf, const size_t *recvcounts,
+                      const size_t *displs, collie_dtype dt, const collie_post_opts *o,
+                      collie_work **out) {
+    collie_coll_args a = cl_args_allgatherv(sendbuf, recvbuf, recvcounts, displs, dt);
+    return coll_post(c, &a, o, out);
+}
+
+int collie_alltoallv(collie_comm *c, const void *sendbuf, const size_t *sendcounts,
+                     const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                     const size_t *rdispls, collie_dtype dt, const collie_post_opts *o,
+                     collie_work **out) {
+    collie_coll_args a =
+        cl_args_alltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt);
     return coll_post(c, &a, o, out);
 }
 

@@ -77,4 +77,31 @@ static inline collie_coll_args cl_args_p2p(collie_coll_kind kind, const void *se
                               .tag = tag};
 }
 
+/* allgatherv, alltoallv: the user's arrays, which cl_coll_post checks and
+ * copies into the work before anything else reads them. */
+static inline collie_coll_args cl_args_allgatherv(const void *sendbuf, void *recvbuf,
+                                                  const size_t *recvcounts, const size_t *displs,
+                                                  collie_dtype dt) {
+    return (collie_coll_args){.kind = COLLIE_COLL_ALLGATHERV,
+                              .sendbuf = sendbuf,
+                              .recvbuf = recvbuf,
+                              .dtype = dt,
+                              .recvcounts = recvcounts,
+                              .rdispls = displs};
+}
+
+static inline collie_coll_args cl_args_alltoallv(const void *sendbuf, const size_t *sendcounts,
+                                                 const size_t *sdispls, void *recvbuf,
+                                                 const size_t *recvcounts, const size_t *rdispls,
+                                                 collie_dtype dt) {
+    return (collie_coll_args){.kind = COLLIE_COLL_ALLTOALLV,
+                              .sendbuf = sendbuf,
+                              .recvbuf = recvbuf,
+                              .dtype = dt,
+                              .sendcounts = sendcounts,
+                              .sdispls = sdispls,
+                              .recvcounts = recvcounts,
+                              .rdispls = rdispls};
+}
+
 #endif

@@ -106,3 +106,20 @@ int collie_work_wait_stream(collie_work *w, collie_cuda_stream_t stream) {
     }
     return cw->bc->ops->wait_stream(state, w, stream);
 }
+
+int collie_cuda_allgatherv(collie_comm *c, const void *sendbuf, void *recvbuf,
+                           const size_t *recvcounts, const size_t *displs, collie_dtype dt,
+                           collie_cuda_stream_t stream, const collie_post_opts *o,
+                           collie_work **out) {
+    collie_coll_args a = cl_args_allgatherv(sendbuf, recvbuf, recvcounts, displs, dt);
+    return cuda_post(c, &a, stream, o, out);
+}
+
+int collie_cuda_alltoallv(collie_comm *c, const void *sendbuf, const size_t *sendcounts,
+                          const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                          const size_t *rdispls, collie_dtype dt, collie_cuda_stream_t stream,
+                          const collie_post_opts *o, collie_work **out) {
+    collie_coll_args a =
+        cl_args_alltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt);
+    return cuda_post(c, &a, stream, o, out);
+}

@@ -94,6 +94,7 @@ typedef struct cl_coll_work {
     collie_comm *comm;
     collie_bcomm *bc;
     collie_coll_args args;
+    size_t *vcounts;                /* allgatherv, alltoallv: args' counts, owned (coll_v.c) */
     bool started;                   /* backend start ran (loop) */
     bool caller_started;            /* started on the posting thread (cuda backends) */
     uint64_t fr_id;                 /* flight-recorder entry, 0 if none */
@@ -262,6 +263,9 @@ void cl_coll_pool_fini(collie_bcomm *bc);
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
                  collie_work **out);
 bool cl_coll_is_work(const collie_work *w);
+/* allgatherv, alltoallv: check the user's counts and displacements and
+ * point a at a copy in *owned (the work frees it); sets args.count. */
+int cl_coll_v_prepare(collie_comm *c, collie_coll_args *a, size_t **owned);
 /* coll_cancel.c: the cancel hook of collective works (cl_work_ops.cancel) */
 bool cl_coll_cancel(collie_work *w, int status, const char *msg);
 /* end cw now with `status` (no report): finished at once, or, when a

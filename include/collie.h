@@ -653,6 +653,28 @@ COLLIE_API int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf
                               collie_dtype dt, int root, const collie_post_opts *o,
                               collie_work **out);
 COLLIE_API int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out);
+/* Uneven blocks, as MPI_Iallgatherv / MPI_Ialltoallv (MoE expert dispatch,
+ * torch's uneven splits). Counts and displacements are in elements, one
+ * entry per rank, and are copied by the call (the arrays may be reused at
+ * once); a NULL displacement array means packed (block p starts where
+ * block p-1 ends). The receive blocks of one call must not overlap.
+ * allgatherv: rank r contributes recvcounts[r] elements from sendbuf, and
+ * block p lands at recvbuf + displs[p]; every rank passes the same
+ * recvcounts (a difference is COLLIE_EPROTO naming both ranks). In place:
+ * sendbuf == recvbuf + displs[rank]. */
+COLLIE_API int collie_allgatherv(collie_comm *c, const void *sendbuf, void *recvbuf,
+                                 const size_t *recvcounts, const size_t *displs, collie_dtype dt,
+                                 const collie_post_opts *o, collie_work **out);
+/* alltoallv: sendcounts[p] elements at sendbuf + sdispls[p] go to rank p;
+ * recvcounts[p] elements from rank p land at recvbuf + rdispls[p].
+ * sendcounts[p] on rank r must equal recvcounts[r] on rank p (a difference
+ * is COLLIE_EPROTO naming both); sendcounts[rank] == recvcounts[rank]. No
+ * in-place form: the send and receive buffers must not overlap. */
+COLLIE_API int collie_alltoallv(collie_comm *c, const void *sendbuf, const size_t *sendcounts,
+                                const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                const size_t *rdispls, collie_dtype dt, const collie_post_opts *o,
+                                collie_work **out);
+
 /* Point to point, matched by (peer, tag) outside the collective order. */
 COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);

@@ -60,6 +60,8 @@ typedef enum collie_coll_kind {
     COLLIE_COLL_BARRIER,
     COLLIE_COLL_SEND,
     COLLIE_COLL_RECV,
+    COLLIE_COLL_ALLGATHERV, /* appended: a backend that predates them refuses them */
+    COLLIE_COLL_ALLTOALLV,
     COLLIE_COLL_NUM_KINDS
 } collie_coll_kind;
 
@@ -68,7 +70,7 @@ typedef enum collie_coll_kind {
 static inline const char *collie_coll_kind_name(collie_coll_kind k) {
     static const char *const names[COLLIE_COLL_NUM_KINDS] = {
         "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-        "scatter",   "barrier",   "send",   "recv"};
+        "scatter",   "barrier",   "send",   "recv",      "allgatherv",     "alltoallv"};
     return (unsigned)k < COLLIE_COLL_NUM_KINDS ? names[k] : "?";
 }
 
@@ -80,6 +82,19 @@ static inline bool collie_coll_has_root(collie_coll_kind k) {
 }
 static inline bool collie_coll_reduces(collie_coll_kind k) {
     return k == COLLIE_COLL_ALLREDUCE || k == COLLIE_COLL_REDUCE || k == COLLIE_COLL_REDUCE_SCATTER;
+}
+
+/* collie_coll_is_v: a collective with per-rank counts (the *counts and
+ * *displs fields of collie_coll_args). */
+static inline bool collie_coll_is_v(collie_coll_kind k) {
+    return k == COLLIE_COLL_ALLGATHERV || k == COLLIE_COLL_ALLTOALLV;
+}
+
+/* collie_coll_count_agrees: must `count` be equal on every rank? Not for
+ * alltoallv, whose count is what this rank sends (its ranks agree pair by
+ * pair: sendcounts[p] on rank r is recvcounts[r] on rank p). */
+static inline bool collie_coll_count_agrees(collie_coll_kind k) {
+    return k != COLLIE_COLL_ALLTOALLV && k != COLLIE_COLL_SEND && k != COLLIE_COLL_RECV;
 }
 
 /* collie_coll_describe: one rank's side of a collective for messages:
@@ -103,7 +118,9 @@ static inline void collie_coll_describe(char *buf, size_t len, collie_coll_kind 
              dtype, extra);
 }
 
-/* collie_coll_args: one validated operation. Counts follow collie.h. */
+/* collie_coll_args: one validated operation. Counts follow collie.h;
+ * allgatherv's count is the whole result (the sum of recvcounts), and
+ * alltoallv's what this rank sends (the sum of sendcounts). */
 typedef struct collie_coll_args {
     collie_coll_kind kind;
     const void *sendbuf;
@@ -115,6 +132,14 @@ typedef struct collie_coll_args {
     int peer;     /* send, recv */
     uint64_t tag; /* send, recv */
     void *stream; /* cudaStream_t for CUDA posts, NULL for CPU posts */
+    /* allgatherv, alltoallv (NULL for every other kind): per-rank counts
+     * and displacements in elements, one entry per rank, displacements
+     * always given; owned by the work (valid until the backend's detach).
+     * allgatherv: rank p's block is recvcounts[p] elements at rdispls[p]
+     * of recvbuf (this rank sends recvcounts[rank]); send* are NULL.
+     * Appended in ABI 3: a backend that does not know the v kinds never
+     * reads them. */
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } collie_coll_args;
 
 /* The core's handle for one backend instance of one communicator. */

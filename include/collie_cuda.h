@@ -59,6 +59,16 @@ COLLIE_API int collie_cuda_scatter(collie_comm *c, const void *sendbuf, void *re
                                    const collie_post_opts *o, collie_work **out);
 COLLIE_API int collie_cuda_barrier(collie_comm *c, collie_cuda_stream_t stream,
                                    const collie_post_opts *o, collie_work **out);
+/* As collie_allgatherv / collie_alltoallv (collie.h), on the stream. */
+COLLIE_API int collie_cuda_allgatherv(collie_comm *c, const void *sendbuf, void *recvbuf,
+                                      const size_t *recvcounts, const size_t *displs,
+                                      collie_dtype dt, collie_cuda_stream_t stream,
+                                      const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_cuda_alltoallv(collie_comm *c, const void *sendbuf, const size_t *sendcounts,
+                                     const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                     const size_t *rdispls, collie_dtype dt,
+                                     collie_cuda_stream_t stream, const collie_post_opts *o,
+                                     collie_work **out);
 COLLIE_API int collie_cuda_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt,
                                 int peer, uint64_t tag, collie_cuda_stream_t stream,
                                 const collie_post_opts *o, collie_work **out);

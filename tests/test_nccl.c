@@ -174,12 +174,33 @@ static void gworld_destroy(gworld *g, bool clean) {
     assert_int_equal(collie_engine_destroy(g->w.e), COLLIE_OK);
 }
 
+/* The v collectives' counts at `count`: uneven, some 0 (packed blocks). */
+static size_t gv_cnt(size_t count, int p) { return p % 2 ? 0 : count + (size_t)p; }
+static size_t av_cnt(size_t count, int from, int to) {
+    return (from * 7 + to * 3) % 5 == 0 ? 0 : count / 2 + (size_t)((from + to) % 3);
+}
+/* element offset of block `to` in rank from's packed send buffer */
+static size_t av_soff(size_t count, int from, int to) {
+    size_t at = 0;
+    for (int p = 0; p < to; p++)
+        at += av_cnt(count, from, p);
+    return at;
+}
+
 static int post_cuda(gworld *g, int r, collie_coll_kind kind, const void *sb, void *rb,
                      size_t count, collie_dtype dt, collie_redop op, int root,
                      const collie_post_opts *o, collie_work **out) {
     collie_comm *c = g->w.c[r];
     stream_t s = g->s[r];
+    size_t sc[WORLD_MAX], rc[WORLD_MAX];
+    for (int p = 0; p < g->w.n; p++) {
+        sc[p] = av_cnt(count, r, p);
+        rc[p] = kind == COLLIE_COLL_ALLGATHERV ? gv_cnt(count, p) : av_cnt(count, p, r);
+    }
     switch (kind) {
+    case COLLIE_COLL_ALLGATHERV: return collie_cuda_allgatherv(c, sb, rb, rc, NULL, dt, s, o, out);
+    case COLLIE_COLL_ALLTOALLV:
+        return collie_cuda_alltoallv(c, sb, sc, NULL, rb, rc, NULL, dt, s, o, out);
     case COLLIE_COLL_ALLREDUCE: return collie_cuda_allreduce(c, sb, rb, count, dt, op, s, o, out);
     case COLLIE_COLL_BROADCAST: return collie_cuda_broadcast(c, rb, count, dt, root, s, o, out);
     case COLLIE_COLL_REDUCE: return collie_cuda_reduce(c, sb, rb, count, dt, op, root, s, o, out);
@@ -270,6 +291,21 @@ static void cuda_check(gworld *g, collie_coll_kind kind, collie_dtype dt, collie
         case COLLIE_COLL_SEND:
             if (r % 2 && memcmp(host, in[r - 1], blk)) fail_msg("send/recv: rank %d differs", r);
             break;
+        case COLLIE_COLL_ALLGATHERV:
+        case COLLIE_COLL_ALLTOALLV: {
+            size_t at = 0; /* packed: block p after blocks 0..p-1 */
+            for (int p = 0; p < n; p++) {
+                bool gv = kind == COLLIE_COLL_ALLGATHERV;
+                size_t len = (gv ? gv_cnt(count, p) : av_cnt(count, p, r)) * es;
+                const uint8_t *want = in[p] + (gv ? 0 : av_soff(count, p, r) * es);
+                if (memcmp(host + at, want, len))
+                    fail_msg("%s %s: rank %d block %d differs", collie_coll_kind_name(kind), what,
+                             r, p);
+                at += len;
+            }
+            if (host[at] != 0xA5) fail_msg("%s: rank %d wrote past its blocks", what, r);
+            break;
+        }
         default: break;
         }
     }
@@ -314,6 +350,8 @@ static void sc_collectives(void **state) {
         cuda_check(&g, COLLIE_COLL_REDUCE, COLLIE_UINT8, COLLIE_MIN, 17, 1);
         cuda_check(&g, COLLIE_COLL_REDUCE_SCATTER, COLLIE_FP32, COLLIE_SUM, 9, 0);
         cuda_check(&g, COLLIE_COLL_ALLTOALL, COLLIE_INT32, COLLIE_SUM, 6, 0);
+        cuda_check(&g, COLLIE_COLL_ALLGATHERV, COLLIE_FP32, COLLIE_SUM, 6, 0);
+        cuda_check(&g, COLLIE_COLL_ALLTOALLV, COLLIE_BF16, COLLIE_SUM, 8, 0);
         cuda_check(&g, COLLIE_COLL_GATHER, COLLIE_FP16, COLLIE_SUM, 5, n - 1);
         cuda_check(&g, COLLIE_COLL_SCATTER, COLLIE_INT64, COLLIE_SUM, 4, 0);
         cuda_check(&g, COLLIE_COLL_BARRIER, COLLIE_FP32, COLLIE_SUM, 0, 0);

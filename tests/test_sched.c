@@ -53,10 +53,11 @@ typedef struct sim_rank {
     collie_coll_args a;
     uint8_t *mem[3]; /* SEND, RECV, SCRATCH as resolved by the executor */
     uint64_t len[3];
-    uint8_t *area;      /* allocation holding send and/or recv */
-    uint8_t *area2;     /* second allocation when not aliased */
-    uint8_t *orig_send; /* send contents before the run */
-    uint8_t *expect;    /* expected recv contents, or NULL: not checked */
+    uint8_t *area;         /* allocation holding send and/or recv */
+    uint8_t *area2;        /* second allocation when not aliased */
+    uint8_t *orig_send;    /* send contents before the run */
+    uint8_t *expect;       /* expected recv contents, or NULL: not checked */
+    size_t vc[4][SIM_MAX]; /* v kinds: sendcounts, sdispls, recvcounts, rdispls */
 } sim_rank;
 
 typedef struct sim {
@@ -382,6 +383,75 @@ static uint8_t *sim_reduced(sim *S, uint64_t first, uint64_t count) {
     return acc;
 }
 
+/* The v kinds' counts at count C: uneven, every third rank (or pair) 0. */
+static size_t sim_gv_count(uint64_t C, int p) { return p % 3 == 1 ? 0 : (size_t)C + (size_t)p; }
+static size_t sim_av_count(uint64_t C, int r, int p) {
+    return (r * 7 + p * 3) % 5 == 0 ? 0 : (size_t)C + (size_t)((r + p) % 3);
+}
+
+/* Displacements of `cnt`: packed, or blocks in reverse rank order with a
+ * gap of one element before each (left as the allocator's garbage);
+ * returns the buffer length in elements. */
+static uint64_t sim_displs(const size_t *cnt, int n, bool scattered, size_t *dsp) {
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        int p = scattered ? n - 1 - i : i;
+        at += scattered;
+        dsp[p] = at;
+        at += cnt[p];
+    }
+    return at + scattered;
+}
+
+/* allgatherv and alltoallv: rank r's input is its send buffer of packed
+ * elements; the receive blocks are scattered (not for in place). */
+static void sim_setup_v(sim *S, const sim_case *c) {
+    int n = c->n;
+    size_t es = collie_dtype_size(c->dt);
+    bool a2a = c->kind == COLLIE_COLL_ALLTOALLV, inplace = c->inplace && !a2a;
+    for (int r = 0; r < n; r++) {
+        sim_rank *R = &S->r[r];
+        for (int p = 0; p < n; p++) {
+            R->vc[0][p] = a2a ? sim_av_count(c->count, r, p) : 0;
+            R->vc[2][p] = a2a ? sim_av_count(c->count, p, r) : sim_gv_count(c->count, p);
+        }
+        sim_displs(R->vc[0], n, false, R->vc[1]);
+    }
+    for (int r = 0; r < n; r++) {
+        sim_rank *R = &S->r[r];
+        uint64_t rend = sim_displs(R->vc[2], n, !inplace, R->vc[3]), stotal = 0;
+        for (int p = 0; p < n; p++)
+            stotal += a2a ? R->vc[0][p] : 0;
+        if (!a2a) stotal = R->vc[2][r];
+        uint8_t *recv = R->area = sim_alloc(rend * es), *send;
+        if (inplace)
+            send = recv + R->vc[3][r] * es;
+        else
+            send = R->area2 = sim_alloc(stotal * es);
+        sim_fill(S, send, r, 0, stotal);
+        R->expect = sim_alloc(rend * es);
+        memcpy(R->expect, recv, rend * es); /* gaps keep the garbage */
+        for (int p = 0; p < n; p++)         /* from rank p: its block for r */
+            sim_fill(S, R->expect + R->vc[3][p] * es, p, a2a ? S->r[p].vc[1][r] : 0, R->vc[2][p]);
+        R->mem[CL_SBUF_SEND] = send, R->len[CL_SBUF_SEND] = stotal * es;
+        R->mem[CL_SBUF_RECV] = recv, R->len[CL_SBUF_RECV] = rend * es;
+        R->orig_send = sim_alloc(stotal * es);
+        if (stotal) memcpy(R->orig_send, send, stotal * es);
+        uint64_t total = 0;
+        for (int p = 0; p < n; p++)
+            total += R->vc[2][p];
+        R->a = (collie_coll_args){.kind = c->kind,
+                                  .sendbuf = send,
+                                  .recvbuf = recv,
+                                  .count = a2a ? stotal : total,
+                                  .dtype = c->dt,
+                                  .sendcounts = a2a ? R->vc[0] : NULL,
+                                  .sdispls = a2a ? R->vc[1] : NULL,
+                                  .recvcounts = R->vc[2],
+                                  .rdispls = R->vc[3]};
+    }
+}
+
 /* sim_setup: buffers, inputs and expected outputs of every rank. Rank r's
  * input element i of its send buffer is sim_val(r, i); blocked layouts
  * (alltoall, scatter, reduce_scatter) index elements over the whole
@@ -393,6 +463,10 @@ static void sim_setup(sim *S, const sim_case *c) {
     memset(S->r, 0, sizeof S->r);
     S->n = n, S->dt = c->dt, S->op = c->op;
     sim_patterns(S);
+    if (collie_coll_is_v(c->kind)) {
+        sim_setup_v(S, c);
+        return;
+    }
     uint8_t *red = NULL; /* reduction of element-range [0, C) or [0, nC) */
     if (c->kind == COLLIE_COLL_ALLREDUCE || c->kind == COLLIE_COLL_REDUCE)
         red = sim_reduced(S, 0, C);
@@ -598,6 +672,14 @@ static void test_reduce_scatter(void **state) {
 static void test_alltoall(void **state) {
     (void)state;
     sim_matrix(COLLIE_COLL_ALLTOALL, false, false);
+}
+static void test_allgatherv(void **state) {
+    (void)state;
+    sim_matrix(COLLIE_COLL_ALLGATHERV, false, false);
+}
+static void test_alltoallv(void **state) {
+    (void)state;
+    sim_matrix(COLLIE_COLL_ALLTOALLV, false, false);
 }
 static void test_gather(void **state) {
     (void)state;
@@ -827,6 +909,8 @@ int main(void) {
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_alltoall),
+        cmocka_unit_test(test_allgatherv),
+        cmocka_unit_test(test_alltoallv),
         cmocka_unit_test(test_gather),
         cmocka_unit_test(test_scatter),
         cmocka_unit_test(test_barrier),

@@ -14,8 +14,9 @@
  *    ncclSuccess, and no end event may be recorded before it. Such a work
  *    stays queued; later posts queue behind it; the poll hook (or a
  *    wait_stream that needs it) finishes launching them in order.
- *  - alltoall, gather and scatter are grouped ncclSend/ncclRecv (every NCCL
- *    since 2.7 has them); barrier is an allreduce of one float of the
+ *  - alltoall, gather, scatter, allgatherv and alltoallv are grouped
+ *    ncclSend/ncclRecv (every NCCL since 2.7 has them; NCCL has no v
+ *    collectives); barrier is an allreduce of one float of the
  *    comm's scratch buffer. send/recv are matched by NCCL in post order per
  *    peer: the tag is not used for matching on this backend.
  *  - CUDA graph capture is refused (COLLIE_ENOTSUP): a captured collective
@@ -74,6 +75,25 @@ void cl_nccl_event_put_locked(cl_nccl_comm *nc, cudaEvent_t ev, bool reusable) {
 
 /* ---- the NCCL calls ----------------------------------------------------------------- */
 
+/* One peer's part of allgatherv or alltoallv: blocks of 0 elements are no
+ * call on either side (both agree on the count); allgatherv in place skips
+ * the copy to itself. */
+static ncclResult_t nccl_v_peer(cl_nccl_comm *nc, const collie_coll_args *a, ncclDataType_t dt,
+                                int p) {
+    size_t es = nc->core->dtype_size(a->dtype), me = (size_t)nc->rank;
+    const char *s = a->sendbuf;
+    char *r = a->recvbuf;
+    ncclResult_t res = ncclSuccess;
+    size_t scount = a->kind == COLLIE_COLL_ALLGATHERV ? a->recvcounts[me] : a->sendcounts[p];
+    const char *sfrom = a->kind == COLLIE_COLL_ALLGATHERV ? s : s + a->sdispls[p] * es;
+    char *rto = r + a->rdispls[p] * es;
+    if ((size_t)p == me && sfrom == rto) return ncclSuccess; /* in place */
+    if (scount) res = ncclSend(sfrom, scount, dt, p, nc->comm, nc->stream);
+    if (res == ncclSuccess && a->recvcounts[p])
+        res = ncclRecv(rto, a->recvcounts[p], dt, p, nc->comm, nc->stream);
+    return res;
+}
+
 static ncclResult_t nccl_group_p2p(cl_nccl_comm *nc, const collie_coll_args *a, ncclDataType_t dt,
                                    size_t blk) {
     const char *s = a->sendbuf;
@@ -83,6 +103,8 @@ static ncclResult_t nccl_group_p2p(cl_nccl_comm *nc, const collie_coll_args *a, 
     ncclResult_t res = ncclGroupStart();
     for (int p = 0; res == ncclSuccess && p < nc->size; p++) {
         switch (a->kind) {
+        case COLLIE_COLL_ALLGATHERV:
+        case COLLIE_COLL_ALLTOALLV: res = nccl_v_peer(nc, a, dt, p); break;
         case COLLIE_COLL_ALLTOALL:
             res = ncclSend(s + (size_t)p * blk, a->count, dt, p, c, st);
             if (res == ncclSuccess) res = ncclRecv(r + (size_t)p * blk, a->count, dt, p, c, st);

@@ -175,6 +175,53 @@ static void sched_scatter_direct(cl_sched_b *b) {
         if (p != root) cl_sched_send(b, p, CL_SBUF_SEND, (uint64_t)p * B, B);
 }
 
+/* allgatherv: allgather's ring with each rank's own block size; a block of
+ * 0 elements is no message (both ends skip it). */
+static void sched_allgatherv_ring(cl_sched_b *b) {
+    int n = b->size, r = b->rank, next = (r + 1) % n, prev = cl_sched_mod(r - 1, n);
+    const size_t *cnt = b->a->recvcounts, *dsp = b->a->rdispls;
+    uint64_t es = b->esize;
+    bool inplace = cl_sched_at(b->a->sendbuf, b->a->recvbuf, (uint64_t)dsp[r] * es);
+    for (int t = 0; t < n - 1; t++) {
+        int sb = cl_sched_mod(r - t, n), rb = cl_sched_mod(r - t - 1, n);
+        cl_sched_step(b);
+        if (t == 0 && !inplace) {
+            cl_sched_copy(b, CL_SBUF_RECV, dsp[r] * es, CL_SBUF_SEND, 0, cnt[r] * es);
+            cl_sched_send(b, next, CL_SBUF_SEND, 0, cnt[r] * es);
+        } else {
+            cl_sched_send(b, next, CL_SBUF_RECV, dsp[sb] * es, cnt[sb] * es);
+        }
+        cl_sched_recv(b, prev, CL_SBUF_RECV, dsp[rb] * es, cnt[rb] * es);
+    }
+}
+
+/* alltoallv: alltoall's pairwise exchange with per-peer blocks (never in
+ * place: the core refuses it). */
+static void sched_alltoallv_pairwise(cl_sched_b *b) {
+    int n = b->size, r = b->rank;
+    const collie_coll_args *a = b->a;
+    uint64_t es = b->esize;
+    for (int k = 1; k < n; k++) {
+        int to = (r + k) % n, from = cl_sched_mod(r - k, n);
+        cl_sched_step(b);
+        if (k == 1)
+            cl_sched_copy(b, CL_SBUF_RECV, a->rdispls[r] * es, CL_SBUF_SEND, a->sdispls[r] * es,
+                          a->recvcounts[r] * es);
+        cl_sched_send(b, to, CL_SBUF_SEND, a->sdispls[to] * es, a->sendcounts[to] * es);
+        cl_sched_recv(b, from, CL_SBUF_RECV, a->rdispls[from] * es, a->recvcounts[from] * es);
+    }
+}
+
+/* A v collective on one rank: its own block, copied. */
+static void sched_local_v(cl_sched_b *b) {
+    const collie_coll_args *a = b->a;
+    uint64_t es = b->esize, len = a->recvcounts[0] * es;
+    uint64_t soff = a->kind == COLLIE_COLL_ALLTOALLV ? a->sdispls[0] * es : 0;
+    if (!len || cl_sched_at(a->sendbuf, a->recvbuf, a->rdispls[0] * es - soff)) return;
+    cl_sched_step(b);
+    cl_sched_copy(b, CL_SBUF_RECV, a->rdispls[0] * es, CL_SBUF_SEND, soff, len);
+}
+
 /* Dissemination: in step k notify rank r + 2^k and wait for rank r - 2^k;
  * after ceil(log2 n) steps every rank has heard (transitively) from all. */
 static void sched_barrier_dissemination(cl_sched_b *b) {
@@ -200,7 +247,8 @@ static void sched_local(cl_sched_b *b) {
  * emits for one rank, reserved before building. */
 static void sched_bounds(const cl_sched_b *b, bool small, uint64_t *steps, uint64_t *ops) {
     uint64_t n = (uint64_t)b->size, L = (uint64_t)sched_ceil_log2(b->size);
-    if (b->a->kind != COLLIE_COLL_BARRIER && (b->size == 1 || b->a->count == 0)) {
+    bool v = collie_coll_is_v(b->a->kind);
+    if (b->a->kind != COLLIE_COLL_BARRIER && (b->size == 1 || (b->a->count == 0 && !v))) {
         *steps = 1, *ops = 1;
         return;
     }
@@ -216,6 +264,8 @@ static void sched_bounds(const cl_sched_b *b, bool small, uint64_t *steps, uint6
     case COLLIE_COLL_ALLGATHER: *steps = n, *ops = 2 * n + 1; break;
     case COLLIE_COLL_REDUCE_SCATTER: *steps = n + 1, *ops = 2 * n + 1; break;
     case COLLIE_COLL_ALLTOALL: *steps = n + 1, *ops = 2 * n + 2; break;
+    case COLLIE_COLL_ALLGATHERV: *steps = n, *ops = 2 * n + 1; break;
+    case COLLIE_COLL_ALLTOALLV: *steps = n, *ops = 2 * n + 1; break;
     case COLLIE_COLL_GATHER:
     case COLLIE_COLL_SCATTER: *steps = 1, *ops = n + 1; break;
     default: *steps = L, *ops = 2 * L; break; /* barrier */
@@ -252,6 +302,29 @@ static bool sched_is_rooted(collie_coll_kind k) {
            k == COLLIE_COLL_SCATTER;
 }
 
+/* The counts and displacements of a v collective: present, and every
+ * block's end in bytes without overflow (the core checked more). */
+static int sched_validate_v(const collie_coll_args *a, int size, uint64_t esize, const char **why) {
+    bool a2a = a->kind == COLLIE_COLL_ALLTOALLV;
+    if (!a->recvcounts || !a->rdispls || (a2a && (!a->sendcounts || !a->sdispls))) {
+        *why = "counts or displacements missing";
+        return COLLIE_EINVAL;
+    }
+    for (int p = 0; p < size; p++) {
+        uint64_t end;
+        for (int side = 0; side < (a2a ? 2 : 1); side++) {
+            const size_t *cnt = side ? a->sendcounts : a->recvcounts;
+            const size_t *dsp = side ? a->sdispls : a->rdispls;
+            if (__builtin_add_overflow((uint64_t)dsp[p], (uint64_t)cnt[p], &end) ||
+                __builtin_mul_overflow(end, esize, &end) || end > SIZE_MAX) {
+                *why = "a block's end overflows";
+                return COLLIE_EINVAL;
+            }
+        }
+    }
+    return COLLIE_OK;
+}
+
 /* sched_validate: the checks the core may already have made, repeated
  * because a wrong schedule is silent data corruption on every rank. */
 static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_t *esize,
@@ -260,7 +333,8 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
         *why = "rank outside [0, size)";
         return COLLIE_EINVAL;
     }
-    if ((unsigned)a->kind >= COLLIE_COLL_SEND) {
+    if ((unsigned)a->kind >= COLLIE_COLL_NUM_KINDS || a->kind == COLLIE_COLL_SEND ||
+        a->kind == COLLIE_COLL_RECV) {
         *why = "not a scheduled collective";
         return COLLIE_EINVAL;
     }
@@ -279,6 +353,7 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
         *why = "root outside [0, size)";
         return COLLIE_EINVAL;
     }
+    if (collie_coll_is_v(a->kind)) return sched_validate_v(a, size, *esize, why);
     /* the largest buffer of any kind is size * count elements */
     uint64_t total;
     if (__builtin_mul_overflow((uint64_t)a->count, *esize, &total) ||
@@ -307,6 +382,13 @@ int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
     s->scratch_bytes = 0;
     if (a->kind == COLLIE_COLL_BARRIER) {
         sched_barrier_dissemination(&b);
+    } else if (collie_coll_is_v(a->kind)) {
+        if (size == 1)
+            sched_local_v(&b);
+        else if (a->kind == COLLIE_COLL_ALLGATHERV)
+            sched_allgatherv_ring(&b);
+        else
+            sched_alltoallv_pairwise(&b);
     } else if (a->count == 0) {
         /* nothing to move */
     } else if (size == 1) {

@@ -482,12 +482,14 @@ static bool conn_match(tcp_conn *c) {
     const collie_coll_args *a = &s->owner->args;
     uint32_t root = get32(h + 40),
              mine = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
-    if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype || get64(h + 24) != a->count ||
-        len != s->len || root != mine || (collie_coll_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
+    if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype ||
+        (collie_coll_count_agrees(a->kind) && get64(h + 24) != a->count) || len != s->len ||
+        root != mine || (collie_coll_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
         char ours[96], theirs[96];
         describe_post(ours, sizeof ours, a->kind, a->count, a->dtype, a->op, mine);
         describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], root);
-        if (!strcmp(ours, theirs)) /* same arguments, a frame of another length */
+        /* same arguments (or alltoallv's own counts), a frame of another length */
+        if (!strcmp(ours, theirs) || !collie_coll_count_agrees(a->kind))
             snprintf(theirs + strlen(theirs), sizeof theirs - strlen(theirs),
                      " in a frame of %llu bytes where %llu were due", (unsigned long long)len,
                      (unsigned long long)s->len);
