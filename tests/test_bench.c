@@ -25,11 +25,11 @@
 #include "spawn.h"
 
 #define RUN_BOUND_MS 50000 /* no run of a test takes longer than this */
-#define NUM_OPS      9
+#define NUM_OPS      11
 
-static const char *const op_names[NUM_OPS] = {"allreduce", "broadcast",      "reduce",
-                                              "allgather", "reduce_scatter", "alltoall",
-                                              "gather",    "scatter",        "barrier"};
+static const char *const op_names[NUM_OPS] = {"allreduce",      "broadcast", "reduce", "allgather",
+                                              "reduce_scatter", "alltoall",  "gather", "scatter",
+                                              "allgatherv",     "alltoallv", "barrier"};
 
 static bool quick(void) {
     const char *q = getenv("CLTEST_QUICK");
@@ -108,7 +108,8 @@ static size_t csv_split(char *line, char **f, size_t max) {
 
 /* nccl-tests' size column for `op` at requested size S (its
  * *GetCollByteCount): allreduce/broadcast/reduce use S/es elements; the
- * others count/n rounded down to 16 bytes per rank, n blocks in all. */
+ * others count/n rounded down to 16 bytes per rank, n blocks in all (the
+ * v collectives, which nccl-tests lacks, as allgather and alltoall). */
 static size_t nccl_tests_bytes(const char *op, size_t S, size_t es, size_t n) {
     size_t count = S / es, base = (count / n) & ~(16 / es - 1);
     if (!strcmp(op, "allreduce") || !strcmp(op, "broadcast") || !strcmp(op, "reduce"))
@@ -189,7 +190,7 @@ static bool reduces(int op) { return op == 0 || op == 2 || op == 4; }
 static bool rooted(int op) { return op == 1 || op == 2 || op == 6 || op == 7; }
 
 static bool has_inplace(int op) {
-    return op != 5 && op != 7 && op != 8; /* alltoall, scatter, barrier */
+    return op != 5 && op != 7 && op != 9 && op != 10; /* alltoall, scatter, alltoallv, barrier */
 }
 
 /* A row's placement p: timed (time > 0), bandwidth printed, checked with
@@ -657,8 +658,9 @@ static void test_nccl_backend_on_the_double(void **state) {
 static void test_threads(void **state) {
     (void)state;
     static const size_t sizes[] = {4, 4099, 65536};
-    static const bool ops[NUM_OPS] = {[0] = true, [2] = true, [3] = true, [5] = true, [8] = true};
-    const char *op_arg = "allreduce,reduce,allgather,alltoall,barrier";
+    static const bool ops[NUM_OPS] = {
+        [0] = true, [2] = true, [3] = true, [5] = true, [9] = true, [10] = true};
+    const char *op_arg = "allreduce,reduce,allgather,alltoall,alltoallv,barrier";
     static const struct {
         int procs;
         const char *flag, *threads;

@@ -21,7 +21,9 @@
  *    count argument of the call. algbw is size / time and busbw = algbw *
  *    factor (allreduce 2(n-1)/n; broadcast and reduce 1; allgather,
  *    reduce_scatter, alltoall, gather, scatter (n-1)/n). The barrier has no
- *    size: one row, size 0, no bandwidth.
+ *    size: one row, size 0, no bandwidth. allgatherv and alltoallv (not in
+ *    nccl-tests) take allgather's and alltoall's sizes and factor, the
+ *    whole buffer split unevenly (bench_v_count), count the whole buffer.
  *  - A row is (op, dtype, redop, root, size); nccl-tests' loops: per op,
  *    per dtype, per reduction (reducing ops), per root (rooted ops), per
  *    size. Timings per row, each after a barrier: out of place, time (nccl-
@@ -122,7 +124,8 @@ static double bench_busbw_factor(bench_op op, int n) {
 
 /* collie.h has an in-place form of op (broadcast: its only form). */
 static bool bench_has_inplace(bench_op op) {
-    return op != BENCH_ALLTOALL && op != BENCH_SCATTER && op != BENCH_BARRIER;
+    return op != BENCH_ALLTOALL && op != BENCH_SCATTER && op != BENCH_ALLTOALLV &&
+           op != BENCH_BARRIER;
 }
 
 static size_t bench_min(size_t a, size_t b) { return a < b ? a : b; }
@@ -159,6 +162,9 @@ static void bench_bufs(const bench *b, bench_op op, const bench_counts *k, size_
     switch (op) {
     case BENCH_ALLGATHER:
     case BENCH_GATHER: *s = at + at_rank; break;
+    case BENCH_ALLGATHERV:
+        *s = at + bench_v_offset(op, k->param, b->size, b->rank, 0) * b->es;
+        break;
     case BENCH_REDUCE_SCATTER:
         *s = at;
         *r = at + at_rank;
@@ -186,6 +192,10 @@ static int bench_post_cuda(bench *b, bench_op op, const bench_counts *k, void *s
     case BENCH_ALLTOALL: return collie_cuda_alltoall(c, s, r, n, dt, st, &b->po, w);
     case BENCH_GATHER: return collie_cuda_gather(c, s, r, n, dt, root, st, &b->po, w);
     case BENCH_SCATTER: return collie_cuda_scatter(c, s, r, n, dt, root, st, &b->po, w);
+    case BENCH_ALLGATHERV:
+        return collie_cuda_allgatherv(c, s, r, b->vrecv, NULL, dt, st, &b->po, w);
+    case BENCH_ALLTOALLV:
+        return collie_cuda_alltoallv(c, s, b->vsend, NULL, r, b->vrecv, NULL, dt, st, &b->po, w);
     default: return collie_cuda_barrier(c, st, &b->po, w);
     }
 }
@@ -206,6 +216,9 @@ static int bench_post_host(bench *b, bench_op op, const bench_counts *k, void *s
     case BENCH_ALLTOALL: return collie_alltoall(c, s, r, n, dt, &b->po, w);
     case BENCH_GATHER: return collie_gather(c, s, r, n, dt, root, &b->po, w);
     case BENCH_SCATTER: return collie_scatter(c, s, r, n, dt, root, &b->po, w);
+    case BENCH_ALLGATHERV: return collie_allgatherv(c, s, r, b->vrecv, NULL, dt, &b->po, w);
+    case BENCH_ALLTOALLV:
+        return collie_alltoallv(c, s, b->vsend, NULL, r, b->vrecv, NULL, dt, &b->po, w);
     default: return collie_barrier(c, &b->po, w);
     }
 }
@@ -472,6 +485,10 @@ static int bench_checked_op(bench *b, bench_op op, const bench_counts *k, uint32
  * counted, not failures) or an error status (already reported). */
 static int bench_row(bench *b, bench_op op, size_t S, uint32_t seed) {
     bench_counts k = bench_counts_for(op, S, b->es, b->size);
+    for (int p = 0; p < b->size && (op == BENCH_ALLGATHERV || op == BENCH_ALLTOALLV); p++) {
+        b->vsend[p] = bench_v_count(op, k.param, b->size, b->rank, p);
+        b->vrecv[p] = bench_v_count(op, k.param, b->size, p, b->rank);
+    }
     size_t iters = (size_t)b->o->iters, warmup = (size_t)b->o->warmup;
     size_t inflight = (size_t)b->o->inflight;
     bool check = b->o->check;
@@ -773,6 +790,8 @@ static int bench_setup(bench *b) {
     void *s = NULL, *r = NULL;
     if (posix_memalign(&s, 4096, max_bytes) || posix_memalign(&r, 4096, b->arena_bytes) ||
         !(b->works = calloc(b->nworks, sizeof *b->works)) ||
+        !(b->vsend = calloc((size_t)b->size, sizeof *b->vsend)) ||
+        !(b->vrecv = calloc((size_t)b->size, sizeof *b->vrecv)) ||
         !(b->lat = calloc((size_t)o->iters + 2, sizeof *b->lat))) {
         free(s);
         free(r);
@@ -807,6 +826,8 @@ static void bench_teardown(bench *b, bool failed) {
     collie_store_destroy(b->store); /* after the comm, which uses it */
     if (b->engine) collie_engine_destroy(b->engine);
     free(b->works);
+    free(b->vsend);
+    free(b->vrecv);
     free(b->lat);
     free(b->sendbuf);
     free(b->arena);
@@ -827,13 +848,17 @@ static void *bench_rank_main(void *arg) {
             snprintf(what, sizeof what, "-r/--root %d: the world has %d ranks", o->root, b->size);
             bench_usage_error("%s", what);
         }
-        res = BENCH_BAD_ROOT;
+        res = bench_sync(b); /* said before anyone leaves */
+        if (res == COLLIE_OK) res = BENCH_BAD_ROOT;
     }
     if (res == COLLIE_OK && b->rank == 0) bench_print_header(b);
     for (int op = 0; op < BENCH_NUM_OPS && res == COLLIE_OK; op++)
         if (o->ops[op]) res = bench_op_rows(b, (bench_op)op);
     if (res == COLLIE_OK && b->rank == 0) bench_print_footer(b);
     fflush(stdout);
+    /* nobody leaves before rank 0 has printed everything: a rank that exits
+     * 1 (wrong results) first would make collie-run stop rank 0 mid-table */
+    if (res == COLLIE_OK) res = bench_sync(b);
     /* wrong results and a bad root: every rank knows and stops here
      * together, so they leave in order */
     if (res == COLLIE_OK && b->wrong_total) res = BENCH_CHECK_FAILED;

@@ -44,6 +44,8 @@ typedef enum bench_op {
     BENCH_ALLTOALL,
     BENCH_GATHER,
     BENCH_SCATTER,
+    BENCH_ALLGATHERV,
+    BENCH_ALLTOALLV,
     BENCH_BARRIER,
     BENCH_NUM_OPS
 } bench_op;
@@ -102,6 +104,15 @@ typedef struct bench_counts {
 } bench_counts;
 
 bench_counts bench_counts_for(bench_op op, size_t S, size_t es, int nranks);
+/* allgatherv and alltoallv: `total` elements (the count column) split
+ * unevenly, block p of n weighing p+1 (the last takes the rest);
+ * alltoallv's rank `from` sends rank `to` block (from + to) % n, so every
+ * rank sends and receives `total`. bench_v_count: elements from -> to
+ * (allgatherv: from's block, to any); bench_v_offset: where the block
+ * from -> to starts in from's packed send buffer (alltoallv) or in the
+ * packed result (allgatherv, to ignored). */
+size_t bench_v_count(bench_op op, size_t total, int n, int from, int to);
+size_t bench_v_offset(bench_op op, size_t total, int n, int from, int to);
 
 /* The few CUDA runtime calls the bench makes, loaded with dlopen (no CUDA
  * headers, no link dependency). cudaError_t is an int, 0 success. */
@@ -155,10 +166,11 @@ typedef struct bench {
     size_t slot_bytes, nslots; /* of the current size and placement */
     collie_work **works;       /* outstanding works; NULL entries are free */
     size_t nworks;
-    double *lat;      /* iters per-op seconds, then the inflight elapsed time */
-    double avg[2];    /* out-of-place and in-place per-op seconds, averaged over ranks */
-    int64_t wrong[2]; /* wrong elements of the row, out-of-place and in-place */
-    bool said_wrong;  /* this rank reported a wrong result of the row */
+    double *lat;           /* iters per-op seconds, then the inflight elapsed time */
+    double avg[2];         /* out-of-place and in-place per-op seconds, averaged over ranks */
+    int64_t wrong[2];      /* wrong elements of the row, out-of-place and in-place */
+    size_t *vsend, *vrecv; /* allgatherv/alltoallv counts of the row, size entries each */
+    bool said_wrong;       /* this rank reported a wrong result of the row */
     collie_post_opts po;
     int64_t wrong_total; /* over the ranks and rows so far */
     double busbw_sum;

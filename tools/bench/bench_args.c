@@ -39,9 +39,9 @@
 #define BENCH_NCCL_STEP     ((size_t)1 << 20)  /* and -i */
 #define BENCH_MAX_FACTOR    1024
 
-const char *const bench_op_names[BENCH_NUM_OPS] = {"allreduce", "broadcast",      "reduce",
-                                                   "allgather", "reduce_scatter", "alltoall",
-                                                   "gather",    "scatter",        "barrier"};
+const char *const bench_op_names[BENCH_NUM_OPS] = {
+    "allreduce", "broadcast", "reduce",     "allgather", "reduce_scatter", "alltoall",
+    "gather",    "scatter",   "allgatherv", "alltoallv", "barrier"};
 
 const char *const bench_redops[COLLIE_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
 
@@ -149,7 +149,8 @@ static void bench_usage(FILE *f) {
             "                     a spec without one gets cpu:tcp (nccl: cpu:tcp,nccl)\n"
             "  --device N         CUDA device of every rank (default rank %% devices)\n"
             "  --op LIST          comma list of allreduce, broadcast, reduce, allgather,\n"
-            "                     reduce_scatter, alltoall, gather, scatter, barrier, or all\n"
+            "                     reduce_scatter, alltoall, gather, scatter, allgatherv,\n"
+            "                     alltoallv, barrier, or all\n"
             "                     (default all); an item sum|prod|min|max|avg sets the\n"
             "                     reduction instead, as nccl-tests' --op\n"
             "  --sizes LIST       comma list of sizes in bytes, K/M/G suffixes (x1024)\n"
@@ -189,6 +190,9 @@ static void bench_usage(FILE *f) {
             "buffer holds N*count, each rank gets count; alltoall: count per peer, N*count\n"
             "each way. The size column is the op's largest buffer (nccl-tests' size),\n"
             "count is the count argument of the call. The barrier is one row of size 0.\n"
+            "allgatherv, alltoallv: allgather's and alltoall's sizes, split unevenly (block p\n"
+            "of N weighs p+1; alltoallv's rank r sends rank p block (r+p) mod N); count is\n"
+            "the whole receive buffer.\n"
             "\n"
             "Columns (nccl-tests'): size count type redop root, then out-of-place and\n"
             "in-place time algbw busbw #wrong; then collie's lat_us and ops/s. time: iters\n"
@@ -197,7 +201,8 @@ static void bench_usage(FILE *f) {
             "reduce_scatter, alltoall, gather, scatter (N-1)/N. In place: sendbuf ==\n"
             "recvbuf (allgather, gather: at rank*count of it; reduce_scatter: the result\n"
             "at rank*count of the send buffer); alltoall and scatter have no in-place form\n"
-            "in collie (N/A); broadcast has one buffer, so both columns time the same call.\n"
+            "in collie (N/A; nor alltoallv); allgatherv in place sends from its own block of\n"
+            "the result; broadcast has one buffer, so both columns time the same call.\n"
             "#wrong: wrong elements over all ranks (N/A without --check). lat_us: median\n"
             "over iters of one op posted and waited alone (the slowest rank's time per\n"
             "iteration). ops/s: iters divided by the slowest rank's time with K ops in\n"
@@ -257,7 +262,8 @@ static int bench_parse_ops(const char *list, bench_opts *o) {
         if (!found)
             return bench_usage_error(
                 "unknown --op in '%s' (allreduce broadcast reduce allgather reduce_scatter "
-                "alltoall gather scatter barrier all, or a reduction: sum prod min max avg)",
+                "alltoall gather scatter allgatherv alltoallv barrier all, or a reduction: sum "
+                "prod min max avg)",
                 list);
         if (!p[len]) return BENCH_EXIT_OK;
         p += len + 1;

@@ -253,10 +253,41 @@ bench_counts bench_counts_for(bench_op op, size_t S, size_t es, int nranks) {
         k.param = base;
         k.send = k.recv = base * n;
         break;
+    case BENCH_ALLGATHERV:
+    case BENCH_ALLTOALLV: /* the whole buffer, split unevenly (bench_v_count) */
+        k.param = k.send = k.recv = base * n;
+        break;
     default: break; /* barrier */
     }
     k.bytes = (k.send > k.recv ? k.send : k.recv) * es;
     return k;
+}
+
+/* Block p of `total` split over n blocks weighing 1, 2, ..., n. */
+static size_t bench_v_block(size_t total, int n, int p) {
+    uint64_t w = (uint64_t)n * (uint64_t)(n + 1) / 2, sum = 0;
+    for (int q = 0; q < n - 1; q++) {
+        uint64_t part = (uint64_t)total * (uint64_t)(q + 1) / w;
+        if (q == p) return (size_t)part;
+        sum += part;
+    }
+    return (size_t)(total - sum); /* the last block: the rest */
+}
+
+size_t bench_v_count(bench_op op, size_t total, int n, int from, int to) {
+    return op == BENCH_ALLTOALLV ? bench_v_block(total, n, (from + to) % n)
+                                 : bench_v_block(total, n, from);
+}
+
+size_t bench_v_offset(bench_op op, size_t total, int n, int from, int to) {
+    size_t at = 0;
+    if (op == BENCH_ALLTOALLV)
+        for (int q = 0; q < to; q++)
+            at += bench_v_count(op, total, n, from, q);
+    else
+        for (int q = 0; q < from; q++)
+            at += bench_v_block(total, n, q);
+    return at;
 }
 
 /* ---- fill and verify ----------------------------------------------------- */
@@ -265,7 +296,9 @@ bench_counts bench_counts_for(bench_op op, size_t S, size_t es, int nranks) {
 static unsigned char *bench_inplace_input(const bench *b, bench_op op, const bench_counts *k,
                                           size_t slot) {
     bool at_rank = op == BENCH_ALLGATHER || op == BENCH_GATHER;
-    return bench_slot(b, slot) + (at_rank ? (size_t)b->rank * k->param * b->es : 0);
+    size_t at = at_rank ? (size_t)b->rank * k->param : 0;
+    if (op == BENCH_ALLGATHERV) at = bench_v_offset(op, k->param, b->size, b->rank, 0);
+    return bench_slot(b, slot) + at * b->es;
 }
 
 void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slots,
@@ -291,7 +324,12 @@ void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, siz
     case BENCH_GATHER:
     case BENCH_ALLTOALL:
     case BENCH_SCATTER:
+    case BENCH_ALLTOALLV: /* packed by peer: element j of the buffer */
         for (size_t j = 0; j < k->send; j++)
+            bench_store(b->dt, in + j * es, bench_move_val(b, seed, r, j));
+        break;
+    case BENCH_ALLGATHERV:
+        for (size_t j = 0; j < bench_v_count(op, k->param, b->size, r, 0); j++)
             bench_store(b->dt, in + j * es, bench_move_val(b, seed, r, j));
         break;
     default: break;
@@ -353,12 +391,26 @@ size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed,
     case BENCH_ALLGATHER:
     case BENCH_ALLTOALL: len = c * n; break;
     case BENCH_GATHER: len = root ? c * n : 0; break;
+    case BENCH_ALLGATHERV:
+    case BENCH_ALLTOALLV: len = c; break;
     default: return 0;
     }
+    int vq = 0; /* v ops: the block j is in, and where it starts */
+    size_t vstart = 0, vend = len ? bench_v_count(op, c, (int)n, 0, r) : 0;
     unsigned char want[8], first_want[8];
     size_t bad = 0, first = 0;
     for (size_t j = 0; j < len; j++) {
         size_t q = c ? j / c : 0, i = c ? j % c : 0;
+        if (op == BENCH_ALLGATHERV || op == BENCH_ALLTOALLV) {
+            while (j >= vend) { /* the next non-empty block */
+                vstart = vend;
+                vq++;
+                vend += bench_v_count(op, c, (int)n, vq, r);
+            }
+            q = (size_t)vq;
+            i = j - vstart;
+            if (op == BENCH_ALLTOALLV) i += bench_v_offset(op, c, (int)n, vq, r);
+        }
         switch (op) {
         case BENCH_ALLREDUCE:
         case BENCH_REDUCE: bench_red_ref(b, seed, j, want); break;
@@ -368,7 +420,9 @@ size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed,
             bench_store(b->dt, want, bench_move_val(b, seed, b->root, (size_t)r * c + j));
             break;
         case BENCH_ALLGATHER:
-        case BENCH_GATHER: bench_store(b->dt, want, bench_move_val(b, seed, (int)q, i)); break;
+        case BENCH_GATHER:
+        case BENCH_ALLGATHERV:
+        case BENCH_ALLTOALLV: bench_store(b->dt, want, bench_move_val(b, seed, (int)q, i)); break;
         default: /* alltoall: block q came from rank q, its block r */
             bench_store(b->dt, want, bench_move_val(b, seed, (int)q, (size_t)r * c + i));
             break;
