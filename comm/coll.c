@@ -163,6 +163,10 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
     if (!c->spec.ops[dev])
         return cl_set_last_error(COLLIE_ENOTSUP, "%s: comm '%s' has no %s backend", op, c->name,
                                  dev == CL_DEV_CPU ? "cpu" : "cuda");
+    if (collie_coll_is_v(a->kind) && !(c->spec.ops[dev]->flags & COLLIE_BACKEND_V_COLLECTIVES))
+        return cl_set_last_error(COLLIE_ENOTSUP,
+                                 "%s: backend %s of comm '%s' does not implement it", op,
+                                 c->spec.ops[dev]->name, c->name);
     int st = atomic_load_explicit(&c->err_status, memory_order_acquire);
     if (st != COLLIE_OK && atomic_load(&c->state) == CL_COMM_FAILED)
         return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' has failed: %s", op, c->name,

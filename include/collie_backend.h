@@ -60,7 +60,7 @@ typedef enum collie_coll_kind {
     COLLIE_COLL_BARRIER,
     COLLIE_COLL_SEND,
     COLLIE_COLL_RECV,
-    COLLIE_COLL_ALLGATHERV, /* appended: a backend that predates them refuses them */
+    COLLIE_COLL_ALLGATHERV, /* appended: only for COLLIE_BACKEND_V_COLLECTIVES backends */
     COLLIE_COLL_ALLTOALLV,
     COLLIE_COLL_NUM_KINDS
 } collie_coll_kind;
@@ -137,8 +137,8 @@ typedef struct collie_coll_args {
      * always given; owned by the work (valid until the backend's detach).
      * allgatherv: rank p's block is recvcounts[p] elements at rdispls[p]
      * of recvbuf (this rank sends recvcounts[rank]); send* are NULL.
-     * Appended in ABI 3: a backend that does not know the v kinds never
-     * reads them. */
+     * Appended in ABI 3: a backend without COLLIE_BACKEND_V_COLLECTIVES
+     * is never given a v kind, so it never reads them. */
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } collie_coll_args;
 
@@ -285,7 +285,10 @@ enum {
     ((core)->size >= offsetof(collie_core_services, field) + sizeof((core)->field) &&              \
      (core)->field != NULL)
 
-enum { COLLIE_BACKEND_POST_ON_CALLER = 1 };
+/* flags: POST_ON_CALLER (see the top); V_COLLECTIVES: start runs
+ * allgatherv and alltoallv (the core refuses them, COLLIE_ENOTSUP, on a
+ * backend without it, such as one built before they were added). */
+enum { COLLIE_BACKEND_POST_ON_CALLER = 1, COLLIE_BACKEND_V_COLLECTIVES = 2 };
 
 /* collie_backend_ops: a backend. `const`, designated initialisers, with
  *     .abi_version = COLLIE_BACKEND_ABI_VERSION,
@@ -298,7 +301,7 @@ typedef struct collie_backend_ops {
     uint32_t size;         /* sizeof(collie_backend_ops) as the backend saw it */
     const char *name;      /* "tcp", "nccl" (matched case-insensitively) */
     const char *device;    /* "cpu" or "cuda" */
-    uint32_t flags;        /* COLLIE_BACKEND_POST_ON_CALLER */
+    uint32_t flags;        /* COLLIE_BACKEND_POST_ON_CALLER, _V_COLLECTIVES */
     size_t work_data_size; /* bytes of per-work state the core reserves */
 
     /* init: set up the backend for a comm whose rendezvous is done (rank,

@@ -552,6 +552,18 @@ static int child_dummy_world(void) {
               "fp16 post");
     for (int r = 0; r < 3; r++)
         if (expect_work(wk[r], COLLIE_ENOTSUP, "not supported")) return 1;
+    /* a backend without COLLIE_BACKEND_V_COLLECTIVES is never given one */
+    size_t cnt[3] = {1, 1, 1};
+    collie_work *none = NULL;
+    CHECK(collie_allgatherv(w.c[0], buf[0], buf[0] + 3, cnt, NULL, COLLIE_FP32, NULL, &none) ==
+                  COLLIE_ENOTSUP &&
+              !none &&
+              strstr(collie_last_error(), "backend dummy of comm 'dummy3' does not implement"),
+          "allgatherv on dummy: %s", collie_last_error());
+    CHECK(collie_alltoallv(w.c[0], buf[0], cnt, NULL, buf[0] + 3, cnt, NULL, COLLIE_FP32, NULL,
+                           &none) == COLLIE_ENOTSUP &&
+              !none,
+          "alltoallv on dummy: %s", collie_last_error());
     int st;
     CHECK(collie_comm_error(w.c[0], &st, NULL) == COLLIE_OK, "comm faulted: %d", st);
     if (cw_allreduce(&w, COLLIE_FP32, COLLIE_SUM, 5, 2, false)) return 1;
