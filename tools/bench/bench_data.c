@@ -395,21 +395,25 @@ size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed,
     case BENCH_ALLTOALLV: len = c; break;
     default: return 0;
     }
-    int vq = 0; /* v ops: the block j is in, and where it starts */
+    /* v ops: the block j is in (from rank vq), where it starts in the
+     * result, and (alltoallv) where it started in vq's send buffer */
+    int vq = 0;
+    bool a2av = op == BENCH_ALLTOALLV;
     size_t vstart = 0, vend = len ? bench_v_count(op, c, (int)n, 0, r) : 0;
+    size_t vsrc = len && a2av ? bench_v_offset(op, c, (int)n, 0, r) : 0;
     unsigned char want[8], first_want[8];
     size_t bad = 0, first = 0;
     for (size_t j = 0; j < len; j++) {
         size_t q = c ? j / c : 0, i = c ? j % c : 0;
         if (op == BENCH_ALLGATHERV || op == BENCH_ALLTOALLV) {
-            while (j >= vend) { /* the next non-empty block */
+            while (j >= vend) { /* the next non-empty block: once per block */
                 vstart = vend;
                 vq++;
                 vend += bench_v_count(op, c, (int)n, vq, r);
+                vsrc = a2av ? bench_v_offset(op, c, (int)n, vq, r) : 0;
             }
             q = (size_t)vq;
-            i = j - vstart;
-            if (op == BENCH_ALLTOALLV) i += bench_v_offset(op, c, (int)n, vq, r);
+            i = j - vstart + vsrc;
         }
         switch (op) {
         case BENCH_ALLREDUCE:

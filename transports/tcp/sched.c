@@ -212,12 +212,14 @@ static void sched_alltoallv_pairwise(cl_sched_b *b) {
     }
 }
 
-/* A v collective on one rank: its own block, copied. */
+/* A v collective on one rank: its own block, copied (allgatherv in place:
+ * already there). */
 static void sched_local_v(cl_sched_b *b) {
     const collie_coll_args *a = b->a;
     uint64_t es = b->esize, len = a->recvcounts[0] * es;
-    uint64_t soff = a->kind == COLLIE_COLL_ALLTOALLV ? a->sdispls[0] * es : 0;
-    if (!len || cl_sched_at(a->sendbuf, a->recvbuf, a->rdispls[0] * es - soff)) return;
+    bool a2a = a->kind == COLLIE_COLL_ALLTOALLV;
+    uint64_t soff = a2a ? a->sdispls[0] * es : 0;
+    if (!len || (!a2a && cl_sched_at(a->sendbuf, a->recvbuf, a->rdispls[0] * es))) return;
     cl_sched_step(b);
     cl_sched_copy(b, CL_SBUF_RECV, a->rdispls[0] * es, CL_SBUF_SEND, soff, len);
 }
