@@ -1,0 +1,616 @@
+"""Comm: a collie communicator and its collectives from Python.
+
+Design notes
+- Every collective posts and returns a Work at once (non-blocking, as
+  collie.h); `await work` or the *_async forms resolve it on an asyncio
+  loop, work.wait() on any thread. The Work holds the buffers until its
+  completion is observed (see _engine.py).
+- Sizes are checked here, where Python knows them and collie cannot:
+  an output too small for what collie will write is a ValueError naming
+  both sizes, never a write past the end. Element types must match across
+  the buffers of one call (TypeError).
+- Host forms take CPU memory (numpy, torch CPU tensors, bytes-like);
+  cuda_* forms take device buffers and a stream (an int cudaStream_t, an
+  object with .cuda_stream such as torch.cuda.Stream, or None/0 for the
+  default stream) and run on the comm's cuda backend (collie_cuda.h).
+- The comm owns nothing it did not create: the store passed in stays the
+  caller's (kept alive by the comm); from_env's store is the comm's own.
+"""
+
+from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
+
+from . import _lib
+from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
+from ._engine import Engine, timeout_ms
+from .errors import OK, CollieNotMember, check, error_for
+from .store import Store
+
+lib = _lib.lib
+
+REDOPS = {"sum": 0, "prod": 1, "product": 1, "min": 2, "max": 3, "avg": 4, "mean": 4}
+POLICIES = {
+    "default": 0,
+    "abort_comm": 1,
+    "blocking_wait": 2,
+    "abort_process": 3,
+    "none": 4,
+}
+
+
+def redop_code(op):
+    if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < 5:
+        return op
+    name = str(op).lower()
+    if name.startswith("reduceop."):
+        name = name[len("reduceop.") :]
+    if name in REDOPS:
+        return REDOPS[name]
+    raise ValueError(f"op: {op!r} is not a collie reduction (sum, prod, min, max, avg)")
+
+
+def policy_code(policy):
+    if policy is None:
+        return 0
+    name = str(policy).lower().replace("-", "_")
+    if name in POLICIES:
+        return POLICIES[name]
+    raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+
+
+def _comm_opts(name, backend, timeout, create_timeout, policy, device):
+    if name is not None and not isinstance(name, str):
+        raise TypeError("name: a str")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError("backend: a str such as 'tcp', 'nccl' or 'cpu:tcp,cuda:nccl'")
+    return _lib.CommOpts(
+        sizeof(_lib.CommOpts),
+        name.encode() if name else None,
+        backend.encode() if backend else None,
+        timeout_ms(timeout, "timeout"),
+        timeout_ms(create_timeout, "create_timeout"),
+        policy_code(policy),
+        None,
+        None,
+        -1 if device is None else int(device),
+    )
+
+
+def _same_dtype(what, *bufs):
+    bufs = [b for b in bufs if b is not None]
+    for b in bufs[1:]:
+        if b.dtype != bufs[0].dtype:
+            raise TypeError(
+                f"{what}: buffers of different types ({DTYPE_NAMES[bufs[0].dtype]} and "
+                f"{DTYPE_NAMES[b.dtype]})"
+            )
+
+
+def _at_least(what, buf, need):
+    if buf.count < need:
+        raise ValueError(f"{what}: holds {buf.count} elements, the call writes {need}")
+
+
+class Comm:
+    """A communicator of `size` ranks; every rank creates it with the same name.
+
+    Comm(engine, store, rank, size, name=None, backend=None, timeout=None,
+    create_timeout=None, policy=None, device=None). Timeouts are seconds;
+    policy is 'abort_comm', 'blocking_wait', 'abort_process', 'none' or
+    None (COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING, else abort_comm).
+    """
+
+    def __init__(
+        self,
+        engine,
+        store,
+        rank,
+        size,
+        name=None,
+        backend=None,
+        timeout=None,
+        create_timeout=None,
+        policy=None,
+        device=None,
+        _handle=None,
+        _parent=None,
+    ):
+        if not isinstance(engine, Engine):
+            raise TypeError("engine: a collie.Engine")
+        self._engine = engine
+        self._store = store
+        self._parent = _parent
+        if _handle is not None:
+            self._h = _handle
+            return
+        if store is not None and not isinstance(store, Store):
+            raise TypeError("store: a collie.Store")
+        opts = _comm_opts(name, backend, timeout, create_timeout, policy, device)
+        h = c_void_p()
+        if store is None:
+            st = lib.collie_comm_create_from_env(engine.handle, byref(opts), byref(h))
+            check(st, "collie_comm_create_from_env")
+        else:
+            for v, what in ((rank, "rank"), (size, "size")):
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise TypeError(f"{what}: an int, got {type(v).__name__}")
+            check(
+                lib.collie_comm_create(engine.handle, store.handle, rank, size, byref(opts), byref(h)),
+                "collie_comm_create",
+            )
+        self._h = h.value
+
+    @classmethod
+    def from_env(cls, engine, **opts):
+        """COLLIE_STORE_ADDR, COLLIE_RANK, COLLIE_WORLD_SIZE (as collie-run sets them)."""
+        return cls(engine, None, None, None, **opts)
+
+    # ---- the comm itself -------------------------------------------------------
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise error_for(-7, "the comm is destroyed")
+        return self._h
+
+    @property
+    def rank(self):
+        return lib.collie_comm_rank(self.handle)
+
+    @property
+    def size(self):
+        return lib.collie_comm_size(self.handle)
+
+    @property
+    def name(self):
+        return lib.collie_comm_name(self.handle).decode()
+
+    @property
+    def generation(self):
+        return lib.collie_comm_generation(self.handle)
+
+    @property
+    def engine(self):
+        return self._engine
+
+    def error(self):
+        """None while healthy, else the exception describing the comm's fault."""
+        st, msg = c_int(), c_char_p()
+        check(lib.collie_comm_error(self.handle, byref(st), byref(msg)))
+        if st.value == OK:
+            return None
+        return error_for(st.value, msg.value.decode(errors="replace") if msg.value else "")
+
+    def stats(self):
+        st = _lib.CommStats()
+        st.size = sizeof(st)
+        check(lib.collie_comm_get_stats(self.handle, byref(st)))
+        out = {
+            f: getattr(st, f)
+            for f, _ in _lib.CommStats._fields_
+            if f not in ("size", "failed_by_status", "latency")
+        }
+        out["failed_by_status"] = {
+            lib.collie_status_name(-i).decode(): st.failed_by_status[i]
+            for i in range(1, _lib.STATS_STATUSES)
+            if st.failed_by_status[i]
+        }
+        lat = {}
+        for i in range(_lib.STATS_OPS):
+            name = lib.collie_stats_op_name(i)
+            if name is None:
+                break
+            h = st.latency[i]
+            if h.count:
+                lat[name.decode()] = {"count": h.count, "mean_us": h.sum_ns / h.count / 1000.0}
+        out["latency"] = lat
+        return out
+
+    def abort(self, reason="aborted by the application"):
+        """Fail every pending work with CollieAborted and close the transport."""
+        check(lib.collie_comm_abort(self.handle, reason.encode()), "collie_comm_abort")
+
+    def destroy(self):
+        """Graceful: waits for pending works up to the comm's timeout, then aborts
+        them. Returns True if nothing had to be aborted."""
+        h, self._h = self._h, None
+        if not h:
+            return True
+        st = lib.collie_comm_destroy(h)
+        self._engine.reap()
+        return st == OK
+
+    close = destroy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    def __del__(self):
+        try:
+            if self._h and not self._engine._closed:
+                self.destroy()
+        except Exception:
+            pass
+
+    def _child(self, st, h, what):
+        if st == -8:  # COLLIE_ENOTMEMBER: this rank joins no group
+            return None
+        check(st, what)
+        return Comm(self._engine, self._store, None, None, _handle=h.value, _parent=self)
+
+    def split(self, color, key=0, **opts):
+        """New comm of the ranks with the same colour (None: join none and get
+        None). Every rank of this comm calls it."""
+        o = _comm_opts(
+            opts.get("name"),
+            opts.get("backend"),
+            opts.get("timeout"),
+            opts.get("create_timeout"),
+            opts.get("policy"),
+            opts.get("device"),
+        )
+        h = c_void_p()
+        st = lib.collie_comm_split(self.handle, -1 if color is None else int(color), int(key), byref(o), byref(h))
+        return self._child(st, h, "collie_comm_split")
+
+    def new_group(self, ranks, **opts):
+        """A comm of the listed ranks, in that order; None on non-members."""
+        rs = [int(r) for r in ranks]
+        arr = (c_int * len(rs))(*rs)
+        o = _comm_opts(
+            opts.get("name"),
+            opts.get("backend"),
+            opts.get("timeout"),
+            opts.get("create_timeout"),
+            opts.get("policy"),
+            opts.get("device"),
+        )
+        h = c_void_p()
+        st = lib.collie_comm_new_group(self.handle, arr, len(rs), byref(o), byref(h))
+        return self._child(st, h, "collie_comm_new_group")
+
+    # ---- posting ---------------------------------------------------------------
+
+    def _post(self, what, fn, args, bufs, timeout, output, stream=False, s=None):
+        args = (self.handle,) + tuple(args)
+        if stream:
+            args += (s,)
+        return self._engine.post(what, fn, args, bufs, timeout, owner=self, output=output)
+
+    # Each collective has a host form (name) and a device form (cuda_name);
+    # _buf turns an argument into a Buffer for either.
+    @staticmethod
+    def _buf(obj, what, writable, dev, dtype=None, count=None):
+        if obj is None:
+            return None
+        if dev and isinstance(obj, _DevicePtr):
+            return device_buffer(obj.ptr, what, obj.count, dtype)
+        if dev:
+            return device_buffer(obj, what, count, dtype)
+        return host_buffer(obj, what, writable, dtype)
+
+    def _allreduce(self, dev, buf, out, op, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", out is None, dev, dtype, count)
+        r = self._buf(out, "out", True, dev, dtype, count) if out is not None else s
+        _same_dtype("allreduce", s, r)
+        _at_least("allreduce out", r, s.count)
+        fn = lib.collie_cuda_allreduce if dev else lib.collie_allreduce
+        return self._post(
+            "allreduce", fn, (s.ptr, r.ptr, s.count, s.dtype, redop_code(op)), (s, r), timeout,
+            r.obj, dev, _stream(stream),
+        )
+
+    def _broadcast(self, dev, buf, root, timeout, stream, dtype, count):
+        b = self._buf(buf, "buf", True, dev, dtype, count)
+        fn = lib.collie_cuda_broadcast if dev else lib.collie_broadcast
+        return self._post(
+            "broadcast", fn, (b.ptr, b.count, b.dtype, int(root)), (b,), timeout, b.obj, dev,
+            _stream(stream),
+        )
+
+    def _reduce(self, dev, buf, out, op, root, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", out is None, dev, dtype, count)
+        r = self._buf(out, "out", True, dev, dtype, count) if out is not None else s
+        _same_dtype("reduce", s, r)
+        if int(root) == self.rank:
+            _at_least("reduce out", r, s.count)
+        fn = lib.collie_cuda_reduce if dev else lib.collie_reduce
+        return self._post(
+            "reduce", fn, (s.ptr, r.ptr, s.count, s.dtype, redop_code(op), int(root)), (s, r),
+            timeout, r.obj, dev, _stream(stream),
+        )
+
+    def _allgather(self, dev, buf, out, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", False, dev, dtype, count)
+        r = self._buf(out, "out", True, dev, dtype)
+        if r is None:
+            raise TypeError("allgather: out is required (size * count elements)")
+        _same_dtype("allgather", s, r)
+        _at_least("allgather out", r, s.count * self.size)
+        fn = lib.collie_cuda_allgather if dev else lib.collie_allgather
+        return self._post(
+            "allgather", fn, (s.ptr, r.ptr, s.count, s.dtype), (s, r), timeout, r.obj, dev,
+            _stream(stream),
+        )
+
+    def _reduce_scatter(self, dev, buf, out, op, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", False, dev, dtype)
+        r = self._buf(out, "out", True, dev, dtype, count)
+        if r is None:
+            raise TypeError("reduce_scatter: out is required (count elements)")
+        _same_dtype("reduce_scatter", s, r)
+        _at_least("reduce_scatter buf", s, r.count * self.size)
+        fn = lib.collie_cuda_reduce_scatter if dev else lib.collie_reduce_scatter
+        return self._post(
+            "reduce_scatter", fn, (s.ptr, r.ptr, r.count, s.dtype, redop_code(op)), (s, r), timeout,
+            r.obj, dev, _stream(stream),
+        )
+
+    def _alltoall(self, dev, buf, out, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", False, dev, dtype, count)
+        r = self._buf(out, "out", True, dev, dtype, count)
+        if r is None:
+            raise TypeError("alltoall: out is required")
+        _same_dtype("alltoall", s, r)
+        n = self.size
+        if s.count % n:
+            raise ValueError(f"alltoall: buf holds {s.count} elements, not a multiple of size {n}")
+        _at_least("alltoall out", r, s.count)
+        fn = lib.collie_cuda_alltoall if dev else lib.collie_alltoall
+        return self._post(
+            "alltoall", fn, (s.ptr, r.ptr, s.count // n, s.dtype), (s, r), timeout, r.obj, dev,
+            _stream(stream),
+        )
+
+    def _gather(self, dev, buf, out, root, timeout, stream, dtype, count):
+        s = self._buf(buf, "buf", False, dev, dtype, count)
+        r = self._buf(out, "out", True, dev, dtype)
+        root = int(root)
+        if root == self.rank:
+            if r is None:
+                raise TypeError("gather: out is required on the root (size * count elements)")
+            _same_dtype("gather", s, r)
+            _at_least("gather out", r, s.count * self.size)
+        fn = lib.collie_cuda_gather if dev else lib.collie_gather
+        return self._post(
+            "gather", fn, (s.ptr, r.ptr if r else None, s.count, s.dtype, root), (s, r), timeout,
+            r.obj if r else None, dev, _stream(stream),
+        )
+
+    def _scatter(self, dev, buf, out, root, timeout, stream, dtype, count):
+        r = self._buf(out, "out", True, dev, dtype, count)
+        if r is None:
+            raise TypeError("scatter: out is required (count elements)")
+        s = self._buf(buf, "buf", False, dev, dtype)
+        root = int(root)
+        if root == self.rank:
+            if s is None:
+                raise TypeError("scatter: buf is required on the root (size * count elements)")
+            _same_dtype("scatter", s, r)
+            _at_least("scatter buf", s, r.count * self.size)
+        fn = lib.collie_cuda_scatter if dev else lib.collie_scatter
+        return self._post(
+            "scatter", fn, (s.ptr if s else None, r.ptr, r.count, r.dtype, root), (s, r), timeout,
+            r.obj, dev, _stream(stream),
+        )
+
+    def _barrier(self, dev, timeout, stream):
+        fn = lib.collie_cuda_barrier if dev else lib.collie_barrier
+        return self._post("barrier", fn, (), (), timeout, None, dev, _stream(stream))
+
+    def _allgatherv(self, dev, buf, out, counts, displs, timeout, stream, dtype):
+        n = self.size
+        counts = list(counts)
+        if len(counts) != n:
+            raise ValueError(f"allgatherv: counts has {len(counts)} entries, the comm {n} ranks")
+        if displs is not None and len(displs) != n:
+            raise ValueError(f"allgatherv: displs has {len(displs)} entries, the comm {n} ranks")
+        end = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
+        s = self._buf(buf, "buf", False, dev, dtype, counts[self.rank])
+        r = self._buf(out, "out", True, dev, dtype, end)
+        _same_dtype("allgatherv", s, r)
+        _at_least("allgatherv buf", s, counts[self.rank])
+        _at_least("allgatherv out", r, end)
+        fn = lib.collie_cuda_allgatherv if dev else lib.collie_allgatherv
+        ca, da = _lib.size_array(counts), _lib.size_array(displs)
+        return self._post(
+            "allgatherv", fn, (s.ptr, r.ptr, ca, da, s.dtype), (s, r), timeout, r.obj, dev,
+            _stream(stream),
+        )
+
+    def _alltoallv(self, dev, buf, send_counts, out, recv_counts, sdispls, rdispls, timeout, stream, dtype):
+        n = self.size
+        for what, v in (("send_counts", send_counts), ("recv_counts", recv_counts),
+                        ("send_displs", sdispls), ("recv_displs", rdispls)):
+            if v is not None and len(v) != n:
+                raise ValueError(f"alltoallv: {what} has {len(v)} entries, the comm {n} ranks")
+        def extent(counts, displs):
+            if displs is None:
+                return sum(counts)
+            return max((d + c for d, c in zip(displs, counts) if c), default=0)
+
+        s = self._buf(buf, "buf", False, dev, dtype, extent(send_counts, sdispls))
+        r = self._buf(out, "out", True, dev, dtype, extent(recv_counts, rdispls))
+        _same_dtype("alltoallv", s, r)
+
+        _at_least("alltoallv buf", s, extent(send_counts, sdispls))
+        _at_least("alltoallv out", r, extent(recv_counts, rdispls))
+        fn = lib.collie_cuda_alltoallv if dev else lib.collie_alltoallv
+        arrays = [_lib.size_array(a) for a in (send_counts, sdispls, recv_counts, rdispls)]
+        return self._post(
+            "alltoallv", fn, (s.ptr, arrays[0], arrays[1], r.ptr, arrays[2], arrays[3], s.dtype),
+            (s, r), timeout, r.obj, dev, _stream(stream),
+        )
+
+    def _p2p(self, dev, send, buf, peer, tag, timeout, stream, dtype, count):
+        b = self._buf(buf, "buf", not send, dev, dtype, count)
+        if send:
+            fn = lib.collie_cuda_send if dev else lib.collie_send
+        else:
+            fn = lib.collie_cuda_recv if dev else lib.collie_recv
+        if int(tag) < 0:
+            raise ValueError(f"tag: {tag} (must be >= 0)")
+        return self._post(
+            "send" if send else "recv", fn, (b.ptr, b.count, b.dtype, int(peer), int(tag)), (b,),
+            timeout, None if send else b.obj, dev, _stream(stream),
+        )
+
+    # ---- host collectives ------------------------------------------------------
+
+    def allreduce(self, buf, out=None, op="sum", timeout=None):
+        """Reduce `buf` over every rank into `out` (None: in place)."""
+        return self._allreduce(False, buf, out, op, timeout, None, None, None)
+
+    def broadcast(self, buf, root=0, timeout=None):
+        return self._broadcast(False, buf, root, timeout, None, None, None)
+
+    def reduce(self, buf, out=None, op="sum", root=0, timeout=None):
+        """The reduction lands in `out` (None: in `buf`) on the root only."""
+        return self._reduce(False, buf, out, op, root, timeout, None, None, None)
+
+    def allgather(self, buf, out, timeout=None):
+        """`out` (size * len(buf)) gets rank r's buf at block r."""
+        return self._allgather(False, buf, out, timeout, None, None, None)
+
+    def reduce_scatter(self, buf, out, op="sum", timeout=None):
+        """`buf` holds size blocks of len(out); rank r gets block r reduced."""
+        return self._reduce_scatter(False, buf, out, op, timeout, None, None, None)
+
+    def alltoall(self, buf, out, timeout=None):
+        """Block p of `buf` goes to rank p; block p of `out` comes from rank p."""
+        return self._alltoall(False, buf, out, timeout, None, None, None)
+
+    def gather(self, buf, out=None, root=0, timeout=None):
+        return self._gather(False, buf, out, root, timeout, None, None, None)
+
+    def scatter(self, buf, out, root=0, timeout=None):
+        """The root's `buf` (size blocks of len(out)); others pass buf=None."""
+        return self._scatter(False, buf, out, root, timeout, None, None, None)
+
+    def barrier(self, timeout=None):
+        return self._barrier(False, timeout, None)
+
+    def allgatherv(self, buf, out, counts, displs=None, timeout=None):
+        """Rank r contributes counts[r] elements; block p lands at displs[p]
+        (None: packed)."""
+        return self._allgatherv(False, buf, out, counts, displs, timeout, None, None)
+
+    def alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None, recv_displs=None, timeout=None):
+        return self._alltoallv(
+            False, buf, send_counts, out, recv_counts, send_displs, recv_displs, timeout, None, None
+        )
+
+    def send(self, buf, peer, tag=0, timeout=None):
+        return self._p2p(False, True, buf, peer, tag, timeout, None, None, None)
+
+    def recv(self, buf, peer, tag=0, timeout=None):
+        return self._p2p(False, False, buf, peer, tag, timeout, None, None, None)
+
+    # ---- asyncio: each resolves to the output (None for barrier/send) -----------
+
+    async def allreduce_async(self, *a, **k):
+        return await self.allreduce(*a, **k)
+
+    async def broadcast_async(self, *a, **k):
+        return await self.broadcast(*a, **k)
+
+    async def reduce_async(self, *a, **k):
+        return await self.reduce(*a, **k)
+
+    async def allgather_async(self, *a, **k):
+        return await self.allgather(*a, **k)
+
+    async def reduce_scatter_async(self, *a, **k):
+        return await self.reduce_scatter(*a, **k)
+
+    async def alltoall_async(self, *a, **k):
+        return await self.alltoall(*a, **k)
+
+    async def gather_async(self, *a, **k):
+        return await self.gather(*a, **k)
+
+    async def scatter_async(self, *a, **k):
+        return await self.scatter(*a, **k)
+
+    async def barrier_async(self, *a, **k):
+        return await self.barrier(*a, **k)
+
+    async def allgatherv_async(self, *a, **k):
+        return await self.allgatherv(*a, **k)
+
+    async def alltoallv_async(self, *a, **k):
+        return await self.alltoallv(*a, **k)
+
+    async def send_async(self, *a, **k):
+        return await self.send(*a, **k)
+
+    async def recv_async(self, *a, **k):
+        return await self.recv(*a, **k)
+
+    # ---- CUDA collectives (collie_cuda.h): device buffers on a stream -----------
+    # A buffer is a CUDA array object or an int device pointer with count= and
+    # dtype=. The work completes when the GPU has finished.
+
+    def cuda_allreduce(self, buf, out=None, op="sum", stream=None, count=None, dtype=None, timeout=None):
+        return self._allreduce(True, buf, out, op, timeout, stream, dtype, count)
+
+    def cuda_broadcast(self, buf, root=0, stream=None, count=None, dtype=None, timeout=None):
+        return self._broadcast(True, buf, root, timeout, stream, dtype, count)
+
+    def cuda_reduce(self, buf, out=None, op="sum", root=0, stream=None, count=None, dtype=None, timeout=None):
+        return self._reduce(True, buf, out, op, root, timeout, stream, dtype, count)
+
+    def cuda_allgather(self, buf, out, stream=None, count=None, dtype=None, timeout=None):
+        if isinstance(out, int) and count is not None:
+            out = _DevicePtr(out, count * self.size)
+        return self._allgather(True, buf, out, timeout, stream, dtype, count)
+
+    def cuda_reduce_scatter(self, buf, out, op="sum", stream=None, count=None, dtype=None, timeout=None):
+        if isinstance(buf, int) and count is not None:
+            buf = _DevicePtr(buf, count * self.size)
+        return self._reduce_scatter(True, buf, out, op, timeout, stream, dtype, count)
+
+    def cuda_alltoall(self, buf, out, stream=None, count=None, dtype=None, timeout=None):
+        """count: the whole buffer's elements (size blocks) for raw pointers."""
+        return self._alltoall(True, buf, out, timeout, stream, dtype, count)
+
+    def cuda_gather(self, buf, out=None, root=0, stream=None, count=None, dtype=None, timeout=None):
+        if isinstance(out, int) and count is not None:
+            out = _DevicePtr(out, count * self.size)
+        return self._gather(True, buf, out, root, timeout, stream, dtype, count)
+
+    def cuda_scatter(self, buf, out, root=0, stream=None, count=None, dtype=None, timeout=None):
+        if isinstance(buf, int) and count is not None:
+            buf = _DevicePtr(buf, count * self.size)
+        return self._scatter(True, buf, out, root, timeout, stream, dtype, count)
+
+    def cuda_barrier(self, stream=None, timeout=None):
+        return self._barrier(True, timeout, stream)
+
+    def cuda_allgatherv(self, buf, out, counts, displs=None, stream=None, dtype=None, timeout=None):
+        return self._allgatherv(True, buf, out, counts, displs, timeout, stream, dtype)
+
+    def cuda_alltoallv(
+        self, buf, send_counts, out, recv_counts, send_displs=None, recv_displs=None, stream=None,
+        dtype=None, timeout=None,
+    ):
+        return self._alltoallv(
+            True, buf, send_counts, out, recv_counts, send_displs, recv_displs, timeout, stream, dtype
+        )
+
+    def cuda_send(self, buf, peer, tag=0, stream=None, count=None, dtype=None, timeout=None):
+        return self._p2p(True, True, buf, peer, tag, timeout, stream, dtype, count)
+
+    def cuda_recv(self, buf, peer, tag=0, stream=None, count=None, dtype=None, timeout=None):
+        return self._p2p(True, False, buf, peer, tag, timeout, stream, dtype, count)
+
+
+class _DevicePtr:
+    """A raw device pointer with its element count (for the cuda_* forms whose
+    second buffer is a different size from the first)."""
+
+    def __init__(self, ptr, count):
+        self.ptr, self.count = ptr, count
+
