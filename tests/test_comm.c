@@ -935,6 +935,56 @@ static void test_rendezvous_conflicts_fail_fast(void **state) {
     fx_stop(&fx);
 }
 
+/* With a store token, the ranks' TCP connections are authenticated by it
+ * both ways (the dialer's hello and the acceptor's answer): three ranks
+ * holding the token complete collectives over every pair of ranks. */
+static void test_store_token_authenticates_peers(void **state) {
+    (void)state;
+    const char *token = "s3cret-token";
+    collie_engine *e;
+    collie_store_server *srv;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
+    so.token = token;
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, &so, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    enum { N = 3 };
+    collie_store *st[N];
+    collie_comm *c[N];
+    collie_work *cw[N], *w[N];
+    collie_store_opts o = COLLIE_STORE_OPTS_INIT;
+    o.token = token;
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    co.name = "tok";
+    co.timeout_ms = 5000;
+    for (int r = 0; r < N; r++) {
+        assert_int_equal(collie_store_connect(e, addr, &o, &st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(e, st[r], r, N, &co, &c[r], &cw[r]), COLLIE_OK);
+    }
+    int32_t v[N] = {0};
+    for (int r = 0; r < N; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        collie_work_release(cw[r]);
+        v[r] = r + 1;
+        assert_int_equal(
+            collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &w[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < N; r++) {
+        int st_r = collie_work_wait(w[r], 10000);
+        if (st_r != COLLIE_OK) fail_msg("rank %d: %s", r, collie_work_error_message(w[r]));
+        assert_int_equal(v[r], 6);
+        collie_work_release(w[r]);
+    }
+    for (int r = 0; r < N; r++) {
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+        collie_store_destroy(st[r]);
+    }
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -959,6 +1009,7 @@ int main(void) {
         cmocka_unit_test(test_comm_error_before_failed_work),
         cmocka_unit_test(test_listen_failures_say_why),
         cmocka_unit_test(test_rendezvous_conflicts_fail_fast),
+        cmocka_unit_test(test_store_token_authenticates_peers),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -176,7 +176,8 @@ bool cl_tcp_hs_process(tcp_conn *c) {
         return false;
     }
     c->peer = (int)rank;
-    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, rank, a + 8);
+    /* the answer proves the acceptor: its own rank, as the dialer checks it */
+    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, a + 8);
     hs_queue(c, a, sizeof a);
     cl_tcp_conn_install(c, (int)rank);
     return false; /* c may have been merged into another struct: stop using it */
