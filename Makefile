@@ -72,9 +72,9 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
 .PHONY: all lib tools examples tests plugins test-plugins run test test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
-        check-layers gpu-kit install uninstall
+        check-layers gpu-kit install uninstall python test-python test-torch
 
-all: lib tools examples plugins
+all: lib tools examples plugins python
 
 lib: $(LIB_A) $(LIB_SO)
 tools: $(TOOLS)
@@ -179,6 +179,31 @@ $(BUILD)/tests/plugins/libcollie_needslib.so: $(BUILD)/obj/tests/plugins/needsli
 .SECONDARY:
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- Python -------------------------------------------------------------------
+# python/collie is plain Python over ctypes (nothing to build). Its torch
+# backend (collie.torch) has one C++ file, built here when Debian's torch
+# headers and pybind11 are installed (python3-torch, libtorch-dev,
+# pybind11-dev; `make test` installs them), into build/python/_C.so.
+PYTHON    ?= /usr/bin/python3
+TORCH_DIR ?= /usr/lib/python3/dist-packages/torch
+TORCH_EXT := $(BUILD)/python/_C.so
+TORCH_SRC := python/collie/torch/process_group_collie.cpp
+HAVE_TORCH := $(and $(wildcard $(TORCH_DIR)/include/torch/extension.h),\
+                    $(wildcard /usr/include/pybind11/pybind11.h),$(filter build,$(BUILD)))
+
+ifneq ($(HAVE_TORCH),)
+python: $(TORCH_EXT)
+else
+python:
+	@echo "collie: the torch backend is not built (needs python3-torch, libtorch-dev, pybind11-dev)"
+endif
+
+$(TORCH_EXT): $(TORCH_SRC) include/collie.h tools/torch_flags.py $(LIB_SO)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
+	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' \
+	  $$($(PYTHON) tools/torch_flags.py 2>/dev/null)
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4

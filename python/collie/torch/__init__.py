@@ -1,0 +1,248 @@
+"""collie as a torch.distributed backend (torch 1.13, CPU tensors).
+
+    import collie.torch               # registers the backend "collie"
+    dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
+
+Design notes
+- Rendezvous: torch hands each process group a store (a PrefixStore of the
+  group). Group rank 0 serves a collie store from this process (one server
+  per process, on an ephemeral port, with a random token) and publishes
+  "host:port", the token and a fresh comm name in torch's store; the other
+  ranks read them and connect. Torch's store is only used for that one key
+  per group creation: every rank counts itself in "collie/arrivals", so the
+  k-th creation on a reused store reads key k - never a stale key from an
+  earlier round. The comm's own name is new each time, so collie's store
+  holds no stale keys either.
+- One collie Engine per process serves every process group; one store
+  client per server address.
+- The process group's timeout (init_process_group(timeout=...)) is the
+  comm's default op timeout: every collective's deadline. Settings come
+  from pg_options (collie.torch.Options or a dict) or the environment
+  (COLLIE_BLOCKING_WAIT, COLLIE_ASYNC_ERROR_HANDLING): unknown keys, bad
+  values and a pg_options policy that contradicts the environment are
+  errors, never silently resolved.
+- The host published for rank 0's server: $COLLIE_TORCH_HOST, else
+  MASTER_ADDR when this process is global rank 0, else this host's
+  resolved name.
+"""
+
+import json
+import os
+import secrets
+import socket
+import threading
+from datetime import timedelta
+
+import torch  # noqa: F401  (torch's own library before the extension)
+import torch.distributed as dist
+
+import collie
+from collie.comm import POLICIES
+
+_lock = threading.Lock()
+_state = {"engine": None, "server": None, "token": None, "clients": {}, "ext": None, "count": 0}
+
+
+def _load_ext():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [
+        os.environ.get("COLLIE_TORCH_EXT"),
+        os.path.join(here, "_C.so"),  # installed beside this file
+        os.path.join(here, "..", "..", "..", "build", "python", "_C.so"),  # the build tree
+    ]
+    for path in candidates:
+        if path and os.path.exists(path):
+            loader = importlib.machinery.ExtensionFileLoader("collie.torch._C", path)
+            spec = importlib.util.spec_from_file_location("collie.torch._C", path, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            return mod
+    raise ImportError(
+        "collie.torch: the extension _C.so is not built (run `make` with python3-torch, "
+        "libtorch-dev and pybind11-dev installed, or set COLLIE_TORCH_EXT)"
+    )
+
+
+_C = _load_ext()
+ProcessGroupCollie = _C.ProcessGroupCollie
+
+OPTION_KEYS = ("policy", "create_timeout")
+_ENV_ASYNC = {
+    "0": "none",
+    "none": "none",
+    "1": "abort_process",
+    "3": "abort_process",
+    "abort_process": "abort_process",
+    "2": "abort_comm",
+    "abort_comm": "abort_comm",
+}
+
+
+class Options:
+    """pg_options for the collie backend.
+
+    policy: 'abort_comm', 'blocking_wait', 'abort_process' or 'none' (what a
+    fault does; None: the environment's, else abort_comm). create_timeout:
+    seconds for the rendezvous (None: the process group's timeout).
+    """
+
+    def __init__(self, policy=None, create_timeout=None):
+        if policy is not None and str(policy).lower() not in POLICIES:
+            raise ValueError(
+                f"collie pg_options: policy {policy!r} is not one of "
+                f"{', '.join(p for p in POLICIES if p != 'default')}"
+            )
+        if create_timeout is not None:
+            if isinstance(create_timeout, timedelta):
+                create_timeout = create_timeout.total_seconds()
+            if not float(create_timeout) > 0:
+                raise ValueError(f"collie pg_options: create_timeout {create_timeout!r} must be > 0")
+        self.policy = None if policy is None else str(policy).lower()
+        self.create_timeout = create_timeout
+
+    @classmethod
+    def of(cls, pg_options):
+        if pg_options is None:
+            return cls()
+        if isinstance(pg_options, cls):
+            return pg_options
+        if isinstance(pg_options, dict):
+            unknown = sorted(set(pg_options) - set(OPTION_KEYS))
+            if unknown:
+                raise ValueError(
+                    f"collie pg_options: unknown key(s) {', '.join(map(repr, unknown))} "
+                    f"(known: {', '.join(OPTION_KEYS)})"
+                )
+            return cls(**pg_options)
+        raise TypeError(
+            f"collie pg_options: a collie.torch.Options or a dict, got {type(pg_options).__name__}"
+        )
+
+
+def env_policy():
+    """The policy the environment asks for (None if it asks for none)."""
+    bw = os.environ.get("COLLIE_BLOCKING_WAIT")
+    ae = os.environ.get("COLLIE_ASYNC_ERROR_HANDLING")
+    blocking = bw is not None and bw.lower() in ("1", "true", "yes")
+    if bw is not None and not blocking and bw.lower() not in ("0", "false", "no"):
+        raise ValueError(f"COLLIE_BLOCKING_WAIT={bw!r} is invalid: expected 0 or 1")
+    asyn = None
+    if ae is not None:
+        if ae.lower() not in _ENV_ASYNC:
+            raise ValueError(
+                f"COLLIE_ASYNC_ERROR_HANDLING={ae!r} is invalid: expected abort_comm, "
+                "abort_process, none, 0, 1, 2 or 3"
+            )
+        asyn = _ENV_ASYNC[ae.lower()]
+    if blocking and asyn not in (None, "none"):
+        raise ValueError(
+            f"COLLIE_BLOCKING_WAIT=1 conflicts with COLLIE_ASYNC_ERROR_HANDLING={ae!r}: "
+            "choose one error policy"
+        )
+    if blocking:
+        return "blocking_wait"
+    return asyn
+
+
+def resolve_policy(opts):
+    env = env_policy()
+    if opts.policy is None:
+        return env or "default"
+    if env is not None and env != opts.policy:
+        raise ValueError(
+            f"collie: pg_options policy {opts.policy!r} conflicts with the environment's "
+            f"{env!r} (COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING): choose one"
+        )
+    return opts.policy
+
+
+def engine():
+    """The process's collie Engine (made on first use)."""
+    with _lock:
+        if _state["engine"] is None:
+            _state["engine"] = collie.Engine(name="torch")
+        return _state["engine"]
+
+
+def _server():
+    with _lock:
+        if _state["server"] is None:
+            _state["token"] = secrets.token_hex(16)
+            _state["server"] = collie.StoreServer(
+                _state["engine"], host="0.0.0.0", port=0, token=_state["token"]
+            )
+        return _state["server"], _state["token"]
+
+
+def _client(addr, token):
+    with _lock:
+        key = (addr, token)
+        if key not in _state["clients"]:
+            _state["clients"][key] = collie.Store(_state["engine"], addr, token=token)
+        return _state["clients"][key]
+
+
+def _advertised_host(global_ranks):
+    host = os.environ.get("COLLIE_TORCH_HOST")
+    if host:
+        return host
+    master = os.environ.get("MASTER_ADDR")
+    if master and (not global_ranks or global_ranks[0] == 0):
+        return master
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _seconds(timeout):
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def create_process_group(dist_opts, pg_options=None):
+    """torch's creator function (extended_api=True)."""
+    opts = Options.of(pg_options)
+    policy = resolve_policy(opts)
+    store = dist_opts.store
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    timeout = _seconds(dist_opts.timeout)
+    engine()
+    arrival = store.add("collie/arrivals", 1)
+    key = f"collie/{(arrival - 1) // size}/store"
+    if rank == 0:
+        srv, token = _server()
+        with _lock:
+            _state["count"] += 1
+            name = f"torch{os.getpid()}x{_state['count']}x{secrets.token_hex(4)}"
+        host = _advertised_host(list(dist_opts.global_ranks_in_group))
+        if ":" in host:
+            host = f"[{host}]"
+        store.set(key, json.dumps({"addr": f"{host}:{srv.port}", "token": token, "name": name}))
+    info = json.loads(store.get(key))
+    cstore = _client(info["addr"], info["token"])
+    comm = collie.Comm(
+        _state["engine"],
+        cstore,
+        rank,
+        size,
+        name=info["name"],
+        timeout=timeout,
+        create_timeout=opts.create_timeout,
+        policy=policy,
+    )
+    handle, comm._h = comm._h, None  # the process group owns the comm now
+    # the cached store client outlives the comm (collie_comm_create's rule)
+    return ProcessGroupCollie(rank, size, handle)
+
+
+def _register():
+    if "COLLIE" not in dist.Backend._plugins:
+        dist.Backend.register_backend("collie", create_process_group, extended_api=True)
+
+
+_register()

@@ -1,0 +1,647 @@
+// process_group_collie.cpp — torch 1.13's c10d::ProcessGroup over a collie comm.
+//
+// Design notes
+// - The only C++ in collie's torch backend: what torch demands (a
+//   ProcessGroup subclass and its Work). Rendezvous, options and policy are
+//   Python (collie/torch/__init__.py), collectives are libcollie. A torch 2.x
+//   c10d::Backend variant would be a sibling file with the same helpers.
+// - Each torch call posts one collie collective on the caller's thread and
+//   returns a CollieWork. Collectives whose torch shape is a tensor list
+//   (allgather, gather, scatter, reduce_scatter, alltoall, the coalesced
+//   forms) go through one flat buffer: packed at post, unpacked once the work
+//   has completed ("finalize").
+// - Completion is taken in exactly one place per work (std::call_once): by
+//   the caller in wait()/isCompleted() when it sees the work done, else by
+//   the process's one completer thread, which pops every work from a collie
+//   completion queue. torch's future callbacks (DDP's among them) therefore
+//   run on the waiter or the completer, never on collie's progress thread.
+// - The completer's in-flight map holds each CollieWork (and so its tensors)
+//   until collie has completed it: a Work dropped in flight cannot free
+//   memory collie still writes.
+// - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
+//   that passes throws "Operation timed out!" and the operation goes on; with
+//   no timeout the wait is still bounded by the collective's own deadline
+//   (the process group's timeout, or the op's).
+#include <torch/extension.h>
+
+#include <pybind11/chrono.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "collie.h"
+
+namespace collie_torch {
+
+using c10d::OpType;
+using Tensors = std::vector<at::Tensor>;
+
+[[noreturn]] void unsupported(const std::string &what) {
+    TORCH_CHECK(false, "not supported by collie: ", what);
+}
+
+std::string collie_error(int status, const char *what) {
+    const char *msg = collie_last_error();
+    return std::string("collie: ") + what + ": " + (msg && *msg ? msg : collie_strerror(status)) +
+           " (" + collie_status_name(status) + ")";
+}
+
+collie_dtype to_dtype(const at::Tensor &t, const char *op, bool reduction) {
+    switch (t.scalar_type()) {
+    case at::kChar: return COLLIE_INT8;
+    case at::kByte: return COLLIE_UINT8;
+    case at::kInt: return COLLIE_INT32;
+    case at::kLong: return COLLIE_INT64;
+    case at::kHalf: return COLLIE_FP16;
+    case at::kBFloat16: return COLLIE_BF16;
+    case at::kFloat: return COLLIE_FP32;
+    case at::kDouble: return COLLIE_FP64;
+    case at::kBool:
+        if (!reduction) return COLLIE_UINT8; // moved as bytes
+        break;
+    default: break;
+    }
+    unsupported(std::string(op) + " of " + c10::toString(t.scalar_type()) + " tensors");
+}
+
+collie_redop to_redop(const c10d::ReduceOp &op, const at::Tensor &t, const char *what) {
+    bool is_bool = t.scalar_type() == at::kBool;
+    switch (op) {
+    case c10d::ReduceOp::SUM:
+        if (!is_bool) return COLLIE_SUM;
+        break;
+    case c10d::ReduceOp::PRODUCT:
+        if (!is_bool) return COLLIE_PROD;
+        break;
+    case c10d::ReduceOp::MIN: return COLLIE_MIN;
+    case c10d::ReduceOp::MAX: return COLLIE_MAX;
+    case c10d::ReduceOp::AVG:
+        if (!is_bool) return COLLIE_AVG;
+        break;
+    case c10d::ReduceOp::BAND: unsupported(std::string(what) + " with ReduceOp.BAND (bitwise)");
+    case c10d::ReduceOp::BOR: unsupported(std::string(what) + " with ReduceOp.BOR (bitwise)");
+    case c10d::ReduceOp::BXOR: unsupported(std::string(what) + " with ReduceOp.BXOR (bitwise)");
+    default: unsupported(std::string(what) + " with this ReduceOp (PREMUL_SUM)");
+    }
+    unsupported(std::string(what) + " of bool tensors with this ReduceOp (only MIN and MAX)");
+}
+
+void check_tensor(const at::Tensor &t, const char *op) {
+    if (t.is_sparse()) unsupported(std::string(op) + " of sparse tensors");
+    if (t.is_complex()) unsupported(std::string(op) + " of complex tensors");
+    TORCH_CHECK(t.device().is_cpu(), "collie: ", op,
+                ": the torch backend takes CPU tensors (CUDA tensors go through the collie "
+                "package's cuda_* calls), got a tensor on ",
+                t.device());
+    TORCH_CHECK(t.is_contiguous(), "collie: ", op, ": tensors must be contiguous");
+}
+
+const at::Tensor &single(const Tensors &ts, const char *op) {
+    TORCH_CHECK(ts.size() == 1, "collie: ", op, " takes one tensor per process, got ", ts.size());
+    check_tensor(ts[0], op);
+    return ts[0];
+}
+
+void same_kind(const at::Tensor &a, const at::Tensor &b, const char *op) {
+    TORCH_CHECK(a.scalar_type() == b.scalar_type(), "collie: ", op,
+                ": tensors of different types (", a.scalar_type(), " and ", b.scalar_type(), ")");
+}
+
+// One flat 1-D tensor holding the tensors one after the other.
+at::Tensor flatten(const Tensors &ts) {
+    Tensors views;
+    for (auto &t : ts) views.push_back(t.reshape({-1}));
+    return at::cat(views);
+}
+
+int32_t timeout_ms(std::chrono::milliseconds t) {
+    if (t == c10d::kUnsetTimeout) return COLLIE_TIMEOUT_DEFAULT;
+    if (t.count() <= 0) return 1;
+    return t.count() > INT32_MAX ? COLLIE_TIMEOUT_INFINITE : (int32_t)t.count();
+}
+
+class CollieWork;
+
+// One per process: takes completions off a collie queue (see the notes).
+// The thread owns the queue and the in-flight map (CompleterState), so the
+// last process group may let go of the Completer from anywhere, even from
+// a future callback running on the completer's own thread.
+struct CompleterState {
+    collie_cq *cq = nullptr;
+    std::atomic<bool> stop{false};
+    std::mutex mu; // held across a post and its insertion
+    std::unordered_map<collie_work *, c10::intrusive_ptr<CollieWork>> inflight;
+    ~CompleterState() { collie_cq_destroy(cq); }
+};
+
+class Completer {
+  public:
+    static std::shared_ptr<Completer> acquire() {
+        static std::mutex mu;
+        static std::weak_ptr<Completer> current;
+        std::lock_guard<std::mutex> g(mu);
+        auto c = current.lock();
+        if (!c) {
+            c = std::shared_ptr<Completer>(new Completer());
+            current = c;
+        }
+        return c;
+    }
+    ~Completer() {
+        state_->stop.store(true);
+        if (thread_.get_id() == std::this_thread::get_id())
+            thread_.detach();
+        else
+            thread_.join();
+    }
+    CompleterState &state() { return *state_; }
+
+  private:
+    Completer() : state_(std::make_shared<CompleterState>()) {
+        int st = collie_cq_create(&state_->cq);
+        TORCH_CHECK(st == COLLIE_OK, collie_error(st, "completion queue"));
+        thread_ = std::thread([s = state_] { run(*s); });
+    }
+    static void run(CompleterState &s);
+    std::shared_ptr<CompleterState> state_;
+    std::thread thread_;
+};
+
+class CollieWork : public c10d::Work {
+  public:
+    CollieWork(int rank, OpType type, Tensors outputs, std::vector<at::Tensor> keep,
+               std::function<void()> finalize, std::shared_ptr<std::atomic<int64_t>> in_flight)
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)),
+          finalize_(std::move(finalize)), in_flight_(std::move(in_flight)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()))) {}
+    ~CollieWork() override { collie_work_release(w_); }
+
+    void attach(collie_work *w) { w_ = w; }
+
+    // Exactly once, by whoever first sees collie's completion.
+    void complete() {
+        std::call_once(once_, [this] {
+            int st = collie_work_result(w_);
+            std::exception_ptr err;
+            if (st == COLLIE_OK) {
+                try {
+                    if (finalize_) finalize_();
+                } catch (...) {
+                    err = std::current_exception();
+                }
+            } else {
+                std::string msg = collie_work_error_message(w_);
+                err = std::make_exception_ptr(std::runtime_error(
+                    "collie: " + msg + " (" + collie_status_name(st) + ")"));
+            }
+            finalize_ = nullptr;
+            keep_.clear();
+            in_flight_->fetch_sub(1);
+            if (err) {
+                future_->setError(err);
+                finish(err);
+            } else {
+                future_->markCompleted(c10::IValue(outputs_));
+                finish();
+            }
+        });
+    }
+
+    bool isCompleted() override {
+        if (collie_work_test(w_)) complete();
+        return c10d::Work::isCompleted();
+    }
+
+    bool wait(std::chrono::milliseconds timeout) override {
+        int32_t ms = COLLIE_TIMEOUT_INFINITE;
+        if (timeout != kNoTimeout)
+            ms = timeout.count() > INT32_MAX ? INT32_MAX : (int32_t)std::max<int64_t>(0, timeout.count());
+        int st = collie_work_wait(w_, ms);
+        if (st == COLLIE_INPROGRESS) TORCH_CHECK(false, "Operation timed out!");
+        complete();
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (exception_) std::rethrow_exception(exception_);
+        return true;
+    }
+
+    void abort() override { collie_work_cancel(w_); }
+    std::vector<at::Tensor> result() override { return outputs_; }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  private:
+    collie_work *w_ = nullptr;
+    Tensors outputs_;
+    std::vector<at::Tensor> keep_; // inputs and flat buffers, until completion
+    std::function<void()> finalize_;
+    std::shared_ptr<std::atomic<int64_t>> in_flight_; // the process group's count
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::once_flag once_;
+};
+
+void Completer::run(CompleterState &s) {
+    // Drain what is queued even after stop: comm destroy completes every
+    // work before the last process group lets go of the completer.
+    while (!s.stop.load() || collie_cq_size(s.cq) > 0) {
+        collie_work *w = nullptr;
+        if (collie_cq_pop(s.cq, 50, &w) != COLLIE_OK) continue;
+        c10::intrusive_ptr<CollieWork> cw;
+        {
+            std::lock_guard<std::mutex> g(s.mu);
+            auto it = s.inflight.find(w);
+            if (it != s.inflight.end()) {
+                cw = std::move(it->second);
+                s.inflight.erase(it);
+            }
+        }
+        if (cw) cw->complete();
+        collie_work_release(w);
+    }
+}
+
+// Copies a flat buffer back into the tensors it was packed from.
+std::function<void()> unpack(at::Tensor flat, Tensors outs) {
+    return [flat, outs]() mutable {
+        int64_t off = 0;
+        for (auto &o : outs) {
+            o.copy_(flat.narrow(0, off, o.numel()).view(o.sizes()));
+            off += o.numel();
+        }
+    };
+}
+
+
+class ProcessGroupCollie : public c10d::ProcessGroup {
+  public:
+    // Takes ownership of `comm` (made by collie.torch from the torch store).
+    ProcessGroupCollie(int rank, int size, uintptr_t comm)
+        : c10d::ProcessGroup(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
+          completer_(Completer::acquire()) {
+        TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
+    }
+    ~ProcessGroupCollie() override {
+        // A process group dropped with works in flight aborts them rather
+        // than waiting out their deadlines.
+        if (in_flight_->load() > 0) collie_comm_abort(comm_, "the process group was destroyed");
+        collie_comm_destroy(comm_);
+    }
+
+    const std::string getBackendName() const override { return "collie"; }
+    uintptr_t comm_handle() const { return reinterpret_cast<uintptr_t>(comm_); }
+
+    using PostFn = std::function<int(const collie_post_opts *, collie_work **)>;
+
+    c10::intrusive_ptr<c10d::Work> post(OpType type, const char *what, Tensors outputs,
+                                        std::vector<at::Tensor> keep, std::chrono::milliseconds t,
+                                        const PostFn &fn, std::function<void()> finalize = nullptr) {
+        auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
+                                                    std::move(keep), std::move(finalize),
+                                                    in_flight_);
+        auto &cs = completer_->state();
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.timeout_ms = timeout_ms(t);
+        o.cq = cs.cq;
+        collie_work *w = nullptr;
+        {
+            std::lock_guard<std::mutex> g(cs.mu);
+            int st = fn(&o, &w);
+            if (st != COLLIE_OK) throw std::runtime_error(collie_error(st, what));
+            in_flight_->fetch_add(1);
+            work->attach(w);
+            cs.inflight.emplace(w, work);
+        }
+        return work;
+    }
+
+    c10::intrusive_ptr<c10d::Work> broadcast(Tensors &ts,
+                                             const c10d::BroadcastOptions &opts) override {
+        auto &t = single(ts, "broadcast");
+        TORCH_CHECK(opts.rootTensor == 0, "collie: broadcast: rootTensor must be 0");
+        auto dt = to_dtype(t, "broadcast", false);
+        return post(OpType::BROADCAST, "broadcast", ts, {}, opts.timeout, [&](auto o, auto w) {
+            return collie_broadcast(comm_, t.data_ptr(), t.numel(), dt, (int)opts.rootRank, o, w);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> allreduce(Tensors &ts,
+                                             const c10d::AllreduceOptions &opts) override {
+        auto &t = single(ts, "allreduce");
+        auto dt = to_dtype(t, "allreduce", t.scalar_type() != at::kBool);
+        auto op = to_redop(opts.reduceOp, t, "allreduce");
+        return post(OpType::ALLREDUCE, "allreduce", ts, {}, opts.timeout, [&](auto o, auto w) {
+            return collie_allreduce(comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op, o, w);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work>
+    allreduce_coalesced(Tensors &ts, const c10d::AllreduceCoalescedOptions &opts) override {
+        TORCH_CHECK(!ts.empty(), "collie: allreduce_coalesced: no tensors");
+        for (auto &t : ts) {
+            check_tensor(t, "allreduce_coalesced");
+            same_kind(ts[0], t, "allreduce_coalesced");
+        }
+        auto dt = to_dtype(ts[0], "allreduce_coalesced", ts[0].scalar_type() != at::kBool);
+        auto op = to_redop(opts.reduceOp, ts[0], "allreduce_coalesced");
+        auto flat = flatten(ts);
+        Tensors outs = ts;
+        return post(
+            OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts, {flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_allreduce(comm_, flat.data_ptr(), flat.data_ptr(), flat.numel(), dt,
+                                        op, o, w);
+            },
+            unpack(flat, outs));
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce(Tensors &ts, const c10d::ReduceOptions &opts) override {
+        auto &t = single(ts, "reduce");
+        TORCH_CHECK(opts.rootTensor == 0, "collie: reduce: rootTensor must be 0");
+        auto dt = to_dtype(t, "reduce", t.scalar_type() != at::kBool);
+        auto op = to_redop(opts.reduceOp, t, "reduce");
+        return post(OpType::REDUCE, "reduce", ts, {}, opts.timeout, [&](auto o, auto w) {
+            return collie_reduce(comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
+                                 (int)opts.rootRank, o, w);
+        });
+    }
+
+    void check_list(const Tensors &list, const at::Tensor &like, const char *op) {
+        TORCH_CHECK((int)list.size() == size_, "collie: ", op, ": the tensor list has ",
+                    list.size(), " entries, the group ", size_, " ranks");
+        for (auto &t : list) {
+            check_tensor(t, op);
+            same_kind(like, t, op);
+            TORCH_CHECK(t.numel() == like.numel(), "collie: ", op,
+                        ": every tensor of the list must hold ", like.numel(),
+                        " elements (one has ", t.numel(), ")");
+        }
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<Tensors> &outs, Tensors &ins,
+                                             const c10d::AllgatherOptions &opts) override {
+        auto &in = single(ins, "allgather");
+        TORCH_CHECK(outs.size() == 1, "collie: allgather takes one output list per process");
+        check_list(outs[0], in, "allgather");
+        auto dt = to_dtype(in, "allgather", false);
+        auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        return post(
+            OpType::ALLGATHER, "allgather", outs[0], {in, flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, o,
+                                        w);
+            },
+            unpack(flat, outs[0]));
+    }
+
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &out, at::Tensor &in,
+                                                   const c10d::AllgatherOptions &opts) override {
+        check_tensor(in, "_allgather_base");
+        check_tensor(out, "_allgather_base");
+        same_kind(in, out, "_allgather_base");
+        TORCH_CHECK(out.numel() == size_ * in.numel(), "collie: _allgather_base: the output holds ",
+                    out.numel(), " elements, expected ", size_ * in.numel());
+        auto dt = to_dtype(in, "_allgather_base", false);
+        return post(OpType::_ALLGATHER_BASE, "_allgather_base", {out}, {in}, opts.timeout,
+                    [&](auto o, auto w) {
+                        return collie_allgather(comm_, in.data_ptr(), out.data_ptr(), in.numel(),
+                                                dt, o, w);
+                    });
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<Tensors> &outs, Tensors &ins,
+                                                       const c10d::AllgatherOptions &opts) override {
+        TORCH_CHECK(!ins.empty(), "collie: allgather_coalesced: no tensors");
+        TORCH_CHECK((int)outs.size() == size_, "collie: allgather_coalesced: ", outs.size(),
+                    " output lists for a group of ", size_);
+        for (auto &t : ins) {
+            check_tensor(t, "allgather_coalesced");
+            same_kind(ins[0], t, "allgather_coalesced");
+        }
+        Tensors flat_outs;
+        for (auto &list : outs) {
+            TORCH_CHECK(list.size() == ins.size(), "collie: allgather_coalesced: an output list "
+                        "has ", list.size(), " tensors, the input ", ins.size());
+            for (size_t i = 0; i < list.size(); i++) {
+                check_tensor(list[i], "allgather_coalesced");
+                same_kind(ins[0], list[i], "allgather_coalesced");
+                TORCH_CHECK(list[i].numel() == ins[i].numel(),
+                            "collie: allgather_coalesced: output and input sizes differ");
+                flat_outs.push_back(list[i]);
+            }
+        }
+        auto dt = to_dtype(ins[0], "allgather_coalesced", false);
+        auto in = flatten(ins);
+        auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        return post(
+            OpType::ALLGATHER_COALESCED, "allgather_coalesced", flat_outs, {in, flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, o,
+                                        w);
+            },
+            unpack(flat, flat_outs));
+    }
+
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<Tensors> &outs, Tensors &ins,
+                                          const c10d::GatherOptions &opts) override {
+        auto &in = single(ins, "gather");
+        auto dt = to_dtype(in, "gather", false);
+        int root = (int)opts.rootRank;
+        at::Tensor flat;
+        Tensors list;
+        if (rank_ == root) {
+            TORCH_CHECK(outs.size() == 1, "collie: gather: the root takes one output list");
+            check_list(outs[0], in, "gather");
+            list = outs[0];
+            flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        } else {
+            TORCH_CHECK(outs.empty(), "collie: gather: only the root passes output tensors");
+        }
+        return post(
+            OpType::GATHER, "gather", list, {in, flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_gather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
+                                     in.numel(), dt, root, o, w);
+            },
+            flat.defined() ? unpack(flat, list) : nullptr);
+    }
+
+    c10::intrusive_ptr<c10d::Work> scatter(Tensors &outs, std::vector<Tensors> &ins,
+                                           const c10d::ScatterOptions &opts) override {
+        auto &out = single(outs, "scatter");
+        auto dt = to_dtype(out, "scatter", false);
+        int root = (int)opts.rootRank;
+        at::Tensor flat;
+        if (rank_ == root) {
+            TORCH_CHECK(ins.size() == 1, "collie: scatter: the root takes one input list");
+            check_list(ins[0], out, "scatter");
+            flat = flatten(ins[0]);
+        } else {
+            TORCH_CHECK(ins.empty(), "collie: scatter: only the root passes input tensors");
+        }
+        return post(OpType::SCATTER, "scatter", outs, {flat}, opts.timeout, [&](auto o, auto w) {
+            return collie_scatter(comm_, flat.defined() ? flat.data_ptr() : nullptr,
+                                  out.data_ptr(), out.numel(), dt, root, o, w);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(Tensors &outs, std::vector<Tensors> &ins,
+                                                  const c10d::ReduceScatterOptions &opts) override {
+        auto &out = single(outs, "reduce_scatter");
+        TORCH_CHECK(ins.size() == 1, "collie: reduce_scatter takes one input list per process");
+        check_list(ins[0], out, "reduce_scatter");
+        auto dt = to_dtype(out, "reduce_scatter", out.scalar_type() != at::kBool);
+        auto op = to_redop(opts.reduceOp, out, "reduce_scatter");
+        auto flat = flatten(ins[0]);
+        return post(OpType::REDUCE_SCATTER, "reduce_scatter", outs, {flat}, opts.timeout,
+                    [&](auto o, auto w) {
+                        return collie_reduce_scatter(comm_, flat.data_ptr(), out.data_ptr(),
+                                                     out.numel(), dt, op, o, w);
+                    });
+    }
+
+    c10::intrusive_ptr<c10d::Work>
+    _reduce_scatter_base(at::Tensor &out, at::Tensor &in,
+                         const c10d::ReduceScatterOptions &opts) override {
+        check_tensor(in, "_reduce_scatter_base");
+        check_tensor(out, "_reduce_scatter_base");
+        same_kind(in, out, "_reduce_scatter_base");
+        TORCH_CHECK(in.numel() == size_ * out.numel(), "collie: _reduce_scatter_base: the input "
+                    "holds ", in.numel(), " elements, expected ", size_ * out.numel());
+        auto dt = to_dtype(out, "_reduce_scatter_base", out.scalar_type() != at::kBool);
+        auto op = to_redop(opts.reduceOp, out, "_reduce_scatter_base");
+        return post(OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {out}, {in},
+                    opts.timeout, [&](auto o, auto w) {
+                        return collie_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(),
+                                                     out.numel(), dt, op, o, w);
+                    });
+    }
+
+    // Per-peer element counts of a tensor split along dim 0 (torch's split sizes).
+    std::vector<size_t> split_counts(const at::Tensor &t, const std::vector<int64_t> &split,
+                                     const char *what) {
+        std::vector<size_t> counts(size_);
+        int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+        int64_t row = rows ? t.numel() / rows : 0;
+        if (split.empty()) {
+            TORCH_CHECK(rows % size_ == 0, "collie: alltoall_base: dim 0 of the ", what, " (",
+                        rows, ") does not split evenly over ", size_, " ranks");
+            for (auto &c : counts) c = (size_t)(rows / size_ * row);
+            return counts;
+        }
+        TORCH_CHECK((int)split.size() == size_, "collie: alltoall_base: ", split.size(), " ",
+                    what, " split sizes for a group of ", size_);
+        int64_t sum = 0;
+        for (int i = 0; i < size_; i++) {
+            TORCH_CHECK(split[i] >= 0, "collie: alltoall_base: negative split size");
+            counts[i] = (size_t)(split[i] * row);
+            sum += split[i];
+        }
+        TORCH_CHECK(sum == rows, "collie: alltoall_base: the ", what, " split sizes add up to ",
+                    sum, ", dim 0 is ", rows);
+        return counts;
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &out, at::Tensor &in,
+                                                 std::vector<int64_t> &out_split,
+                                                 std::vector<int64_t> &in_split,
+                                                 const c10d::AllToAllOptions &opts) override {
+        check_tensor(in, "alltoall_base");
+        check_tensor(out, "alltoall_base");
+        same_kind(in, out, "alltoall_base");
+        auto dt = to_dtype(in, "alltoall_base", false);
+        if (out_split.empty() && in_split.empty()) {
+            TORCH_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0,
+                        "collie: alltoall_base: input and output must hold the same number of "
+                        "elements, a multiple of the group size");
+            return post(OpType::ALLTOALL_BASE, "alltoall_base", {out}, {in}, opts.timeout,
+                        [&](auto o, auto w) {
+                            return collie_alltoall(comm_, in.data_ptr(), out.data_ptr(),
+                                                   in.numel() / size_, dt, o, w);
+                        });
+        }
+        auto sc = split_counts(in, in_split, "input");
+        auto rc = split_counts(out, out_split, "output");
+        return post(OpType::ALLTOALL_BASE, "alltoall_base", {out}, {in}, opts.timeout,
+                    [&](auto o, auto w) {
+                        return collie_alltoallv(comm_, in.data_ptr(), sc.data(), nullptr,
+                                                out.data_ptr(), rc.data(), nullptr, dt, o, w);
+                    });
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(Tensors &outs, Tensors &ins,
+                                            const c10d::AllToAllOptions &opts) override {
+        TORCH_CHECK((int)outs.size() == size_ && (int)ins.size() == size_, "collie: alltoall: ",
+                    "one input and one output tensor per rank (", ins.size(), " and ", outs.size(),
+                    " for a group of ", size_, ")");
+        std::vector<size_t> sc(size_), rc(size_);
+        for (int i = 0; i < size_; i++) {
+            check_tensor(ins[i], "alltoall");
+            check_tensor(outs[i], "alltoall");
+            same_kind(ins[0], ins[i], "alltoall");
+            same_kind(ins[0], outs[i], "alltoall");
+            sc[i] = ins[i].numel();
+            rc[i] = outs[i].numel();
+        }
+        auto dt = to_dtype(ins[0], "alltoall", false);
+        auto in = flatten(ins);
+        auto flat = flatten(outs);
+        return post(
+            OpType::ALLTOALL, "alltoall", outs, {in, flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_alltoallv(comm_, in.data_ptr(), sc.data(), nullptr, flat.data_ptr(),
+                                        rc.data(), nullptr, dt, o, w);
+            },
+            unpack(flat, outs));
+    }
+
+    c10::intrusive_ptr<c10d::Work> send(Tensors &ts, int dst, int tag) override {
+        auto &t = single(ts, "send");
+        auto dt = to_dtype(t, "send", false);
+        TORCH_CHECK(tag >= 0, "collie: send: tag ", tag, " must be >= 0");
+        return post(OpType::SEND, "send", {}, {t}, c10d::kUnsetTimeout, [&](auto o, auto w) {
+            return collie_send(comm_, t.data_ptr(), t.numel(), dt, dst, (uint64_t)tag, o, w);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> recv(Tensors &ts, int src, int tag) override {
+        auto &t = single(ts, "recv");
+        auto dt = to_dtype(t, "recv", false);
+        TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
+        return post(OpType::RECV, "recv", ts, {}, c10d::kUnsetTimeout, [&](auto o, auto w) {
+            return collie_recv(comm_, t.data_ptr(), t.numel(), dt, src, (uint64_t)tag, o, w);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> recvAnysource(Tensors &, int) override {
+        unsupported("recv from any source (recvAnysource): name the source rank");
+    }
+
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
+        return post(OpType::BARRIER, "barrier", {}, {}, opts.timeout,
+                    [&](auto o, auto w) { return collie_barrier(comm_, o, w); });
+    }
+
+    void abort(const std::string &reason) { collie_comm_abort(comm_, reason.c_str()); }
+
+  private:
+    collie_comm *comm_;
+    std::shared_ptr<Completer> completer_;
+    std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+} // namespace collie_torch
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using collie_torch::ProcessGroupCollie;
+    py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>, c10d::ProcessGroup>(
+        m, "ProcessGroupCollie")
+        .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
+        .def("comm_handle", &ProcessGroupCollie::comm_handle)
+        .def("abort", &ProcessGroupCollie::abort, py::arg("reason"),
+             py::call_guard<py::gil_scoped_release>());
+}
