@@ -174,8 +174,8 @@ class Comm:
 
     def error(self):
         """None while healthy, else the exception describing the comm's fault."""
-        st, msg = c_int(), c_char_p()
-        check(lib.collie_comm_error(self.handle, byref(st), byref(msg)))
+        st, msg = c_int(OK), c_char_p()
+        lib.collie_comm_error(self.handle, byref(st), byref(msg))  # returns the status too
         if st.value == OK:
             return None
         return error_for(st.value, msg.value.decode(errors="replace") if msg.value else "")

@@ -1,0 +1,165 @@
+"""The package's ctypes declarations against collie.h and collie_cuda.h:
+every declared function exists in the headers with the same number of
+parameters and matching C types, and every option/stats structure has the
+header's fields in the header's order."""
+
+import ctypes
+import os
+import re
+
+import pytest
+
+from collie import _lib
+
+INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "include")
+
+
+def headers():
+    text = ""
+    for name in ("collie.h", "collie_cuda.h"):
+        with open(os.path.join(INCLUDE, name)) as f:
+            text += f.read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"\s+", " ", text)
+
+
+def declarations():
+    out = {}
+    for m in re.finditer(r"COLLIE_API ([^;(]*?)\b(collie_\w+)\(([^)]*)\);", headers()):
+        ret, name, params = m.group(1).strip(), m.group(2), m.group(3).strip()
+        args = [] if params in ("", "void") else [p.strip() for p in params.split(",")]
+        out[name] = (ret, args)
+    return out
+
+
+ENUMS = {"collie_dtype", "collie_redop", "collie_error_policy", "collie_log_level"}
+INTS = {
+    "int": ctypes.c_int,
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "uint16_t": ctypes.c_uint16,
+    "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
+    "bool": ctypes.c_bool,
+}
+
+
+def c_type_of(decl):
+    """The ctypes type a C parameter or return type must be declared as
+    (a set when several are right)."""
+    t = re.sub(r"\b(const|struct)\b", "", decl)
+    # drop the parameter name (the last identifier, unless the type is bare)
+    t = re.sub(r"\b[a-z_][a-z_0-9]*$", "", t.strip()) if re.search(r"[\s*]\w+$", t.strip()) else t
+    t = re.sub(r"\s+", "", t)
+    stars = t.count("*")
+    base = t.replace("*", "")
+    if stars == 0:
+        if base in ENUMS:
+            return {ctypes.c_int}
+        if base == "void":
+            return {None}
+        return {INTS[base]}
+    if base == "char" and stars == 1:
+        return {ctypes.c_char_p}
+    if base == "char" and stars == 2:
+        return {ctypes.POINTER(ctypes.c_char_p)}
+    if base == "void" and stars == 1:
+        return {ctypes.c_void_p}
+    if base == "void" and stars == 2:
+        return {ctypes.POINTER(ctypes.c_void_p)}
+    if base in INTS and stars == 1:
+        return {ctypes.POINTER(INTS[base])}
+    if base in ENUMS and stars == 1:
+        return {ctypes.POINTER(ctypes.c_int)}
+    if base.startswith("collie_") and base.endswith(("_opts", "_stats", "_details")):
+        struct = {
+            "collie_engine_opts": _lib.EngineOpts,
+            "collie_post_opts": _lib.PostOpts,
+            "collie_work_details": _lib.WorkDetails,
+            "collie_store_server_opts": _lib.StoreServerOpts,
+            "collie_store_opts": _lib.StoreOpts,
+            "collie_comm_opts": _lib.CommOpts,
+            "collie_comm_stats": _lib.CommStats,
+            "collie_engine_stats": _lib.EngineStats,
+        }[base]
+        return {ctypes.POINTER(struct)}
+    if stars == 1:  # an opaque object (collie_comm *, cudaStream_t is below)
+        return {ctypes.c_void_p}
+    if stars == 2:
+        return {ctypes.POINTER(ctypes.c_void_p)}
+    raise AssertionError(f"no ctypes rule for '{decl}'")
+
+
+def test_every_declared_function_matches_the_header():
+    decls = declarations()
+    assert len(decls) > 100
+    for name, (res, args) in _lib.SIGNATURES.items():
+        assert name in decls, f"{name} is declared in _lib.py but not in the headers"
+        cret, cargs = decls[name]
+        cargs = ["collie_comm *s" if a.startswith("collie_cuda_stream_t") else a for a in cargs]
+        assert len(args) == len(cargs), f"{name}: {len(args)} arguments, the header has {len(cargs)}"
+        assert res in c_type_of(cret), f"{name}: returns {res}, the header says '{cret}'"
+        for i, (a, c) in enumerate(zip(args, cargs)):
+            assert a in c_type_of(c), f"{name}: argument {i} is {a}, the header says '{c}'"
+
+
+def header_struct_fields(name):
+    m = re.search(r"typedef struct " + name + r" \{(.*?)\} " + name + ";", headers())
+    assert m, name
+    fields = []
+    for decl in m.group(1).split(";"):
+        decl = decl.strip()
+        if decl:
+            fields.append(re.findall(r"\w+", decl.replace("[", " [").split("[")[0])[-1])
+    return [f for fs in [[f] for f in fields] for f in fs]
+
+
+@pytest.mark.parametrize(
+    "cname,struct",
+    [
+        ("collie_engine_opts", _lib.EngineOpts),
+        ("collie_post_opts", _lib.PostOpts),
+        ("collie_work_details", _lib.WorkDetails),
+        ("collie_store_server_opts", _lib.StoreServerOpts),
+        ("collie_store_opts", _lib.StoreOpts),
+        ("collie_comm_opts", _lib.CommOpts),
+        ("collie_comm_stats", _lib.CommStats),
+        ("collie_engine_stats", _lib.EngineStats),
+        ("collie_latency_histogram", _lib.LatencyHistogram),
+    ],
+)
+def test_structures_match_the_header(cname, struct):
+    want = header_struct_fields(cname)
+    have = [f for f, _ in struct._fields_]
+    # "int64_t post_ns, start_ns, ..." declares several fields at once
+    expanded = []
+    text = re.search(r"typedef struct " + cname + r" \{(.*?)\} " + cname, headers()).group(1)
+    for decl in text.split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        names = [n.strip() for n in decl.split(",")]
+        first = re.findall(r"\w+", names[0].split("[")[0])[-1]
+        expanded.append(first)
+        expanded += [re.findall(r"\w+", n)[-1] for n in names[1:]]
+    assert have == expanded, f"{cname}: fields {have}, the header has {expanded} ({want})"
+
+
+def test_constants_match_the_header():
+    h = headers()
+    for name, value in (("LATENCY_BUCKETS", _lib.LATENCY_BUCKETS), ("STATS_OPS", _lib.STATS_OPS),
+                        ("STATS_STATUSES", _lib.STATS_STATUSES)):
+        assert re.search(rf"#define COLLIE_{name} {value}\b", h), name
+    from collie._buffers import DTYPES
+    from collie.comm import POLICIES, REDOPS
+
+    for c, v in (("INT8", 0), ("UINT8", 1), ("INT32", 2), ("INT64", 3), ("FP16", 4), ("BF16", 5),
+                 ("FP32", 6), ("FP64", 7)):
+        assert re.search(rf"COLLIE_{c} = {v},", h)
+    assert DTYPES["bfloat16"] == 5 and DTYPES["float16"] == 4
+    for c, v in (("SUM", "sum"), ("PROD", "prod"), ("MIN", "min"), ("MAX", "max"), ("AVG", "avg")):
+        assert re.search(rf"COLLIE_{c} = {REDOPS[v]},", h)
+    order = re.search(r"typedef enum collie_error_policy \{(.*?)\}", h).group(1)
+    names = re.findall(r"COLLIE_POLICY_(\w+)", order)
+    assert [POLICIES[n.lower()] for n in names] == list(range(len(names)))
