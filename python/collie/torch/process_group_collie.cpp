@@ -28,6 +28,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -166,7 +168,10 @@ class Completer {
     Completer() : state_(std::make_shared<CompleterState>()) {
         int st = collie_cq_create(&state_->cq);
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "completion queue"));
-        thread_ = std::thread([s = state_] { run(*s); });
+        thread_ = std::thread([s = state_] {
+            pthread_setname_np(pthread_self(), "collie-futures");
+            run(*s);
+        });
     }
     static void run(CompleterState &s);
     std::shared_ptr<CompleterState> state_;

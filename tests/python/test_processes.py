@@ -1,0 +1,76 @@
+"""Ranks as separate processes (Comm.from_env, as under collie-run): a rank
+killed mid-collective is reported to the survivor as ColliePeerError naming
+it, within a second."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import collie
+from conftest import ROOT
+
+RANK = r"""
+import os, sys, time
+sys.path.insert(0, os.path.join(sys.argv[1], "python"))
+import numpy as np, collie
+eng = collie.Engine()
+comm = collie.Comm.from_env(eng, timeout=30)
+x = np.ones(4, np.float32)
+comm.allreduce(x).wait(10)
+print("warm", x[0], flush=True)
+if comm.rank == 1:
+    time.sleep(60)  # killed by the test before this ends
+    sys.exit(3)
+w = comm.allreduce(np.ones(1 << 20, np.float32))
+print("posted", flush=True)
+t0 = time.monotonic()
+try:
+    w.wait()
+    print("no error")
+except collie.ColliePeerError as e:
+    print(f"peer error after {time.monotonic() - t0:.3f} s: {e}", flush=True)
+except collie.CollieError as e:
+    print(f"other error {type(e).__name__}: {e}", flush=True)
+"""
+
+
+def spawn(rank, addr, n):
+    env = dict(os.environ, COLLIE_STORE_ADDR=addr, COLLIE_RANK=str(rank), COLLIE_WORLD_SIZE=str(n))
+    return subprocess.Popen(
+        [sys.executable, "-c", RANK, ROOT], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )
+
+
+def readline(p, timeout=20):
+    end = time.monotonic() + timeout
+    import select
+
+    while time.monotonic() < end:
+        r, _, _ = select.select([p.stdout], [], [], 0.1)
+        if r:
+            return p.stdout.readline()
+    raise AssertionError("no line from the rank in time")
+
+
+def test_killed_rank_is_named_within_a_second():
+    with collie.Engine() as eng, collie.StoreServer(eng) as srv:
+        ranks = [spawn(r, srv.address, 2) for r in range(2)]
+        try:
+            assert readline(ranks[0]).startswith("warm 2.0")
+            assert readline(ranks[1]).startswith("warm 2.0")
+            assert readline(ranks[0]).startswith("posted")
+            ranks[1].send_signal(signal.SIGKILL)
+            line = readline(ranks[0], 10)
+            assert line.startswith("peer error after"), line
+            secs = float(line.split()[3])
+            assert secs < 1.0, line
+            assert "rank 1" in line, line
+            assert ranks[0].wait(10) == 0
+        finally:
+            for p in ranks:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(10)

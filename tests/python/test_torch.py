@@ -1,0 +1,139 @@
+"""The torch.distributed backend "collie" (torch 1.13, CPU): every
+collective, unsupported calls, Work.wait(timeout) as gloo's, get_future off
+the progress thread, case-insensitive names, pg_options and policy errors,
+10 init/destroy cycles without fd or thread growth, and DDP: parameters
+equal gloo's bit for bit at world size 2, allclose at 3. Each scenario
+runs its ranks as processes (tests/python/torch_worker.py)."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXT = os.path.join(HERE, "..", "..", "build", "python", "_C.so")
+if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
+    pytest.skip("the torch extension is not built (make python)", allow_module_level=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scenario(name, backend="collie", world=2, timeout=120, env=None):
+    port = str(free_port())
+    e = dict(os.environ, **(env or {}))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "torch_worker.py"), name, backend, str(r),
+             str(world), port],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+        )
+        for r in range(world)
+    ]
+    results = []
+    try:
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"{name}/{backend} rank {r} exit {p.returncode}:\n{err[-3000:]}"
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_collective(world):
+    res = scenario("collectives", world=world)
+    n = world
+    for r, out in enumerate(res):
+        for key, val in out.items():
+            if key.startswith("allreduce_"):
+                assert val == [n * (n - 1) / 2 + i * n for i in range(4)], key
+        assert out["prod"] == [math.factorial(n)] and out["max"] == [n]
+        assert out["bool_min"] == [True, False]
+        assert out["broadcast"] == [n - 1.0] * 3
+        if r == 0:
+            assert out["reduce_root"] == [n * (n + 1) / 2]
+            assert out["gather"] == [[3.0 * p] for p in range(n)]
+        assert out["all_gather"] == [[p, 10 * p] for p in range(n)]
+        assert out["all_gather_base"] == sum(([p, 10.0 * p] for p in range(n)), [])
+        assert out["all_gather_coalesced"] == [[[p], [p, 2.0 * p]] for p in range(n)]
+        assert out["all_reduce_coalesced"] == [[n * (n - 1) / 2], [n, 2.0 * n]]
+        assert out["scatter"] == [r, r + 0.5]
+        assert out["reduce_scatter"] == [sum(r + p for p in range(n))]
+        assert out["reduce_scatter_base"] == [n * 2.0 * r, n * (2.0 * r + 1)]
+        assert out["all_to_all_single"] == [100.0 * p + r for p in range(n)]
+        assert out["all_to_all_uneven"] == sum(([10.0 * p + r] * (r + 1) for p in range(n)), [])
+        assert out["all_to_all"] == [[float(p)] * (r + 1) for p in range(n)]
+        if r == 1:
+            assert out["recv"] == [42.0, 43.0]
+        assert out["is_completed"] is True
+        if r in (0, n - 1):
+            assert out["subgroup"] == [2.0]
+
+
+def test_unsupported_calls_say_so():
+    for out in scenario("unsupported"):
+        assert "not supported by collie: allreduce with ReduceOp.BAND" in out["band"]
+        assert "not supported by collie: allreduce of complex tensors" in out["complex"]
+        assert "not supported by collie: recv from any source" in out["anysource"]
+        assert "not supported by collie" in out["bool_sum"]
+
+
+def test_wait_timeout_behaves_as_gloo():
+    gloo = scenario("wait_timeout", backend="gloo")
+    ours = scenario("wait_timeout")
+    assert gloo[0]["first"].startswith("RuntimeError: Operation timed out!")
+    assert ours[0]["first"] == gloo[0]["first"]
+    assert ours[0]["completed_after_timeout"] is False
+    assert [r["value"] for r in ours] == [[3.0], [3.0]] == [r["value"] for r in gloo]
+
+
+def test_future_callbacks_run_off_the_progress_thread():
+    res = scenario("future")
+    for out in res:
+        assert out["value"] == [6.0]
+        assert out["thread"] and not out["thread"].startswith("cl-"), out["thread"]
+
+
+def test_backend_name_is_case_insensitive():
+    for out in scenario("names"):
+        assert out == {n: ["collie", 2.0] for n in ("COLLIE", "Collie", "collie")}
+
+
+def test_pg_options_and_policy_errors():
+    for out in scenario("options"):
+        assert "unknown key(s) 'colour'" in out["unknown"]
+        assert "policy 'sometimes' is not one of" in out["bad_policy"]
+        assert "a collie.torch.Options or a dict" in out["bad_type"]
+        assert "conflicts with the environment's 'blocking_wait'" in out["conflict"]
+        assert out["agreeing"] == 2.0
+
+
+def test_ten_init_destroy_cycles_without_growth():
+    for out in scenario("cycles"):
+        counts = out["counts"]
+        assert counts[1:] == [counts[1]] * 10, counts  # after the first cycle's one-time setup
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_matches_gloo(world):
+    gloo = scenario("ddp", backend="gloo", world=world)
+    ours = scenario("ddp", world=world)
+    for g, c in zip(gloo, ours):
+        if world == 2:
+            assert g["params"] == c["params"], "DDP parameters differ from gloo's"
+        else:
+            for a, b in zip(g["params"], c["params"]):
+                assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-7)
