@@ -228,6 +228,7 @@ test:
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
+	$(MAKE) --no-print-directory test-python
 	@tools/test-summary.sh build/test-results
 
 test-normal: all tests
@@ -235,6 +236,11 @@ test-normal: all tests
 
 test-faults: all tests
 	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
+
+# The Python package and the torch backend (pytest; tests/python), then the
+# curated part of PyTorch's own distributed suite with BACKEND=collie.
+test-python: all $(DEPS_TEST_STAMP)
+	@tools/run-pytest.sh python tests/python
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples

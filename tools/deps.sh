@@ -27,6 +27,11 @@ case "$profile" in
       "/usr/bin/python3:python3"
       "/usr/sbin/ip:iproute2"
       "/usr/bin/jq:jq"
+      "/usr/lib/python3/dist-packages/numpy/__init__.py:python3-numpy"
+      "/usr/lib/python3/dist-packages/pytest/__init__.py:python3-pytest"
+      "/usr/lib/python3/dist-packages/torch/__init__.py:python3-torch"
+      "/usr/include/torch/csrc/distributed/c10d/ProcessGroup.hpp:libtorch-dev"
+      "/usr/include/pybind11/pybind11.h:pybind11-dev"
     ) ;;
   *) echo "deps.sh: unknown profile '$profile' (build or test)" >&2; exit 2 ;;
 esac
