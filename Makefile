@@ -9,6 +9,9 @@
 #                        ASan+UBSan, engine/work/store/fault tests under TSan
 #   make test-faults     the fault suite alone (test_faults, test_trace)
 #   make valgrind        the suite under valgrind (by hand; slow)
+#   make python          the torch backend's extension (when torch's headers are there)
+#   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
+#   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long)
 #
 # Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
 # build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
@@ -241,6 +244,12 @@ test-faults: all tests
 # curated part of PyTorch's own distributed suite with BACKEND=collie.
 test-python: all $(DEPS_TEST_STAMP)
 	@tools/run-pytest.sh python tests/python
+	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
+	  $(shell grep -v '^\#' tests/torch_suite/curated.txt))
+
+# PyTorch's whole distributed suite, gloo and collie side by side (long).
+test-torch: all $(DEPS_TEST_STAMP)
+	@tools/torch-suite.sh
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples
@@ -390,6 +399,9 @@ MAN1       := $(wildcard docs/man/*.1)
 MAN3       := $(wildcard docs/man/*.3)
 INSTALL_PLUGINS := $(BUILD)/lib/libcollie_dummy.so $(NCCL_PLUGIN)
 PC_FILE    := $(BUILD)/lib/pkgconfig/collie.pc
+# the Python package (Debian's layout: <prefix>/lib/python3/dist-packages)
+PYDIR    ?= $(PREFIX)/lib/python3/dist-packages
+PY_FILES := $(wildcard python/collie/*.py)
 
 $(PC_FILE): Makefile include/collie.h
 	@mkdir -p $(@D)
@@ -413,6 +425,10 @@ install: lib tools plugins $(PC_FILE)
 	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
 	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
 	$(if $(MAN3),install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/)
+	install -d $(DESTDIR)$(PYDIR)/collie/torch
+	install -m 644 $(PY_FILES) $(DESTDIR)$(PYDIR)/collie/
+	install -m 644 python/collie/torch/__init__.py $(DESTDIR)$(PYDIR)/collie/torch/
+	$(if $(wildcard $(TORCH_EXT)),install -m 755 $(TORCH_EXT) $(DESTDIR)$(PYDIR)/collie/torch/_C.so)
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so.$(SOVERSION) \
@@ -423,6 +439,7 @@ uninstall:
 	  $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOLS))) \
 	  $(addprefix $(DESTDIR)$(MANDIR)/man1/,$(notdir $(MAN1))) \
 	  $(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3)))
+	rm -rf $(DESTDIR)$(PYDIR)/collie
 	-rmdir $(DESTDIR)$(PLUGINDIR) 2>/dev/null
 
 clean:

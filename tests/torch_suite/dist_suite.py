@@ -8,8 +8,9 @@ collie joins the suite as torch's docs say a plugin does: it registers
 itself (import collie.torch) and adds its name to DistTestCases'
 "plugin", "ddp" and "subgroup" features. The harness imports expecttest,
 which Debian does not package: a stand-in with the two names it uses is
-installed when the real one is missing. The module runs again in every
-process the harness spawns, so each rank registers collie too."""
+installed when the real one is missing, and DDP's ReplicatedTensor mode
+stays off (see below). The module runs again in every process the harness
+spawns, so each rank registers collie too."""
 
 import os
 import sys
@@ -30,6 +31,14 @@ except ImportError:
     stand_in.ACCEPT = False
     stand_in.TestCase = unittest.TestCase
     sys.modules["expecttest"] = stand_in
+
+# The harness turns on DDP's ReplicatedTensor mode in every rank; on Python
+# 3.11 its import fails (a dataclass with a mutable default in
+# torch.distributed._shard), failing every DDP test for every backend. Keep
+# the mode off (it is off by default outside this harness).
+import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
+
+_rt._set_ddp_with_replicated_tensor = lambda value: None
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import collie.torch  # noqa: E402,F401  (registers the backend)

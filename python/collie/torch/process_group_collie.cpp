@@ -118,7 +118,8 @@ void same_kind(const at::Tensor &a, const at::Tensor &b, const char *op) {
 // One flat 1-D tensor holding the tensors one after the other.
 at::Tensor flatten(const Tensors &ts) {
     Tensors views;
-    for (auto &t : ts) views.push_back(t.reshape({-1}));
+    for (auto &t : ts)
+        views.push_back(t.reshape({-1}));
     return at::cat(views);
 }
 
@@ -203,8 +204,8 @@ class CollieWork : public c10d::Work {
                 }
             } else {
                 std::string msg = collie_work_error_message(w_);
-                err = std::make_exception_ptr(std::runtime_error(
-                    "collie: " + msg + " (" + collie_status_name(st) + ")"));
+                err = std::make_exception_ptr(
+                    std::runtime_error("collie: " + msg + " (" + collie_status_name(st) + ")"));
             }
             finalize_ = nullptr;
             keep_.clear();
@@ -227,7 +228,8 @@ class CollieWork : public c10d::Work {
     bool wait(std::chrono::milliseconds timeout) override {
         int32_t ms = COLLIE_TIMEOUT_INFINITE;
         if (timeout != kNoTimeout)
-            ms = timeout.count() > INT32_MAX ? INT32_MAX : (int32_t)std::max<int64_t>(0, timeout.count());
+            ms = timeout.count() > INT32_MAX ? INT32_MAX
+                                             : (int32_t)std::max<int64_t>(0, timeout.count());
         int st = collie_work_wait(w_, ms);
         if (st == COLLIE_INPROGRESS) TORCH_CHECK(false, "Operation timed out!");
         complete();
@@ -281,7 +283,6 @@ std::function<void()> unpack(at::Tensor flat, Tensors outs) {
     };
 }
 
-
 class ProcessGroupCollie : public c10d::ProcessGroup {
   public:
     // Takes ownership of `comm` (made by collie.torch from the torch store).
@@ -304,10 +305,10 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
 
     c10::intrusive_ptr<c10d::Work> post(OpType type, const char *what, Tensors outputs,
                                         std::vector<at::Tensor> keep, std::chrono::milliseconds t,
-                                        const PostFn &fn, std::function<void()> finalize = nullptr) {
-        auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
-                                                    std::move(keep), std::move(finalize),
-                                                    in_flight_);
+                                        const PostFn &fn,
+                                        std::function<void()> finalize = nullptr) {
+        auto work = c10::make_intrusive<CollieWork>(
+            rank_, type, std::move(outputs), std::move(keep), std::move(finalize), in_flight_);
         auto &cs = completer_->state();
         collie_post_opts o = COLLIE_POST_OPTS_INIT;
         o.timeout_ms = timeout_ms(t);
@@ -418,8 +419,9 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
                     });
     }
 
-    c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<Tensors> &outs, Tensors &ins,
-                                                       const c10d::AllgatherOptions &opts) override {
+    c10::intrusive_ptr<c10d::Work>
+    allgather_coalesced(std::vector<Tensors> &outs, Tensors &ins,
+                        const c10d::AllgatherOptions &opts) override {
         TORCH_CHECK(!ins.empty(), "collie: allgather_coalesced: no tensors");
         TORCH_CHECK((int)outs.size() == size_, "collie: allgather_coalesced: ", outs.size(),
                     " output lists for a group of ", size_);
@@ -429,8 +431,10 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         }
         Tensors flat_outs;
         for (auto &list : outs) {
-            TORCH_CHECK(list.size() == ins.size(), "collie: allgather_coalesced: an output list "
-                        "has ", list.size(), " tensors, the input ", ins.size());
+            TORCH_CHECK(list.size() == ins.size(),
+                        "collie: allgather_coalesced: an output list "
+                        "has ",
+                        list.size(), " tensors, the input ", ins.size());
             for (size_t i = 0; i < list.size(); i++) {
                 check_tensor(list[i], "allgather_coalesced");
                 same_kind(ins[0], list[i], "allgather_coalesced");
@@ -469,8 +473,9 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         return post(
             OpType::GATHER, "gather", list, {in, flat}, opts.timeout,
             [&](auto o, auto w) {
-                return collie_gather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
-                                     in.numel(), dt, root, o, w);
+                return collie_gather(comm_, in.data_ptr(),
+                                     flat.defined() ? flat.data_ptr() : nullptr, in.numel(), dt,
+                                     root, o, w);
             },
             flat.defined() ? unpack(flat, list) : nullptr);
     }
@@ -489,8 +494,8 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
             TORCH_CHECK(ins.empty(), "collie: scatter: only the root passes input tensors");
         }
         return post(OpType::SCATTER, "scatter", outs, {flat}, opts.timeout, [&](auto o, auto w) {
-            return collie_scatter(comm_, flat.defined() ? flat.data_ptr() : nullptr,
-                                  out.data_ptr(), out.numel(), dt, root, o, w);
+            return collie_scatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                  out.numel(), dt, root, o, w);
         });
     }
 
@@ -515,12 +520,14 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         check_tensor(in, "_reduce_scatter_base");
         check_tensor(out, "_reduce_scatter_base");
         same_kind(in, out, "_reduce_scatter_base");
-        TORCH_CHECK(in.numel() == size_ * out.numel(), "collie: _reduce_scatter_base: the input "
-                    "holds ", in.numel(), " elements, expected ", size_ * out.numel());
+        TORCH_CHECK(in.numel() == size_ * out.numel(),
+                    "collie: _reduce_scatter_base: the input "
+                    "holds ",
+                    in.numel(), " elements, expected ", size_ * out.numel());
         auto dt = to_dtype(out, "_reduce_scatter_base", out.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, out, "_reduce_scatter_base");
-        return post(OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {out}, {in},
-                    opts.timeout, [&](auto o, auto w) {
+        return post(OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {out}, {in}, opts.timeout,
+                    [&](auto o, auto w) {
                         return collie_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(),
                                                      out.numel(), dt, op, o, w);
                     });
@@ -533,13 +540,14 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         int64_t rows = t.dim() == 0 ? 1 : t.size(0);
         int64_t row = rows ? t.numel() / rows : 0;
         if (split.empty()) {
-            TORCH_CHECK(rows % size_ == 0, "collie: alltoall_base: dim 0 of the ", what, " (",
-                        rows, ") does not split evenly over ", size_, " ranks");
-            for (auto &c : counts) c = (size_t)(rows / size_ * row);
+            TORCH_CHECK(rows % size_ == 0, "collie: alltoall_base: dim 0 of the ", what, " (", rows,
+                        ") does not split evenly over ", size_, " ranks");
+            for (auto &c : counts)
+                c = (size_t)(rows / size_ * row);
             return counts;
         }
-        TORCH_CHECK((int)split.size() == size_, "collie: alltoall_base: ", split.size(), " ",
-                    what, " split sizes for a group of ", size_);
+        TORCH_CHECK((int)split.size() == size_, "collie: alltoall_base: ", split.size(), " ", what,
+                    " split sizes for a group of ", size_);
         int64_t sum = 0;
         for (int i = 0; i < size_; i++) {
             TORCH_CHECK(split[i] >= 0, "collie: alltoall_base: negative split size");
@@ -580,9 +588,9 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
 
     c10::intrusive_ptr<c10d::Work> alltoall(Tensors &outs, Tensors &ins,
                                             const c10d::AllToAllOptions &opts) override {
-        TORCH_CHECK((int)outs.size() == size_ && (int)ins.size() == size_, "collie: alltoall: ",
-                    "one input and one output tensor per rank (", ins.size(), " and ", outs.size(),
-                    " for a group of ", size_, ")");
+        TORCH_CHECK((int)outs.size() == size_ && (int)ins.size() == size_,
+                    "collie: alltoall: ", "one input and one output tensor per rank (", ins.size(),
+                    " and ", outs.size(), " for a group of ", size_, ")");
         std::vector<size_t> sc(size_), rc(size_);
         for (int i = 0; i < size_; i++) {
             check_tensor(ins[i], "alltoall");
