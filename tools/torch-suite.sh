@@ -14,7 +14,7 @@ for ws in ${TORCH_SUITE_WORLDS:-2 3}; do
   for b in gloo collie; do
     echo "== $b, world size $ws"
     BACKEND=$b WORLD_SIZE=$ws timeout -k 10 "${TORCH_SUITE_TIMEOUT:-5400}" \
-      "$python" -m pytest -p no:cacheprovider -q -rA tests/torch_suite/dist_suite.py \
+      "$python" -m pytest -p no:cacheprovider -v -rA tests/torch_suite/dist_suite.py \
       > "$out/$b-$ws.log" 2>&1
     tail -n 1 "$out/$b-$ws.log"
   done
