@@ -74,7 +74,23 @@ def _settle(fut, status, message):
         fut.set_result((status, message))
 
 
-class Engine:
+class Closable:
+    """Context manager and finaliser for objects with close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Engine(Closable):
     """collie's progress engine: one progress thread for every store and comm
     made from it. Use as a context manager or call close()."""
 
@@ -121,18 +137,6 @@ class Engine:
         self.reap()
         lib.collie_cq_destroy(self._cq)
         self._cq = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ---- posting and reaping ------------------------------------------------
 

@@ -21,7 +21,7 @@ from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 
 from . import _lib
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
-from ._engine import Engine, timeout_ms
+from ._engine import Closable, Engine, timeout_ms
 from .errors import OK, CollieNotMember, check, error_for
 from .store import Store
 
@@ -75,6 +75,15 @@ def _comm_opts(name, backend, timeout, create_timeout, policy, device):
     )
 
 
+def _child_opts(opts):
+    """Options of a split/new_group child: those given, the parent's for the rest."""
+    known = ("name", "backend", "timeout", "create_timeout", "policy", "device")
+    unknown = sorted(set(opts) - set(known))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    return _comm_opts(*(opts.get(k) for k in known))
+
+
 def _same_dtype(what, *bufs):
     bufs = [b for b in bufs if b is not None]
     for b in bufs[1:]:
@@ -90,7 +99,7 @@ def _at_least(what, buf, need):
         raise ValueError(f"{what}: holds {buf.count} elements, the call writes {need}")
 
 
-class Comm:
+class Comm(Closable):
     """A communicator of `size` ranks; every rank creates it with the same name.
 
     Comm(engine, store, rank, size, name=None, backend=None, timeout=None,
@@ -219,20 +228,9 @@ class Comm:
         self._engine.reap()
         return st == OK
 
-    close = destroy
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-
-    def __del__(self):
-        try:
-            if self._h and not self._engine._closed:
-                self.destroy()
-        except Exception:
-            pass
+    def close(self):
+        if self._h and not self._engine._closed:
+            self.destroy()
 
     def _child(self, st, h, what):
         if st == -8:  # COLLIE_ENOTMEMBER: this rank joins no group
@@ -243,14 +241,7 @@ class Comm:
     def split(self, color, key=0, **opts):
         """New comm of the ranks with the same colour (None: join none and get
         None). Every rank of this comm calls it."""
-        o = _comm_opts(
-            opts.get("name"),
-            opts.get("backend"),
-            opts.get("timeout"),
-            opts.get("create_timeout"),
-            opts.get("policy"),
-            opts.get("device"),
-        )
+        o = _child_opts(opts)
         h = c_void_p()
         st = lib.collie_comm_split(self.handle, -1 if color is None else int(color), int(key), byref(o), byref(h))
         return self._child(st, h, "collie_comm_split")
@@ -259,14 +250,7 @@ class Comm:
         """A comm of the listed ranks, in that order; None on non-members."""
         rs = [int(r) for r in ranks]
         arr = (c_int * len(rs))(*rs)
-        o = _comm_opts(
-            opts.get("name"),
-            opts.get("backend"),
-            opts.get("timeout"),
-            opts.get("create_timeout"),
-            opts.get("policy"),
-            opts.get("device"),
-        )
+        o = _child_opts(opts)
         h = c_void_p()
         st = lib.collie_comm_new_group(self.handle, arr, len(rs), byref(o), byref(h))
         return self._child(st, h, "collie_comm_new_group")

@@ -13,7 +13,7 @@ import ctypes
 from ctypes import byref, c_char_p, c_int64, c_size_t, c_void_p, sizeof
 
 from . import _lib
-from ._engine import Engine, timeout_ms
+from ._engine import Closable, Engine, timeout_ms
 from .errors import check
 
 lib = _lib.lib
@@ -55,7 +55,7 @@ def _int(w):
     return v.value
 
 
-class StoreServer:
+class StoreServer(Closable):
     """A collie store server on `engine`, listening on host:port (0: any free port)."""
 
     def __init__(self, engine, host="127.0.0.1", port=0, token=None, max_value_size=0):
@@ -97,20 +97,8 @@ class StoreServer:
         if h:
             lib.collie_store_server_destroy(h)
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class Store:
+class Store(Closable):
     """A client of a collie store server ("host:port"; None: COLLIE_STORE_ADDR).
     `timeout` is the default for every request (seconds; None: collie's)."""
 
@@ -154,18 +142,6 @@ class Store:
         h, self._h = self._h, None
         if h:
             lib.collie_store_destroy(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ---- requests: each *_async posts and returns the Work --------------------
 
