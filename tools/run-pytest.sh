@@ -23,10 +23,10 @@ echo "$suite $passed $failed $skipped" > "$results/$suite.txt"
 secs=$(( $(date +%s) - start ))
 if [ "$failed" -eq 0 ]; then
   extra=""; [ "$skipped" -gt 0 ] && extra=", $skipped skipped"
-  echo "[$suite] pytest $dir: $passed passed$extra (${secs}s)"
+  echo "[$suite] pytest: $passed passed$extra (${secs}s)"
   grep -aE '^SKIPPED' "$log" | sed 's/^/    /'
   exit 0
 fi
-echo "[$suite] pytest $dir: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
+echo "[$suite] pytest: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
 tail -n 60 "$log" | sed 's/^/    /'
 exit 1
