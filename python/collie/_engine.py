@@ -7,8 +7,9 @@ Design notes
   Python thread next posts, tests or waits, and by an asyncio loop watching
   the queue's fd with loop.add_reader.
 - Buffer lifetime: each post records a _Pending (its Buffers, its asyncio
-  futures) under the work's address, inserted under the engine's lock
-  together with the post itself, so a concurrent reap always finds it. The
+  futures) under a fresh key before the post and gives that key as the
+  work's tag, so a concurrent reap always finds it (and no lock is held
+  while collie is called). The
   Buffers are dropped only once completion is observed - by Work.test /
   wait or by the reap - so a Work dropped in flight leaves its memory
   pinned until collie is done with it, never less.
@@ -106,7 +107,8 @@ class Engine(Closable):
         self._h = h.value
         self._cq = cq.value
         self._lock = threading.Lock()
-        self._pending = {}
+        self._pending = {}  # post tag -> _Pending, until the reap
+        self._next_key = 0
         self._loops = weakref.WeakSet()
         self._closed = False
 
@@ -140,21 +142,23 @@ class Engine(Closable):
 
     # ---- posting and reaping ------------------------------------------------
 
-    def post_opts(self, timeout=None, tag=0):
-        return _lib.PostOpts(sizeof(_lib.PostOpts), timeout_ms(timeout), None, None, self._cq, tag)
-
     def post(self, what, fn, args, buffers, timeout=None, owner=None, output=None):
-        """Call a collie post function fn(*args, opts, &work) and wrap the work."""
+        """Call a collie post function fn(*args, opts, &work) and wrap the work.
+        The work's tag names its _Pending, recorded before the post, so a
+        reap on another thread finds it without a lock held across the call."""
         if self._closed:
             raise CollieClosed(-7, f"{what}: the engine is closed")
-        opts = self.post_opts(timeout)
-        w = c_void_p()
         pend = _Pending(buffers)
         with self._lock:
-            st = fn(*args, byref(opts), byref(w))
-            if st == OK:
-                self._pending[w.value] = pend
-        check(st, what)
+            key = self._next_key = self._next_key + 1
+            self._pending[key] = pend
+        opts = _lib.PostOpts(sizeof(_lib.PostOpts), timeout_ms(timeout), None, None, self._cq, key)
+        w = c_void_p()
+        st = fn(*args, byref(opts), byref(w))
+        if st != OK:
+            with self._lock:
+                del self._pending[key]
+            check(st, what)
         self.reap()
         return Work(self, w.value, pend, owner, output)
 
@@ -170,7 +174,7 @@ class Engine(Closable):
             status = lib.collie_work_result(w)
             msg = lib.collie_work_error_message(w).decode(errors="replace") if status else ""
             with self._lock:
-                pend = self._pending.pop(w.value, None)
+                pend = self._pending.pop(lib.collie_work_tag(w), None)
                 if pend is not None:
                     pend.done, pend.status, pend.message = True, status, msg
                     pend.buffers = None

@@ -229,8 +229,7 @@ class Comm(Closable):
         return st == OK
 
     def close(self):
-        if self._h and not self._engine._closed:
-            self.destroy()
+        self.destroy()  # after the engine closed this only frees memory (collie.h)
 
     def _child(self, st, h, what):
         if st == -8:  # COLLIE_ENOTMEMBER: this rank joins no group
@@ -492,47 +491,6 @@ class Comm(Closable):
     def recv(self, buf, peer, tag=0, timeout=None):
         return self._p2p(False, False, buf, peer, tag, timeout, None, None, None)
 
-    # ---- asyncio: each resolves to the output (None for barrier/send) -----------
-
-    async def allreduce_async(self, *a, **k):
-        return await self.allreduce(*a, **k)
-
-    async def broadcast_async(self, *a, **k):
-        return await self.broadcast(*a, **k)
-
-    async def reduce_async(self, *a, **k):
-        return await self.reduce(*a, **k)
-
-    async def allgather_async(self, *a, **k):
-        return await self.allgather(*a, **k)
-
-    async def reduce_scatter_async(self, *a, **k):
-        return await self.reduce_scatter(*a, **k)
-
-    async def alltoall_async(self, *a, **k):
-        return await self.alltoall(*a, **k)
-
-    async def gather_async(self, *a, **k):
-        return await self.gather(*a, **k)
-
-    async def scatter_async(self, *a, **k):
-        return await self.scatter(*a, **k)
-
-    async def barrier_async(self, *a, **k):
-        return await self.barrier(*a, **k)
-
-    async def allgatherv_async(self, *a, **k):
-        return await self.allgatherv(*a, **k)
-
-    async def alltoallv_async(self, *a, **k):
-        return await self.alltoallv(*a, **k)
-
-    async def send_async(self, *a, **k):
-        return await self.send(*a, **k)
-
-    async def recv_async(self, *a, **k):
-        return await self.recv(*a, **k)
-
     # ---- CUDA collectives (collie_cuda.h): device buffers on a stream -----------
     # A buffer is a CUDA array object or an int device pointer with count= and
     # dtype=. The work completes when the GPU has finished.
@@ -598,3 +556,18 @@ class _DevicePtr:
     def __init__(self, ptr, count):
         self.ptr, self.count = ptr, count
 
+
+def _async_form(name):
+    async def form(self, *args, **kwargs):
+        return await getattr(self, name)(*args, **kwargs)
+
+    form.__name__ = form.__qualname__ = f"{name}_async"
+    form.__doc__ = f"`await comm.{name}_async(...)`: posts {name} and resolves to its output."
+    return form
+
+
+# asyncio: every host collective has an _async form resolving to its output
+# (None for barrier and send) or raising its error.
+for _name in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+              "gather", "scatter", "barrier", "allgatherv", "alltoallv", "send", "recv"):
+    setattr(Comm, f"{_name}_async", _async_form(_name))

@@ -1,7 +1,8 @@
 """The torch.distributed backend "collie" (torch 1.13, CPU): every
 collective, unsupported calls, Work.wait(timeout) as gloo's, get_future off
 the progress thread, case-insensitive names, pg_options and policy errors,
-10 init/destroy cycles without fd or thread growth, and DDP: parameters
+10 init/destroy cycles without fd or thread growth, a group destroyed with
+a work in flight (aborted at once), and DDP: parameters
 equal gloo's bit for bit at world size 2, allclose at 3. Each scenario
 runs its ranks as processes (tests/python/torch_worker.py)."""
 
@@ -125,6 +126,12 @@ def test_ten_init_destroy_cycles_without_growth():
     for out in scenario("cycles"):
         counts = out["counts"]
         assert counts[1:] == [counts[1]] * 10, counts  # after the first cycle's one-time setup
+
+
+def test_destroy_with_work_in_flight_aborts_it_at_once():
+    out = scenario("destroy_pending")[0]
+    assert out["destroy_s"] < 5, out
+    assert "the process group was destroyed (COLLIE_EABORTED)" in out["wait"], out
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -240,11 +240,29 @@ def ddp():
     return {"params": [p.detach().double().flatten().tolist() for p in model.parameters()]}
 
 
+def destroy_pending():
+    # rank 0 destroys the group with a work of its own in flight (rank 1 never
+    # posts): the work is aborted at once, not left to its 30 s deadline
+    out = {}
+    if rank == 0:
+        w = dist.all_reduce(torch.ones(4), async_op=True)
+        t0 = time.monotonic()
+        dist.destroy_process_group()
+        out["destroy_s"] = time.monotonic() - t0
+        try:
+            w.wait()
+            out["wait"] = "no error"
+        except RuntimeError as e:
+            out["wait"] = str(e)
+    time.sleep(1.0)  # torch's store (rank 0) outlives rank 1's use of it
+    return out
+
+
 def main():
     if scenario not in ("names", "options", "cycles"):
         init()
     result = globals()[scenario]()
-    if dist.is_initialized():
+    if dist.is_initialized() and scenario != "destroy_pending":
         dist.barrier()  # nobody leaves (and closes torch's store) while others still use it
         dist.destroy_process_group()
     print(json.dumps(result, default=str), flush=True)

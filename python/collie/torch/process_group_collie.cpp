@@ -15,7 +15,8 @@
 //   the process's one completer thread, which pops every work from a collie
 //   completion queue. torch's future callbacks (DDP's among them) therefore
 //   run on the waiter or the completer, never on collie's progress thread.
-// - The completer's in-flight map holds each CollieWork (and so its tensors)
+// - The completer's in-flight map (keyed by the post's tag, recorded before
+//   the post) holds each CollieWork (and so its tensors)
 //   until collie has completed it: a Work dropped in flight cannot free
 //   memory collie still writes.
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
@@ -138,8 +139,10 @@ class CollieWork;
 struct CompleterState {
     collie_cq *cq = nullptr;
     std::atomic<bool> stop{false};
-    std::mutex mu; // held across a post and its insertion
-    std::unordered_map<collie_work *, c10::intrusive_ptr<CollieWork>> inflight;
+    std::mutex mu; // guards inflight only (never held while calling collie)
+    uint64_t next_key = 0;
+    // post tag -> the work, recorded before the post so the completer finds it
+    std::unordered_map<uint64_t, c10::intrusive_ptr<CollieWork>> inflight;
     ~CompleterState() { collie_cq_destroy(cq); }
 };
 
@@ -182,19 +185,19 @@ class Completer {
 class CollieWork : public c10d::Work {
   public:
     CollieWork(int rank, OpType type, Tensors outputs, std::vector<at::Tensor> keep,
-               std::function<void()> finalize, std::shared_ptr<std::atomic<int64_t>> in_flight)
+               std::function<void()> finalize)
         : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)),
-          finalize_(std::move(finalize)), in_flight_(std::move(in_flight)),
-          future_(c10::make_intrusive<c10::ivalue::Future>(
-              c10::ListType::create(c10::TensorType::get()))) {}
+          finalize_(std::move(finalize)), future_(c10::make_intrusive<c10::ivalue::Future>(
+                                              c10::ListType::create(c10::TensorType::get()))) {}
     ~CollieWork() override { collie_work_release(w_); }
 
     void attach(collie_work *w) { w_ = w; }
 
-    // Exactly once, by whoever first sees collie's completion.
-    void complete() {
-        std::call_once(once_, [this] {
-            int st = collie_work_result(w_);
+    // Exactly once, by whoever first sees collie's completion of `w` (the
+    // completer may see it before attach() has run on the posting thread).
+    void complete(collie_work *w) {
+        std::call_once(once_, [this, w] {
+            int st = collie_work_result(w);
             std::exception_ptr err;
             if (st == COLLIE_OK) {
                 try {
@@ -203,13 +206,12 @@ class CollieWork : public c10d::Work {
                     err = std::current_exception();
                 }
             } else {
-                std::string msg = collie_work_error_message(w_);
+                std::string msg = collie_work_error_message(w);
                 err = std::make_exception_ptr(
                     std::runtime_error("collie: " + msg + " (" + collie_status_name(st) + ")"));
             }
             finalize_ = nullptr;
             keep_.clear();
-            in_flight_->fetch_sub(1);
             if (err) {
                 future_->setError(err);
                 finish(err);
@@ -221,7 +223,7 @@ class CollieWork : public c10d::Work {
     }
 
     bool isCompleted() override {
-        if (collie_work_test(w_)) complete();
+        if (collie_work_test(w_)) complete(w_);
         return c10d::Work::isCompleted();
     }
 
@@ -232,7 +234,7 @@ class CollieWork : public c10d::Work {
                                              : (int32_t)std::max<int64_t>(0, timeout.count());
         int st = collie_work_wait(w_, ms);
         if (st == COLLIE_INPROGRESS) TORCH_CHECK(false, "Operation timed out!");
-        complete();
+        complete(w_);
         std::unique_lock<std::mutex> lock(mutex_);
         if (exception_) std::rethrow_exception(exception_);
         return true;
@@ -247,7 +249,6 @@ class CollieWork : public c10d::Work {
     Tensors outputs_;
     std::vector<at::Tensor> keep_; // inputs and flat buffers, until completion
     std::function<void()> finalize_;
-    std::shared_ptr<std::atomic<int64_t>> in_flight_; // the process group's count
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::once_flag once_;
 };
@@ -261,13 +262,13 @@ void Completer::run(CompleterState &s) {
         c10::intrusive_ptr<CollieWork> cw;
         {
             std::lock_guard<std::mutex> g(s.mu);
-            auto it = s.inflight.find(w);
+            auto it = s.inflight.find(collie_work_tag(w));
             if (it != s.inflight.end()) {
                 cw = std::move(it->second);
                 s.inflight.erase(it);
             }
         }
-        if (cw) cw->complete();
+        if (cw) cw->complete(w);
         collie_work_release(w);
     }
 }
@@ -292,9 +293,12 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
     ~ProcessGroupCollie() override {
-        // A process group dropped with works in flight aborts them rather
-        // than waiting out their deadlines.
-        if (in_flight_->load() > 0) collie_comm_abort(comm_, "the process group was destroyed");
+        // A process group dropped with works of its own still in flight
+        // aborts them rather than waiting out their deadlines.
+        collie_comm_stats st{};
+        st.size = sizeof st;
+        if (collie_comm_get_stats(comm_, &st) == COLLIE_OK && st.in_flight > 0)
+            collie_comm_abort(comm_, "the process group was destroyed");
         collie_comm_destroy(comm_);
     }
 
@@ -307,21 +311,25 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
                                         std::vector<at::Tensor> keep, std::chrono::milliseconds t,
                                         const PostFn &fn,
                                         std::function<void()> finalize = nullptr) {
-        auto work = c10::make_intrusive<CollieWork>(
-            rank_, type, std::move(outputs), std::move(keep), std::move(finalize), in_flight_);
+        auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
+                                                    std::move(keep), std::move(finalize));
         auto &cs = completer_->state();
         collie_post_opts o = COLLIE_POST_OPTS_INIT;
         o.timeout_ms = timeout_ms(t);
         o.cq = cs.cq;
-        collie_work *w = nullptr;
         {
             std::lock_guard<std::mutex> g(cs.mu);
-            int st = fn(&o, &w);
-            if (st != COLLIE_OK) throw std::runtime_error(collie_error(st, what));
-            in_flight_->fetch_add(1);
-            work->attach(w);
-            cs.inflight.emplace(w, work);
+            o.tag = ++cs.next_key;
+            cs.inflight.emplace(o.tag, work);
         }
+        collie_work *w = nullptr;
+        int st = fn(&o, &w);
+        if (st != COLLIE_OK) {
+            std::lock_guard<std::mutex> g(cs.mu);
+            cs.inflight.erase(o.tag);
+            throw std::runtime_error(collie_error(st, what));
+        }
+        work->attach(w);
         return work;
     }
 
@@ -644,7 +652,6 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
   private:
     collie_comm *comm_;
     std::shared_ptr<Completer> completer_;
-    std::shared_ptr<std::atomic<int64_t>> in_flight_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 } // namespace collie_torch
