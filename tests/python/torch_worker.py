@@ -244,17 +244,25 @@ def destroy_pending():
     # rank 0 destroys the group with a work of its own in flight (rank 1 never
     # posts): the work is aborted at once, not left to its 30 s deadline
     out = {}
-    if rank == 0:
-        w = dist.all_reduce(torch.ones(4), async_op=True)
-        t0 = time.monotonic()
-        dist.destroy_process_group()
-        out["destroy_s"] = time.monotonic() - t0
-        try:
-            w.wait()
-            out["wait"] = "no error"
-        except RuntimeError as e:
-            out["wait"] = str(e)
-    time.sleep(1.0)  # torch's store (rank 0) outlives rank 1's use of it
+    store = dist.distributed_c10d._get_default_store()  # rank 0 serves it: keep it up
+    if rank == 1:
+        store.set("worker1_ready", "1")  # init is over on rank 1: rank 0 may go on
+        # stay (comm open) until rank 0 has seen its work fail, so the cause it
+        # sees is its own destroy and never rank 1 leaving
+        store.wait(["worker0_done"], timedelta(seconds=60))
+        return out
+    store.wait(["worker1_ready"])
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_s"] = time.monotonic() - t0
+    try:
+        w.wait()
+        out["wait"] = "no error"
+    except RuntimeError as e:
+        out["wait"] = str(e)
+    store.set("worker0_done", "1")
+    time.sleep(0.5)  # rank 1 leaves first (its store client, then this server)
     return out
 
 
