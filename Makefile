@@ -241,9 +241,13 @@ test-faults: all tests
 	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
 
 # The Python package and the torch backend (pytest; tests/python), then the
-# curated part of PyTorch's own distributed suite with BACKEND=collie.
+# curated part of PyTorch's own distributed suite with BACKEND=collie, and
+# test_c10d_common.py's plugin tests (fetched from the source package; they
+# skip, saying why, where that cannot be had).
 test-python: all $(DEPS_TEST_STAMP)
 	@tools/run-pytest.sh python tests/python
+	@tools/torch-src.sh build/torch-src test/distributed/test_c10d_common.py || true
+	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
 	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
 	  $(shell grep -v '^\#' tests/torch_suite/curated.txt))
 

@@ -204,14 +204,24 @@ void cl_config_reload(void) {
     pthread_mutex_unlock(&cl_cfg_mu);
 }
 
+/* Read by the Python package (python/collie), not by the library. */
+static const char *const cl_python_settings[] = {"COLLIE_LIB", "COLLIE_TORCH_EXT",
+                                                 "COLLIE_TORCH_HOST"};
+
+static bool config_name_is(const char *entry, size_t len, const char *name) {
+    return strlen(name) == len && strncmp(entry, name, len) == 0;
+}
+
 static void config_warn_unknown(void) {
     for (char **e = environ; e && *e; e++) {
         if (strncmp(*e, "COLLIE_", 7) != 0) continue;
         size_t len = strcspn(*e, "=");
         bool known = false;
         for (size_t i = 0; i < CL_NSETTINGS && !known; i++)
-            known =
-                strlen(cl_settings[i].name) == len && strncmp(*e, cl_settings[i].name, len) == 0;
+            known = config_name_is(*e, len, cl_settings[i].name);
+        for (size_t i = 0; i < sizeof cl_python_settings / sizeof *cl_python_settings && !known;
+             i++)
+            known = config_name_is(*e, len, cl_python_settings[i]);
         if (!known)
             CL_WARN("config", "unknown setting %.*s ignored (see the README's settings table)",
                     (int)len, *e);

@@ -566,8 +566,9 @@ def _async_form(name):
     return form
 
 
-# asyncio: every host collective has an _async form resolving to its output
-# (None for barrier and send) or raising its error.
+# asyncio: every collective (host and cuda_*) has an _async form resolving to
+# its output (None for barrier and send) or raising its error.
 for _name in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
               "gather", "scatter", "barrier", "allgatherv", "alltoallv", "send", "recv"):
     setattr(Comm, f"{_name}_async", _async_form(_name))
+    setattr(Comm, f"cuda_{_name}_async", _async_form(f"cuda_{_name}"))

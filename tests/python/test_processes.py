@@ -86,3 +86,16 @@ def test_killed_rank_is_named_within_a_second():
                 if p.poll() is None:
                     p.kill()
                 p.wait(10)
+
+
+def test_settings_of_the_python_package_are_not_unknown_to_the_library():
+    # the library warns about COLLIE_* variables it does not know; the ones
+    # this package reads are known, a misspelt one is still reported
+    code = f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'python')!r}); import collie; collie.Engine().close()"
+    env = dict(os.environ, COLLIE_TORCH_HOST="127.0.0.1", COLLIE_TORCH_EXT="/nowhere",
+               COLLIE_TIMEOUT_MSS="5")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "unknown setting COLLIE_TIMEOUT_MSS ignored" in r.stderr, r.stderr
+    assert "COLLIE_TORCH" not in r.stderr, r.stderr

@@ -266,11 +266,22 @@ def destroy_pending():
     return out
 
 
+def exit_without_destroy():
+    # works on tensors only the process group still holds (Python dropped
+    # them), completed by wait() and so left for the completer thread to
+    # release; then the process exits with the group up and that release
+    # possibly still pending: it must not take the GIL while Python
+    # finalizes (std::terminate), nor hang
+    for _ in range(300):
+        dist.all_reduce(torch.ones(64), async_op=True).wait()
+    return {"done": True}
+
+
 def main():
     if scenario not in ("names", "options", "cycles"):
         init()
     result = globals()[scenario]()
-    if dist.is_initialized() and scenario != "destroy_pending":
+    if dist.is_initialized() and scenario not in ("destroy_pending", "exit_without_destroy"):
         dist.barrier()  # nobody leaves (and closes torch's store) while others still use it
         dist.destroy_process_group()
     print(json.dumps(result, default=str), flush=True)

@@ -2,6 +2,7 @@
 
     import collie.torch               # registers the backend "collie"
     dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
+    pg = collie.torch.new_process_group(store, rank, size)   # or directly
 
 Design notes
 - Rendezvous: torch hands each process group a store (a PrefixStore of the
@@ -26,6 +27,7 @@ Design notes
   resolved name.
 """
 
+import atexit
 import json
 import os
 import secrets
@@ -68,6 +70,10 @@ def _load_ext():
 
 _C = _load_ext()
 ProcessGroupCollie = _C.ProcessGroupCollie
+# The completer thread stops before Python finalizes (see at_exit in the
+# extension); works completing later are finished by the last group's
+# destruction.
+atexit.register(_C.at_exit)
 
 OPTION_KEYS = ("policy", "create_timeout")
 _ENV_ASYNC = {
@@ -238,6 +244,20 @@ def create_process_group(dist_opts, pg_options=None):
     handle, comm._h = comm._h, None  # the process group owns the comm now
     # the cached store client outlives the comm (collie_comm_create's rule)
     return ProcessGroupCollie(rank, size, handle)
+
+
+def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_options=None):
+    """A collie process group over `store` without init_process_group, as
+    c10d.ProcessGroupGloo(store, rank, size) makes a gloo one (rank 0's
+    host is found as for init_process_group)."""
+    opts = dist.distributed_c10d._DistributedBackendOptions()
+    opts.store = store
+    opts.group_rank = rank
+    opts.group_size = size
+    opts.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    opts.group_id = ""
+    opts.global_ranks_in_group = list(range(size))
+    return create_process_group(opts, pg_options)
 
 
 def _register():

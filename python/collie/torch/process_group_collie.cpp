@@ -19,6 +19,11 @@
 //   the post) holds each CollieWork (and so its tensors)
 //   until collie has completed it: a Work dropped in flight cannot free
 //   memory collie still writes.
+// - Python exit: the completer thread must not take the GIL once Python
+//   finalizes (it would be ended by pthread_exit inside a noexcept
+//   destructor: std::terminate). collie.torch's atexit hook stops it first;
+//   whatever completes later (groups garbage-collected at exit abort their
+//   works) is finished on the thread that drops the last group.
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
 //   that passes throws "Operation timed out!" and the operation goes on; with
 //   no timeout the wait is still bounded by the collective's own deadline
@@ -149,22 +154,29 @@ struct CompleterState {
 class Completer {
   public:
     static std::shared_ptr<Completer> acquire() {
-        static std::mutex mu;
-        static std::weak_ptr<Completer> current;
-        std::lock_guard<std::mutex> g(mu);
-        auto c = current.lock();
-        if (!c) {
+        std::lock_guard<std::mutex> g(registry_mu());
+        auto c = current().lock();
+        if (!c || c->state_->stop.load()) {
             c = std::shared_ptr<Completer>(new Completer());
-            current = c;
+            current() = c;
         }
         return c;
     }
+    // Python's atexit (collie.torch registers it, the GIL released): stop
+    // the thread while it may still take the GIL. Past this point Python
+    // finalizes, and a thread taking the GIL then is ended by pthread_exit
+    // (dropping the last reference of a tensor Python let go of takes it).
+    static void at_exit() {
+        std::shared_ptr<Completer> c;
+        {
+            std::lock_guard<std::mutex> g(registry_mu());
+            c = current().lock();
+        }
+        if (c) c->shutdown();
+    }
     ~Completer() {
-        state_->stop.store(true);
-        if (thread_.get_id() == std::this_thread::get_id())
-            thread_.detach();
-        else
-            thread_.join();
+        shutdown();
+        drain(*state_); // what completed since, on this (the last group's) thread
     }
     CompleterState &state() { return *state_; }
 
@@ -174,12 +186,41 @@ class Completer {
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "completion queue"));
         thread_ = std::thread([s = state_] {
             pthread_setname_np(pthread_self(), "collie-futures");
-            run(*s);
+            while (!s->stop.load())
+                pop_one(*s, 50);
         });
     }
-    static void run(CompleterState &s);
+    static std::mutex &registry_mu() {
+        static std::mutex mu;
+        return mu;
+    }
+    static std::weak_ptr<Completer> &current() {
+        static std::weak_ptr<Completer> c;
+        return c;
+    }
+    // Stops the thread. A caller holding the GIL lets go of it while it
+    // joins: the thread may need the GIL to finish the work in its hands.
+    void shutdown() {
+        std::call_once(shutdown_once_, [this] {
+            state_->stop.store(true);
+            if (thread_.get_id() == std::this_thread::get_id()) {
+                thread_.detach(); // the last group let go from a callback
+            } else if (Py_IsInitialized() && PyGILState_Check()) {
+                py::gil_scoped_release nogil;
+                thread_.join();
+            } else {
+                thread_.join();
+            }
+        });
+    }
+    static bool pop_one(CompleterState &s, int32_t ms);
+    static void drain(CompleterState &s) {
+        while (pop_one(s, 0)) {
+        }
+    }
     std::shared_ptr<CompleterState> state_;
     std::thread thread_;
+    std::once_flag shutdown_once_;
 };
 
 class CollieWork : public c10d::Work {
@@ -253,24 +294,22 @@ class CollieWork : public c10d::Work {
     std::once_flag once_;
 };
 
-void Completer::run(CompleterState &s) {
-    // Drain what is queued even after stop: comm destroy completes every
-    // work before the last process group lets go of the completer.
-    while (!s.stop.load() || collie_cq_size(s.cq) > 0) {
-        collie_work *w = nullptr;
-        if (collie_cq_pop(s.cq, 50, &w) != COLLIE_OK) continue;
-        c10::intrusive_ptr<CollieWork> cw;
-        {
-            std::lock_guard<std::mutex> g(s.mu);
-            auto it = s.inflight.find(collie_work_tag(w));
-            if (it != s.inflight.end()) {
-                cw = std::move(it->second);
-                s.inflight.erase(it);
-            }
+// Completes one work from the queue (waiting up to `ms`); false if none.
+bool Completer::pop_one(CompleterState &s, int32_t ms) {
+    collie_work *w = nullptr;
+    if (collie_cq_pop(s.cq, ms, &w) != COLLIE_OK) return false;
+    c10::intrusive_ptr<CollieWork> cw;
+    {
+        std::lock_guard<std::mutex> g(s.mu);
+        auto it = s.inflight.find(collie_work_tag(w));
+        if (it != s.inflight.end()) {
+            cw = std::move(it->second);
+            s.inflight.erase(it);
         }
-        if (cw) cw->complete(w);
-        collie_work_release(w);
     }
+    if (cw) cw->complete(w);
+    collie_work_release(w);
+    return true;
 }
 
 // Copies a flat buffer back into the tensors it was packed from.
@@ -303,6 +342,11 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
     }
 
     const std::string getBackendName() const override { return "collie"; }
+
+    // The group's sequence number: operations posted through it. Every rank
+    // of a new group starts at 0, so there is nothing to agree on.
+    void setSequenceNumberForGroup() override { seq_ = 0; }
+    uint64_t getSequenceNumberForGroup() override { return seq_; }
     uintptr_t comm_handle() const { return reinterpret_cast<uintptr_t>(comm_); }
 
     using PostFn = std::function<int(const collie_post_opts *, collie_work **)>;
@@ -329,6 +373,7 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
             cs.inflight.erase(o.tag);
             throw std::runtime_error(collie_error(st, what));
         }
+        ++seq_;
         work->attach(w);
         return work;
     }
@@ -652,6 +697,7 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
   private:
     collie_comm *comm_;
     std::shared_ptr<Completer> completer_;
+    std::atomic<uint64_t> seq_{0};
 };
 
 } // namespace collie_torch
@@ -664,4 +710,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def("comm_handle", &ProcessGroupCollie::comm_handle)
         .def("abort", &ProcessGroupCollie::abort, py::arg("reason"),
              py::call_guard<py::gil_scoped_release>());
+    m.def("at_exit", &collie_torch::Completer::at_exit, py::call_guard<py::gil_scoped_release>());
 }
