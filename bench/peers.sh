@@ -9,6 +9,8 @@
 #   collie   build/bin/collie-run -n N -- build/bin/collie-bench --csv ...
 #   openmpi  mpirun.openmpi ... --mca pml ob1 --mca btl tcp,self
 #              --mca btl_tcp_if_include lo  build/bench/mpi_bench_openmpi ...
+#   openmpi_shm  the same program over Open MPI's shared memory:
+#              --mca pml ob1 --mca btl vader,self (single copy through CMA)
 #   mpich    mpirun.mpich (ch4:ucx) with UCX_TLS=tcp, UCX_NET_DEVICES=lo and
 #              MPIR_CVAR_NOLOCAL=1 (no shared memory)  build/bench/mpi_bench_mpich ...
 #   gloo     /usr/bin/python3 bench/gloo_bench.py -n N ... (torch.distributed,
@@ -45,7 +47,7 @@ cd "$ROOT_DIR"
 BB=build/bench
 RAW=$BB/raw
 PY=/usr/bin/python3
-ALL_PEERS=(collie openmpi mpich gloo)
+ALL_PEERS=(collie openmpi openmpi_shm mpich gloo)
 OPS=allreduce,broadcast,allgather
 EXIT_GRACE=10 # seconds a job may take to exit after printing its last row
 
@@ -71,7 +73,7 @@ plus iperf3 (1 and 2 streams), and writes the side-by-side report.
   --quick        smoke run: 3 sizes, fewer iterations, 1 repeat (ranks 2 unless --ranks)
   --ranks LIST   rank counts (default 2,4)
   --repeats R    runs of the whole thing; each figure is the median (default 3)
-  --peers LIST   subset of collie,openmpi,mpich,gloo (default all)
+  --peers LIST   subset of collie,openmpi,openmpi_shm,mpich,gloo (default all)
   --no-check     do not pass --check (results are verified outside timing by default)
   --out FILE     report path (default bench/RESULTS.md)
   --report-only  write the report again from the raw files of the last run
@@ -186,6 +188,7 @@ build_all() {
     >"$BB/build-gloo.log" 2>&1; then
     DISABLED[gloo]="$PY cannot import torch.distributed with Gloo (see $BB/build-gloo.log)"
   fi
+  [[ -n ${DISABLED[openmpi]:-} ]] && DISABLED[openmpi_shm]=${DISABLED[openmpi]}
   for m in "${!DISABLED[@]}"; do log "peer $m: ${DISABLED[$m]}"; done
 }
 
@@ -217,6 +220,10 @@ peer_cmd() { # peer n -> fills CMD
     openmpi)
       CMD=(mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" --bind-to none
         --mca pml ob1 --mca btl "tcp,self" --mca btl_tcp_if_include lo "$BB/mpi_bench_openmpi" --csv)
+      ;;
+    openmpi_shm)
+      CMD=(mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" --bind-to none
+        --mca pml ob1 --mca btl "vader,self" "$BB/mpi_bench_openmpi" --csv)
       ;;
     mpich)
       CMD=(mpirun.mpich -n "$n" -genv MPIR_CVAR_NOLOCAL 1 -genv UCX_TLS tcp

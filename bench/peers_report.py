@@ -17,8 +17,9 @@ import re
 import statistics
 import subprocess
 
-PEERS = ("collie", "openmpi", "mpich", "gloo")
-NAMES = {"collie": "collie", "openmpi": "Open MPI", "mpich": "MPICH", "gloo": "Gloo"}
+PEERS = ("collie", "openmpi", "openmpi_shm", "mpich", "gloo")
+NAMES = {"collie": "collie", "openmpi": "Open MPI", "openmpi_shm": "Open MPI shm", "mpich": "MPICH",
+         "gloo": "Gloo"}
 OPS = ("allreduce", "broadcast", "allgather")
 
 
@@ -81,7 +82,7 @@ class Data:
         self.rates = {}  # (n, peer, k) -> [ops/s]
         self.fail = {}  # (n, peer, tag) -> [reasons]
         for path in glob.glob(os.path.join(d, "raw", "r*_n*_*.csv")):
-            m = re.match(r"r(\d+)_n(\d+)_([a-z]+)_([a-z]+\d+)\.csv$", os.path.basename(path))
+            m = re.match(r"r(\d+)_n(\d+)_([a-z_]+)_([a-z]+\d+)\.csv$", os.path.basename(path))
             if not m:
                 continue
             n, peer, tag = int(m.group(2)), m.group(3), m.group(4)
@@ -206,6 +207,9 @@ def main():
       "`bench/mpi_bench.c` built with `mpicc.openmpi` (TCP BTL on lo for every peer, "
       "shared memory excluded; nonblocking collectives from Open MPI's default `coll` "
       "selection, libnbc)" % (ompi or "?"))
+    w("- **Open MPI shm**: the same, with `--mca pml ob1 --mca btl vader,self` instead: Open "
+      "MPI's shared-memory BTL (vader; single copy through CMA where the kernel allows it) "
+      "between the ranks of this host")
     w("- **MPICH**: %s, UCX %s; `mpirun.mpich -n N -genv MPIR_CVAR_NOLOCAL 1 -genv UCX_TLS tcp "
       "-genv UCX_NET_DEVICES lo` running `bench/mpi_bench.c` built with `mpicc.mpich`. Debian "
       "12's MPICH is ch4:ucx; `MPIR_CVAR_NOLOCAL=1` turns off ch4's shared-memory path so local "
