@@ -177,9 +177,8 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
         cl_tcp_frame_header(h, c->tc, &none, 0, 0, bye ? 0 : len);
         struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h},
                                {.iov_base = (void *)why, .iov_len = len}};
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = bye ? 1 : 2};
         if (!bye || cl_list_empty(&c->sendq)) {
-            ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t n = cl_tcp_link_writev(c, iov, bye ? 1 : 2, true);
             (void)n;
         }
     }
@@ -331,8 +330,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
             batch[nb++] = m;
         }
         if (nb == 0) continue; /* a dropped message: look again */
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-        ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        ssize_t n = cl_tcp_link_writev(c, iov, niov, false);
         for (int i = 0; i < ne; i++)
             core->work_busy_exit(entered[i]);
         if (n < 0) {
@@ -529,12 +527,12 @@ static ssize_t conn_read_payload(tcp_conn *c) {
     const collie_core_services *core = tc->core;
     uint64_t left = c->payload_len - c->payload_got;
     if (c->reading_abort) {
-        ssize_t n = recv(c->fd, c->peer_abort + c->payload_got, left, 0);
+        ssize_t n = cl_tcp_link_recv(c, c->peer_abort + c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
     if (c->cur_unx) {
-        ssize_t n = recv(c->fd, c->cur_unx->data + c->payload_got, left, 0);
+        ssize_t n = cl_tcp_link_recv(c, c->cur_unx->data + c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
@@ -543,12 +541,12 @@ static ssize_t conn_read_payload(tcp_conn *c) {
     bool live = w && core->work_busy_enter(w);
     ssize_t n;
     if (!live) { /* the work is gone: drain into the discard area */
-        n = recv(c->fd, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES, 0);
+        n = cl_tcp_link_recv(c, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
     if (s->kind == CL_SOP_RECV) {
-        n = recv(c->fd, s->dst + c->payload_got, left, 0);
+        n = cl_tcp_link_recv(c, s->dst + c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
     } else {
         if (!c->stage && !(c->stage = malloc(TCP_STAGE_BYTES))) {
@@ -556,7 +554,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
             return -ENOMEM;
         }
         uint64_t chunk = left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES;
-        n = recv(c->fd, c->stage + c->stage_fill, chunk - c->stage_fill, 0);
+        n = cl_tcp_link_recv(c, c->stage + c->stage_fill, chunk - c->stage_fill);
         if (n > 0) {
             c->stage_fill += (uint64_t)n;
             if (c->stage_fill == chunk) {
@@ -661,7 +659,7 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
      * the others */
     for (int iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
         if (!c->have_hdr) {
-            ssize_t n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got, 0);
+            ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
             if (n == 0) {
                 cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
                 return;

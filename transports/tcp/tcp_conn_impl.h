@@ -8,6 +8,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "transports/tcp/tcp.h"
 
@@ -38,6 +41,20 @@ static inline uint64_t get64(const uint8_t *p) {
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return v;
+}
+
+/* ---- the link: the byte stream under the framing ---------------------------------- */
+/* Every frame byte of a connection moves through these two; the handshake
+ * talks to the socket itself. Today the link is the socket; a same-host
+ * shared-memory ring is the planned second kind (docs/shm.md). Both return
+ * the bytes moved, or -1 with errno (EAGAIN/EINTR: nothing now). Writing
+ * never raises SIGPIPE; `nowait` also makes a blocking socket not wait. */
+static inline ssize_t cl_tcp_link_recv(tcp_conn *c, void *buf, size_t len) {
+    return recv(c->fd, buf, len, 0);
+}
+static inline ssize_t cl_tcp_link_writev(tcp_conn *c, struct iovec *iov, int niov, bool nowait) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    return sendmsg(c->fd, &mh, MSG_NOSIGNAL | (nowait ? MSG_DONTWAIT : 0));
 }
 
 /* tcp_conn.c */
