@@ -49,7 +49,8 @@ VERSION   := $(shell awk '/^\#define COLLIE_VERSION_(MAJOR|MINOR|PATCH) /{v = v 
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 
 # ---- sources ----------------------------------------------------------------
-CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c)
+CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c \
+              transports/shm/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS    := $(patsubst tools/collie_%.c,$(BUILD)/bin/collie-%,$(wildcard tools/collie_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)) \
@@ -214,7 +215,7 @@ run: all
 	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
 
 # TSan runs the tests of the modules with the most cross-thread logic.
-TSAN_TESTS ?= engine work cq store coll collv comm faults nccl
+TSAN_TESTS ?= engine work cq store coll collv comm faults nccl shm_ring
 
 # The fault suite: multi-process kills, hangs, network cuts,
 # policies, abort races, abort/re-create cycles, the store dying, the
