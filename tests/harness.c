@@ -7,6 +7,8 @@
 #include <event2/event.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <time.h>
@@ -200,6 +202,20 @@ long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n) {
 }
 
 int64_t now_ms(void) { return cl_now_ns() / 1000000; }
+
+int reap_bounded(pid_t pid, int timeout_ms) {
+    int status = 0;
+    int64_t end = now_ms() + timeout_ms;
+    while (now_ms() < end) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return status;
+        if (r < 0) return -1;
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0); /* SIGKILL cannot be ignored: returns at once */
+    return -1;
+}
 
 void test_tmpdir_make(char *buf, size_t len, const char *prefix) {
     snprintf(buf, len, "/tmp/%s-XXXXXX", prefix);

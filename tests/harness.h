@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <cmocka.h>
 
@@ -78,5 +79,9 @@ long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n);
 
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
+
+/* reap_bounded: wait for a forked child at most timeout_ms, then SIGKILL
+ * and reap it; its wait status, or -1 if it had to be killed. */
+int reap_bounded(pid_t pid, int timeout_ms);
 
 #endif

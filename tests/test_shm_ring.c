@@ -279,14 +279,7 @@ static void test_stream_between_two_processes(void **state) {
         _exit(produce(&s) ? 0 : 4);
     }
     bool ok = consume(&s);
-    int status = -1;
-    int64_t end = now_ms() + 20000;
-    while (waitpid(child, &status, WNOHANG) == 0 && now_ms() < end)
-        usleep(1000);
-    if (now_ms() >= end) {
-        kill(child, SIGKILL);
-        waitpid(child, &status, 0);
-    }
+    int status = reap_bounded(child, 20000);
     munmap(mem, bytes);
     close(mfd);
     close(s.bell_reader);
