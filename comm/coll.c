@@ -167,8 +167,13 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
         return cl_set_last_error(COLLIE_ENOTSUP,
                                  "%s: backend %s of comm '%s' does not implement it", op,
                                  c->spec.ops[dev]->name, c->name);
+    /* A fault recorded but not yet applied by the loop (a deadline seen at
+     * publication) fails posts too: a waiter that just got the root error
+     * must not have its next post accepted, then aborted. */
     int st = atomic_load_explicit(&c->err_status, memory_order_acquire);
-    if (st != COLLIE_OK && atomic_load(&c->state) == CL_COMM_FAILED)
+    if (st != COLLIE_OK && (atomic_load(&c->state) == CL_COMM_FAILED ||
+                            (c->policy != COLLIE_POLICY_NONE &&
+                             atomic_load_explicit(&c->fault_unapplied, memory_order_acquire))))
         return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' has failed: %s", op, c->name,
                                  c->err_msg);
     return COLLIE_OK;

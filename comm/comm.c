@@ -292,6 +292,11 @@ void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
 
 static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
     bool first = comm_record_error(c, status, fmt, ap);
+    /* posts fail from here on: FAILED before fault_unapplied is cleared,
+     * so coll.c's post check sees one or the other */
+    if (c->policy != COLLIE_POLICY_NONE &&
+        (first || atomic_load_explicit(&c->fault_unapplied, memory_order_acquire)))
+        atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     /* a fault recorded before its work was published is applied here */
     if (!first && !atomic_exchange_explicit(&c->fault_unapplied, false, memory_order_acq_rel))
         return;

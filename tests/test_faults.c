@@ -1069,6 +1069,12 @@ static void test_blocking_wait(void **state) {
     assert_int_equal(collie_work_wait(a, 5000), COLLIE_ETIMEDOUT);
     int64_t took = now_ms() - t0;
     assert_true(took < 1500);
+    /* a post right after the waiter got the root error fails at once, even
+     * before the loop has applied the policy to the comm's other works */
+    collie_work *next = (collie_work *)0x1;
+    assert_int_equal(collie_allreduce(w.c[0], &y, &y, 1, COLLIE_INT32, COLLIE_SUM, NULL, &next),
+                     COLLIE_EABORTED);
+    assert_null(next);
     assert_non_null(strstr(collie_work_error_message(a), "deadline of 300 ms passed"));
     /* no desync query in the background either */
     assert_null(strstr(collie_work_error_message(a), "Desync"));
