@@ -18,16 +18,17 @@ if [ -z "$version" ]; then
   echo "torch-src: python3-torch is not installed" >&2; exit 1
 fi
 upstream=${version%-*}; upstream=${upstream#*:}
-work=$dest/apt
-mkdir -p "$work/lists/partial"
+mkdir -p "$dest/apt/lists/partial"
+work=$(cd "$dest/apt" && pwd) # absolute: apt-get runs in it
+
 # The mirror this machine installs from (deb822 or one-line sources).
 mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
   grep -v '^[[:space:]]*#' | grep -oE 'https?://[^ ]+/debian/?' | head -n 1)
 suite=$(. /etc/os-release && echo "$VERSION_CODENAME")
 mirror=${mirror:-http://deb.debian.org/debian}
 echo "deb-src ${mirror%/} $suite main" > "$work/src.list"
-apt_opts=(-o Dir::Etc::SourceList="$PWD/$work/src.list" -o Dir::Etc::SourceParts=/dev/null
-  -o Dir::State::Lists="$PWD/$work/lists" -o Debug::NoDropPrivs=true -qq)
+apt_opts=(-o Dir::Etc::SourceList="$work/src.list" -o Dir::Etc::SourceParts=/dev/null
+  -o Dir::State::Lists="$work/lists" -o Debug::NoDropPrivs=true -qq)
 tarball=$work/pytorch_${upstream}.orig.tar.xz
 if [ ! -s "$tarball" ]; then
   if ! timeout 300 apt-get "${apt_opts[@]}" update >"$work/update.log" 2>&1; then

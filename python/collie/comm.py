@@ -94,6 +94,21 @@ def _same_dtype(what, *bufs):
             )
 
 
+def _per_rank(op, n, **vectors):
+    """Each given per-rank vector (None: not given) has one entry per rank."""
+    for what, v in vectors.items():
+        if v is not None and len(v) != n:
+            raise ValueError(f"{op}: {what} has {len(v)} entries, the comm {n} ranks")
+
+
+def _extent(counts, displs):
+    """Elements a v-buffer must hold: the blocks packed, or the end of the
+    furthest block that has elements (collie never touches empty ones)."""
+    if displs is None:
+        return sum(counts)
+    return max((d + c for d, c in zip(displs, counts) if c), default=0)
+
+
 def _at_least(what, buf, need):
     if buf.count < need:
         raise ValueError(f"{what}: holds {buf.count} elements, the call writes {need}")
@@ -384,13 +399,9 @@ class Comm(Closable):
         return self._post("barrier", fn, (), (), timeout, None, dev, _stream(stream))
 
     def _allgatherv(self, dev, buf, out, counts, displs, timeout, stream, dtype):
-        n = self.size
         counts = list(counts)
-        if len(counts) != n:
-            raise ValueError(f"allgatherv: counts has {len(counts)} entries, the comm {n} ranks")
-        if displs is not None and len(displs) != n:
-            raise ValueError(f"allgatherv: displs has {len(displs)} entries, the comm {n} ranks")
-        end = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
+        _per_rank("allgatherv", self.size, counts=counts, displs=displs)
+        end = _extent(counts, displs)
         s = self._buf(buf, "buf", False, dev, dtype, counts[self.rank])
         r = self._buf(out, "out", True, dev, dtype, end)
         _same_dtype("allgatherv", s, r)
@@ -404,22 +415,14 @@ class Comm(Closable):
         )
 
     def _alltoallv(self, dev, buf, send_counts, out, recv_counts, sdispls, rdispls, timeout, stream, dtype):
-        n = self.size
-        for what, v in (("send_counts", send_counts), ("recv_counts", recv_counts),
-                        ("send_displs", sdispls), ("recv_displs", rdispls)):
-            if v is not None and len(v) != n:
-                raise ValueError(f"alltoallv: {what} has {len(v)} entries, the comm {n} ranks")
-        def extent(counts, displs):
-            if displs is None:
-                return sum(counts)
-            return max((d + c for d, c in zip(displs, counts) if c), default=0)
-
-        s = self._buf(buf, "buf", False, dev, dtype, extent(send_counts, sdispls))
-        r = self._buf(out, "out", True, dev, dtype, extent(recv_counts, rdispls))
+        _per_rank("alltoallv", self.size, send_counts=send_counts, recv_counts=recv_counts,
+                  send_displs=sdispls, recv_displs=rdispls)
+        s = self._buf(buf, "buf", False, dev, dtype, _extent(send_counts, sdispls))
+        r = self._buf(out, "out", True, dev, dtype, _extent(recv_counts, rdispls))
         _same_dtype("alltoallv", s, r)
 
-        _at_least("alltoallv buf", s, extent(send_counts, sdispls))
-        _at_least("alltoallv out", r, extent(recv_counts, rdispls))
+        _at_least("alltoallv buf", s, _extent(send_counts, sdispls))
+        _at_least("alltoallv out", r, _extent(recv_counts, rdispls))
         fn = lib.collie_cuda_alltoallv if dev else lib.collie_alltoallv
         arrays = [_lib.size_array(a) for a in (send_counts, sdispls, recv_counts, rdispls)]
         return self._post(

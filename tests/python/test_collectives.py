@@ -92,7 +92,8 @@ def test_v_collectives(world3):
 
     def body(r, c):
         out = np.full(10, -1, np.int32)
-        c.allgatherv(np.full(counts[r], r + 1, np.int32), out, counts, displs=[0, 2, 5]).wait()
+        # rank 1's block is empty: its displacement may point anywhere
+        c.allgatherv(np.full(counts[r], r + 1, np.int32), out, counts, displs=[0, 50, 5]).wait()
         # alltoallv: rank r sends p+1 elements valued 10r+p to rank p
         send_counts = [p + 1 for p in range(3)]
         send = np.concatenate([np.full(p + 1, 10 * r + p, np.int64) for p in range(3)])
@@ -166,6 +167,10 @@ def test_argument_errors_name_the_problem(world2):
         c.send(np.zeros(1, np.int8), peer=0)
     with pytest.raises(ValueError, match="counts has 3 entries, the comm 2"):
         c.allgatherv(np.zeros(1, np.int8), np.zeros(3, np.int8), [1, 1, 1])
+    with pytest.raises(ValueError, match="recv_displs has 1 entries, the comm 2"):
+        c.alltoallv(np.zeros(2, np.int8), [1, 1], np.zeros(2, np.int8), [1, 1], recv_displs=[0])
+    with pytest.raises(ValueError, match="allgatherv out: holds 3 elements, the call writes 6"):
+        c.allgatherv(np.zeros(1, np.int8), np.zeros(3, np.int8), [1, 1], displs=[0, 5])
     with pytest.raises(TypeError, match="cuda tensor|CUDA"):
         c.cuda_allreduce(np.zeros(2, np.float32))
     torch = pytest.importorskip("torch")
