@@ -262,7 +262,7 @@ static int device_index(const char *dev, size_t len) {
 
 int cl_backend_parse_spec(const char *spec, cl_backend_spec *out) {
     memset(out, 0, sizeof *out);
-    if (!spec) spec = "tcp";
+    if (!spec) spec = "auto";
     if (!spec[0]) return cl_set_last_error(COLLIE_EINVAL, "backend spec is empty");
     const char *p = spec;
     while (*p) {

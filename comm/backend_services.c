@@ -128,8 +128,13 @@ static const char *svc_setting(const char *name) {
     if (!strcmp(name, "COLLIE_SOCKET_IFNAME")) return c->socket_ifname;
     if (!strcmp(name, "COLLIE_SOCKET_ADDR")) return c->socket_addr;
     if (!strcmp(name, "COLLIE_DUMP_DIR")) return c->dump_dir;
+    if (!strcmp(name, "COLLIE_CPU_TRANSPORT")) return c->cpu_transport;
     /* numbers are returned as text, from this thread's buffer */
     static _Thread_local char num[24];
+    if (!strcmp(name, "COLLIE_SHM_RING_BYTES")) {
+        snprintf(num, sizeof num, "%d", (int)c->shm_ring_bytes);
+        return num;
+    }
     if (!strcmp(name, "COLLIE_NCCL_POLL_US")) {
         snprintf(num, sizeof num, "%d", (int)c->nccl_poll_us);
         return num;

@@ -75,6 +75,12 @@ static const cl_setting cl_settings[] = {
      "network interface whose IPv4 address the TCP transport listens on"},
     {"COLLIE_SOCKET_ADDR", CL_SET_STRING, CL_OFF(socket_addr), 0, "127.0.0.1",
      "address the TCP transport listens on (when COLLIE_SOCKET_IFNAME is unset)"},
+    {"COLLIE_CPU_TRANSPORT", CL_SET_STRING, CL_OFF(cpu_transport), 0, "auto",
+     "how the default CPU backend reaches each peer: auto (shared memory for peers on this "
+     "host, TCP for the rest), tcp, shm"},
+    {"COLLIE_SHM_RING_BYTES", CL_SET_INT, CL_OFF(shm_ring_bytes), 4096, "524288",
+     "bytes of each direction's shared-memory ring between two same-host ranks (rounded up to "
+     "a power of two, at most 1 GiB)"},
     {"COLLIE_BLOCKING_WAIT", CL_SET_STRING, CL_OFF(blocking_wait), 0, "0",
      "1: error policy BLOCKING_WAIT (the waiter gets the error; nothing happens in the "
      "background)"},
@@ -107,6 +113,7 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .node_rank = -1,
                                           .restart_count = -1,
                                           .trace_buffer = 2048,
+                                          .shm_ring_bytes = 524288,
                                           .nccl_poll_us = 200,
                                           .nccl_abort_ms = 10000};
 static cl_config cl_cfg = cl_cfg_defaults;
@@ -162,7 +169,9 @@ static void config_apply(const cl_setting *st, const char *val) {
         return;
     case CL_SET_INT:
         if (!config_parse_int(val, st->min, INT32_MAX, &v)) {
-            config_error(st, val, st->min > 0 ? "an integer >= 1" : "an integer >= 0");
+            char allowed[48];
+            snprintf(allowed, sizeof allowed, "an integer >= %lld", (long long)st->min);
+            config_error(st, val, allowed);
             return;
         }
         *(int32_t *)field = (int32_t)v;

@@ -30,6 +30,8 @@ typedef struct cl_config {
     const char *plugin_path;   /* COLLIE_PLUGIN_PATH (NULL if unset) */
     const char *socket_ifname; /* COLLIE_SOCKET_IFNAME (NULL if unset) */
     const char *socket_addr;   /* COLLIE_SOCKET_ADDR (NULL if unset) */
+    const char *cpu_transport; /* COLLIE_CPU_TRANSPORT (NULL if unset) */
+    int32_t shm_ring_bytes;    /* COLLIE_SHM_RING_BYTES */
     const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
     int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */

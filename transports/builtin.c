@@ -8,6 +8,8 @@
 #include "transports/tcp/tcp.h"
 
 const collie_backend_ops *(*const cl_builtin_backends[])(void) = {
+    cl_auto_backend_ops,
     cl_tcp_backend_ops,
+    cl_shm_backend_ops,
     NULL,
 };

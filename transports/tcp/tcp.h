@@ -20,11 +20,22 @@
 #include "collie_backend.h"
 #include "engine/idmap.h"
 #include "engine/list.h"
+#include "transports/shm/host_id.h"
+#include "transports/shm/link.h"
 #include "transports/tcp/sched.h"
 
 /* cl_tcp_backend_ops: the TCP backend's ops table (transports/builtin.c
  * lists it among the built-in backends). */
 const collie_backend_ops *cl_tcp_backend_ops(void);
+/* the same transport with its link choice fixed: "auto" (the default CPU
+ * backend: shared memory for same-host peers, TCP for the rest; the
+ * setting COLLIE_CPU_TRANSPORT overrides its choice) and "shm" (shared
+ * memory only); "tcp" is TCP only */
+const collie_backend_ops *cl_auto_backend_ops(void);
+const collie_backend_ops *cl_shm_backend_ops(void);
+
+/* how a comm reaches its peers (tcp_comm.mode) */
+enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
@@ -100,8 +111,10 @@ typedef struct tcp_conn {
     int state;
     bool initiator;
     char closed_why[160]; /* why the connection closed */
-    int fd;
+    int fd;                  /* the TCP socket, or for a same-host link its Unix socket */
     collie_watch *rev, *wev; /* the fd's read and write watches */
+    bool local;              /* fd is a same-host Unix socket: the link becomes shm */
+    cl_shm_link shm;         /* the shared-memory link, once the handshake set it up */
     collie_work *addr_req;
     struct tcp_req_ctx *addr_ctx; /* the store get's callback context */
 
@@ -145,6 +158,13 @@ typedef struct tcp_comm {
     int listen_fd;
     collie_watch *listen_ev;
     char addr[80];
+    int mode;                /* enum tcp_mode */
+    bool host_known;         /* `host` was read (else no shared memory) */
+    cl_host_id host;         /* this rank's same-host identity */
+    int unix_fd;             /* the abstract Unix listener for same-host peers, or -1 */
+    collie_watch *unix_ev;
+    char unix_name[96];      /* its abstract name, without the leading NUL */
+    uint64_t shm_ring_bytes; /* each direction's ring (COLLIE_SHM_RING_BYTES) */
     tcp_conn **conns;
     cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
     cl_list works;             /* started works, start order */
@@ -202,6 +222,12 @@ void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
  * mismatch (comm fault) */
 void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
 int cl_tcp_listen(tcp_comm *tc);
+
+/* tcp_local.c: same-host peers over shared memory */
+/* listen for same-host peers (when the mode allows) and add what they need
+ * to tc->addr's published form: out = "ip:port[|host-id|unix-name]" */
+int cl_tcp_local_listen(tcp_comm *tc, char *published, size_t len);
+void cl_tcp_local_close(tcp_comm *tc);
 void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len);
 

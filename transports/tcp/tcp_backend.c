@@ -1,6 +1,8 @@
 /*
- * tcp_backend.c — the TCP transport's backend ops: init (listen and
- * publish the address), start, detach, abort, destroy.
+ * tcp_backend.c — the CPU transport's backend ops: init (listen and
+ * publish the address), start, detach, abort, destroy. Three backends share
+ * them: "auto" (the default: shared memory for same-host peers, TCP for the
+ * rest), "tcp" and "shm" (that link only); tcp_local.c chooses per peer.
  *
  * Design notes
  *  - Everything runs on the progress thread (the backend does not set
@@ -37,9 +39,11 @@ static void tcp_on_published(collie_work *w, void *arg) {
     collie_work_release(w);
 }
 
-static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **state, int mode) {
     tcp_comm *tc = calloc(1, sizeof *tc);
     if (!tc) return COLLIE_ENOMEM;
+    tc->mode = mode;
+    tc->unix_fd = -1;
     cl_list_init(&tc->works);
     cl_list_init(&tc->pending);
     tc->bc = bc;
@@ -55,18 +59,31 @@ static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **s
     if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
     int r = cl_tcp_listen(tc);
     if (r != COLLIE_OK) return r;
+    char published[256];
+    r = cl_tcp_local_listen(tc, published, sizeof published);
+    if (r != COLLIE_OK) return r;
     char key[32];
     snprintf(key, sizeof key, "tcp/%d", tc->rank);
     tc->publish_ctx = malloc(sizeof *tc->publish_ctx);
     if (!tc->publish_ctx) return COLLIE_ENOMEM;
     tc->publish_ctx->target = tc;
-    r = core->store_set(bc, key, tc->addr, strlen(tc->addr), tcp_on_published, tc->publish_ctx,
+    r = core->store_set(bc, key, published, strlen(published), tcp_on_published, tc->publish_ctx,
                         &tc->publish_req);
     if (r != COLLIE_OK) {
         free(tc->publish_ctx);
         tc->publish_ctx = NULL;
     }
     return r;
+}
+
+static int tcp_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    return comm_init(bc, core, state, TCP_MODE_TCP);
+}
+static int auto_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    return comm_init(bc, core, state, TCP_MODE_AUTO);
+}
+static int shm_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
+    return comm_init(bc, core, state, TCP_MODE_SHM);
 }
 
 static int tcp_start(void *state, collie_work *w, const collie_coll_args *a) {
@@ -103,6 +120,7 @@ static void tcp_abort(void *state, int status, const char *reason) {
     tc->abort_status = status;
     snprintf(tc->abort_reason, sizeof tc->abort_reason, "%s", reason);
     if (tc->listen_ev) tc->core->watch_stop(tc->listen_ev);
+    if (tc->unix_ev) tc->core->watch_stop(tc->unix_ev);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
     tcp_conn *c;
@@ -130,6 +148,7 @@ static void tcp_destroy(void *state) {
     }
     if (tc->listen_ev) tc->core->watch_free(tc->listen_ev);
     if (tc->listen_fd >= 0) close(tc->listen_fd);
+    cl_tcp_local_close(tc);
     cl_tcp_xbuf_free_all(tc);
     free(tc->conns);
     cl_idmap_fini(&tc->running);
@@ -137,19 +156,26 @@ static void tcp_destroy(void *state) {
     free(tc);
 }
 
-static const collie_backend_ops tcp_ops = {
-    .abi_version = COLLIE_BACKEND_ABI_VERSION,
-    .size = sizeof(collie_backend_ops),
-    .name = "tcp",
-    .device = "cpu",
-    .flags = COLLIE_BACKEND_V_COLLECTIVES,
-    .work_data_size = sizeof(tcp_work),
-    .init = tcp_init,
-    .start = tcp_start,
-    .detach = tcp_detach,
-    .poll = NULL,
-    .abort = tcp_abort,
-    .destroy = tcp_destroy,
-};
+#define TCP_OPS(var, backend_name, init_fn)                                                        \
+    static const collie_backend_ops var = {                                                        \
+        .abi_version = COLLIE_BACKEND_ABI_VERSION,                                                 \
+        .size = sizeof(collie_backend_ops),                                                        \
+        .name = backend_name,                                                                      \
+        .device = "cpu",                                                                           \
+        .flags = COLLIE_BACKEND_V_COLLECTIVES,                                                     \
+        .work_data_size = sizeof(tcp_work),                                                        \
+        .init = init_fn,                                                                           \
+        .start = tcp_start,                                                                        \
+        .detach = tcp_detach,                                                                      \
+        .poll = NULL,                                                                              \
+        .abort = tcp_abort,                                                                        \
+        .destroy = tcp_destroy,                                                                    \
+    }
+
+TCP_OPS(tcp_ops, "tcp", tcp_init);
+TCP_OPS(auto_ops, "auto", auto_init);
+TCP_OPS(shm_ops, "shm", shm_init);
 
 const collie_backend_ops *cl_tcp_backend_ops(void) { return &tcp_ops; }
+const collie_backend_ops *cl_auto_backend_ops(void) { return &auto_ops; }
+const collie_backend_ops *cl_shm_backend_ops(void) { return &shm_ops; }

@@ -96,6 +96,7 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     c->tc = tc;
     c->peer = peer;
     c->fd = -1;
+    cl_shm_link_init(&c->shm);
     cl_list_init(&c->sendq);
     cl_list_init(&c->p2p_expected);
     cl_list_init(&c->unexpected);
@@ -119,6 +120,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
     if (c->rev) c->tc->core->watch_free(c->rev);
     if (c->wev) c->tc->core->watch_free(c->wev);
     if (c->fd >= 0) close(c->fd);
+    cl_shm_link_close(&c->shm);
     if (c->addr_ctx) { /* its callback frees the context and the request */
         c->addr_ctx->target = NULL;
         collie_work_cancel(c->addr_req);
@@ -151,6 +153,7 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         close(c->fd);
         c->fd = -1;
     }
+    cl_shm_link_close(&c->shm);
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connection to rank %d closed: %s", c->peer, why);
 }
 
@@ -226,8 +229,12 @@ void cl_tcp_conn_ready(tcp_conn *c) {
     if (c->state != TCP_CONN_READY) conn_count(c, 1);
     c->state = TCP_CONN_READY;
     c->hs_phase = HS_DONE;
-    c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d", c->peer);
+    c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d%s", c->peer,
+                          cl_tcp_link_is_shm(c) ? " (shared memory)" : "");
     c->tc->core->watch_start(c->wev, -1);
+    /* a shm reader is woken only once it parked: read what the peer may
+     * have written already, and park */
+    if (cl_tcp_link_is_shm(c)) c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
 }
 
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
@@ -277,9 +284,9 @@ static void conn_read_last_words(tcp_conn *c) {
 void cl_tcp_conn_flush(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
     c->flush_scheduled = false;
+    c->shm.writer_wait = false;
     while (c->hs_out_sent < c->hs_out_len) {
-        ssize_t n =
-            send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent, MSG_NOSIGNAL);
+        ssize_t n = cl_tcp_hs_send(c, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
             cl_tcp_conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer,
@@ -367,7 +374,13 @@ void cl_tcp_conn_flush(tcp_conn *c) {
     c->flush_scheduled = false;      /* this flush covered it */
     return;
 want_write:
-    c->tc->core->watch_start(c->wev, -1);
+    /* a full ring parked the writer: the reader's doorbell, on the read
+     * watch, resumes it (the Unix socket is always writable: watching for
+     * that would spin) */
+    if (!cl_tcp_link_is_shm(c))
+        c->tc->core->watch_start(c->wev, -1);
+    else if (!c->shm.writer_wait) /* room came as it parked: go on next turn */
+        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
     c->flush_scheduled = false;
 }
 
@@ -598,7 +611,7 @@ static void conn_message_done(tcp_conn *c) {
 
 static void conn_read_handshake(tcp_conn *c) {
     while (c->state == TCP_CONN_HANDSHAKE && c->hs_in_want > 0) {
-        ssize_t n = recv(c->fd, c->hs_in + c->hs_in_len, c->hs_in_want - c->hs_in_len, 0);
+        ssize_t n = cl_tcp_hs_recv(c, c->hs_in + c->hs_in_len, c->hs_in_want - c->hs_in_len);
         if (n == 0) {
             cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed the connection during the handshake",
                              c->peer);
@@ -647,6 +660,22 @@ static void conn_peer_aborted(tcp_conn *c) {
         cl_tcp_conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
 }
 
+/* A shm link's doorbell rang (or its socket ended): drain it, resume a
+ * writer that parked on a full ring, and say whether to read the ring now.
+ * While reading is paused (the peer is ahead) the ring is left alone, as a
+ * paused TCP socket is; its end is then remembered, and the watch stopped
+ * so the loop does not spin on it. */
+static bool conn_shm_doorbell(tcp_conn *c) {
+    cl_shm_link_drain_doorbell(&c->shm, c->fd);
+    if (c->shm.writer_wait && !cl_list_empty(&c->sendq)) {
+        cl_tcp_conn_flush(c);
+        if (c->state != TCP_CONN_READY) return false;
+    }
+    if (!conn_read_paused(c)) return true;
+    if (c->shm.eof) c->tc->core->watch_stop(c->rev);
+    return false;
+}
+
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
@@ -655,9 +684,12 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
         conn_read_handshake(c);
         return;
     }
+    bool shm = cl_tcp_link_is_shm(c);
+    if (shm && !conn_shm_doorbell(c)) return;
     /* bounded: at most 64 reads per wake-up so one busy peer cannot starve
      * the others */
-    for (int iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
+    int iter;
+    for (iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
         if (!c->have_hdr) {
             ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
             if (n == 0) {
@@ -691,7 +723,8 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
                     return;
                 }
             } else if (!conn_match(c)) {
-                if (c->state == TCP_CONN_READY) c->tc->core->watch_stop(c->rev); /* paused */
+                /* paused; a shm link keeps its doorbell watched (a parked writer) */
+                if (c->state == TCP_CONN_READY && !shm) c->tc->core->watch_stop(c->rev);
                 return;
             }
         }
@@ -711,6 +744,10 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
         }
         conn_message_done(c);
     }
+    /* the bound cut a shm link short: no doorbell comes for bytes already
+     * there, so come back on the next turn of the loop */
+    if (shm && iter == 64 && c->state == TCP_CONN_READY)
+        c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
 }
 
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {

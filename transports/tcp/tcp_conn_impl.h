@@ -45,14 +45,20 @@ static inline uint64_t get64(const uint8_t *p) {
 
 /* ---- the link: the byte stream under the framing ---------------------------------- */
 /* Every frame byte of a connection moves through these two; the handshake
- * talks to the socket itself. Today the link is the socket; a same-host
- * shared-memory ring is the planned second kind (docs/shm.md). Both return
- * the bytes moved, or -1 with errno (EAGAIN/EINTR: nothing now). Writing
- * never raises SIGPIPE; `nowait` also makes a blocking socket not wait. */
+ * talks to the socket itself. The link is the TCP socket, or for a
+ * same-host peer the shared-memory rings (transports/shm/link.h: EAGAIN
+ * there means this side parked and the peer will ring its doorbell, the
+ * Unix socket c->fd). Both return the bytes moved, or -1 with errno
+ * (EAGAIN/EINTR: nothing now). Writing never raises SIGPIPE; `nowait` also
+ * makes a blocking socket not wait. */
+static inline bool cl_tcp_link_is_shm(const tcp_conn *c) { return c->shm.map != NULL; }
+
 static inline ssize_t cl_tcp_link_recv(tcp_conn *c, void *buf, size_t len) {
+    if (cl_tcp_link_is_shm(c)) return cl_shm_link_recv(&c->shm, c->fd, buf, len);
     return recv(c->fd, buf, len, 0);
 }
 static inline ssize_t cl_tcp_link_writev(tcp_conn *c, struct iovec *iov, int niov, bool nowait) {
+    if (cl_tcp_link_is_shm(c)) return cl_shm_link_writev(&c->shm, c->fd, iov, niov);
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
     return sendmsg(c->fd, &mh, MSG_NOSIGNAL | (nowait ? MSG_DONTWAIT : 0));
 }
@@ -78,5 +84,18 @@ void cl_tcp_hs_start_acceptor(tcp_conn *c);
 /* a complete handshake message is in hs_in; false if c was closed */
 bool cl_tcp_hs_process(tcp_conn *c);
 void cl_tcp_conn_install(tcp_conn *c, int peer);
+
+/* tcp_local.c */
+/* The peer's published value: 0 = reach it over TCP at tcp_addr (its
+ * "ip:port"), 1 = dialing its same-host socket, -1 = c was failed (why
+ * logged through cl_tcp_conn_lost). */
+int cl_tcp_local_route(tcp_conn *c, const char *value, char *tcp_addr, size_t len);
+/* the handshake's socket I/O: on a same-host socket the ACCEPT carries the
+ * link's memfd (acceptor), which the dialer's receive takes */
+ssize_t cl_tcp_hs_send(tcp_conn *c, const void *buf, size_t len);
+ssize_t cl_tcp_hs_recv(tcp_conn *c, void *buf, size_t len);
+/* the acceptor makes the link's memory; the dialer checks and maps it */
+int cl_tcp_local_make(tcp_conn *c, char *why, size_t len);
+int cl_tcp_local_attach(tcp_conn *c, char *why, size_t len);
 
 #endif

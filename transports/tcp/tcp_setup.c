@@ -124,15 +124,24 @@ bool cl_tcp_hs_process(tcp_conn *c) {
         uint8_t want[32];
         hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
         if (status != 0) {
-            cl_tcp_conn_lost(c, status == 2 ? COLLIE_EAUTH : COLLIE_EPROTO,
+            cl_tcp_conn_lost(c,
+                             status == 2   ? COLLIE_EAUTH
+                             : status == 3 ? COLLIE_ESYSTEM
+                                           : COLLIE_EPROTO,
                              "rank %d refused our connection (%s)", c->peer,
-                             status == 2 ? "authentication failed"
-                                         : "comm id or generation mismatch");
+                             status == 2   ? "authentication failed"
+                             : status == 3 ? "it could not make the shared memory of the link"
+                                           : "comm id or generation mismatch");
             return false;
         }
         if (!mac_equal(want, m + 8)) {
             cl_tcp_conn_lost(c, COLLIE_EAUTH,
                              "rank %d failed to authenticate (wrong shared secret?)", c->peer);
+            return false;
+        }
+        char why[200];
+        if (c->local && cl_tcp_local_attach(c, why, sizeof why) != COLLIE_OK) {
+            cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d: %s", c->peer, why);
             return false;
         }
         cl_tcp_conn_ready(c);
@@ -162,6 +171,13 @@ bool cl_tcp_hs_process(tcp_conn *c) {
     } else if (!mac_equal(want, m + 48)) {
         refuse = 2;
         snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
+    } else if (c->local) { /* the same-host link: its memory goes out with the ACCEPT */
+        c->peer = (int)rank;
+        char mem[160];
+        if (cl_tcp_local_make(c, mem, sizeof mem) != COLLIE_OK) {
+            refuse = 3;
+            snprintf(why, sizeof why, "no shared memory for the link: %s", mem);
+        }
     }
     uint8_t a[HS_ACCEPT_LEN] = {0};
     put32(a, TCP_HS_MAGIC);
@@ -206,6 +222,9 @@ void cl_tcp_conn_install(tcp_conn *c, int peer) {
     c->tc->core->watch_free(c->rev);
     c->tc->core->watch_free(c->wev);
     c->rev = c->wev = NULL;
+    slot->local = c->local;
+    slot->shm = c->shm; /* the link's memory, if any, moves too */
+    cl_shm_link_init(&c->shm);
     memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
     slot->hs_out_len = c->hs_out_len;
     slot->hs_out_sent = c->hs_out_sent;
@@ -247,9 +266,11 @@ static void conn_on_addr(collie_work *w, void *arg) {
     const void *val;
     size_t len;
     core->store_value(w, &val, &len);
-    char addr[80];
-    snprintf(addr, sizeof addr, "%.*s", (int)len, (const char *)val);
+    char value[256], addr[80];
+    snprintf(value, sizeof value, "%.*s", (int)len, (const char *)val);
     collie_work_release(w);
+    int route = cl_tcp_local_route(c, value, addr, sizeof addr);
+    if (route != 0) return; /* dialing the same-host socket, or failed */
     char *colon = strrchr(addr, ':');
     struct sockaddr_in sin = {.sin_family = AF_INET};
     if (!colon || inet_pton(AF_INET, (*colon = '\0', addr), &sin.sin_addr) != 1) {
