@@ -215,7 +215,7 @@ run: all
 	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
 
 # TSan runs the tests of the modules with the most cross-thread logic.
-TSAN_TESTS ?= engine work cq store coll collv comm faults nccl shm_ring
+TSAN_TESTS ?= engine work cq store coll collv comm faults nccl shm_ring shm
 
 # The fault suite: multi-process kills, hangs, network cuts,
 # policies, abort races, abort/re-create cycles, the store dying, the
@@ -235,8 +235,14 @@ test:
 	$(MAKE) --no-print-directory test-python
 	@tools/test-summary.sh build/test-results
 
+# The default CPU backend puts same-host peers on shared memory, so the
+# suites run the shm link; the collective suites run again forced onto TCP.
+TCP_LEG_TESTS := coll collv
+
 test-normal: all tests
 	@tools/run-tests.sh normal $(BUILD) $(filter-out $(FAULT_TESTS),$(TESTS))
+	@COLLIE_CPU_TRANSPORT=tcp tools/run-tests.sh normal-tcp $(BUILD) \
+	  $(patsubst %,$(BUILD)/tests/test_%,$(TCP_LEG_TESTS))
 
 test-faults: all tests
 	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
@@ -260,6 +266,9 @@ test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples
 	@CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tools/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
+	@COLLIE_CPU_TRANSPORT=tcp CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 \
+	  tools/run-tests.sh asan-tcp build/asan $(patsubst %,build/asan/tests/test_%,$(TCP_LEG_TESTS))
 
 test-tsan:
 	$(MAKE) --no-print-directory TSAN=1 $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS)) tools \
@@ -271,6 +280,9 @@ test-tsan:
 	@CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=5 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
 	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
+	@COLLIE_CPU_TRANSPORT=tcp CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=5 \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
+	  tools/run-tests.sh tsan-tcp build/tsan $(patsubst %,build/tsan/tests/test_%,$(TCP_LEG_TESTS))
 
 valgrind: all tests
 	@for t in $(TESTS); do \

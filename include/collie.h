@@ -731,6 +731,7 @@ typedef struct collie_comm_stats {
     uint64_t stalls;           /* stalls of its engine's progress loop so far */
     /* post to completion of the completed works, by kind */
     collie_latency_histogram latency[COLLIE_STATS_OPS];
+    uint32_t shm_connections; /* of `connections`, those over shared memory (same-host peers) */
 } collie_comm_stats;
 
 /* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */

@@ -268,6 +268,7 @@ typedef struct collie_core_services {
 enum {
     COLLIE_BSTAT_CONNECTIONS = 0, /* peer connections open now: +1 when one is ready, -1 when
                                      it closes */
+    COLLIE_BSTAT_SHM_CONNECTIONS = 1, /* of those, the ones over shared memory */
 };
 
 /* COLLIE_CORE_USABLE: is this core's table one a backend built with this

@@ -135,6 +135,7 @@ class CommStats(ctypes.Structure):
         ("store_reconnects", c_uint64),
         ("stalls", c_uint64),
         ("latency", LatencyHistogram * STATS_OPS),
+        ("shm_connections", c_uint32),
     ]
 
 

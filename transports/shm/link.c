@@ -86,7 +86,8 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
     }
     const char *step = "ftruncate";
     if (ftruncate(fd, (off_t)size) != 0 ||
-        (step = "sealing", fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) != 0) {
+        (step = "sealing", fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) !=
+            0) {
         snprintf(why, why_len, "shared memory of %llu bytes: %s: %s", (unsigned long long)size,
                  step, strerror(errno));
         close(fd);

@@ -110,7 +110,7 @@ typedef struct tcp_conn {
     int peer; /* -1 while an accepted connection is unidentified */
     int state;
     bool initiator;
-    char closed_why[160]; /* why the connection closed */
+    char closed_why[160];    /* why the connection closed */
     int fd;                  /* the TCP socket, or for a same-host link its Unix socket */
     collie_watch *rev, *wev; /* the fd's read and write watches */
     bool local;              /* fd is a same-host Unix socket: the link becomes shm */
@@ -158,10 +158,10 @@ typedef struct tcp_comm {
     int listen_fd;
     collie_watch *listen_ev;
     char addr[80];
-    int mode;                /* enum tcp_mode */
-    bool host_known;         /* `host` was read (else no shared memory) */
-    cl_host_id host;         /* this rank's same-host identity */
-    int unix_fd;             /* the abstract Unix listener for same-host peers, or -1 */
+    int mode;        /* enum tcp_mode */
+    bool host_known; /* `host` was read (else no shared memory) */
+    cl_host_id host; /* this rank's same-host identity */
+    int unix_fd;     /* the abstract Unix listener for same-host peers, or -1 */
     collie_watch *unix_ev;
     char unix_name[96];      /* its abstract name, without the leading NUL */
     uint64_t shm_ring_bytes; /* each direction's ring (COLLIE_SHM_RING_BYTES) */

@@ -110,7 +110,9 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
 /* the comm's count of open connections (collie_comm_get_stats) */
 static void conn_count(tcp_conn *c, int delta) {
     const collie_core_services *core = c->tc->core;
-    if (COLLIE_CORE_HAS(core, stat_add)) core->stat_add(c->tc->bc, COLLIE_BSTAT_CONNECTIONS, delta);
+    if (!COLLIE_CORE_HAS(core, stat_add)) return;
+    core->stat_add(c->tc->bc, COLLIE_BSTAT_CONNECTIONS, delta);
+    if (cl_tcp_link_is_shm(c)) core->stat_add(c->tc->bc, COLLIE_BSTAT_SHM_CONNECTIONS, delta);
 }
 
 void cl_tcp_conn_free(tcp_conn *c) {
@@ -200,27 +202,37 @@ void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
     if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
 }
 
+/* Fail the works whose messages wait behind a cut (they can never go), a
+ * slice per turn of the loop: a deep queue must not stall the loop. The
+ * rest stay queued for the next turn (the write watch, with a zero timeout:
+ * it fires after the next poll even when the socket is full). */
+#define BROKEN_SLICE 256
+static void conn_fail_queued(tcp_conn *c) {
+    tcp_msg *m;
+    for (int i = 0; i < BROKEN_SLICE && (m = cl_list_first(&c->sendq, tcp_msg, node)); i++) {
+        cl_list_remove(&m->node); /* finishing only schedules a retirement: the list stays ours */
+        if (m->owner && !m->owner->finished)
+            cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
+    }
+    if (!cl_list_empty(&c->sendq) && c->wev) /* after the loop's next poll */
+        c->tc->core->watch_start(c->wev, 0);
+}
+
 /* Message `cut` left only partly written (its work is ending): stop writing
  * on c for good (see the design notes). The messages queued behind it can
- * never go: their works fail. The socket stays open and read. */
+ * never go: their works fail (in slices, one per turn of the loop). The
+ * socket stays open and read. */
 void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     if (c->send_broken) return;
     c->send_broken = true;
     snprintf(c->broken_why, sizeof c->broken_why,
              "the stream to rank %d is broken: a message (seq %llu) was cut off mid-way", c->peer,
              (unsigned long long)get64(cut->hdr + 16));
-    cl_list queued; /* moved out: the queue is empty from here on */
-    cl_list_move_all(&queued, &c->sendq);
+    if (cl_list_linked((cl_list_node *)&cut->node)) cl_list_remove((cl_list_node *)&cut->node);
     if (c->wev) c->tc->core->watch_stop(c->wev);
     c->flush_scheduled = false;
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "%s; no more sends on it", c->broken_why);
-    /* finishing only schedules a work's retirement: the list stays ours */
-    tcp_msg *m;
-    while ((m = cl_list_first(&queued, tcp_msg, node))) {
-        cl_list_remove(&m->node);
-        if (m->owner && m->owner != cut->owner && !m->owner->finished)
-            cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
-    }
+    conn_fail_queued(c);
 }
 
 /* ---- sending ----------------------------------------------------------------------------- */
@@ -297,6 +309,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
     }
     if (c->state != TCP_CONN_READY || c->send_broken) {
         c->tc->core->watch_stop(c->wev);
+        if (c->send_broken) conn_fail_queued(c); /* the next slice, if any */
         return;
     }
     while (!cl_list_empty(&c->sendq)) {

@@ -65,10 +65,8 @@ ssize_t cl_tcp_hs_send(tcp_conn *c, const void *buf, size_t len) {
     } ctl;
     memset(&ctl, 0, sizeof ctl);
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = ctl.buf,
-                        .msg_controllen = sizeof ctl.buf};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
@@ -89,10 +87,8 @@ ssize_t cl_tcp_hs_recv(tcp_conn *c, void *buf, size_t len) {
         char buf[CMSG_SPACE(4 * sizeof(int))];
     } ctl;
     struct iovec iov = {.iov_base = buf, .iov_len = len};
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = ctl.buf,
-                        .msg_controllen = sizeof ctl.buf};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
     ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
@@ -120,8 +116,7 @@ static void local_on_accept(int lfd, unsigned what, void *arg) {
         if (fd < 0) return;
         struct ucred cred;
         socklen_t cl = sizeof cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
-            cred.uid != tc->host.uid) {
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != tc->host.uid) {
             tc->core->log_comm(tc->bc, 1, "tcp",
                                "refused a same-host connection from pid %d: it is not user %u",
                                (int)cred.pid, (unsigned)tc->host.uid);
@@ -242,8 +237,7 @@ static int local_dial(tcp_conn *c, const char *name) {
     if (connect(fd, (struct sockaddr *)&sun, slen) < 0 && errno != EINPROGRESS) {
         cl_tcp_conn_lost(c, COLLIE_EPEER,
                          "connect to rank %d over its same-host socket failed: %s%s", c->peer,
-                         strerror(errno),
-                         errno == EAGAIN ? " (its listen queue is full)" : "");
+                         strerror(errno), errno == EAGAIN ? " (its listen queue is full)" : "");
         return -1;
     }
     c->tc->core->watch_start(c->wev, -1);
