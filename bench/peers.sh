@@ -7,6 +7,8 @@
 #
 # What runs (every run under timeout(1), one at a time):
 #   collie   build/bin/collie-run -n N -- build/bin/collie-bench --csv ...
+#              (the default CPU backend: shared memory between ranks of one host)
+#   collie_tcp  the same with --backend tcp (ranks forced onto loopback TCP)
 #   openmpi  mpirun.openmpi ... --mca pml ob1 --mca btl tcp,self
 #              --mca btl_tcp_if_include lo  build/bench/mpi_bench_openmpi ...
 #   openmpi_shm  the same program over Open MPI's shared memory:
@@ -47,7 +49,7 @@ cd "$ROOT_DIR"
 BB=build/bench
 RAW=$BB/raw
 PY=/usr/bin/python3
-ALL_PEERS=(collie openmpi openmpi_shm mpich gloo)
+ALL_PEERS=(collie collie_tcp openmpi openmpi_shm mpich gloo)
 OPS=allreduce,broadcast,allgather
 EXIT_GRACE=10 # seconds a job may take to exit after printing its last row
 
@@ -73,7 +75,7 @@ plus iperf3 (1 and 2 streams), and writes the side-by-side report.
   --quick        smoke run: 3 sizes, fewer iterations, 1 repeat (ranks 2 unless --ranks)
   --ranks LIST   rank counts (default 2,4)
   --repeats R    runs of the whole thing; each figure is the median (default 3)
-  --peers LIST   subset of collie,openmpi,openmpi_shm,mpich,gloo (default all)
+  --peers LIST   subset of collie,collie_tcp,openmpi,openmpi_shm,mpich,gloo (default all)
   --no-check     do not pass --check (results are verified outside timing by default)
   --out FILE     report path (default bench/RESULTS.md)
   --report-only  write the report again from the raw files of the last run
@@ -171,6 +173,7 @@ build_all() {
       log "build: $COLLIE_NOTE"
     else
       DISABLED[collie]="build failed: make tools (see $BB/build-collie.log)"
+      DISABLED[collie_tcp]=${DISABLED[collie]}
     fi
   fi
   for m in openmpi mpich; do
@@ -217,6 +220,7 @@ peer_cmd() { # peer n -> fills CMD
   local peer=$1 n=$2
   case $peer in
     collie) CMD=(build/bin/collie-run -n "$n" -- build/bin/collie-bench --csv) ;;
+    collie_tcp) CMD=(build/bin/collie-run -n "$n" -- build/bin/collie-bench --csv --backend tcp) ;;
     openmpi)
       CMD=(mpirun.openmpi --allow-run-as-root --oversubscribe -np "$n" --bind-to none
         --mca pml ob1 --mca btl "tcp,self" --mca btl_tcp_if_include lo "$BB/mpi_bench_openmpi" --csv)

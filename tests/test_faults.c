@@ -35,9 +35,11 @@
  *
  * Every wait is bounded; every child is SIGKILLed and reaped in teardown.
  * CLTEST_FILTER=<glob> runs only the tests whose names match.
- * `test_faults --measure kill|hang RUNS` runs a scenario RUNS times and
- * prints the detection times (bench/faults.sh).
+ * `test_faults --measure kill|hang RUNS [auto|tcp|shm]` runs a scenario
+ * RUNS times (kill: over that CPU transport) and prints the detection times
+ * (bench/faults.sh).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -717,15 +719,32 @@ static bool blames_victim(const char *line, void *arg) {
  * after it (-1: none). With 4 ranks the recursive-doubling allreduce pairs
  * rank r with r^1 and r^2, so rank victim^3 has no connection to the
  * victim: it learns of the death only from the others. */
+/* The CPU transport the kill scenario's ranks use (the default backend
+ * puts them on shared memory: one host). */
+static const char *kill_transport = "COLLIE_CPU_TRANSPORT=auto";
+
+/* Files of collie's in /dev/shm (there must never be any: memfd only). */
+static int dev_shm_collie_files(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += strstr(de->d_name, "collie") != NULL;
+    closedir(d);
+    return n;
+}
+
 static void scenario_kill(int victim, int stall, kill_result *res) {
     enum { N = 4 };
+    int shm_files = dev_shm_collie_files();
     char addr[64];
     store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
     char name[32];
     snprintf(name, sizeof name, "FT_NAME=kill%d", victim);
     char after[32];
     snprintf(after, sizeof after, "FT_AFTER=%d", AFTER_RECOVERY);
-    const char *extra[] = {name, after, "FT_TIMEOUT_MS=30000", NULL};
+    const char *extra[] = {name, after, "FT_TIMEOUT_MS=30000", kill_transport, NULL};
     proc *rk[N];
     for (int r = 0; r < N; r++)
         rk[r] = rank_start("loop", r, N, addr, extra, NULL);
@@ -741,8 +760,9 @@ static void scenario_kill(int victim, int stall, kill_result *res) {
     }
     CHECK(proc_wait_exit(rk[victim], 5000), "rank %d did not die\n", victim);
     CHECK(rk[victim]->status == 128 + SIGKILL, "rank %d: status %d\n", victim, rk[victim]->status);
+    CHECK(dev_shm_collie_files() == shm_files, "a file of collie's is left in /dev/shm\n");
     /* as collie-run --restarts would: the same rank again */
-    const char *again[] = {name, after, "FT_TIMEOUT_MS=30000", "FT_LIFE=2", NULL};
+    const char *again[] = {name, after, "FT_TIMEOUT_MS=30000", "FT_LIFE=2", kill_transport, NULL};
     proc *restarted = rank_start("loop", victim, N, addr, again, NULL);
     int64_t worst = 0;
     for (int r = 0; r < N; r++) {
@@ -802,6 +822,17 @@ static void test_kill_rank2_stalled_peer(void **state) {
     scenario_kill(2, 1, &res);
     print_message("kill rank 2, rank 1 stalled %d ms: every pending work failed within %.2f ms\n",
                   STALL_MS, (double)res.detect_us / 1000);
+}
+
+/* The same over TCP (forced): both links detect a death alike. */
+static void test_kill_rank2_recover_tcp(void **state) {
+    (void)state;
+    kill_result res;
+    kill_transport = "COLLIE_CPU_TRANSPORT=tcp";
+    scenario_kill(2, -1, &res);
+    kill_transport = "COLLIE_CPU_TRANSPORT=auto";
+    print_message("kill rank 2 (tcp): every pending work failed within %.2f ms\n",
+                  (double)res.detect_us / 1000);
 }
 
 static void test_kill_rank0_recover(void **state) {
@@ -1003,10 +1034,12 @@ static void test_network_cut(void **state) {
     proc *store = store_start("0.0.0.0", "192.0.2.1", ns_names[0], addr_a, sizeof addr_a);
     (void)store;
     snprintf(addr_b, sizeof addr_b, "192.0.2.5%s", strrchr(addr_a, ':'));
+    /* a partition is a TCP matter: the ranks are forced onto TCP (ranks 0
+     * and 1 share a namespace and would otherwise use shared memory) */
     const char *side_a[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.9",
-                            NULL};
+                            "COLLIE_CPU_TRANSPORT=tcp", NULL};
     const char *side_b[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.10",
-                            NULL};
+                            "COLLIE_CPU_TRANSPORT=tcp", NULL};
     proc *rk[N];
     for (int r = 0; r < N; r++)
         rk[r] = rank_start("loop", r, N, r < 2 ? addr_a : addr_b, r < 2 ? side_a : side_b,
@@ -1627,8 +1660,13 @@ int main(int argc, char **argv) {
     srand((unsigned)getpid());
     if (argc >= 3 && !strcmp(argv[1], "--measure")) {
         if (strcmp(argv[2], "kill") && strcmp(argv[2], "hang")) {
-            fprintf(stderr, "usage: test_faults --measure kill|hang [RUNS]\n");
+            fprintf(stderr, "usage: test_faults --measure kill|hang [RUNS [auto|tcp|shm]]\n");
             return 2;
+        }
+        static char transport[48];
+        if (argc >= 5) {
+            snprintf(transport, sizeof transport, "COLLIE_CPU_TRANSPORT=%s", argv[4]);
+            kill_transport = transport;
         }
         return measure(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
     }
@@ -1642,6 +1680,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_stale_generation_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_recover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_stalled_peer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_rank2_recover_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank0_recover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),

@@ -90,7 +90,7 @@
  *    is the comm's error. Host buffers stay as staging for --check
  *    (cudaMemcpy up before, down after). Barriers between timings and the
  *    statistics allreduces run on the cpu backend: a spec without one gets
- *    "cpu:tcp," in front.
+ *    "cpu:auto," in front.
  */
 #include <dlfcn.h>
 #include <errno.h>

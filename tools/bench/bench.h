@@ -69,7 +69,7 @@ bool bench_op_rooted(bench_op op);
 
 typedef struct bench_opts {
     const char *backend; /* as given */
-    const char *spec;    /* of the comm: backend, with cpu:tcp added when it has no cpu backend */
+    const char *spec;    /* of the comm: backend, with cpu:auto added when it has no cpu backend */
     char spec_buf[256];
     bool cuda;  /* the spec has a cuda backend: the timed ops run on CUDA buffers */
     int device; /* --device, or -1 */

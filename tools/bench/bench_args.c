@@ -142,11 +142,12 @@ static void bench_usage(FILE *f) {
             "  -t, --threads T    ranks per process, one thread each (default 1), as\n"
             "                     nccl-tests' -t: N processes of T threads are N*T ranks,\n"
             "                     rank = process rank * T + thread\n"
-            "  --backend SPEC     backend spec of the comm (default tcp; nccl, cpu:tcp,...);\n"
+            "  --backend SPEC     backend spec of the comm (default auto: shared memory\n"
+            "                     between same-host ranks, TCP otherwise; tcp, shm, nccl,...);\n"
             "                     with a cuda backend (nccl, cuda:nccl, cpu:tcp,cuda:nccl)\n"
             "                     the ops run on CUDA buffers (libcudart.so.13, loaded at\n"
             "                     run time) and the timings are combined on the cpu backend:\n"
-            "                     a spec without one gets cpu:tcp (nccl: cpu:tcp,nccl)\n"
+            "                     a spec without one gets cpu:auto (nccl: cpu:auto,nccl)\n"
             "  --device N         CUDA device of every rank (default rank %% devices)\n"
             "  --op LIST          comma list of allreduce, broadcast, reduce, allgather,\n"
             "                     reduce_scatter, alltoall, gather, scatter, allgatherv,\n"
@@ -423,7 +424,7 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
     size_t minb = BENCH_NCCL_MIN, maxb = BENCH_NCCL_MIN, step = BENCH_NCCL_STEP;
     int factor = 1, v, res;
     bool sweep = false;
-    *o = (bench_opts){.backend = "tcp",
+    *o = (bench_opts){.backend = "auto",
                       .root = 0,
                       .iters = BENCH_DEFAULT_ITERS,
                       .warmup = BENCH_DEFAULT_WARMUP,
@@ -589,7 +590,7 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
     }
     o->spec = o->backend;
     if (o->cuda && !cpu) { /* the timings are combined on the cpu backend */
-        int len = snprintf(o->spec_buf, sizeof o->spec_buf, "cpu:tcp,%s", o->backend);
+        int len = snprintf(o->spec_buf, sizeof o->spec_buf, "cpu:auto,%s", o->backend);
         if (len < 0 || (size_t)len >= sizeof o->spec_buf)
             return bench_usage_error("--backend '%s' is too long", o->backend);
         o->spec = o->spec_buf;

@@ -1,0 +1,343 @@
+/*
+ * test_shm.c — the same-host shared-memory link of the CPU backend:
+ * which link the backends choose (auto, tcp, shm, COLLIE_CPU_TRANSPORT),
+ * forcing shm towards a peer that offers none, what the dialer refuses in
+ * the memory it is handed (another comm or generation, other ranks, an
+ * unsealed file), garbage on the same-host sockets, and nothing of collie's
+ * left in /dev/shm. The collective matrix, faults and sanitizer suites run
+ * on this link by default (the Makefile runs the collective suites again
+ * forced onto TCP).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "engine/config.h"
+#include "harness.h"
+#include "runner.h"
+#include "transports/shm/link.h"
+
+/* One int32 sum allreduce on every rank of w, checked. */
+static void allreduce_check(world *w) {
+    int32_t v[WORLD_MAX];
+    collie_work *ws[WORLD_MAX];
+    for (int r = 0; r < w->n; r++) {
+        v[r] = r + 1;
+        assert_int_equal(
+            collie_allreduce(w->c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ws[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < w->n; r++) {
+        int rc = collie_work_wait(ws[r], 20000);
+        if (rc != COLLIE_OK) fail_msg("rank %d: %s", r, collie_work_error_message(ws[r]));
+        collie_work_release(ws[r]);
+        assert_int_equal(v[r], w->n * (w->n + 1) / 2);
+    }
+}
+
+static collie_comm_stats stats_of(collie_comm *c) {
+    collie_comm_stats st = {.size = sizeof st};
+    assert_int_equal(collie_comm_get_stats(c, &st), COLLIE_OK);
+    return st;
+}
+
+static void test_default_backend_uses_shm(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "shm-auto", NULL);
+    allreduce_check(&w);
+    for (int r = 0; r < 3; r++) {
+        collie_comm_stats st = stats_of(w.c[r]);
+        assert_true(st.connections >= 1);
+        assert_int_equal(st.shm_connections, st.connections); /* every peer is on this host */
+    }
+    world_destroy(&w);
+}
+
+static void with_setting(const char *value) {
+    if (value)
+        setenv("COLLIE_CPU_TRANSPORT", value, 1);
+    else
+        unsetenv("COLLIE_CPU_TRANSPORT");
+    cl_config_reload();
+}
+
+static void test_tcp_when_asked(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "shm-spec-tcp";
+    o.backend = "cpu:tcp";
+    o.timeout_ms = 20000;
+    world w;
+    world_create(&w, 2, o.name, &o);
+    allreduce_check(&w);
+    assert_int_equal(stats_of(w.c[0]).connections, 1);
+    assert_int_equal(stats_of(w.c[0]).shm_connections, 0);
+    world_destroy(&w);
+    /* the setting steers the default backend */
+    with_setting("tcp");
+    world_create(&w, 2, "shm-setting-tcp", NULL);
+    allreduce_check(&w);
+    assert_int_equal(stats_of(w.c[1]).connections, 1);
+    assert_int_equal(stats_of(w.c[1]).shm_connections, 0);
+    world_destroy(&w);
+    with_setting("shm");
+    world_create(&w, 2, "shm-setting-shm", NULL);
+    allreduce_check(&w);
+    assert_int_equal(stats_of(w.c[1]).shm_connections, 1);
+    world_destroy(&w);
+    with_setting(NULL);
+}
+
+static void test_invalid_setting_is_named(void **state) {
+    (void)state;
+    with_setting("udp");
+    collie_engine *e;
+    collie_store_server *srv;
+    collie_store *st;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "shm-bad-setting";
+    collie_comm *c = NULL;
+    collie_work *cw = NULL;
+    int rc = collie_comm_create_post(e, st, 0, 1, &o, &c, &cw);
+    const char *msg = rc == COLLIE_OK ? NULL : collie_last_error();
+    if (rc == COLLIE_OK) { /* or the creation work says it */
+        rc = collie_work_wait(cw, 10000);
+        msg = collie_work_error_message(cw);
+    }
+    print_message("%s\n", msg);
+    assert_int_equal(rc, COLLIE_EINVAL);
+    assert_non_null(strstr(msg, "COLLIE_CPU_TRANSPORT='udp'"));
+    if (cw) collie_work_release(cw);
+    if (c) collie_comm_destroy(c);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    with_setting(NULL);
+}
+
+/* Rank 0 insists on shared memory, rank 1 offers only TCP: rank 0's first
+ * collective fails with EINVAL naming rank 1 and why; nothing hangs. */
+static void test_forced_shm_towards_a_tcp_peer(void **state) {
+    (void)state;
+    collie_engine *e;
+    collie_store_server *srv;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    collie_store *st[2];
+    collie_comm *c[2];
+    collie_work *cw[2];
+    const char *spec[2] = {"shm", "tcp"};
+    for (int r = 0; r < 2; r++) {
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = "shm-mixed";
+        o.backend = spec[r];
+        o.timeout_ms = 10000;
+        assert_int_equal(collie_store_connect(e, addr, NULL, &st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(e, st[r], r, 2, &o, &c[r], &cw[r]), COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 20000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+    int32_t v[2] = {1, 2};
+    collie_work *ws[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ws[r]),
+            COLLIE_OK);
+    assert_int_equal(collie_work_wait(ws[0], 15000), COLLIE_EINVAL);
+    const char *msg = collie_work_error_message(ws[0]);
+    print_message("rank 0: %s\n", msg);
+    assert_non_null(strstr(msg, "rank 1 cannot be reached over shared memory"));
+    int rc1 = collie_work_wait(ws[1], 15000); /* told by the abort notice */
+    assert_true(rc1 != COLLIE_OK && rc1 != COLLIE_INPROGRESS);
+    for (int r = 0; r < 2; r++) {
+        collie_work_release(ws[r]);
+        collie_comm_destroy(c[r]);
+        collie_store_destroy(st[r]);
+    }
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ---- the link's memory, as the dialer checks it ---------------------------------------- */
+
+static int attach_copy(const cl_shm_link *made, const cl_shm_link_id *id, cl_shm_link *out,
+                       char *why, size_t len) {
+    cl_shm_link_init(out);
+    out->fd = fcntl(made->fd, F_DUPFD_CLOEXEC, 0);
+    assert_true(out->fd >= 0);
+    return cl_shm_link_attach(out, id, why, len);
+}
+
+static void test_link_refuses_foreign_memory(void **state) {
+    (void)state;
+    const cl_shm_link_id id = {.comm_id = 77, .generation = 3, .creator = 1, .dialer = 0};
+    cl_shm_link made, got;
+    char why[200];
+    cl_shm_link_init(&made);
+    assert_int_equal(cl_shm_link_create(&made, &id, 8192, why, sizeof why), COLLIE_OK);
+    cl_shm_link_id other = id;
+    other.generation = 2; /* a stale incarnation's view */
+    assert_int_equal(attach_copy(&made, &other, &got, why, sizeof why), COLLIE_EPROTO);
+    assert_non_null(strstr(why, "another comm or generation"));
+    other = id;
+    other.comm_id = 78;
+    assert_int_equal(attach_copy(&made, &other, &got, why, sizeof why), COLLIE_EPROTO);
+    other = id;
+    other.dialer = 2;
+    assert_int_equal(attach_copy(&made, &other, &got, why, sizeof why), COLLIE_EPROTO);
+    assert_non_null(strstr(why, "other ranks"));
+    /* the right one works, both ways, and moves bytes */
+    assert_int_equal(attach_copy(&made, &id, &got, why, sizeof why), COLLIE_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    char out[] = "hello over shared memory", in[64] = "";
+    struct iovec iov = {out, sizeof out};
+    assert_int_equal(cl_shm_link_writev(&got, sv[0], &iov, 1), (ssize_t)sizeof out);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), (ssize_t)sizeof out);
+    assert_string_equal(in, out);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), -1); /* empty: parked */
+    assert_int_equal(errno, EAGAIN);
+    iov.iov_len = 3;
+    assert_int_equal(cl_shm_link_writev(&got, sv[0], &iov, 1), 3); /* rings the parked side */
+    char bell;
+    assert_int_equal(recv(sv[1], &bell, 1, MSG_DONTWAIT), 1);
+    /* the peer's end: what it wrote is read first, then 0 */
+    close(sv[0]);
+    cl_shm_link_drain_doorbell(&made, sv[1]);
+    assert_true(made.eof);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), 3);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), 0);
+    close(sv[1]);
+    cl_shm_link_close(&got);
+    /* an unsealed file of the right size is refused */
+    int fd = memfd_create("not-collie", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)made.map_len), 0);
+    cl_shm_link_init(&got);
+    got.fd = fd;
+    assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    assert_non_null(strstr(why, "sealed"));
+    assert_int_equal(got.fd, -1); /* closed by attach */
+    /* no fd at all */
+    assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    cl_shm_link_close(&made);
+}
+
+/* ---- the same-host sockets under attack ------------------------------------------------- */
+
+/* The abstract names of this process's collie listeners (from /proc/net/unix). */
+static int collie_listeners(char names[][108], int max) {
+    FILE *f = fopen("/proc/net/unix", "r");
+    assert_non_null(f);
+    char line[512];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        char *at = strstr(line, " @collie/");
+        if (!at) continue;
+        snprintf(names[n], 108, "%s", at + 2);
+        names[n][strcspn(names[n], "\n")] = '\0';
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static int dial_abstract(const char *name) {
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    size_t n = strlen(name);
+    memcpy(sun.sun_path + 1, name, n);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&sun,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void test_garbage_on_the_local_sockets(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "shm-garbage", NULL);
+    allreduce_check(&w);
+    char names[16][108];
+    int n = collie_listeners(names, 16);
+    print_message("%d collie listener(s)\n", n);
+    assert_true(n >= 2);
+    unsigned seed = 12345;
+    for (int i = 0; i < n; i++) {
+        for (int round = 0; round < 3; round++) {
+            int fd = dial_abstract(names[i]);
+            if (fd < 0) continue; /* another test process's, gone meanwhile */
+            uint8_t junk[700];
+            for (size_t k = 0; k < sizeof junk; k++)
+                junk[k] = (uint8_t)rand_r(&seed);
+            if (round == 1) memcpy(junk, "CLTH", 4); /* a handshake magic, then nonsense */
+            ssize_t wr = round == 2 ? 0 : send(fd, junk, sizeof junk, MSG_NOSIGNAL);
+            (void)wr;
+            close(fd);
+        }
+    }
+    /* the comm did not notice, and still works */
+    allreduce_check(&w);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(stats_of(w.c[r]).status, COLLIE_OK);
+    world_destroy(&w);
+}
+
+/* Nothing of collie's in /dev/shm, while linked and after. */
+static int dev_shm_collie_files(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += strstr(de->d_name, "collie") != NULL;
+    closedir(d);
+    return n;
+}
+
+static void test_nothing_in_dev_shm(void **state) {
+    (void)state;
+    int before = dev_shm_collie_files();
+    world w;
+    world_create(&w, 4, "shm-devshm", NULL);
+    allreduce_check(&w);
+    assert_true(stats_of(w.c[0]).shm_connections > 0);
+    assert_int_equal(dev_shm_collie_files(), before);
+    world_destroy(&w);
+    assert_int_equal(dev_shm_collie_files(), before);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_backend_uses_shm),
+        cmocka_unit_test(test_tcp_when_asked),
+        cmocka_unit_test(test_invalid_setting_is_named),
+        cmocka_unit_test(test_forced_shm_towards_a_tcp_peer),
+        cmocka_unit_test(test_link_refuses_foreign_memory),
+        cmocka_unit_test(test_garbage_on_the_local_sockets),
+        cmocka_unit_test(test_nothing_in_dev_shm),
+    };
+    return cltest_main(tests, NULL, NULL);
+}
