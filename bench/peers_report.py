@@ -192,7 +192,7 @@ def main():
     w("- **machine**: %s cores (`nproc`), %s, kernel %s, %s RAM; load average %s at the start, "
       "%s at the end (other engineers' builds and tests share the machine, so figures are noisy)"
       % (ncpu, cpu, kernel, mem, a.load_start or "?", a.load_end or "?"))
-    w("- **collie**: commit %s, `build/bin/collie-bench` (default settings: its default CPU backend puts same-host ranks on shared memory; "collie TCP" is the same with `--backend tcp`)%s"
+    w("- **collie**: commit %s, `build/bin/collie-bench` (default settings: its default CPU backend puts same-host ranks on shared memory; collie TCP is the same with `--backend tcp`)%s"
       % (a.collie_rev or "?", "; **note**: " + a.collie_note if a.collie_note else ""))
     ompi = sh("ompi_info --version 2>/dev/null | head -n1")
     mpich = sh("mpichversion 2>/dev/null | grep -E 'Version|Device' | tr -s ' \\t' ' ' | "
