@@ -5,7 +5,13 @@
  * handshake, listening) is tcp_setup.c.
  *
  * Design notes
- *  - Framing: a 40-byte header (generation, seq, step, op, dtype, count,
+ *  - Links: the frames travel over the TCP socket, or for a same-host
+ *    peer over shared-memory rings with the Unix socket beside them as
+ *    doorbell and liveness (tcp_local.c, transports/shm/link.h). Every byte
+ *    moves through cl_tcp_link_recv/writev; the ring's EAGAIN means "parked:
+ *    the peer's doorbell will wake the read watch", so a shm link never uses
+ *    the write watch to wait (a Unix socket is always writable).
+ *  - Framing: a 48-byte header (generation, seq, step, op, dtype, count,
  *    payload length) then the payload. Sends use writev from the user's
  *    buffer; receives read straight into the destination, or through this
  *    connection's staging buffer when the data is reduced on arrival.
