@@ -266,8 +266,8 @@ typedef struct collie_core_services {
 
 /* The counters of stat_add. */
 enum {
-    COLLIE_BSTAT_CONNECTIONS = 0, /* peer connections open now: +1 when one is ready, -1 when
-                                     it closes */
+    COLLIE_BSTAT_CONNECTIONS = 0,     /* peer connections open now: +1 when one is ready, -1 when
+                                         it closes */
     COLLIE_BSTAT_SHM_CONNECTIONS = 1, /* of those, the ones over shared memory */
 };
 

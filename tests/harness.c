@@ -232,3 +232,14 @@ static int tmpdir_rm_one(const char *path, const struct stat *sb, int flag, stru
 void test_tmpdir_remove(const char *dir) {
     if (dir && dir[0]) nftw(dir, tmpdir_rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
+
+int dev_shm_collie_files(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += strstr(de->d_name, "collie") != NULL;
+    closedir(d);
+    return n;
+}

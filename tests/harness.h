@@ -80,6 +80,10 @@ long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n);
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 
+/* dev_shm_collie_files: files in /dev/shm whose name holds "collie" (the
+ * shared-memory link must never make any: it uses memfds). */
+int dev_shm_collie_files(void);
+
 /* reap_bounded: wait for a forked child at most timeout_ms, then SIGKILL
  * and reap it; its wait status, or -1 if it had to be killed. */
 int reap_bounded(pid_t pid, int timeout_ms);

@@ -723,18 +723,6 @@ static bool blames_victim(const char *line, void *arg) {
  * puts them on shared memory: one host). */
 static const char *kill_transport = "COLLIE_CPU_TRANSPORT=auto";
 
-/* Files of collie's in /dev/shm (there must never be any: memfd only). */
-static int dev_shm_collie_files(void) {
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        n += strstr(de->d_name, "collie") != NULL;
-    closedir(d);
-    return n;
-}
-
 static void scenario_kill(int victim, int stall, kill_result *res) {
     enum { N = 4 };
     int shm_files = dev_shm_collie_files();

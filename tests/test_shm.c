@@ -306,17 +306,6 @@ static void test_garbage_on_the_local_sockets(void **state) {
 }
 
 /* Nothing of collie's in /dev/shm, while linked and after. */
-static int dev_shm_collie_files(void) {
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        n += strstr(de->d_name, "collie") != NULL;
-    closedir(d);
-    return n;
-}
-
 static void test_nothing_in_dev_shm(void **state) {
     (void)state;
     int before = dev_shm_collie_files();

@@ -84,6 +84,9 @@ void cl_tcp_hs_start_acceptor(tcp_conn *c);
 /* a complete handshake message is in hs_in; false if c was closed */
 bool cl_tcp_hs_process(tcp_conn *c);
 void cl_tcp_conn_install(tcp_conn *c, int peer);
+/* a listener accepted fd (a same-host Unix socket if `local`): start the
+ * acceptor's side of the handshake on it */
+void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local);
 
 /* tcp_local.c */
 /* The peer's published value: 0 = reach it over TCP at tcp_addr (its

@@ -123,17 +123,7 @@ static void local_on_accept(int lfd, unsigned what, void *arg) {
             close(fd);
             continue;
         }
-        tcp_conn *c = cl_tcp_conn_new(tc, -1);
-        if (c) c->local = true;
-        if (!c || cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
-            if (c)
-                cl_tcp_conn_free(c);
-            else
-                close(fd);
-            continue;
-        }
-        cl_list_push_front(&tc->pending, &c->pending_node);
-        cl_tcp_hs_start_acceptor(c);
+        cl_tcp_conn_accepted(tc, fd, true);
     }
 }
 

@@ -329,6 +329,20 @@ tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
 
 /* ---- listening --------------------------------------------------------------------------- */
 
+void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local) {
+    tcp_conn *c = cl_tcp_conn_new(tc, -1);
+    if (c) c->local = local;
+    if (!c || cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
+        if (c)
+            cl_tcp_conn_free(c);
+        else
+            close(fd);
+        return;
+    }
+    cl_list_push_front(&tc->pending, &c->pending_node);
+    cl_tcp_hs_start_acceptor(c);
+}
+
 static void listen_on_accept(int lfd, unsigned what, void *arg) {
     (void)what;
     tcp_comm *tc = arg;
@@ -336,16 +350,7 @@ static void listen_on_accept(int lfd, unsigned what, void *arg) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         conn_set_socket_options(fd);
-        tcp_conn *c = cl_tcp_conn_new(tc, -1);
-        if (!c || cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
-            if (c)
-                cl_tcp_conn_free(c);
-            else
-                close(fd);
-            continue;
-        }
-        cl_list_push_front(&tc->pending, &c->pending_node);
-        cl_tcp_hs_start_acceptor(c);
+        cl_tcp_conn_accepted(tc, fd, false);
     }
 }
 
