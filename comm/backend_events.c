@@ -14,6 +14,9 @@
  *    libevent's precise-timer mode would fix that for every timer, but costs
  *    two syscalls per loop turn while the loop spins. Without a timerfd, a
  *    libevent timer does it.
+ *  - ops->progress is an engine poller (engine/assist.c): every turn of a
+ *    spinning loop and every helping thread runs it, and the loop runs it
+ *    with `sleeping` before it blocks.
  *  - want_poll from another thread stores the wish and posts one command
  *    (poll_cmd_queued keeps it to one in flight); the loop applies the
  *    latest wish.
@@ -133,7 +136,19 @@ static void poll_apply(collie_bcomm *bc, bool on, int32_t interval_us) {
     event_add(bc->poll_ev, &tv);
 }
 
+static void progress_fire(cl_poller *p, bool sleeping) {
+    collie_bcomm *bc = cl_container_of(p, collie_bcomm, progress);
+    if (bc->state && bc->ops->progress) bc->ops->progress(bc->state, sleeping);
+}
+
+void cl_backend_progress_start(collie_bcomm *bc) {
+    if (!bc->ops->progress || !bc->state) return;
+    bc->progress.poll = progress_fire;
+    cl_engine_add_poller(bc->comm->engine, &bc->progress);
+}
+
 void cl_backend_poll_free(collie_bcomm *bc) {
+    cl_engine_remove_poller(bc->comm->engine, &bc->progress);
     if (bc->poll_ev) event_free(bc->poll_ev);
     if (bc->poll_fd >= 0) close(bc->poll_fd);
     bc->poll_ev = NULL;

@@ -244,7 +244,8 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     cl_flight_post(c, cw);
     r = on_caller ? coll_start_on_caller(cw) : COLLIE_OK;
     if (r == COLLIE_OK) {
-        cl_stats_posted(c, 1); /* before the loop can end it */
+        cl_stats_posted(c, 1);                     /* before the loop can end it */
+        cw->base.start_cmd.assist_ok = !on_caller; /* a helper may start it */
         r = cl_work_post(&cw->base);
         if (r != COLLIE_OK) cl_stats_posted(c, -1);
     }
@@ -266,6 +267,9 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
         return r;
     }
     *out = &cw->base;
+    /* start it here if the loop is between two turns (engine/assist.c):
+     * the command queue keeps the post order */
+    if (!on_caller) cl_engine_assist(c->engine);
     return COLLIE_OK;
 }
 

@@ -290,6 +290,33 @@ void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
     va_end(ap);
 }
 
+static void comm_on_error_now(collie_comm *c, int status) {
+    const char *prev = cl_engine_set_activity(c->engine, "comm error callback");
+    c->on_error(c, status, c->err_msg, c->on_error_arg);
+    cl_engine_set_activity(c->engine, prev);
+}
+
+static void comm_on_error_cmd(cl_cmd *cmd) {
+    collie_comm *c = cl_container_of(cmd, collie_comm, on_error_cmd);
+    if (!c->engine_gone) comm_on_error_now(c, c->on_error_status);
+    cl_comm_release(c);
+}
+
+/* The error callback is user code: it runs on the progress thread, so a
+ * fault found by a thread helping the loop (engine/assist.c) hands it
+ * over (once: a comm faults once). */
+static void comm_call_on_error(collie_comm *c, int status) {
+    if (cl_engine_on_progress_thread(c->engine)) {
+        comm_on_error_now(c, status);
+        return;
+    }
+    if (atomic_exchange(&c->on_error_queued, true)) return;
+    c->on_error_status = status;
+    c->on_error_cmd.fn = comm_on_error_cmd;
+    cl_comm_hold(c);
+    if (cl_engine_post_cmd(c->engine, &c->on_error_cmd) != COLLIE_OK) cl_comm_release(c);
+}
+
 static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
     bool first = comm_record_error(c, status, fmt, ap);
     /* posts fail from here on: FAILED before fault_unapplied is cleared,
@@ -310,11 +337,7 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
     /* BLOCKING_WAIT: nothing else happens in the background — not even a
      * close the peers would notice; the application decides */
     if (c->policy == COLLIE_POLICY_BLOCKING_WAIT) return;
-    if (c->on_error) {
-        const char *prev = cl_engine_set_activity(c->engine, "comm error callback");
-        c->on_error(c, status, c->err_msg, c->on_error_arg);
-        cl_engine_set_activity(c->engine, prev);
-    }
+    if (c->on_error) comm_call_on_error(c, status);
     c->closing.terminate = c->policy == COLLIE_POLICY_ABORT_PROCESS;
     /* tell the peers (they abort within milliseconds, with our root cause),
      * then close; a fault learnt from the control channel was told already */

@@ -35,7 +35,9 @@ void cl_backend_watch_stop(collie_watch *wt);
 void cl_backend_watch_activate(collie_watch *wt, unsigned events);
 void cl_backend_watch_free(collie_watch *wt);
 void cl_backend_want_poll(collie_bcomm *bc, bool on, int32_t interval_us);
-/* release a backend instance's poll timer (loop) */
+/* ops->progress becomes one of the engine's pollers (loop; removed by poll_free) */
+void cl_backend_progress_start(collie_bcomm *bc);
+/* release a backend instance's poll timer and poller (loop) */
 void cl_backend_poll_free(collie_bcomm *bc);
 
 enum cl_comm_state {
@@ -57,6 +59,7 @@ struct collie_bcomm {
     _Atomic int32_t poll_wish_us; /* <= 0: off */
     _Atomic bool poll_cmd_queued;
     cl_cmd poll_cmd;
+    cl_poller progress; /* ops->progress on every spinning turn (backend_events.c) */
     /* finished works kept for reuse: steady state allocates nothing */
     pthread_mutex_t pool_mu;
     struct cl_coll_work *pool;
@@ -121,6 +124,9 @@ struct collie_comm {
     collie_error_policy policy;
     collie_comm_error_cb on_error;
     void *on_error_arg;
+    cl_cmd on_error_cmd; /* a helper thread hands the callback to the loop */
+    int on_error_status;
+    _Atomic bool on_error_queued;
     int device;
     cl_backend_spec spec;
     collie_bcomm bcs[CL_NUM_DEVICES];

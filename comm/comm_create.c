@@ -186,6 +186,7 @@ static void create_init_backends(create_state *cs) {
                         why && why[0] ? why : collie_strerror(r));
             return;
         }
+        cl_backend_progress_start(bc);
     }
 }
 

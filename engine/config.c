@@ -259,7 +259,13 @@ void cl_config_print_table(FILE *f) {
 bool cl_spin_enabled(void) {
     const cl_config *c = cl_config_get();
     if (c->spin != CL_SPIN_AUTO) return c->spin == CL_SPIN_ON;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* sysconf reads a sysfs file each time: once per process is enough */
+    static _Atomic long cpus_seen;
+    long cpus = atomic_load_explicit(&cpus_seen, memory_order_relaxed);
+    if (cpus == 0) {
+        cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        atomic_store_explicit(&cpus_seen, cpus, memory_order_relaxed);
+    }
     int local_ranks = c->local_world_size > 0 ? c->local_world_size
                       : c->world_size > 0     ? c->world_size
                                               : 1;

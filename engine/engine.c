@@ -42,15 +42,26 @@
 #include "engine/config.h"
 #include "engine/log.h"
 
-static _Thread_local collie_engine *cl_tls_loop_engine;
+_Thread_local collie_engine *cl_tls_loop_engine;
+_Thread_local bool cl_tls_helping;
 
 /* How long the loop keeps polling without seeing a work complete or start
  * before it goes back to sleeping in epoll. */
 #define CL_SPIN_WINDOW_NS (20 * CL_NS_PER_MS)
+/* How long a spinning loop steps back while a waiter polls and helps it
+ * (the waiter runs the loop's step meanwhile; this bounds how late the
+ * progress thread's own work - callbacks, retirement - can be). */
+#define CL_BACKOFF_NS (50 * 1000)
 
 bool cl_engine_on_loop(const collie_engine *e) { return e != NULL && cl_tls_loop_engine == e; }
 
-bool collie_engine_on_progress_thread(const collie_engine *e) { return cl_engine_on_loop(e); }
+bool cl_engine_on_progress_thread(const collie_engine *e) {
+    return cl_engine_on_loop(e) && !cl_tls_helping;
+}
+
+bool collie_engine_on_progress_thread(const collie_engine *e) {
+    return cl_engine_on_progress_thread(e);
+}
 
 bool cl_engine_closing(const collie_engine *e) {
     return atomic_load_explicit(&((collie_engine *)e)->closing, memory_order_acquire);
@@ -76,11 +87,9 @@ static size_t engine_run_completions(collie_engine *e) {
     return e->hooks->run_completions(e->hooks_state, CL_LOOP_SLICE);
 }
 
-static size_t engine_drain_cmds(collie_engine *e, size_t budget);
-
 /* shutdown: everything, now */
 static void engine_run_all(collie_engine *e) {
-    engine_drain_cmds(e, SIZE_MAX);
+    cl_engine_drain_cmds(e, SIZE_MAX, false);
     e->hooks->run_completions(e->hooks_state, SIZE_MAX);
 }
 
@@ -120,8 +129,9 @@ int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
 
 /* Run queued commands, at most `budget` of them: the queue is appended to
  * the backlog, which keeps the order; what is left runs in the next loop
- * step (more_ev). Returns how many ran. */
-static size_t engine_drain_cmds(collie_engine *e, size_t budget) {
+ * step (more_ev). A helper runs only the commands at the head that allow
+ * it and leaves completions to the progress thread. Returns how many ran. */
+size_t cl_engine_drain_cmds(collie_engine *e, size_t budget, bool helping) {
     size_t ran = 0;
     for (;;) {
         if (ran < budget || cl_list_empty(&e->backlog)) {
@@ -132,11 +142,11 @@ static size_t engine_drain_cmds(collie_engine *e, size_t budget) {
             pthread_mutex_unlock(&e->qmu);
         }
         if (cl_list_empty(&e->backlog)) break;
-        if (ran >= budget) {
+        cl_cmd *c = cl_list_first(&e->backlog, cl_cmd, node);
+        if (ran >= budget || (helping && !c->assist_ok)) {
             cl_event_soon(e->more_ev);
             break;
         }
-        cl_cmd *c = cl_list_first(&e->backlog, cl_cmd, node);
         cl_list_remove(&c->node); /* before fn: it may free or re-post c */
         const char *prev = cl_engine_set_activity(e, "engine command");
         c->fn(c);
@@ -144,7 +154,7 @@ static size_t engine_drain_cmds(collie_engine *e, size_t budget) {
         /* retire what this command finished before running the next one,
          * so a command queued after a completion sees it retired (up to a
          * slice: a command that failed a deep queue retires it in steps) */
-        engine_run_completions(e);
+        if (!helping) engine_run_completions(e);
         ran++;
     }
     return ran;
@@ -153,7 +163,7 @@ static size_t engine_drain_cmds(collie_engine *e, size_t budget) {
 static void engine_on_more(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(fd);
     CL_UNUSED(what);
-    engine_drain_cmds(arg, CL_LOOP_SLICE);
+    cl_engine_drain_cmds(arg, CL_LOOP_SLICE, cl_tls_helping);
 }
 
 static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
@@ -162,7 +172,7 @@ static void engine_on_wake(evutil_socket_t fd, short what, void *arg) {
     uint64_t v;
     ssize_t n = read(fd, &v, sizeof v);
     CL_UNUSED(n);
-    engine_drain_cmds(e, CL_LOOP_SLICE);
+    cl_engine_drain_cmds(e, CL_LOOP_SLICE, cl_tls_helping);
     engine_run_completions(e);
     if (atomic_load_explicit(&e->stop_requested, memory_order_acquire))
         event_base_loopbreak(e->base);
@@ -261,7 +271,9 @@ static void engine_on_heartbeat(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(fd);
     CL_UNUSED(what);
     collie_engine *e = arg;
-    atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
+    /* the stall monitor watches the progress thread, not its helpers */
+    if (cl_engine_on_progress_thread(e))
+        atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
 }
 
 /* ---- the progress thread --------------------------------------------------- */
@@ -339,6 +351,9 @@ static void *engine_thread_main(void *arg) {
     char tname[16];
     snprintf(tname, sizeof tname, "cl-%.12s", e->name);
     pthread_setname_np(pthread_self(), tname);
+    /* the loop's role is ours except between two turns of a spinning loop
+     * (helpers take it there, engine/assist.c) */
+    pthread_mutex_lock(&e->progress_mu);
     cl_tls_loop_engine = e;
     atomic_store(&e->heartbeat_ns, cl_now_ns());
     while (!atomic_load_explicit(&e->stop_requested, memory_order_acquire)) {
@@ -349,22 +364,38 @@ static void *engine_thread_main(void *arg) {
              * ready, and busy sockets would starve the command queue. */
             event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
             if (atomic_load_explicit(&e->queued, memory_order_acquire)) {
-                engine_drain_cmds(e, CL_LOOP_SLICE);
+                cl_engine_drain_cmds(e, CL_LOOP_SLICE, false);
                 engine_run_completions(e);
             }
-            sched_yield(); /* let a waiter or another rank on this core run */
+            cl_engine_run_pollers(e, false);
+            atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
+            /* let a waiter or another rank on this core run, and a thread
+             * that waits or posts take the loop's role meanwhile; while a
+             * waiter polls (and helps), step back further so that on a
+             * busy machine it has the core: it runs this loop's step */
+            pthread_mutex_unlock(&e->progress_mu);
+            if (atomic_load_explicit(&e->polling_waiters, memory_order_relaxed) > 0) {
+                struct timespec ts = {0, CL_BACKOFF_NS};
+                nanosleep(&ts, NULL);
+            } else {
+                sched_yield();
+            }
+            pthread_mutex_lock(&e->progress_mu);
             continue;
         }
         if (atomic_load_explicit(&e->spinning, memory_order_relaxed)) {
             /* stop spinning: producers write the eventfd again; anything
-             * posted while they thought we spun is drained here */
+             * posted while they thought we spun is drained here, and the
+             * pollers arrange to be woken from now on */
             atomic_store_explicit(&e->spinning, false, memory_order_seq_cst);
-            engine_drain_cmds(e, CL_LOOP_SLICE);
+            cl_engine_drain_cmds(e, CL_LOOP_SLICE, false);
             engine_run_completions(e);
+            cl_engine_run_pollers(e, true);
             continue;
         }
         event_base_loop(e->base, EVLOOP_ONCE);
     }
+    atomic_store_explicit(&e->spinning, false, memory_order_seq_cst); /* helpers stay out */
     engine_shutdown_on_loop(e);
     event_free(e->wake_ev);
     event_free(e->heartbeat_ev);
@@ -374,12 +405,14 @@ static void *engine_thread_main(void *arg) {
     event_base_free(e->base);
     e->base = NULL;
     cl_tls_loop_engine = NULL;
+    pthread_mutex_unlock(&e->progress_mu);
     return NULL;
 }
 
 static void engine_free(collie_engine *e) {
     if (e->wake_fd >= 0) close(e->wake_fd);
     pthread_mutex_destroy(&e->qmu);
+    pthread_mutex_destroy(&e->progress_mu);
     free(e);
 }
 
@@ -413,6 +446,8 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     e->wake_fd = -1;
     cl_list_init(&e->residents);
     pthread_mutex_init(&e->qmu, NULL);
+    pthread_mutex_init(&e->progress_mu, NULL);
+    cl_list_init(&e->pollers);
     cl_list_init(&e->queue);
     cl_list_init(&e->backlog);
     const char *name = cl_opt(o, name, NULL);
@@ -506,6 +541,7 @@ int collie_engine_destroy(collie_engine *e) {
                                  e->name, atomic_load(&e->activity));
     }
     cl_monitor_stop(e);
+    cl_engine_wait_helpers(e);
     CL_INFO("engine", "%s: stopped", e->name);
     engine_free(e);
     atomic_fetch_sub_explicit(&engines_live, 1, memory_order_relaxed);

@@ -30,6 +30,9 @@ struct collie_work;
 typedef struct cl_cmd {
     cl_list_node node; /* in the engine's queue while posted */
     void (*fn)(struct cl_cmd *c);
+    /* a thread helping the loop (cl_engine_assist) may run it: it starts
+     * a work and calls no user code (set by the poster, else false) */
+    bool assist_ok;
 } cl_cmd;
 
 /* cl_engine_post_cmd: queue c for the loop thread (any thread; from the
@@ -57,6 +60,45 @@ int cl_engine_call(collie_engine *e, void (*fn)(void *arg), void *arg, int32_t t
  * in the current pass as event_active would. ev must have been made
  * without a file descriptor. Loop thread only. */
 void cl_event_soon(struct event *ev);
+
+/* ---- caller-driven progress (engine/assist.c) ----------------------------
+ * The loop's role may be taken for one short, non-blocking step by another
+ * thread: one that waits for or tests a work, or has just posted one. It
+ * must hold the engine's progress lock, which the progress thread holds
+ * whenever it runs the loop (it lets go only between two turns of a
+ * spinning loop), so the base and every loop-owned object still have one
+ * user at a time. While a thread holds it, cl_engine_on_loop is true there
+ * and cl_engine_on_progress_thread is not: code that would call the user
+ * (completion callbacks, the comm's error callback) leaves that to the
+ * progress thread. */
+
+/* A poller: one non-blocking progress step of a transport, run on every
+ * turn of a spinning loop and by a helping thread; `sleeping` true: the
+ * loop is about to block in epoll, so arrange for anything that arrives
+ * from now on to wake a watch (e.g. park shared-memory readers). */
+typedef struct cl_poller {
+    cl_list_node node;
+    void (*poll)(struct cl_poller *p, bool sleeping);
+} cl_poller;
+
+/* add / remove (idempotent): loop only */
+void cl_engine_add_poller(collie_engine *e, cl_poller *p);
+void cl_engine_remove_poller(collie_engine *e, cl_poller *p);
+
+/* cl_engine_assist: if the loop is spinning (works in flight) and its
+ * progress lock is free, run one step for it on this thread: the queued
+ * commands that allow it (work starts, in order, up to a slice) and every
+ * poller. Never blocks (a try-lock); false if it did not get the lock.
+ * Any thread but a loop's. */
+bool cl_engine_assist(collie_engine *e);
+
+/* cl_engine_waiter_polls: a thread starts (on) or stops polling for a work
+ * of e, helping its loop: the loop steps back meanwhile. */
+void cl_engine_waiter_polls(collie_engine *e, bool on);
+
+/* cl_engine_on_progress_thread: true on e's own progress thread only (not
+ * on a thread helping it) - where user code may be called. */
+bool cl_engine_on_progress_thread(const collie_engine *e);
 
 /* cl_engine_base: the event base (loop thread only). */
 struct event_base *cl_engine_base(collie_engine *e);

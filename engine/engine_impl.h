@@ -48,6 +48,12 @@ struct collie_engine {
     struct event *wake_ev;
     struct event *heartbeat_ev;
 
+    /* caller-driven progress (assist.c) */
+    pthread_mutex_t progress_mu;      /* held by whoever runs the loop's role */
+    cl_list pollers;                  /* cl_poller (loop) */
+    _Atomic uint32_t helpers;         /* threads inside cl_engine_assist */
+    _Atomic uint32_t polling_waiters; /* threads polling in collie_work_wait */
+
     cl_list residents;            /* cl_resident */
     _Atomic uint32_t nresidents;  /* their number (stats, any thread) */
     const cl_engine_hooks *hooks; /* the works' (work/) */
@@ -63,6 +69,20 @@ struct collie_engine {
 /* engine.c: block the asynchronous signals in this thread (progress and
  * monitor threads), so the application's handlers run on its own threads */
 void cl_block_async_signals(void);
+
+/* the thread in the loop's role (its progress thread, or a helper holding
+ * progress_mu) and whether it is a helper */
+extern _Thread_local collie_engine *cl_tls_loop_engine;
+extern _Thread_local bool cl_tls_helping;
+
+/* engine.c: run queued commands, at most `budget`; `helping`: only those
+ * a helper may run, stopping at the first other one, and no completions */
+size_t cl_engine_drain_cmds(collie_engine *e, size_t budget, bool helping);
+
+/* assist.c: every poller, one step (loop role) */
+void cl_engine_run_pollers(collie_engine *e, bool sleeping);
+/* assist.c: destroy waits (bounded) for helpers to leave before freeing */
+void cl_engine_wait_helpers(collie_engine *e);
 
 /* monitor.c */
 int cl_monitor_start(collie_engine *e, int32_t stall_ms, collie_stall_cb cb, void *arg);

@@ -352,6 +352,16 @@ typedef struct collie_backend_ops {
      * creation timeout. (caller's thread, in post order with the parent's
      * collectives) */
     int (*split_skip)(void *parent, int key);
+    /* progress (optional): one non-blocking step outside the loop's event
+     * callbacks: read what has arrived, write what fits (a same-host ring
+     * has no file descriptor to wake the loop). With `sleeping` false it
+     * runs on every turn of a spinning loop, and on a thread that waits
+     * for, tests or has just posted a work while it holds the engine's
+     * progress lock: that thread is the loop for the step, every service
+     * marked (loop) may be used, and user code is never called from it.
+     * With `sleeping` true the loop is about to block: from now on,
+     * anything that arrives must wake a watch. (loop) */
+    void (*progress)(void *state, bool sleeping);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

@@ -212,9 +212,9 @@ static void test_link_refuses_foreign_memory(void **state) {
     char out[] = "hello over shared memory", in[64] = "";
     struct iovec iov = {out, sizeof out};
     assert_int_equal(cl_shm_link_writev(&got, sv[0], &iov, 1), (ssize_t)sizeof out);
-    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), (ssize_t)sizeof out);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in, true), (ssize_t)sizeof out);
     assert_string_equal(in, out);
-    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), -1); /* empty: parked */
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in, true), -1); /* empty: parked */
     assert_int_equal(errno, EAGAIN);
     iov.iov_len = 3;
     assert_int_equal(cl_shm_link_writev(&got, sv[0], &iov, 1), 3); /* rings the parked side */
@@ -224,8 +224,8 @@ static void test_link_refuses_foreign_memory(void **state) {
     close(sv[0]);
     cl_shm_link_drain_doorbell(&made, sv[1]);
     assert_true(made.eof);
-    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), 3);
-    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in), 0);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in, true), 3);
+    assert_int_equal(cl_shm_link_recv(&made, sv[1], in, sizeof in, true), 0);
     close(sv[1]);
     cl_shm_link_close(&got);
     /* an unsealed file of the right size is refused */

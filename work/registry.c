@@ -197,6 +197,12 @@ static size_t registry_run_retired(cl_work_registry *r, size_t budget) {
     collie_engine *e = r->engine;
     size_t n = 0;
     collie_work *w;
+    /* callbacks and queue pushes run on the progress thread, never on a
+     * thread helping it (engine/assist.c): leave them for its next turn */
+    if (!cl_engine_on_progress_thread(e)) {
+        if (!cl_list_empty(&r->done)) cl_event_soon(r->done_ev);
+        return 0;
+    }
     while ((w = cl_list_first(&r->done, collie_work, done_node))) {
         if (n == budget) {
             cl_event_soon(r->done_ev);

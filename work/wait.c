@@ -12,6 +12,9 @@
  *    the work is still pending (the loop is stuck), the waiter cancels it
  *    itself (cl_work_cancel); a provider that must first quiet a device
  *    publishes it later, and the waiter waits for that at most 15 s more.
+ *  - While it polls, a waiter runs the loop's step itself when the loop is
+ *    between two turns (cl_engine_assist: a try-lock, never a wait), so a
+ *    small operation completes without handing off between threads.
  *  - On the progress thread a pending work cannot complete while we block,
  *    so waiting there returns COLLIE_ESTATE.
  */
@@ -75,6 +78,13 @@ static size_t first_done(collie_work *const *ws, size_t n) {
     return n;
 }
 
+/* The engine a polling waiter helps (engine/assist.c): the first work's. */
+static collie_engine *first_engine(collie_work *const *ws, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ws[i]) return ws[i]->engine;
+    return NULL;
+}
+
 /* The core: wait until one of ws is done or until_ns. `expire`: finish works
  * whose deadline passed ourselves. Returns the index of a done work or n. */
 static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
@@ -85,10 +95,16 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
     if (cl_spin_enabled()) {
         int64_t spin_until = cl_now_ns() + CL_WAIT_SPIN_NS;
         if (spin_until > until_ns) spin_until = until_ns;
+        collie_engine *e = first_engine(ws, n);
+        cl_engine_waiter_polls(e, true);
         while (cl_now_ns() < spin_until) {
-            if ((idx = first_done(ws, n)) < n) return idx;
+            if ((idx = first_done(ws, n)) < n) break;
+            /* run the loop's step ourselves if it is between two turns */
+            if (cl_engine_assist(e) && (idx = first_done(ws, n)) < n) break;
             sched_yield();
         }
+        cl_engine_waiter_polls(e, false);
+        if (idx < n) return idx;
     }
 
     struct cl_waiter_link small[8];

@@ -213,7 +213,12 @@ void collie_work_release(collie_work *w) {
 
 /* ---- public accessors ------------------------------------------------------ */
 
-bool collie_work_test(const collie_work *w) { return w && cl_work_done(w); }
+bool collie_work_test(const collie_work *w) {
+    if (!w) return false;
+    if (cl_work_done(w)) return true;
+    /* as MPI_Test: one step of progress here if the loop lets us */
+    return cl_engine_assist(w->engine) && cl_work_done(w);
+}
 
 int collie_work_result(const collie_work *w) {
     if (!w) return COLLIE_EINVAL;

@@ -187,7 +187,7 @@ bool cl_shm_link_readable(const cl_shm_link *l) {
     return l->map && cl_shm_ring_readable(&l->rx) > 0;
 }
 
-ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len) {
+ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park) {
     if (len == 0) return 0;
     for (int tries = 0; tries < 2; tries++) {
         size_t n = cl_shm_ring_read(&l->rx, buf, len);
@@ -196,7 +196,7 @@ ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len) {
             return (ssize_t)n;
         }
         if (l->eof) return 0;
-        if (cl_shm_ring_reader_park(&l->rx)) break;
+        if (!park || cl_shm_ring_reader_park(&l->rx)) break;
     }
     errno = EAGAIN;
     return -1;

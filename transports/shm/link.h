@@ -70,7 +70,9 @@ bool cl_shm_link_ready(const cl_shm_link *l);
  * socket ended or failed. */
 void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock);
 
-ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len);
+/* `park`: when the ring is empty, park (the peer rings the doorbell when
+ * it writes); false for a reader that polls the ring instead. */
+ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park);
 ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, int niov);
 
 /* Is there something to read now (for progress without a doorbell)? */

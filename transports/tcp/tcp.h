@@ -115,6 +115,7 @@ typedef struct tcp_conn {
     collie_watch *rev, *wev; /* the fd's read and write watches */
     bool local;              /* fd is a same-host Unix socket: the link becomes shm */
     cl_shm_link shm;         /* the shared-memory link, once the handshake set it up */
+    cl_list_node shm_node;   /* in tc->shm_conns while ready over it */
     collie_work *addr_req;
     struct tcp_req_ctx *addr_ctx; /* the store get's callback context */
 
@@ -166,6 +167,8 @@ typedef struct tcp_comm {
     char unix_name[96];      /* its abstract name, without the leading NUL */
     uint64_t shm_ring_bytes; /* each direction's ring (COLLIE_SHM_RING_BYTES) */
     tcp_conn **conns;
+    cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
+    bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
     cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
     cl_list works;             /* started works, start order */
     cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */
@@ -209,6 +212,8 @@ typedef struct tcp_work {
 /* tcp_conn.c */
 /* creates and connects lazily; closes a connection whose sending broke */
 tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer);
+/* one polling step of a ready shm connection (tcp_progress) */
+void cl_tcp_conn_poll(tcp_conn *c, bool sleeping);
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why);
 /* the comm is closing: tell the peer (goodbye, or the abort's reason), close */
 void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why);

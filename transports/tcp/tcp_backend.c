@@ -46,6 +46,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->unix_fd = -1;
     cl_list_init(&tc->works);
     cl_list_init(&tc->pending);
+    cl_list_init(&tc->shm_conns);
     tc->bc = bc;
     tc->core = core;
     tc->rank = core->rank(bc);
@@ -156,6 +157,17 @@ static void tcp_destroy(void *state) {
     free(tc);
 }
 
+/* One step without the loop's events (collie_backend.h: progress): the
+ * shared-memory rings have no file descriptor, so a spinning loop and the
+ * threads helping it read them here, and their readers stop parking (no
+ * doorbell per message) until the loop is about to sleep. */
+static void tcp_progress(void *state, bool sleeping) {
+    tcp_comm *tc = state;
+    tc->polled = !sleeping;
+    tcp_conn *c;
+    cl_list_foreach(&tc->shm_conns, c, tcp_conn, shm_node) cl_tcp_conn_poll(c, sleeping);
+}
+
 #define TCP_OPS(var, backend_name, init_fn)                                                        \
     static const collie_backend_ops var = {                                                        \
         .abi_version = COLLIE_BACKEND_ABI_VERSION,                                                 \
@@ -168,6 +180,7 @@ static void tcp_destroy(void *state) {
         .start = tcp_start,                                                                        \
         .detach = tcp_detach,                                                                      \
         .poll = NULL,                                                                              \
+        .progress = tcp_progress,                                                                  \
         .abort = tcp_abort,                                                                        \
         .destroy = tcp_destroy,                                                                    \
     }

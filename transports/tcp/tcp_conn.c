@@ -129,6 +129,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
     if (c->wev) c->tc->core->watch_free(c->wev);
     if (c->fd >= 0) close(c->fd);
     cl_shm_link_close(&c->shm);
+    cl_list_remove(&c->shm_node);
     if (c->addr_ctx) { /* its callback frees the context and the request */
         c->addr_ctx->target = NULL;
         collie_work_cancel(c->addr_req);
@@ -162,6 +163,7 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         c->fd = -1;
     }
     cl_shm_link_close(&c->shm);
+    cl_list_remove(&c->shm_node);
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connection to rank %d closed: %s", c->peer, why);
 }
 
@@ -251,8 +253,11 @@ void cl_tcp_conn_ready(tcp_conn *c) {
                           cl_tcp_link_is_shm(c) ? " (shared memory)" : "");
     c->tc->core->watch_start(c->wev, -1);
     /* a shm reader is woken only once it parked: read what the peer may
-     * have written already, and park */
-    if (cl_tcp_link_is_shm(c)) c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
+     * have written already, and park; a spinning loop polls it */
+    if (cl_tcp_link_is_shm(c)) {
+        if (!cl_list_linked(&c->shm_node)) cl_list_push_back(&c->tc->shm_conns, &c->shm_node);
+        c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
+    }
 }
 
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
@@ -695,6 +700,8 @@ static bool conn_shm_doorbell(tcp_conn *c) {
     return false;
 }
 
+static void conn_read_frames(tcp_conn *c, bool shm);
+
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
@@ -705,8 +712,12 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     }
     bool shm = cl_tcp_link_is_shm(c);
     if (shm && !conn_shm_doorbell(c)) return;
-    /* bounded: at most 64 reads per wake-up so one busy peer cannot starve
-     * the others */
+    conn_read_frames(c, shm);
+}
+
+/* Read and handle frames while there are bytes, at most 64 reads, so one
+ * busy peer cannot starve the others. */
+static void conn_read_frames(tcp_conn *c, bool shm) {
     int iter;
     for (iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
         if (!c->have_hdr) {
@@ -767,6 +778,26 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
      * there, so come back on the next turn of the loop */
     if (shm && iter == 64 && c->state == TCP_CONN_READY)
         c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
+}
+
+/* A polling step of a ready shm connection (no doorbell involved): finish
+ * a write that waits for room, read the frames that are there. Before the
+ * loop sleeps, park the reader so the peer rings from now on (or read at
+ * once if bytes came as it parked). A paused reader is resumed by
+ * cl_tcp_conn_expect, as on TCP. */
+void cl_tcp_conn_poll(tcp_conn *c, bool sleeping) {
+    if (c->state != TCP_CONN_READY || !cl_tcp_link_is_shm(c)) return;
+    if (c->shm.writer_wait && !cl_list_empty(&c->sendq) && cl_shm_ring_writable(&c->shm.tx) > 0) {
+        cl_tcp_conn_flush(c);
+        if (c->state != TCP_CONN_READY) return;
+    }
+    if (conn_read_paused(c)) return;
+    if (sleeping) {
+        if (!cl_shm_ring_reader_park(&c->shm.rx))
+            c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
+        return;
+    }
+    if (cl_shm_link_readable(&c->shm)) conn_read_frames(c, true);
 }
 
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {

@@ -54,7 +54,8 @@ static inline uint64_t get64(const uint8_t *p) {
 static inline bool cl_tcp_link_is_shm(const tcp_conn *c) { return c->shm.map != NULL; }
 
 static inline ssize_t cl_tcp_link_recv(tcp_conn *c, void *buf, size_t len) {
-    if (cl_tcp_link_is_shm(c)) return cl_shm_link_recv(&c->shm, c->fd, buf, len);
+    if (cl_tcp_link_is_shm(c)) /* a polled reader needs no doorbell: no parking */
+        return cl_shm_link_recv(&c->shm, c->fd, buf, len, !c->tc->polled);
     return recv(c->fd, buf, len, 0);
 }
 static inline ssize_t cl_tcp_link_writev(tcp_conn *c, struct iovec *iov, int niov, bool nowait) {

@@ -1,0 +1,100 @@
+/*
+ * assist.c — caller-driven progress: a thread that waits for, tests or has
+ * just posted a work may run one step of the loop's work itself, so a
+ * small operation does not pay for waking or scheduling the progress
+ * thread (a wake-up on the other core costs ~40-50 us here; MPI_Test
+ * drives progress the same way).
+ *
+ * Design notes
+ *  - The deliberate exception to "only the progress thread touches the
+ *    loop": the loop's role has a lock, progress_mu. The progress thread
+ *    holds it whenever it runs the loop - while it sleeps in epoll too -
+ *    and lets go only between two turns of a spinning loop (around its
+ *    sched_yield). A helper takes it with a try-lock only, never waits for
+ *    it (a busy lock means the progress thread is doing the work), and only
+ *    while the loop spins (works in flight). So the event base and every
+ *    loop-owned object still have one user at a time, with the mutex's
+ *    ordering between them; libevent needs no locking of its own.
+ *  - What a helper runs: the queued commands that allow it (work starts,
+ *    cl_cmd.assist_ok), in queue order and stopping at the first other
+ *    command, then one step of every poller (a transport reads what has
+ *    arrived and writes what fits). No event_base_loop: timers, the
+ *    heartbeat, retirement and every other command stay on the progress
+ *    thread.
+ *  - No user code on a helper: completion callbacks and completion-queue
+ *    pushes happen at retirement, which runs only on the progress thread
+ *    (work/registry.c); a comm's error callback is handed to it
+ *    (comm/comm.c). cl_engine_on_loop is true on a helper for the step;
+ *    cl_engine_on_progress_thread is not.
+ *  - Invariants kept: a work still ends exactly once (its state word's
+ *    claim), its deadline is still swept by the loop's timer and enforced
+ *    by its waiter, faults are still seen by the loop (a helper only adds
+ *    reads), and the stall monitor's heartbeat comes from the loop alone: a
+ *    helper cannot hide a stuck progress thread, because a stuck thread
+ *    holds the lock.
+ *  - Lock order: progress_mu is taken only by try-lock outside the
+ *    progress thread, so it can follow any lock; under it a helper takes
+ *    the locks the loop takes (qmu, a comm's mu, a work's state).
+ *  - Destroy: `helpers` counts the threads inside cl_engine_assist; a
+ *    helper that gets the lock after the loop ended finds `spinning` false
+ *    and leaves, and destroy waits (bounded) for the count to reach zero
+ *    before it frees the engine.
+ */
+#include <event2/event.h>
+#include <sched.h>
+#include <time.h>
+
+#include "engine/engine_impl.h"
+
+/* the most commands a helper runs in one step */
+#define CL_ASSIST_CMDS 64
+
+void cl_engine_add_poller(collie_engine *e, cl_poller *p) {
+    if (!cl_list_linked(&p->node)) cl_list_push_back(&e->pollers, &p->node);
+}
+
+void cl_engine_remove_poller(collie_engine *e, cl_poller *p) {
+    (void)e;
+    if (cl_list_linked(&p->node)) cl_list_remove(&p->node);
+}
+
+void cl_engine_run_pollers(collie_engine *e, bool sleeping) {
+    cl_poller *p;
+    cl_list_foreach(&e->pollers, p, cl_poller, node) p->poll(p, sleeping);
+}
+
+bool cl_engine_assist(collie_engine *e) {
+    if (!e || cl_tls_loop_engine != NULL) return false; /* a loop (or a helper) already */
+    if (!atomic_load_explicit(&e->spinning, memory_order_relaxed)) return false;
+    atomic_fetch_add_explicit(&e->helpers, 1, memory_order_seq_cst);
+    bool ran = false;
+    if (!atomic_load_explicit(&e->closing, memory_order_seq_cst) &&
+        pthread_mutex_trylock(&e->progress_mu) == 0) {
+        /* the loop may have stopped spinning (or ended) before we got it */
+        if (atomic_load_explicit(&e->spinning, memory_order_seq_cst)) {
+            cl_tls_loop_engine = e;
+            cl_tls_helping = true;
+            cl_engine_drain_cmds(e, CL_ASSIST_CMDS, true);
+            event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
+            cl_engine_run_pollers(e, false);
+            cl_tls_helping = false;
+            cl_tls_loop_engine = NULL;
+            ran = true;
+        }
+        pthread_mutex_unlock(&e->progress_mu);
+    }
+    atomic_fetch_sub_explicit(&e->helpers, 1, memory_order_seq_cst);
+    return ran;
+}
+
+void cl_engine_waiter_polls(collie_engine *e, bool on) {
+    if (e)
+        atomic_fetch_add_explicit(&e->polling_waiters, on ? 1u : (uint32_t)-1,
+                                  memory_order_relaxed);
+}
+
+void cl_engine_wait_helpers(collie_engine *e) {
+    int64_t give_up = cl_now_ns() + 1000 * CL_NS_PER_MS;
+    while (atomic_load_explicit(&e->helpers, memory_order_seq_cst) > 0 && cl_now_ns() < give_up)
+        sched_yield();
+}
