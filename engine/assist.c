@@ -77,6 +77,7 @@ bool cl_engine_assist(collie_engine *e) {
             cl_engine_drain_cmds(e, CL_ASSIST_CMDS, true);
             event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
             cl_engine_run_pollers(e, false);
+            atomic_fetch_add_explicit(&e->helper_steps, 1, memory_order_relaxed);
             cl_tls_helping = false;
             cl_tls_loop_engine = NULL;
             ran = true;
@@ -91,6 +92,10 @@ void cl_engine_waiter_polls(collie_engine *e, bool on) {
     if (e)
         atomic_fetch_add_explicit(&e->polling_waiters, on ? 1u : (uint32_t)-1,
                                   memory_order_relaxed);
+}
+
+uint64_t cl_engine_helper_steps(const collie_engine *e) {
+    return atomic_load_explicit(&((collie_engine *)e)->helper_steps, memory_order_relaxed);
 }
 
 void cl_engine_wait_helpers(collie_engine *e) {

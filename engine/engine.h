@@ -96,6 +96,9 @@ bool cl_engine_assist(collie_engine *e);
  * of e, helping its loop: the loop steps back meanwhile. */
 void cl_engine_waiter_polls(collie_engine *e, bool on);
 
+/* cl_engine_helper_steps: loop steps run by helpers so far (any thread) */
+uint64_t cl_engine_helper_steps(const collie_engine *e);
+
 /* cl_engine_on_progress_thread: true on e's own progress thread only (not
  * on a thread helping it) - where user code may be called. */
 bool cl_engine_on_progress_thread(const collie_engine *e);

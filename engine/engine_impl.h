@@ -53,6 +53,7 @@ struct collie_engine {
     cl_list pollers;                  /* cl_poller (loop) */
     _Atomic uint32_t helpers;         /* threads inside cl_engine_assist */
     _Atomic uint32_t polling_waiters; /* threads polling in collie_work_wait */
+    _Atomic uint64_t helper_steps;    /* steps helpers ran (stats) */
 
     cl_list residents;            /* cl_resident */
     _Atomic uint32_t nresidents;  /* their number (stats, any thread) */

@@ -750,6 +750,10 @@ typedef struct collie_engine_stats {
     uint64_t works_in_flight; /* posted and not retired */
     uint64_t stalls;          /* progress-loop stalls the monitor reported */
     uint32_t residents;       /* comms, store clients and servers living on the engine */
+    /* steps of the progress loop run by a thread that waited for, tested or
+     * posted a work while the loop was between two turns (caller-driven
+     * progress: the progress thread stays the owner, the caller helps) */
+    uint64_t helper_steps;
 } collie_engine_stats;
 
 #define COLLIE_ENGINE_STATS_INIT                                                                   \

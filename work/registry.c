@@ -323,6 +323,7 @@ int collie_engine_get_stats(const collie_engine *e, collie_engine_stats *st) {
     s.works_in_flight = s.works_posted > ended ? s.works_posted - ended : 0;
     s.stalls = cl_engine_stall_count(e);
     s.residents = cl_engine_residents(e);
+    s.helper_steps = cl_engine_helper_steps(e);
     s.size = st->size < sizeof s ? st->size : sizeof s;
     memcpy(st, &s, s.size);
     return COLLIE_OK;

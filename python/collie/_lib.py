@@ -148,6 +148,7 @@ class EngineStats(ctypes.Structure):
         ("works_in_flight", c_uint64),
         ("stalls", c_uint64),
         ("residents", c_uint32),
+        ("helper_steps", c_uint64),
     ]
 
 
