@@ -14,6 +14,9 @@
  *    libevent's precise-timer mode would fix that for every timer, but costs
  *    two syscalls per loop turn while the loop spins. Without a timerfd, a
  *    libevent timer does it.
+ *  - The poll hook runs on the progress thread only, never on a thread
+ *    helping it (engine/assist.c): CUDA backends keep their device and
+ *    locks to that thread.
  *  - ops->progress is an engine poller (engine/assist.c): every turn of a
  *    spinning loop and every helping thread runs it, and the loop runs it
  *    with `sleeping` before it blocks.
@@ -94,6 +97,9 @@ void cl_backend_watch_free(collie_watch *wt) {
 static void poll_fire(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(what);
     collie_bcomm *bc = arg;
+    /* the hook runs on the progress thread only (a CUDA backend's device
+     * and locks): a helper leaves the timerfd readable for its next turn */
+    if (!cl_engine_on_progress_thread(bc->comm->engine)) return;
     if (fd >= 0) {
         uint64_t expirations;
         ssize_t n = read(fd, &expirations, sizeof expirations); /* re-arms readability */

@@ -26,6 +26,11 @@ static bool svc_on_progress_thread(const collie_bcomm *bc) {
 
 static void *svc_work_backend_data(collie_work *w) { return ((cl_coll_work *)w)->backend_data; }
 
+/* A backend reads a work's state; unlike collie_work_test it never runs
+ * the loop's step (engine/assist.c): the backend may hold its own lock,
+ * which the step's callbacks (its poll hook) take. */
+static bool svc_work_test(const collie_work *w) { return w && cl_work_done(w); }
+
 static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -182,7 +187,7 @@ const collie_core_services cl_core_services = {
     .work_busy_enter = cl_work_busy_enter,
     .work_busy_exit = cl_work_busy_exit,
     .work_backend_data = svc_work_backend_data,
-    .work_test = collie_work_test,
+    .work_test = svc_work_test,
     .work_result = collie_work_result,
     .work_error_message = collie_work_error_message,
     .work_seq = collie_work_seq,

@@ -3,10 +3,16 @@
  *
  * Design notes
  *  - The event_base and every libevent object on it belong to the progress
- *    thread ("loop thread"). Other threads reach it only through the
- *    command queue: a mutex-protected intrusive FIFO plus one eventfd. The
- *    eventfd is written only on the empty→non-empty edge (wake_pending), so
- *    a burst of posts costs one wake-up.
+ *    thread ("loop thread"). Other threads reach it through the command
+ *    queue: a mutex-protected intrusive FIFO plus one eventfd. The eventfd
+ *    is written only on the empty→non-empty edge (wake_pending), so a burst
+ *    of posts costs one wake-up. The one exception is caller-driven
+ *    progress (assist.c): the loop's role has a lock, progress_mu, which
+ *    the progress thread holds except between two turns of a spinning
+ *    loop, where a waiting, testing or posting thread may take it with a
+ *    try-lock for one step. While a waiter polls, the spinning loop steps
+ *    back (a short sleep instead of sched_yield) so that on a busy machine
+ *    the waiter, which drives the step itself, has the core.
  *  - Shutdown (collie_engine_destroy): `closing` is set (new works are
  *    refused), the loop is broken, then on the loop thread: drain commands,
  *    shut residents down (they close their sockets), fail every tracked work
