@@ -142,9 +142,9 @@ static void poll_apply(collie_bcomm *bc, bool on, int32_t interval_us) {
     event_add(bc->poll_ev, &tv);
 }
 
-static void progress_fire(cl_poller *p, bool sleeping) {
+static bool progress_fire(cl_poller *p, bool sleeping) {
     collie_bcomm *bc = cl_container_of(p, collie_bcomm, progress);
-    if (bc->state && bc->ops->progress) bc->ops->progress(bc->state, sleeping);
+    return bc->state && bc->ops->progress && bc->ops->progress(bc->state, sleeping);
 }
 
 void cl_backend_progress_start(collie_bcomm *bc) {

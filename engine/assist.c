@@ -48,6 +48,8 @@
 
 /* the most commands a helper runs in one step */
 #define CL_ASSIST_CMDS 64
+/* a helper's event pass when no backend asks for one: every this many steps */
+#define CL_ASSIST_EVENT_EVERY 8
 
 void cl_engine_add_poller(collie_engine *e, cl_poller *p) {
     if (!cl_list_linked(&p->node)) cl_list_push_back(&e->pollers, &p->node);
@@ -58,9 +60,11 @@ void cl_engine_remove_poller(collie_engine *e, cl_poller *p) {
     if (cl_list_linked(&p->node)) cl_list_remove(&p->node);
 }
 
-void cl_engine_run_pollers(collie_engine *e, bool sleeping) {
+bool cl_engine_run_pollers(collie_engine *e, bool sleeping) {
+    bool sockets = false;
     cl_poller *p;
-    cl_list_foreach(&e->pollers, p, cl_poller, node) p->poll(p, sleeping);
+    cl_list_foreach(&e->pollers, p, cl_poller, node) sockets |= p->poll(p, sleeping);
+    return sockets;
 }
 
 bool cl_engine_assist(collie_engine *e) {
@@ -75,8 +79,12 @@ bool cl_engine_assist(collie_engine *e) {
             cl_tls_loop_engine = e;
             cl_tls_helping = true;
             cl_engine_drain_cmds(e, CL_ASSIST_CMDS, true);
-            event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
-            cl_engine_run_pollers(e, false);
+            /* the rings need no system call; sockets (TCP peers, the
+             * store) need an event pass: every step if a backend has
+             * socket links, else every few steps */
+            bool sockets = cl_engine_run_pollers(e, false);
+            if (sockets || ++e->helper_turn % CL_ASSIST_EVENT_EVERY == 0)
+                event_base_loop(e->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
             atomic_fetch_add_explicit(&e->helper_steps, 1, memory_order_relaxed);
             cl_tls_helping = false;
             cl_tls_loop_engine = NULL;

@@ -88,8 +88,9 @@ static const cl_setting cl_settings[] = {
      "error policy: abort_comm, abort_process, none, or PyTorch's 0 (none), 1 and 3 "
      "(abort_process), 2 (abort_comm)"},
     {"COLLIE_SPIN", CL_SET_SPIN, CL_OFF(spin), 0, "auto",
-     "poll instead of sleeping while works are in flight: auto (when this host's ranks do "
-     "not outnumber its cores), on, off"},
+     "poll (yielding the core between turns) instead of sleeping while works are in flight: "
+     "auto (on a machine with more than one core; when this host's ranks outnumber its "
+     "cores an idle loop stops polling after 2 ms instead of 20), on, off"},
     {"COLLIE_NCCL_POLL_US", CL_SET_INT, CL_OFF(nccl_poll_us), 1, "200",
      "NCCL backend: microseconds between polls of pending GPU works"},
     {"COLLIE_NCCL_ABORT_TIMEOUT_MS", CL_SET_MS, CL_OFF(nccl_abort_ms), 1, "10000",
@@ -256,18 +257,27 @@ void cl_config_print_table(FILE *f) {
                 cl_settings[i].help);
 }
 
-bool cl_spin_enabled(void) {
-    const cl_config *c = cl_config_get();
-    if (c->spin != CL_SPIN_AUTO) return c->spin == CL_SPIN_ON;
-    /* sysconf reads a sysfs file each time: once per process is enough */
+/* this host's cores, read once (sysconf reads a sysfs file each time) */
+static long cl_cpus(void) {
     static _Atomic long cpus_seen;
     long cpus = atomic_load_explicit(&cpus_seen, memory_order_relaxed);
     if (cpus == 0) {
         cpus = sysconf(_SC_NPROCESSORS_ONLN);
         atomic_store_explicit(&cpus_seen, cpus, memory_order_relaxed);
     }
+    return cpus;
+}
+
+bool cl_spin_enabled(void) {
+    const cl_config *c = cl_config_get();
+    if (c->spin != CL_SPIN_AUTO) return c->spin == CL_SPIN_ON;
+    return cl_cpus() > 1;
+}
+
+bool cl_cores_oversubscribed(void) {
+    const cl_config *c = cl_config_get();
     int local_ranks = c->local_world_size > 0 ? c->local_world_size
                       : c->world_size > 0     ? c->world_size
                                               : 1;
-    return cpus > 1 && local_ranks <= cpus;
+    return local_ranks > cl_cpus();
 }

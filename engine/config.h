@@ -44,9 +44,15 @@ typedef struct cl_config {
 enum { CL_SPIN_AUTO = 0, CL_SPIN_OFF = 1, CL_SPIN_ON = 2 };
 
 /* cl_spin_enabled: should progress threads and waiters poll briefly
- * instead of sleeping? (COLLIE_SPIN; auto: when this host's ranks, taken
- * from COLLIE_WORLD_SIZE, do not outnumber its cores) */
+ * instead of sleeping? Every poll yields the core between turns
+ * (sched_yield), so ranks that outnumber the cores still share them.
+ * (COLLIE_SPIN; auto: on any machine with more than one core) */
 bool cl_spin_enabled(void);
+
+/* cl_cores_oversubscribed: this host's ranks (COLLIE_LOCAL_WORLD_SIZE, else
+ * COLLIE_WORLD_SIZE) outnumber its cores: with COLLIE_SPIN=auto an idle
+ * progress loop then stops polling sooner. */
+bool cl_cores_oversubscribed(void);
 
 /* cl_config_get: the parsed settings (parsed on first use; invalid values
  * fall back to defaults here, but cl_config_check reports them). */

@@ -54,6 +54,9 @@ _Thread_local bool cl_tls_helping;
 /* How long the loop keeps polling without seeing a work complete or start
  * before it goes back to sleeping in epoll. */
 #define CL_SPIN_WINDOW_NS (20 * CL_NS_PER_MS)
+/* ... when this host's ranks outnumber its cores (COLLIE_SPIN=auto): every
+ * turn yields the core anyway, but an idle rank stops sooner */
+#define CL_SPIN_WINDOW_SHARED_NS (2 * CL_NS_PER_MS)
 /* How long a spinning loop steps back while a waiter polls and helps it
  * (the waiter runs the loop's step meanwhile; this bounds how late the
  * progress thread's own work - callbacks, retirement - can be). */
@@ -486,7 +489,10 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     }
     e->hooks = hooks;
     CL_CHECK_GOTO(hooks->create(e, &e->hooks_state), res, fail_events);
-    e->spin_ns = cl_spin_enabled() ? CL_SPIN_WINDOW_NS : 0;
+    e->spin_ns = !cl_spin_enabled() ? 0
+                 : cl_config_get()->spin == CL_SPIN_AUTO && cl_cores_oversubscribed()
+                     ? CL_SPIN_WINDOW_SHARED_NS
+                     : CL_SPIN_WINDOW_NS;
     int32_t period = cl_monitor_period_ms(stall_ms);
     struct timeval hb = {.tv_sec = period / 1000, .tv_usec = (period % 1000) * 1000};
     event_add(e->wake_ev, NULL);

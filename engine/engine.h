@@ -78,7 +78,9 @@ void cl_event_soon(struct event *ev);
  * from now on to wake a watch (e.g. park shared-memory readers). */
 typedef struct cl_poller {
     cl_list_node node;
-    void (*poll)(struct cl_poller *p, bool sleeping);
+    /* returns true if there is also socket traffic that only an event
+     * pass of the loop sees (a helper then runs one) */
+    bool (*poll)(struct cl_poller *p, bool sleeping);
 } cl_poller;
 
 /* add / remove (idempotent): loop only */

@@ -54,6 +54,7 @@ struct collie_engine {
     _Atomic uint32_t helpers;         /* threads inside cl_engine_assist */
     _Atomic uint32_t polling_waiters; /* threads polling in collie_work_wait */
     _Atomic uint64_t helper_steps;    /* steps helpers ran (stats) */
+    uint32_t helper_turn;             /* progress_mu: helper steps, for the event-pass stride */
 
     cl_list residents;            /* cl_resident */
     _Atomic uint32_t nresidents;  /* their number (stats, any thread) */
@@ -80,8 +81,9 @@ extern _Thread_local bool cl_tls_helping;
  * a helper may run, stopping at the first other one, and no completions */
 size_t cl_engine_drain_cmds(collie_engine *e, size_t budget, bool helping);
 
-/* assist.c: every poller, one step (loop role) */
-void cl_engine_run_pollers(collie_engine *e, bool sleeping);
+/* assist.c: every poller, one step (loop role); true if one of them also
+ * has socket traffic for the event pass */
+bool cl_engine_run_pollers(collie_engine *e, bool sleeping);
 /* assist.c: destroy waits (bounded) for helpers to leave before freeing */
 void cl_engine_wait_helpers(collie_engine *e);
 

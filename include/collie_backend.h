@@ -360,8 +360,10 @@ typedef struct collie_backend_ops {
      * progress lock: that thread is the loop for the step, every service
      * marked (loop) may be used, and user code is never called from it.
      * With `sleeping` true the loop is about to block: from now on,
-     * anything that arrives must wake a watch. (loop) */
-    void (*progress)(void *state, bool sleeping);
+     * anything that arrives must wake a watch. Returns true if the backend
+     * also has traffic only the loop's event pass sees (sockets), so a
+     * helper should run that pass too. (loop) */
+    bool (*progress)(void *state, bool sleeping);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

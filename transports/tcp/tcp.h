@@ -169,6 +169,7 @@ typedef struct tcp_comm {
     tcp_conn **conns;
     cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
     bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
+    int socket_conns;          /* ready connections over TCP (not shared memory) */
     cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
     cl_list works;             /* started works, start order */
     cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */

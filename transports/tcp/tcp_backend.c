@@ -161,11 +161,12 @@ static void tcp_destroy(void *state) {
  * shared-memory rings have no file descriptor, so a spinning loop and the
  * threads helping it read them here, and their readers stop parking (no
  * doorbell per message) until the loop is about to sleep. */
-static void tcp_progress(void *state, bool sleeping) {
+static bool tcp_progress(void *state, bool sleeping) {
     tcp_comm *tc = state;
     tc->polled = !sleeping;
     tcp_conn *c;
     cl_list_foreach(&tc->shm_conns, c, tcp_conn, shm_node) cl_tcp_conn_poll(c, sleeping);
+    return tc->socket_conns > 0; /* TCP peers: only the event pass reads them */
 }
 
 #define TCP_OPS(var, backend_name, init_fn)                                                        \

@@ -116,6 +116,7 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
 /* the comm's count of open connections (collie_comm_get_stats) */
 static void conn_count(tcp_conn *c, int delta) {
     const collie_core_services *core = c->tc->core;
+    if (!cl_tcp_link_is_shm(c)) c->tc->socket_conns += delta;
     if (!COLLIE_CORE_HAS(core, stat_add)) return;
     core->stat_add(c->tc->bc, COLLIE_BSTAT_CONNECTIONS, delta);
     if (cl_tcp_link_is_shm(c)) core->stat_add(c->tc->bc, COLLIE_BSTAT_SHM_CONNECTIONS, delta);
@@ -780,14 +781,17 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
         c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
 }
 
-/* A polling step of a ready shm connection (no doorbell involved): finish
- * a write that waits for room, read the frames that are there. Before the
+/* A polling step of a ready shm connection (no doorbell involved): send
+ * what is queued, read the frames that are there. Before the
  * loop sleeps, park the reader so the peer rings from now on (or read at
  * once if bytes came as it parked). A paused reader is resumed by
  * cl_tcp_conn_expect, as on TCP. */
 void cl_tcp_conn_poll(tcp_conn *c, bool sleeping) {
     if (c->state != TCP_CONN_READY || !cl_tcp_link_is_shm(c)) return;
-    if (c->shm.writer_wait && !cl_list_empty(&c->sendq) && cl_shm_ring_writable(&c->shm.tx) > 0) {
+    /* a flush scheduled for the end of the callback (cl_tcp_conn_send), or
+     * a writer that waits for room that has come */
+    if (c->flush_scheduled ||
+        (c->shm.writer_wait && !cl_list_empty(&c->sendq) && cl_shm_ring_writable(&c->shm.tx) > 0)) {
         cl_tcp_conn_flush(c);
         if (c->state != TCP_CONN_READY) return;
     }
