@@ -12,7 +12,9 @@
  *    and lets go only between two turns of a spinning loop (around its
  *    sched_yield). A helper takes it with a try-lock only, never waits for
  *    it (a busy lock means the progress thread is doing the work), and only
- *    while the loop spins (works in flight). So the event base and every
+ *    while the loop spins (works in flight) and is not waiting to take it
+ *    back (loop_wants: a mutex is not fair, and helpers that try-lock in a
+ *    tight loop must not starve the progress thread). So the event base and every
  *    loop-owned object still have one user at a time, with the mutex's
  *    ordering between them; libevent needs no locking of its own.
  *  - What a helper runs: the queued commands that allow it (work starts,
@@ -69,7 +71,9 @@ bool cl_engine_run_pollers(collie_engine *e, bool sleeping) {
 
 bool cl_engine_assist(collie_engine *e) {
     if (!e || cl_tls_loop_engine != NULL) return false; /* a loop (or a helper) already */
-    if (!atomic_load_explicit(&e->spinning, memory_order_relaxed)) return false;
+    if (!atomic_load_explicit(&e->spinning, memory_order_relaxed) ||
+        atomic_load_explicit(&e->loop_wants, memory_order_relaxed))
+        return false; /* asleep (it holds the lock), or about to take it back */
     atomic_fetch_add_explicit(&e->helpers, 1, memory_order_seq_cst);
     bool ran = false;
     if (!atomic_load_explicit(&e->closing, memory_order_seq_cst) &&

@@ -389,7 +389,11 @@ static void *engine_thread_main(void *arg) {
             } else {
                 sched_yield();
             }
+            /* helpers keep out while we wait for it: a mutex is not fair,
+             * and a steady stream of try-locks must not starve the loop */
+            atomic_store_explicit(&e->loop_wants, true, memory_order_relaxed);
             pthread_mutex_lock(&e->progress_mu);
+            atomic_store_explicit(&e->loop_wants, false, memory_order_relaxed);
             continue;
         }
         if (atomic_load_explicit(&e->spinning, memory_order_relaxed)) {

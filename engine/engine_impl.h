@@ -52,6 +52,7 @@ struct collie_engine {
     pthread_mutex_t progress_mu;      /* held by whoever runs the loop's role */
     cl_list pollers;                  /* cl_poller (loop) */
     _Atomic uint32_t helpers;         /* threads inside cl_engine_assist */
+    _Atomic bool loop_wants;          /* the progress thread waits for progress_mu */
     _Atomic uint32_t polling_waiters; /* threads polling in collie_work_wait */
     _Atomic uint64_t helper_steps;    /* steps helpers ran (stats) */
     uint32_t helper_turn;             /* progress_mu: helper steps, for the event-pass stride */
