@@ -376,14 +376,17 @@ static void *engine_thread_main(void *arg) {
                 cl_engine_drain_cmds(e, CL_LOOP_SLICE, false);
                 engine_run_completions(e);
             }
-            cl_engine_run_pollers(e, false);
+            bool sockets = cl_engine_run_pollers(e, false);
             atomic_store_explicit(&e->heartbeat_ns, cl_now_ns(), memory_order_release);
             /* let a waiter or another rank on this core run, and a thread
              * that waits or posts take the loop's role meanwhile; while a
              * waiter polls (and helps), step back further so that on a
-             * busy machine it has the core: it runs this loop's step */
+             * busy machine it has the core: it runs this loop's step. Not
+             * with TCP peers: there both threads reading the sockets is
+             * faster (4 ranks on 2 cores: 45 us per 4 B allreduce against
+             * 105-155 us stepping back; shared memory: 2 us against 5-9) */
             pthread_mutex_unlock(&e->progress_mu);
-            if (atomic_load_explicit(&e->polling_waiters, memory_order_relaxed) > 0) {
+            if (!sockets && atomic_load_explicit(&e->polling_waiters, memory_order_relaxed) > 0) {
                 struct timespec ts = {0, CL_BACKOFF_NS};
                 nanosleep(&ts, NULL);
             } else {
