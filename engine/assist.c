@@ -13,21 +13,28 @@
  *    sched_yield). A helper takes it with a try-lock only, never waits for
  *    it (a busy lock means the progress thread is doing the work), and only
  *    while the loop spins (works in flight) and is not waiting to take it
- *    back (loop_wants: a mutex is not fair, and helpers that try-lock in a
- *    tight loop must not starve the progress thread). So the event base and every
- *    loop-owned object still have one user at a time, with the mutex's
- *    ordering between them; libevent needs no locking of its own.
+ *    back (loop_wants: a mutex is not fair, and helpers that try-lock in
+ *    a tight loop must not starve the progress thread). So the event base
+ *    and every loop-owned object still have one user at a time, with the
+ *    mutex's ordering between them; libevent needs no locking of its own.
  *  - What a helper runs: the queued commands that allow it (work starts,
  *    cl_cmd.assist_ok), in queue order and stopping at the first other
- *    command, then one step of every poller (a transport reads what has
- *    arrived and writes what fits). No event_base_loop: timers, the
- *    heartbeat, retirement and every other command stay on the progress
- *    thread.
+ *    command, then one step of every poller (a transport reads its
+ *    shared-memory rings and writes what fits: no system call), then an
+ *    event pass of the loop (EVLOOP_NONBLOCK | EVLOOP_ONCE: sockets and
+ *    timers) - every step when a poller reports socket links (TCP peers),
+ *    else every CL_ASSIST_EVENT_EVERY steps (the store, a doorbell).
+ *    Other commands (destroys, aborts, calls) stay on the progress thread.
  *  - No user code on a helper: completion callbacks and completion-queue
  *    pushes happen at retirement, which runs only on the progress thread
  *    (work/registry.c); a comm's error callback is handed to it
- *    (comm/comm.c). cl_engine_on_loop is true on a helper for the step;
- *    cl_engine_on_progress_thread is not.
+ *    (comm/comm.c); a backend's poll hook (CUDA: device and locks) runs on
+ *    the progress thread only, and a backend's own work_test service never
+ *    helps (it may hold the lock that hook takes). cl_engine_on_loop is
+ *    true on a helper for the step; cl_engine_on_progress_thread is not.
+ *  - While a waiter polls and all its comms' links are rings, the spinning
+ *    progress thread steps back (engine.c), so on a busy machine the
+ *    waiter, which runs the step itself, has the core.
  *  - Invariants kept: a work still ends exactly once (its state word's
  *    claim), its deadline is still swept by the loop's timer and enforced
  *    by its waiter, faults are still seen by the loop (a helper only adds
