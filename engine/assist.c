@@ -44,10 +44,13 @@
  *  - Lock order: progress_mu is taken only by try-lock outside the
  *    progress thread, so it can follow any lock; under it a helper takes
  *    the locks the loop takes (qmu, a comm's mu, a work's state).
- *  - Destroy: `helpers` counts the threads inside cl_engine_assist; a
- *    helper that gets the lock after the loop ended finds `spinning` false
- *    and leaves, and destroy waits (bounded) for the count to reach zero
- *    before it frees the engine.
+ *  - Destroy: `helpers` counts the threads inside cl_engine_assist and
+ *    `polling_waiters` those in a wait's polling phase; a helper that gets
+ *    the lock after the loop ended finds `spinning` false and leaves, and
+ *    destroy waits (bounded) for both counts to reach zero before it frees
+ *    the engine. (A thread preempted between collie_work_test's look at a
+ *    pending work and its count for longer than the whole destroy would
+ *    still touch a freed engine: works do not hold their engine alive.)
  */
 #include <event2/event.h>
 #include <sched.h>
@@ -118,7 +121,11 @@ uint64_t cl_engine_helper_steps(const collie_engine *e) {
 }
 
 void cl_engine_wait_helpers(collie_engine *e) {
+    /* helpers, and waiters in their polling phase (they touch the engine
+     * once more as they leave it; every work has ended by now) */
     int64_t give_up = cl_now_ns() + 1000 * CL_NS_PER_MS;
-    while (atomic_load_explicit(&e->helpers, memory_order_seq_cst) > 0 && cl_now_ns() < give_up)
+    while ((atomic_load_explicit(&e->helpers, memory_order_seq_cst) > 0 ||
+            atomic_load_explicit(&e->polling_waiters, memory_order_seq_cst) > 0) &&
+           cl_now_ns() < give_up)
         sched_yield();
 }
