@@ -92,7 +92,9 @@ bool cl_engine_assist(collie_engine *e) {
         if (atomic_load_explicit(&e->spinning, memory_order_seq_cst)) {
             cl_tls_loop_engine = e;
             cl_tls_helping = true;
-            cl_engine_drain_cmds(e, CL_ASSIST_CMDS, true);
+            if (atomic_load_explicit(&e->queued, memory_order_acquire) ||
+                !cl_list_empty(&e->backlog))
+                cl_engine_drain_cmds(e, CL_ASSIST_CMDS, true);
             /* the rings need no system call; sockets (TCP peers, the
              * store) need an event pass: every step if a backend has
              * socket links, else every few steps */
@@ -111,7 +113,9 @@ bool cl_engine_assist(collie_engine *e) {
 }
 
 void cl_engine_waiter_polls(collie_engine *e, bool on) {
-    if (e)
+    /* only a thread that can help counts: a loop's thread cannot (and a
+     * waiter that cannot help must not make the loop step back) */
+    if (e && cl_tls_loop_engine == NULL)
         atomic_fetch_add_explicit(&e->polling_waiters, on ? 1u : (uint32_t)-1,
                                   memory_order_relaxed);
 }

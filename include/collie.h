@@ -238,7 +238,10 @@ typedef struct collie_work_details {
     int64_t post_ns, start_ns, end_ns, deadline_ns;
 } collie_work_details;
 
-/* collie_work_test: true once the work is done (any status). Never blocks. */
+/* collie_work_test: true once the work is done (any status). Never blocks;
+ * while the work is pending it may run one non-blocking step of the
+ * engine's progress loop on this thread if the loop is between two turns
+ * (caller-driven progress, as MPI_Test; never your callbacks). */
 COLLIE_API bool collie_work_test(const collie_work *w);
 
 /* collie_work_result: the work's status: COLLIE_INPROGRESS until done, then

@@ -164,8 +164,17 @@ static void tcp_destroy(void *state) {
 static bool tcp_progress(void *state, bool sleeping) {
     tcp_comm *tc = state;
     tc->polled = !sleeping;
-    tcp_conn *c;
-    cl_list_foreach(&tc->shm_conns, c, tcp_conn, shm_node) cl_tcp_conn_poll(c, sleeping);
+    /* polling one connection can close another (a step that needs a peer
+     * whose sending broke, a fault): conns are not freed before destroy,
+     * so a next node that got unlinked ends this round, the rest follow on
+     * the next turn */
+    cl_list_node *head = &tc->shm_conns.head, *n = head->next;
+    while (n != head) {
+        cl_list_node *next = n->next;
+        cl_tcp_conn_poll(cl_list_entry(n, tcp_conn, shm_node), sleeping);
+        if (next != head && !cl_list_linked(next)) break;
+        n = next;
+    }
     return tc->socket_conns > 0; /* TCP peers: only the event pass reads them */
 }
 
