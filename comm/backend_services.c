@@ -140,6 +140,10 @@ static const char *svc_setting(const char *name) {
         snprintf(num, sizeof num, "%d", (int)c->shm_ring_bytes);
         return num;
     }
+    if (!strcmp(name, "COLLIE_SHM_SINGLE_COPY")) {
+        snprintf(num, sizeof num, "%d", (int)c->shm_single_copy);
+        return num;
+    }
     if (!strcmp(name, "COLLIE_NCCL_POLL_US")) {
         snprintf(num, sizeof num, "%d", (int)c->nccl_poll_us);
         return num;

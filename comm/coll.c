@@ -88,6 +88,9 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
  * peers mid-operation, is the comm's fault, recorded now (its policy is
  * applied on the loop when the work is retired). */
 static void coll_on_publish(collie_work *w) {
+    cl_coll_work *cw = (cl_coll_work *)w;
+    /* peers reading its memory must stop first (the shm single copy) */
+    if (cw->bc->ops->unlend && cw->bc->state) cw->bc->ops->unlend(cw->bc->state, w);
     cl_stats_ended(((cl_coll_work *)w)->comm, (cl_coll_work *)w); /* counted before it is seen */
     if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
     cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",

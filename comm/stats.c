@@ -76,6 +76,9 @@ void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta) {
         atomic_fetch_add_explicit(&bc->comm->counters.connections, (int32_t)delta, RELAXED);
     else if (which == COLLIE_BSTAT_SHM_CONNECTIONS)
         atomic_fetch_add_explicit(&bc->comm->counters.shm_connections, (int32_t)delta, RELAXED);
+    else if (which == COLLIE_BSTAT_SHM_SINGLE_COPY_BYTES && delta > 0)
+        atomic_fetch_add_explicit(&bc->comm->counters.shm_single_copy_bytes, (uint64_t)delta,
+                                  RELAXED);
 }
 
 int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
@@ -95,6 +98,7 @@ int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
     s.connections = conns > 0 ? (uint32_t)conns : 0;
     conns = atomic_load_explicit(&k->shm_connections, RELAXED);
     s.shm_connections = conns > 0 ? (uint32_t)conns : 0;
+    s.shm_single_copy_bytes = atomic_load_explicit(&k->shm_single_copy_bytes, RELAXED);
     s.completed = atomic_load_explicit(&k->completed, memory_order_acquire);
     s.failed = atomic_load_explicit(&k->failed, RELAXED);
     s.posted = atomic_load_explicit(&k->posted, RELAXED); /* after the ended ones */
@@ -123,15 +127,16 @@ static void stats_write_json(const collie_comm *c, const collie_comm_stats *s, F
     fprintf(f,
             "{\"comm\":\"%s\",\"generation\":%llu,\"rank\":%d,\"size\":%d,\"status\":\"%s\","
             "\"posted\":%llu,\"completed\":%llu,\"failed\":%llu,\"in_flight\":%llu,"
-            "\"bytes\":%llu,\"connections\":%u,\"shm_connections\":%u,\"store_reconnects\":%llu,"
+            "\"bytes\":%llu,\"connections\":%u,\"shm_connections\":%u,"
+            "\"shm_single_copy_bytes\":%llu,\"store_reconnects\":%llu,"
             "\"stalls\":%llu,"
             "\"failed_by_status\":{",
             c->name, (unsigned long long)s->generation, c->rank, c->size,
             collie_status_name(s->status), (unsigned long long)s->posted,
             (unsigned long long)s->completed, (unsigned long long)s->failed,
             (unsigned long long)s->in_flight, (unsigned long long)s->bytes, s->connections,
-            s->shm_connections, (unsigned long long)s->store_reconnects,
-            (unsigned long long)s->stalls);
+            s->shm_connections, (unsigned long long)s->shm_single_copy_bytes,
+            (unsigned long long)s->store_reconnects, (unsigned long long)s->stalls);
     const char *sep = "";
     for (int i = 1; i < COLLIE_STATS_STATUSES; i++) {
         if (!s->failed_by_status[i]) continue;

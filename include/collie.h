@@ -735,6 +735,9 @@ typedef struct collie_comm_stats {
     /* post to completion of the completed works, by kind */
     collie_latency_histogram latency[COLLIE_STATS_OPS];
     uint32_t shm_connections; /* of `connections`, those over shared memory (same-host peers) */
+    /* payload bytes received by single copy: read straight out of a
+     * same-host sender's memory (COLLIE_SHM_SINGLE_COPY) */
+    uint64_t shm_single_copy_bytes;
 } collie_comm_stats;
 
 /* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */

@@ -269,6 +269,8 @@ enum {
     COLLIE_BSTAT_CONNECTIONS = 0,     /* peer connections open now: +1 when one is ready, -1 when
                                          it closes */
     COLLIE_BSTAT_SHM_CONNECTIONS = 1, /* of those, the ones over shared memory */
+    COLLIE_BSTAT_SHM_SINGLE_COPY_BYTES = 2, /* payload bytes read straight out of a same-host
+                                               peer's memory (single copy) */
 };
 
 /* COLLIE_CORE_USABLE: is this core's table one a backend built with this
@@ -364,6 +366,13 @@ typedef struct collie_backend_ops {
      * also has traffic only the loop's event pass sees (sockets), so a
      * helper should run that pass too. (loop) */
     bool (*progress)(void *state, bool sleeping);
+    /* unlend (optional): `w` is ending and its end may be visible at once:
+     * from now on no peer may use its buffers. A backend that lends a
+     * work's memory to peers (the shm transport's single copy reads it
+     * straight out of this process) withdraws those loans here. Runs once
+     * the work is claimed (the loop enters its BUSY bracket no more), on
+     * the claiming thread: must not block or take a lock. (any thread) */
+    void (*unlend)(void *state, collie_work *w);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

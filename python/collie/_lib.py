@@ -136,6 +136,7 @@ class CommStats(ctypes.Structure):
         ("stalls", c_uint64),
         ("latency", LatencyHistogram * STATS_OPS),
         ("shm_connections", c_uint32),
+        ("shm_single_copy_bytes", c_uint64),
     ]
 
 

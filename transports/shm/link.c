@@ -3,8 +3,9 @@
  * a Unix socket as doorbell and liveness (see link.h).
  *
  * Design notes
- *  - Layout: one 4 KiB header page, then ring 0 (dialer → creator), then
- *    ring 1 (creator → dialer), each page-aligned. The header names the
+ *  - Layout: one 4 KiB header page (the header, then each side's loans at
+ *    LINK_LOANS_OFF: creator's, dialer's), then ring 0 (dialer → creator),
+ *    then ring 1 (creator → dialer), each page-aligned. The header names the
  *    comm id, generation and both ranks; the dialer compares every field
  *    with what its handshake established before it maps a ring.
  *  - The memfd is sealed against shrinking and growing before it is handed
@@ -34,7 +35,7 @@
 #include "collie.h"
 
 #define LINK_MAGIC   0x4c534c43u /* "CLSL" */
-#define LINK_VERSION 1u
+#define LINK_VERSION 2u          /* 2: the loans of single copy */
 #define LINK_PAGE    4096u
 #define LINK_MIN_CAP 4096u
 #define LINK_MAX_CAP (1u << 30)
@@ -47,6 +48,13 @@ typedef struct link_header {
     uint64_t ring_cap;
     uint64_t ring_off[2]; /* 0: dialer → creator, 1: creator → dialer */
 } link_header;
+
+#define LINK_LOANS_OFF 1024u /* side i's loans at LINK_LOANS_OFF * (1 + i) */
+_Static_assert(sizeof(cl_shm_loan_side) <= LINK_LOANS_OFF, "the loans fit the header page");
+
+static cl_shm_loan_side *link_loans(void *map, int side) {
+    return (cl_shm_loan_side *)((uint8_t *)map + LINK_LOANS_OFF * (1 + side));
+}
 
 static uint64_t page_up(uint64_t v) { return (v + LINK_PAGE - 1) & ~(uint64_t)(LINK_PAGE - 1); }
 
@@ -63,13 +71,20 @@ static uint64_t link_size(uint64_t cap) { return LINK_PAGE + 2 * page_up(cl_shm_
 void cl_shm_link_init(cl_shm_link *l) {
     memset(l, 0, sizeof *l);
     l->fd = -1;
+    l->loans.pidfd = -1;
 }
 
 bool cl_shm_link_ready(const cl_shm_link *l) { return l->map != NULL; }
 
-void cl_shm_link_close(cl_shm_link *l) {
-    if (l->map) munmap(l->map, l->map_len);
+void cl_shm_link_hang_up(cl_shm_link *l) {
     if (l->fd >= 0) close(l->fd);
+    l->fd = -1;
+    cl_shm_loans_fini(&l->loans);
+}
+
+void cl_shm_link_close(cl_shm_link *l) {
+    cl_shm_link_hang_up(l);
+    if (l->map) munmap(l->map, l->map_len);
     l->map = NULL;
     l->map_len = 0;
     l->fd = -1;
@@ -110,6 +125,7 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
                        .ring_off = {LINK_PAGE, LINK_PAGE + page_up(cl_shm_ring_bytes(cap))}};
     cl_shm_ring_init(&l->rx, (uint8_t *)map + h->ring_off[0], cap);
     cl_shm_ring_init(&l->tx, (uint8_t *)map + h->ring_off[1], cap);
+    cl_shm_loans_init(&l->loans, link_loans(map, 0), link_loans(map, 1));
     l->map = map;
     l->map_len = (size_t)size;
     l->fd = fd;
@@ -164,6 +180,7 @@ int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size
     }
     l->map = map;
     l->map_len = size;
+    cl_shm_loans_init(&l->loans, link_loans(map, 1), link_loans(map, 0));
     return COLLIE_OK;
 }
 

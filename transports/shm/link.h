@@ -27,9 +27,11 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "transports/shm/loan.h"
 #include "transports/shm/ring.h"
 
-#define CL_SHM_LINK_DEFAULT_RING (512u * 1024u)
+#define CL_SHM_LINK_DEFAULT_RING   (512u * 1024u)
+#define CL_SHM_SINGLE_COPY_DEFAULT (64u * 1024u) /* payloads from this size are lent (loan.h) */
 
 /* Who the memory is for: checked by the dialer against the header page. */
 typedef struct cl_shm_link_id {
@@ -41,9 +43,10 @@ typedef struct cl_shm_link {
     void *map;
     size_t map_len;
     cl_shm_ring tx, rx;
-    int fd;           /* creator: the memfd until it went out with ACCEPT; dialer: as received */
-    bool eof;         /* the doorbell socket reached its end (the peer is gone) */
-    bool writer_wait; /* a write found the ring full and parked */
+    int fd;             /* creator: the memfd until it went out with ACCEPT; dialer: as received */
+    bool eof;           /* the doorbell socket reached its end (the peer is gone) */
+    bool writer_wait;   /* a write found the ring full and parked */
+    cl_shm_loans loans; /* single copy of large payloads (loan.h) */
 } cl_shm_link;
 
 /* An empty link (no memory yet). */
@@ -61,6 +64,10 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
  * COLLIE_EPROTO with the reason in `why` if anything disagrees. */
 int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size_t why_len);
 
+/* The connection closed: close the fds the link holds but keep the memory
+ * mapped (a thread ending a work may still withdraw its loans there, see
+ * loan.h) until cl_shm_link_close. */
+void cl_shm_link_hang_up(cl_shm_link *l);
 /* Unmap and close what the link holds (safe on an empty link). */
 void cl_shm_link_close(cl_shm_link *l);
 

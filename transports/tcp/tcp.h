@@ -70,7 +70,13 @@ typedef struct tcp_msg {
     uint8_t hdr[TCP_FRAME_HDR];
     const uint8_t *payload;
     uint64_t len;
-    uint64_t sent; /* bytes of hdr + payload written */
+    uint64_t sent; /* bytes of the frame written: hdr, then payload (or loan) */
+    /* shm single copy: the payload is lent (transports/shm/loan.h), the
+     * frame carries `loan` instead of it. Lent iff loan_ticket != 0;
+     * loan_rec is then its record in the owner's tcp_work.loans */
+    uint64_t loan_ticket;
+    int loan_rec;
+    uint8_t loan[CL_SHM_LOAN_DESC];
 } tcp_msg;
 
 /* One expected incoming message. */
@@ -128,10 +134,13 @@ typedef struct tcp_conn {
     int hs_phase;
 
     /* send side */
-    cl_list sendq;        /* tcp_msg, in sending order */
-    bool flush_scheduled; /* wev activated to flush after the current callback */
-    bool send_broken;     /* a message was cut off mid-way: nothing more is written */
-    char broken_why[160]; /* which message, for the op that next needs this peer */
+    cl_list sendq;         /* tcp_msg, in sending order */
+    cl_list lent;          /* tcp_msg: frame sent, payload lent, not yet returned (ticket order) */
+    cl_list doomed;        /* tcp_work: a loan it received was withdrawn (tcp_loan.c) */
+    collie_watch *doom_ev; /* the grace timer of `doomed` */
+    bool flush_scheduled;  /* wev activated to flush after the current callback */
+    bool send_broken;      /* a message was cut off mid-way: nothing more is written */
+    char broken_why[160];  /* which message, for the op that next needs this peer */
 
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];
@@ -143,8 +152,14 @@ typedef struct tcp_conn {
     bool reading_abort;      /* the frame being read is the peer's ABORT */
     char peer_abort[TCP_ABORT_MAX + 1];
     uint64_t payload_len, payload_got;
-    uint8_t *stage;            /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
-    uint64_t stage_fill;       /* bytes in stage for the current chunk */
+    uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
+    uint64_t stage_fill; /* bytes in stage for the current chunk */
+    bool loan_frame;     /* the frame's payload is lent: read it from the peer's memory */
+    bool loan_withdrawn; /* ... and the peer withdrew it (its work ended) */
+    bool loan_skipped;   /* ... and nothing of it was needed here (the work is gone) */
+    uint8_t loan_desc[CL_SHM_LOAN_DESC];
+    size_t loan_desc_got;
+    uint64_t loan_ticket, loan_addr;
     cl_idmap expected;         /* tcp_slot.by_seq: collective messages expected from this peer */
     cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer */
     cl_list unexpected;        /* tcp_unexpected: p2p messages that came first */
@@ -164,8 +179,9 @@ typedef struct tcp_comm {
     cl_host_id host; /* this rank's same-host identity */
     int unix_fd;     /* the abstract Unix listener for same-host peers, or -1 */
     collie_watch *unix_ev;
-    char unix_name[96];      /* its abstract name, without the leading NUL */
-    uint64_t shm_ring_bytes; /* each direction's ring (COLLIE_SHM_RING_BYTES) */
+    char unix_name[96];       /* its abstract name, without the leading NUL */
+    uint64_t shm_ring_bytes;  /* each direction's ring (COLLIE_SHM_RING_BYTES) */
+    uint64_t shm_single_copy; /* lend payloads of at least this many bytes (0: never) */
     tcp_conn **conns;
     cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
     bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
@@ -196,6 +212,13 @@ typedef struct tcp_xbuf {
     uint64_t scratch_cap;
 } tcp_xbuf;
 
+/* An open loan of a work's message (tcp_work.loans). */
+typedef struct tcp_loan_rec {
+    _Atomic(cl_shm_loan_side *) to; /* the link's loans (shared memory) */
+    _Atomic uint64_t ticket;        /* 0: free */
+} tcp_loan_rec;
+#define TCP_WORK_LOANS 8 /* a work's messages lent at once; more go through the ring */
+
 typedef struct tcp_work {
     collie_work *w;
     tcp_comm *tc;
@@ -208,6 +231,16 @@ typedef struct tcp_work {
     tcp_slot p2p_slot;
     cl_list_node node; /* tcp_comm.works */
     cl_idnode by_seq;  /* collectives: tcp_comm.running (key = seq) */
+    /* a message it was to receive was withdrawn (tcp_loan.c): it fails
+     * unless the sender's root cause comes first */
+    cl_list_node doomed_node; /* tcp_conn.doomed */
+    uint64_t doomed_seq;      /* that message's seq (tag for p2p) */
+    int doomed_peer, doomed_verdict;
+    /* Its messages' open loans, for the unlend hook, which withdraws them
+     * from any thread as the work ends. Last, and not cleared by start (the
+     * core zeroes a work's data when it makes it): written only by the
+     * loop, under the BUSY bracket to open, atomically to close. */
+    tcp_loan_rec loans[TCP_WORK_LOANS];
 } tcp_work;
 
 /* tcp_conn.c */
@@ -236,6 +269,36 @@ int cl_tcp_local_listen(tcp_comm *tc, char *published, size_t len);
 void cl_tcp_local_close(tcp_comm *tc);
 void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len);
+
+/* tcp_loan.c: single copy to and from same-host peers (transports/shm/loan.h) */
+#define TCP_FRAME_LOAN 1 /* header byte 7: the payload is lent, a loan descriptor follows */
+/* the bytes of m's frame after the header: its payload, or the loan */
+static inline uint64_t tcp_msg_body_len(const tcp_msg *m) {
+    return m->loan_ticket ? CL_SHM_LOAN_DESC : m->len;
+}
+/* lend m's payload instead of sending it, if it may (under the owner's
+ * BUSY bracket, before its first byte goes); true if it did */
+bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m);
+/* collect the loans the peer returned (their messages are done); with
+ * `park`, arrange to be woken by the next return */
+void cl_tcp_loans_settle(tcp_conn *c, bool park);
+/* the connection closes: withdraw its loans, fail their works */
+void cl_tcp_loans_close(tcp_conn *c);
+/* m's work ended: withdraw its loan, free its record */
+void cl_tcp_loan_forget(tcp_msg *m);
+/* the work is ending, visibly at once (any thread): withdraw its loans */
+void cl_tcp_work_unlend(tcp_work *tw);
+/* receiving: a loan frame's header arrived; read its descriptor; pull
+ * payload bytes at offset `off` (bytes, or -errno); end it: CL_LOAN_* */
+void cl_tcp_loan_begin(tcp_conn *c);
+ssize_t cl_tcp_loan_read_desc(tcp_conn *c);
+ssize_t cl_tcp_loan_pull(tcp_conn *c, void *buf, uint64_t off, uint64_t len);
+int cl_tcp_loan_end(tcp_conn *c, bool used);
+/* try the single-copy probe of a new shm link (until it ran) */
+void cl_tcp_loans_probe(tcp_conn *c);
+/* the message s was to receive was withdrawn (verdict CL_LOAN_*): fail
+ * its work after a grace, unless the sender's root cause comes first */
+void cl_tcp_loan_doom(tcp_conn *c, const tcp_slot *s, int verdict);
 
 /* tcp_exec.c */
 void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);

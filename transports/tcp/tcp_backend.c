@@ -90,7 +90,7 @@ static int shm_init(collie_bcomm *bc, const collie_core_services *core, void **s
 static int tcp_start(void *state, collie_work *w, const collie_coll_args *a) {
     tcp_comm *tc = state;
     tcp_work *tw = tc->core->work_backend_data(w);
-    memset(tw, 0, sizeof *tw);
+    memset(tw, 0, offsetof(tcp_work, loans)); /* the loans: zero, and read by any thread */
     tw->w = w;
     tw->tc = tc;
     tw->args = *a;
@@ -101,6 +101,7 @@ static void tcp_detach(void *state, collie_work *w) {
     tcp_comm *tc = state;
     tcp_work *tw = tc->core->work_backend_data(w);
     cl_tcp_work_forget(tw); /* its own messages and slots only: O(ops of a step) */
+    if (cl_list_linked(&tw->doomed_node)) cl_list_remove(&tw->doomed_node);
     cl_list_remove(&tw->node);
     cl_idmap_remove(&tc->running, &tw->by_seq); /* a no-op for p2p works */
     /* a frame for this seq held back (its slot was not posted) can no
@@ -112,6 +113,11 @@ static void tcp_detach(void *state, collie_work *w) {
         cl_tcp_xbuf_put(tc, tw->xb);
         tw->xb = NULL;
     }
+}
+
+static void tcp_unlend(void *state, collie_work *w) {
+    tcp_comm *tc = state;
+    cl_tcp_work_unlend(tc->core->work_backend_data(w));
 }
 
 static void tcp_abort(void *state, int status, const char *reason) {
@@ -191,6 +197,7 @@ static bool tcp_progress(void *state, bool sleeping) {
         .detach = tcp_detach,                                                                      \
         .poll = NULL,                                                                              \
         .progress = tcp_progress,                                                                  \
+        .unlend = tcp_unlend,                                                                      \
         .abort = tcp_abort,                                                                        \
         .destroy = tcp_destroy,                                                                    \
     }

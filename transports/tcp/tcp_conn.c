@@ -104,6 +104,8 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     c->fd = -1;
     cl_shm_link_init(&c->shm);
     cl_list_init(&c->sendq);
+    cl_list_init(&c->lent);
+    cl_list_init(&c->doomed);
     cl_list_init(&c->p2p_expected);
     cl_list_init(&c->unexpected);
     if (!cl_idmap_grow(&c->expected)) { /* later puts cannot fail */
@@ -129,6 +131,13 @@ void cl_tcp_conn_free(tcp_conn *c) {
     if (c->rev) c->tc->core->watch_free(c->rev);
     if (c->wev) c->tc->core->watch_free(c->wev);
     if (c->fd >= 0) close(c->fd);
+    tcp_msg *m;
+    while ((m = cl_list_first(&c->lent, tcp_msg, node))) /* their works are gone */
+        cl_list_remove(&m->node);
+    tcp_work *tw;
+    while ((tw = cl_list_first(&c->doomed, tcp_work, doomed_node)))
+        cl_list_remove(&tw->doomed_node);
+    if (c->doom_ev) c->tc->core->watch_free(c->doom_ev);
     cl_shm_link_close(&c->shm);
     cl_list_remove(&c->shm_node);
     if (c->addr_ctx) { /* its callback frees the context and the request */
@@ -163,7 +172,8 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         close(c->fd);
         c->fd = -1;
     }
-    cl_shm_link_close(&c->shm);
+    cl_tcp_loans_close(c); /* before the pidfd goes: they fail with closed_why */
+    cl_shm_link_hang_up(&c->shm);
     cl_list_remove(&c->shm_node);
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connection to rank %d closed: %s", c->peer, why);
 }
@@ -256,6 +266,7 @@ void cl_tcp_conn_ready(tcp_conn *c) {
     /* a shm reader is woken only once it parked: read what the peer may
      * have written already, and park; a spinning loop polls it */
     if (cl_tcp_link_is_shm(c)) {
+        cl_tcp_loans_probe(c); /* the dialer: the acceptor's probe is there */
         if (!cl_list_linked(&c->shm_node)) cl_list_push_back(&c->tc->shm_conns, &c->shm_node);
         c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
     }
@@ -267,6 +278,7 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
         return;
     }
     m->sent = 0;
+    m->loan_ticket = 0;
     cl_list_push_back(&c->sendq, &m->node);
     /* flush once the current callback is done: messages queued by several
      * works meanwhile leave in one sendmsg */
@@ -307,6 +319,7 @@ static void conn_read_last_words(tcp_conn *c) {
  * picked up by this same loop. */
 void cl_tcp_conn_flush(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
+    int lent = 0; /* messages lent now */
     c->flush_scheduled = false;
     c->shm.writer_wait = false;
     while (c->hs_out_sent < c->hs_out_len) {
@@ -349,15 +362,20 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                     break;
                 }
                 if (!have) entered[ne++] = w;
+                /* a large payload to a same-host peer: lend it instead
+                 * (under the bracket: the unlend hook sees the loan) */
+                if (m->sent == 0 && !m->loan_ticket) lent += cl_tcp_loan_open(c, m);
             }
             if (m->sent < TCP_FRAME_HDR) {
                 iov[niov].iov_base = m->hdr + m->sent;
                 iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
             }
+            const uint8_t *body = m->loan_ticket ? m->loan : m->payload;
+            uint64_t blen = tcp_msg_body_len(m);
             uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
-            if (m->len > poff) {
-                iov[niov].iov_base = (void *)(m->payload + poff);
-                iov[niov++].iov_len = m->len - poff;
+            if (blen > poff) {
+                iov[niov].iov_base = (void *)(body + poff);
+                iov[niov++].iov_len = blen - poff;
             }
             batch[nb++] = m;
         }
@@ -377,19 +395,23 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         /* account the bytes in order; unlink the finished messages first,
          * then report them (reporting may queue more or close c) */
         tcp_work *done[FLUSH_BATCH];
-        int nd = 0;
+        int nd = 0, nfull = 0;
         uint64_t left = (uint64_t)n;
         for (int i = 0; i < nb; i++) {
             tcp_msg *m = batch[i];
-            uint64_t want = TCP_FRAME_HDR + m->len - m->sent;
+            uint64_t want = TCP_FRAME_HDR + tcp_msg_body_len(m) - m->sent;
             uint64_t take = left < want ? left : want;
             m->sent += take;
             left -= take;
             if (take < want) break;
+            nfull++;
             cl_list_remove(&m->node);
-            done[nd++] = m->owner;
+            if (m->loan_ticket) /* done when the peer has read it */
+                cl_list_push_back(&c->lent, &m->node);
+            else
+                done[nd++] = m->owner;
         }
-        bool partial = nd < nb;
+        bool partial = nfull < nb;
         for (int i = 0; i < nd; i++)
             cl_tcp_op_done(done[i]);
         if (c->state != TCP_CONN_READY) return; /* closed by a fault */
@@ -397,6 +419,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
     }
     c->tc->core->watch_stop(c->wev); /* also cancels an activation made meanwhile: */
     c->flush_scheduled = false;      /* this flush covered it */
+    if (lent) cl_tcp_loans_settle(c, !c->tc->polled); /* a loop that may sleep hears returns */
     return;
 want_write:
     /* a full ring parked the writer: the reader's doorbell, on the read
@@ -407,6 +430,7 @@ want_write:
     else if (!c->shm.writer_wait) /* room came as it parked: go on next turn */
         c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
     c->flush_scheduled = false;
+    if (lent) cl_tcp_loans_settle(c, !c->tc->polled);
 }
 
 void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {
@@ -560,6 +584,24 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
 
 /* Feed payload bytes to the current slot. Returns >0 bytes read, 0 on EOF,
  * <0 (-errno) on error; -EAGAIN when the socket is drained. */
+/* Payload bytes [off, off + len) of the current frame into buf: from the
+ * link, or for a lent payload out of the peer's memory (tcp_loan.c).
+ * Bytes, 0 at the end of the stream, or -errno. */
+static ssize_t payload_recv(tcp_conn *c, void *buf, uint64_t off, uint64_t len) {
+    if (c->loan_frame) return cl_tcp_loan_pull(c, buf, off, len);
+    ssize_t n = cl_tcp_link_recv(c, buf, len);
+    return n < 0 ? -errno : n;
+}
+
+/* The rest of a lent payload is not needed (withdrawn, or its work is
+ * gone): nothing of it is in the stream, so the frame is complete. */
+static ssize_t loan_skip_rest(tcp_conn *c) {
+    c->payload_got = c->payload_len;
+    return 1;
+}
+
+/* Feed payload bytes to the current slot. Returns >0 bytes read, 0 on EOF,
+ * <0 (-errno) on error; -EAGAIN when the socket is drained. */
 static ssize_t conn_read_payload(tcp_conn *c) {
     tcp_comm *tc = c->tc;
     const collie_core_services *core = tc->core;
@@ -569,22 +611,30 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
+    if (c->loan_frame) {
+        if (c->loan_desc_got < CL_SHM_LOAN_DESC) return cl_tcp_loan_read_desc(c);
+        if (c->loan_withdrawn) return loan_skip_rest(c);
+    }
     if (c->cur_unx) {
-        ssize_t n = cl_tcp_link_recv(c, c->cur_unx->data + c->payload_got, left);
+        ssize_t n = payload_recv(c, c->cur_unx->data + c->payload_got, c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
-        return n < 0 ? -errno : n;
+        return n;
     }
     tcp_slot *s = c->cur;
     collie_work *w = s->owner ? s->owner->w : NULL;
     bool live = w && core->work_busy_enter(w);
     ssize_t n;
     if (!live) { /* the work is gone: drain into the discard area */
+        if (c->loan_frame) {
+            c->loan_skipped = true;
+            return loan_skip_rest(c);
+        }
         n = cl_tcp_link_recv(c, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
     if (s->kind == CL_SOP_RECV) {
-        n = cl_tcp_link_recv(c, s->dst + c->payload_got, left);
+        n = payload_recv(c, s->dst + c->payload_got, c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
     } else {
         if (!c->stage && !(c->stage = malloc(TCP_STAGE_BYTES))) {
@@ -592,8 +642,9 @@ static ssize_t conn_read_payload(tcp_conn *c) {
             return -ENOMEM;
         }
         uint64_t chunk = left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES;
-        n = cl_tcp_link_recv(c, c->stage + c->stage_fill, chunk - c->stage_fill);
-        if (n > 0) {
+        n = payload_recv(c, c->stage + c->stage_fill, c->payload_got + c->stage_fill,
+                         chunk - c->stage_fill);
+        if (n > 0 && !c->loan_withdrawn) {
             c->stage_fill += (uint64_t)n;
             if (c->stage_fill == chunk) {
                 const collie_coll_args *a = &s->owner->args;
@@ -610,7 +661,8 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         }
     }
     core->work_busy_exit(w);
-    return n < 0 ? -errno : n;
+    if (c->loan_withdrawn) return loan_skip_rest(c);
+    return n;
 }
 
 static void conn_peer_aborted(tcp_conn *c);
@@ -623,15 +675,27 @@ static void conn_message_done(tcp_conn *c) {
         conn_peer_aborted(c);
         return;
     }
+    int loan = CL_LOAN_READ;
+    if (c->loan_frame) loan = cl_tcp_loan_end(c, !c->loan_skipped);
     if (c->cur_unx) {
         tcp_unexpected *u = c->cur_unx;
         c->cur_unx = NULL;
-        cl_list_push_back(&c->unexpected, &u->node);
+        if (loan == CL_LOAN_READ) {
+            cl_list_push_back(&c->unexpected, &u->node);
+            return;
+        }
+        /* its send ended before it was read: no receive will ever match it */
+        free(u->data);
+        free(u);
         return;
     }
     tcp_slot *s = c->cur;
     c->cur = NULL;
-    if (s->owner) cl_tcp_op_done(s->owner);
+    if (!s->owner) return;
+    if (loan == CL_LOAN_READ)
+        cl_tcp_op_done(s->owner);
+    else if (!s->owner->finished)
+        cl_tcp_loan_doom(c, s, loan);
 }
 
 static void conn_read_handshake(tcp_conn *c) {
@@ -658,8 +722,9 @@ static void conn_read_handshake(tcp_conn *c) {
 /* The peer destroyed its comm. Harmless unless something here still
  * waits for it. */
 static void conn_goodbye(tcp_conn *c) {
+    cl_tcp_loans_settle(c, false); /* it returned what it read before it left */
     bool needed = c->expected.count || !cl_list_empty(&c->p2p_expected) || c->cur ||
-                  !cl_list_empty(&c->sendq);
+                  !cl_list_empty(&c->sendq) || !cl_list_empty(&c->lent);
     if (needed) {
         cl_tcp_conn_lost(c, COLLIE_EPEER,
                          "rank %d destroyed its comm while work with it was pending", c->peer);
@@ -692,6 +757,9 @@ static void conn_peer_aborted(tcp_conn *c) {
  * so the loop does not spin on it. */
 static bool conn_shm_doorbell(tcp_conn *c) {
     cl_shm_link_drain_doorbell(&c->shm, c->fd);
+    cl_tcp_loans_probe(c);
+    cl_tcp_loans_settle(c, !c->tc->polled); /* the peer returned loans */
+    if (c->state != TCP_CONN_READY) return false;
     if (c->shm.writer_wait && !cl_list_empty(&c->sendq)) {
         cl_tcp_conn_flush(c);
         if (c->state != TCP_CONN_READY) return false;
@@ -744,6 +812,13 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                 conn_goodbye(c);
                 return;
             }
+            /* byte 7: a lent payload, only over shared memory, never empty */
+            if (c->hdr[7] > TCP_FRAME_LOAN ||
+                (c->hdr[7] && (!shm || c->hdr[4] == TCP_KIND_ABORT || !get64(c->hdr + 32)))) {
+                cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                return;
+            }
+            if (c->hdr[7]) cl_tcp_loan_begin(c);
             c->have_hdr = true;
             if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
                 c->reading_abort = true;
@@ -767,8 +842,12 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             }
             if (n < 0) {
                 if (n == -EAGAIN || n == -EINTR) return;
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
-                                 strerror((int)-n));
+                if (n == -EPROTO)
+                    cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed loan", c->peer);
+                else
+                    cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s%s", c->peer,
+                                     strerror((int)-n),
+                                     c->loan_frame ? " (reading its memory: single copy)" : "");
                 return;
             }
             if (c->payload_got < c->payload_len) continue;
@@ -788,6 +867,11 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
  * cl_tcp_conn_expect, as on TCP. */
 void cl_tcp_conn_poll(tcp_conn *c, bool sleeping) {
     if (c->state != TCP_CONN_READY || !cl_tcp_link_is_shm(c)) return;
+    cl_tcp_loans_probe(c);
+    if (!cl_list_empty(&c->lent)) {
+        cl_tcp_loans_settle(c, sleeping);
+        if (c->state != TCP_CONN_READY) return;
+    }
     /* a flush scheduled for the end of the callback (cl_tcp_conn_send), or
      * a writer that waits for room that has come */
     if (c->flush_scheduled ||
@@ -835,9 +919,12 @@ void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq) {
  * cancel or abort), NONE excepted. A slot being filled is drained into the
  * void. c may be NULL (no connection to that peer any more). */
 void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
+    if (m->loan_ticket) cl_tcp_loan_forget(m); /* withdrawn already by the unlend hook */
     if (!cl_list_linked(&m->node)) return;
     cl_list_remove(&m->node);
-    if (m->sent > 0 && c) cl_tcp_conn_break_send(c, m);
+    /* a whole frame (a loan that waited for its return) leaves the stream intact */
+    if (m->sent > 0 && m->sent < TCP_FRAME_HDR + tcp_msg_body_len(m) && c)
+        cl_tcp_conn_break_send(c, m);
 }
 
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {

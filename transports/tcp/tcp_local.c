@@ -156,6 +156,8 @@ int cl_tcp_local_listen(tcp_comm *tc, char *published, size_t len) {
     if (r != COLLIE_OK) return r;
     const char *bytes = tc->core->setting("COLLIE_SHM_RING_BYTES");
     tc->shm_ring_bytes = bytes ? strtoull(bytes, NULL, 10) : CL_SHM_LINK_DEFAULT_RING;
+    const char *single = tc->core->setting("COLLIE_SHM_SINGLE_COPY");
+    tc->shm_single_copy = single ? strtoull(single, NULL, 10) : CL_SHM_SINGLE_COPY_DEFAULT;
     snprintf(published, len, "%s", tc->addr);
     if (tc->mode == TCP_MODE_TCP) return COLLIE_OK;
     tc->host_known = cl_host_id_self(&tc->host) == COLLIE_OK;

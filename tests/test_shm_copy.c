@@ -1,0 +1,293 @@
+/*
+ * test_shm_copy.c — single copy between same-host ranks (transports/shm/
+ * loan.h): large payloads are read straight out of the sender's memory.
+ * Every collective and send/recv gives the right result with it, small
+ * messages and COLLIE_SHM_SINGLE_COPY=0 keep to the ring, and a sender
+ * whose work ends before (or while) its peer reads never lets the peer
+ * complete with bytes its user may have rewritten: the peer's receive
+ * fails naming it, and the sender's deadline never waits for the peer.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "engine/config.h"
+#include "harness.h"
+#include "runner.h"
+
+static collie_comm_stats stats_of(collie_comm *c) {
+    collie_comm_stats st = {.size = sizeof st};
+    assert_int_equal(collie_comm_get_stats(c, &st), COLLIE_OK);
+    return st;
+}
+
+static uint64_t single_copy_bytes(const world *w) {
+    uint64_t sum = 0;
+    for (int r = 0; r < w->n; r++)
+        sum += stats_of(w->c[r]).shm_single_copy_bytes;
+    return sum;
+}
+
+/* Can this process read memory with process_vm_readv at all (a seccomp
+ * filter may forbid it)? The ranks of these tests are threads of it. */
+static bool cma_allowed(void) {
+    uint64_t src = 42, dst = 0;
+    struct iovec l = {&dst, sizeof dst}, r = {&src, sizeof src};
+    return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == (ssize_t)sizeof dst && dst == 42;
+}
+
+static void set_threshold(const char *v) {
+    if (v)
+        setenv("COLLIE_SHM_SINGLE_COPY", v, 1);
+    else
+        unsetenv("COLLIE_SHM_SINGLE_COPY");
+    cl_config_reload();
+}
+
+/* Every collective kind over 2, 3 and 4 ranks with payloads above the
+ * threshold: right results, and the bytes did come by single copy. */
+static void test_every_collective_by_single_copy(void **state) {
+    (void)state;
+    if (!cma_allowed()) {
+        print_message("process_vm_readv is not allowed here: single copy cannot run\n");
+        skip();
+    }
+    static const collie_coll_kind kinds[] = {
+        COLLIE_COLL_ALLREDUCE, COLLIE_COLL_BROADCAST, COLLIE_COLL_REDUCE,
+        COLLIE_COLL_ALLGATHER, COLLIE_COLL_REDUCE_SCATTER, COLLIE_COLL_ALLTOALL,
+        COLLIE_COLL_GATHER,    COLLIE_COLL_SCATTER};
+    for (int n = 2; n <= 4; n++) {
+        char name[32];
+        snprintf(name, sizeof name, "copy1-%d", n);
+        world w;
+        world_create(&w, n, name, NULL);
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            uint64_t before = single_copy_bytes(&w);
+            /* 192 Ki floats: 768 KiB, whole or in pieces, above 64 KiB */
+            run_and_check(&w, kinds[k], COLLIE_FP32, COLLIE_SUM, 192 * 1024, n - 1, false);
+            uint64_t got = single_copy_bytes(&w) - before;
+            if (got == 0)
+                fail_msg("%d ranks, %s: nothing came by single copy", n,
+                         collie_coll_kind_name(kinds[k]));
+        }
+        run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT64, COLLIE_MAX, 1 << 20, 0, true);
+        world_destroy(&w);
+    }
+}
+
+/* Point to point: an expected receive and one posted after the message
+ * came (the unexpected path buffers it by single copy). */
+static void test_send_recv_by_single_copy(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    world w;
+    world_create(&w, 2, "copy1-p2p", NULL);
+    size_t n = 1 << 20;
+    int32_t *src = malloc(n * 4), *dst = malloc(n * 4);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < n; i++)
+            src[i] = (int32_t)(uint32_t)(i * 2654435761u + (uint32_t)round);
+        memset(dst, 0, n * 4);
+        collie_work *s, *r;
+        if (round == 0) { /* the receive first */
+            assert_int_equal(collie_recv(w.c[1], dst, n, COLLIE_INT32, 0, 7, NULL, &r),
+                             COLLIE_OK);
+            assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 7, NULL, &s),
+                             COLLIE_OK);
+        } else { /* the send completes before any receive is posted */
+            assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 9, NULL, &s),
+                             COLLIE_OK);
+            assert_int_equal(collie_work_wait(s, 20000), COLLIE_OK);
+            memset(src, 0xee, n * 4); /* the user's buffer is the user's again */
+            assert_int_equal(collie_recv(w.c[1], dst, n, COLLIE_INT32, 0, 9, NULL, &r),
+                             COLLIE_OK);
+        }
+        assert_int_equal(collie_work_wait(s, 20000), COLLIE_OK);
+        assert_int_equal(collie_work_wait(r, 20000), COLLIE_OK);
+        for (size_t i = 0; i < n; i++)
+            if (dst[i] != (int32_t)(uint32_t)(i * 2654435761u + (uint32_t)round))
+                fail_msg("round %d: element %zu is %u", round, i, dst[i]);
+        collie_work_release(s);
+        collie_work_release(r);
+    }
+    assert_true(stats_of(w.c[1]).shm_single_copy_bytes >= 2 * n * 4);
+    free(src);
+    free(dst);
+    world_destroy(&w);
+}
+
+/* Below the threshold, and with it set to 0, everything goes through the
+ * ring. */
+static void test_threshold_and_off(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "copy1-small", NULL);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 1024, 0, false);
+    run_and_check(&w, COLLIE_COLL_BROADCAST, COLLIE_UINT8, COLLIE_SUM, 60 * 1024, 0, false);
+    assert_int_equal(single_copy_bytes(&w), 0);
+    world_destroy(&w);
+    set_threshold("0");
+    world_create(&w, 3, "copy1-off", NULL);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 1 << 20, 0, false);
+    run_and_check(&w, COLLIE_COLL_BROADCAST, COLLIE_FP32, COLLIE_SUM, 1 << 20, 1, false);
+    assert_int_equal(single_copy_bytes(&w), 0);
+    world_destroy(&w);
+    set_threshold(NULL);
+}
+
+/* Two ranks under policy NONE (a failed work does not abort the comm, so
+ * nothing else fails rank 1's receive). */
+static void world_none(world *w, const char *name) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.policy = COLLIE_POLICY_NONE;
+    o.timeout_ms = 20000;
+    world_create(w, 2, name, &o);
+}
+
+/* The root's broadcast times out before rank 1 posts its part; the root's
+ * user then rewrites the buffer. Rank 1, posting later, must not complete
+ * with the rewritten bytes: its broadcast fails naming rank 0. The root's
+ * deadline did not wait for rank 1. */
+static void test_withdrawn_before_read(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    world w;
+    world_none(&w, "copy1-withdraw");
+    size_t n = 256 * 1024;
+    int32_t *a = malloc(n * 4), *b = malloc(n * 4);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t i = 0; i < n; i++)
+        a[i] = 0x11111111;
+    memset(b, 0, n * 4);
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 200;
+    collie_work *root;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_broadcast(w.c[0], a, n, COLLIE_INT32, 0, &po, &root), COLLIE_OK);
+    int rc = collie_work_wait(root, 10000);
+    int64_t took = now_ms() - t0;
+    print_message("root: %s after %lld ms: %s\n", collie_status_name(rc), (long long)took,
+                  collie_work_error_message(root));
+    assert_int_equal(rc, COLLIE_ETIMEDOUT);
+    assert_true(took < 5000); /* its deadline (and the desync report's grace), not rank 1 */
+    for (size_t i = 0; i < n; i++) /* the user has its buffer back */
+        a[i] = 0x22222222;
+    collie_work *late;
+    po.timeout_ms = 5000;
+    assert_int_equal(collie_broadcast(w.c[1], b, n, COLLIE_INT32, 0, &po, &late), COLLIE_OK);
+    rc = collie_work_wait(late, 10000);
+    const char *msg = collie_work_error_message(late);
+    print_message("rank 1: %s: %s\n", collie_status_name(rc), msg ? msg : "");
+    if (rc == COLLIE_OK) fail_msg("rank 1 completed with the root's rewritten buffer (%x)", b[0]);
+    assert_int_equal(rc, COLLIE_EPEER);
+    assert_non_null(strstr(msg, "rank 0 withdrew its message"));
+    collie_work_release(root);
+    collie_work_release(late);
+    free(a);
+    free(b);
+    world_destroy(&w);
+}
+
+/* The root cancels while rank 1 reads (a large broadcast, read in pieces)
+ * and at once rewrites its buffer. Whatever the timing, rank 1 either
+ * fails or completes with the original bytes, never a mix. */
+static void test_cancel_while_read(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    size_t n = 16u << 20; /* 64 MiB of uint32 */
+    int32_t *a = malloc(n * 4), *b = malloc(n * 4);
+    assert_non_null(a);
+    assert_non_null(b);
+    int ok = 0, failed = 0;
+    for (int round = 0; round < 4; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "copy1-cancel%d", round);
+        world w;
+        world_none(&w, name);
+        for (size_t i = 0; i < n; i++)
+            a[i] = 0x33333333;
+        memset(b, 0, n * 4);
+        collie_post_opts po = COLLIE_POST_OPTS_INIT;
+        po.timeout_ms = 10000;
+        collie_work *late, *root;
+        assert_int_equal(collie_broadcast(w.c[1], b, n, COLLIE_INT32, 0, &po, &late), COLLIE_OK);
+        assert_int_equal(collie_broadcast(w.c[0], a, n, COLLIE_INT32, 0, &po, &root), COLLIE_OK);
+        usleep((useconds_t)(500 + 1500 * round)); /* into the read, more or less */
+        collie_work_cancel(root);
+        for (size_t i = 0; i < n; i += 1024) /* the user writes as soon as it is told */
+            a[i] = 0x44444444;
+        int rc0 = collie_work_wait(root, 10000);
+        int rc1 = collie_work_wait(late, 15000);
+        print_message("round %d: root %s, rank 1 %s\n", round, collie_status_name(rc0),
+                      collie_status_name(rc1));
+        assert_true(rc1 != COLLIE_INPROGRESS);
+        if (rc1 == COLLIE_OK) {
+            ok++;
+            for (size_t i = 0; i < n; i++)
+                if (b[i] != 0x33333333) fail_msg("round %d: element %zu is %x", round, i, b[i]);
+        } else {
+            failed++;
+        }
+        collie_work_release(root);
+        collie_work_release(late);
+        world_destroy(&w);
+    }
+    print_message("%d completed whole, %d failed\n", ok, failed);
+    free(a);
+    free(b);
+}
+
+/* Under the default policy the root's cancel aborts its comm: rank 1,
+ * whose message from the root was withdrawn, learns the root cause (rank
+ * 0 failed: cancelled), not that a message went missing. */
+static void test_withdrawn_peer_learns_root_cause(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    world w;
+    world_create(&w, 2, "copy1-cause", NULL);
+    size_t n = 1 << 20;
+    int32_t *a = calloc(n, 4), *b = calloc(n, 4);
+    assert_non_null(a);
+    assert_non_null(b);
+    collie_work *root, *late;
+    assert_int_equal(collie_broadcast(w.c[0], a, n, COLLIE_INT32, 0, NULL, &root), COLLIE_OK);
+    assert_int_equal(collie_work_wait(root, 50), COLLIE_INPROGRESS); /* lent, not read */
+    assert_int_equal(collie_work_cancel(root), COLLIE_OK);
+    assert_int_equal(collie_work_wait(root, 5000), COLLIE_ECANCELED);
+    int rc = collie_broadcast(w.c[1], b, n, COLLIE_INT32, 0, NULL, &late);
+    if (rc == COLLIE_OK) {
+        rc = collie_work_wait(late, 10000);
+        collie_work_release(late);
+    }
+    int st;
+    const char *msg;
+    collie_comm_error(w.c[1], &st, &msg);
+    print_message("rank 1: %s; comm: %s\n", collie_status_name(rc), msg ? msg : "");
+    assert_int_equal(rc, COLLIE_EABORTED);
+    assert_int_equal(st, COLLIE_EABORTED);
+    assert_non_null(strstr(msg, "rank 0 failed"));
+    assert_non_null(strstr(msg, "cancel"));
+    collie_work_release(root);
+    free(a);
+    free(b);
+    world_destroy(&w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_collective_by_single_copy),
+        cmocka_unit_test(test_send_recv_by_single_copy),
+        cmocka_unit_test(test_threshold_and_off),
+        cmocka_unit_test(test_withdrawn_before_read),
+        cmocka_unit_test(test_cancel_while_read),
+        cmocka_unit_test(test_withdrawn_peer_learns_root_cause),
+    };
+    return cltest_main(tests, NULL, NULL);
+}
