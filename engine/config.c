@@ -81,10 +81,10 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_SHM_RING_BYTES", CL_SET_INT, CL_OFF(shm_ring_bytes), 4096, "524288",
      "bytes of each direction's shared-memory ring between two same-host ranks (rounded up to "
      "a power of two, at most 1 GiB)"},
-    {"COLLIE_SHM_SINGLE_COPY", CL_SET_INT, CL_OFF(shm_single_copy), 0, "65536",
+    {"COLLIE_SHM_SINGLE_COPY", CL_SET_INT, CL_OFF(shm_single_copy), 0, "524288",
      "bytes from which a message to a same-host rank is not copied through the ring but read "
-     "straight out of the sender's memory (process_vm_readv; where the system forbids it, the "
-     "ring is used); 0: never"},
+     "straight out of the sender's memory (process_vm_readv; collectives that reduce, and "
+     "systems that forbid it, use the ring); 0: never"},
     {"COLLIE_BLOCKING_WAIT", CL_SET_STRING, CL_OFF(blocking_wait), 0, "0",
      "1: error policy BLOCKING_WAIT (the waiter gets the error; nothing happens in the "
      "background)"},
@@ -119,7 +119,7 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .restart_count = -1,
                                           .trace_buffer = 2048,
                                           .shm_ring_bytes = 524288,
-                                          .shm_single_copy = 65536,
+                                          .shm_single_copy = 524288,
                                           .nccl_poll_us = 200,
                                           .nccl_abort_ms = 10000};
 static cl_config cl_cfg = cl_cfg_defaults;

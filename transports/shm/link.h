@@ -31,7 +31,7 @@
 #include "transports/shm/ring.h"
 
 #define CL_SHM_LINK_DEFAULT_RING   (512u * 1024u)
-#define CL_SHM_SINGLE_COPY_DEFAULT (64u * 1024u) /* payloads from this size are lent (loan.h) */
+#define CL_SHM_SINGLE_COPY_DEFAULT (512u * 1024u) /* payloads from this size are lent (loan.h) */
 
 /* Who the memory is for: checked by the dialer against the header page. */
 typedef struct cl_shm_link_id {

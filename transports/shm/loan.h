@@ -47,8 +47,8 @@
 /* One lender's loans, in the link's header page (one per direction). */
 typedef struct cl_shm_loan_side {
     /* written by the lender */
-    _Alignas(64) _Atomic uint64_t probe_addr; /* a word of its memory ... */
-    _Atomic uint64_t probe_value;             /* ... and what it holds */
+    _Alignas(64) _Atomic uint64_t probe_addr;              /* a word of its memory ... */
+    _Atomic uint64_t probe_value;                          /* ... and what it holds */
     _Alignas(64) _Atomic uint64_t slot[CL_SHM_LOAN_SLOTS]; /* ticket lent, 0 = withdrawn */
     /* written by the borrower */
     _Alignas(64) _Atomic uint64_t returned; /* every ticket up to it is done with */

@@ -14,6 +14,14 @@
  *    order. A work keeps its open loans in tcp_work.loans (at most
  *    TCP_WORK_LOANS; a link at most CL_SHM_LOAN_SLOTS): more go through
  *    the ring as before.
+ *  - What is lent (measured, bench/RESULTS.md): payloads from
+ *    COLLIE_SHM_SINGLE_COPY bytes (512 KiB) of collectives that do not
+ *    reduce. The ring's two copies go through memory that stays in the
+ *    cache and run on both cores at once, while process_vm_readv pins the
+ *    sender's pages and runs on the receiver alone: it wins where one side
+ *    only sends (broadcast 2 ranks, 1-16 MiB: ~6 GB/s against ~4.7), it
+ *    loses below ~512 KiB and where the receiver reduces what it reads
+ *    (allreduce 2 ranks: ~3.5 GB/s against ~3.9).
  *  - A work that ends early (deadline, cancel, abort, a fault) withdraws
  *    its loans as it is published (cl_tcp_work_unlend, any thread, before
  *    its end is visible): the peer's claim then fails and its receive fails
@@ -49,7 +57,7 @@
 bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m) {
     uint64_t min = c->tc->shm_single_copy;
     if (!min || m->len < min || !m->owner || !cl_tcp_link_is_shm(c) ||
-        !cl_shm_loan_can_lend(&c->shm.loans))
+        collie_coll_reduces(m->owner->args.kind) || !cl_shm_loan_can_lend(&c->shm.loans))
         return false;
     tcp_loan_rec *recs = m->owner->loans;
     int rec = -1;
@@ -82,7 +90,8 @@ void cl_tcp_loan_forget(tcp_msg *m) {
 void cl_tcp_work_unlend(tcp_work *tw) {
     for (int i = 0; i < TCP_WORK_LOANS; i++) {
         uint64_t t = atomic_load_explicit(&tw->loans[i].ticket, memory_order_acquire);
-        if (t) cl_shm_loan_withdraw(atomic_load_explicit(&tw->loans[i].to, memory_order_relaxed), t);
+        if (t)
+            cl_shm_loan_withdraw(atomic_load_explicit(&tw->loans[i].to, memory_order_relaxed), t);
     }
 }
 
@@ -144,9 +153,9 @@ static void loan_doom_expired(int fd, unsigned what, void *arg) {
                              tw->doomed_peer, p2p ? "tag" : "seq",
                              (unsigned long long)tw->doomed_seq);
         else
-            cl_tcp_work_fail(tw, COLLIE_EPEER, "rank %d exited while its message (%s %llu) was read",
-                             tw->doomed_peer, p2p ? "tag" : "seq",
-                             (unsigned long long)tw->doomed_seq);
+            cl_tcp_work_fail(tw, COLLIE_EPEER,
+                             "rank %d exited while its message (%s %llu) was read", tw->doomed_peer,
+                             p2p ? "tag" : "seq", (unsigned long long)tw->doomed_seq);
     }
 }
 
@@ -189,8 +198,8 @@ void cl_tcp_loan_begin(tcp_conn *c) {
 }
 
 ssize_t cl_tcp_loan_read_desc(tcp_conn *c) {
-    ssize_t n = cl_tcp_link_recv(c, c->loan_desc + c->loan_desc_got,
-                                 CL_SHM_LOAN_DESC - c->loan_desc_got);
+    ssize_t n =
+        cl_tcp_link_recv(c, c->loan_desc + c->loan_desc_got, CL_SHM_LOAN_DESC - c->loan_desc_got);
     if (n <= 0) return n < 0 ? -errno : 0;
     c->loan_desc_got += (size_t)n;
     if (c->loan_desc_got == CL_SHM_LOAN_DESC &&
