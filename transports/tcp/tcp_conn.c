@@ -850,13 +850,14 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                                      c->loan_frame ? " (reading its memory: single copy)" : "");
                 return;
             }
+            if (c->loan_frame) iter += (int)(n >> 20); /* a MiB pulled counts as a read */
             if (c->payload_got < c->payload_len) continue;
         }
         conn_message_done(c);
     }
     /* the bound cut a shm link short: no doorbell comes for bytes already
      * there, so come back on the next turn of the loop */
-    if (shm && iter == 64 && c->state == TCP_CONN_READY)
+    if (shm && iter >= 64 && c->state == TCP_CONN_READY)
         c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
 }
 

@@ -31,8 +31,9 @@
  *  - Receiving: the header is matched as any other; the descriptor is read
  *    from the ring; the payload is pulled with process_vm_readv into the
  *    destination (or the staging buffer for receive-and-reduce, or an
- *    unexpected message's buffer) in pieces of at most LOAN_PULL bytes, so
- *    one message cannot hold the loop for long. A work that is gone skips
+ *    unexpected message's buffer) in pieces of at most LOAN_PULL bytes,
+ *    each MiB counted as one of the 64 reads a connection gets per turn of
+ *    the loop, so one message cannot hold it for long. A work that is gone skips
  *    the pulls. The claim at the end decides: read, withdrawn (the work
  *    fails), or the peer exited (the work fails; its socket's end follows).
  *    Every loan is returned, in order, whatever happened, so the lender's
@@ -50,7 +51,9 @@
 
 #include "transports/tcp/tcp_conn_impl.h"
 
-#define LOAN_PULL (1u << 20) /* bytes pulled per call */
+/* bytes pulled per call: measured best of 256 KiB, 1 and 4 MiB (2-rank
+ * broadcast of 1-64 MiB: 6.8-7.8 GB/s against 5.4-6.2 with 1 MiB) */
+#define LOAN_PULL (4u << 20)
 
 /* ---- the lender ------------------------------------------------------------------------ */
 
