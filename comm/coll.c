@@ -24,7 +24,7 @@
 static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
 static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
 
-#define COLL_POOL_MAX 256
+#define COLL_POOL_MAX 512
 
 void cl_coll_pool_init(collie_bcomm *bc) { pthread_mutex_init(&bc->pool_mu, NULL); }
 

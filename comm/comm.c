@@ -92,12 +92,13 @@ static void comm_fail_fast(cl_coll_work *cw) {
     cl_work_finish(&cw->base, COLLIE_EABORTED, "comm '%s' has failed: %s", c->name, c->err_msg);
 }
 
-static void comm_start_now(cl_coll_work *cw) {
+/* now: when it starts (one clock read per start: it is on every post's path) */
+static void comm_start_now(cl_coll_work *cw, int64_t now) {
     collie_comm *c = cw->comm;
     collie_bcomm *bc = cw->bc;
     cl_list_push_back(&c->active, &cw->link);
     cw->started = true;
-    cl_flight_start(c, cw);
+    cl_flight_start(c, cw, now);
     int r = bc->ops->start(bc->state, &cw->base, &cw->args);
     if (r != COLLIE_OK)
         cl_work_finish(&cw->base, r, "backend %s could not start it: %s", bc->ops->name,
@@ -109,13 +110,13 @@ void cl_comm_start_work(cl_coll_work *cw) {
     if (cw->caller_started) { /* the backend has it already: just track it */
         cl_list_push_back(&c->active, &cw->link);
         cw->started = true;
-        cl_flight_start(c, cw);
+        cl_flight_start(c, cw, cw->base.start_ns);
         return;
     }
     switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
     case CL_COMM_FAILED: comm_fail_fast(cw); return;
     case CL_COMM_CREATING: cl_list_push_back(&c->waiting, &cw->link); return;
-    default: comm_start_now(cw); return;
+    default: comm_start_now(cw, cw->base.start_ns); return; /* its start command just ran */
     }
 }
 
@@ -408,7 +409,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         cl_coll_work *cw;
         while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
             cl_list_remove(&cw->link);
-            comm_start_now(cw);
+            comm_start_now(cw, cl_now_ns());
         }
         return;
     }

@@ -230,7 +230,8 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len);
 int cl_flight_init(collie_comm *c);
 void cl_flight_fini(collie_comm *c);
 void cl_flight_post(collie_comm *c, cl_coll_work *cw);
-void cl_flight_start(collie_comm *c, cl_coll_work *cw);
+/* `now`: the start time (the caller has read the clock already) */
+void cl_flight_start(collie_comm *c, cl_coll_work *cw, int64_t now);
 void cl_flight_end(collie_comm *c, cl_coll_work *cw);
 void cl_comm_dump_on_abort(collie_comm *c);
 

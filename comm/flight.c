@@ -76,11 +76,11 @@ static cl_fr_entry *fr_entry(collie_comm *c, cl_coll_work *cw) {
     return e->id == cw->fr_id ? e : NULL;
 }
 
-void cl_flight_start(collie_comm *c, cl_coll_work *cw) {
+void cl_flight_start(collie_comm *c, cl_coll_work *cw, int64_t now) {
     if (!c->fr.ring) return;
     pthread_mutex_lock(&c->fr.mu);
     cl_fr_entry *e = fr_entry(c, cw);
-    if (e) e->start_ns = cl_now_ns();
+    if (e) e->start_ns = now;
     pthread_mutex_unlock(&c->fr.mu);
 }
 

@@ -364,7 +364,9 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                 if (!have) entered[ne++] = w;
                 /* a large payload to a same-host peer: lend it instead
                  * (under the bracket: the unlend hook sees the loan) */
-                if (m->sent == 0 && !m->loan_ticket) lent += cl_tcp_loan_open(c, m);
+                if (m->sent == 0 && !m->loan_ticket && c->tc->shm_single_copy &&
+                    m->len >= c->tc->shm_single_copy)
+                    lent += cl_tcp_loan_open(c, m);
             }
             if (m->sent < TCP_FRAME_HDR) {
                 iov[niov].iov_base = m->hdr + m->sent;
@@ -757,9 +759,11 @@ static void conn_peer_aborted(tcp_conn *c) {
  * so the loop does not spin on it. */
 static bool conn_shm_doorbell(tcp_conn *c) {
     cl_shm_link_drain_doorbell(&c->shm, c->fd);
-    cl_tcp_loans_probe(c);
-    cl_tcp_loans_settle(c, !c->tc->polled); /* the peer returned loans */
-    if (c->state != TCP_CONN_READY) return false;
+    if (!c->shm.loans.probed) cl_tcp_loans_probe(c);
+    if (!cl_list_empty(&c->lent)) {
+        cl_tcp_loans_settle(c, !c->tc->polled); /* the peer returned loans */
+        if (c->state != TCP_CONN_READY) return false;
+    }
     if (c->shm.writer_wait && !cl_list_empty(&c->sendq)) {
         cl_tcp_conn_flush(c);
         if (c->state != TCP_CONN_READY) return false;
@@ -868,7 +872,7 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
  * cl_tcp_conn_expect, as on TCP. */
 void cl_tcp_conn_poll(tcp_conn *c, bool sleeping) {
     if (c->state != TCP_CONN_READY || !cl_tcp_link_is_shm(c)) return;
-    cl_tcp_loans_probe(c);
+    if (!c->shm.loans.probed) cl_tcp_loans_probe(c);
     if (!cl_list_empty(&c->lent)) {
         cl_tcp_loans_settle(c, sleeping);
         if (c->state != TCP_CONN_READY) return;

@@ -312,7 +312,7 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
 
 /* Pool sizes: enough for many works in flight; scratch beyond XB_KEEP_SCRATCH
  * is returned to the allocator rather than kept around. */
-#define XB_POOL_MAX     128
+#define XB_POOL_MAX     512
 #define XB_KEEP_SCRATCH (4u << 20)
 
 void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb) {
