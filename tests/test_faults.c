@@ -142,18 +142,21 @@ typedef struct rk {
     int rank, size, count;
     int32_t timeout_ms;
     const char *name;
+    bool bcast; /* FT_OP=broadcast: broadcasts from rank it % size instead of allreduces */
     rk_slot slots[WINDOW];
 } rk;
 
 static void rk_fill(const rk *r, int32_t *buf, int it) {
+    int from = r->bcast ? it % r->size : r->rank;
     for (int j = 0; j < r->count; j++)
-        buf[j] = (r->rank + 1) * (j + 1) + it;
+        buf[j] = r->bcast && from != r->rank ? -1 : (from + 1) * (j + 1) + it;
 }
 
 static bool rk_correct(const rk *r, const int32_t *buf, int it) {
-    int n = r->size;
+    int n = r->size, root = it % n;
     for (int j = 0; j < r->count; j++)
-        if (buf[j] != (j + 1) * n * (n + 1) / 2 + n * it) return false;
+        if (buf[j] != (r->bcast ? (root + 1) * (j + 1) + it : (j + 1) * n * (n + 1) / 2 + n * it))
+            return false;
     return true;
 }
 
@@ -187,6 +190,9 @@ static void rk_create(rk *r) {
 static int rk_post(rk *r, rk_slot *s, int it) {
     s->iter = it;
     rk_fill(r, s->buf, it);
+    if (r->bcast)
+        return collie_broadcast(r->c, s->buf, (size_t)r->count, COLLIE_INT32, it % r->size, NULL,
+                                &s->w);
     return collie_allreduce(r->c, s->buf, s->buf, (size_t)r->count, COLLIE_INT32, COLLIE_SUM, NULL,
                             &s->w);
 }
@@ -309,12 +315,13 @@ static void rk_after(rk *r, int n) {
 /* The rank program of the kill, hang and network-cut tests. Settings:
  * FT_NAME, FT_TIMEOUT_MS, FT_LIFE (2: a restarted rank, straight to the
  * new generation), FT_AFTER (allreduces after re-creating the comm; 0: no
- * recovery), FT_STOP_AT, FT_COUNT. */
+ * recovery), FT_STOP_AT, FT_COUNT, FT_OP (allreduce, or broadcast). */
 static int rank_loop(void) {
     rk r = {0};
     r.name = getenv("FT_NAME") ? getenv("FT_NAME") : "faults";
     r.timeout_ms = env_int("FT_TIMEOUT_MS", KILL_OP_TIMEOUT);
     r.count = env_int("FT_COUNT", 64);
+    r.bcast = getenv("FT_OP") && !strcmp(getenv("FT_OP"), "broadcast");
     r.rank = env_int("COLLIE_RANK", -1);
     r.size = env_int("COLLIE_WORLD_SIZE", 0);
     int life = env_int("FT_LIFE", 1), after = env_int("FT_AFTER", 0);
@@ -324,6 +331,9 @@ static int rank_loop(void) {
     if (life == 1) {
         rk_create(&r);
         rk_loop_until_fault(&r, env_int("FT_STOP_AT", 0));
+        collie_comm_stats st = COLLIE_COMM_STATS_INIT;
+        collie_comm_get_stats(r.c, &st);
+        say("COPY bytes=%llu", (unsigned long long)st.shm_single_copy_bytes);
         int64_t t0 = mono_ns();
         int rc = collie_comm_destroy(r.c);
         say("DESTROY ms=%lld rc=%s", (long long)((mono_ns() - t0) / 1000000),
@@ -722,6 +732,8 @@ static bool blames_victim(const char *line, void *arg) {
 /* The CPU transport the kill scenario's ranks use (the default backend
  * puts them on shared memory: one host). */
 static const char *kill_transport = "COLLIE_CPU_TRANSPORT=auto";
+/* What the ranks loop (FT_OP, FT_COUNT; default: small allreduces). */
+static const char *kill_op = "FT_OP=allreduce", *kill_count = "FT_COUNT=64";
 
 static void scenario_kill(int victim, int stall, kill_result *res) {
     enum { N = 4 };
@@ -732,7 +744,8 @@ static void scenario_kill(int victim, int stall, kill_result *res) {
     snprintf(name, sizeof name, "FT_NAME=kill%d", victim);
     char after[32];
     snprintf(after, sizeof after, "FT_AFTER=%d", AFTER_RECOVERY);
-    const char *extra[] = {name, after, "FT_TIMEOUT_MS=30000", kill_transport, NULL};
+    const char *extra[] = {name,       after, "FT_TIMEOUT_MS=30000", kill_transport, kill_op,
+                           kill_count, NULL};
     proc *rk[N];
     for (int r = 0; r < N; r++)
         rk[r] = rank_start("loop", r, N, addr, extra, NULL);
@@ -750,7 +763,8 @@ static void scenario_kill(int victim, int stall, kill_result *res) {
     CHECK(rk[victim]->status == 128 + SIGKILL, "rank %d: status %d\n", victim, rk[victim]->status);
     CHECK(dev_shm_collie_files() == shm_files, "a file of collie's is left in /dev/shm\n");
     /* as collie-run --restarts would: the same rank again */
-    const char *again[] = {name, after, "FT_TIMEOUT_MS=30000", "FT_LIFE=2", kill_transport, NULL};
+    const char *again[] = {
+        name, after, "FT_TIMEOUT_MS=30000", "FT_LIFE=2", kill_transport, kill_op, kill_count, NULL};
     proc *restarted = rank_start("loop", victim, N, addr, again, NULL);
     int64_t worst = 0;
     for (int r = 0; r < N; r++) {
@@ -772,6 +786,10 @@ static void scenario_kill(int victim, int stall, kill_result *res) {
                   proc_each_line(rk[r], "POSTFAIL", blames_victim, &b) == 0 &&
                   proc_each_line(rk[r], "COMMERR", blames_victim, &b) == 0,
               "rank %d: an error does not name rank %d: %s\n", r, victim, b.bad);
+        if (strstr(kill_op, "broadcast")) { /* it did read by single copy before the kill */
+            const char *cp = proc_wait_line(rk[r], "COPY", STEP_MS);
+            CHECK(cp && line_int(cp, "bytes", 0) > 0, "rank %d: nothing came by single copy\n", r);
+        }
         const char *cb = proc_wait_line(rk[r], "ONERROR", STEP_MS);
         CHECK(cb && line_int(cb, "calls", 0) == 1 && line_int(cb, "off_loop", 1) == 0,
               "rank %d: the error callback did not run once on the progress thread\n", r);
@@ -810,6 +828,22 @@ static void test_kill_rank2_stalled_peer(void **state) {
     scenario_kill(2, 1, &res);
     print_message("kill rank 2, rank 1 stalled %d ms: every pending work failed within %.2f ms\n",
                   STALL_MS, (double)res.detect_us / 1000);
+}
+
+/* Rank 2 dies while its peers read 1 MiB broadcasts straight out of its
+ * memory and it reads theirs (single copy over shared memory): the same
+ * bounds, every error names it, and the new generation works. */
+static void test_kill_rank2_during_single_copy(void **state) {
+    (void)state;
+    kill_result res;
+    kill_op = "FT_OP=broadcast";
+    kill_count = "FT_COUNT=262144";
+    scenario_kill(2, -1, &res);
+    kill_op = "FT_OP=allreduce";
+    kill_count = "FT_COUNT=64";
+    print_message("kill rank 2 (1 MiB broadcasts, single copy): every pending work failed within "
+                  "%.2f ms\n",
+                  (double)res.detect_us / 1000);
 }
 
 /* The same over TCP (forced): both links detect a death alike. */
@@ -1669,6 +1703,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_kill_rank2_recover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_stalled_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_recover_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_rank2_during_single_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank0_recover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
