@@ -7,17 +7,29 @@
  * whose work ends before (or while) its peer reads never lets the peer
  * complete with bytes its user may have rewritten: the peer's receive
  * fails naming it, and the sender's deadline never waits for the peer.
+ * A rank the system forbids to read its peer (here a seccomp filter, as in
+ * a container) keeps to the ring for what it receives, and still lends.
  */
+#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#endif
 
 #include "coll_fixture.h"
 #include "engine/config.h"
 #include "harness.h"
 #include "runner.h"
+#include "spawn.h"
 
 static collie_comm_stats stats_of(collie_comm *c) {
     collie_comm_stats st = {.size = sizeof st};
@@ -286,7 +298,120 @@ static void test_withdrawn_peer_learns_root_cause(void **state) {
     world_destroy(&w);
 }
 
-int main(void) {
+/* ---- a rank that may not read its peer (a seccomp filter) -------------------------------- */
+
+/* Make process_vm_readv fail with EPERM in this process and the threads it
+ * starts from now on (as a container's default seccomp profile does). */
+static bool forbid_cross_memory(void) {
+#if defined(__x86_64__)
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+           prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+#else
+    return false;
+#endif
+}
+
+/* The rank program (under collie-run): the rank named by FORBID_CMA_RANK
+ * installs the filter first, before any thread. Broadcasts of 1 MiB from
+ * each rank, checked; prints the bytes this rank received by single copy. */
+static int rank_program(void) {
+    const char *forbid = getenv("FORBID_CMA_RANK"), *me = getenv("COLLIE_RANK");
+    if (forbid && me && !strcmp(forbid, me) && !forbid_cross_memory()) {
+        printf("ERROR no seccomp filter: %s\n", strerror(errno));
+        return 2;
+    }
+    collie_engine *e;
+    collie_comm *c;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "copy1-forbid";
+    o.timeout_ms = 20000;
+    if (collie_engine_create(NULL, &e) != COLLIE_OK || collie_comm_create_from_env(e, &o, &c)) {
+        printf("ERROR create: %s\n", collie_last_error());
+        return 1;
+    }
+    int rank = collie_comm_rank(c), n = collie_comm_size(c);
+    size_t count = 256 * 1024;
+    int32_t *buf = malloc(count * 4);
+    int bad = 0;
+    for (int it = 0; it < 4 && buf; it++) {
+        int root = it % n;
+        for (size_t j = 0; j < count; j++)
+            buf[j] = rank == root ? (int32_t)(j * 7 + (size_t)it) : -1;
+        collie_work *w;
+        int rc = collie_broadcast(c, buf, count, COLLIE_INT32, root, NULL, &w);
+        if (rc == COLLIE_OK) rc = collie_work_wait(w, 20000);
+        if (rc != COLLIE_OK) {
+            printf("ERROR broadcast %d: %s\n", it, collie_work_error_message(w));
+            return 1;
+        }
+        collie_work_release(w);
+        for (size_t j = 0; j < count; j++)
+            bad += buf[j] != (int32_t)(j * 7 + (size_t)it);
+    }
+    /* read before the peer can leave (a barrier after), so its connection counts */
+    collie_comm_stats st = COLLIE_COMM_STATS_INIT;
+    collie_comm_get_stats(c, &st);
+    collie_work *w;
+    if (collie_barrier(c, NULL, &w) == COLLIE_OK) {
+        collie_work_wait(w, 20000);
+        collie_work_release(w);
+    }
+    printf("RANK %d bad=%d copied=%llu shm=%u\n", rank, bad,
+           (unsigned long long)st.shm_single_copy_bytes, st.shm_connections);
+    free(buf);
+    collie_comm_destroy(c);
+    collie_engine_destroy(e);
+    return bad ? 1 : 0;
+}
+
+/* Rank 1 may not read rank 0's memory: what rank 0 sends it goes through
+ * the ring (and arrives whole); rank 0 still reads rank 1's by single
+ * copy. */
+static void test_forbidden_reader_keeps_to_the_ring(void **state) {
+    (void)state;
+#if !defined(__x86_64__)
+    print_message("the seccomp filter of this test is written for x86_64\n");
+    skip();
+#endif
+    if (!cma_allowed()) skip();
+    const char *self = spawn_build_path("tests/test_shm_copy");
+    const char *args[] = {"-n", "2", "--", self, "--rank", NULL};
+    const char *env[] = {"FORBID_CMA_RANK=1", "COLLIE_LOG=info", NULL};
+    spawn_proc *p = spawn_start("collie-run", args, env, 60000);
+    spawn_finish(p);
+    const char *out = p->text[0];
+    print_message("%s", out);
+    if (p->status != 0) spawn_dump(p);
+    assert_int_equal(p->status, 0);
+    const char *r0 = strstr(out, "RANK 0 "), *r1 = strstr(out, "RANK 1 ");
+    assert_non_null(r0);
+    assert_non_null(r1);
+    unsigned long long c0 = 0, c1 = 0;
+    unsigned s0 = 0, s1 = 0;
+    assert_int_equal(sscanf(r0, "RANK 0 bad=0 copied=%llu shm=%u", &c0, &s0), 2);
+    assert_int_equal(sscanf(r1, "RANK 1 bad=0 copied=%llu shm=%u", &c1, &s1), 2);
+    assert_int_equal(s0, 1); /* both on shared memory */
+    assert_int_equal(s1, 1);
+    assert_int_equal(c1, 0);               /* rank 1 cannot read: nothing lent to it */
+    assert_true(c0 >= 2 * 256 * 1024 * 4); /* rank 0 read rank 1's two broadcasts */
+    /* and rank 1 said why, once */
+    assert_non_null(strstr(p->text[1], "rank 1: single copy from rank 0 is not possible "
+                                       "(process_vm_readv from pid"));
+    spawn_free(p);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "--rank")) return rank_program();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_collective_by_single_copy),
         cmocka_unit_test(test_send_recv_by_single_copy),
@@ -294,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_withdrawn_before_read),
         cmocka_unit_test(test_cancel_while_read),
         cmocka_unit_test(test_withdrawn_peer_learns_root_cause),
+        cmocka_unit_test_teardown(test_forbidden_reader_keeps_to_the_ring, spawn_teardown),
     };
     return cltest_main(tests, NULL, NULL);
 }
