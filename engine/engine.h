@@ -31,7 +31,8 @@ typedef struct cl_cmd {
     cl_list_node node; /* in the engine's queue while posted */
     void (*fn)(struct cl_cmd *c);
     /* a thread helping the loop (cl_engine_assist) may run it: it starts
-     * a work and calls no user code (set by the poster, else false) */
+     * a work and calls no user code. Every poster sets it (a zeroed
+     * command: false); helpers read it, so it is never left undefined. */
     bool assist_ok;
 } cl_cmd;
 

@@ -228,7 +228,7 @@ static void loop_block_run(cl_cmd *c) {
 }
 
 static void loop_block_post(collie_engine *e, loop_block *b, int ms) {
-    b->cmd.fn = loop_block_run;
+    b->cmd = (cl_cmd){.fn = loop_block_run}; /* assist_ok false: helpers leave it to the loop */
     b->ms = ms;
     assert_int_equal(cl_engine_post_cmd(e, &b->cmd), COLLIE_OK);
 }

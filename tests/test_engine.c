@@ -75,7 +75,7 @@ static void q_item_run(cl_cmd *c) {
 static void *q_producer(void *arg) {
     int p = (int)(intptr_t)arg;
     for (int i = 1; i <= PER_PRODUCER; i++) {
-        q_item *it = malloc(sizeof *it);
+        q_item *it = calloc(1, sizeof *it); /* cmd.assist_ok false, as the engine's own */
         it->producer = p;
         it->index = i;
         it->cmd.fn = q_item_run;
