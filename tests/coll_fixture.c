@@ -236,3 +236,9 @@ void run_and_check(world *w, collie_coll_kind kind, collie_dtype dt, collie_redo
         free(mem[r]);
     }
 }
+
+collie_comm_stats comm_stats(collie_comm *c) {
+    collie_comm_stats st = {.size = sizeof st};
+    assert_int_equal(collie_comm_get_stats(c, &st), COLLIE_OK);
+    return st;
+}

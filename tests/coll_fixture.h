@@ -35,4 +35,7 @@ void fill_input(void *buf, size_t count, collie_dtype dt, collie_redop op, int r
 void run_and_check(world *w, collie_coll_kind kind, collie_dtype dt, collie_redop op, size_t count,
                    int root, bool in_place);
 
+/* comm_stats: collie_comm_get_stats of c (asserted to succeed). */
+collie_comm_stats comm_stats(collie_comm *c);
+
 #endif

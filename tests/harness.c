@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "engine/common.h"
+#include "engine/config.h"
 
 static void manual_start(collie_work *w) {
     manual_work *m = (manual_work *)w;
@@ -242,4 +243,12 @@ int dev_shm_collie_files(void) {
         n += strstr(de->d_name, "collie") != NULL;
     closedir(d);
     return n;
+}
+
+void setting_set(const char *name, const char *value) {
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    cl_config_reload();
 }

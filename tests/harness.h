@@ -88,4 +88,8 @@ int dev_shm_collie_files(void);
  * and reap it; its wait status, or -1 if it had to be killed. */
 int reap_bounded(pid_t pid, int timeout_ms);
 
+/* setting_set: set (value) or unset (NULL) the environment setting `name`
+ * and make collie read the settings again (engine/config.c). */
+void setting_set(const char *name, const char *value);
+
 #endif

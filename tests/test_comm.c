@@ -641,8 +641,7 @@ static void test_cut_message_keeps_connection_until_told(void **state) {
  * off here; tests/test_shm_copy.c covers a withdrawn loan.) */
 static void test_cut_message_policy_none(void **state) {
     (void)state;
-    setenv("COLLIE_SHM_SINGLE_COPY", "0", 1);
-    cl_config_reload();
+    setting_set("COLLIE_SHM_SINGLE_COPY", "0");
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = "cutnone";
     o.policy = COLLIE_POLICY_NONE;

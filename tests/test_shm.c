@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "coll_fixture.h"
-#include "engine/config.h"
 #include "harness.h"
 #include "runner.h"
 #include "transports/shm/link.h"
@@ -44,32 +43,20 @@ static void allreduce_check(world *w) {
     }
 }
 
-static collie_comm_stats stats_of(collie_comm *c) {
-    collie_comm_stats st = {.size = sizeof st};
-    assert_int_equal(collie_comm_get_stats(c, &st), COLLIE_OK);
-    return st;
-}
-
 static void test_default_backend_uses_shm(void **state) {
     (void)state;
     world w;
     world_create(&w, 3, "shm-auto", NULL);
     allreduce_check(&w);
     for (int r = 0; r < 3; r++) {
-        collie_comm_stats st = stats_of(w.c[r]);
+        collie_comm_stats st = comm_stats(w.c[r]);
         assert_true(st.connections >= 1);
         assert_int_equal(st.shm_connections, st.connections); /* every peer is on this host */
     }
     world_destroy(&w);
 }
 
-static void with_setting(const char *value) {
-    if (value)
-        setenv("COLLIE_CPU_TRANSPORT", value, 1);
-    else
-        unsetenv("COLLIE_CPU_TRANSPORT");
-    cl_config_reload();
-}
+static void with_setting(const char *value) { setting_set("COLLIE_CPU_TRANSPORT", value); }
 
 static void test_tcp_when_asked(void **state) {
     (void)state;
@@ -80,20 +67,20 @@ static void test_tcp_when_asked(void **state) {
     world w;
     world_create(&w, 2, o.name, &o);
     allreduce_check(&w);
-    assert_int_equal(stats_of(w.c[0]).connections, 1);
-    assert_int_equal(stats_of(w.c[0]).shm_connections, 0);
+    assert_int_equal(comm_stats(w.c[0]).connections, 1);
+    assert_int_equal(comm_stats(w.c[0]).shm_connections, 0);
     world_destroy(&w);
     /* the setting steers the default backend */
     with_setting("tcp");
     world_create(&w, 2, "shm-setting-tcp", NULL);
     allreduce_check(&w);
-    assert_int_equal(stats_of(w.c[1]).connections, 1);
-    assert_int_equal(stats_of(w.c[1]).shm_connections, 0);
+    assert_int_equal(comm_stats(w.c[1]).connections, 1);
+    assert_int_equal(comm_stats(w.c[1]).shm_connections, 0);
     world_destroy(&w);
     with_setting("shm");
     world_create(&w, 2, "shm-setting-shm", NULL);
     allreduce_check(&w);
-    assert_int_equal(stats_of(w.c[1]).shm_connections, 1);
+    assert_int_equal(comm_stats(w.c[1]).shm_connections, 1);
     world_destroy(&w);
     with_setting(NULL);
 }
@@ -301,7 +288,7 @@ static void test_garbage_on_the_local_sockets(void **state) {
     /* the comm did not notice, and still works */
     allreduce_check(&w);
     for (int r = 0; r < 2; r++)
-        assert_int_equal(stats_of(w.c[r]).status, COLLIE_OK);
+        assert_int_equal(comm_stats(w.c[r]).status, COLLIE_OK);
     world_destroy(&w);
 }
 
@@ -312,7 +299,7 @@ static void test_nothing_in_dev_shm(void **state) {
     world w;
     world_create(&w, 4, "shm-devshm", NULL);
     allreduce_check(&w);
-    assert_true(stats_of(w.c[0]).shm_connections > 0);
+    assert_true(comm_stats(w.c[0]).shm_connections > 0);
     assert_int_equal(dev_shm_collie_files(), before);
     world_destroy(&w);
     assert_int_equal(dev_shm_collie_files(), before);

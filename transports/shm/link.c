@@ -184,7 +184,7 @@ int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size
     return COLLIE_OK;
 }
 
-static void ring_doorbell(int sock) {
+void cl_shm_link_ring_doorbell(int sock) {
     char b = 1;
     ssize_t n = send(sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     (void)n; /* full of earlier doorbells, or the peer is gone: either way not needed */
@@ -209,7 +209,7 @@ ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool p
     for (int tries = 0; tries < 2; tries++) {
         size_t n = cl_shm_ring_read(&l->rx, buf, len);
         if (n > 0) {
-            if (cl_shm_ring_wake_writer(&l->rx)) ring_doorbell(sock);
+            if (cl_shm_ring_wake_writer(&l->rx)) cl_shm_link_ring_doorbell(sock);
             return (ssize_t)n;
         }
         if (l->eof) return 0;
@@ -231,7 +231,7 @@ ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, in
     for (int tries = 0; tries < 2; tries++) {
         size_t n = cl_shm_ring_writev(&l->tx, iov, niov);
         if (n > 0) {
-            if (cl_shm_ring_wake_reader(&l->tx)) ring_doorbell(sock);
+            if (cl_shm_ring_wake_reader(&l->tx)) cl_shm_link_ring_doorbell(sock);
             /* the ring filled up: park, so the reader's progress rings us
              * (if room came meanwhile, the caller simply writes again) */
             if (n < total && cl_shm_ring_writer_park(&l->tx, 1)) l->writer_wait = true;

@@ -73,6 +73,9 @@ void cl_shm_link_close(cl_shm_link *l);
 
 bool cl_shm_link_ready(const cl_shm_link *l);
 
+/* Ring the peer's doorbell on `sock`: one byte, never blocking (a full
+ * socket already wakes it; a gone peer needs none). */
+void cl_shm_link_ring_doorbell(int sock);
 /* Read the doorbell bytes waiting on `sock` (bounded); sets l->eof when the
  * socket ended or failed. */
 void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock);

@@ -284,7 +284,7 @@ bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m);
 void cl_tcp_loans_settle(tcp_conn *c, bool park);
 /* the connection closes: withdraw its loans, fail their works */
 void cl_tcp_loans_close(tcp_conn *c);
-/* m's work ended: withdraw its loan, free its record */
+/* m's work ended (its loan was withdrawn as it was published): free its record */
 void cl_tcp_loan_forget(tcp_msg *m);
 /* the work is ending, visibly at once (any thread): withdraw its loans */
 void cl_tcp_work_unlend(tcp_work *tw);

@@ -584,8 +584,6 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
     return false;
 }
 
-/* Feed payload bytes to the current slot. Returns >0 bytes read, 0 on EOF,
- * <0 (-errno) on error; -EAGAIN when the socket is drained. */
 /* Payload bytes [off, off + len) of the current frame into buf: from the
  * link, or for a lent payload out of the peer's memory (tcp_loan.c).
  * Bytes, 0 at the end of the stream, or -errno. */

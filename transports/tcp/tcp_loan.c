@@ -45,7 +45,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "transports/tcp/tcp.h"
 
@@ -233,11 +232,7 @@ int cl_tcp_loan_end(tcp_conn *c, bool used) {
     c->loan_frame = false;
     bool ring = false;
     int verdict = cl_shm_loan_return(&c->shm.loans, c->loan_ticket, used, &ring);
-    if (ring) { /* the lender sleeps: wake it */
-        char b = 1;
-        ssize_t n = send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-        (void)n; /* a full socket already wakes it; a gone peer needs none */
-    }
+    if (ring) cl_shm_link_ring_doorbell(c->fd); /* the lender sleeps: wake it */
     if (used && verdict == CL_LOAN_READ && COLLIE_CORE_HAS(c->tc->core, stat_add))
         c->tc->core->stat_add(c->tc->bc, COLLIE_BSTAT_SHM_SINGLE_COPY_BYTES,
                               (int64_t)c->payload_len);
