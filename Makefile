@@ -205,9 +205,11 @@ endif
 
 $(TORCH_EXT): $(TORCH_SRC) include/collie.h tools/torch_flags.py $(LIB_SO)
 	@mkdir -p $(@D)
+	@# a failing helper stops the build with its own message
+	flags=$$($(PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed:" \
+	  "the torch extension cannot be built (see its error above)" >&2; exit 1; }; \
 	$(CXX) -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
-	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' \
-	  $$($(PYTHON) tools/torch_flags.py 2>/dev/null)
+	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4

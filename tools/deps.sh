@@ -17,8 +17,13 @@ need=(
   "/usr/include/jansson.h:libjansson-dev"
   "/usr/bin/g++:g++"
 )
+# the torch extension is built with `make` wherever Debian's torch is
+# installed; tools/torch_flags.py needs torch.utils.cpp_extension, which
+# imports setuptools
+torch_ext=("/usr/lib/python3/dist-packages/setuptools/__init__.py:python3-setuptools")
 case "$profile" in
-  build) ;;
+  build)
+    [ -e /usr/lib/python3/dist-packages/torch/__init__.py ] && need+=("${torch_ext[@]}") ;;
   test)
     need+=(
       "/usr/include/cmocka.h:libcmocka-dev"
@@ -32,6 +37,7 @@ case "$profile" in
       "/usr/lib/python3/dist-packages/torch/__init__.py:python3-torch"
       "/usr/include/torch/csrc/distributed/c10d/ProcessGroup.hpp:libtorch-dev"
       "/usr/include/pybind11/pybind11.h:pybind11-dev"
+      "${torch_ext[@]}"
     ) ;;
   *) echo "deps.sh: unknown profile '$profile' (build or test)" >&2; exit 2 ;;
 esac
