@@ -39,9 +39,17 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
     va_end(ap);
     /* recorded before the work is visible as failed: a waiter that wakes
      * finds collie_comm_error set; the policy is applied next */
-    cl_comm_record_fault(bc->comm, status, "%s", msg);
-    if (w) cl_work_finish(w, status, "%s", msg);
-    cl_comm_fault(bc->comm, status, "%s", msg);
+    collie_comm *c = bc->comm;
+    bool root = cl_comm_record_fault(c, status, "%s", msg);
+    /* the work that saw the comm's first fault gets the root code; one that
+     * meets the fault's consequences later (a backend finds a dead peer's
+     * connection closed) is taken down by it, as the policy takes down
+     * the rest: EABORTED naming the root cause (NONE: each work its own) */
+    if (w && (root || c->policy == COLLIE_POLICY_NONE))
+        cl_work_finish(w, status, "%s", msg);
+    else if (w)
+        cl_work_finish(w, COLLIE_EABORTED, "aborted: %s", c->err_msg);
+    cl_comm_fault(c, status, "%s", msg);
 }
 
 static void svc_init_done(collie_bcomm *bc, int status, const char *fmt, ...) {

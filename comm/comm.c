@@ -283,12 +283,13 @@ static void comm_tell_then_close(collie_comm *c, bool tell, int status) {
         comm_close_in(c, COMM_CLOSE_GRACE_MS); /* told already, or never created */
 }
 
-void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
+bool cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (comm_record_error(c, status, fmt, ap))
-        atomic_store_explicit(&c->fault_unapplied, true, memory_order_release);
+    bool first = comm_record_error(c, status, fmt, ap);
+    if (first) atomic_store_explicit(&c->fault_unapplied, true, memory_order_release);
     va_end(ap);
+    return first;
 }
 
 static void comm_on_error_now(collie_comm *c, int status) {

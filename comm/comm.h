@@ -252,8 +252,9 @@ void cl_comm_release(collie_comm *c);
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* cl_comm_record_fault: record the first fault only (any thread); the next
- * cl_comm_fault on the loop applies the policy to it */
-void cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...)
+ * cl_comm_fault on the loop applies the policy to it. True if it was the
+ * first (the comm's root cause); false if the comm had failed already. */
+bool cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* the same; `propagate` false for faults learnt from the control channel */
 void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...)

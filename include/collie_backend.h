@@ -223,7 +223,9 @@ typedef struct collie_core_services {
 
     /* faults: the backend saw the comm break (peer died, protocol error,
      * async backend error). The core fails the work (if given) with
-     * `status`, applies the comm's error policy, and calls abort. (loop) */
+     * `status`, applies the comm's error policy, and calls abort. (loop)
+     * A fault on a comm that has failed already (its policy other than
+     * NONE) fails the work with COLLIE_EABORTED naming the root cause. */
     void (*fault)(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
     /* init completion: the backend calls this once, with COLLIE_OK when it

@@ -17,6 +17,11 @@
  *               which has no connection to rank 2, is SIGSTOPped across the
  *               kill for longer than the close grace: it must still name
  *               rank 2, not the survivor whose connection it saw close.
+ *   deep:       4 ranks post 100,000 one-element collectives back to back
+ *               and rank 2 SIGKILLs itself mid-stream: on every survivor
+ *               every work ends by its deadline and each one that returned
+ *               OK holds its result (default policy on both links, NONE,
+ *               BLOCKING_WAIT; allreduce, and a mix of five kinds).
  *   hang:       rank 3 SIGSTOPs itself between two allreduces (sockets stay
  *               open); with a 2 s op timeout ranks 0-2 fail within 3 s of
  *               the stop, their messages name rank 3 as not having reached
@@ -388,10 +393,157 @@ static int rank_abort_process(void) {
     return 0;
 }
 
+/* The deep-queue program: FT_DEEP_N collectives of one element (kinds from
+ * FT_OP: allreduce, or mix = allreduce, broadcast, allgather,
+ * reduce_scatter, alltoall in turn), posted back to back with outputs
+ * zeroed, then waited for, all of them, by one deadline. FT_VICTIM
+ * SIGKILLs itself after FT_DIE_AT posts. A survivor checks the bytes of
+ * every work that returned OK (the oracle rule) and reports one DEEP line:
+ * how many were right, wrong, failed (by status; unnamed: failures whose
+ * message does not name the victim) and still pending. */
+enum { DEEP_KINDS = 5 };
+
+static bool names_rank(const char *msg, int rank);
+
+static collie_coll_kind deep_kind(bool mix, int i) {
+    static const collie_coll_kind kinds[DEEP_KINDS] = {
+        COLLIE_COLL_ALLREDUCE, COLLIE_COLL_BROADCAST, COLLIE_COLL_ALLGATHER,
+        COLLIE_COLL_REDUCE_SCATTER, COLLIE_COLL_ALLTOALL};
+    return mix ? kinds[i % DEEP_KINDS] : COLLIE_COLL_ALLREDUCE;
+}
+
+/* What rank r contributes to block p of work i (every kind sends int32). */
+static int32_t deep_val(int r, int p, int i) { return (r + 1) * 1000 + (p + 1) * 10 + i % 7; }
+
+static int deep_post(collie_comm *c, collie_coll_kind k, int i, int32_t *in, int32_t *out,
+                     collie_work **w) {
+    int r = collie_comm_rank(c), n = collie_comm_size(c);
+    for (int p = 0; p < n; p++) {
+        in[p] = deep_val(r, p, i);
+        out[p] = 0;
+    }
+    switch (k) {
+    case COLLIE_COLL_BROADCAST: /* in place: the root's block 0, zero elsewhere */
+        if (r != i % n) in[0] = 0;
+        return collie_broadcast(c, in, 1, COLLIE_INT32, i % n, NULL, w);
+    case COLLIE_COLL_ALLGATHER: return collie_allgather(c, in, out, 1, COLLIE_INT32, NULL, w);
+    case COLLIE_COLL_REDUCE_SCATTER:
+        return collie_reduce_scatter(c, in, out, 1, COLLIE_INT32, COLLIE_SUM, NULL, w);
+    case COLLIE_COLL_ALLTOALL: return collie_alltoall(c, in, out, 1, COLLIE_INT32, NULL, w);
+    default: return collie_allreduce(c, in, out, 1, COLLIE_INT32, COLLIE_SUM, NULL, w);
+    }
+}
+
+/* Does work i of kind k hold exactly its result? */
+static bool deep_correct(collie_coll_kind k, int r, int n, int i, const int32_t *in,
+                         const int32_t *out) {
+    int32_t sum = 0;
+    switch (k) {
+    case COLLIE_COLL_BROADCAST: return in[0] == deep_val(i % n, 0, i);
+    case COLLIE_COLL_ALLGATHER:
+        for (int p = 0; p < n; p++)
+            if (out[p] != deep_val(p, 0, i)) return false;
+        return true;
+    case COLLIE_COLL_ALLTOALL:
+        for (int p = 0; p < n; p++)
+            if (out[p] != deep_val(p, r, i)) return false;
+        return true;
+    case COLLIE_COLL_REDUCE_SCATTER:
+        for (int q = 0; q < n; q++)
+            sum += deep_val(q, r, i);
+        return out[0] == sum;
+    default:
+        for (int q = 0; q < n; q++)
+            sum += deep_val(q, 0, i);
+        return out[0] == sum;
+    }
+}
+
+static int rank_deep(void) {
+    int total = env_int("FT_DEEP_N", 40000), victim = env_int("FT_VICTIM", 2);
+    int die_at = env_int("FT_DIE_AT", total / 4), die_ms = env_int("FT_DIE_MS", -1);
+    int64_t t_first = 0;
+    bool mix = getenv("FT_OP") && !strcmp(getenv("FT_OP"), "mix");
+    rk r = {0};
+    r.name = getenv("FT_NAME") ? getenv("FT_NAME") : "deep";
+    r.timeout_ms = env_int("FT_TIMEOUT_MS", KILL_OP_TIMEOUT);
+    RK_CHECK(collie_engine_create(NULL, &r.e));
+    rk_create(&r);
+    int rank = collie_comm_rank(r.c), n = collie_comm_size(r.c);
+    int32_t *in = calloc((size_t)total * (size_t)n, sizeof *in);
+    int32_t *out = calloc((size_t)total * (size_t)n, sizeof *out);
+    collie_work **w = calloc((size_t)total, sizeof *w);
+    if (!in || !out || !w) {
+        say("ERROR no memory");
+        return 1;
+    }
+    int posted = 0;
+    for (; posted < total; posted++) {
+        if (rank == victim && (posted == die_at || (die_ms >= 0 && posted > 1 &&
+                                                    mono_ns() - t_first >= die_ms * 1000000LL)))
+            raise(SIGKILL);
+        /* the first one connects every rank to its peers: the death comes
+         * mid-stream, not before the connections */
+        if (posted == 1 && collie_work_wait(w[0], r.timeout_ms + 10000) != COLLIE_OK) {
+            say("ERROR the first work failed: %s", collie_work_error_message(w[0]));
+            return 1;
+        }
+        if (posted == 1) t_first = mono_ns();
+        size_t at = (size_t)posted * (size_t)n;
+        int rc = deep_post(r.c, deep_kind(mix, posted), posted, in + at, out + at, &w[posted]);
+        if (rc != COLLIE_OK) { /* the comm failed meanwhile: fails fast, naming why */
+            say("POSTFAIL status=%s t=%lld msg=%s", collie_status_name(rc), (long long)mono_ns(),
+                collie_last_error());
+            break;
+        }
+    }
+    if (rank == victim) raise(SIGKILL);
+    /* every work ends by its deadline, which started when it was posted */
+    int64_t until = now_ms() + r.timeout_ms + 10000;
+    int ok = 0, wrong = 0, pending = 0, unnamed = 0,
+        nst[4] = {0}; /* EPEER EABORTED ETIMEDOUT other */
+    for (int i = 0; i < posted; i++) {
+        int64_t left = until - now_ms();
+        int rc = collie_work_wait(w[i], (int32_t)(left > 0 ? left : 0));
+        size_t at = (size_t)i * (size_t)n;
+        collie_coll_kind k = deep_kind(mix, i);
+        if (rc == COLLIE_OK) {
+            ok++;
+            if (!deep_correct(k, rank, n, i, in + at, out + at) && wrong++ < 5)
+                say("WRONG seq=%llu kind=%d out=%d,%d,%d,%d in0=%d",
+                    (unsigned long long)collie_work_seq(w[i]), (int)k, out[at], out[at + 1],
+                    out[at + 2], out[at + 3], in[at]);
+        } else if (rc == COLLIE_INPROGRESS) {
+            pending++;
+        } else {
+            nst[rc == COLLIE_EPEER       ? 0
+                : rc == COLLIE_EABORTED  ? 1
+                : rc == COLLIE_ETIMEDOUT ? 2
+                                         : 3]++;
+            if (!names_rank(collie_work_error_message(w[i]), victim) && unnamed++ < 3)
+                say("UNNAMED seq=%llu status=%s msg=%s", (unsigned long long)collie_work_seq(w[i]),
+                    collie_status_name(rc), collie_work_error_message(w[i]));
+        }
+    }
+    say("DEEP posted=%d ok=%d wrong=%d pending=%d epeer=%d eaborted=%d etimedout=%d other=%d "
+        "unnamed=%d",
+        posted, ok, wrong, pending, nst[0], nst[1], nst[2], nst[3], unnamed);
+    for (int i = 0; i < posted; i++)
+        collie_work_release(w[i]);
+    collie_comm_destroy(r.c);
+    RK_CHECK(collie_engine_destroy(r.e));
+    free(in);
+    free(out);
+    free(w);
+    say("EXIT");
+    return 0;
+}
+
 static int rank_main(const char *prog) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!strcmp(prog, "loop")) return rank_loop();
     if (!strcmp(prog, "abortproc")) return rank_abort_process();
+    if (!strcmp(prog, "deep")) return rank_deep();
     fprintf(stderr, "test_faults: unknown rank program '%s'\n", prog);
     return 2;
 }
@@ -863,6 +1015,95 @@ static void test_kill_rank0_recover(void **state) {
     scenario_kill(0, -1, &res);
     print_message("kill rank 0: every pending work failed within %.2f ms\n",
                   (double)res.detect_us / 1000);
+}
+
+/* ---- a deep queue when a peer dies: nothing wrong returns OK --------------- */
+
+/* 4 ranks post DEEP_N one-element collectives back to back; rank 2
+ * SIGKILLs itself DEEP_DIE_MS after its first one completed (every rank
+ * connected), mid-stream. On every survivor every work ends by its
+ * deadline, and each one that returned OK holds its result (the report of
+ * issue 28: rank 0 returned OK for a run of allreduces whose output was
+ * never written — a step that needed rank 2's closed connection went on
+ * without that op, and the comm fails its works in slices, so the ones
+ * not yet failed kept running). Under ABORT_COMM (the default) every
+ * failure is EPEER or EABORTED and names rank 2; that race is met in some
+ * rounds, not all, so the scenario runs `rounds` times. Under NONE the
+ * comm goes on after the fault and every later allreduce of rank 0 meets
+ * the closed connection: the same flaw, every time. There, and under
+ * BLOCKING_WAIT, nothing tells a rank that never talked to rank 2, so its
+ * works may also time out (a short op timeout). `policy` is an extra
+ * setting (NULL: the default policy). */
+#define DEEP_N       100000
+#define DEEP_DIE_MS  100
+#define DEEP_TIMEOUT 3000 /* op timeout where a survivor may have to wait it out */
+
+static void scenario_deep(const char *transport, const char *policy, const char *op, int rounds) {
+    enum { N = 4, VICTIM = 2 };
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    char total[32], die[32], timeout[32];
+    snprintf(total, sizeof total, "FT_DEEP_N=%d", DEEP_N);
+    snprintf(die, sizeof die, "FT_DIE_MS=%d", DEEP_DIE_MS);
+    snprintf(timeout, sizeof timeout, "FT_TIMEOUT_MS=%d", policy ? DEEP_TIMEOUT : KILL_OP_TIMEOUT);
+    int64_t t0 = now_ms();
+    for (int round = 0; round < rounds; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "FT_NAME=deep%d", round);
+        const char *extra[] = {name, total, die, timeout, transport, op, policy, NULL};
+        proc *rk[N];
+        for (int r = 0; r < N; r++)
+            rk[r] = rank_start("deep", r, N, addr, extra, NULL);
+        CHECK(proc_wait_exit(rk[VICTIM], STEP_MS), "rank %d did not die\n", VICTIM);
+        CHECK(rk[VICTIM]->status == 128 + SIGKILL, "rank %d: status %d\n", VICTIM,
+              rk[VICTIM]->status);
+        for (int r = 0; r < N; r++) {
+            if (r == VICTIM) continue;
+            const char *d = proc_wait_line(rk[r], "DEEP", STEP_MS + DEEP_TIMEOUT);
+            CHECK(d, "round %d, rank %d did not report\n", round, r);
+            print_message("round %d, rank %d:%.*s\n", round, r, (int)strcspn(d, "\n"), d);
+            CHECK(line_int(d, "wrong", -1) == 0,
+                  "round %d, rank %d: works returned OK with a wrong result\n", round, r);
+            CHECK(line_int(d, "pending", -1) == 0,
+                  "round %d, rank %d: works pending past their deadline\n", round, r);
+            CHECK(line_int(d, "other", -1) == 0,
+                  "round %d, rank %d: works failed with another status\n", round, r);
+            if (!policy)
+                CHECK(line_int(d, "etimedout", -1) == 0 && line_int(d, "unnamed", -1) == 0,
+                      "round %d, rank %d: a failure does not name rank %d\n", round, r, VICTIM);
+            CHECK(proc_wait_exit(rk[r], STEP_MS) && rk[r]->status == 0,
+                  "round %d, rank %d: exit status %d\n", round, r, rk[r]->status);
+        }
+        for (int r = 0; r < N; r++) { /* the next round's ranks take their slots */
+            free(rk[r]->text);
+            if (rk[r]->fd >= 0) close(rk[r]->fd);
+            memset(rk[r], 0, sizeof *rk[r]);
+        }
+    }
+    print_message("deep queue, rank %d killed, %d round(s): %lld ms\n", VICTIM, rounds,
+                  (long long)(now_ms() - t0));
+}
+
+static void test_kill_deep_queue(void **state) {
+    (void)state;
+    scenario_deep("COLLIE_CPU_TRANSPORT=auto", NULL, "FT_OP=allreduce", 6);
+}
+
+static void test_kill_deep_queue_tcp(void **state) {
+    (void)state;
+    scenario_deep("COLLIE_CPU_TRANSPORT=tcp", NULL, "FT_OP=allreduce", 6);
+}
+
+/* NONE: every kind of the mix, on both links */
+static void test_kill_deep_queue_policy_none(void **state) {
+    (void)state;
+    scenario_deep("COLLIE_CPU_TRANSPORT=auto", "COLLIE_ASYNC_ERROR_HANDLING=0", "FT_OP=mix", 1);
+    scenario_deep("COLLIE_CPU_TRANSPORT=tcp", "COLLIE_ASYNC_ERROR_HANDLING=0", "FT_OP=mix", 1);
+}
+
+static void test_kill_deep_queue_blocking_wait(void **state) {
+    (void)state;
+    scenario_deep("COLLIE_CPU_TRANSPORT=tcp", "COLLIE_BLOCKING_WAIT=1", "FT_OP=mix", 2);
 }
 
 /* ======================================================================== */
@@ -1705,6 +1946,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_kill_rank2_recover_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank2_during_single_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_rank0_recover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_deep_queue, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_deep_queue_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_deep_queue_policy_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_deep_queue_blocking_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
         cmocka_unit_test_setup_teardown(test_recovery_example, setup, teardown),

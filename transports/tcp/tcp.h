@@ -226,6 +226,7 @@ typedef struct tcp_work {
     tcp_xbuf *xb; /* NULL for point-to-point works */
     uint32_t step;
     uint32_t pending; /* ops of the current step not yet done */
+    uint32_t nposted; /* ops of the current step posted: its msgs/slots [0, nposted) */
     bool finished, running, posted, kind_p2p;
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
@@ -304,8 +305,8 @@ void cl_tcp_loan_doom(tcp_conn *c, const tcp_slot *s, int verdict);
 void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb);
 void cl_tcp_xbuf_free_all(tcp_comm *tc);
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw);
-/* tw is ending: unlink its messages and slots of the current step (the
- * only ones that can be linked), each in O(1) */
+/* tw is ending: unlink its messages and slots of the current step that
+ * were posted (the only ones that can be linked), each in O(1) */
 void cl_tcp_work_forget(tcp_work *tw);
 /* has this rank finished collective `seq` (started it, and it is no longer
  * in flight)? */
@@ -318,6 +319,11 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
                         char *why, size_t len);
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* tw can never complete: an op of it needs a link that is closed or
+ * broken. It fails as a work that saw a fault of the comm: with `status`
+ * if that is the comm's first fault (or under policy NONE), else with
+ * EABORTED naming the root cause (the core's fault service decides). */
+void cl_tcp_work_fault(tcp_work *tw, int status, const char *why);
 /* a peer's connection broke: fault the comm */
 void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why);
 

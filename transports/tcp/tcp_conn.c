@@ -230,8 +230,8 @@ static void conn_fail_queued(tcp_conn *c) {
     tcp_msg *m;
     for (int i = 0; i < BROKEN_SLICE && (m = cl_list_first(&c->sendq, tcp_msg, node)); i++) {
         cl_list_remove(&m->node); /* finishing only schedules a retirement: the list stays ours */
-        if (m->owner && !m->owner->finished)
-            cl_tcp_work_fail(m->owner, COLLIE_EABORTED, "%s", c->broken_why);
+        if (m->owner && !m->owner->finished) /* the fault that cut the stream takes it down */
+            cl_tcp_work_fault(m->owner, COLLIE_EABORTED, c->broken_why);
     }
     if (!cl_list_empty(&c->sendq) && c->wev) /* after the loop's next poll */
         c->tc->core->watch_start(c->wev, 0);

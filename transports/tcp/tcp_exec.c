@@ -6,7 +6,11 @@
  *  - A step posts all its operations at once: local ones run immediately,
  *    each SEND becomes a message on the peer's connection, each RECV a slot
  *    the connection fills. `pending` counts the network operations left;
- *    the next step is posted when it reaches zero.
+ *    the next step is posted when it reaches zero. So an operation that
+ *    cannot be posted (its peer's connection is closed: the peer died or
+ *    left, or the stream to it broke) must end the work: `pending` counts
+ *    only what was posted, and a step that went on without it would end
+ *    OK with bytes that never came (cl_tcp_work_fault).
  *  - Re-entrancy: posting a send can complete it at once (the socket had
  *    room), which reports back through cl_tcp_op_done while the step is
  *    still being posted. A guard count during posting and the `running`
@@ -61,12 +65,23 @@ static void work_local_op(tcp_work *tw, const cl_sop *op) {
     }
 }
 
+void cl_tcp_work_fault(tcp_work *tw, int status, const char *why) {
+    tcp_comm *tc = tw->tc;
+    if (tc->aborted) {
+        cl_tcp_work_fail(tw, tc->abort_status, "%s", tc->abort_reason);
+        return;
+    }
+    tw->finished = true;
+    tc->core->fault(tc->bc, tw->w, status, "%s", why);
+}
+
 /* Post every operation of the current step. */
 static void work_post_step(tcp_work *tw) {
     tcp_comm *tc = tw->tc;
     const cl_sched *s = &tw->xb->sched;
     uint32_t first = s->step_start[tw->step], end = s->step_start[tw->step + 1];
     bool touched = false;
+    tw->nposted = 0;
     for (uint32_t i = first; i < end && !tw->finished; i++) {
         const cl_sop *op = &s->ops[i];
         uint32_t k = i - first;
@@ -80,8 +95,8 @@ static void work_post_step(tcp_work *tw) {
             cl_tcp_work_fail(tw, COLLIE_ENOMEM, "no memory for a connection");
             break;
         }
-        if (c->state == TCP_CONN_CLOSED) {
-            cl_tcp_peer_lost(tc, op->peer, COLLIE_EPEER, c->closed_why);
+        if (c->state == TCP_CONN_CLOSED) { /* it must not go on without this op */
+            cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
             break;
         }
         tw->pending++;
@@ -92,6 +107,7 @@ static void work_post_step(tcp_work *tw) {
             m->payload = work_buf_at(tw, op->buf, op->off);
             m->len = op->len;
             cl_tcp_frame_header(m->hdr, tc, &tw->args, collie_work_seq(tw->w), tw->step, op->len);
+            tw->nposted = k + 1;
             if (touched) { /* sends read user memory under their own bracket */
                 tc->core->work_busy_exit(tw->w);
                 touched = false;
@@ -107,6 +123,7 @@ static void work_post_step(tcp_work *tw) {
             sl->dst = work_buf_at(tw, op->buf, op->off);
             sl->src = work_buf_at(tw, op->src_buf, op->src_off);
             sl->len = op->len;
+            tw->nposted = k + 1;
             if (touched) {
                 tc->core->work_busy_exit(tw->w);
                 touched = false;
@@ -140,6 +157,7 @@ static void work_run(tcp_work *tw) {
         if (tw->pending > 0 || tw->finished) break;
         tw->step++;
         tw->posted = false;
+        tw->nposted = 0;
     }
     tw->running = false;
 }
@@ -189,7 +207,7 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
      * has since said goodbye: what it sent before is still ours to take */
     if (a->kind == COLLIE_COLL_RECV && p2p_take_unexpected(tc, tw, c, len)) return COLLIE_OK;
     if (c->state == TCP_CONN_CLOSED) {
-        cl_tcp_peer_lost(tc, a->peer, COLLIE_EPEER, c->closed_why);
+        cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
         return COLLIE_OK;
     }
     if (a->kind == COLLIE_COLL_SEND) {
@@ -231,8 +249,10 @@ void cl_tcp_work_forget(tcp_work *tw) {
         return;
     }
     if (!tw->xb || tw->step >= tw->xb->sched.nsteps) return;
+    /* only what was posted: a step cut short (its work failed mid-way)
+     * leaves the rest of its msgs and slots as an earlier work left them */
     const cl_sched *s = &tw->xb->sched;
-    uint32_t first = s->step_start[tw->step], end = s->step_start[tw->step + 1];
+    uint32_t first = s->step_start[tw->step], end = first + tw->nposted;
     for (uint32_t i = first; i < end; i++) {
         const cl_sop *op = &s->ops[i];
         if (op->kind == CL_SOP_SEND)
