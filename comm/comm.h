@@ -166,6 +166,8 @@ struct collie_comm {
     /* control channel (comm_ctl.c, loop) */
     struct {
         uint64_t next;
+        uint64_t taken_unwritten; /* `next` as a timed-out watch found it: taken,
+                                     not written (0: none); skipped at the next one */
         collie_work *watch, *probe;
         struct event *retry_ev;
         bool stopped, abort_published;

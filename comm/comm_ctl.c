@@ -11,8 +11,14 @@
  *    with a delay, after the store connection is lost. Nothing is written
  *    per operation.
  *  - A writer that took k and died before writing it would stall the
- *    channel; a watch that times out therefore checks the counter and skips
- *    an index that was taken but never written.
+ *    channel; a watch that times out therefore checks the counter, and skips
+ *    an index only when two watches in a row timed out on it after it was
+ *    taken: a writer is given a whole watch bound (CTL_WATCH_MS, more than
+ *    the 2 s its write may take) from the moment it is seen to have taken k.
+ *    Skipping at the first timeout would lose a message written between that
+ *    timeout and the probe, or by a writer slower than one watch bound: an
+ *    abort notice missed, or a desync query unanswered (a healthy rank named
+ *    as not answering).
  *  - Messages: "abort <rank> <status> <reason>" (the comm failed there: fail
  *    everything here with that root cause) and "query <rank> <seq>" (a desync
  *    query, see desync.c: answer with this rank's progress under
@@ -133,10 +139,16 @@ static void ctl_on_count(collie_work *w, void *arg) {
     collie_work_release(w);
     c->ctl.probe = NULL;
     if (!c->ctl.stopped) {
-        if ((uint64_t)n >= c->ctl.next) {
+        if ((uint64_t)n < c->ctl.next) {
+            c->ctl.taken_unwritten = 0; /* nothing taken: just quiet */
+        } else if (c->ctl.taken_unwritten != c->ctl.next) {
+            c->ctl.taken_unwritten = c->ctl.next; /* its writer gets one more watch bound */
+        } else {
             cl_log_comm(CL_LOG_WARN, "comm", c->name, -1,
-                        "control message %llu was never written; skipping it",
-                        (unsigned long long)c->ctl.next);
+                        "control message %llu was taken but not written within %d ms; "
+                        "skipping it",
+                        (unsigned long long)c->ctl.next, CTL_WATCH_MS);
+            c->ctl.taken_unwritten = 0;
             c->ctl.next++;
         }
         ctl_watch_post(c);

@@ -323,6 +323,66 @@ static void test_deadline_event_asks_once(void **state) {
     world_destroy(&w);
 }
 
+/* ctl_wait_fault: wait (bounded) until c has failed; its root cause, or NULL. */
+static const char *ctl_wait_fault(collie_comm *c, int64_t bound_ms) {
+    int64_t until = now_ms() + bound_ms;
+    const char *msg = NULL;
+    int st;
+    while (collie_comm_error(c, &st, &msg) == COLLIE_OK && now_ms() < until)
+        usleep(20000);
+    return collie_comm_error(c, &st, &msg) == COLLIE_OK ? NULL : msg;
+}
+
+/* A control message written late is still read: a writer takes index 1
+ * and writes its abort notice only 5.6 s later, after rank 0's watch on
+ * index 1 timed out (5 s) and found the index taken. The watch must give
+ * the writer time rather than skip the index (the notice was lost, and
+ * rank 0 never aborted). */
+static void test_ctl_late_message_is_read(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "ctllate", NULL);
+    char key[160];
+    unsigned long long gen = (unsigned long long)collie_comm_generation(w.c[0]);
+    snprintf(key, sizeof key, "collie/ctllate/%llu/ctl/n", gen);
+    int64_t k = 0;
+    assert_int_equal(collie_store_add(w.st[1], key, 1, 5000, &k), COLLIE_OK);
+    assert_int_equal(k, 1);
+    struct timespec ts = {5, 600 * 1000000L};
+    nanosleep(&ts, NULL);
+    snprintf(key, sizeof key, "collie/ctllate/%llu/ctl/1", gen);
+    const char *notice = "abort 1 -6 rank 1 failed: slow writer's notice";
+    assert_int_equal(collie_store_set(w.st[1], key, notice, strlen(notice), 5000), COLLIE_OK);
+    const char *msg = ctl_wait_fault(w.c[0], 8000);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "slow writer's notice"));
+    world_destroy(&w);
+}
+
+/* An index taken and never written (its writer died) is still skipped, so
+ * the channel goes on: index 1 taken and left, index 2 an abort notice;
+ * rank 0 reads it once the grace of index 1 ran out (two watch bounds). */
+static void test_ctl_unwritten_index_is_skipped(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "ctldead", NULL);
+    char key[160];
+    unsigned long long gen = (unsigned long long)collie_comm_generation(w.c[0]);
+    snprintf(key, sizeof key, "collie/ctldead/%llu/ctl/n", gen);
+    int64_t k = 0;
+    assert_int_equal(collie_store_add(w.st[1], key, 2, 5000, &k), COLLIE_OK);
+    assert_int_equal(k, 2);
+    snprintf(key, sizeof key, "collie/ctldead/%llu/ctl/2", gen);
+    const char *notice = "abort 1 -6 rank 1 failed: after a dead writer";
+    assert_int_equal(collie_store_set(w.st[1], key, notice, strlen(notice), 5000), COLLIE_OK);
+    int64_t t0 = now_ms();
+    const char *msg = ctl_wait_fault(w.c[0], 20000);
+    print_message("read after %lld ms\n", (long long)(now_ms() - t0));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "after a dead writer"));
+    world_destroy(&w);
+}
+
 /* The desync report names one first suspect and marks the ranks it holds
  * up as waiting on it: 3 ranks, rank 2 posts nothing (idle), rank 0 is
  * blocked in seq 1 (by rank 2), rank 1 is one op ahead and times out in
@@ -997,6 +1057,8 @@ int main(void) {
         cmocka_unit_test(test_abort_then_destroy),
         cmocka_unit_test(test_fault_fails_deep_queue_in_slices),
         cmocka_unit_test(test_deadline_event_asks_once),
+        cmocka_unit_test(test_ctl_late_message_is_read),
+        cmocka_unit_test(test_ctl_unwritten_index_is_skipped),
         cmocka_unit_test(test_desync_report_names_first_suspect),
         cmocka_unit_test(test_desync_report_late_rank_blames_itself),
         cmocka_unit_test(test_desync_report_names_disagreeing_args),
