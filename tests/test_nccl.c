@@ -762,6 +762,95 @@ static void sc_check_args(void **state) {
     expect_double_idle();
 }
 
+/* chk_alltoallv: rank r's alltoallv of 4-byte elements with cnt[r][p]
+ * elements from r to p (rcv[r][p]: what r receives from p). */
+static void chk_alltoallv(gworld *g, int r, void *mem, size_t cnt[3][3], size_t rcv[3][3],
+                          collie_work **out) {
+    assert_int_equal(collie_cuda_alltoallv(g->w.c[r], mem, cnt[r], NULL, (char *)mem + 64, rcv[r],
+                                           NULL, COLLIE_INT32, g->s[r], NULL, out),
+                     COLLIE_OK);
+}
+
+/* COLLIE_CHECK_ARGS=1 compares the two halves of what pairs up: alltoallv's
+ * counts (what rank r sends p against what p receives from r, also for
+ * pairs without rank 0) and a send against the receive NCCL matches it with
+ * (count, dtype and tag, which NCCL ignores). 3 ranks; NCCL (the double,
+ * lenient) completes every mismatch here without a word. Agreeing ones
+ * first raise nothing. */
+static void sc_check_args_pairs(void **state) {
+    (void)state;
+    need_double();
+    void *mem[3];
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(cu.Malloc(&mem[r], 128), 0);
+    collie_work *wk[3];
+    const char *msg = "";
+    size_t cnt[3][3] = {{1, 2, 3}, {4, 0, 2}, {3, 1, 2}}, rcv[3][3];
+    for (int r = 0; r < 3; r++)
+        for (int p = 0; p < 3; p++)
+            rcv[r][p] = cnt[p][r];
+    /* alltoallv: agreeing, then rank 2 expects 3 elements from rank 1, which sends 2 */
+    gworld g;
+    gworld_create(&g, 3, "chkv", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    for (int i = 0; i < 3; i++) {
+        for (int r = 0; r < 3; r++)
+            chk_alltoallv(&g, r, mem[r], cnt, rcv, &wk[r]);
+        for (int r = 0; r < 3; r++) {
+            expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+            collie_work_release(wk[r]);
+        }
+    }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(comm_error_within(&g, r, 300, &msg), COLLIE_OK);
+    rcv[2][1] = 3;
+    for (int r = 0; r < 3; r++)
+        chk_alltoallv(&g, r, mem[r], cnt, rcv, &wk[r]);
+    for (int r = 0; r < 3; r++) { /* NCCL itself says nothing */
+        expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+        collie_work_release(wk[r]);
+    }
+    int found = -1;
+    for (int r = 0; r < 3 && found < 0; r++)
+        if (comm_error_within(&g, r, 5000, &msg) == COLLIE_EPROTO) found = r;
+    if (found < 0) fail_msg("no rank found the alltoallv mismatch ('%s')", msg);
+    print_message("rank %d: %s\n", found, msg);
+    assert_non_null(strstr(msg, "mismatched alltoallv counts at seq 4"));
+    gworld_destroy(&g, false);
+
+    /* send/recv: agreeing, then 4 x fp32 tag 7 received as 4 x int32 tag 9 */
+    gworld_create(&g, 3, "chkp", "nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(
+            collie_cuda_send(g.w.c[1], mem[1], 4, COLLIE_FP32, 2, 7, g.s[1], NULL, &wk[1]),
+            COLLIE_OK);
+        assert_int_equal(
+            collie_cuda_recv(g.w.c[2], mem[2], 4, COLLIE_FP32, 1, 7, g.s[2], NULL, &wk[2]),
+            COLLIE_OK);
+        for (int r = 1; r < 3; r++) {
+            expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+            collie_work_release(wk[r]);
+        }
+    }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(comm_error_within(&g, r, 300, &msg), COLLIE_OK);
+    assert_int_equal(collie_cuda_send(g.w.c[1], mem[1], 4, COLLIE_FP32, 2, 7, g.s[1], NULL, &wk[1]),
+                     COLLIE_OK);
+    assert_int_equal(
+        collie_cuda_recv(g.w.c[2], mem[2], 4, COLLIE_INT32, 1, 9, g.s[2], NULL, &wk[2]), COLLIE_OK);
+    for (int r = 1; r < 3; r++) {
+        expect_status(wk[r], COLLIE_OK, COLLIE_OK, NULL);
+        collie_work_release(wk[r]);
+    }
+    assert_int_equal(comm_error_within(&g, 2, 5000, &msg), COLLIE_EPROTO);
+    print_message("rank 2: %s\n", msg);
+    assert_non_null(strstr(msg, "mismatched send/recv: send #4 from rank 1 to rank 2 is 4 x fp32 "
+                                "(tag 7), the matching receive on rank 2 is 4 x int32 (tag 9)"));
+    gworld_destroy(&g, false);
+    for (int r = 0; r < 3; r++)
+        cu.Free(mem[r]);
+    expect_double_idle();
+}
+
 /* The engine is destroyed under running GPU works: they end (ECLOSED) once
  * the NCCL communicator is aborted, and destroy leaves nothing behind. */
 static void sc_engine_shutdown(void **state) {
@@ -1526,6 +1615,11 @@ static const scenario scenarios[] = {
     {"test_device_option", sc_device, true, true, {NULL}},
     {"test_check_args",
      sc_check_args,
+     true,
+     true,
+     {"COLLIE_CHECK_ARGS=1", "CLTEST_NCCL_LENIENT=1", NULL}},
+    {"test_check_args_pairs",
+     sc_check_args_pairs,
      true,
      true,
      {"COLLIE_CHECK_ARGS=1", "CLTEST_NCCL_LENIENT=1", NULL}},

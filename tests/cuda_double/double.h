@@ -24,7 +24,9 @@
  *   CLTEST_NCCL_ABORT_SLOW_MS=N      ncclCommAbort takes N ms longer
  *   CLTEST_NCCL_LENIENT=1            as the real NCCL does, ranks whose
  *                                    reduction differs run without an error
- *                                    (rank 0's reduction is applied)
+ *                                    (rank 0's reduction is applied), and so
+ *                                    does a receive whose send has another
+ *                                    size (the smaller is copied)
  * SPEC: comma-separated OP[#N][@R]: OP is allreduce, broadcast, reduce,
  * allgather, reduce_scatter, p2p (a send/recv group: alltoall, gather,
  * scatter, send, recv) or *; #N the N-th such op of the rank (1-based; every
