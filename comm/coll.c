@@ -89,8 +89,15 @@ static void coll_describe(const collie_work *w, char *buf, size_t len) {
  * applied on the loop when the work is retired). */
 static void coll_on_publish(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;
-    /* peers reading its memory must stop first (the shm single copy) */
-    if (cw->bc->ops->unlend && cw->bc->state) cw->bc->ops->unlend(cw->bc->state, w);
+    /* peers reading its memory must stop first (the shm single copy); the
+     * gate keeps the backend from being destroyed meanwhile (comm.c) */
+    collie_bcomm *bc = cw->bc;
+    if (bc->ops->unlend) {
+        atomic_fetch_add_explicit(&bc->unlending, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&bc->lendable, memory_order_seq_cst))
+            bc->ops->unlend(bc->state, w);
+        atomic_fetch_sub_explicit(&bc->unlending, 1, memory_order_seq_cst);
+    }
     cl_stats_ended(((cl_coll_work *)w)->comm, (cl_coll_work *)w); /* counted before it is seen */
     if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
     cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",

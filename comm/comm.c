@@ -32,6 +32,7 @@
  *    the resident hook aborts the comm and destroy only frees memory.
  */
 #include <event2/event.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -428,6 +429,26 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
 
 /* ---- engine shutdown --------------------------------------------------------------- */
 
+/* Close bc's unlend gate and wait for the threads inside it (bounded: the
+ * hook must not block). False if one is still inside: then the backend is
+ * left undestroyed (leaked, logged) rather than freed under it. */
+#define COMM_UNLEND_DRAIN_NS (2000 * CL_NS_PER_MS)
+static bool comm_unlend_close(collie_comm *c, collie_bcomm *bc) {
+    atomic_store_explicit(&bc->lendable, false, memory_order_seq_cst);
+    int64_t until = cl_now_ns() + COMM_UNLEND_DRAIN_NS;
+    while (atomic_load_explicit(&bc->unlending, memory_order_seq_cst) > 0) {
+        if (cl_now_ns() > until) {
+            CL_CERROR("comm", c,
+                      "backend %s: an unlend hook still runs after 2 s; its state is left "
+                      "in place (leaked), not destroyed under it",
+                      bc->ops->name);
+            return false;
+        }
+        sched_yield();
+    }
+    return true;
+}
+
 static void comm_backends_destroy(collie_comm *c) {
     /* works just failed by the abort are retired (their detach hooks run)
      * while the backends still exist */
@@ -449,7 +470,9 @@ static void comm_backends_destroy(collie_comm *c) {
         collie_bcomm *bc = &c->bcs[d];
         cl_backend_poll_free(bc);
         if (bc->state) {
-            bc->ops->destroy(bc->state);
+            /* abort (always before this) withdrew every loan: a work
+             * published from now on has none left, and skips the hook */
+            if (comm_unlend_close(c, bc)) bc->ops->destroy(bc->state);
             bc->state = NULL;
         }
     }

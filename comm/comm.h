@@ -60,6 +60,12 @@ struct collie_bcomm {
     _Atomic bool poll_cmd_queued;
     cl_cmd poll_cmd;
     cl_poller progress; /* ops->progress on every spinning turn (backend_events.c) */
+    /* the unlend gate (coll.c, comm.c): ops->unlend is called on any
+     * publishing thread only while `lendable` (set after init, cleared
+     * before destroy); `unlending` counts the threads inside the check or
+     * the hook, and destroy waits for it to drain (seq_cst, Dekker) */
+    _Atomic bool lendable;
+    _Atomic int unlending;
     /* finished works kept for reuse: steady state allocates nothing */
     pthread_mutex_t pool_mu;
     struct cl_coll_work *pool;

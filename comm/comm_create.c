@@ -186,6 +186,8 @@ static void create_init_backends(create_state *cs) {
                         why && why[0] ? why : collie_strerror(r));
             return;
         }
+        /* publishing threads may call its unlend hook from now on (coll.c) */
+        atomic_store_explicit(&bc->lendable, true, memory_order_seq_cst);
         cl_backend_progress_start(bc);
     }
 }

@@ -373,7 +373,11 @@ typedef struct collie_backend_ops {
      * work's memory to peers (the shm transport's single copy reads it
      * straight out of this process) withdraws those loans here. Runs once
      * the work is claimed (the loop enters its BUSY bracket no more), on
-     * the claiming thread: must not block or take a lock. (any thread) */
+     * the claiming thread: must not block or take a lock. Never during or
+     * after destroy: the core stops calling it before destroy and waits
+     * for the calls in progress, so a work published after that gets no
+     * unlend; abort, which always comes before destroy, must withdraw
+     * every loan still open. (any thread) */
     void (*unlend)(void *state, collie_work *w);
 } collie_backend_ops;
 

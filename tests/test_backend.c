@@ -332,6 +332,69 @@ static void test_register_in_process_backend(void **state) {
     assert_int_equal(atomic_load(&counting_starts), 4);
 }
 
+/* The unlend hook never overlaps the backend's destroy: a backend whose
+ * unlend takes 300 ms (against the rules, to widen the window), run by a
+ * thread that cancels a work, while another thread destroys the engine
+ * (which destroys the comm's backends on the loop at once). destroy waits
+ * for the unlend in progress; an unlend that comes later is not called. */
+static _Atomic int su_in_unlend, su_destroyed_during, su_unlends;
+static void *_Atomic su_unlending; /* the state whose unlend runs */
+
+static void su_unlend(void *state, collie_work *w) {
+    atomic_store(&su_unlending, state);
+    atomic_store(&su_in_unlend, 1);
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    if (!atomic_load(&su_destroyed_during)) cl_tcp_backend_ops()->unlend(state, w);
+    atomic_fetch_add(&su_unlends, 1);
+    atomic_store(&su_in_unlend, 0);
+    atomic_store(&su_unlending, NULL);
+}
+
+static void su_destroy(void *state) {
+    if (atomic_load(&su_unlending) == state) atomic_store(&su_destroyed_during, 1);
+    cl_tcp_backend_ops()->destroy(state);
+}
+
+static void *su_cancel_main(void *arg) {
+    collie_work_cancel(arg);
+    return NULL;
+}
+
+static void test_unlend_never_overlaps_destroy(void **state) {
+    (void)state;
+    static collie_backend_ops slow;
+    slow = *cl_tcp_backend_ops();
+    slow.name = "slowunlend";
+    slow.unlend = su_unlend;
+    slow.destroy = su_destroy;
+    assert_int_equal(collie_backend_register(&slow), COLLIE_OK);
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "slowunlend";
+    o.backend = "cpu:slowunlend";
+    o.timeout_ms = 30000;
+    world_create(&w, 2, "slowunlend", &o);
+    int32_t x = 1;
+    collie_work *pending; /* rank 1 never joins */
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pending),
+                     COLLIE_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, su_cancel_main, pending), 0);
+    assert_true(wait_count(&su_in_unlend, 1)); /* the cancelling thread is in unlend */
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&su_destroyed_during), 0);
+    assert_int_equal(atomic_load(&su_unlends), 1);
+    assert_int_equal(collie_work_result(pending), COLLIE_ECANCELED);
+    collie_work_release(pending);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_destroy(w.c[r]);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+}
+
 /* A table from a backend built against an older header (no cancel, split,
  * split_skip: its .size ends before them) and whatever memory follows it:
  * the core reads those hooks as NULL (it keeps a zero-filled copy), so a
@@ -796,6 +859,7 @@ int main(void) {
         cmocka_unit_test(test_watch_services),
         cmocka_unit_test(test_register_in_process_backend),
         cmocka_unit_test(test_register_older_table),
+        cmocka_unit_test(test_unlend_never_overlaps_destroy),
         cmocka_unit_test(test_plugin_dummy),
         cmocka_unit_test(test_plugin_dummy_two_engines),
         cmocka_unit_test(test_plugin_dummy_faults),

@@ -8,8 +8,10 @@
  *  - Everything runs on the progress thread (the backend does not set
  *    COLLIE_BACKEND_POST_ON_CALLER).
  *  - abort tells every identified peer why (tcp_conn.c: BYE or an ABORT
- *    frame), closes every connection and fails every work it runs; the
- *    structures stay until destroy, so late events find them closed.
+ *    frame), closes every connection, fails every work it runs and
+ *    withdraws every work's loans (the core calls unlend no more once
+ *    destroy begins); the structures stay until destroy, so late events
+ *    find them closed.
  *  - A work's transport state lives inside the core's work (work_data_size)
  *    so starting a work allocates only what its schedule needs.
  */
@@ -136,6 +138,10 @@ static void tcp_abort(void *state, int status, const char *reason) {
     tcp_work *tw;
     cl_list_foreach(&tc->works, tw, tcp_work, node) if (!tw->finished)
         cl_tcp_work_fail(tw, status, "%s", reason);
+    /* a work another thread is ending (claimed there, so not failed here)
+     * may still lend: destroy follows, after which its publication skips
+     * the unlend hook (collie_backend.h), so every loan goes now */
+    cl_list_foreach(&tc->works, tw, tcp_work, node) cl_tcp_work_unlend(tw);
     if (tc->publish_req) collie_work_cancel(tc->publish_req);
 }
 
