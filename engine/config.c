@@ -102,8 +102,9 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_TRACE_BUFFER", CL_SET_INT, CL_OFF(trace_buffer), 0, "2048",
      "flight-recorder entries kept per communicator (0: off)"},
     {"COLLIE_CHECK_ARGS", CL_SET_INT, CL_OFF(check_args), 0, "0",
-     "1: compare the arguments of every CUDA collective across ranks (NCCL does not; "
-     "a mismatch fails the comm with COLLIE_EPROTO); costs store traffic"},
+     "1: compare the arguments of every CUDA collective across ranks, alltoallv's counts and "
+     "each send against its receive too (NCCL does not; a mismatch fails the comm with "
+     "COLLIE_EPROTO); costs store traffic"},
 };
 
 #define CL_NSETTINGS (sizeof cl_settings / sizeof cl_settings[0])
