@@ -512,13 +512,16 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
         hooks->destroy(e->hooks_state);
         goto fail_events;
     }
+    /* live from here: collie_engine_destroy, below or the user's, counts it out */
+    atomic_fetch_add_explicit(&engines_live, 1, memory_order_relaxed);
     res = cl_monitor_start(e, stall_ms, cl_opt(o, on_stall, NULL), cl_opt(o, on_stall_arg, NULL));
     if (res != COLLIE_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", collie_last_error());
         collie_engine_destroy(e);
-        return res;
+        return cl_set_last_error(res, "%s", why);
     }
     CL_INFO("engine", "%s: started (stall threshold %d ms)", e->name, (int)stall_ms);
-    atomic_fetch_add_explicit(&engines_live, 1, memory_order_relaxed);
     *out = e;
     return COLLIE_OK;
 

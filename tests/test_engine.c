@@ -2,9 +2,11 @@
  * test_engine.c — the progress engine: lifecycle, command queue, calls,
  * shutdown semantics, the stall monitor, signals, configuration.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,10 +373,45 @@ static void test_list(void **state) {
     assert_true(cl_list_empty(&empty) && cl_list_empty(&moved));
 }
 
+/* This binary's pthread_create (it links libcollie statically, so the
+ * library's calls come here): the fail_thread_in-th call from now fails
+ * with EAGAIN; otherwise the real one. */
+static _Atomic int fail_thread_in;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
+    typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    static create_fn real;
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+    if (atomic_load(&fail_thread_in) > 0 && atomic_fetch_sub(&fail_thread_in, 1) == 1)
+        return EAGAIN;
+    return real(t, a, fn, arg);
+}
+
+/* The stall monitor's thread cannot start (the second thread create makes):
+ * create fails with ESYSTEM saying so, and leaves no engine counted (the
+ * count was decremented, never incremented: it wrapped). */
+static void test_create_fails_when_monitor_cannot_start(void **state) {
+    (void)state;
+    size_t live = cl_engines_live();
+    collie_engine *e = (collie_engine *)1;
+    atomic_store(&fail_thread_in, 2);
+    int rc = collie_engine_create(NULL, &e);
+    atomic_store(&fail_thread_in, 0);
+    assert_int_equal(rc, COLLIE_ESYSTEM);
+    assert_null(e);
+    assert_non_null(strstr(collie_last_error(), "monitor"));
+    assert_int_equal(cl_engines_live(), live);
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK); /* and the next one works */
+    assert_int_equal(cl_engines_live(), live + 1);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    assert_int_equal(cl_engines_live(), live);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_args),
         cmocka_unit_test(test_create_destroy_cycles),
+        cmocka_unit_test(test_create_fails_when_monitor_cannot_start),
         cmocka_unit_test(test_command_queue_four_producers),
         cmocka_unit_test(test_call_runs_on_loop_with_sigpipe_blocked),
         cmocka_unit_test(test_destroy_fails_pending_with_closed),
