@@ -83,7 +83,7 @@ static void log_open_file(void) {
         }
     }
     path[o] = '\0';
-    FILE *f = fopen(path, "a");
+    FILE *f = fopen(path, "ae"); /* "e": close-on-exec, not handed to programs we run */
     if (!f) {
         fprintf(stderr, "collie[%d] WARN  log: COLLIE_LOG_FILE '%s': %s; logging to stderr\n",
                 (int)getpid(), path, strerror(errno));

@@ -8,6 +8,7 @@
  * CLTEST_QUICK=1 (the sanitizer runs) trims the matrix.
  */
 #include <event2/event.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -745,11 +746,27 @@ static void test_log_file(void **state) {
         world_create(&w, 2, "filed", NULL);
         run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 64, 0, false);
         world_destroy(&w);
-        _exit(0);
+        /* the log's descriptor does not leak into programs this one runs */
+        char name[64];
+        snprintf(name, sizeof name, "/collie-%d.log", (int)getpid());
+        int found_fd = -1;
+        for (int fd = 0; fd < 1024 && found_fd < 0; fd++) {
+            char link[64], target[512];
+            snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n <= 0) continue;
+            target[n] = '\0';
+            if (strstr(target, name)) found_fd = fd;
+        }
+        if (found_fd < 0) _exit(2);
+        _exit(fcntl(found_fd, F_GETFD) & FD_CLOEXEC ? 0 : 3);
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 2) fail_msg("the child found no descriptor of its log file");
+    if (WEXITSTATUS(st) == 3) fail_msg("the log file's descriptor is not close-on-exec");
+    assert_int_equal(WEXITSTATUS(st), 0);
     snprintf(path, sizeof path, "%s/collie-%d.log", dir, (int)pid);
     FILE *f = fopen(path, "r");
     if (!f) fail_msg("no log file %s", path);
