@@ -9,8 +9,11 @@
  * forced onto TCP).
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,6 +295,91 @@ static void test_garbage_on_the_local_sockets(void **state) {
     world_destroy(&w);
 }
 
+/* Same user means the same effective uid on both sides: SO_PEERCRED
+ * reports the peer's effective uid, so the listener compares it with its
+ * own effective uid (it compared it with its real one, and refused its own
+ * process when the two differ, as in a setuid program). Here both ranks
+ * run with real uid 65534 and effective uid 0: they link over shared
+ * memory. This test process is the runner's child, so changing its ids is
+ * harmless. */
+static void test_same_user_by_effective_uid(void **state) {
+    (void)state;
+    if (geteuid() != 0) skip_because("needs root to run with another real uid");
+    assert_int_equal(setresuid(65534, 0, 0), 0);
+    assert_int_equal(getuid(), 65534);
+    world w;
+    world_create(&w, 2, "shm-euid", NULL);
+    allreduce_check(&w);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_stats st = comm_stats(w.c[r]);
+        assert_int_equal(st.connections, 1);
+        assert_int_equal(st.shm_connections, 1);
+    }
+    world_destroy(&w);
+}
+
+/* This binary's getsockopt (it links libcollie statically): SO_PEERCRED
+ * fails with EACCES while fail_peercred is set. */
+static _Atomic bool fail_peercred;
+
+int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+    typedef int (*getsockopt_fn)(int, int, int, void *, socklen_t *);
+    static getsockopt_fn real;
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "getsockopt");
+    if (atomic_load(&fail_peercred) && level == SOL_SOCKET && name == SO_PEERCRED) {
+        errno = EACCES;
+        return -1;
+    }
+    return real(fd, level, name, val, len);
+}
+
+typedef struct peercred_log {
+    pthread_mutex_t mu;
+    char line[512];
+} peercred_log;
+
+static void peercred_capture(const collie_log_record *r, void *ctx) {
+    peercred_log *pl = ctx;
+    pthread_mutex_lock(&pl->mu);
+    if (strstr(r->message, "refused a same-host connection"))
+        snprintf(pl->line, sizeof pl->line, "%s", r->message);
+    pthread_mutex_unlock(&pl->mu);
+}
+
+/* A same-host connection whose credentials cannot be read is refused, and
+ * the log says so (it named the pid of an uninitialised struct ucred). */
+static void test_unreadable_peer_credentials_are_refused(void **state) {
+    (void)state;
+    static peercred_log pl = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    world w;
+    world_create(&w, 2, "shm-peercred", NULL);
+    allreduce_check(&w);
+    collie_set_log_handler(peercred_capture, &pl);
+    atomic_store(&fail_peercred, true);
+    char names[16][108];
+    int n = collie_listeners(names, 16);
+    assert_true(n >= 1);
+    int fds[16], nfd = 0;
+    for (int i = 0; i < n; i++)
+        if ((fds[nfd] = dial_abstract(names[i])) >= 0) nfd++;
+    char got[512] = "";
+    for (int64_t until = now_ms() + 5000; !got[0] && now_ms() < until;) {
+        usleep(5000);
+        pthread_mutex_lock(&pl.mu);
+        snprintf(got, sizeof got, "%s", pl.line);
+        pthread_mutex_unlock(&pl.mu);
+    }
+    atomic_store(&fail_peercred, false);
+    collie_set_log_handler(NULL, NULL);
+    for (int i = 0; i < nfd; i++)
+        close(fds[i]);
+    print_message("%s\n", got);
+    assert_string_equal(got, "refused a same-host connection: its credentials could not be read "
+                             "(SO_PEERCRED: Permission denied)");
+    allreduce_check(&w); /* the comm did not notice */
+    world_destroy(&w);
+}
+
 /* Nothing of collie's in /dev/shm, while linked and after. */
 static void test_nothing_in_dev_shm(void **state) {
     (void)state;
@@ -313,6 +401,8 @@ int main(void) {
         cmocka_unit_test(test_forced_shm_towards_a_tcp_peer),
         cmocka_unit_test(test_link_refuses_foreign_memory),
         cmocka_unit_test(test_garbage_on_the_local_sockets),
+        cmocka_unit_test(test_same_user_by_effective_uid),
+        cmocka_unit_test(test_unreadable_peer_credentials_are_refused),
         cmocka_unit_test(test_nothing_in_dev_shm),
     };
     return cltest_main(tests, NULL, NULL);

@@ -18,9 +18,10 @@
  *    the dialer checks it before the connection is ready. From then on the
  *    frames go through the rings and the socket carries only doorbells and,
  *    by its end, the peer's death (transports/shm/link.h).
- *  - An accepted Unix connection from another user is refused before any
- *    handshake (SO_PEERCRED): an abstract name is visible to every process
- *    in the network namespace.
+ *  - An accepted Unix connection from another user (effective uids
+ *    compared: SO_PEERCRED's is the peer's effective one) is refused before
+ *    any handshake: an abstract name is visible to every process in the
+ *    network namespace.
  */
 #include <errno.h>
 #include <openssl/rand.h>
@@ -114,12 +115,25 @@ static void local_on_accept(int lfd, unsigned what, void *arg) {
     for (int i = 0; i < 16; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        struct ucred cred;
+        struct ucred cred = {0};
         socklen_t cl = sizeof cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != tc->host.uid) {
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
             tc->core->log_comm(tc->bc, 1, "tcp",
-                               "refused a same-host connection from pid %d: it is not user %u",
-                               (int)cred.pid, (unsigned)tc->host.uid);
+                               "refused a same-host connection: its credentials could not be "
+                               "read (SO_PEERCRED: %s)",
+                               strerror(errno));
+            close(fd);
+            continue;
+        }
+        /* like with like: SO_PEERCRED gives the peer's effective uid (as of
+         * its connect), so it is compared with our effective uid, the one
+         * the kernel checks our own accesses with */
+        uid_t me = geteuid();
+        if (cred.uid != me) {
+            tc->core->log_comm(tc->bc, 1, "tcp",
+                               "refused a same-host connection from pid %d: its effective user "
+                               "is %u, ours %u",
+                               (int)cred.pid, (unsigned)cred.uid, (unsigned)me);
             close(fd);
             continue;
         }
