@@ -522,7 +522,8 @@ typedef void (*collie_comm_error_cb)(collie_comm *c, int status, const char *msg
 typedef struct collie_comm_opts {
     size_t size;               /* sizeof(collie_comm_opts) */
     const char *name;          /* store namespace, at most 64 chars [A-Za-z0-9_.-]; NULL: "world" */
-    const char *backend;       /* "tcp", "nccl", "cpu:tcp,cuda:nccl"; NULL: "tcp" */
+    const char *backend;       /* "auto", "tcp", "shm", "nccl", "cpu:tcp,cuda:nccl"; NULL:
+                                  "auto" (shared memory for same-host peers, TCP for others) */
     int32_t timeout_ms;        /* default op timeout; 0: COLLIE_TIMEOUT_MS, else 60 s */
     int32_t create_timeout_ms; /* bound of the creation rendezvous; 0: timeout_ms */
     collie_error_policy policy;
