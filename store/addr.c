@@ -65,8 +65,23 @@ int cl_store_addr_parse(const char *addr, char *host, size_t hostlen, uint16_t *
     return COLLIE_OK;
 }
 
-int cl_store_addr_resolve(const char *host, uint16_t port, bool passive,
-                          struct sockaddr_storage *sa, socklen_t *salen) {
+int cl_store_addr_resolve(const char *host, uint16_t port, bool passive, cl_store_addrs *out) {
+    out->n = 0;
+    if (passive && host && (!strcmp(host, "0.0.0.0") || !strcmp(host, "::"))) {
+        struct sockaddr_in *in = (struct sockaddr_in *)&out->sa[0];
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&out->sa[1];
+        memset(out->sa, 0, 2 * sizeof out->sa[0]);
+        in->sin_family = AF_INET;
+        in->sin_port = htons(port);
+        in->sin_addr.s_addr = htonl(INADDR_ANY);
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons(port);
+        in6->sin6_addr = in6addr_any;
+        out->len[0] = sizeof *in;
+        out->len[1] = sizeof *in6;
+        out->n = 2;
+        return COLLIE_OK;
+    }
     char ps[8];
     snprintf(ps, sizeof ps, "%u", (unsigned)port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
@@ -76,8 +91,22 @@ int cl_store_addr_resolve(const char *host, uint16_t port, bool passive,
     if (r != 0 || !ai)
         return cl_set_last_error(COLLIE_EINVAL, "cannot resolve '%s': %s", host ? host : "(any)",
                                  r ? gai_strerror(r) : "no address");
-    memcpy(sa, ai->ai_addr, ai->ai_addrlen);
-    *salen = (socklen_t)ai->ai_addrlen;
+    for (struct addrinfo *it = ai; it && out->n < CL_STORE_ADDRS_MAX; it = it->ai_next) {
+        if ((it->ai_family != AF_INET && it->ai_family != AF_INET6) ||
+            it->ai_addrlen > sizeof out->sa[0])
+            continue;
+        bool dup = false;
+        for (int i = 0; i < out->n && !dup; i++)
+            dup =
+                out->len[i] == it->ai_addrlen && !memcmp(&out->sa[i], it->ai_addr, it->ai_addrlen);
+        if (dup) continue;
+        memset(&out->sa[out->n], 0, sizeof out->sa[0]);
+        memcpy(&out->sa[out->n], it->ai_addr, it->ai_addrlen);
+        out->len[out->n++] = (socklen_t)it->ai_addrlen;
+    }
     freeaddrinfo(ai);
+    if (out->n == 0)
+        return cl_set_last_error(COLLIE_EINVAL, "cannot resolve '%s': no IPv4 or IPv6 address",
+                                 host ? host : "(any)");
     return COLLIE_OK;
 }

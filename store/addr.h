@@ -18,10 +18,19 @@ void cl_store_addr_format(const struct sockaddr *sa, char *buf, size_t len);
  * ("store address 'x': no port"). */
 int cl_store_addr_parse(const char *addr, char *host, size_t hostlen, uint16_t *port);
 
-/* cl_store_addr_resolve: the first address of host:port (numeric or a
- * name; blocking, so never on the loop thread). passive: for bind (host
- * may then be NULL = any). Errors: COLLIE_EINVAL naming the host. */
-int cl_store_addr_resolve(const char *host, uint16_t port, bool passive,
-                          struct sockaddr_storage *sa, socklen_t *salen);
+/* The addresses a host name stands for, in the resolver's order. */
+#define CL_STORE_ADDRS_MAX 8
+typedef struct cl_store_addrs {
+    int n;
+    struct sockaddr_storage sa[CL_STORE_ADDRS_MAX];
+    socklen_t len[CL_STORE_ADDRS_MAX];
+} cl_store_addrs;
+
+/* cl_store_addr_resolve: every address of host:port (numeric or a name:
+ * "localhost" is often ::1 and 127.0.0.1), in the resolver's order, without
+ * duplicates, at most CL_STORE_ADDRS_MAX; blocking, so never on the loop
+ * thread. passive: for bind, where a wildcard ("0.0.0.0", "::") stands for
+ * both families' (0.0.0.0 then ::). Errors: COLLIE_EINVAL naming the host. */
+int cl_store_addr_resolve(const char *host, uint16_t port, bool passive, cl_store_addrs *out);
 
 #endif

@@ -10,6 +10,12 @@
  *    READY goes to BACKOFF (retry after an exponentially growing, jittered
  *    delay, capped by max_backoff_ms) while requests are queued, else IDLE.
  *    Nothing reconnects without a request wanting it.
+ *  - The address is resolved once, to every address it names ("localhost"
+ *    is ::1 and 127.0.0.1 on many hosts, and a server may listen on one
+ *    family only). A connect that fails moves at once to the next address;
+ *    only a round in which every address failed backs off. A connection
+ *    that worked keeps its address for the next attempt. The requests'
+ *    deadlines bound it all.
  *  - A request is QUEUED until the connection is READY, then SENT with a
  *    fresh request id (in `sent`, looked up when its reply arrives). Queued
  *    requests survive connection failures and wait, bounded by their own
@@ -238,6 +244,14 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     int prev = c->state;
+    /* a connect that failed: the next address at once, until a round of
+     * them all has failed */
+    bool next_addr = false;
+    if (prev == CL_STORE_CONNECTING && !fatal && c->addrs.n > 1) {
+        c->addr_i = (c->addr_i + 1) % c->addrs.n;
+        next_addr = ++c->addr_failed < c->addrs.n;
+        if (!next_addr) c->addr_failed = 0;
+    }
     if (c->bev) store_cli_bev_close(c->bev);
     c->bev = NULL;
     c->conn_gen++;
@@ -253,12 +267,14 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
     } else if (fatal) {
         CL_WARN("store", "client of %s: %s", c->addr, msg);
         store_cli_fail_all(c, false, status, msg);
+    } else if (next_addr) {
+        CL_DEBUG("store", "client of %s: %s; trying its next address", c->addr, msg);
     } else {
         store_cli_note_refusal(c, msg);
     }
     store_cli_set_connected(c, false, msg);
     if (!cl_list_empty(&c->queued)) {
-        if (prev == CL_STORE_READY)
+        if (prev == CL_STORE_READY || next_addr)
             store_cli_connect(c); /* first retry at once */
         else
             store_cli_schedule_retry(c);
@@ -270,6 +286,7 @@ static void store_cli_ready(cl_store_core *c) {
         CL_INFO("store", "client of %s: connected after %.1f s of failed attempts", c->addr,
                 (double)(cl_now_ns() - c->failing_since_ns) / 1e9);
     c->failing_since_ns = 0;
+    c->addr_failed = 0;
     c->state = CL_STORE_READY;
     atomic_fetch_add_explicit(&c->connects, 1, memory_order_relaxed);
     c->backoff_ms = 0;
@@ -450,6 +467,13 @@ static void store_cli_on_read(struct bufferevent *bev, void *arg) {
     cl_engine_set_activity(c->engine, prev);
 }
 
+/* The address being tried, for messages ("[::1]:29500"). */
+static const char *store_cli_addr_now(cl_store_core *c) {
+    static _Thread_local char buf[64];
+    cl_store_addr_format((const struct sockaddr *)&c->addrs.sa[c->addr_i], buf, sizeof buf);
+    return buf;
+}
+
 static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
     cl_store_core *c = arg;
     int err = EVUTIL_SOCKET_ERROR();
@@ -467,7 +491,7 @@ static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
                             connecting ? "accept the connection" : "complete the handshake",
                             STORE_CLI_HANDSHAKE_MS);
     else if (connecting)
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect: %s",
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
                             err ? strerror(err) : "connection failed");
     else if (what & BEV_EVENT_EOF)
         store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
@@ -491,9 +515,11 @@ static void store_cli_connect(cl_store_core *c) {
     c->bev = bev;
     c->state = CL_STORE_CONNECTING;
     store_cli_want(c, CL_STORE_HDR_LEN);
-    if (bufferevent_socket_connect(bev, (struct sockaddr *)&c->sa, (int)c->salen) != 0) {
+    if (bufferevent_socket_connect(bev, (struct sockaddr *)&c->addrs.sa[c->addr_i],
+                                   (int)c->addrs.len[c->addr_i]) != 0) {
         int err = EVUTIL_SOCKET_ERROR();
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect: %s", strerror(err));
+        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
+                            strerror(err));
     }
 }
 
@@ -637,7 +663,7 @@ int cl_store_core_create(collie_engine *e, const char *addr, const collie_store_
         res = COLLIE_ENOMEM;
         goto fail;
     }
-    res = cl_store_addr_resolve(host, port, false, &c->sa, &c->salen);
+    res = cl_store_addr_resolve(host, port, false, &c->addrs);
     if (res != COLLIE_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", collie_last_error());

@@ -22,6 +22,7 @@
 
 #include "collie.h"
 #include "engine/engine.h"
+#include "store/addr.h"
 #include "engine/idmap.h"
 #include "store/proto.h"
 #include "work/work.h"
@@ -74,12 +75,11 @@ enum cl_store_conn_state {
 
 struct cl_store_core {
     collie_engine *engine;
-    _Atomic int refs;    /* handles + live requests */
-    _Atomic int handles; /* collie_store handles sharing this core */
-    char *addr;          /* "host:port" as given */
-    struct sockaddr_storage sa;
-    socklen_t salen;
-    char *token; /* NULL: no authentication */
+    _Atomic int refs;     /* handles + live requests */
+    _Atomic int handles;  /* collie_store handles sharing this core */
+    char *addr;           /* "host:port" as given */
+    cl_store_addrs addrs; /* what addr resolves to, tried in order (client.c) */
+    char *token;          /* NULL: no authentication */
     size_t token_len;
     int32_t timeout_ms;     /* default op timeout (> 0 or COLLIE_TIMEOUT_INFINITE) */
     int32_t max_backoff_ms; /* reconnect backoff cap */
@@ -94,6 +94,8 @@ struct cl_store_core {
     struct bufferevent *bev;
     struct event *backoff_ev;
     uint32_t backoff_ms; /* next retry delay */
+    int addr_i;          /* the address the connection uses or tries */
+    int addr_failed;     /* addresses that failed in a row (a round: all of them) */
     /* connection attempts failing since (0: not failing), last logged */
     int64_t failing_since_ns, nagged_ns;
     uint32_t next_req_id;

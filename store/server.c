@@ -12,8 +12,16 @@
  *    touches the (freed) engine.
  *  - Accept errors such as EMFILE pause the listener for a moment instead of
  *    spinning on a socket that stays readable.
+ *  - One listener per address the bind address names, all on one port (the
+ *    first's, when asked for port 0): a wildcard is 0.0.0.0 and ::, a name
+ *    such as "localhost" may be 127.0.0.1 and ::1, so a client reaches the
+ *    server whichever of them it tries. IPv6 listeners are IPv6-only (the
+ *    IPv4 one takes the v4 traffic). An address after the first that cannot
+ *    be bound (no IPv6 here) is skipped, logged; none at all is an error.
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <unistd.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <stdio.h>
@@ -41,7 +49,8 @@ static void store_srv_on_relisten(evutil_socket_t fd, short what, void *arg) {
     CL_UNUSED(fd);
     CL_UNUSED(what);
     collie_store_server *s = arg;
-    if (s->lis) evconnlistener_enable(s->lis);
+    for (int i = 0; i < s->nlis; i++)
+        evconnlistener_enable(s->lis[i]);
 }
 
 static void store_srv_on_accept_error(struct evconnlistener *lis, void *arg) {
@@ -49,17 +58,93 @@ static void store_srv_on_accept_error(struct evconnlistener *lis, void *arg) {
     int err = EVUTIL_SOCKET_ERROR();
     CL_WARN("store", "server %s: accept failed: %s; pausing accepts for %d ms", s->name,
             strerror(err), STORE_SRV_RELISTEN_MS);
-    evconnlistener_disable(lis);
+    CL_UNUSED(lis);
+    for (int i = 0; i < s->nlis; i++) /* a lack of descriptors hits them all */
+        evconnlistener_disable(s->lis[i]);
     struct timeval tv = {0, STORE_SRV_RELISTEN_MS * 1000};
     evtimer_add(s->relisten_ev, &tv);
+}
+
+static void store_srv_close_listeners(collie_store_server *s) {
+    for (int i = 0; i < s->nlis; i++)
+        evconnlistener_free(s->lis[i]);
+    s->nlis = 0;
+}
+
+/* Listen on address i of s->bind at `port` (0: any): the listening socket,
+ * or -1 with errno set. */
+static int store_srv_listen_fd(collie_store_server *s, int i, uint16_t port) {
+    struct sockaddr_storage sa = s->bind.sa[i];
+    if (sa.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&sa)->sin6_port = htons(port);
+    else
+        ((struct sockaddr_in *)&sa)->sin_port = htons(port);
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if ((sa.ss_family == AF_INET6 &&
+         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+        bind(fd, (struct sockaddr *)&sa, s->bind.len[i]) != 0 ||
+        listen(fd, STORE_SRV_BACKLOG) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+/* Loop thread: a listener on every address of s->bind, on one port. */
+static int store_srv_listen(collie_store_server *s, struct event_base *base) {
+    uint16_t port = 0;
+    for (int i = 0; i < s->bind.n; i++) {
+        char where[64];
+        cl_store_addr_format((struct sockaddr *)&s->bind.sa[i], where, sizeof where);
+        if (i == 0)
+            port = ntohs(s->bind.sa[0].ss_family == AF_INET6
+                             ? ((struct sockaddr_in6 *)&s->bind.sa[0])->sin6_port
+                             : ((struct sockaddr_in *)&s->bind.sa[0])->sin_port);
+        int fd = store_srv_listen_fd(s, i, port);
+        struct evconnlistener *lis =
+            fd < 0 ? NULL
+                   : evconnlistener_new(base, store_srv_on_accept, s, LEV_OPT_CLOSE_ON_FREE, 0, fd);
+        if (!lis) {
+            int err = errno;
+            if (fd >= 0) close(fd);
+            if (i == 0) {
+                snprintf(s->start_err, sizeof s->start_err, "store server: cannot listen on %s: %s",
+                         s->name, strerror(err));
+                return COLLIE_ESYSTEM;
+            }
+            CL_INFO("store", "server %s: not listening on %s too: %s", s->name, where,
+                    strerror(err));
+            continue;
+        }
+        evconnlistener_set_error_cb(lis, store_srv_on_accept_error);
+        s->lis[s->nlis++] = lis;
+        if (i == 0) { /* the port the others take */
+            struct sockaddr_storage bound;
+            socklen_t blen = sizeof bound;
+            if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0) {
+                cl_store_addr_format((struct sockaddr *)&bound, s->name, sizeof s->name);
+                port =
+                    ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                      : ((struct sockaddr_in *)&bound)->sin_port);
+                atomic_store(&s->port, port);
+            }
+        } else {
+            CL_DEBUG("store", "server %s: also listening on %s", s->name, where);
+        }
+    }
+    return COLLIE_OK;
 }
 
 /* Loop thread: close everything; from_engine: the engine is shutting down
  * (it forgets its residents itself). */
 static void store_srv_stop(collie_store_server *s, bool from_engine) {
     if (atomic_load_explicit(&s->shut, memory_order_acquire)) return;
-    if (s->lis) evconnlistener_free(s->lis);
-    s->lis = NULL;
+    store_srv_close_listeners(s);
     if (s->relisten_ev) event_free(s->relisten_ev);
     s->relisten_ev = NULL;
     store_srv_conn *c;
@@ -92,27 +177,7 @@ static void store_srv_start_call(void *arg) {
         snprintf(s->start_err, sizeof s->start_err, "store server %s: out of memory", s->name);
         return;
     }
-    s->lis = evconnlistener_new_bind(
-        base, store_srv_on_accept, s,
-        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, STORE_SRV_BACKLOG,
-        (struct sockaddr *)&s->bind_sa, (int)s->bind_salen);
-    if (!s->lis) {
-        int err = errno;
-        s->start_status = COLLIE_ESYSTEM;
-        snprintf(s->start_err, sizeof s->start_err, "store server: cannot listen on %s: %s",
-                 s->name, strerror(err));
-        goto fail;
-    }
-    evconnlistener_set_error_cb(s->lis, store_srv_on_accept_error);
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    if (getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&bound, &blen) == 0) {
-        cl_store_addr_format((struct sockaddr *)&bound, s->name, sizeof s->name);
-        uint16_t port =
-            ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                              : ((struct sockaddr_in *)&bound)->sin_port);
-        atomic_store(&s->port, port);
-    }
+    if ((s->start_status = store_srv_listen(s, base)) != COLLIE_OK) goto fail;
     s->resident.shutdown = store_srv_on_engine_shutdown;
     s->resident.what = "store server: shutdown";
     if (cl_engine_add_resident(s->engine, &s->resident) != COLLIE_OK) {
@@ -124,8 +189,7 @@ static void store_srv_start_call(void *arg) {
     s->start_status = COLLIE_OK;
     return;
 fail:
-    if (s->lis) evconnlistener_free(s->lis);
-    s->lis = NULL;
+    store_srv_close_listeners(s);
     if (s->relisten_ev) event_free(s->relisten_ev);
     s->relisten_ev = NULL;
     if (s->flush_ev) event_free(s->flush_ev);
@@ -151,7 +215,7 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
         memmove(host, host + 1, hl - 2);
         host[hl - 2] = '\0';
     }
-    res = cl_store_addr_resolve(host, port, true, &s->bind_sa, &s->bind_salen);
+    res = cl_store_addr_resolve(host, port, true, &s->bind);
     if (res != COLLIE_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", collie_last_error());

@@ -17,6 +17,7 @@
 #include "collie.h"
 #include "engine/engine.h"
 #include "engine/idmap.h"
+#include "store/addr.h"
 #include "store/kv.h"
 #include "store/proto.h"
 
@@ -74,9 +75,8 @@ struct collie_store_server {
     size_t token_len;
     cl_store_kv_limits lim;
     uint32_t max_conns;
-    uint32_t max_body; /* largest request body accepted once authenticated */
-    struct sockaddr_storage bind_sa;
-    socklen_t bind_salen;
+    uint32_t max_body;   /* largest request body accepted once authenticated */
+    cl_store_addrs bind; /* every address the bind address names */
     _Atomic uint16_t port;
     _Atomic size_t nconns;
     _Atomic bool shut; /* loop-side teardown done; destroy only frees memory */
@@ -84,7 +84,8 @@ struct collie_store_server {
 
     /* loop thread */
     cl_resident resident;
-    struct evconnlistener *lis;
+    struct evconnlistener *lis[CL_STORE_ADDRS_MAX]; /* one per address bound, same port */
+    int nlis;
     struct event *relisten_ev; /* re-enables accept after EMFILE */
     struct event *flush_ev;    /* writes the replies of the dirty conns (srv_conn.c) */
     cl_list dirty;             /* store_srv_conn.dirty_link */

@@ -5,8 +5,16 @@
  * several rounds, prefix views, concurrency, cancellation, argument
  * checking, limits, callbacks and shutdown with requests pending.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "runner.h"
@@ -798,6 +806,147 @@ static void test_ipv6(void **state) {
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
 }
 
+/* Can this machine listen on the IPv6 loopback? */
+static bool v6_loopback(void) {
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Bind-mount a file holding `text` over `target` (which must exist). */
+static bool mount_text_over(const char *text, const char *target, char *why, size_t len) {
+    char tmp[] = "/tmp/cltest-resolv-XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        snprintf(why, len, "mkstemp: %s", strerror(errno));
+        return false;
+    }
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    bool ok = n == (ssize_t)strlen(text) && mount(tmp, target, NULL, MS_BIND, NULL) == 0;
+    if (!ok) snprintf(why, len, "bind-mounting over %s: %s", target, strerror(errno));
+    unlink(tmp); /* the mount keeps the file */
+    return ok;
+}
+
+/* Give this test process (the runner's child; still one thread) its own
+ * /etc/hosts, and /etc/gai.conf if `gai`: a mount namespace of its own, so
+ * nothing changes for the rest of the machine. false, saying why, where
+ * that is not allowed. */
+static bool private_resolver(const char *hosts, const char *gai, char *why, size_t len) {
+    const char *step = "unshare(CLONE_NEWNS)";
+    if (unshare(CLONE_NEWNS) != 0 ||
+        (step = "making / private", mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)) {
+        snprintf(why, len, "%s: %s", step, strerror(errno));
+        return false;
+    }
+    if (!mount_text_over(hosts, "/etc/hosts", why, len)) return false;
+    if (gai && access("/etc/gai.conf", F_OK) != 0) {
+        snprintf(why, len, "no /etc/gai.conf to mount over");
+        return false;
+    }
+    return !gai || mount_text_over(gai, "/etc/gai.conf", why, len);
+}
+
+/* The family of the first address `name` resolves to. */
+static int first_family(const char *name) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(name, "1", &hints, &ai) != 0 || !ai) return -1;
+    int f = ai->ai_family;
+    freeaddrinfo(ai);
+    return f;
+}
+
+/* A client reaches a server listening on one of its name's addresses only
+ * through a later one: the first refuses, the next is tried at once (it
+ * tried only the first, and retried "Connection refused" until the
+ * deadline). Debian's /etc/hosts makes "localhost" ::1 first while a
+ * server bound to 127.0.0.1 listens on IPv4 alone; then the other way
+ * round (the next test). */
+static void test_connect_tries_every_address(void **state) {
+    (void)state;
+    char why[256] = "";
+    if (!v6_loopback()) skip_because("no IPv6 loopback (::1) on this machine");
+    if (!private_resolver("127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+                          "::1 collie-dual\n127.0.0.1 collie-dual\n",
+                          NULL, why, sizeof why))
+        skip_because("cannot give the test its own /etc/hosts: %s", why);
+    if (first_family("localhost") != AF_INET6)
+        skip_because("'localhost' does not resolve to ::1 first here");
+    collie_engine *e = fx_engine();
+    collie_store_server *srv = fx_server(e, 0, NULL); /* 127.0.0.1 */
+    char addr[64];
+    snprintf(addr, sizeof addr, "localhost:%u", collie_store_server_port(srv));
+    collie_store *st = fx_client(e, addr, NULL, 3000);
+    int64_t t0 = fx_now_ms();
+    int rc = collie_store_set(st, "k", "v4", 2, 3000);
+    if (rc != COLLIE_OK) fail_msg("set through %s: %s", addr, collie_last_error());
+    sync_get_is(st, "k", "v4");
+    assert_true(fx_now_ms() - t0 < 2000);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ... and the other way round: IPv4 first (gai.conf), a server on ::1. */
+static void test_connect_tries_every_address_v4_first(void **state) {
+    (void)state;
+    char why[256] = "";
+    if (!v6_loopback()) skip_because("no IPv6 loopback (::1) on this machine");
+    if (!private_resolver("::1 collie-dual\n127.0.0.1 collie-dual\n",
+                          "precedence ::ffff:0:0/96 100\n", why, sizeof why))
+        skip_because("cannot give the test its own /etc/hosts and /etc/gai.conf: %s", why);
+    if (first_family("collie-dual") != AF_INET)
+        skip_because("'collie-dual' does not resolve to 127.0.0.1 first here");
+    collie_engine *e = fx_engine();
+    collie_store_server *srv = NULL;
+    assert_int_equal(collie_store_server_create(e, "::1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "collie-dual:%u", collie_store_server_port(srv));
+    collie_store *st = fx_client(e, addr, NULL, 3000);
+    int rc = collie_store_set(st, "k", "v6", 2, 3000);
+    if (rc != COLLIE_OK) fail_msg("set through %s: %s", addr, collie_last_error());
+    sync_get_is(st, "k", "v6");
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* A server asked for a wildcard ("0.0.0.0" or "::") listens on both
+ * families, on one port: clients of 127.0.0.1 and of ::1 both get in (it
+ * listened on 0.0.0.0 alone). A token: a wildcard is beyond loopback. */
+static void test_wildcard_listens_on_both_families(void **state) {
+    (void)state;
+    if (!v6_loopback()) skip_because("no IPv6 loopback (::1) on this machine");
+    const char *wild[] = {"0.0.0.0", "::"};
+    collie_engine *e = fx_engine();
+    for (int i = 0; i < 2; i++) {
+        collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
+        so.token = "wildcard token";
+        collie_store_server *srv = NULL;
+        int rc = collie_store_server_create(e, wild[i], 0, &so, &srv);
+        if (rc != COLLIE_OK) fail_msg("server on %s: %s", wild[i], collie_last_error());
+        unsigned port = collie_store_server_port(srv);
+        const char *fmt[] = {"127.0.0.1:%u", "[::1]:%u"};
+        for (int f = 0; f < 2; f++) {
+            char addr[64];
+            snprintf(addr, sizeof addr, fmt[f], port);
+            collie_store *st = fx_client(e, addr, "wildcard token", 3000);
+            rc = collie_store_set(st, "k", addr, strlen(addr), 3000);
+            if (rc != COLLIE_OK)
+                fail_msg("server on %s, client of %s: %s", wild[i], addr, collie_last_error());
+            sync_get_is(st, "k", addr);
+            collie_store_destroy(st);
+        }
+        collie_store_server_destroy(srv);
+    }
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
 static void test_nothing_left_outstanding(void **state) {
     (void)state;
     fx_baseline_check();
@@ -824,6 +973,9 @@ int main(void) {
         cmocka_unit_test(test_engine_destroy_with_pending),
         cmocka_unit_test(test_store_destroy_with_pending),
         cmocka_unit_test(test_ipv6),
+        cmocka_unit_test(test_connect_tries_every_address),
+        cmocka_unit_test(test_connect_tries_every_address_v4_first),
+        cmocka_unit_test(test_wildcard_listens_on_both_families),
         cmocka_unit_test(test_nothing_left_outstanding),
     };
     return cltest_main(tests, NULL, NULL);
