@@ -162,6 +162,13 @@ static void tcp_destroy(void *state) {
     if (tc->listen_ev) tc->core->watch_free(tc->listen_ev);
     if (tc->listen_fd >= 0) close(tc->listen_fd);
     cl_tcp_local_close(tc);
+    /* a work not detached yet (another thread was ending it, so it retires
+     * after this, and its detach is skipped): its buffers go with the rest */
+    tcp_work *tw;
+    cl_list_foreach(&tc->works, tw, tcp_work, node) {
+        if (tw->xb) cl_tcp_xbuf_put(tc, tw->xb);
+        tw->xb = NULL;
+    }
     cl_tcp_xbuf_free_all(tc);
     free(tc->conns);
     cl_idmap_fini(&tc->running);
