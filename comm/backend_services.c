@@ -156,6 +156,11 @@ static const char *svc_setting(const char *name) {
         snprintf(num, sizeof num, "%d", (int)c->nccl_poll_us);
         return num;
     }
+    if (!strcmp(name, "COLLIE_INSECURE")) return c->insecure ? "1" : "0";
+    if (!strcmp(name, "COLLIE_HANDSHAKE_TIMEOUT_MS")) {
+        snprintf(num, sizeof num, "%d", (int)c->handshake_ms);
+        return num;
+    }
     if (!strcmp(name, "COLLIE_NCCL_ABORT_TIMEOUT_MS")) {
         snprintf(num, sizeof num, "%d", (int)c->nccl_abort_ms);
         return num;

@@ -311,6 +311,10 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
 /* policy.c: the error policy COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING
  * ask for (COLLIE_EINVAL for a conflict or an unknown value) */
 int cl_comm_policy_from_env(collie_error_policy *out);
+/* trust.c: may a comm named `name` be made over `store`? Without a shared
+ * secret its store must be on loopback (else COLLIE_EINVAL saying why),
+ * unless COLLIE_INSECURE=1; said once per process. Caller's thread. */
+int cl_comm_trust_check(collie_store *store, const char *name);
 /* comm.c: make the comm a resident of its engine (any thread, bounded) */
 int cl_comm_attach_engine(collie_comm *c);
 

@@ -550,6 +550,7 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
     collie_comm_opts dflt = COLLIE_COMM_OPTS_INIT;
     int res = cl_config_check();
     if (res != COLLIE_OK) return res;
+    if ((res = cl_comm_trust_check(store, cl_opt(o, name, NULL))) != COLLIE_OK) return res;
     collie_comm *c = comm_alloc(e, store, rank, size, o ? o : &dflt, &res);
     if (!c) return res;
     if (child) {

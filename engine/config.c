@@ -27,7 +27,14 @@
 
 extern char **environ;
 
-enum cl_setting_type { CL_SET_MS, CL_SET_INT, CL_SET_STRING, CL_SET_LOGLEVEL, CL_SET_SPIN };
+enum cl_setting_type {
+    CL_SET_MS,
+    CL_SET_INT,
+    CL_SET_STRING,
+    CL_SET_LOGLEVEL,
+    CL_SET_SPIN,
+    CL_SET_BOOL
+};
 
 typedef struct cl_setting {
     const char *name;
@@ -52,7 +59,14 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_STORE_ADDR", CL_SET_STRING, CL_OFF(store_addr), 0, "(none)",
      "host:port of the key/value store (set by collie-run)"},
     {"COLLIE_STORE_TOKEN", CL_SET_STRING, CL_OFF(store_token), 0, "(none)",
-     "shared secret for store authentication (HMAC-SHA256 challenge-response)"},
+     "shared secret of the job: the store and every rank's handshake prove it (HMAC-SHA256 "
+     "challenge-response; collie-run makes one per job)"},
+    {"COLLIE_INSECURE", CL_SET_BOOL, CL_OFF(insecure), 0, "0",
+     "1: allow a store, or a rank's listener, beyond loopback without a shared secret (anyone "
+     "who can reach it can join; docs/security.md)"},
+    {"COLLIE_HANDSHAKE_TIMEOUT_MS", CL_SET_MS, CL_OFF(handshake_ms), 1, "5000",
+     "a connection to a rank's listener must finish its handshake within this many ms (at "
+     "most 64 wait at once per comm)"},
     {"COLLIE_RANK", CL_SET_INT, CL_OFF(rank), 0, "(none)",
      "this process's rank (set by collie-run)"},
     {"COLLIE_WORLD_SIZE", CL_SET_INT, CL_OFF(world_size), 1, "(none)",
@@ -122,7 +136,8 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .shm_ring_bytes = 524288,
                                           .shm_single_copy = 524288,
                                           .nccl_poll_us = 200,
-                                          .nccl_abort_ms = 10000};
+                                          .nccl_abort_ms = 10000,
+                                          .handshake_ms = 5000};
 static cl_config cl_cfg = cl_cfg_defaults;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -167,6 +182,13 @@ static void config_apply(const cl_setting *st, const char *val) {
         config_error(st, val, "one of auto, off, on");
         return;
     }
+    case CL_SET_BOOL:
+        if (strcmp(val, "0") && strcmp(val, "1")) {
+            config_error(st, val, "0 or 1");
+            return;
+        }
+        *(bool *)field = val[0] == '1';
+        return;
     case CL_SET_MS:
         if (!config_parse_int(val, st->min, INT32_MAX, &v)) {
             config_error(st, val, "a positive number of milliseconds");

@@ -336,16 +336,21 @@ typedef struct collie_store_server_opts {
     uint32_t max_value_size;  /* 0: 64 MiB */
     uint32_t max_keys;        /* 0: 1,000,000 */
     uint32_t max_connections; /* 0: 16384 */
+    int insecure; /* 1: serve beyond loopback without a token (anyone who reaches it can read
+                     and write); 0: refused, unless COLLIE_INSECURE=1 */
 } collie_store_server_opts;
 
 #define COLLIE_STORE_SERVER_OPTS_INIT                                                              \
-    { sizeof(collie_store_server_opts), NULL, 0, 0, 0, 0 }
+    { sizeof(collie_store_server_opts), NULL, 0, 0, 0, 0, 0 }
 
 /* collie_store_server_create: serve a key/value store from engine e,
- * listening on bind_addr ("127.0.0.1", "0.0.0.0", "::1"; NULL: 0.0.0.0)
- * and port (0: pick a free one). `o` may be NULL. Errors: EINVAL (bad
- * address), ESYSTEM (bind/listen failed; the message is logged), ENOMEM,
- * ECLOSED (engine closing). */
+ * listening on bind_addr ("127.0.0.1", "0.0.0.0", "::1"; NULL: 127.0.0.1)
+ * and port (0: pick a free one). `o` may be NULL. A server without a token
+ * (o->token, else COLLIE_STORE_TOKEN) is refused an address beyond
+ * loopback unless o->insecure or COLLIE_INSECURE=1 (docs/security.md).
+ * Errors: EINVAL (bad address; no token beyond loopback), ESYSTEM
+ * (bind/listen failed; the message is logged), ENOMEM, ECLOSED (engine
+ * closing). */
 COLLIE_API int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t port,
                                           const collie_store_server_opts *o,
                                           collie_store_server **out);

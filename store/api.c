@@ -19,6 +19,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "store/addr.h"
+#include "store/auth.h"
 #include "store/client.h"
 #include "store/store.h"
 
@@ -556,6 +558,15 @@ int cl_store_token(const collie_store *s, const char **token, size_t *len) {
     *token = s && s->core ? s->core->token : NULL;
     *len = *token ? s->core->token_len : 0;
     return COLLIE_OK;
+}
+
+bool cl_store_on_loopback(const collie_store *s, char *addr, size_t len) {
+    char host[256];
+    uint16_t port;
+    snprintf(addr, len, "%s", s && s->core ? s->core->addr : "?");
+    if (!s || !s->core || cl_store_addr_parse(s->core->addr, host, sizeof host, &port) != COLLIE_OK)
+        return false;
+    return cl_store_host_is_loopback(host);
 }
 
 uint64_t cl_store_reconnects(const collie_store *s) {

@@ -1,6 +1,6 @@
 /*
  * auth.c — HMAC-SHA256 proofs, nonces and token resolution (protocol in
- * auth.h).
+ * auth.h), and the loopback rule of a store without a token.
  *
  * Design notes: stateless and thread-safe (libcrypto's HMAC() and
  * RAND_bytes are). The label strings give the two directions different
@@ -8,6 +8,8 @@
  */
 #include "store/auth.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -69,4 +71,24 @@ int cl_store_auth_token(const char *given, const char *who, char **out) {
                                  who, len, CL_STORE_TOKEN_MAX);
     if (!(*out = cl_strdup(t))) return COLLIE_ENOMEM;
     return COLLIE_OK;
+}
+
+bool cl_store_sockaddr_is_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family != AF_INET6) return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
+
+bool cl_store_host_is_loopback(const char *host) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL, *it;
+    if (!host || getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai) return false;
+    bool all = true;
+    for (it = ai; it && all; it = it->ai_next)
+        all = cl_store_sockaddr_is_loopback(it->ai_addr);
+    freeaddrinfo(ai);
+    return all;
 }

@@ -13,6 +13,8 @@
  * client never talks to an impostor; the client's proof covers the server's
  * fresh nonce, so a recorded exchange cannot be replayed. Proofs are compared
  * in constant time (CRYPTO_memcmp). The token itself never crosses the wire.
+ *
+ * Below: the loopback rule of a store without a token.
  */
 #ifndef CL_STORE_AUTH_H
 #define CL_STORE_AUTH_H
@@ -20,6 +22,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <sys/socket.h>
 
 #include "store/proto.h"
 
@@ -48,5 +52,18 @@ bool cl_store_auth_verify(const char *token, size_t token_len, bool server,
  * long is COLLIE_EINVAL (collie_last_error says why; `who` names the
  * caller). *out is malloc'd. */
 int cl_store_auth_token(const char *given, const char *who, char **out);
+
+/* ---- the loopback rule (docs/security.md) ---------------------------------------------- */
+/* Without a secret, nothing is served beyond loopback and no comm trusts a
+ * store beyond it, unless the user opts in (COLLIE_INSECURE=1, the server's
+ * opts.insecure, collie-store --insecure). */
+
+/* cl_store_sockaddr_is_loopback: 127.0.0.0/8, ::1, or ::ffff:127.x. */
+bool cl_store_sockaddr_is_loopback(const struct sockaddr *sa);
+
+/* cl_store_host_is_loopback: does every address `host` resolves to lie on
+ * loopback? (Blocking: not on the loop thread.) A host that does not
+ * resolve is not loopback. */
+bool cl_store_host_is_loopback(const char *host);
 
 #endif

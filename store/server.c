@@ -18,6 +18,9 @@
  *    server whichever of them it tries. IPv6 listeners are IPv6-only (the
  *    IPv4 one takes the v4 traffic). An address after the first that cannot
  *    be bound (no IPv6 here) is skipped, logged; none at all is an error.
+ *  - The loopback rule (store/auth.h, docs/security.md): no address means
+ *    127.0.0.1, and a server without a token is refused an address beyond
+ *    loopback unless the caller opts in (opts.insecure, COLLIE_INSECURE).
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -209,7 +212,7 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
     if (bind_addr && strlen(bind_addr) >= sizeof host)
         return cl_set_last_error(COLLIE_EINVAL, "store server: bind address too long");
     /* "[::1]" is accepted as well as "::1" */
-    snprintf(host, sizeof host, "%s", bind_addr ? bind_addr : "0.0.0.0");
+    snprintf(host, sizeof host, "%s", bind_addr ? bind_addr : "127.0.0.1");
     size_t hl = strlen(host);
     if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
         memmove(host, host + 1, hl - 2);
@@ -227,6 +230,25 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
         cl_store_auth_token(cl_opt(o, token, NULL), "collie_store_server_create", &s->token), res,
         out);
     s->token_len = s->token ? strlen(s->token) : 0;
+    bool beyond = false; /* every address it would listen on must be loopback */
+    for (int i = 0; i < s->bind.n; i++)
+        beyond |= !cl_store_sockaddr_is_loopback((struct sockaddr *)&s->bind.sa[i]);
+    if (!s->token && beyond) {
+        if (!cl_opt(o, insecure, 0) && !cl_config_get()->insecure) {
+            res = cl_set_last_error(
+                COLLIE_EINVAL,
+                "store server: %s is beyond loopback and the store has no token: anyone who "
+                "can reach it could read and write it. Give it a token (opts.token, "
+                "COLLIE_STORE_TOKEN, collie-store --token-file), or set opts.insecure or "
+                "COLLIE_INSECURE=1 if that is meant",
+                s->name);
+            goto out;
+        }
+        CL_WARN("store",
+                "server %s: no token, beyond loopback (insecure, as asked): anyone who "
+                "can reach it can read and write it",
+                s->name);
+    }
     uint32_t v;
     s->lim.max_key_size = (v = cl_opt(o, max_key_size, 0)) ? v : 4096;
     s->lim.max_value_size = (v = cl_opt(o, max_value_size, 0)) ? v : 64u * 1024u * 1024u;

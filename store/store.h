@@ -4,6 +4,7 @@
 #ifndef CL_STORE_H
 #define CL_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "collie.h"
@@ -11,6 +12,11 @@
 /* cl_store_token: the shared secret the handle's connection authenticates
  * with (*token NULL if none), for the transports' handshakes. */
 int cl_store_token(const collie_store *s, const char **token, size_t *len);
+
+/* cl_store_on_loopback: does the handle's server address lie on loopback
+ * (every address its host resolves to)? `addr` gets that address, for
+ * messages. Blocking (resolves): the caller's thread, not the loop. */
+bool cl_store_on_loopback(const collie_store *s, char *addr, size_t len);
 
 /* cl_store_reconnects: how many times the handle's connection was made
  * again after its first (any thread). */

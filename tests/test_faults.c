@@ -762,12 +762,30 @@ static void procs_kill_all(void) {
 
 /* ---- the store and the ranks ---------------------------------------------- */
 
+/* The secret of a store beyond loopback (FT_SECRET for its ranks). */
+#define FT_SECRET "netcut-secret"
+
 /* collie-store on a free port; *addr gets "host:port" for clients that
- * reach it at `host`. */
+ * reach it at `host`. Beyond loopback it requires FT_SECRET. */
 static proc *store_start(const char *bind, const char *host, const char *netns, char *addr,
                          size_t len) {
-    char *argv[] = {
-        (char *)spawn_build_path("bin/collie-store"), "--bind", (char *)bind, "--port", "0", NULL};
+    static char token_file[128];
+    bool local = strncmp(bind, "127.", 4) == 0;
+    if (!local) {
+        snprintf(token_file, sizeof token_file, "%s/store-token", tmp_dir);
+        FILE *tf = fopen(token_file, "w");
+        CHECK(tf, "cannot write %s\n", token_file);
+        fputs(FT_SECRET "\n", tf);
+        fclose(tf);
+    }
+    char *argv[] = {(char *)spawn_build_path("bin/collie-store"),
+                    "--bind",
+                    (char *)bind,
+                    "--port",
+                    "0",
+                    local ? NULL : "--token-file",
+                    token_file,
+                    NULL};
     char *envp[] = {"COLLIE_LOG=error", NULL};
     proc *p = proc_spawn("collie-store", argv, envp, true, netns);
     const char *l = proc_wait_line(p, "collie-store listening on", 5000);
@@ -1299,10 +1317,18 @@ static void test_network_cut(void **state) {
     snprintf(addr_b, sizeof addr_b, "192.0.2.5%s", strrchr(addr_a, ':'));
     /* a partition is a TCP matter: the ranks are forced onto TCP (ranks 0
      * and 1 share a namespace and would otherwise use shared memory) */
-    const char *side_a[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.9",
-                            "COLLIE_CPU_TRANSPORT=tcp", NULL};
-    const char *side_b[] = {"FT_NAME=netcut", "FT_TIMEOUT_MS=2000", "COLLIE_SOCKET_ADDR=192.0.2.10",
-                            "COLLIE_CPU_TRANSPORT=tcp", NULL};
+    const char *side_a[] = {"FT_NAME=netcut",
+                            "FT_TIMEOUT_MS=2000",
+                            "COLLIE_SOCKET_ADDR=192.0.2.9",
+                            "COLLIE_CPU_TRANSPORT=tcp",
+                            "COLLIE_STORE_TOKEN=" FT_SECRET,
+                            NULL};
+    const char *side_b[] = {"FT_NAME=netcut",
+                            "FT_TIMEOUT_MS=2000",
+                            "COLLIE_SOCKET_ADDR=192.0.2.10",
+                            "COLLIE_CPU_TRANSPORT=tcp",
+                            "COLLIE_STORE_TOKEN=" FT_SECRET,
+                            NULL};
     proc *rk[N];
     for (int r = 0; r < N; r++)
         rk[r] = rank_start("loop", r, N, r < 2 ? addr_a : addr_b, r < 2 ? side_a : side_b,

@@ -110,12 +110,27 @@ static bool process_alive(pid_t pid) {
 
 /* ---- the rank environment and the store ---------------------------------- */
 
+/* The job's secret as rank `rank` saw it ("[r] secret <token>"), checked:
+ * 64 hex digits (collie-run made it), never in the launcher's own output. */
+static void job_secret(spawn_proc *l, int rank, char *out, size_t len) {
+    char needle[32];
+    snprintf(needle, sizeof needle, "[%d] secret ", rank);
+    const char *p = strstr(l->text[0], needle);
+    assert_spawn(l, p);
+    p += strlen(needle);
+    size_t n = strcspn(p, "\n");
+    assert_spawn(l, n == 64 && strspn(p, "0123456789abcdef") == 64 && n < len);
+    snprintf(out, len, "%.*s", (int)n, p);
+    assert_spawn(l, !strstr(l->text[1], out));
+}
+
 static void test_env_per_rank_and_store(void **state) {
     (void)state;
     enum { N = 4 };
     char sh[1024];
     snprintf(sh, sizeof sh,
              "echo \"env $COLLIE_RANK $COLLIE_WORLD_SIZE $COLLIE_STORE_ADDR\"; "
+             "echo \"secret $COLLIE_STORE_TOKEN\"; "
              "echo \"names $(env | grep '^COLLIE_' | cut -d= -f1 | sort | tr '\\n' ' ')\"; %s",
              wait_file_sh(tmp_path("env-done")));
     spawn_proc *l = launch_start(ARGS("-n", "4", "--", "/bin/sh", "-c", sh), NULL);
@@ -143,10 +158,16 @@ static void test_env_per_rank_and_store(void **state) {
     assert_spawn(l, spawn_wait_for(l, 0,
                                    "names COLLIE_LOCAL_RANK COLLIE_LOCAL_WORLD_SIZE "
                                    "COLLIE_NODE_RANK COLLIE_RANK COLLIE_RESTART_COUNT "
-                                   "COLLIE_STORE_ADDR COLLIE_WORLD_SIZE \n",
+                                   "COLLIE_STORE_ADDR COLLIE_STORE_TOKEN COLLIE_WORLD_SIZE \n",
                                    N, 5000));
-
-    check_store(l, addr[0], NULL, COLLIE_OK); /* the launcher serves it while ranks run */
+    /* one secret per job, made by the launcher, the same for every rank */
+    char secret[N][80];
+    for (int r = 0; r < N; r++) {
+        job_secret(l, r, secret[r], sizeof secret[r]);
+        assert_string_equal(secret[r], secret[0]);
+    }
+    check_store(l, addr[0], secret[0], COLLIE_OK); /* the launcher serves it while ranks run */
+    check_store(l, addr[0], NULL, COLLIE_EAUTH);   /* to the job only */
     touch(tmp_path("env-done"));
     spawn_finish(l);
     assert_spawn(l, l->status == 0);
@@ -158,15 +179,18 @@ static void test_store_outlives_a_rank(void **state) {
     (void)state;
     char sh[1024];
     snprintf(sh, sizeof sh,
-             "if [ $COLLIE_RANK = 1 ]; then exit 1; fi; echo \"addr $COLLIE_STORE_ADDR\"; %s; "
-             "echo survived",
+             "if [ $COLLIE_RANK = 1 ]; then exit 1; fi; echo \"addr $COLLIE_STORE_ADDR\"; "
+             "echo \"secret $COLLIE_STORE_TOKEN\"; %s; echo survived",
              wait_file_sh(tmp_path("outlive-done")));
     spawn_proc *l = launch_start(ARGS("-n", "2", "--keep-going", "--", "/bin/sh", "-c", sh), NULL);
     assert_spawn(l, spawn_wait_for(l, 1, "collie-run: rank 1 exited with status 1\n", 1, 5000));
     assert_spawn(l, spawn_wait_for(l, 0, "[0] addr ", 1, 5000));
     char addr[64];
     assert_spawn(l, sscanf(strstr(l->text[0], "[0] addr "), "[0] addr %63s", addr) == 1);
-    check_store(l, addr, NULL, COLLIE_OK);
+    char secret[80];
+    assert_spawn(l, spawn_wait_for(l, 0, "[0] secret ", 1, 5000));
+    job_secret(l, 0, secret, sizeof secret);
+    check_store(l, addr, secret, COLLIE_OK);
     touch(tmp_path("outlive-done"));
     spawn_finish(l);
     assert_spawn(l, l->status == 1);
@@ -455,6 +479,8 @@ static void test_usage_errors(void **state) {
         {"-n", "4", "--nnodes", "2", "--store", "127.0.0.1:1", "true", NULL}, /* no node rank */
         {"-n", "4", "--nnodes", "2", "--node-rank", "2", "--store", "127.0.0.1:1", "true", NULL},
         {"-n", "4", "--nnodes", "2", "--node-rank", "1", "true", NULL}, /* no --store */
+        {"-n", "4", "--nnodes", "2", "--node-rank", "1", "--store", "127.0.0.1:1", "true",
+         NULL}, /* no secret (--token-file, COLLIE_STORE_TOKEN) for a store beyond this host */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         spawn_proc *l = launch_run(cases[i]);
@@ -555,19 +581,28 @@ static int wait_second(pid_t pid, int timeout_ms) {
 }
 
 /* One job on two "nodes": two collie-runs, node 0 serving the store at the
- * agreed port, the demo's collectives across all 4 ranks. */
+ * agreed port, the demo's collectives across all 4 ranks, the user's secret
+ * given to both. */
 static void test_two_nodes(void **state) {
     (void)state;
     char store[32];
     snprintf(store, sizeof store, "127.0.0.1:%u", free_port());
     const char *demo = spawn_build_path("examples/demo");
     const char *out1 = tmp_path("node1.out");
-    pid_t n1 = start_second(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
-                                 "--store", store, "--timeout", "6", "--", demo),
-                            out1);
-    spawn_proc *n0 = launch_start(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0",
-                                       "--store", store, "--timeout", "6", "--", demo),
-                                  NULL);
+    static char secret[256];
+    snprintf(secret, sizeof secret, "%s", tmp_path("secret"));
+    FILE *sf = fopen(secret, "w");
+    assert_non_null(sf);
+    fputs("two-node secret\n", sf);
+    fclose(sf);
+    pid_t n1 =
+        start_second(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--store",
+                          store, "--token-file", secret, "--timeout", "6", "--", demo),
+                     out1);
+    spawn_proc *n0 =
+        launch_start(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--store",
+                          store, "--token-file", secret, "--timeout", "6", "--", demo),
+                     NULL);
     spawn_finish(n0);
     int st1 = wait_second(n1, 8000);
     static char text1[65536];

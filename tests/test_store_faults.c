@@ -289,9 +289,12 @@ static void test_store_process_sigterm_and_usage(void **state) {
     assert_int_equal(child_run(extra), 2);
     assert_int_equal(child_run(no_val), 2);
     assert_int_equal(child_run(bad_lim), 2);
-    const char *bad_bind[] = {"--bind", "192.0.2.1", "--port", "0", NULL}; /* not ours */
+    /* not ours (--insecure: beyond loopback without a token is a usage error) */
+    const char *bad_bind[] = {"--bind", "192.0.2.1", "--port", "0", "--insecure", NULL};
+    const char *no_token[] = {"--bind", "192.0.2.1", "--port", "0", NULL};
     const char *no_file[] = {"--port", "0", "--token-file", "/nonexistent/token", NULL};
     assert_int_equal(child_run(bad_bind), 1);
+    assert_int_equal(child_run(no_token), 2);
     assert_int_equal(child_run(no_file), 1);
     const char *help[] = {"--help", NULL};
     assert_int_equal(child_run(help), 0);

@@ -5,7 +5,8 @@
  *
  *   collie-run -n N | -np N | --nproc-per-node M [--nnodes K --node-rank R]
  *              [--timeout S] [--grace S] [--keep-going] [--restarts K]
- *              [--store HOST:PORT [--store-external]] [--stats] [--] program [args...]
+ *              [--store HOST:PORT [--store-external]] [--token-file F] [--stats]
+ *              [--] program [args...]
  *
  * Design notes
  *  - One thread of ours runs the job; the engine's threads only serve the
@@ -27,6 +28,15 @@
  *    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/MASTER_PORT = the store,
  *    TORCHELASTIC_RESTART_COUNT), so programs written for either launcher
  *    find what they look for.
+ *  - The job's secret (docs/security.md): the store requires it and every
+ *    rank gets it as COLLIE_STORE_TOKEN in its environment (never on a
+ *    command line, never printed), so the store and every handshake between
+ *    ranks prove it and an outsider can neither use the store nor join. It
+ *    is --token-file's, else the caller's COLLIE_STORE_TOKEN, else, when
+ *    this launcher hosts the store on one node, 32 random bytes
+ *    (RAND_bytes) in hex. A multi-node job needs the user's, the same on
+ *    every node: without one it is refused. With an external --store on
+ *    one node the ranks use the caller's, or none.
  *  - --stats: the ranks write each comm's stats into a private directory
  *    when they destroy it (COLLIE_STATS_DIR); after the job the launcher
  *    prints one line per comm and rank from those files.
@@ -78,6 +88,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "collie.h"
 
@@ -93,6 +105,9 @@
 #define RUN_EXIT_USAGE       2
 #define RUN_EXIT_ERROR       1
 #define RUN_EXIT_TIMEOUT     124
+#define RUN_TOKEN_MAX        4096 /* longest secret (the store's CL_STORE_TOKEN_MAX) */
+#define RUN_TOKEN_RANDOM     32   /* bytes of a secret made here (64 hex digits) */
+#define RUN_TOKEN_VAR        "COLLIE_STORE_TOKEN"
 
 extern char **environ;
 
@@ -134,6 +149,7 @@ typedef struct run_opts {
     bool keep_going;
     int restarts;
     const char *store_addr; /* external store, or NULL: host one */
+    const char *token_file; /* --token-file, or NULL */
     char **argv;            /* the program and its arguments */
 } run_opts;
 
@@ -182,6 +198,7 @@ typedef struct run_job {
     char store_addr[264]; /* the store's host:port, and apart (MASTER_ADDR, MASTER_PORT) */
     char store_host[256];
     char store_port[8];
+    char *token_env;        /* "COLLIE_STORE_TOKEN=<secret>" for the ranks, or NULL: none */
     char stats_dir[64];     /* --stats: where the ranks write, "" if not ours */
     const char *stats_from; /* the directory read after the job, or NULL */
     collie_engine *engine;
@@ -229,6 +246,9 @@ static void run_usage(FILE *f) {
           "  --store ADDR          the store at host:port: used instead of hosting one;\n"
           "                        with --nnodes > 1 node 0 serves it at that port\n"
           "  --store-external      node 0 too uses a store server already running\n"
+          "  --token-file FILE     the job's secret (default: COLLIE_STORE_TOKEN, else a\n"
+          "                        random one per job); --nnodes > 1 needs one, the same\n"
+          "                        on every node\n"
           "  --timeout S           stop the job after S seconds and exit 124\n"
           "  --grace S             seconds from SIGTERM to SIGKILL when stopping (default 3)\n"
           "  --keep-going          let the other ranks continue when one fails\n"
@@ -309,6 +329,11 @@ static int run_check_layout(run_opts *o, int world, int per_node) {
     }
     if (o->nnodes > 1 && !o->store_addr)
         return run_usage_error("%s", "--nnodes > 1 needs --store HOST:PORT (node 0's address)");
+    const char *tok = getenv(RUN_TOKEN_VAR);
+    if (o->nnodes > 1 && !o->token_file && !(tok && *tok))
+        return run_usage_error("%s", "--nnodes > 1 needs the job's secret, the same on every "
+                                     "node: --token-file FILE or COLLIE_STORE_TOKEN (the store "
+                                     "is reachable beyond this host)");
     o->nranks = per_node;
     o->world_size = world;
     return -1;
@@ -327,6 +352,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         OPT_NNODES,
         OPT_NODE_RANK,
         OPT_STATS,
+        OPT_TOKEN_FILE,
     };
     static const struct option longopts[] = {
         {"nproc-per-node", required_argument, NULL, OPT_NPROC},
@@ -339,6 +365,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         {"keep-going", no_argument, NULL, OPT_KEEP_GOING},
         {"restarts", required_argument, NULL, OPT_RESTARTS},
         {"store", required_argument, NULL, OPT_STORE},
+        {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -393,6 +420,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
                 return run_usage_error("--store needs host:port, not '%s'", optarg);
             o->store_addr = optarg;
             break;
+        case OPT_TOKEN_FILE: o->token_file = optarg; break;
         case 'h': run_usage(stdout); return 0;
         case ':': return run_usage_error("option '%s' needs a value", argv[optind - 1]);
         default:
@@ -552,14 +580,17 @@ static int run_rank_env(run_job *job, run_rank *r) {
     size_t n = 0;
     while (environ[n])
         n++;
-    r->envp = calloc(n + RUN_ENV_OURS + 1, sizeof *r->envp);
+    r->envp = calloc(n + RUN_ENV_OURS + 2, sizeof *r->envp);
     if (!r->envp) return -1;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (!run_env_is_ours(environ[i])) r->envp[k++] = environ[i];
+        if (!run_env_is_ours(environ[i]) &&
+            strncmp(environ[i], RUN_TOKEN_VAR "=", sizeof RUN_TOKEN_VAR) != 0)
+            r->envp[k++] = environ[i];
     run_rank_env_fill(job, r);
     for (size_t j = 0; j < RUN_ENV_OURS; j++)
         if (r->env[j][0]) r->envp[k++] = r->env[j];
+    if (job->token_env) r->envp[k++] = job->token_env; /* the job's secret */
     r->envp[k] = NULL;
     return 0;
 }
@@ -1031,6 +1062,53 @@ static int run_signals_init(run_job *job) {
     return job->sigfd < 0 ? -1 : 0;
 }
 
+/* The job's secret into job->token_env (see the design notes); 0, or -1
+ * after saying why. */
+static int run_token_init(run_job *job) {
+    const run_opts *o = &job->opts;
+    char buf[RUN_TOKEN_MAX + 2];
+    size_t n = 0;
+    if (o->token_file) {
+        FILE *f = fopen(o->token_file, "r");
+        if (!f) {
+            fprintf(stderr, "collie-run: cannot open the token file %s: %s\n", o->token_file,
+                    strerror(errno));
+            return -1;
+        }
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
+                         buf[n - 1] == '\t'))
+            n--;
+        if (n == 0 || n > RUN_TOKEN_MAX || memchr(buf, '\0', n)) {
+            fprintf(stderr, "collie-run: the token file %s must hold 1 to %d bytes, without NUL\n",
+                    o->token_file, RUN_TOKEN_MAX);
+            OPENSSL_cleanse(buf, sizeof buf);
+            return -1;
+        }
+        buf[n] = '\0';
+    } else if (getenv(RUN_TOKEN_VAR) && *getenv(RUN_TOKEN_VAR)) {
+        snprintf(buf, sizeof buf, "%s", getenv(RUN_TOKEN_VAR));
+    } else if (!o->store_addr) { /* we host the store, on this node only: a secret of our own */
+        unsigned char raw[RUN_TOKEN_RANDOM];
+        if (RAND_bytes(raw, sizeof raw) != 1) {
+            fprintf(stderr, "collie-run: RAND_bytes failed: no secret for the job\n");
+            return -1;
+        }
+        for (size_t i = 0; i < sizeof raw; i++)
+            snprintf(buf + 2 * i, 3, "%02x", raw[i]);
+        OPENSSL_cleanse(raw, sizeof raw);
+    } else {
+        return 0; /* an external store on one node: the ranks use what it uses */
+    }
+    size_t len = sizeof RUN_TOKEN_VAR + strlen(buf) + 1;
+    job->token_env = malloc(len);
+    if (job->token_env) snprintf(job->token_env, len, "%s=%s", RUN_TOKEN_VAR, buf);
+    OPENSSL_cleanse(buf, sizeof buf);
+    if (!job->token_env) fprintf(stderr, "collie-run: out of memory\n");
+    return job->token_env ? 0 : -1;
+}
+
 static int run_store_init(run_job *job) {
     const run_opts *o = &job->opts;
     const char *addr = o->store_addr;
@@ -1044,7 +1122,7 @@ static int run_store_init(run_job *job) {
         eo.name = "collie-run";
         int rc = collie_engine_create(&eo, &job->engine);
         collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
-        so.token = getenv("COLLIE_STORE_TOKEN");
+        so.token = job->token_env ? strchr(job->token_env, '=') + 1 : NULL;
         if (rc == COLLIE_OK)
             rc = collie_store_server_create(job->engine, serve_at ? "0.0.0.0" : "127.0.0.1",
                                             (uint16_t)port, &so, &job->server);
@@ -1093,7 +1171,7 @@ static int run_job_init(run_job *job) {
         fprintf(stderr, "collie-run: setup: %s\n", strerror(errno));
         return -1;
     }
-    if (run_store_init(job) != 0) return -1;
+    if (run_token_init(job) != 0 || run_store_init(job) != 0) return -1;
     job->stats_from = getenv("COLLIE_STATS_DIR"); /* the user's: kept, passed on */
     if (job->opts.stats && !job->stats_from) {
         snprintf(job->stats_dir, sizeof job->stats_dir, "/tmp/collie-stats-XXXXXX");
@@ -1132,6 +1210,8 @@ static void run_job_fini(run_job *job) {
     free(job->pfds);
     free(job->watched);
     free(job->out);
+    if (job->token_env) OPENSSL_cleanse(job->token_env, strlen(job->token_env));
+    free(job->token_env);
     collie_store_server_destroy(job->server);
     collie_engine_destroy(job->engine);
     if (job->devnull >= 0) close(job->devnull);

@@ -2,7 +2,11 @@
  * collie-store — the standalone key/value store server, for jobs whose
  * store must outlive any rank.
  *
- *   collie-store --port P [--bind ADDR] [--token-file F] [limits...]
+ *   collie-store --port P [--bind ADDR] [--token-file F] [--insecure] [limits...]
+ *
+ * Listens on 127.0.0.1 unless --bind says otherwise; an address beyond
+ * loopback needs a token (--token-file, or COLLIE_STORE_TOKEN), or
+ * --insecure to say that anyone who can reach it may use the store.
  *
  * Prints "collie-store listening on ADDR:PORT" (flushed; with --port 0 the
  * port picked) once it accepts connections, then serves until SIGTERM or
@@ -22,20 +26,24 @@
 
 #include "collie.h"
 #include "engine/config.h"
+#include "store/auth.h"
 
 #define STORE_TOOL_TOKEN_MAX 4096
 
 static void store_tool_usage(FILE *f) {
-    fprintf(f, "usage: collie-store --port P [--bind ADDR] [--token-file FILE]\n"
+    fprintf(f, "usage: collie-store --port P [--bind ADDR] [--token-file FILE] [--insecure]\n"
                "                    [--max-keys N] [--max-key-size BYTES]\n"
                "                    [--max-value-size BYTES] [--max-connections N]\n"
                "       collie-store --settings | --help\n"
                "\n"
                "Serve a collie key/value store until SIGTERM or SIGINT.\n"
                "  --port P            TCP port (0: pick a free one; it is printed)\n"
-               "  --bind ADDR         address to listen on (default 0.0.0.0; '::1', '127.0.0.1')\n"
+               "  --bind ADDR         address to listen on (default 127.0.0.1; '::1', '0.0.0.0');\n"
+               "                      beyond loopback it needs a token, or --insecure\n"
                "  --token-file FILE   require clients to prove they know the token in FILE\n"
                "                      (trailing newline ignored); default: COLLIE_STORE_TOKEN\n"
+               "  --insecure          serve beyond loopback without a token: anyone who can\n"
+               "                      reach the port can read and write the store\n"
                "  --max-*             limits (defaults: 1000000 keys, 4096-byte keys,\n"
                "                      64 MiB values, 16384 connections)\n"
                "  --settings          print the COLLIE_* environment settings and exit\n");
@@ -93,12 +101,13 @@ int main(int argc, char **argv) {
         {"max-key-size", required_argument, NULL, 'K'},
         {"max-value-size", required_argument, NULL, 'V'},
         {"max-connections", required_argument, NULL, 'C'},
+        {"insecure", no_argument, NULL, 'i'},
         {"settings", no_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
-    const char *bind = "0.0.0.0", *token_file = NULL;
+    const char *bind = "127.0.0.1", *token_file = NULL;
     uint32_t port = 0, v;
     bool have_port = false;
     static char token[STORE_TOOL_TOKEN_MAX + 2];
@@ -113,6 +122,7 @@ int main(int argc, char **argv) {
             break;
         case 'b': bind = optarg; break;
         case 't': token_file = optarg; break;
+        case 'i': so.insecure = 1; break;
         case 'k':
         case 'K':
         case 'V':
@@ -137,6 +147,20 @@ int main(int argc, char **argv) {
         int rc = store_tool_read_token(token_file, token, sizeof token);
         if (rc) return rc;
         so.token = token;
+    }
+    if (!so.token && !getenv("COLLIE_STORE_TOKEN") && !so.insecure) {
+        char host[256];
+        size_t hl = strlen(bind);
+        if (hl >= 2 && bind[0] == '[' && bind[hl - 1] == ']') /* "[::1]" */
+            snprintf(host, sizeof host, "%.*s", (int)(hl - 2), bind + 1);
+        else
+            snprintf(host, sizeof host, "%s", bind);
+        if (!cl_store_host_is_loopback(host))
+            return store_tool_bad_usage(
+                "--bind %s is beyond loopback and the store has no token: anyone who can reach "
+                "it could read and write it. Give it --token-file FILE (or COLLIE_STORE_TOKEN), "
+                "or --insecure if that is meant",
+                bind);
     }
 
     sigset_t sigs;

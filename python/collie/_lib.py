@@ -81,6 +81,7 @@ class StoreServerOpts(ctypes.Structure):
         ("max_value_size", c_uint32),
         ("max_keys", c_uint32),
         ("max_connections", c_uint32),
+        ("insecure", ctypes.c_int),
     ]
 
 

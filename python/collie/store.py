@@ -56,15 +56,26 @@ def _int(w):
 
 
 class StoreServer(Closable):
-    """A collie store server on `engine`, listening on host:port (0: any free port)."""
+    """A collie store server on `engine`, listening on host:port (0: any free port).
 
-    def __init__(self, engine, host="127.0.0.1", port=0, token=None, max_value_size=0):
+    Without a token (`token`, else COLLIE_STORE_TOKEN) a host beyond loopback is refused
+    unless `insecure` (or COLLIE_INSECURE=1) says anyone who reaches it may use it."""
+
+    def __init__(
+        self, engine, host="127.0.0.1", port=0, token=None, max_value_size=0, insecure=False
+    ):
         if not isinstance(engine, Engine):
             raise TypeError("engine: a collie.Engine")
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"port: {port} is not 0..65535")
         opts = _lib.StoreServerOpts(
-            sizeof(_lib.StoreServerOpts), token.encode() if token else None, 0, max_value_size
+            sizeof(_lib.StoreServerOpts),
+            token.encode() if token else None,
+            0,
+            max_value_size,
+            0,
+            0,
+            1 if insecure else 0,
         )
         h = c_void_p()
         check(
@@ -75,7 +86,7 @@ class StoreServer(Closable):
         )
         self._h = h.value
         self._engine = engine
-        self.host = host or "0.0.0.0"
+        self.host = host or "127.0.0.1"
 
     @property
     def port(self):

@@ -132,6 +132,14 @@ typedef struct tcp_conn {
     uint8_t hs_out[128];
     size_t hs_out_len, hs_out_sent;
     int hs_phase;
+    int64_t hs_deadline_ns; /* accepted: closed unless identified by then (monotonic) */
+    bool reaped;            /* closed before it was identified: in tc->reaped, freed soon */
+    /* With a shared secret, set as the handshake completes: HMAC under the
+     * secret over both nonces, the comm and both ranks (tcp_setup.c). Fresh
+     * per connection and known only to its two ends: the key a frame MAC
+     * is to use. */
+    uint8_t session_key[32];
+    bool session_keyed;
 
     /* send side */
     cl_list sendq;         /* tcp_msg, in sending order */
@@ -163,7 +171,7 @@ typedef struct tcp_conn {
     cl_idmap expected;         /* tcp_slot.by_seq: collective messages expected from this peer */
     cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer */
     cl_list unexpected;        /* tcp_unexpected: p2p messages that came first */
-    cl_list_node pending_node; /* tcp_comm.pending: accepted, not yet identified */
+    cl_list_node pending_node; /* tcp_comm.pending (accepted, not yet identified) or .reaped */
 } tcp_conn;
 
 typedef struct tcp_comm {
@@ -186,7 +194,15 @@ typedef struct tcp_comm {
     cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
     bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
     int socket_conns;          /* ready connections over TCP (not shared memory) */
-    cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished */
+    cl_list pending;           /* tcp_conn.pending_node: accepted, handshake not finished,
+                                  oldest first */
+    int npending;              /* in `pending`: at most TCP_PENDING_MAX */
+    cl_list reaped;            /* tcp_conn.pending_node: closed unidentified, to be freed */
+    collie_watch *reap_ev;     /* frees `reaped` on the loop's next turn */
+    collie_watch *hs_timer;    /* closes pending connections past their deadline */
+    int64_t hs_timeout_ns;     /* COLLIE_HANDSHAKE_TIMEOUT_MS */
+    int64_t refused_log_ns;    /* the last refusal logged (refusals are rate-limited) */
+    uint64_t refused_quiet;    /* refusals since then, not logged */
     cl_list works;             /* started works, start order */
     cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */
     uint64_t coll_seq_started; /* the highest collective seq started */
@@ -262,6 +278,10 @@ void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
  * mismatch (comm fault) */
 void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
 int cl_tcp_listen(tcp_comm *tc);
+/* tcp_setup.c: the timers of accepted connections (init), and freeing
+ * those closed before they were identified (destroy) */
+int cl_tcp_pending_init(tcp_comm *tc);
+void cl_tcp_pending_fini(tcp_comm *tc);
 
 /* tcp_local.c: same-host peers over shared memory */
 /* listen for same-host peers (when the mode allows) and add what they need

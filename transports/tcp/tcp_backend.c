@@ -48,6 +48,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->unix_fd = -1;
     cl_list_init(&tc->works);
     cl_list_init(&tc->pending);
+    cl_list_init(&tc->reaped);
     cl_list_init(&tc->shm_conns);
     tc->bc = bc;
     tc->core = core;
@@ -60,7 +61,9 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->discard = malloc(TCP_STAGE_BYTES);
     *state = tc;
     if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
-    int r = cl_tcp_listen(tc);
+    int r = cl_tcp_pending_init(tc);
+    if (r != COLLIE_OK) return r;
+    r = cl_tcp_listen(tc);
     if (r != COLLIE_OK) return r;
     char published[256];
     r = cl_tcp_local_listen(tc, published, sizeof published);
@@ -132,8 +135,9 @@ static void tcp_abort(void *state, int status, const char *reason) {
     if (tc->unix_ev) tc->core->watch_stop(tc->unix_ev);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
-    tcp_conn *c;
-    cl_list_foreach(&tc->pending, c, tcp_conn, pending_node) cl_tcp_conn_close(c, status, reason);
+    tcp_conn *c; /* closing one moves it to `reaped` */
+    while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node)))
+        cl_tcp_conn_close(c, status, reason);
     /* finishing retires later, on the loop; detach then unlinks each work */
     tcp_work *tw;
     cl_list_foreach(&tc->works, tw, tcp_work, node) if (!tw->finished)
@@ -150,11 +154,7 @@ static void tcp_destroy(void *state) {
     if (!tc) return;
     for (int p = 0; tc->conns && p < tc->size; p++)
         cl_tcp_conn_free(tc->conns[p]);
-    tcp_conn *c;
-    while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node))) {
-        cl_list_remove(&c->pending_node);
-        cl_tcp_conn_free(c);
-    }
+    cl_tcp_pending_fini(tc);
     if (tc->publish_ctx) { /* its callback frees the context and the request */
         tc->publish_ctx->target = NULL;
         collie_work_cancel(tc->publish_req);

@@ -127,6 +127,7 @@ static void conn_count(tcp_conn *c, int delta) {
 void cl_tcp_conn_free(tcp_conn *c) {
     if (!c) return;
     if (c->state == TCP_CONN_READY) conn_count(c, -1);
+    if (cl_list_linked(&c->pending_node) && !c->reaped) c->tc->npending--;
     cl_list_remove(&c->pending_node); /* if it was still being identified */
     if (c->rev) c->tc->core->watch_free(c->rev);
     if (c->wev) c->tc->core->watch_free(c->wev);
@@ -176,6 +177,8 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
     cl_shm_link_hang_up(&c->shm);
     cl_list_remove(&c->shm_node);
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connection to rank %d closed: %s", c->peer, why);
+    if (cl_list_linked(&c->pending_node) && !c->reaped)
+        cl_tcp_pending_closed(c); /* never identified: freed on the next turn (tcp_setup.c) */
 }
 
 /* Can a frame of our own go out now without landing inside another one? */

@@ -81,10 +81,15 @@ void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* tcp_setup.c */
-void cl_tcp_hs_start_acceptor(tcp_conn *c);
+/* false if c was closed (no nonce) */
+bool cl_tcp_hs_start_acceptor(tcp_conn *c);
 /* a complete handshake message is in hs_in; false if c was closed */
 bool cl_tcp_hs_process(tcp_conn *c);
 void cl_tcp_conn_install(tcp_conn *c, int peer);
+/* an accepted connection closed before it was identified: out of
+ * tc->pending, freed on the loop's next turn (its callbacks may still be
+ * on the stack) */
+void cl_tcp_pending_closed(tcp_conn *c);
 /* a listener accepted fd (a same-host Unix socket if `local`): start the
  * acceptor's side of the handshake on it */
 void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local);

@@ -10,9 +10,24 @@
  *  - Handshake: acceptor → CHALLENGE(nonce_a); dialer → HELLO(comm id,
  *    generation, rank, size, nonce_d, MAC); acceptor → ACCEPT(MAC). The MACs
  *    are HMAC-SHA256 under the store's shared secret (zeros without one);
- *    nonces come from OpenSSL's RAND_bytes. A wrong comm id or generation
- *    (a stale process of an earlier incarnation) is refused and logged with
- *    the reason.
+ *    nonces come from OpenSSL's RAND_bytes (a connection is refused if it
+ *    fails: a guessable nonce would let a recorded HELLO be replayed). A
+ *    wrong comm id or generation (a stale process of an earlier
+ *    incarnation) is refused and logged with the reason. With a secret both
+ *    ends then derive the connection's session key (tcp.h) from it, both
+ *    nonces, the comm and both ranks.
+ *  - Without a secret the proofs are zeros: anyone who can reach the
+ *    listener can claim a rank (docs/security.md). So a listener beyond
+ *    loopback needs a secret, or COLLIE_INSECURE=1 (the store's rule too).
+ *  - What arrives before authentication is bounded (docs/security.md): an
+ *    accepted connection must be identified within COLLIE_HANDSHAKE_TIMEOUT_MS
+ *    (one timer per comm, for the oldest: `pending` is in accept order and
+ *    every connection gets the same bound), and at most TCP_PENDING_MAX wait
+ *    at once: the next one closes the oldest (a flood delays the ranks; it
+ *    cannot hold the door shut with idle sockets). One that is refused,
+ *    times out or ends is closed at once and freed on the loop's next turn
+ *    (its callbacks may still be on the stack). Refusals are logged at most
+ *    once per TCP_REFUSED_LOG_MS, with a count: outsiders do not write the log.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,10 +35,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/rand.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transports/tcp/tcp_conn_impl.h"
@@ -33,6 +50,40 @@
 static void conn_set_socket_options(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+#define TCP_PENDING_MAX       64   /* accepted connections waiting for their handshake */
+#define TCP_HANDSHAKE_DEFAULT 5000 /* ms, when the core does not know the setting */
+#define TCP_REFUSED_LOG_MS    5000 /* at most one refusal logged per this */
+
+static int64_t setup_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A connection from outside was refused: say so, at most once per
+ * TCP_REFUSED_LOG_MS (outsiders must not be able to flood the log). */
+static void setup_log_refusal(tcp_comm *tc, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void setup_log_refusal(tcp_comm *tc, const char *fmt, ...) {
+    int64_t now = setup_now_ns();
+    if (tc->refused_log_ns && now - tc->refused_log_ns < (int64_t)TCP_REFUSED_LOG_MS * 1000000) {
+        tc->refused_quiet++;
+        return;
+    }
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tc->refused_quiet)
+        tc->core->log_comm(tc->bc, 1, "tcp", "%s (and %llu more refused since the last such line)",
+                           msg, (unsigned long long)tc->refused_quiet);
+    else
+        tc->core->log_comm(tc->bc, 1, "tcp", "%s", msg);
+    tc->refused_log_ns = now;
+    tc->refused_quiet = 0;
 }
 
 /* ---- handshake ------------------------------------------------------------------------ */
@@ -66,18 +117,32 @@ static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
     c->tc->core->watch_start(c->wev, -1);
 }
 
-static void hs_random(uint8_t *buf, size_t len) {
-    if (RAND_bytes(buf, (int)len) == 1) return;
-    FILE *f = fopen("/dev/urandom", "rb"); /* OpenSSL's pool failed: the kernel's */
-    size_t got = f ? fread(buf, 1, len, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = got; i < len; i++)
-        buf[i] = (uint8_t)rand();
+/* The connection's session key (tcp.h), once both nonces are known and the
+ * peer has proved the secret; nothing without a secret. */
+static void hs_session_key(tcp_conn *c, int dialer, int acceptor, const uint8_t *nonce_acceptor,
+                           const uint8_t *nonce_dialer) {
+    tcp_comm *tc = c->tc;
+    if (!tc->core->auth_enabled(tc->bc)) return;
+    static const char label[] = "collie-tcp session";
+    uint8_t msg[sizeof label + 56];
+    size_t len = sizeof label - 1;
+    memcpy(msg, label, len);
+    put64(msg + len, tc->comm_id);
+    put64(msg + len + 8, tc->generation);
+    put32(msg + len + 16, (uint32_t)dialer);
+    put32(msg + len + 20, (uint32_t)acceptor);
+    memcpy(msg + len + 24, nonce_acceptor, 16);
+    memcpy(msg + len + 40, nonce_dialer, 16);
+    tc->core->auth_mac(tc->bc, msg, len + 56, c->session_key);
+    c->session_keyed = true;
 }
 
-void cl_tcp_hs_start_acceptor(tcp_conn *c) {
+bool cl_tcp_hs_start_acceptor(tcp_conn *c) {
     uint8_t m[HS_CHALLENGE_LEN];
-    hs_random(c->nonce_mine, 16);
+    if (RAND_bytes(c->nonce_mine, 16) != 1) {
+        cl_tcp_conn_close(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for the handshake");
+        return false;
+    }
     put32(m, TCP_HS_MAGIC);
     put32(m + 4, TCP_PROTO_VERSION);
     memcpy(m + 8, c->nonce_mine, 16);
@@ -86,6 +151,7 @@ void cl_tcp_hs_start_acceptor(tcp_conn *c) {
     c->hs_in_want = HS_HELLO_LEN;
     c->hs_in_len = 0;
     hs_queue(c, m, sizeof m);
+    return true;
 }
 
 /* A complete handshake message is in hs_in. Returns false if c was closed. */
@@ -103,7 +169,10 @@ bool cl_tcp_hs_process(tcp_conn *c) {
             return false;
         }
         memcpy(c->nonce_peer, m + 8, 16);
-        hs_random(c->nonce_mine, 16);
+        if (RAND_bytes(c->nonce_mine, 16) != 1) {
+            cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for rank %d", c->peer);
+            return false;
+        }
         uint8_t h[HS_HELLO_LEN];
         put32(h, TCP_HS_MAGIC);
         put32(h + 4, TCP_PROTO_VERSION);
@@ -139,6 +208,7 @@ bool cl_tcp_hs_process(tcp_conn *c) {
                              "rank %d failed to authenticate (wrong shared secret?)", c->peer);
             return false;
         }
+        hs_session_key(c, tc->rank, c->peer, c->nonce_peer, c->nonce_mine);
         char why[200];
         if (c->local && cl_tcp_local_attach(c, why, sizeof why) != COLLIE_OK) {
             cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d: %s", c->peer, why);
@@ -183,8 +253,7 @@ bool cl_tcp_hs_process(tcp_conn *c) {
     put32(a, TCP_HS_MAGIC);
     put32(a + 4, refuse);
     if (refuse) {
-        tc->core->log_comm(tc->bc, 1, "tcp", "refused a connection claiming rank %u: %s", rank,
-                           why);
+        setup_log_refusal(tc, "refused a connection claiming rank %u: %s", rank, why);
         /* best effort: tell the dialer, then close */
         ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)n;
@@ -192,6 +261,7 @@ bool cl_tcp_hs_process(tcp_conn *c) {
         return false;
     }
     c->peer = (int)rank;
+    hs_session_key(c, (int)rank, tc->rank, c->nonce_mine, c->nonce_peer);
     /* the answer proves the acceptor: its own rank, as the dialer checks it */
     hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, a + 8);
     hs_queue(c, a, sizeof a);
@@ -205,6 +275,7 @@ bool cl_tcp_hs_process(tcp_conn *c) {
  * placeholder made when this side first needed the peer, or install c. */
 void cl_tcp_conn_install(tcp_conn *c, int peer) {
     tcp_comm *tc = c->tc;
+    if (cl_list_linked(&c->pending_node)) tc->npending--;
     cl_list_remove(&c->pending_node);
     tcp_conn *slot = tc->conns[peer];
     if (slot && slot->state != TCP_CONN_ADDR) {
@@ -228,6 +299,8 @@ void cl_tcp_conn_install(tcp_conn *c, int peer) {
     memcpy(slot->hs_out, c->hs_out, c->hs_out_len);
     slot->hs_out_len = c->hs_out_len;
     slot->hs_out_sent = c->hs_out_sent;
+    memcpy(slot->session_key, c->session_key, sizeof slot->session_key);
+    slot->session_keyed = c->session_keyed;
     int fd = c->fd;
     c->fd = -1;
     cl_tcp_conn_free(c);
@@ -327,9 +400,84 @@ tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
     return c;
 }
 
-/* ---- listening --------------------------------------------------------------------------- */
+/* ---- accepted connections, before they are identified ------------------------------------ */
+
+/* Arm the deadline timer for the oldest pending connection (or stop it). */
+static void pending_arm(tcp_comm *tc, int64_t now) {
+    tcp_conn *c = cl_list_first(&tc->pending, tcp_conn, pending_node);
+    if (!c) {
+        tc->core->watch_stop(tc->hs_timer);
+        return;
+    }
+    int64_t us = (c->hs_deadline_ns - now) / 1000;
+    tc->core->watch_start(tc->hs_timer, us < 1000 ? 1000 : us);
+}
+
+static void pending_on_deadline(int fd, unsigned what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_comm *tc = arg;
+    int64_t now = setup_now_ns();
+    tcp_conn *c;
+    while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node)) && c->hs_deadline_ns <= now) {
+        setup_log_refusal(tc,
+                          "closed a connection that did not finish its handshake within %lld ms",
+                          (long long)(tc->hs_timeout_ns / 1000000));
+        cl_tcp_conn_close(c, COLLIE_ETIMEDOUT, "no handshake within the deadline");
+    }
+    pending_arm(tc, now);
+}
+
+static void pending_on_reap(int fd, unsigned what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_comm *tc = arg;
+    tcp_conn *c;
+    while ((c = cl_list_first(&tc->reaped, tcp_conn, pending_node))) {
+        cl_list_remove(&c->pending_node);
+        cl_tcp_conn_free(c);
+    }
+}
+
+void cl_tcp_pending_closed(tcp_conn *c) {
+    tcp_comm *tc = c->tc;
+    cl_list_remove(&c->pending_node);
+    tc->npending--;
+    c->reaped = true;
+    cl_list_push_back(&tc->reaped, &c->pending_node);
+    if (tc->reap_ev) tc->core->watch_activate(tc->reap_ev, COLLIE_WATCH_TIMEOUT);
+}
+
+int cl_tcp_pending_init(tcp_comm *tc) {
+    const char *ms = tc->core->setting("COLLIE_HANDSHAKE_TIMEOUT_MS");
+    long long v = ms ? strtoll(ms, NULL, 10) : 0;
+    tc->hs_timeout_ns = (v > 0 ? v : TCP_HANDSHAKE_DEFAULT) * 1000000LL;
+    tc->hs_timer = tc->core->watch_new(tc->bc, -1, 0, pending_on_deadline, tc);
+    tc->reap_ev = tc->core->watch_new(tc->bc, -1, 0, pending_on_reap, tc);
+    return tc->hs_timer && tc->reap_ev ? COLLIE_OK : COLLIE_ENOMEM;
+}
+
+void cl_tcp_pending_fini(tcp_comm *tc) {
+    tcp_conn *c;
+    while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node)))
+        cl_tcp_conn_free(c);
+    pending_on_reap(-1, 0, tc);
+    if (tc->hs_timer) tc->core->watch_free(tc->hs_timer);
+    if (tc->reap_ev) tc->core->watch_free(tc->reap_ev);
+    tc->hs_timer = tc->reap_ev = NULL;
+}
 
 void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local) {
+    if (tc->aborted || !tc->hs_timer) {
+        close(fd);
+        return;
+    }
+    if (tc->npending >= TCP_PENDING_MAX) { /* the oldest makes room (see the design notes) */
+        setup_log_refusal(tc, "%d connections wait for their handshake: closed the oldest",
+                          TCP_PENDING_MAX);
+        cl_tcp_conn_close(cl_list_first(&tc->pending, tcp_conn, pending_node), COLLIE_EPEER,
+                          "too many connections waiting for their handshake");
+    }
     tcp_conn *c = cl_tcp_conn_new(tc, -1);
     if (c) c->local = local;
     if (!c || cl_tcp_conn_attach_fd(c, fd) != COLLIE_OK) {
@@ -339,9 +487,16 @@ void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local) {
             close(fd);
         return;
     }
-    cl_list_push_front(&tc->pending, &c->pending_node);
+    int64_t now = setup_now_ns();
+    c->hs_deadline_ns = now + tc->hs_timeout_ns;
+    bool first = cl_list_empty(&tc->pending);
+    cl_list_push_back(&tc->pending, &c->pending_node);
+    tc->npending++;
+    if (first) pending_arm(tc, now);
     cl_tcp_hs_start_acceptor(c);
 }
+
+/* ---- listening --------------------------------------------------------------------------- */
 
 static void listen_on_accept(int lfd, unsigned what, void *arg) {
     (void)what;
@@ -415,6 +570,17 @@ int cl_tcp_listen(tcp_comm *tc) {
                             strerror(errno));
         close(fd);
         return COLLIE_ESYSTEM;
+    }
+    const char *insecure = tc->core->setting("COLLIE_INSECURE");
+    if ((ntohl(sin.sin_addr.s_addr) >> 24) != 127 && !tc->core->auth_enabled(tc->bc) &&
+        !(insecure && !strcmp(insecure, "1"))) {
+        tc->core->set_error("%s is beyond loopback and this comm has no shared secret: anyone "
+                            "who can reach it could join the comm. Give the store and every "
+                            "rank a secret (COLLIE_STORE_TOKEN; collie-run makes one), or set "
+                            "COLLIE_INSECURE=1 if that is meant",
+                            what);
+        close(fd);
+        return COLLIE_EINVAL;
     }
     tc->listen_fd = fd;
     tc->listen_ev = tc->core->watch_new(tc->bc, fd, COLLIE_WATCH_READ, listen_on_accept, tc);
