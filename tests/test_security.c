@@ -399,10 +399,18 @@ static void test_idle_connections_are_bounded(void **state) {
 }
 
 /* 20,000 connect-and-close cycles (reset, so no TIME_WAIT is left on this
- * side) against a rank's listener leave its memory as it was. */
+ * side) against a rank's listener leave its memory as it was (before: +39
+ * MB). CLTEST_QUICK (the sanitizer runs): 5,000. Under ASan freed memory
+ * stays in its quarantine, so RSS says nothing there: only run them. */
 static void test_connect_close_cycles_free_memory(void **state) {
     (void)state;
-    enum { CYCLES = 20000, WARM = 2000, BATCH = 250 };
+    enum { WARM = 2000, BATCH = 250 };
+    const int CYCLES = getenv("CLTEST_QUICK") ? 5000 : 20000;
+#ifdef __SANITIZE_ADDRESS__
+    const bool rss_means_something = false;
+#else
+    const bool rss_means_something = true;
+#endif
     setting_set("COLLIE_CPU_TRANSPORT", "tcp");
     world w;
     world_create(&w, 2, "cycles", NULL);
@@ -427,7 +435,7 @@ static void test_connect_close_cycles_free_memory(void **state) {
     long after = rss_kib();
     print_message("RSS %ld KiB before, %ld KiB after %d cycles (%lld ms)\n", before, after, CYCLES,
                   (long long)(ms_now() - t0));
-    if (after - before > 8 * 1024)
+    if (rss_means_something && after - before > 8 * 1024)
         fail_msg("RSS grew by %ld KiB over %d connect-and-close cycles", after - before, CYCLES);
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 1000, 0, false);
     world_destroy(&w);
