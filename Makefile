@@ -74,7 +74,7 @@ STAMP_DIR       ?= build
 DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
 DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
-.PHONY: all lib tools examples tests plugins test-plugins run test fresh-root test-normal test-faults \
+.PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
         check-layers gpu-kit install uninstall python test-python test-torch
 
@@ -259,6 +259,13 @@ test-python: all $(DEPS_TEST_STAMP)
 	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
 	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
 	  $(shell grep -v '^\#' tests/torch_suite/curated.txt))
+
+# The keyed MACs libcrypto offers, side by side (chose the TCP frame MAC).
+bench-mac: $(BUILD)/bench/mac_bench
+	@$(BUILD)/bench/mac_bench
+$(BUILD)/bench/mac_bench: bench/mac_bench.c | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -o $@ $< -lcrypto
 
 # The README's two commands on a clean clone inside a fresh Debian 12 root
 # (debootstrap minbase; long, root only): what the machines' image hides.
