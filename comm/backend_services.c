@@ -32,7 +32,7 @@ static void *svc_work_backend_data(collie_work *w) { return ((cl_coll_work *)w)-
 static bool svc_work_test(const collie_work *w) { return w && cl_work_done(w); }
 
 static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...) {
-    char msg[512];
+    char msg[CL_COMM_MSG_MAX]; /* a peer's root cause, whole (its ABORT frame) */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);

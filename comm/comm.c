@@ -227,7 +227,7 @@ static void comm_close_after_fault(collie_comm *c) {
     }
     cl_comm_dump_on_abort(c);
     if (!c->closing.transport_closed) {
-        char reason[640];
+        char reason[CL_COMM_MSG_MAX + 16];
         snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
         comm_close_transport(c, COLLIE_EABORTED, reason);
     }
@@ -333,7 +333,7 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
     if (!first) status = atomic_load_explicit(&c->err_status, memory_order_acquire);
     if (c->policy == COLLIE_POLICY_NONE) return;
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
-    char reason[640];
+    char reason[CL_COMM_MSG_MAX + 16];
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
     CL_CWARN("comm", c, "%s (%s)", c->err_msg, collie_status_name(status));
     comm_fail_pending(c, COLLIE_EABORTED, reason, false);
@@ -363,7 +363,7 @@ void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fm
 
 /* An application abort (loop): fail everything, tell the peers. */
 static void comm_app_abort_on_loop(collie_comm *c) {
-    char msg[600];
+    char msg[CL_COMM_MSG_MAX + 16];
     snprintf(msg, sizeof msg, "aborted: %s", c->err_msg);
     comm_fail_pending(c, COLLIE_EABORTED, msg, false);
     comm_tell_then_close(c, true, COLLIE_EABORTED);
@@ -422,7 +422,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
     }
     pthread_mutex_unlock(&c->mu);
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
-    char reason[640];
+    char reason[CL_COMM_MSG_MAX + 16];
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
     comm_abort_on_loop(c, COLLIE_EABORTED, reason);
 }

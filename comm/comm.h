@@ -15,6 +15,11 @@
 
 enum cl_device { CL_DEV_CPU = 0, CL_DEV_CUDA = 1, CL_NUM_DEVICES };
 
+/* The longest root cause a comm keeps (err_msg) and hands on: to its
+ * works, in the abort notice, and to the transport (whose ABORT frame
+ * carries it whole). Above the longest desync report (desync.c). */
+#define CL_COMM_MSG_MAX 4096
+
 /* backend.c: the parsed backend spec of a comm */
 typedef struct cl_backend_spec {
     const collie_backend_ops *ops[CL_NUM_DEVICES]; /* NULL: device not served */
@@ -138,16 +143,16 @@ struct collie_comm {
     cl_backend_spec spec;
     collie_bcomm bcs[CL_NUM_DEVICES];
 
-    _Atomic int state;            /* enum cl_comm_state */
-    _Atomic int err_status;       /* COLLIE_OK until the first fault */
-    char err_msg[512];            /* written once, before err_status is published */
-    _Atomic bool fault_unapplied; /* recorded by cl_comm_record_fault, policy not yet applied */
-    pthread_mutex_t mu;           /* post ordering (seq + enqueue), err_msg, destroy */
-    pthread_cond_t cv;            /* nactive changes (destroy waits) */
-    uint64_t next_seq;            /* collectives, under mu */
-    uint64_t next_p2p_seq;        /* send/recv, under mu */
-    _Atomic int32_t refs;         /* user + each work + create state */
-    _Atomic int nactive;          /* works posted and not retired */
+    _Atomic int state;             /* enum cl_comm_state */
+    _Atomic int err_status;        /* COLLIE_OK until the first fault */
+    char err_msg[CL_COMM_MSG_MAX]; /* written once, before err_status is published */
+    _Atomic bool fault_unapplied;  /* recorded by cl_comm_record_fault, policy not yet applied */
+    pthread_mutex_t mu;            /* post ordering (seq + enqueue), err_msg, destroy */
+    pthread_cond_t cv;             /* nactive changes (destroy waits) */
+    uint64_t next_seq;             /* collectives, under mu */
+    uint64_t next_p2p_seq;         /* send/recv, under mu */
+    _Atomic int32_t refs;          /* user + each work + create state */
+    _Atomic int nactive;           /* works posted and not retired */
 
     /* loop-thread state */
     cl_list waiting; /* started before the comm was ready (loop) */
@@ -185,7 +190,7 @@ struct collie_comm {
     struct {
         cl_list works; /* cl_coll_work.link, taken from waiting and active */
         int status;
-        char reason[640];
+        char reason[CL_COMM_MSG_MAX + 16];
         struct event *ev;
     } failing;
     /* after a fault or abort: the transport closes once the peers were told

@@ -20,7 +20,9 @@
  *    abort notice missed, or a desync query unanswered (a healthy rank named
  *    as not answering).
  *  - Messages: "abort <rank> <status> <reason>" (the comm failed there: fail
- *    everything here with that root cause) and "query <rank> <seq>" (a desync
+ *    everything here with that root cause; the reason travels whole, up to
+ *    the comm's message bound CL_COMM_MSG_MAX, so every rank reads the
+ *    same words — a desync report is kilobytes) and "query <rank> <seq>" (a desync
  *    query, see desync.c: answer with this rank's progress under
  *    "<prefix>ctl/<k>/ans/<rank>", k being the message's index).
  *  - Only comms with an async policy (ABORT_COMM, ABORT_PROCESS) watch;
@@ -95,27 +97,35 @@ static void ctl_answer(collie_comm *c, uint64_t k) {
 
 /* ---- handling messages -------------------------------------------------------- */
 
+/* msg: the value as stored, whole (a reason is kept to its last character:
+ * the comm's message bound is the only one) */
 static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) {
-    char buf[600];
-    snprintf(buf, sizeof buf, "%.*s", (int)len, msg);
+    if (len > CL_COMM_MSG_MAX + 64) len = CL_COMM_MSG_MAX + 64; /* a message we never write */
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        CL_CWARN("comm", c, "no memory for control message %llu", (unsigned long long)k);
+        return;
+    }
+    memcpy(buf, msg, len);
+    buf[len] = '\0';
     int rank = -1, status = 0, off = 0;
     unsigned long long seq = 0;
     if (sscanf(buf, "abort %d %d %n", &rank, &status, &off) == 2 && off > 0) {
-        if (rank == c->rank) return; /* our own */
         const char *why = buf + off;
         char prefix[32];
         snprintf(prefix, sizeof prefix, "rank %d ", rank);
-        if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
-            cl_comm_fault_ex(c, COLLIE_EABORTED, false, "%s", why);
-        else
-            cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d failed: %s", rank, why);
-        return;
-    }
-    if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
+        if (rank != c->rank) {                             /* not our own */
+            if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
+                cl_comm_fault_ex(c, COLLIE_EABORTED, false, "%s", why);
+            else
+                cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d failed: %s", rank, why);
+        }
+    } else if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
         if (rank != c->rank) ctl_answer(c, k);
-        return;
+    } else {
+        CL_CWARN("comm", c, "ignoring unknown control message '%.200s'", buf);
     }
-    CL_CWARN("comm", c, "ignoring unknown control message '%s'", buf);
+    free(buf);
 }
 
 static void ctl_retry_cb(evutil_socket_t fd, short what, void *arg) {
@@ -230,9 +240,9 @@ void cl_comm_ctl_stop(collie_comm *c) {
 
 typedef struct ctl_send {
     collie_comm *c;
-    char msg[600];
     void (*done)(void *arg, int status, uint64_t k);
     void *done_arg;
+    char msg[]; /* whole */
 } ctl_send;
 
 static void ctl_send_finish(ctl_send *s, int status, uint64_t k) {
@@ -280,13 +290,14 @@ static void ctl_on_index(collie_work *w, void *arg) {
 
 int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, uint64_t),
                      void *done_arg) {
-    ctl_send *s = calloc(1, sizeof *s);
+    size_t len = strlen(msg);
+    ctl_send *s = calloc(1, sizeof *s + len + 1);
     if (!s) {
         if (done) done(done_arg, COLLIE_ENOMEM, 0); /* `done` runs once, whatever happens */
         return COLLIE_ENOMEM;
     }
     s->c = c;
-    snprintf(s->msg, sizeof s->msg, "%s", msg);
+    memcpy(s->msg, msg, len + 1);
     s->done = done;
     s->done_arg = done_arg;
     cl_comm_hold(c);
@@ -309,7 +320,7 @@ bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
                                void (*done)(void *, int, uint64_t), void *done_arg) {
     if (c->prefix[0] == '\0' || c->ctl.abort_published) return false; /* never created, or done */
     c->ctl.abort_published = true;
-    char msg[600];
+    char msg[CL_COMM_MSG_MAX + 64];
     snprintf(msg, sizeof msg, "abort %d %d %s", c->rank, status, reason);
     cl_comm_ctl_send(c, msg, done, done_arg);
     return true;

@@ -450,6 +450,94 @@ static void test_desync_report_names_disagreeing_args(void **state) {
     world_destroy(&w);
 }
 
+/* The desync report reaches the other ranks whole: 8 ranks, rank 7 never
+ * posts, rank 0's allreduce has a 300 ms deadline and the others' a long
+ * one. Rank 0's report (over 600 characters here) fails its comm, which
+ * tells the others; before, their copies were cut mid-word (the comm's
+ * message, the control channel's and the ABORT frame's bounds). Every
+ * other rank's work and comm now carry rank 0's report to its last
+ * character. */
+static void test_desync_report_reaches_every_rank_whole(void **state) {
+    (void)state;
+    enum { N = 8 };
+    world w;
+    world_create(&w, N, "wholereport", NULL);
+    int32_t x[N] = {0};
+    collie_post_opts slow = COLLIE_POST_OPTS_INIT, fast = COLLIE_POST_OPTS_INIT;
+    slow.timeout_ms = 20000;
+    fast.timeout_ms = 300;
+    collie_work *wk[N - 1];
+    for (int r = 0; r < N - 1; r++)
+        assert_int_equal(collie_allreduce(w.c[r], &x[r], &x[r], 1, COLLIE_INT32, COLLIE_SUM,
+                                          r == 0 ? &fast : &slow, &wk[r]),
+                         COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk[0], 10000), COLLIE_ETIMEDOUT);
+    const char *report = strstr(collie_work_error_message(wk[0]), "deadline of 300 ms passed");
+    assert_non_null(report);
+    print_message("rank 0 (%zu characters): %s\n", strlen(report), report);
+    assert_true(strlen(report) > 600);
+    assert_non_null(strstr(report, "rank 7 (posted 0, completed 0, idle)"));
+    for (int r = 0; r < N; r++) {
+        if (r > 0 && r < N - 1) {
+            assert_int_equal(collie_work_wait(wk[r], 10000), COLLIE_EABORTED);
+            if (!strstr(collie_work_error_message(wk[r]), report))
+                fail_msg("rank %d's work: not the whole report: %s", r,
+                         collie_work_error_message(wk[r]));
+        }
+        int st;
+        const char *msg;
+        int64_t until = now_ms() + 10000;
+        do
+            collie_comm_error(w.c[r], &st, &msg);
+        while (st == COLLIE_OK && now_ms() < until);
+        if (!strstr(msg, report)) fail_msg("rank %d's comm: not the whole report: %s", r, msg);
+    }
+    for (int r = 0; r < N - 1; r++)
+        collie_work_release(wk[r]);
+    world_destroy(&w);
+}
+
+/* A peer that does not watch the store (BLOCKING_WAIT) learns an abort
+ * from the ABORT frame on its connection: the reason arrives whole, not
+ * cut at 255 bytes as before. Rank 0 aborts with a 3000-character reason
+ * while rank 1 waits in an allreduce. */
+static void test_abort_frame_carries_whole_reason(void **state) {
+    (void)state;
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "lastwords";
+    o.policy = COLLIE_POLICY_BLOCKING_WAIT;
+    world_create(&w, 2, o.name, &o);
+    int32_t x[2] = {1, 2};
+    collie_work *wk[2];
+    for (int r = 0; r < 2; r++) /* connects the two */
+        assert_int_equal(
+            collie_allreduce(w.c[r], &x[r], &x[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 10000), COLLIE_OK);
+        assert_int_equal(x[r], 3);
+        collie_work_release(wk[r]);
+    }
+    assert_int_equal(
+        collie_allreduce(w.c[1], &x[1], &x[1], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[1]),
+        COLLIE_OK);
+    char reason[3100];
+    for (int i = 0; i < 3000; i++)
+        reason[i] = (char)('a' + i % 26);
+    snprintf(reason + 3000, sizeof reason - 3000, " THE END");
+    assert_int_equal(collie_comm_abort(w.c[0], reason), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk[1], 10000), COLLIE_EABORTED);
+    const char *msg = collie_work_error_message(wk[1]);
+    if (!strstr(msg, reason))
+        fail_msg("not the whole reason (%zu characters): %s", strlen(msg), msg);
+    int st;
+    collie_comm_error(w.c[1], &st, &msg);
+    if (!strstr(msg, reason)) fail_msg("comm: not the whole reason: %s", msg);
+    collie_work_release(wk[1]);
+    world_destroy(&w);
+}
+
 /* A rank whose loop saw its deadline long after it passed (the process was
  * stopped, or starved) blames itself, not the others, whose answers come
  * after the fact: rank 0's loop is held for 1.25 s from the post, past a 200 ms deadline. */
@@ -1062,6 +1150,8 @@ int main(void) {
         cmocka_unit_test(test_desync_report_names_first_suspect),
         cmocka_unit_test(test_desync_report_late_rank_blames_itself),
         cmocka_unit_test(test_desync_report_names_disagreeing_args),
+        cmocka_unit_test(test_desync_report_reaches_every_rank_whole),
+        cmocka_unit_test(test_abort_frame_carries_whole_reason),
         cmocka_unit_test(test_recreation_keeps_store_flat),
         cmocka_unit_test(test_abort_during_create),
         cmocka_unit_test(test_destroy_with_pending_work_is_bounded),

@@ -127,16 +127,23 @@ static void work_format_message(collie_work *w, int status, const char *fmt, va_
     if (status == COLLIE_OK) return;
     char ctx[192] = "";
     if (w->ops->describe) w->ops->describe(w, ctx, sizeof ctx);
-    char cause[768] = "";
-    if (fmt)
-        vsnprintf(cause, sizeof cause, fmt, ap);
-    else
-        snprintf(cause, sizeof cause, "%s", collie_strerror(status));
-    size_t len = strlen(w->ops->name) + strlen(ctx) + strlen(cause) + 48;
+    /* the cause whole, however long (a desync report is kilobytes): a
+     * message cut here would reach every rank cut */
+    char *cause = NULL;
+    if (fmt) {
+        va_list aq;
+        va_copy(aq, ap);
+        int n = vsnprintf(NULL, 0, fmt, aq);
+        va_end(aq);
+        if (n >= 0 && (cause = malloc((size_t)n + 1))) vsnprintf(cause, (size_t)n + 1, fmt, ap);
+    }
+    const char *why = cause ? cause : collie_strerror(status);
+    size_t len = strlen(w->ops->name) + strlen(ctx) + strlen(why) + 48;
     w->errmsg = malloc(len);
     if (w->errmsg)
         snprintf(w->errmsg, len, "%s seq %llu%s: %s", w->ops->name, (unsigned long long)w->seq, ctx,
-                 cause);
+                 why);
+    free(cause);
 }
 
 void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap) {

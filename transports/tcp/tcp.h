@@ -39,7 +39,7 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
-#define TCP_PROTO_VERSION 2           /* 2: the ABORT frame */
+#define TCP_PROTO_VERSION 3           /* 2: the ABORT frame; 3: its reason whole (TCP_ABORT_MAX) */
 /* A frame header: magic, kind, dtype, op, 0, step, generation, seq (tag for
  * p2p), count, payload length, root (TCP_NO_ROOT for kinds without one), 0.
  * Every argument that must agree across ranks travels, and the receiver
@@ -48,7 +48,7 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 #define TCP_P2P_STEP    0xffffffffu /* step value of point-to-point frames */
 #define TCP_KIND_BYE    0xfe        /* frame kind: the sender destroyed its comm */
 #define TCP_KIND_ABORT  0xfd        /* frame kind: the sender's comm failed; payload: why */
-#define TCP_ABORT_MAX   255         /* longest reason an ABORT frame carries */
+#define TCP_ABORT_MAX   8191        /* longest reason it carries: > a comm's (whole, tcp_conn.c) */
 #define TCP_STAGE_BYTES (256 * 1024)
 
 struct tcp_comm;
@@ -158,7 +158,7 @@ typedef struct tcp_conn {
     tcp_slot drain;          /* stands in for cur when its work ended mid-message */
     tcp_unexpected *cur_unx; /* unexpected p2p being filled */
     bool reading_abort;      /* the frame being read is the peer's ABORT */
-    char peer_abort[TCP_ABORT_MAX + 1];
+    char *peer_abort;        /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
     uint64_t payload_len, payload_got;
     uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
     uint64_t stage_fill; /* bytes in stage for the current chunk */
@@ -213,7 +213,7 @@ typedef struct tcp_comm {
     int xb_pooled;
     bool aborted;
     int abort_status;
-    char abort_reason[256];
+    char abort_reason[TCP_ABORT_MAX + 1];
 } tcp_comm;
 
 /* The reusable memory of running a schedule: kept in a per-comm pool so a

@@ -37,7 +37,10 @@
  *    where nothing else closes it): that op fails with EPEER naming the cut.
  *  - Last words: when the comm closes its connections after a fault, each
  *    one that is at a frame boundary first carries an ABORT frame with the
- *    root cause (an orderly destroy sends BYE instead). The store's abort
+ *    root cause, whole (up to TCP_ABORT_MAX, above the core's bound on a
+ *    comm's message: a desync report is kilobytes, and a peer must read
+ *    the same words as the store notice gives the others); an orderly
+ *    destroy sends BYE instead. The store's abort
  *    notice tells the peers too, and the comm waits a moment for them to
  *    read it, but a peer that was descheduled for longer would otherwise
  *    read only the end of the connection and blame us; TCP delivers the
@@ -156,6 +159,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
         free(c->cur_unx);
     }
     free(c->stage);
+    free(c->peer_abort);
     cl_idmap_fini(&c->expected);
     free(c);
 }
@@ -213,7 +217,7 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
 }
 
 void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
-    char why[256];
+    char why[TCP_ABORT_MAX + 64]; /* the peer's root cause, whole */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
@@ -831,6 +835,11 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                 c->payload_got = 0;
                 if (c->payload_len > TCP_ABORT_MAX) {
                     cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+                    return;
+                }
+                if (!c->peer_abort && !(c->peer_abort = malloc(TCP_ABORT_MAX + 1))) {
+                    cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for rank %d's last words",
+                                     c->peer);
                     return;
                 }
             } else if (!conn_match(c)) {

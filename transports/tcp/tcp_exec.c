@@ -40,7 +40,7 @@ static uint8_t *work_buf_at(tcp_work *tw, uint8_t which, uint64_t off) {
 }
 
 void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...) {
-    char msg[512];
+    char msg[TCP_ABORT_MAX + 64]; /* a root cause, whole */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
