@@ -386,6 +386,84 @@ static void test_root_mismatch_is_eproto(void **state) {
     }
 }
 
+/* A broadcast whose ranks disagree on the root where frames cross but never
+ * meet a slot of theirs: 4 ranks, rank 3 names root 2, the others root 0.
+ * Rank 3 waits in step 0 for rank 2, which never sends to it, while rank 1
+ * (root 0's tree) sends it a step-1 frame. Before, rank 3's reader paused
+ * on that frame and the mismatch was found only at the deadline, through
+ * the desync report. Now the frame is compared with the running
+ * broadcast's arguments at once — as it arrives, or (`late`: rank 3 posts
+ * once the others are done, the frame already there) as rank 3's broadcast
+ * starts: COLLIE_EPROTO within a round trip (here well under a second
+ * against a 3 s deadline), every rank's comm failed with the whole message
+ * naming both ranks and both posts, and the works that completed OK (ranks
+ * 0-2 really got root 0's data) hold it. */
+static void root_mismatch_found_at_once(bool late) {
+    enum { N = 4, COUNT = 64, DEADLINE_MS = 3000 };
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = late ? "rootlate" : "rootcross";
+    o.timeout_ms = DEADLINE_MS;
+    world_create(&w, N, o.name, &o);
+    int32_t buf[N][COUNT];
+    collie_work *wk[N];
+    int64_t t0 = now_ms();
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < COUNT; i++)
+            buf[r][i] = r == 0 ? 1000 + i : -1;
+        if (late && r == 3) { /* the others' frames are out (one of them for rank 3) */
+            for (int q = 0; q < 3; q++)
+                assert_int_equal(collie_work_wait(wk[q], 20000), COLLIE_OK);
+            usleep(50 * 1000);
+            t0 = now_ms();
+        }
+        assert_int_equal(
+            collie_broadcast(w.c[r], buf[r], COUNT, COLLIE_INT32, r == 3 ? 2 : 0, NULL, &wk[r]),
+            COLLIE_OK);
+    }
+    int eproto = 0;
+    for (int r = 0; r < N; r++) {
+        int rc = collie_work_wait(wk[r], 20000);
+        if (rc == COLLIE_OK) {
+            assert_true(r != 3);
+            for (int i = 0; i < COUNT; i++)
+                if (buf[r][i] != 1000 + i) fail_msg("rank %d: OK with a wrong element %d", r, i);
+        } else if (rc != COLLIE_EPROTO && rc != COLLIE_EABORTED) {
+            fail_msg("rank %d ended %s: %s", r, collie_status_name(rc),
+                     collie_work_error_message(wk[r]));
+        }
+        collie_work_release(wk[r]);
+    }
+    for (int r = 0; r < N; r++) {
+        int st;
+        const char *msg;
+        int64_t until = now_ms() + 20000;
+        do
+            collie_comm_error(w.c[r], &st, &msg);
+        while (st == COLLIE_OK && now_ms() < until);
+        print_message("rank %d: %s: %s\n", r, collie_status_name(st), msg);
+        if (st == COLLIE_OK) fail_msg("rank %d was never told", r);
+        eproto += st == COLLIE_EPROTO;
+        /* the whole message: both ranks, both posts */
+        if (!strstr(msg, "mismatched collectives at seq 1") || !strstr(msg, "rank 3 posted") ||
+            !strstr(msg, "broadcast of 64 x int32 (root 2)") ||
+            !strstr(msg, "broadcast of 64 x int32 (root 0)"))
+            fail_msg("rank %d: not the whole mismatch: %s", r, msg);
+    }
+    int64_t took = now_ms() - t0;
+    print_message("every rank failed within %lld ms of rank 3's post (deadline %d ms)\n",
+                  (long long)took, DEADLINE_MS);
+    assert_true(eproto >= 1);
+    assert_true(took < 1000);
+    world_destroy(&w);
+}
+
+static void test_root_mismatch_found_at_once(void **state) {
+    (void)state;
+    root_mismatch_found_at_once(false);
+    root_mismatch_found_at_once(true);
+}
+
 /* Invalid arguments: COLLIE_EINVAL, no work, no side effects (the sequence
  * number is not consumed, so later collectives still match). */
 static void test_invalid_arguments(void **state) {
@@ -797,6 +875,7 @@ int main(void) {
         cmocka_unit_test(test_send_recv_tags_out_of_order),
         cmocka_unit_test(test_recv_mismatch_is_eproto_and_writes_nothing),
         cmocka_unit_test(test_root_mismatch_is_eproto),
+        cmocka_unit_test(test_root_mismatch_found_at_once),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),

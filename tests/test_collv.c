@@ -356,10 +356,9 @@ static void mismatch(collie_coll_kind kind) {
     for (int k = 0; k < 2; k++) {
         res[k] = collie_work_wait(ws[k], WAIT_MS);
         /* allgatherv: both see a count that is not theirs; alltoallv: rank
-         * 1 receives a frame too long (rank 0's own receive was right, so it
-         * may complete before it hears of the fault) */
-        bool must_fail = kind == COLLIE_COLL_ALLGATHERV || k == 1;
-        if (res[k] == COLLIE_INPROGRESS || (must_fail && res[k] == COLLIE_OK))
+         * 1 receives a frame too long, rank 0 one saying that rank 1
+         * expects fewer elements than it sends (the frame's counts check) */
+        if (res[k] == COLLIE_INPROGRESS || res[k] == COLLIE_OK)
             fail_msg("%s: rank %d ended %s", collie_coll_kind_name(kind), k,
                      collie_status_name(res[k]));
         const char *m = collie_work_error_message(ws[k]);
@@ -370,7 +369,9 @@ static void mismatch(collie_coll_kind kind) {
                 fail_msg("%s: '%s' does not name both ranks and the collective",
                          collie_coll_kind_name(kind), m);
             if (kind == COLLIE_COLL_ALLTOALLV &&
-                !strstr(m, "in a frame of 20 bytes where 16 were due"))
+                (!strstr(m, "(5 elements to rank 1, 4 from it)") ||
+                 !strstr(m, "(4 elements to rank 0, 4 from it)") ||
+                 (k == 1 && !strstr(m, "in a frame of 20 bytes where 16 were due"))))
                 fail_msg("alltoallv: '%s' does not say which block was too long", m);
         }
         collie_work_release(ws[k]);
@@ -385,6 +386,74 @@ static void test_mismatch_is_eproto(void **state) {
     (void)state;
     mismatch(COLLIE_COLL_ALLGATHERV);
     mismatch(COLLIE_COLL_ALLTOALLV);
+}
+
+/* Counts that differ only in empty blocks: rank 0 says {0, 4}, rank 1
+ * {4, 0} (allgatherv: the blocks' owners; alltoallv: what each receives,
+ * nothing sent). The totals agree, and before, the block each rank thought
+ * empty was no message at all: both waited for the other's 4 elements
+ * until the deadline. Now every pair that should talk exchanges a frame
+ * (zero-length for an empty block) carrying a check of the counts, so
+ * the disagreement is seen within a round trip: well under a second
+ * against a 3 s deadline, COLLIE_EPROTO on the rank that read it (each
+ * reads one; the other may learn it from the first's abort notice first:
+ * EABORTED), and the whole message, naming both ranks and both posts, on
+ * both. */
+static void empty_block_mismatch(collie_coll_kind kind) {
+    enum { DEADLINE_MS = 3000 };
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = kind == COLLIE_COLL_ALLGATHERV ? "gvempty" : "avempty";
+    o.timeout_ms = DEADLINE_MS;
+    world_create(&w, 2, o.name, &o);
+    float s[8] = {0}, rb[2][8];
+    size_t cnt[2][2] = {{0, 4}, {4, 0}}, none[2] = {0, 0};
+    collie_work *ws[2];
+    int64_t t0 = now_ms();
+    for (int r = 0; r < 2; r++)
+        if (kind == COLLIE_COLL_ALLGATHERV)
+            assert_int_equal(
+                collie_allgatherv(w.c[r], s, rb[r], cnt[r], NULL, COLLIE_FP32, NULL, &ws[r]), 0);
+        else
+            assert_int_equal(collie_alltoallv(w.c[r], s, none, NULL, rb[r], cnt[r], NULL,
+                                              COLLIE_FP32, NULL, &ws[r]),
+                             0);
+    int eproto = 0;
+    for (int r = 0; r < 2; r++) {
+        int rc = collie_work_wait(ws[r], WAIT_MS);
+        const char *m = collie_work_error_message(ws[r]);
+        print_message("%s rank %d: %s: %s\n", collie_coll_kind_name(kind), r,
+                      collie_status_name(rc), m);
+        if (rc != COLLIE_EPROTO && rc != COLLIE_EABORTED)
+            fail_msg("%s: rank %d ended %s: %s", collie_coll_kind_name(kind), r,
+                     collie_status_name(rc), m);
+        eproto += rc == COLLIE_EPROTO;
+        /* both ranks and both posts: allgatherv, the reader's counts and
+         * that the other's differ; alltoallv, both sides of the pair */
+        bool posts = strstr(m, "rank 0 posted") && strstr(m, "rank 1 posted");
+        bool counts = kind == COLLIE_COLL_ALLGATHERV
+                          ? (strstr(m, "with counts {0, 4}") || strstr(m, "with counts {4, 0}")) &&
+                                strstr(m, "with other counts")
+                          : strstr(m, "(0 elements to rank 0, 4 from it)") &&
+                                strstr(m, "(0 elements to rank 1, 4 from it)");
+        if (!strstr(m, "mismatched collectives at seq 1") || !posts || !counts)
+            fail_msg("%s, rank %d: not the whole mismatch: %s", collie_coll_kind_name(kind), r, m);
+        collie_work_release(ws[r]);
+    }
+    int64_t took = now_ms() - t0;
+    print_message("%s: both ranks failed within %lld ms (deadline %d ms)\n",
+                  collie_coll_kind_name(kind), (long long)took, DEADLINE_MS);
+    assert_true(eproto >= 1);
+    assert_true(took < 1000);
+    for (int k = 0; k < 2; k++)
+        collie_comm_abort(w.c[k], "test over");
+    world_destroy(&w);
+}
+
+static void test_empty_block_mismatch_found_at_once(void **state) {
+    (void)state;
+    empty_block_mismatch(COLLIE_COLL_ALLGATHERV);
+    empty_block_mismatch(COLLIE_COLL_ALLTOALLV);
 }
 
 /* A rank that never posts: the others' alltoallv ends in its deadline. */
@@ -413,9 +482,13 @@ static void test_deadline(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_allgatherv),         cmocka_unit_test(test_alltoallv),
-        cmocka_unit_test(test_invalid_arguments),  cmocka_unit_test(test_arrays_copied),
-        cmocka_unit_test(test_mismatch_is_eproto), cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_allgatherv),
+        cmocka_unit_test(test_alltoallv),
+        cmocka_unit_test(test_invalid_arguments),
+        cmocka_unit_test(test_arrays_copied),
+        cmocka_unit_test(test_mismatch_is_eproto),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_empty_block_mismatch_found_at_once),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -18,6 +18,13 @@
  *    of sending and reducing the same buffer in one step.
  *  - Between a pair of ranks there is at most one message per direction per
  *    step, so the pairwise order contract of sched.h holds trivially.
+ *  - The v collectives send a zero-length message for an empty block
+ *    instead of skipping it: whether a block is empty is exactly what
+ *    ranks that disagree on the counts disagree about, and a skipped
+ *    message leaves the other side waiting for it until the deadline. With
+ *    every pair of the ring (allgatherv) or of the pairwise exchange
+ *    (alltoallv) talking, the counts check in each frame (tcp.h) finds a
+ *    disagreement within a round trip.
  *  - Capacity is reserved up front from a per-algorithm bound, before s is
  *    touched: a rejected call leaves s as it was, and arrays only grow, so
  *    rebuilding a schedule of the same or a smaller shape allocates nothing.
@@ -77,11 +84,11 @@ static void sched_push(cl_sched_b *b, int kind, int peer, int buf, uint64_t off,
 }
 
 void cl_sched_send(cl_sched_b *b, int peer, int buf, uint64_t off, uint64_t len) {
-    if (len) sched_push(b, CL_SOP_SEND, peer, buf, off, buf, 0, len);
+    if (len || b->empty_msgs) sched_push(b, CL_SOP_SEND, peer, buf, off, buf, 0, len);
 }
 
 void cl_sched_recv(cl_sched_b *b, int peer, int buf, uint64_t off, uint64_t len) {
-    if (len) sched_push(b, CL_SOP_RECV, peer, buf, off, buf, 0, len);
+    if (len || b->empty_msgs) sched_push(b, CL_SOP_RECV, peer, buf, off, buf, 0, len);
 }
 
 void cl_sched_recv_reduce(cl_sched_b *b, int peer, int buf, uint64_t off, uint64_t len) {
@@ -176,7 +183,8 @@ static void sched_scatter_direct(cl_sched_b *b) {
 }
 
 /* allgatherv: allgather's ring with each rank's own block size; a block of
- * 0 elements is no message (both ends skip it). */
+ * 0 elements is a zero-length message (empty_msgs): ranks that disagree on
+ * which block is empty would otherwise each wait for the other. */
 static void sched_allgatherv_ring(cl_sched_b *b) {
     int n = b->size, r = b->rank, next = (r + 1) % n, prev = cl_sched_mod(r - 1, n);
     const size_t *cnt = b->a->recvcounts, *dsp = b->a->rdispls;
@@ -196,7 +204,8 @@ static void sched_allgatherv_ring(cl_sched_b *b) {
 }
 
 /* alltoallv: alltoall's pairwise exchange with per-peer blocks (never in
- * place: the core refuses it). */
+ * place: the core refuses it); an empty block is a zero-length message
+ * (empty_msgs), so every pair exchanges a frame each way. */
 static void sched_alltoallv_pairwise(cl_sched_b *b) {
     int n = b->size, r = b->rank;
     const collie_coll_args *a = b->a;
@@ -368,7 +377,8 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
 
 int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
     if (!s || !a) return COLLIE_EINVAL;
-    cl_sched_b b = {.s = s, .a = a, .rank = rank, .size = size};
+    cl_sched_b b = {
+        .s = s, .a = a, .rank = rank, .size = size, .empty_msgs = collie_coll_is_v(a->kind)};
     const char *why;
     int res = sched_validate(a, rank, size, &b.esize, &why);
     if (res != COLLIE_OK) return res;

@@ -18,7 +18,9 @@
  * or interleaving and a SEND may read user memory until it completes; and
  * every data op has len > 0, element-aligned offsets, and a buffer that
  * the rank really has (a non-root never refers to a NULL buffer). Barrier
- * messages are zero-length (buf RECV, off 0: never dereferenced). Local
+ * messages are zero-length (buf RECV, off 0: never dereferenced), and so
+ * are the v collectives' messages of an empty block (never dereferenced;
+ * they carry the counts check, tcp.h). Local
  * ops have peer -1. Steps are numbered alike on all ranks, so a rank may
  * have empty steps before or between its messages (never trailing ones).
  */

@@ -20,6 +20,10 @@ typedef struct cl_sched_b {
     int rank, size;
     uint64_t esize; /* bytes per element */
     uint64_t bytes; /* count * esize: one block */
+    /* the v collectives: an empty block is still a message (zero-length),
+     * so every pair that should talk does and a disagreement on the
+     * counts is seen at once (the frame's check word, tcp.h) */
+    bool empty_msgs;
 } cl_sched_b;
 
 /* cl_sched_step: open the next step; later pushes land in it. Steps are
@@ -28,8 +32,9 @@ typedef struct cl_sched_b {
 void cl_sched_step(cl_sched_b *b);
 
 /* Op pushers. Data ops of length 0 are not emitted (both ends of a
- * message compute the same length, so both skip it); cl_sched_msg0 emits a
- * zero-length message pair for barriers. SCRATCH references grow
+ * message compute the same length, so both skip it), except the messages
+ * of a build with empty_msgs; cl_sched_msg0 emits a zero-length message
+ * pair for barriers. SCRATCH references grow
  * s->scratch_bytes to cover them. */
 void cl_sched_send(cl_sched_b *b, int peer, int buf, uint64_t off, uint64_t len);
 void cl_sched_recv(cl_sched_b *b, int peer, int buf, uint64_t off, uint64_t len);

@@ -39,11 +39,23 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 
 #define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
-#define TCP_PROTO_VERSION 3           /* 2: the ABORT frame; 3: its reason whole (TCP_ABORT_MAX) */
+#define TCP_PROTO_VERSION 3           /* 2: the ABORT frame; 3: the counts check, whole reasons */
 /* A frame header: magic, kind, dtype, op, 0, step, generation, seq (tag for
- * p2p), count, payload length, root (TCP_NO_ROOT for kinds without one), 0.
- * Every argument that must agree across ranks travels, and the receiver
- * compares them all (tcp_conn.c). */
+ * p2p), count, payload length, root (TCP_NO_ROOT for kinds without one),
+ * the counts check. Every argument that must agree across ranks travels,
+ * and the receiver compares them all (tcp_conn.c): with the slot the frame
+ * fills, or as soon as it arrives for a collective running here that has
+ * no slot for it yet (a frame that can never be consumed fails within a
+ * round trip, not at the deadline).
+ * The counts check (bytes 44-47, cl_tcp_vcheck) covers what the count
+ * field cannot for the v collectives: allgatherv, a 32-bit FNV-1a digest of
+ * every rank's count (all ranks must agree on the whole vector); alltoallv,
+ * the number of elements the sender expects back from the receiver
+ * (saturated at 2^32-1), which must be what the receiver sends it — with
+ * the frame's length (what the sender sends) one frame checks both
+ * directions of the pair. Every pair that should talk exchanges a frame,
+ * zero-length for an empty block (sched.c), so a disagreement on which
+ * block is empty is seen too. 0 for every other kind. */
 #define TCP_FRAME_HDR   48
 #define TCP_P2P_STEP    0xffffffffu /* step value of point-to-point frames */
 #define TCP_KIND_BYE    0xfe        /* frame kind: the sender destroyed its comm */
@@ -244,6 +256,7 @@ typedef struct tcp_work {
     uint32_t pending; /* ops of the current step not yet done */
     uint32_t nposted; /* ops of the current step posted: its msgs/slots [0, nposted) */
     bool finished, running, posted, kind_p2p;
+    uint32_t vdigest; /* allgatherv: the digest of every rank's count (cl_tcp_vcheck) */
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
     cl_list_node node; /* tcp_comm.works */
@@ -277,6 +290,19 @@ void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
 /* collective `seq` just finished here: a frame for it held back on c is a
  * mismatch (comm fault) */
 void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
+/* A collective frame (header h) from c's peer for tw's seq, which runs here
+ * but has no slot for the frame's step (yet): the peer may just be ahead,
+ * but a frame whose arguments differ from tw's can never be consumed. True
+ * if they agree; else the comm faults (COLLIE_EPROTO naming both ranks and
+ * both posts, tw failing with it) and false. Call it wherever such a frame
+ * is noticed: as it arrives, and as tw starts with one held back
+ * (cl_tcp_conn_check_early). */
+bool cl_tcp_frame_agrees(tcp_conn *c, const uint8_t *h, tcp_work *tw);
+/* tw just started: compare a frame held back on c for its seq (one that
+ * came before tw was posted here) with its arguments */
+void cl_tcp_conn_check_early(tcp_conn *c, tcp_work *tw);
+/* write the counts check into a frame header (see TCP_FRAME_HDR) */
+void cl_tcp_frame_set_vcheck(uint8_t *hdr, uint32_t vcheck);
 int cl_tcp_listen(tcp_comm *tc);
 /* tcp_setup.c: the timers of accepted connections (init), and freeing
  * those closed before they were identified (destroy) */
@@ -331,6 +357,11 @@ void cl_tcp_work_forget(tcp_work *tw);
 /* has this rank finished collective `seq` (started it, and it is no longer
  * in flight)? */
 bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq);
+/* the collective running here as `seq` (started, not yet detached), or NULL */
+tcp_work *cl_tcp_coll_running(const tcp_comm *tc, uint64_t seq);
+/* The counts check of tw's frames to (`outgoing`) or from `peer` (see
+ * TCP_FRAME_HDR): what a frame must carry to agree with tw. */
+uint32_t cl_tcp_vcheck(const tcp_work *tw, int peer, bool outgoing);
 void cl_tcp_op_done(tcp_work *tw); /* one op of the current step finished */
 /* Does the p2p frame header h carry what the receive `a` expects (count,
  * dtype, and a frame of want_len bytes)? If not, why (naming the peer and

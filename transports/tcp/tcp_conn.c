@@ -23,6 +23,15 @@
  *    it is — TCP flow control then holds the peer back; nothing is
  *    buffered. Point-to-point messages match posted receives by tag, first
  *    posted first; unmatched ones are buffered.
+ *  - Mismatches fail within a round trip, never at the deadline: a frame
+ *    is compared with this rank's post of its seq (every argument that must
+ *    agree, and the v collectives' counts check: tcp.h) when it fills its
+ *    slot, and also when it has none yet but its collective runs here —
+ *    as it arrives, or as the collective starts with it held back
+ *    (cl_tcp_frame_agrees, cl_tcp_conn_check_early). A rank that disagrees
+ *    on the root or on which v block is empty may never post the slot a
+ *    frame waits for. A frame for a finished seq is a mismatch as well
+ *    (every frame of a collective is consumed before it completes).
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
  *  - Broken sending: a message cut off mid-way (its work ended by deadline,
@@ -78,6 +87,8 @@ void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args 
     put32(h + 40, collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT);
     put32(h + 44, 0);
 }
+
+void cl_tcp_frame_set_vcheck(uint8_t *h, uint32_t vcheck) { put32(h + 44, vcheck); }
 
 /* One side of a collective, from a frame's fields, for messages. */
 static void describe_post(char *buf, size_t len, unsigned kind, uint64_t count, unsigned dtype,
@@ -498,6 +509,76 @@ static tcp_slot *coll_slot_take(tcp_conn *c, uint64_t seq, uint32_t step) {
     return NULL;
 }
 
+/* Does frame header h (from `peer`) carry the arguments of tw's post, every
+ * one that must agree across ranks (the counts check included)? */
+static bool frame_args_agree(const uint8_t *h, const tcp_work *tw, int peer) {
+    const collie_coll_args *a = &tw->args;
+    uint32_t root = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
+    return h[4] == (uint8_t)a->kind && h[5] == (uint8_t)a->dtype &&
+           (!collie_coll_count_agrees(a->kind) || get64(h + 24) == a->count) &&
+           get32(h + 40) == root && (!collie_coll_reduces(a->kind) || h[6] == (uint8_t)a->op) &&
+           get32(h + 44) == cl_tcp_vcheck(tw, peer, false);
+}
+
+/* The v collectives' counts in a message: this rank's (h NULL) or, from the
+ * frame h, what its sender says (allgatherv: only whether its counts
+ * differ, the frame carries their digest). */
+static void describe_counts(char *buf, size_t len, const tcp_work *tw, int me, int peer,
+                            const uint8_t *h) {
+    const collie_coll_args *a = &tw->args;
+    buf[0] = '\0';
+    if (a->kind == COLLIE_COLL_ALLGATHERV && !h) {
+        int n = tw->tc->size, shown = n < 16 ? n : 16;
+        size_t at = (size_t)snprintf(buf, len, " with counts {");
+        for (int p = 0; p < shown && at < len; p++)
+            at += (size_t)snprintf(buf + at, len - at, "%s%zu", p ? ", " : "", a->recvcounts[p]);
+        if (at < len) snprintf(buf + at, len - at, "%s}", shown < n ? ", ..." : "");
+    } else if (a->kind == COLLIE_COLL_ALLGATHERV) {
+        uint32_t theirs = get32(h + 44);
+        if (theirs != tw->vdigest)
+            snprintf(buf, len, " with other counts (digest %08x, here %08x)", theirs, tw->vdigest);
+    } else if (a->kind == COLLIE_COLL_ALLTOALLV && !h) {
+        snprintf(buf, len, " (%zu elements to rank %d, %zu from it)", a->sendcounts[peer], peer,
+                 a->recvcounts[peer]);
+    } else if (a->kind == COLLIE_COLL_ALLTOALLV) {
+        size_t es = h[5] < COLLIE_NUM_DTYPES ? collie_dtype_size((collie_dtype)h[5]) : 0;
+        uint32_t back = get32(h + 44);
+        char sent[32] = "?";
+        if (es) snprintf(sent, sizeof sent, "%llu", (unsigned long long)(get64(h + 32) / es));
+        snprintf(buf, len, " (%s elements to rank %d, %s%u from it)", sent, me,
+                 back == UINT32_MAX ? "at least " : "", back);
+    }
+}
+
+/* Frame h from c's peer does not agree with tw's post (whose slot s it was
+ * to fill, or NULL: tw has none for it): COLLIE_EPROTO naming both ranks
+ * and both posts; tw fails with it, the comm faults. */
+static void frame_mismatch(tcp_conn *c, const uint8_t *h, tcp_work *tw, const tcp_slot *s) {
+    tcp_comm *tc = c->tc;
+    const collie_coll_args *a = &tw->args;
+    uint32_t mine = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
+    uint64_t len = get64(h + 32);
+    char ours[512], theirs[512];
+    describe_post(ours, sizeof ours, a->kind, a->count, a->dtype, a->op, mine);
+    describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], get32(h + 40));
+    /* same arguments (or alltoallv's own counts), a frame of another length */
+    bool frame =
+        s && len != s->len && (!strcmp(ours, theirs) || !collie_coll_count_agrees(a->kind));
+    if (h[4] == (uint8_t)a->kind) { /* the v collectives' counts, on both sides */
+        size_t o = strlen(ours), t = strlen(theirs);
+        describe_counts(ours + o, sizeof ours - o, tw, tc->rank, c->peer, NULL);
+        describe_counts(theirs + t, sizeof theirs - t, tw, tc->rank, c->peer, h);
+    }
+    if (frame) {
+        size_t t = strlen(theirs);
+        snprintf(theirs + t, sizeof theirs - t, " in a frame of %llu bytes where %llu were due",
+                 (unsigned long long)len, (unsigned long long)s->len);
+    }
+    tc->core->fault(tc->bc, tw->w, COLLIE_EPROTO,
+                    "mismatched collectives at seq %llu: rank %d posted %s, rank %d posted %s",
+                    (unsigned long long)get64(h + 16), tc->rank, ours, c->peer, theirs);
+}
+
 /* Match the complete header in c->hdr. Returns false to pause reading. */
 static bool conn_match(tcp_conn *c) {
     tcp_comm *tc = c->tc;
@@ -547,28 +628,32 @@ static bool conn_match(tcp_conn *c) {
                         (unsigned long long)seq, c->peer, theirs, tc->rank);
         return false;
     }
-    if (!s) return false; /* not posted yet: the peer is ahead */
-    const collie_coll_args *a = &s->owner->args;
-    uint32_t root = get32(h + 40),
-             mine = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT;
-    if (h[4] != (uint8_t)a->kind || h[5] != (uint8_t)a->dtype ||
-        (collie_coll_count_agrees(a->kind) && get64(h + 24) != a->count) || len != s->len ||
-        root != mine || (collie_coll_reduces(a->kind) && h[6] != (uint8_t)a->op)) {
-        char ours[96], theirs[96];
-        describe_post(ours, sizeof ours, a->kind, a->count, a->dtype, a->op, mine);
-        describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], root);
-        /* same arguments (or alltoallv's own counts), a frame of another length */
-        if (!strcmp(ours, theirs) || !collie_coll_count_agrees(a->kind))
-            snprintf(theirs + strlen(theirs), sizeof theirs - strlen(theirs),
-                     " in a frame of %llu bytes where %llu were due", (unsigned long long)len,
-                     (unsigned long long)s->len);
-        tc->core->fault(tc->bc, s->owner->w, COLLIE_EPROTO,
-                        "mismatched collectives at seq %llu: rank %d posted %s, rank %d posted %s",
-                        (unsigned long long)seq, tc->rank, ours, c->peer, theirs);
+    if (!s) {
+        /* not posted yet: the peer is ahead. If the collective runs here,
+         * the frame must agree with it already (a frame of a step this rank
+         * never posts would otherwise wait for the deadline) */
+        tcp_work *tw = cl_tcp_coll_running(tc, seq);
+        if (tw) cl_tcp_frame_agrees(c, h, tw);
+        return false;
+    }
+    if (!frame_args_agree(h, s->owner, c->peer) || len != s->len) {
+        frame_mismatch(c, h, s->owner, s);
         return false;
     }
     c->cur = s;
     return true;
+}
+
+bool cl_tcp_frame_agrees(tcp_conn *c, const uint8_t *h, tcp_work *tw) {
+    if (frame_args_agree(h, tw, c->peer)) return true;
+    frame_mismatch(c, h, tw, NULL);
+    return false;
+}
+
+void cl_tcp_conn_check_early(tcp_conn *c, tcp_work *tw) {
+    if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) != TCP_P2P_STEP &&
+        get64(c->hdr + 16) == collie_work_seq(tw->w))
+        cl_tcp_frame_agrees(c, c->hdr, tw);
 }
 
 bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, uint64_t want_len,

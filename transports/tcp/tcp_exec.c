@@ -20,6 +20,7 @@
  *  - Local operations touch user buffers inside work_busy_enter/exit.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,7 @@ static void work_post_step(tcp_work *tw) {
             m->payload = work_buf_at(tw, op->buf, op->off);
             m->len = op->len;
             cl_tcp_frame_header(m->hdr, tc, &tw->args, collie_work_seq(tw->w), tw->step, op->len);
+            cl_tcp_frame_set_vcheck(m->hdr, cl_tcp_vcheck(tw, op->peer, true));
             tw->nposted = k + 1;
             if (touched) { /* sends read user memory under their own bracket */
                 tc->core->work_busy_exit(tw->w);
@@ -267,6 +269,33 @@ bool cl_tcp_coll_finished(const tcp_comm *tc, uint64_t seq) {
     return seq != 0 && seq <= tc->coll_seq_started && !cl_idmap_get(&tc->running, seq);
 }
 
+tcp_work *cl_tcp_coll_running(const tcp_comm *tc, uint64_t seq) {
+    cl_idnode *n = cl_idmap_get(&tc->running, seq);
+    return n ? (tcp_work *)((char *)n - offsetof(tcp_work, by_seq)) : NULL;
+}
+
+static uint32_t vcheck_sat(size_t count) {
+    return count < UINT32_MAX ? (uint32_t)count : UINT32_MAX;
+}
+
+uint32_t cl_tcp_vcheck(const tcp_work *tw, int peer, bool outgoing) {
+    const collie_coll_args *a = &tw->args;
+    if (a->kind == COLLIE_COLL_ALLGATHERV) return tw->vdigest;
+    if (a->kind != COLLIE_COLL_ALLTOALLV) return 0;
+    /* what the frame's sender expects back from its receiver */
+    return vcheck_sat(outgoing ? a->recvcounts[peer] : a->sendcounts[peer]);
+}
+
+/* FNV-1a over every rank's count (8 bytes each, little-endian): the same on
+ * every rank that posted the same counts, whatever its displacements. */
+static uint32_t counts_digest(const size_t *counts, int n) {
+    uint32_t h = 2166136261u;
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < 8; i++)
+            h = (h ^ (uint8_t)((uint64_t)counts[p] >> (8 * i))) * 16777619u;
+    return h;
+}
+
 int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     if (tc->aborted) {
         cl_tcp_work_fail(tw, COLLIE_EABORTED, "%s", tc->abort_reason);
@@ -289,6 +318,8 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
         return COLLIE_ENOMEM;
     }
     tw->xb = xb;
+    if (tw->args.kind == COLLIE_COLL_ALLGATHERV)
+        tw->vdigest = counts_digest(tw->args.recvcounts, tc->size);
     int r = cl_sched_build(&xb->sched, &tw->args, tc->rank, tc->size);
     if (r != COLLIE_OK) {
         const char *why =
@@ -318,6 +349,11 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
         xb->scratch_cap = xb->sched.scratch_bytes;
     }
     work_run(tw);
+    /* a frame for this seq that came before it was posted here, held back
+     * for a step not posted yet: if it disagrees, say so now, not at the
+     * deadline (each check may fault) */
+    for (int p = 0; p < tc->size && !tc->aborted && !tw->finished; p++)
+        if (tc->conns[p]) cl_tcp_conn_check_early(tc->conns[p], tw);
     return COLLIE_OK;
 }
 
