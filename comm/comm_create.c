@@ -10,6 +10,8 @@
  *               — every member of one incarnation computes the same number
  *               without further messages, and a later incarnation of the
  *               same name gets a fresh key space "collie/<name>/<gen>/";
+ *      POISONED check("<prefix>conflict"): the generation failed already
+ *               (see below): fail at once, saying so;
  *      INIT     each backend's init (the TCP transport publishes its
  *               listening address), reported through init_done;
  *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
@@ -17,11 +19,31 @@
  *               conflict (a rank restarted into the next generation is not);
  *      SIZE     compare_set("<prefix>size", "" -> "<size>|rank r (claim)"):
  *               a rank that says another world size is a conflict;
- *      BARRIER  barrier("collie/<name>/<gen>/created", size);
+ *      BARRIER  append("<prefix>arrived", "<rank> ") (pipelined, unawaited),
+ *               then barrier("collie/<name>/<gen>/created", size);
  *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
  *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
  *    2^30 to the barrier's counter, so every rank waiting there wakes at
  *    once, reads it and fails with it; it fails itself with EINVAL.
+ *  - A failed create poisons its generation; it never withdraws its join.
+ *    The rule: a join takes one of its generation's `size` slots for good
+ *    (withdrawing it would shift the generation of every rank that joined
+ *    after it). A rank whose barrier times out reads who arrived (ARRIVED:
+ *    the "arrived" list), and poisons the generation like a conflict:
+ *    "<prefix>conflict" = "<status>|<why>" (compare_set: the first cause
+ *    wins; ETIMEDOUT naming the ranks that never arrived), then +2^30 on
+ *    the barrier. So every rank of that generation fails at once with that
+ *    cause: those waiting in the barrier wake, and one that joins it later
+ *    (the missing rank arriving late, or a retry taking a slot left free)
+ *    finds the poison right after joining (POISONED) and fails fast,
+ *    naming the generation and why it failed — it never waits, and never
+ *    "creates" the comm alone. Each such fast failure fills one free slot
+ *    of the poisoned generation, so the counter realigns by itself: once
+ *    its `size` slots are taken (at most size-1 fast failures), the next
+ *    joins start the next generation at its boundary, and a round in which
+ *    every rank creates again lands in one generation and succeeds. An
+ *    application retries a failed create (as after any fault); it never
+ *    has to reset the counter.
  *  - Keys of old generations go (cl_comm_forget_generation): once
  *    generation g is created, rank 0 deletes "collie/<name>/<g-1>/" (every
  *    member has moved on), and the last member to destroy a comm deletes
@@ -47,15 +69,16 @@
 
 enum create_step {
     STEP_JOIN,
-    STEP_CLAIM, /* compare_set <prefix>rank/<r>: this process holds rank r */
-    STEP_SIZE,  /* compare_set <prefix>size: every rank says the same size */
+    STEP_POISONED, /* check <prefix>conflict: the generation failed already? */
+    STEP_CLAIM,    /* compare_set <prefix>rank/<r>: this process holds rank r */
+    STEP_SIZE,     /* compare_set <prefix>size: every rank says the same size */
     STEP_INIT,
     STEP_BARRIER,
     STEP_VERIFY,   /* check <prefix>conflict: did another rank find one? */
     STEP_CONFLICT, /* get <prefix>conflict: what it found */
-    STEP_POISON,   /* set <prefix>conflict = why (this rank found one) */
+    STEP_POISON,   /* compare_set <prefix>conflict "" -> "<status>|why" (this rank found one) */
     STEP_RELEASE,  /* add 2^30 to <prefix>created: the waiting ranks' barrier ends */
-    STEP_COUNT,
+    STEP_ARRIVED,  /* after a barrier timeout: get <prefix>arrived (who did arrive?) */
     STEP_DONE
 };
 
@@ -69,8 +92,10 @@ typedef struct create_state {
     int step;
     collie_work *req; /* store request in flight (loop) */
     int inits_pending;
-    char me[112];       /* "pid P on host H (handle N)": this comm's claim */
-    char conflict[600]; /* a rendezvous conflict this rank found */
+    char me[112];        /* "pid P on host H (handle N)": this comm's claim */
+    char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
+    int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
+    bool late;           /* it had failed when this rank joined (POISONED) */
 } create_state;
 
 static void create_fail(create_state *cs, int status, const char *fmt, ...)
@@ -97,6 +122,7 @@ static int32_t create_remaining_ms(create_state *cs) {
 }
 
 static void create_on_step(collie_work *w, void *arg);
+static void forget_done(collie_work *w, void *arg);
 
 /* Post the store request of the current step; create_on_step gets its
  * result. The request holds a reference on the create work until then. */
@@ -126,10 +152,22 @@ static int create_post_step(create_state *cs) {
         r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
     }
-    case STEP_BARRIER:
+    case STEP_BARRIER: {
+        /* who arrived, for a timeout's message: ahead of the barrier on the
+         * same connection, so it is there before this rank counts */
+        char mine[16];
+        int n = snprintf(mine, sizeof mine, "%d ", c->rank);
+        collie_post_opts ao = COLLIE_POST_OPTS_INIT;
+        ao.timeout_ms = o.timeout_ms;
+        ao.cb = forget_done; /* best effort: a rank missing from it is named as absent */
+        collie_work *aw;
+        snprintf(key, sizeof key, "%sarrived", c->prefix);
+        (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
         break;
+    }
+    case STEP_POISONED:
     case STEP_VERIFY: {
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         const char *keys[] = {key};
@@ -140,19 +178,22 @@ static int create_post_step(create_state *cs) {
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         r = collie_store_post_get(c->store, key, &o, &cs->req);
         break;
-    case STEP_POISON:
+    case STEP_POISON: { /* the first cause wins: every rank reads the same */
+        char val[sizeof cs->conflict + 16];
+        int n = snprintf(val, sizeof val, "%d|%s", cs->fail_status, cs->conflict);
         snprintf(key, sizeof key, "%sconflict", c->prefix);
-        r = collie_store_post_set(c->store, key, cs->conflict, strlen(cs->conflict), &o, &cs->req);
+        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
+    }
     case STEP_RELEASE:
         snprintf(key, sizeof key, "%screated", c->prefix);
         /* far past any round's count: every waiting rank's barrier ends */
         r = collie_store_post_add(c->store, key, 1 << 30, &o, &cs->req);
         break;
-    case STEP_COUNT: /* after a barrier timeout: how many ranks did arrive? */
-        snprintf(key, sizeof key, "%screated", c->prefix);
+    case STEP_ARRIVED: /* after a barrier timeout: who did arrive? */
+        snprintf(key, sizeof key, "%sarrived", c->prefix);
         o.timeout_ms = 1000;
-        r = collie_store_post_add(c->store, key, 0, &o, &cs->req);
+        r = collie_store_post_get(c->store, key, &o, &cs->req);
         break;
     default: r = COLLIE_EINVAL; break;
     }
@@ -245,6 +286,70 @@ static void create_on_step(collie_work *w, void *arg) {
     collie_work_release(&cs->base);
 }
 
+/* A poison's value "<status>|<why>" (an older value without the status
+ * counts as a conflict). */
+static int poison_parse(const char *val, size_t len, char *why, size_t wlen) {
+    char buf[sizeof((create_state *)0)->conflict + 16];
+    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
+    char *end;
+    long st = strtol(buf, &end, 10);
+    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
+    const char *src = coded ? end + 1 : buf;
+    size_t n = strlen(src);
+    if (n >= wlen) n = wlen - 1;
+    memcpy(why, src, n);
+    why[n] = '\0';
+    return coded ? (int)st : COLLIE_EINVAL;
+}
+
+/* The barrier timed out; `list` ("r r ... ") names the ranks that arrived
+ * (NULL: unknown). Say who did not, and poison the generation with it. */
+static void create_timed_out(create_state *cs, const char *list, size_t len) {
+    collie_comm *c = cs->comm;
+    int n =
+        snprintf(cs->conflict, sizeof cs->conflict, "rank %d: not every rank arrived within %d ms",
+                 c->rank, (int)c->create_timeout_ms);
+    bool *seen = list ? calloc((size_t)c->size, sizeof *seen) : NULL;
+    if (seen) {
+        int arrived = 0;
+        for (size_t i = 0; i < len;) {
+            while (i < len && list[i] == ' ')
+                i++;
+            long r = 0;
+            bool digits = false;
+            for (; i < len && list[i] >= '0' && list[i] <= '9' && r < c->size; i++, digits = true)
+                r = r * 10 + (list[i] - '0');
+            while (i < len && list[i] != ' ') /* anything else: skipped */
+                i++;
+            if (digits && r < c->size && !seen[r]) {
+                seen[r] = true;
+                arrived++;
+            }
+        }
+        n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
+                      ": %d of %d did (comm '%s' generation %llu); never arrived:", arrived,
+                      c->size, c->name, (unsigned long long)c->generation);
+        int named = 0;
+        for (int r = 0; r < c->size && (size_t)n < sizeof cs->conflict; r++) {
+            if (seen[r]) continue;
+            if (named++ == 32) { /* the message stays readable */
+                n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, " and %d more",
+                              c->size - arrived - 32);
+                break;
+            }
+            n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, "%s rank %d",
+                          named > 1 ? "," : "", r);
+        }
+        free(seen);
+    } else {
+        snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
+                 " (comm '%s' generation %llu; who did is unknown: the store did not say)", c->name,
+                 (unsigned long long)c->generation);
+    }
+    cs->fail_status = COLLIE_ETIMEDOUT;
+    create_next(cs, STEP_POISON);
+}
+
 static void create_step_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
     int st = collie_work_result(w);
@@ -253,27 +358,17 @@ static void create_step_done(create_state *cs, collie_work *w) {
         collie_work_release(w);
         return;
     }
-    if (cs->step == STEP_COUNT) {
-        int64_t arrived = 0;
-        if (st == COLLIE_OK) collie_store_work_int(w, &arrived);
+    if (cs->step == STEP_ARRIVED) {
+        const void *val = NULL;
+        size_t len = 0;
+        if (st == COLLIE_OK) collie_store_work_value(w, &val, &len);
+        create_timed_out(cs, st == COLLIE_OK ? val : NULL, len);
         collie_work_release(w);
-        if (st == COLLIE_OK)
-            create_fail(cs, COLLIE_ETIMEDOUT,
-                        "rank %d: not every rank arrived within %d ms: %lld of %d did "
-                        "(generation %llu)",
-                        c->rank, (int)c->create_timeout_ms, (long long)arrived, c->size,
-                        (unsigned long long)c->generation);
-        else
-            create_fail(cs, COLLIE_ETIMEDOUT, "rank %d: not every rank arrived within %d ms",
-                        c->rank, (int)c->create_timeout_ms);
         return;
     }
     if (st == COLLIE_ETIMEDOUT && cs->step == STEP_BARRIER) {
         collie_work_release(w);
-        cs->step = STEP_COUNT;
-        if (create_post_step(cs) != COLLIE_OK)
-            create_fail(cs, COLLIE_ETIMEDOUT, "rank %d: not every rank arrived within %d ms",
-                        c->rank, (int)c->create_timeout_ms);
+        create_next(cs, STEP_ARRIVED);
         return;
     }
     if (st != COLLIE_OK) {
@@ -300,7 +395,15 @@ static void create_step_done(create_state *cs, collie_work *w) {
         for (const char *p = c->prefix; *p; p++)
             h = (h ^ (unsigned char)*p) * 1099511628211ULL;
         c->id = h;
-        create_next(cs, STEP_CLAIM);
+        create_next(cs, STEP_POISONED);
+        return;
+    }
+    if (cs->step == STEP_POISONED) {
+        int64_t found = 0;
+        collie_store_work_int(w, &found);
+        collie_work_release(w);
+        cs->late = found != 0;
+        create_next(cs, found ? STEP_CONFLICT : STEP_CLAIM);
         return;
     }
     if (cs->step == STEP_CLAIM || cs->step == STEP_SIZE) {
@@ -310,6 +413,7 @@ static void create_step_done(create_state *cs, collie_work *w) {
         char held[160];
         snprintf(held, sizeof held, "%.*s", (int)len, (const char *)val);
         collie_work_release(w);
+        cs->fail_status = COLLIE_EINVAL;
         if (cs->step == STEP_CLAIM && strcmp(held, cs->me) != 0) {
             snprintf(cs->conflict, sizeof cs->conflict,
                      "rank %d of comm '%s' (generation %llu) is claimed by %s and by %s", c->rank,
@@ -329,12 +433,21 @@ static void create_step_done(create_state *cs, collie_work *w) {
         }
         return;
     }
-    if (cs->step == STEP_POISON || cs->step == STEP_RELEASE) {
+    if (cs->step == STEP_POISON) {
+        /* a timeout ends with the generation's first cause (another rank's
+         * may have come first); a conflict with its own */
+        const void *val = NULL;
+        size_t len = 0;
+        collie_store_work_value(w, &val, &len);
+        if (cs->fail_status == COLLIE_ETIMEDOUT && len > 0)
+            cs->fail_status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
         collie_work_release(w);
-        if (cs->step == STEP_POISON)
-            create_next(cs, STEP_RELEASE);
-        else
-            create_fail(cs, COLLIE_EINVAL, "%s", cs->conflict);
+        create_next(cs, STEP_RELEASE);
+        return;
+    }
+    if (cs->step == STEP_RELEASE) {
+        collie_work_release(w);
+        create_fail(cs, cs->fail_status, "%s", cs->conflict);
         return;
     }
     if (cs->step == STEP_BARRIER || cs->step == STEP_VERIFY) {
@@ -353,9 +466,15 @@ static void create_step_done(create_state *cs, collie_work *w) {
         const void *val = NULL;
         size_t len = 0;
         collie_store_work_value(w, &val, &len);
-        snprintf(cs->conflict, sizeof cs->conflict, "%.*s", (int)len, (const char *)val);
+        int status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
         collie_work_release(w);
-        create_fail(cs, COLLIE_EINVAL, "rendezvous: %s", cs->conflict);
+        if (cs->late) /* it failed before this rank came: say so, never wait */
+            create_fail(cs, status,
+                        "rank %d: comm '%s' generation %llu had already failed when this rank "
+                        "joined it (every rank must create again for the next generation): %s",
+                        c->rank, c->name, (unsigned long long)c->generation, cs->conflict);
+        else
+            create_fail(cs, status, "rendezvous: %s", cs->conflict);
         return;
     }
     collie_work_release(w);

@@ -140,6 +140,78 @@ static void test_create_times_out_when_a_rank_is_missing(void **state) {
     mini_down(&m);
 }
 
+/* A create that timed out leaves no live claim behind. 3 ranks, rank 2
+ * missing: ranks 0 and 1 time out naming it; rank 2, arriving late, fails
+ * fast (before: it "created" the comm alone in that generation, the
+ * others' joins and barrier arrivals still counted, and its first
+ * collective timed out blaming the absent ranks) with an error naming the
+ * generation that failed and why; then all three create again with the
+ * same name, land in the next generation together and an allreduce is
+ * right. */
+static void test_create_timeout_poisons_its_generation(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 3);
+    collie_comm *c[3];
+    collie_work *cw[3];
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "latecomer";
+    o.create_timeout_ms = 400;
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 3, &o, &c[r], &cw[r]), 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_ETIMEDOUT);
+        const char *msg = collie_work_error_message(cw[r]);
+        print_message("rank %d: %s\n", r, msg);
+        assert_non_null(strstr(msg, "not every rank arrived"));
+        assert_non_null(strstr(msg, "2 of 3 did"));
+        if (!strstr(msg, "never arrived: rank 2"))
+            fail_msg("rank %d: the absent rank is not named: %s", r, msg);
+        collie_work_release(cw[r]);
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    }
+    /* the late rank: a long bound of its own, and it fails at once */
+    o.create_timeout_ms = 10000;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_create_post(m.e, m.st[2], 2, 3, &o, &c[2], &cw[2]), 0);
+    int rc = collie_work_wait(cw[2], 20000);
+    int64_t took = now_ms() - t0;
+    const char *msg = collie_work_error_message(cw[2]);
+    print_message("late rank 2 (%lld ms): %s: %s\n", (long long)took, collie_status_name(rc), msg);
+    if (rc == COLLIE_OK || took > 2000)
+        fail_msg("the late rank ended %s after %lld ms: %s", collie_status_name(rc),
+                 (long long)took, msg);
+    if (!strstr(msg, "generation 0") || !strstr(msg, "had already failed") ||
+        !strstr(msg, "never arrived: rank 2"))
+        fail_msg("the late rank's error does not name the failed generation and why: %s", msg);
+    collie_work_release(cw[2]);
+    assert_int_equal(collie_comm_destroy(c[2]), COLLIE_OK);
+    /* every rank again: the next generation, together */
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 3, &o, &c[r], &cw[r]), 0);
+    for (int r = 0; r < 3; r++) {
+        rc = collie_work_wait(cw[r], 20000);
+        if (rc != COLLIE_OK)
+            fail_msg("rank %d: %s: %s", r, collie_status_name(rc),
+                     collie_work_error_message(cw[r]));
+        collie_work_release(cw[r]);
+        assert_int_equal(collie_comm_generation(c[r]), 1);
+    }
+    int32_t v[3] = {1, 20, 300};
+    collie_work *ar[3];
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(
+            collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]), 0);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+        assert_int_equal(v[r], 321);
+        collie_work_release(ar[r]);
+    }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    mini_down(&m);
+}
+
 /* Re-creating a comm of the same name gives a new generation and works. */
 static void test_generations(void **state) {
     (void)state;
@@ -1141,6 +1213,7 @@ int main(void) {
         cmocka_unit_test(test_create_rejects_bad_options),
         cmocka_unit_test(test_nonblocking_create_queues_posts),
         cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
+        cmocka_unit_test(test_create_timeout_poisons_its_generation),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
         cmocka_unit_test(test_fault_fails_deep_queue_in_slices),
