@@ -6,7 +6,11 @@
  *    thread ("loop thread"). Other threads reach it through the command
  *    queue: a mutex-protected intrusive FIFO plus one eventfd. The eventfd
  *    is written only on the empty→non-empty edge (wake_pending), so a burst
- *    of posts costs one wake-up. The one exception is caller-driven
+ *    of posts costs one wake-up, and under qmu: a poster's last touch of
+ *    the engine is its unlock, before the loop can take its command, so
+ *    once the loop ran a foreign thread's command (a work's retire, which
+ *    destroy waits for), the fd can be closed and the engine freed.
+ *    The one exception to the loop owning its objects is caller-driven
  *    progress (assist.c): the loop's role has a lock, progress_mu, which
  *    the progress thread holds except between two turns of a spinning
  *    loop, where a waiting, testing or posting thread may take it with a
@@ -26,7 +30,8 @@
  *    queue never hides a dead peer or an abort notice. Retirement and the
  *    deadline sweep (work/registry.c) and a comm's failing of its works
  *    (comm/comm.c) are sliced the same way.
- *  - Lock order: qmu is a leaf lock; no callback runs while it is held.
+ *  - Lock order: qmu is a leaf lock; no callback runs while it is held
+ *    (the wake-up write, a non-blocking eventfd, is the one system call).
  *  - SIGPIPE and the other asynchronous signals are blocked in the progress
  *    and monitor threads so the application's handlers run on its threads
  *    and a dead socket gives EPIPE, not a signal.
@@ -114,7 +119,6 @@ const char *cl_engine_set_activity(collie_engine *e, const char *what) {
 /* ---- command queue ------------------------------------------------------ */
 
 int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
-    bool wake = false;
     pthread_mutex_lock(&e->qmu);
     if (e->stopped) {
         pthread_mutex_unlock(&e->qmu);
@@ -124,15 +128,15 @@ int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
     /* a spinning loop polls the queue itself: no system call needed */
     if (!e->wake_pending && !atomic_load_explicit(&e->spinning, memory_order_seq_cst)) {
         e->wake_pending = true;
-        wake = true;
-    }
-    atomic_store_explicit(&e->queued, true, memory_order_release);
-    pthread_mutex_unlock(&e->qmu);
-    if (wake) {
+        /* under qmu: the loop takes c (under qmu) only after this write, so
+         * once c has run, this thread is done with the engine's fd - the
+         * one destroy closes, and whose number another file may get */
         uint64_t one = 1;
         ssize_t n = write(e->wake_fd, &one, sizeof one);
         CL_UNUSED(n); /* EAGAIN: the counter is already non-zero, the loop wakes anyway */
     }
+    atomic_store_explicit(&e->queued, true, memory_order_release);
+    pthread_mutex_unlock(&e->qmu);
     return COLLIE_OK;
 }
 

@@ -38,7 +38,9 @@ typedef struct cl_cmd {
 
 /* cl_engine_post_cmd: queue c for the loop thread (any thread; from the
  * loop thread it runs after the current callback returns). The wake-up is
- * coalesced: at most one eventfd write while the loop sleeps. Returns
+ * coalesced: at most one eventfd write while the loop sleeps, made before
+ * the loop can take c: once c has run, the call no longer touches the
+ * engine (a destroy that waited for c may free it). Returns
  * COLLIE_ECLOSED once the engine has stopped; c->fn is then not run. */
 int cl_engine_post_cmd(collie_engine *e, cl_cmd *c);
 

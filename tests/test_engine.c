@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,6 +187,88 @@ static void test_post_after_destroy_begins_is_refused(void **state) {
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
     assert_int_equal(atomic_load(&repost_rc), COLLIE_ECLOSED);
     collie_work_release(&m->base);
+}
+
+/* ---- a foreign poster's wake-up never outlives the engine ---------------------- */
+
+/* This binary's write (the library's calls come here, as for pthread_create
+ * below): a thread that armed slow_wake stops before its next 8-byte write
+ * (an eventfd wake-up) until released, at most 1 s - a poster preempted
+ * right before it writes. */
+static _Thread_local bool slow_wake_armed;
+static _Atomic int slow_wake_in; /* the armed thread reached its write */
+static _Atomic int slow_wake_go; /* let it write */
+
+ssize_t write(int fd, const void *buf, size_t n) {
+    typedef ssize_t (*write_fn)(int, const void *, size_t);
+    static _Atomic(write_fn) real;
+    write_fn f = atomic_load(&real);
+    if (!f) {
+        *(void **)&f = dlsym(RTLD_NEXT, "write");
+        atomic_store(&real, f);
+    }
+    if (slow_wake_armed && n == sizeof(uint64_t)) {
+        slow_wake_armed = false;
+        atomic_store(&slow_wake_in, 1);
+        int64_t until = cl_now_ns() + 1000 * CL_NS_PER_MS;
+        while (!atomic_load(&slow_wake_go) && cl_now_ns() < until)
+            usleep(1000);
+    }
+    return f(fd, buf, n);
+}
+
+static void *late_finisher_main(void *arg) {
+    manual_work *m = arg;
+    slow_wake_armed = true; /* the retire command's wake-up is the one slowed */
+    cl_work_finish(&m->base, COLLIE_OK, NULL);
+    slow_wake_armed = false;
+    return NULL;
+}
+
+/* A foreign thread finishes a work and posts its retire command; the loop
+ * sleeps, so the post writes the wake-up eventfd - and is held back right
+ * before that write. Destroy runs meanwhile: it waits for the retire (the
+ * lifetime rule for a foreign finisher) and closes the engine's fds. The
+ * late write must not land in whatever reuses those descriptor numbers:
+ * the posting thread is done with the engine's fd before the loop can
+ * take its command. */
+static void test_late_wake_never_hits_a_reused_fd(void **state) {
+    (void)state;
+    setenv("COLLIE_SPIN", "off", 1); /* the loop sleeps: every foreign post writes */
+    cl_config_reload();
+    collie_engine *e;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = COLLIE_TIMEOUT_INFINITE;
+    _Atomic int freed = 0;
+    manual_work *m;
+    assert_int_equal(manual_post(e, &o, false, 0, &freed, &m), COLLIE_OK);
+    engine_sync(e);
+    assert_int_equal(atomic_load(&m->started), 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, late_finisher_main, m), 0);
+    int64_t until = cl_now_ns() + 5000 * CL_NS_PER_MS;
+    while (!atomic_load(&slow_wake_in) && cl_now_ns() < until)
+        usleep(1000);
+    assert_int_equal(atomic_load(&slow_wake_in), 1); /* its post writes the wake-up */
+    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+    /* the descriptor numbers destroy freed, taken again */
+    int fds[8];
+    for (int i = 0; i < 8; i++)
+        assert_true((fds[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) >= 0);
+    atomic_store(&slow_wake_go, 1);
+    pthread_join(th, NULL);
+    for (int i = 0; i < 8; i++) {
+        uint64_t v = 0;
+        ssize_t n = read(fds[i], &v, sizeof v);
+        if (n >= 0)
+            fail_msg("fd %d, opened after the engine was destroyed, got its wake-up", fds[i]);
+        assert_int_equal(errno, EAGAIN);
+        close(fds[i]);
+    }
+    assert_int_equal(collie_work_result(&m->base), COLLIE_OK);
+    collie_work_release(&m->base);
+    assert_int_equal(atomic_load(&freed), 1);
 }
 
 /* ---- stall monitor -------------------------------------------------------------- */
@@ -416,6 +499,7 @@ int main(void) {
         cmocka_unit_test(test_call_runs_on_loop_with_sigpipe_blocked),
         cmocka_unit_test(test_destroy_fails_pending_with_closed),
         cmocka_unit_test(test_post_after_destroy_begins_is_refused),
+        cmocka_unit_test(test_late_wake_never_hits_a_reused_fd),
         cmocka_unit_test(test_stall_monitor_reports_blocked_loop),
         cmocka_unit_test(test_config_rejects_bad_values),
         cmocka_unit_test(test_config_values_parsed),
