@@ -30,6 +30,7 @@
  *    (state NULL) has nothing left to do.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,17 +124,20 @@ static bool dummy_supported(const collie_coll_args *a) {
            a->dtype == COLLIE_FP64;
 }
 
-/* the core's services: one table per process, the same for every comm */
-static const collie_core_services *dummy_core;
+/* the core's services: one table per process, the same for every comm;
+ * atomic: every comm's init stores it, on its own engine's thread */
+static _Atomic(const collie_core_services *) dummy_core;
 
 static size_t dummy_bytes(const collie_coll_args *a) {
-    return a->kind == COLLIE_COLL_ALLREDUCE ? a->count * dummy_core->dtype_size(a->dtype) : 0;
+    const collie_core_services *core = atomic_load_explicit(&dummy_core, memory_order_acquire);
+    return a->kind == COLLIE_COLL_ALLREDUCE ? a->count * core->dtype_size(a->dtype) : 0;
 }
 
 static void dummy_describe(const collie_coll_args *a, char *buf, size_t len) {
+    const collie_core_services *core = atomic_load_explicit(&dummy_core, memory_order_acquire);
     if (a->kind == COLLIE_COLL_ALLREDUCE)
-        snprintf(buf, len, "allreduce of %zu %s (%s)", a->count, dummy_core->dtype_name(a->dtype),
-                 dummy_core->redop_name(a->op));
+        snprintf(buf, len, "allreduce of %zu %s (%s)", a->count, core->dtype_name(a->dtype),
+                 core->redop_name(a->op));
     else
         snprintf(buf, len, "%s", collie_coll_kind_name(a->kind));
 }
@@ -254,7 +258,7 @@ static void dummy_deliver(dummy_work *ready) {
 
 static int dummy_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
     if (!COLLIE_CORE_USABLE(core)) return COLLIE_ENOTSUP; /* a core of another ABI */
-    dummy_core = core;
+    atomic_store_explicit(&dummy_core, core, memory_order_release);
     dummy_comm *dc = calloc(1, sizeof *dc);
     if (!dc) return COLLIE_ENOMEM;
     dc->bc = bc;
