@@ -18,6 +18,7 @@
 
 #include "coll_fixture.h"
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "harness.h"
 #include "runner.h"
 
@@ -858,6 +859,153 @@ static void test_log_file(void **state) {
     assert_int_equal(found, 2);
 }
 
+/* ---- a receive-and-reduce cancelled mid-frame (issue 28, item 7) ---------------------------- */
+
+/* A loop blocked on purpose: a command that waits (bounded) until `go`. */
+typedef struct loop_block {
+    collie_engine *e;
+    _Atomic bool go, in;
+    pthread_t th;
+} loop_block;
+
+static void loop_block_fn(void *arg) {
+    loop_block *b = arg;
+    atomic_store(&b->in, true);
+    int64_t until = now_ms() + 10000;
+    while (!atomic_load(&b->go) && now_ms() < until)
+        usleep(1000);
+}
+
+static void *loop_block_thread(void *arg) {
+    loop_block *b = arg;
+    (void)cl_engine_call(b->e, loop_block_fn, b, 20000);
+    return NULL;
+}
+
+/* Block e's loop until loop_unblock (returns once the loop is inside). */
+static void loop_block_start(loop_block *b, collie_engine *e) {
+    memset(b, 0, sizeof *b);
+    b->e = e;
+    assert_int_equal(pthread_create(&b->th, NULL, loop_block_thread, b), 0);
+    int64_t until = now_ms() + 10000;
+    while (!atomic_load(&b->in) && now_ms() < until)
+        usleep(1000);
+    assert_true(atomic_load(&b->in));
+}
+
+static void loop_unblock(loop_block *b) {
+    atomic_store(&b->go, true);
+    pthread_join(b->th, NULL);
+}
+
+/* Before: a reduce's receive cancelled while part of its frame sat in the
+ * staging buffer drained the whole frame length from the stream, so the
+ * drain swallowed the start of the peer's next frame: the next reduce
+ * failed (a malformed frame) or hung. Two engines (so one rank's loop can
+ * be held while the other reads), policy NONE (the comm goes on after the
+ * cancel), a 4 KiB shm ring, and a frame bigger than what one write puts
+ * in the ring (shm) or the socket (TCP). */
+static void test_cancelled_reduce_drains_exactly(void **state) {
+    (void)state;
+    setting_set("COLLIE_SHM_RING_BYTES", "4096");
+    setting_set("COLLIE_SHM_SINGLE_COPY", "0");
+    enum { COUNT = 4 << 20, SMALL = 1000 };
+    collie_engine *e[2];
+    collie_store_server *srv;
+    collie_store *st[2];
+    collie_comm *c[2];
+    collie_work *cw[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_engine_create(NULL, &e[r]), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e[0], "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "drain";
+    o.timeout_ms = 8000;
+    o.policy = COLLIE_POLICY_NONE;
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_store_connect(e[r], addr, NULL, &st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(e[r], st[r], r, 2, &o, &c[r], &cw[r]), COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 30000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+    /* connect first (a small allreduce), so the big frame meets a ready link */
+    int32_t one[2] = {1, 2};
+    collie_work *wk[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(c[r], &one[r], &one[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 20000), COLLIE_OK);
+        collie_work_release(wk[r]);
+    }
+    int32_t *in[2], *out[2];
+    for (int r = 0; r < 2; r++) {
+        in[r] = malloc(COUNT * sizeof(int32_t));
+        out[r] = calloc(COUNT, sizeof(int32_t));
+        assert_non_null(in[r]);
+        assert_non_null(out[r]);
+        for (size_t i = 0; i < COUNT; i++)
+            in[r][i] = (int32_t)(r + 1);
+    }
+    /* rank 0 (the root) posts its reduce; its receive is posted */
+    assert_int_equal(
+        collie_reduce(c[0], in[0], out[0], COUNT, COLLIE_INT32, COLLIE_SUM, 0, NULL, &wk[0]),
+        COLLIE_OK);
+    engine_sync(e[0]);
+    /* rank 1 writes what fits (the ring or the socket is full), rank 0's
+     * loop being held, then rank 1's loop is held and rank 0 reads it */
+    loop_block b0, b1;
+    loop_block_start(&b0, e[0]);
+    assert_int_equal(
+        collie_reduce(c[1], in[1], out[1], COUNT, COLLIE_INT32, COLLIE_SUM, 0, NULL, &wk[1]),
+        COLLIE_OK);
+    usleep(200 * 1000);
+    loop_block_start(&b1, e[1]);
+    loop_unblock(&b0);
+    usleep(200 * 1000);
+    /* the receive ends mid-frame: the rest of the frame is drained */
+    assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk[0], 10000), COLLIE_ECANCELED);
+    loop_unblock(&b1);
+    assert_int_equal(collie_work_wait(wk[1], 20000), COLLIE_OK);
+    for (int r = 0; r < 2; r++)
+        collie_work_release(wk[r]);
+    /* the next reduce finds its frame whole */
+    int32_t sin[2][SMALL], sout[2][SMALL];
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < SMALL; i++) {
+            sin[r][i] = (r + 1) * 1000 + i;
+            sout[r][i] = -1;
+        }
+        assert_int_equal(
+            collie_reduce(c[r], sin[r], sout[r], SMALL, COLLIE_INT32, COLLIE_SUM, 0, NULL, &wk[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = collie_work_wait(wk[r], 20000);
+        if (rc != COLLIE_OK)
+            fail_msg("rank %d: next reduce: %s (%s)", r, collie_strerror(rc),
+                     collie_work_error_message(wk[r]));
+        collie_work_release(wk[r]);
+    }
+    for (int i = 0; i < SMALL; i++)
+        assert_int_equal(sout[0][i], 3000 + 2 * i);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+        collie_store_destroy(st[r]);
+        free(in[r]);
+        free(out[r]);
+    }
+    collie_store_server_destroy(srv);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_engine_destroy(e[r]), COLLIE_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invalid_arguments),
@@ -881,6 +1029,7 @@ int main(void) {
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_comm_stats),
         cmocka_unit_test(test_recv_after_sender_left),
+        cmocka_unit_test(test_cancelled_reduce_drains_exactly),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -721,6 +721,12 @@ static ssize_t conn_read_payload(tcp_conn *c) {
             c->loan_skipped = true;
             return loan_skip_rest(c);
         }
+        /* bytes staged for a reduce were read from the stream already:
+         * drain only the rest of the frame, not the next frame's start */
+        c->payload_got += c->stage_fill;
+        c->stage_fill = 0;
+        left = c->payload_len - c->payload_got;
+        if (!left) return 1; /* the frame is complete */
         n = cl_tcp_link_recv(c, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
