@@ -239,7 +239,7 @@ test:
 
 # The default CPU backend puts same-host peers on shared memory, so the
 # suites run the shm link; the collective suites run again forced onto TCP.
-TCP_LEG_TESTS := coll collv
+TCP_LEG_TESTS := coll collv p2p
 
 test-normal: all tests
 	@tools/run-tests.sh normal $(BUILD) $(filter-out $(FAULT_TESTS),$(TESTS))

@@ -136,6 +136,8 @@ static void svc_log_comm(const collie_bcomm *bc, int level, const char *module, 
     va_end(ap);
 }
 
+static void svc_work_set_source(collie_work *w, int rank) { ((cl_coll_work *)w)->source = rank; }
+
 static const char *svc_setting(const char *name) {
     const cl_config *c = cl_config_get();
     if (!strcmp(name, "COLLIE_SOCKET_IFNAME")) return c->socket_ifname;
@@ -150,6 +152,10 @@ static const char *svc_setting(const char *name) {
     }
     if (!strcmp(name, "COLLIE_SHM_SINGLE_COPY")) {
         snprintf(num, sizeof num, "%d", (int)c->shm_single_copy);
+        return num;
+    }
+    if (!strcmp(name, "COLLIE_EARLY_BYTES")) {
+        snprintf(num, sizeof num, "%d", (int)c->early_bytes);
         return num;
     }
     if (!strcmp(name, "COLLIE_NCCL_POLL_US")) {
@@ -224,6 +230,7 @@ const collie_core_services cl_core_services = {
     .log = svc_log,
     .log_enabled = svc_log_enabled,
     .setting = svc_setting,
+    .work_set_source = svc_work_set_source,
     .log_comm = svc_log_comm,
     .stat_add = cl_stats_backend_add,
 };

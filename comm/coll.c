@@ -72,7 +72,10 @@ static void coll_free(collie_work *w) {
 static void coll_describe(const collie_work *w, char *buf, size_t len) {
     const cl_coll_work *cw = (const cl_coll_work *)w;
     const collie_coll_args *a = &cw->args;
-    if (a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV)
+    if (a->kind == COLLIE_COLL_RECV && a->peer == COLLIE_ANY_SOURCE)
+        snprintf(buf, len, " (comm '%s' rank %d, any source, tag %llu)", cw->comm->name,
+                 cw->comm->rank, (unsigned long long)a->tag);
+    else if (a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV)
         snprintf(buf, len, " (comm '%s' rank %d, peer %d, tag %llu)", cw->comm->name,
                  cw->comm->rank, a->peer, (unsigned long long)a->tag);
     else
@@ -149,10 +152,11 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
         return cl_set_last_error(COLLIE_EINVAL, "%s: root %d is not a rank of comm '%s' (size %d)",
                                  op, a->root, c->name, c->size);
     bool p2p = a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV;
-    if (p2p && (a->peer < 0 || a->peer >= c->size || a->peer == c->rank))
-        return cl_set_last_error(COLLIE_EINVAL,
-                                 "%s: peer %d must be another rank of comm '%s' (size %d)", op,
-                                 a->peer, c->name, c->size);
+    bool any = a->kind == COLLIE_COLL_RECV && a->peer == COLLIE_ANY_SOURCE;
+    if (p2p && !any && (a->peer < 0 || a->peer >= c->size || a->peer == c->rank))
+        return cl_set_last_error(
+            COLLIE_EINVAL, "%s: peer %d must be another rank of comm '%s' (size %d)%s", op, a->peer,
+            c->name, c->size, a->kind == COLLIE_COLL_RECV ? " or COLLIE_ANY_SOURCE" : "");
     if (a->count > 0) {
         bool is_root = rooted && a->root == c->rank;
         bool need_send = true, need_recv = true;
@@ -173,6 +177,10 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
     if (!c->spec.ops[dev])
         return cl_set_last_error(COLLIE_ENOTSUP, "%s: comm '%s' has no %s backend", op, c->name,
                                  dev == CL_DEV_CPU ? "cpu" : "cuda");
+    if (any && !(c->spec.ops[dev]->flags & COLLIE_BACKEND_ANY_SOURCE))
+        return cl_set_last_error(COLLIE_ENOTSUP,
+                                 "%s: backend %s of comm '%s' cannot receive from any source", op,
+                                 c->spec.ops[dev]->name, c->name);
     if (collie_coll_is_v(a->kind) && !(c->spec.ops[dev]->flags & COLLIE_BACKEND_V_COLLECTIVES))
         return cl_set_last_error(COLLIE_ENOTSUP,
                                  "%s: backend %s of comm '%s' does not implement it", op,
@@ -240,6 +248,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     cw->bc = bc;
     cw->args = *a;
     cw->vcounts = vown;
+    cw->source = a->kind == COLLIE_COLL_RECV ? a->peer : -1;
     size_t es = a->kind == COLLIE_COLL_BARRIER ? 0 : collie_dtype_size(a->dtype);
     /* this rank's payload: allgatherv's own block, not the whole result */
     size_t mine = a->kind == COLLIE_COLL_ALLGATHERV ? a->recvcounts[c->rank] : a->count;
@@ -376,4 +385,12 @@ int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int pe
                 const collie_post_opts *o, collie_work **out) {
     collie_coll_args a = cl_args_p2p(COLLIE_COLL_RECV, NULL, buf, count, dt, peer, tag);
     return coll_post(c, &a, o, out);
+}
+
+int collie_work_source(const collie_work *w) {
+    if (!w || w->ops->start != coll_start) return -1; /* not a collective's work */
+    const cl_coll_work *cw = (const cl_coll_work *)w;
+    if (cw->args.kind != COLLIE_COLL_RECV) return -1;
+    if (cw->args.peer != COLLIE_ANY_SOURCE) return cw->args.peer;
+    return cl_work_done(w) ? cw->source : -1; /* written before the end was published */
 }

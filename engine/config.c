@@ -99,6 +99,10 @@ static const cl_setting cl_settings[] = {
      "bytes from which a message to a same-host rank is not copied through the ring but read "
      "straight out of the sender's memory (process_vm_readv; collectives that reduce, and "
      "systems that forbid it, use the ring); 0: never"},
+    {"COLLIE_EARLY_BYTES", CL_SET_INT, CL_OFF(early_bytes), 4096, "16777216",
+     "bytes of collective frames a peer may send ahead of this rank (for collectives it has not "
+     "posted yet), kept per connection; past them the peer holds its frames back while "
+     "send/recv still flow, and a larger frame waits until its receive is posted"},
     {"COLLIE_BLOCKING_WAIT", CL_SET_STRING, CL_OFF(blocking_wait), 0, "0",
      "1: error policy BLOCKING_WAIT (the waiter gets the error; nothing happens in the "
      "background)"},
@@ -135,6 +139,7 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .trace_buffer = 2048,
                                           .shm_ring_bytes = 524288,
                                           .shm_single_copy = 524288,
+                                          .early_bytes = 16777216,
                                           .nccl_poll_us = 200,
                                           .nccl_abort_ms = 10000,
                                           .handshake_ms = 5000};

@@ -35,6 +35,7 @@ typedef struct cl_config {
     const char *cpu_transport; /* COLLIE_CPU_TRANSPORT (NULL if unset) */
     int32_t shm_ring_bytes;    /* COLLIE_SHM_RING_BYTES */
     int32_t shm_single_copy;   /* COLLIE_SHM_SINGLE_COPY */
+    int32_t early_bytes;       /* COLLIE_EARLY_BYTES */
     const char *blocking_wait; /* COLLIE_BLOCKING_WAIT (NULL if unset; see policy.c) */
     const char *async_error;   /* COLLIE_ASYNC_ERROR_HANDLING (NULL if unset) */
     int32_t trace_buffer;      /* COLLIE_TRACE_BUFFER: flight-recorder entries per comm */

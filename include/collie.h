@@ -684,11 +684,29 @@ COLLIE_API int collie_alltoallv(collie_comm *c, const void *sendbuf, const size_
                                 const size_t *rdispls, collie_dtype dt, const collie_post_opts *o,
                                 collie_work **out);
 
-/* Point to point, matched by (peer, tag) outside the collective order. */
+/* Point to point, matched by (peer, tag) outside the collective order: a
+ * send/recv never waits for a collective, posted or not. Messages from one
+ * sender with one tag are received in the order they were sent; a message
+ * goes to the first receive posted (in post order) that matches it, as in
+ * MPI. A receive's count and dtype must be the send's (else COLLIE_EPROTO
+ * naming both, and nothing is written).
+ *
+ * collie_recv's peer may be COLLIE_ANY_SOURCE: the receive takes the first
+ * message with its tag from any rank of the comm (among the messages that
+ * arrived before it was posted, the earliest); collie_work_source says
+ * which rank sent it. A rank that dies while an any-source receive is
+ * pending fails it (COLLIE_EPEER naming the rank), whatever the policy. The
+ * CPU backends implement it; others refuse it (COLLIE_ENOTSUP). */
+#define COLLIE_ANY_SOURCE (-1)
 COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);
 COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);
+/* collie_work_source: the rank a receive's message came from: its peer, or
+ * for a COLLIE_ANY_SOURCE receive the sender of the message it took (once
+ * the work is done; also when it failed on that message, e.g. a count
+ * mismatch). -1 for any other work, or while unknown. */
+COLLIE_API int collie_work_source(const collie_work *w);
 
 /* ------------------------------------------------------------------------ */
 /* Statistics                                                                */

@@ -264,6 +264,9 @@ typedef struct collie_core_services {
     /* counters the comm's stats report (collie_comm_get_stats): add delta
      * to counter `which` (COLLIE_BSTAT_*). Any thread. */
     void (*stat_add)(collie_bcomm *bc, int which, int64_t delta);
+    /* a COLLIE_ANY_SOURCE receive took a message from `rank`
+     * (collie_work_source); before the work is finished (loop) */
+    void (*work_set_source)(collie_work *w, int rank);
 } collie_core_services;
 
 /* The counters of stat_add. */
@@ -292,8 +295,14 @@ enum {
 
 /* flags: POST_ON_CALLER (see the top); V_COLLECTIVES: start runs
  * allgatherv and alltoallv (the core refuses them, COLLIE_ENOTSUP, on a
- * backend without it, such as one built before they were added). */
-enum { COLLIE_BACKEND_POST_ON_CALLER = 1, COLLIE_BACKEND_V_COLLECTIVES = 2 };
+ * backend without it, such as one built before they were added);
+ * ANY_SOURCE: start runs receives whose peer is COLLIE_ANY_SOURCE (the
+ * backend reports the sender with work_set_source; refused without it). */
+enum {
+    COLLIE_BACKEND_POST_ON_CALLER = 1,
+    COLLIE_BACKEND_V_COLLECTIVES = 2,
+    COLLIE_BACKEND_ANY_SOURCE = 4,
+};
 
 /* collie_backend_ops: a backend. `const`, designated initialisers, with
  *     .abi_version = COLLIE_BACKEND_ABI_VERSION,

@@ -909,6 +909,8 @@ static void test_cancelled_reduce_drains_exactly(void **state) {
     (void)state;
     setting_set("COLLIE_SHM_RING_BYTES", "4096");
     setting_set("COLLIE_SHM_SINGLE_COPY", "0");
+    /* the frame goes whole, not announced first (it is within half this) */
+    setting_set("COLLIE_EARLY_BYTES", "67108864");
     enum { COUNT = 4 << 20, SMALL = 1000 };
     collie_engine *e[2];
     collie_store_server *srv;

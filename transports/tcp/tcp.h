@@ -37,16 +37,30 @@ const collie_backend_ops *cl_shm_backend_ops(void);
 /* how a comm reaches its peers (tcp_comm.mode) */
 enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 
-#define TCP_FRAME_MAGIC   0x46544c43u /* "CLTF" */
-#define TCP_HS_MAGIC      0x48544c43u /* "CLTH" */
-#define TCP_PROTO_VERSION 3           /* 2: the ABORT frame; 3: the counts check, whole reasons */
-/* A frame header: magic, kind, dtype, op, 0, step, generation, seq (tag for
- * p2p), count, payload length, root (TCP_NO_ROOT for kinds without one),
- * the counts check. Every argument that must agree across ranks travels,
- * and the receiver compares them all (tcp_conn.c): with the slot the frame
- * fills, or as soon as it arrives for a collective running here that has
- * no slot for it yet (a frame that can never be consumed fails within a
- * round trip, not at the deadline).
+#define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
+#define TCP_HS_MAGIC    0x48544c43u /* "CLTH" */
+#define TCP_PROTO_VERSION                                                                          \
+    4 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
+          4: flow control of collective frames */
+/* A frame header (48 bytes, little-endian):
+ *   0  u32 magic          TCP_FRAME_MAGIC
+ *   4  u8  kind           collie_coll_kind, or TCP_KIND_* (control frames)
+ *   5  u8  dtype
+ *   6  u8  op             reduction op
+ *   7  u8  flags          TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED
+ *   8  u32 step           TCP_P2P_STEP for point to point
+ *  12  u32 generation
+ *  16  u64 seq            collective seq; the tag for p2p
+ *  24  u64 count          elements; CREDIT: bytes returned
+ *  32  u64 length         payload bytes (RTS: of the frame it announces)
+ *  40  u32 root           TCP_NO_ROOT for kinds without one; CREDIT: the window
+ *  44  u32 vcheck         the counts check (below); 0 for other kinds
+ * then `length` payload bytes (none for RTS and control frames; a lent
+ * frame carries its loan descriptor instead, tcp_loan.c). Every argument
+ * that must agree across ranks travels, and the receiver compares them all
+ * (tcp_conn.c): with the slot the frame fills, or as soon as it arrives for
+ * a collective running here that has no slot for it yet (a frame that can
+ * never be consumed fails within a round trip, not at the deadline).
  * The counts check (bytes 44-47, cl_tcp_vcheck) covers what the count
  * field cannot for the v collectives: allgatherv, a 32-bit FNV-1a digest of
  * every rank's count (all ranks must agree on the whole vector); alltoallv,
@@ -56,12 +70,21 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
  * directions of the pair. Every pair that should talk exchanges a frame,
  * zero-length for an empty block (sched.c), so a disagreement on which
  * block is empty is seen too. 0 for every other kind. */
-#define TCP_FRAME_HDR   48
-#define TCP_P2P_STEP    0xffffffffu /* step value of point-to-point frames */
-#define TCP_KIND_BYE    0xfe        /* frame kind: the sender destroyed its comm */
-#define TCP_KIND_ABORT  0xfd        /* frame kind: the sender's comm failed; payload: why */
-#define TCP_ABORT_MAX   8191        /* longest reason it carries: > a comm's (whole, tcp_conn.c) */
+#define TCP_FRAME_HDR  48
+#define TCP_P2P_STEP   0xffffffffu /* step value of point-to-point frames */
+#define TCP_KIND_BYE   0xfe        /* frame kind: the sender destroyed its comm */
+#define TCP_KIND_ABORT 0xfd        /* frame kind: the sender's comm failed; payload: why */
+/* flow control of collective frames (tcp_conn.c, design notes): */
+#define TCP_KIND_CREDIT 0xfc /* the receiver returns `count` bytes of credit; root = its window */
+#define TCP_KIND_CTS    0xfb /* the receiver posted (seq, step): send the frame announced */
+#define TCP_KIND_GONE   0xfa /* answers a CTS: that frame's work ended, it never comes */
+#define TCP_ABORT_MAX   8191 /* longest reason it carries: > a comm's (whole, tcp_conn.c) */
 #define TCP_STAGE_BYTES (256 * 1024)
+/* header byte 7 (flags); TCP_FRAME_LOAN (1) is defined with tcp_loan.c below */
+#define TCP_FRAME_RTS     2 /* a collective frame announced, header only: CTS to send it */
+#define TCP_FRAME_CLEARED 4 /* a collective frame sent after its CTS: not charged */
+/* COLLIE_EARLY_BYTES: bytes of early collective frames parked per connection */
+#define TCP_EARLY_BYTES_DEFAULT (16u << 20)
 
 struct tcp_comm;
 struct tcp_work;
@@ -74,15 +97,22 @@ typedef struct tcp_req_ctx {
     void *target;
 } tcp_req_ctx;
 
+/* tcp_msg.ctl: what a message without an owner is */
+enum { TCP_CTL_NONE = 0, TCP_CTL_CREDIT, TCP_CTL_CTS };
+
 /* One outgoing message: a frame header and a payload in the user's (or
  * scratch) memory, sent with writev without copying the payload. */
 typedef struct tcp_msg {
-    cl_list_node node;      /* its connection's send queue */
-    struct tcp_work *owner; /* NULL once the owner is gone */
+    /* its connection's send queue, or (collective frames) held (waiting
+     * for credit) or rts_wait (announced, waiting for the CTS) */
+    cl_list_node node;
+    struct tcp_work *owner; /* NULL once the owner is gone, and for control frames */
     uint8_t hdr[TCP_FRAME_HDR];
     const uint8_t *payload;
     uint64_t len;
-    uint64_t sent; /* bytes of the frame written: hdr, then payload (or loan) */
+    uint64_t sent;   /* bytes of the frame written: hdr, then payload (or loan) */
+    uint64_t charge; /* credit it took (queued, not yet written); 0 if none */
+    uint8_t ctl;     /* TCP_CTL_*: a control frame (CTS: malloc'ed, freed once written) */
     /* shm single copy: the payload is lent (transports/shm/loan.h), the
      * frame carries `loan` instead of it. Lent iff loan_ticket != 0;
      * loan_rec is then its record in the owner's tcp_work.loans */
@@ -104,12 +134,27 @@ typedef struct tcp_slot {
     uint8_t *dst;
     const uint8_t *src; /* RECV_REDUCE3 */
     uint64_t len;
+    uint64_t order; /* p2p: post order (tcp_comm.p2p_posts), to match as MPI does */
 } tcp_slot;
+
+/* A collective frame that arrived before its receive slot was posted (the
+ * peer is ahead): its payload is parked here, within the connection's
+ * budget, until the slot is posted (tcp_conn.c). */
+typedef struct tcp_parked {
+    cl_idnode by_seq;  /* its connection's parked (key = seq) */
+    cl_list_node node; /* its connection's parked_list */
+    uint8_t hdr[TCP_FRAME_HDR];
+    uint64_t charge; /* what it counts against the budget */
+    bool complete;   /* every payload byte is here */
+    int verdict;     /* CL_LOAN_*: a lent payload that was withdrawn */
+    uint8_t data[];  /* the payload (none for an RTS) */
+} tcp_parked;
 
 /* A p2p message that arrived before its receive was posted. */
 typedef struct tcp_unexpected {
     cl_list_node node; /* its connection's unexpected */
     uint64_t tag;
+    uint64_t arrival; /* tcp_comm.arrivals when its header came */
     uint8_t hdr[TCP_FRAME_HDR];
     uint8_t *data;
     uint64_t len;
@@ -159,8 +204,15 @@ typedef struct tcp_conn {
     cl_list doomed;        /* tcp_work: a loan it received was withdrawn (tcp_loan.c) */
     collie_watch *doom_ev; /* the grace timer of `doomed` */
     bool flush_scheduled;  /* wev activated to flush after the current callback */
-    bool send_broken;      /* a message was cut off mid-way: nothing more is written */
-    char broken_why[160];  /* which message, for the op that next needs this peer */
+    /* flow control of collective frames we send (tcp_conn.c) */
+    uint64_t credit;      /* bytes of charged frames the peer will still take */
+    uint64_t window;      /* the peer's budget (COLLIE_EARLY_BYTES there); 0 until it said */
+    cl_list held;         /* tcp_msg: collective frames waiting for credit, in post order */
+    cl_list rts_wait;     /* tcp_msg: announced (RTS written), waiting for the peer's CTS */
+    tcp_msg credit_msg;   /* the CREDIT frame returning what we owe the peer */
+    bool window_granted;  /* the first CREDIT frame (our window) was queued */
+    bool send_broken;     /* a message was cut off mid-way: nothing more is written */
+    char broken_why[160]; /* which message, for the op that next needs this peer */
 
     /* receive side */
     uint8_t hdr[TCP_FRAME_HDR];
@@ -169,6 +221,11 @@ typedef struct tcp_conn {
     tcp_slot *cur;           /* matched slot being filled */
     tcp_slot drain;          /* stands in for cur when its work ended mid-message */
     tcp_unexpected *cur_unx; /* unexpected p2p being filled */
+    tcp_parked *cur_park;    /* early collective frame being parked */
+    cl_idmap parked;         /* tcp_parked.by_seq: early collective frames */
+    cl_list parked_list;     /* tcp_parked.node: the same, for freeing */
+    uint64_t parked_bytes;   /* their charges: at most tc->early_bytes */
+    uint64_t owed;           /* charged bytes consumed, not yet returned to the peer */
     bool reading_abort;      /* the frame being read is the peer's ABORT */
     char *peer_abort;        /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
     uint64_t payload_len, payload_got;
@@ -181,7 +238,7 @@ typedef struct tcp_conn {
     size_t loan_desc_got;
     uint64_t loan_ticket, loan_addr;
     cl_idmap expected;         /* tcp_slot.by_seq: collective messages expected from this peer */
-    cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer */
+    cl_list p2p_expected;      /* tcp_slot: posted p2p receives from this peer (post order) */
     cl_list unexpected;        /* tcp_unexpected: p2p messages that came first */
     cl_list_node pending_node; /* tcp_comm.pending (accepted, not yet identified) or .reaped */
 } tcp_conn;
@@ -202,6 +259,7 @@ typedef struct tcp_comm {
     char unix_name[96];       /* its abstract name, without the leading NUL */
     uint64_t shm_ring_bytes;  /* each direction's ring (COLLIE_SHM_RING_BYTES) */
     uint64_t shm_single_copy; /* lend payloads of at least this many bytes (0: never) */
+    uint64_t early_bytes;     /* COLLIE_EARLY_BYTES: early frames parked per connection */
     tcp_conn **conns;
     cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
     bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
@@ -216,6 +274,9 @@ typedef struct tcp_comm {
     int64_t refused_log_ns;    /* the last refusal logged (refusals are rate-limited) */
     uint64_t refused_quiet;    /* refusals since then, not logged */
     cl_list works;             /* started works, start order */
+    cl_list any_expected;      /* tcp_slot: posted COLLIE_ANY_SOURCE receives (post order) */
+    uint64_t p2p_posts;        /* receives posted so far (tcp_slot.order) */
+    uint64_t arrivals;         /* unexpected p2p messages so far (tcp_unexpected.arrival) */
     cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */
     uint64_t coll_seq_started; /* the highest collective seq started */
     collie_work *publish_req;
@@ -257,6 +318,7 @@ typedef struct tcp_work {
     uint32_t nposted; /* ops of the current step posted: its msgs/slots [0, nposted) */
     bool finished, running, posted, kind_p2p;
     uint32_t vdigest; /* allgatherv: the digest of every rank's count (cl_tcp_vcheck) */
+    int p2p_src; /* a receive's sender: its peer, or once matched an any-source one's; else -1 */
     tcp_msg p2p_msg;
     tcp_slot p2p_slot;
     cl_list_node node; /* tcp_comm.works */
@@ -287,9 +349,13 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
 /* drop one message / slot of an ending work (O(1); see tcp_conn.c) */
 void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
-/* collective `seq` just finished here: a frame for it held back on c is a
- * mismatch (comm fault) */
-void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq);
+/* collective `seq` just finished here (`ok`: it completed): a frame for it
+ * held back or parked on c is a mismatch (comm fault); if it ended early,
+ * the frames parked for it are dropped */
+void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq, bool ok);
+/* is a frame for (seq, step) parked on c, ready to be taken (also once c
+ * closed: what the peer sent before it left is still ours)? */
+bool cl_tcp_conn_has_parked(tcp_conn *c, uint64_t seq, uint32_t step);
 /* A collective frame (header h) from c's peer for tw's seq, which runs here
  * but has no slot for the frame's step (yet): the peer may just be ahead,
  * but a frame whose arguments differ from tw's can never be consumed. True
@@ -321,6 +387,7 @@ void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_arg
 #define TCP_FRAME_LOAN 1 /* header byte 7: the payload is lent, a loan descriptor follows */
 /* the bytes of m's frame after the header: its payload, or the loan */
 static inline uint64_t tcp_msg_body_len(const tcp_msg *m) {
+    if (m->hdr[7] & TCP_FRAME_RTS) return 0; /* announced: the header alone */
     return m->loan_ticket ? CL_SHM_LOAN_DESC : m->len;
 }
 /* lend m's payload instead of sending it, if it may (under the owner's
@@ -375,6 +442,12 @@ void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...)
  * if that is the comm's first fault (or under policy NONE), else with
  * EABORTED naming the root cause (the core's fault service decides). */
 void cl_tcp_work_fault(tcp_work *tw, int status, const char *why);
+/* a receive's message comes from `peer` (collie_work_source for an
+ * any-source one) */
+void cl_tcp_p2p_source(tcp_work *tw, int peer);
+/* receive u (arrived unexpected from `peer`, unlinked here) into tw and
+ * finish it (or fail it: a count or dtype that differs) */
+void cl_tcp_p2p_take(tcp_work *tw, tcp_unexpected *u, int peer);
 /* a peer's connection broke: fault the comm */
 void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why);
 

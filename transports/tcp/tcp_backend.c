@@ -47,6 +47,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->mode = mode;
     tc->unix_fd = -1;
     cl_list_init(&tc->works);
+    cl_list_init(&tc->any_expected);
     cl_list_init(&tc->pending);
     cl_list_init(&tc->reaped);
     cl_list_init(&tc->shm_conns);
@@ -59,6 +60,8 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->listen_fd = -1;
     tc->conns = calloc((size_t)tc->size, sizeof *tc->conns);
     tc->discard = malloc(TCP_STAGE_BYTES);
+    const char *early = core->setting("COLLIE_EARLY_BYTES");
+    tc->early_bytes = early ? strtoull(early, NULL, 10) : TCP_EARLY_BYTES_DEFAULT;
     *state = tc;
     if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
     int r = cl_tcp_pending_init(tc);
@@ -111,9 +114,11 @@ static void tcp_detach(void *state, collie_work *w) {
     cl_idmap_remove(&tc->running, &tw->by_seq); /* a no-op for p2p works */
     /* a frame for this seq held back (its slot was not posted) can no
      * longer be consumed: the ranks disagreed (each check may fault) */
-    if (tw->args.kind != COLLIE_COLL_SEND && tw->args.kind != COLLIE_COLL_RECV)
+    if (tw->args.kind != COLLIE_COLL_SEND && tw->args.kind != COLLIE_COLL_RECV) {
+        bool ok = tc->core->work_result(w) == COLLIE_OK;
         for (int p = 0; p < tc->size && !tc->aborted; p++)
-            if (tc->conns[p]) cl_tcp_conn_recheck(tc->conns[p], tc->core->work_seq(w));
+            if (tc->conns[p]) cl_tcp_conn_recheck(tc->conns[p], tc->core->work_seq(w), ok);
+    }
     if (tw->xb) {
         cl_tcp_xbuf_put(tc, tw->xb);
         tw->xb = NULL;
@@ -203,7 +208,7 @@ static bool tcp_progress(void *state, bool sleeping) {
         .size = sizeof(collie_backend_ops),                                                        \
         .name = backend_name,                                                                      \
         .device = "cpu",                                                                           \
-        .flags = COLLIE_BACKEND_V_COLLECTIVES,                                                     \
+        .flags = COLLIE_BACKEND_V_COLLECTIVES | COLLIE_BACKEND_ANY_SOURCE,                         \
         .work_data_size = sizeof(tcp_work),                                                        \
         .init = init_fn,                                                                           \
         .start = tcp_start,                                                                        \

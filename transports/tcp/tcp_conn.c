@@ -18,20 +18,59 @@
  *  - Matching: a header is matched to an expected slot of the same (seq,
  *    step) from this peer, found in O(1) through a hash of the expected
  *    slots by seq (a deep queue keeps thousands posted; frames of step k+1
- *    come while later works' step-k slots wait). If that slot is not
- *    posted yet (the peer is ahead), reading from this socket pauses until
- *    it is — TCP flow control then holds the peer back; nothing is
- *    buffered. Point-to-point messages match posted receives by tag, first
- *    posted first; unmatched ones are buffered.
+ *    come while later works' step-k slots wait). Point-to-point messages
+ *    match posted receives by tag in post order (MPI's rule), a receive
+ *    from this peer or from any source (the comm's any_expected) whichever
+ *    was posted first; unmatched ones are kept in memory (unexpected,
+ *    unbounded, as an MPI eager protocol's).
+ *  - Early collective frames (issue 28): a frame whose slot is not posted
+ *    yet (the peer runs ahead: a collective this rank has not posted, or a
+ *    later step of one it has) is read and *parked* (tcp_parked, by seq),
+ *    never left in the stream: a reader that stopped there would hold up
+ *    everything behind it - a send/recv (rank 1 waits for a message that
+ *    rank 0 sent after an allreduce rank 1 posts later) and even another
+ *    collective's frame (rank 1 waits for allreduce 1 before it posts 2,
+ *    whose frame rank 0 sent before its last one of 1). Posting the slot
+ *    takes the parked frame (copy, or reduce from it), after the same
+ *    argument checks as a live frame; a frame parked for a collective that
+ *    completed without it is a mismatch (recheck at detach).
  *  - Mismatches fail within a round trip, never at the deadline: a frame
  *    is compared with this rank's post of its seq (every argument that must
  *    agree, and the v collectives' counts check: tcp.h) when it fills its
  *    slot, and also when it has none yet but its collective runs here —
- *    as it arrives, or as the collective starts with it held back
+ *    as it arrives, or as the collective starts with it parked
  *    (cl_tcp_frame_agrees, cl_tcp_conn_check_early). A rank that disagrees
  *    on the root or on which v block is empty may never post the slot a
  *    frame waits for. A frame for a finished seq is a mismatch as well
  *    (every frame of a collective is consumed before it completes).
+ *  - The memory bound is credit: a receiver parks at most COLLIE_EARLY_BYTES
+ *    per connection and grants exactly that to its peer (the first CREDIT
+ *    frame at connect, root field = the window). Every collective frame
+ *    costs its sender credit (header + payload) when queued; the receiver
+ *    returns it (CREDIT frames, a quarter of the window at a time) as it
+ *    takes frames - straight into their slots or out of the park - so a
+ *    sender never has more in flight than the receiver can park, and the
+ *    receiver never has to stop reading. Without credit, collective frames
+ *    wait on the sender (held, in order) while point-to-point and control
+ *    frames, which are never charged, still go: p2p never waits behind
+ *    collectives. A frame above half the window (which could not be parked)
+ *    is announced instead (RTS: the header alone, charged as a header); the
+ *    receiver answers CTS once the slot is posted and the frame follows
+ *    uncharged (CLEARED), or GONE if its work ended meanwhile (the receive
+ *    fails as for a withdrawn loan). Why it never deadlocks: a receiver
+ *    always reads (parks within the grant, or takes into a slot); credit
+ *    comes back as soon as a frame is taken, so a held frame waits only for
+ *    frames parked for collectives not yet posted, and those are posted
+ *    unless the program waits for something that cannot overtake them -
+ *    p2p and announced frames always can. E + T <= W (frames up to half the
+ *    window eager, credit returned at a quarter) makes sure a sender that
+ *    lacks credit with nothing parked or in flight is always owed a
+ *    CREDIT frame. A peer that sends past its grant, a frame twice, or a
+ *    cleared frame not asked for breaks the protocol: EPROTO, connection
+ *    closed. Cost: one CREDIT frame per quarter window of collective bytes
+ *    (4 MiB by default), one round trip more for frames above 8 MiB, and a
+ *    copy for frames that came early; a lent (single copy) frame that comes
+ *    early is pulled into the park at once (its loan returned in order).
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
  *  - Broken sending: a message cut off mid-way (its work ended by deadline,
@@ -122,7 +161,13 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     cl_list_init(&c->doomed);
     cl_list_init(&c->p2p_expected);
     cl_list_init(&c->unexpected);
-    if (!cl_idmap_grow(&c->expected)) { /* later puts cannot fail */
+    cl_list_init(&c->held);
+    cl_list_init(&c->rts_wait);
+    cl_list_init(&c->parked_list);
+    c->credit_msg.ctl = TCP_CTL_CREDIT;
+    /* later puts cannot fail */
+    if (!cl_idmap_grow(&c->expected) || !cl_idmap_grow(&c->parked)) {
+        cl_idmap_fini(&c->expected);
         free(c);
         return NULL;
     }
@@ -169,9 +214,19 @@ void cl_tcp_conn_free(tcp_conn *c) {
         free(c->cur_unx->data);
         free(c->cur_unx);
     }
+    tcp_parked *p;
+    while ((p = cl_list_first(&c->parked_list, tcp_parked, node))) {
+        cl_list_remove(&p->node);
+        free(p);
+    }
+    while ((m = cl_list_first(&c->sendq, tcp_msg, node))) { /* control frames are ours */
+        cl_list_remove(&m->node);
+        if (m->ctl == TCP_CTL_CTS) free(m);
+    }
     free(c->stage);
     free(c->peer_abort);
     cl_idmap_fini(&c->expected);
+    cl_idmap_fini(&c->parked);
     free(c);
 }
 
@@ -196,6 +251,9 @@ void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
         cl_tcp_pending_closed(c); /* never identified: freed on the next turn (tcp_setup.c) */
 }
 
+static bool conn_sends_pending(const tcp_conn *c);
+static void conn_send_credit(tcp_conn *c, bool now);
+
 /* Can a frame of our own go out now without landing inside another one? */
 static bool conn_at_frame_boundary(const tcp_conn *c) {
     return c->state == TCP_CONN_READY && c->fd >= 0 && !c->send_broken &&
@@ -219,7 +277,7 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
         cl_tcp_frame_header(h, c->tc, &none, 0, 0, bye ? 0 : len);
         struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h},
                                {.iov_base = (void *)why, .iov_len = len}};
-        if (!bye || cl_list_empty(&c->sendq)) {
+        if (!bye || !conn_sends_pending(c)) {
             ssize_t n = cl_tcp_link_writev(c, iov, bye ? 1 : 2, true);
             (void)n;
         }
@@ -248,6 +306,10 @@ static void conn_fail_queued(tcp_conn *c) {
     tcp_msg *m;
     for (int i = 0; i < BROKEN_SLICE && (m = cl_list_first(&c->sendq, tcp_msg, node)); i++) {
         cl_list_remove(&m->node); /* finishing only schedules a retirement: the list stays ours */
+        if (m->ctl == TCP_CTL_CTS) {
+            free(m);
+            continue;
+        }
         if (m->owner && !m->owner->finished) /* the fault that cut the stream takes it down */
             cl_tcp_work_fault(m->owner, COLLIE_EABORTED, c->broken_why);
     }
@@ -269,6 +331,9 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
     if (c->wev) c->tc->core->watch_stop(c->wev);
     c->flush_scheduled = false;
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "%s; no more sends on it", c->broken_why);
+    /* the frames waiting for credit or for a CTS can never go either */
+    cl_list_append_all(&c->sendq, &c->held);
+    cl_list_append_all(&c->sendq, &c->rts_wait);
     conn_fail_queued(c);
 }
 
@@ -281,6 +346,10 @@ void cl_tcp_conn_ready(tcp_conn *c) {
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d%s", c->peer,
                           cl_tcp_link_is_shm(c) ? " (shared memory)" : "");
     c->tc->core->watch_start(c->wev, -1);
+    /* the peer may send this much of collective frames we have not posted
+     * yet (see the design notes): its first credit */
+    c->owed = c->tc->early_bytes;
+    conn_send_credit(c, true);
     /* a shm reader is woken only once it parked: read what the peer may
      * have written already, and park; a spinning loop polls it */
     if (cl_tcp_link_is_shm(c)) {
@@ -290,6 +359,167 @@ void cl_tcp_conn_ready(tcp_conn *c) {
     }
 }
 
+/* Flush once the current callback is done: messages queued by several
+ * works meanwhile leave in one sendmsg. */
+static void conn_want_flush(tcp_conn *c) {
+    if (c->state == TCP_CONN_READY && !c->flush_scheduled) {
+        c->flush_scheduled = true;
+        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
+    }
+}
+
+/* ---- flow control of collective frames (see the design notes) ---- */
+
+/* A control frame goes out next: at the head of the queue, or right after a
+ * message already partly written. */
+static void conn_queue_ctl(tcp_conn *c, tcp_msg *m) {
+    m->sent = 0;
+    tcp_msg *head = cl_list_first(&c->sendq, tcp_msg, node);
+    if (head && head->sent > 0)
+        cl_list_insert_after_(&head->node, &m->node);
+    else
+        cl_list_push_front(&c->sendq, &m->node);
+    /* the first grant leaves with the connection's first flush (the write
+     * watch started by cl_tcp_conn_ready), not sooner: a flush at once
+     * would send what is queued before the single-copy probe ran */
+    if (m != &c->credit_msg || c->window_granted) conn_want_flush(c);
+    c->window_granted = true;
+}
+
+static bool conn_is_coll_frame(const tcp_msg *m) {
+    return !m->ctl && get32(m->hdr + 8) != TCP_P2P_STEP;
+}
+
+/* May collective message m go now? Charges the peer's credit if so: its
+ * whole frame, or for a frame above half the peer's window (which could
+ * never be parked there) an announcement (RTS, the header alone) whose data
+ * follows the peer's CTS, uncharged. */
+static bool conn_admit(tcp_conn *c, tcp_msg *m) {
+    uint64_t need = TCP_FRAME_HDR + m->len;
+    if (need > c->window / 2) need = TCP_FRAME_HDR;
+    if (c->window == 0 || c->credit < need) return false;
+    if (need != TCP_FRAME_HDR + m->len) m->hdr[7] |= TCP_FRAME_RTS;
+    c->credit -= need;
+    m->charge = need;
+    return true;
+}
+
+/* Credit came (or came back): move what it covers from held to the queue. */
+static void conn_release_held(tcp_conn *c) {
+    tcp_msg *m;
+    bool moved = false;
+    while ((m = cl_list_first(&c->held, tcp_msg, node)) && conn_admit(c, m)) {
+        cl_list_remove(&m->node);
+        cl_list_push_back(&c->sendq, &m->node);
+        moved = true;
+    }
+    if (moved) conn_want_flush(c);
+}
+
+/* m leaves the queue unwritten: its charge goes back to the credit. */
+static void conn_refund(tcp_conn *c, tcp_msg *m) {
+    if (m->sent > 0 || !m->charge) return;
+    c->credit += m->charge;
+    m->charge = 0;
+    if (m->hdr[7] & TCP_FRAME_RTS) m->hdr[7] &= (uint8_t)~TCP_FRAME_RTS;
+    conn_release_held(c);
+}
+
+/* The peer's CREDIT frame: credit back, and its window. */
+static void conn_on_credit(tcp_conn *c) {
+    c->credit += get64(c->hdr + 24);
+    c->window = get32(c->hdr + 40);
+    conn_release_held(c);
+}
+
+static void conn_send_ctl(tcp_conn *c, unsigned kind, uint64_t seq, uint32_t step);
+
+/* The peer's CTS: the frame it announced may go now (uncharged). Unknown
+ * (seq, step): its work ended meanwhile, so it never comes: say so (GONE),
+ * the receive fails as for a withdrawn loan. */
+static void conn_on_cts(tcp_conn *c) {
+    uint64_t seq = get64(c->hdr + 16);
+    uint32_t step = get32(c->hdr + 8);
+    tcp_msg *m;
+    cl_list_foreach(&c->rts_wait, m, tcp_msg, node) {
+        if (get64(m->hdr + 16) != seq || get32(m->hdr + 8) != step) continue;
+        cl_list_remove(&m->node);
+        m->hdr[7] = (uint8_t)((m->hdr[7] & ~TCP_FRAME_RTS) | TCP_FRAME_CLEARED);
+        m->sent = 0;
+        cl_list_push_back(&c->sendq, &m->node);
+        conn_want_flush(c);
+        return;
+    }
+    conn_send_ctl(c, TCP_KIND_GONE, seq, step);
+}
+
+static tcp_slot *coll_slot_take(tcp_conn *c, uint64_t seq, uint32_t step);
+
+/* The peer's GONE: the frame we asked for never comes (its work ended
+ * early): the receive fails after the grace in which the peer's root cause
+ * may come first (tcp_loan.c). */
+static void conn_on_gone(tcp_conn *c) {
+    tcp_slot *s = coll_slot_take(c, get64(c->hdr + 16), get32(c->hdr + 8));
+    if (s && !s->owner->finished) cl_tcp_loan_doom(c, s, CL_LOAN_WITHDRAWN);
+}
+
+/* Return what we owe the peer once it is a quarter of our budget (or
+ * `now`: the first grant), in one CREDIT frame; one that is queued but not
+ * started takes the new amount too. */
+static void conn_send_credit(tcp_conn *c, bool now) {
+    if (!c->owed || c->state != TCP_CONN_READY || c->send_broken) return;
+    if (!now && c->owed < c->tc->early_bytes / 4) return;
+    tcp_msg *m = &c->credit_msg;
+    if (cl_list_linked(&m->node)) {
+        if (m->sent > 0) return; /* being written: the rest after it (flush) */
+        put64(m->hdr + 24, get64(m->hdr + 24) + c->owed);
+        c->owed = 0;
+        return;
+    }
+    collie_coll_args a = {.kind = (collie_coll_kind)TCP_KIND_CREDIT};
+    cl_tcp_frame_header(m->hdr, c->tc, &a, 0, 0, 0);
+    put64(m->hdr + 24, c->owed);
+    put32(m->hdr + 40, (uint32_t)c->tc->early_bytes);
+    c->owed = 0;
+    conn_queue_ctl(c, m);
+}
+
+/* A charged frame was consumed (read into its slot, or taken from the
+ * park): its bytes go back to the peer's credit. */
+static void conn_consumed(tcp_conn *c, uint64_t charge) {
+    if (!charge) return;
+    c->owed += charge;
+    conn_send_credit(c, false);
+}
+
+/* A control frame about (seq, step): CTS (ask for the frame announced:
+ * the slot is posted) or GONE (that frame never comes). */
+static void conn_send_ctl(tcp_conn *c, unsigned kind, uint64_t seq, uint32_t step) {
+    if (c->state != TCP_CONN_READY || c->send_broken) return;
+    tcp_msg *m = calloc(1, sizeof *m);
+    if (!m) {
+        cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory to answer rank %d", c->peer);
+        return;
+    }
+    m->ctl = TCP_CTL_CTS;
+    collie_coll_args a = {.kind = (collie_coll_kind)kind};
+    cl_tcp_frame_header(m->hdr, c->tc, &a, seq, step, 0);
+    conn_queue_ctl(c, m);
+}
+
+static void conn_send_cts(tcp_conn *c, uint64_t seq, uint32_t step) {
+    conn_send_ctl(c, TCP_KIND_CTS, seq, step);
+}
+
+/* Does the send side hold a work's message not written whole yet (control
+ * frames do not count)? */
+static bool conn_sends_pending(const tcp_conn *c) {
+    if (!cl_list_empty(&c->held) || !cl_list_empty(&c->rts_wait)) return true;
+    tcp_msg *m;
+    cl_list_foreach(&c->sendq, m, tcp_msg, node) if (!m->ctl) return true;
+    return false;
+}
+
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
     if (c->send_broken) { /* cl_tcp_conn_get closes these: not expected */
         if (!m->owner->finished) cl_tcp_work_fail(m->owner, COLLIE_EPEER, "%s", c->broken_why);
@@ -297,20 +527,20 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
     }
     m->sent = 0;
     m->loan_ticket = 0;
-    cl_list_push_back(&c->sendq, &m->node);
-    /* flush once the current callback is done: messages queued by several
-     * works meanwhile leave in one sendmsg */
-    if (c->state == TCP_CONN_READY && !c->flush_scheduled) {
-        c->flush_scheduled = true;
-        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
+    m->charge = 0;
+    if (conn_is_coll_frame(m) && (!cl_list_empty(&c->held) || !conn_admit(c, m))) {
+        cl_list_push_back(&c->held, &m->node); /* the peer's credit lets it go */
+        return;
     }
+    cl_list_push_back(&c->sendq, &m->node);
+    conn_want_flush(c);
 }
 
 #define FLUSH_BATCH 32 /* messages gathered into one sendmsg */
 
 /* Reading waits for a receive to be posted (the peer is ahead). */
 static bool conn_read_paused(const tcp_conn *c) {
-    return c->have_hdr && !c->cur && !c->cur_unx && !c->reading_abort;
+    return c->have_hdr && !c->cur && !c->cur_unx && !c->cur_park && !c->reading_abort;
 }
 
 /* Sending failed: the peer has gone. Its last words (an ABORT frame naming
@@ -377,13 +607,14 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                         return;
                     }
                     cl_list_remove(&m->node);
+                    conn_refund(c, m);
                     break;
                 }
                 if (!have) entered[ne++] = w;
                 /* a large payload to a same-host peer: lend it instead
                  * (under the bracket: the unlend hook sees the loan) */
-                if (m->sent == 0 && !m->loan_ticket && c->tc->shm_single_copy &&
-                    m->len >= c->tc->shm_single_copy)
+                if (m->sent == 0 && !m->loan_ticket && !(m->hdr[7] & TCP_FRAME_RTS) &&
+                    c->tc->shm_single_copy && m->len >= c->tc->shm_single_copy)
                     lent += cl_tcp_loan_open(c, m);
             }
             if (m->sent < TCP_FRAME_HDR) {
@@ -416,6 +647,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
          * then report them (reporting may queue more or close c) */
         tcp_work *done[FLUSH_BATCH];
         int nd = 0, nfull = 0;
+        bool credit_sent = false;
         uint64_t left = (uint64_t)n;
         for (int i = 0; i < nb; i++) {
             tcp_msg *m = batch[i];
@@ -426,12 +658,20 @@ void cl_tcp_conn_flush(tcp_conn *c) {
             if (take < want) break;
             nfull++;
             cl_list_remove(&m->node);
-            if (m->loan_ticket) /* done when the peer has read it */
+            m->charge = 0;
+            if (m->ctl == TCP_CTL_CTS)
+                free(m);
+            else if (m->ctl == TCP_CTL_CREDIT)
+                credit_sent = true;
+            else if (m->hdr[7] & TCP_FRAME_RTS) /* its data goes on the peer's CTS */
+                cl_list_push_back(&c->rts_wait, &m->node);
+            else if (m->loan_ticket) /* done when the peer has read it */
                 cl_list_push_back(&c->lent, &m->node);
             else
                 done[nd++] = m->owner;
         }
         bool partial = nfull < nb;
+        if (credit_sent) conn_send_credit(c, false); /* owed meanwhile */
         for (int i = 0; i < nd; i++)
             cl_tcp_op_done(done[i]);
         if (c->state != TCP_CONN_READY) return; /* closed by a fault */
@@ -487,14 +727,24 @@ static void conn_drain(tcp_conn *c, const tcp_slot *s) {
     c->cur = &c->drain;
 }
 
-/* The posted receive this p2p frame matches: the first posted with its tag. */
+/* The posted receive this p2p frame from c's peer matches: the first
+ * posted (MPI's rule) with its tag, from this peer or from any source. */
 static tcp_slot *p2p_slot_take(tcp_conn *c, uint64_t tag) {
-    tcp_slot *s;
+    tcp_slot *s, *mine = NULL, *any = NULL;
     cl_list_foreach(&c->p2p_expected, s, tcp_slot, node) if (s->seq == tag) {
-        cl_list_remove(&s->node);
-        return s;
+        mine = s;
+        break;
     }
-    return NULL;
+    cl_list_foreach(&c->tc->any_expected, s, tcp_slot, node) if (s->seq == tag) {
+        any = s;
+        break;
+    }
+    if (any && (!mine || any->order < mine->order)) mine = any;
+    if (mine) {
+        cl_list_remove(&mine->node);
+        cl_tcp_p2p_source(mine->owner, c->peer);
+    }
+    return mine;
 }
 
 /* The slot expecting this collective frame: O(1), however many are posted. */
@@ -579,6 +829,134 @@ static void frame_mismatch(tcp_conn *c, const uint8_t *h, tcp_work *tw, const tc
                     (unsigned long long)get64(h + 16), tc->rank, ours, c->peer, theirs);
 }
 
+static void slot_put(tcp_conn *c, tcp_slot *s) {
+    s->by_seq.key = s->seq;
+    cl_idmap_put(&c->expected, &s->by_seq); /* never fails: the map has buckets */
+}
+
+/* What a collective frame counts against the receiver's budget: the whole
+ * frame, its header for an announcement, nothing once cleared. */
+static uint64_t frame_charge(const uint8_t *h) {
+    if (h[7] & TCP_FRAME_CLEARED) return 0;
+    if (h[7] & TCP_FRAME_RTS) return TCP_FRAME_HDR;
+    return TCP_FRAME_HDR + get64(h + 32);
+}
+
+static bool coll_mismatch(tcp_conn *c, const uint8_t *h, const tcp_slot *s);
+
+/* A frame (header h) for a collective this rank finished: every frame for
+ * a collective is consumed before it completes, so the ranks posted
+ * different things: a comm fault. */
+static void coll_late_frame(tcp_conn *c, const uint8_t *h) {
+    tcp_comm *tc = c->tc;
+    char theirs[96];
+    describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], get32(h + 40));
+    tc->core->fault(tc->bc, NULL, COLLIE_EPROTO,
+                    "mismatched collectives at seq %llu: rank %d sent a frame of %s, which "
+                    "rank %d had already completed without it (the ranks' arguments differ)",
+                    (unsigned long long)get64(h + 16), c->peer, theirs, tc->rank);
+}
+
+static tcp_parked *park_find(tcp_conn *c, uint64_t seq, uint32_t step) {
+    for (cl_idnode *n = cl_idmap_get(&c->parked, seq); n; n = cl_idmap_next(n)) {
+        tcp_parked *p = (tcp_parked *)((char *)n - offsetof(tcp_parked, by_seq));
+        if (get32(p->hdr + 8) == step) return p;
+    }
+    return NULL;
+}
+
+static void park_free(tcp_conn *c, tcp_parked *p) {
+    cl_idmap_remove(&c->parked, &p->by_seq);
+    cl_list_remove(&p->node);
+    c->parked_bytes -= p->charge;
+    free(p);
+}
+
+/* The header in c->hdr is for a slot not posted yet (the peer is ahead):
+ * park the frame, within the budget the peer was granted (a peer past it
+ * broke the protocol). False if c failed. */
+static bool park_begin(tcp_conn *c, uint64_t charge) {
+    const uint8_t *h = c->hdr;
+    uint64_t seq = get64(h + 16);
+    uint32_t step = get32(h + 8);
+    if (!charge) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d sent a frame (seq %llu step %u) this rank had not asked for",
+                         c->peer, (unsigned long long)seq, step);
+        return false;
+    }
+    if (c->parked_bytes + charge > c->tc->early_bytes || park_find(c, seq, step)) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d sent more early collective data than this rank granted it "
+                         "(COLLIE_EARLY_BYTES %llu), or a frame twice (seq %llu step %u)",
+                         c->peer, (unsigned long long)c->tc->early_bytes, (unsigned long long)seq,
+                         step);
+        return false;
+    }
+    tcp_parked *p = malloc(sizeof *p + c->payload_len);
+    if (!p) {
+        cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory to park a frame from rank %d", c->peer);
+        return false;
+    }
+    memcpy(p->hdr, h, TCP_FRAME_HDR);
+    p->charge = charge;
+    p->complete = false;
+    p->verdict = CL_LOAN_READ;
+    p->by_seq.key = seq;
+    cl_idmap_put(&c->parked, &p->by_seq); /* never fails: the map has buckets */
+    cl_list_push_back(&c->parked_list, &p->node);
+    c->parked_bytes += charge;
+    c->cur_park = p;
+    return true;
+}
+
+/* Parked frame p meets its slot s (posted now, or p just completed): check
+ * the arguments as a live frame is checked, then hand it over - copy or
+ * reduce the payload, or for an announcement ask for the data. */
+static void park_deliver(tcp_conn *c, tcp_parked *p, tcp_slot *s) {
+    uint64_t seq = get64(p->hdr + 16), charge = p->charge;
+    uint32_t step = get32(p->hdr + 8);
+    bool rts = p->hdr[7] & TCP_FRAME_RTS;
+    if (coll_mismatch(c, p->hdr, s)) {
+        park_free(c, p);
+        conn_consumed(c, charge);
+        return;
+    }
+    if (rts) {
+        park_free(c, p);
+        slot_put(c, s);
+        conn_consumed(c, charge);
+        conn_send_cts(c, seq, step);
+        return;
+    }
+    tcp_work *tw = s->owner;
+    const collie_core_services *core = c->tc->core;
+    int verdict = p->verdict;
+    bool done = false;
+    if (verdict == CL_LOAN_READ && core->work_busy_enter(tw->w)) {
+        const collie_coll_args *a = &tw->args;
+        uint64_t len = s->len;
+        if (s->kind == CL_SOP_RECV) {
+            if (len) memcpy(s->dst, p->data, len);
+        } else {
+            size_t es = collie_dtype_size(a->dtype);
+            collie_redop op = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
+            if (s->kind == CL_SOP_RECV_REDUCE)
+                cl_reduce(s->dst, p->data, len / es, a->dtype, op);
+            else
+                cl_reduce3(s->dst, p->data, s->src, len / es, a->dtype, op);
+        }
+        core->work_busy_exit(tw->w);
+        done = true;
+    }
+    park_free(c, p);
+    conn_consumed(c, charge);
+    if (done)
+        cl_tcp_op_done(tw);
+    else if (verdict != CL_LOAN_READ && !tw->finished)
+        cl_tcp_loan_doom(c, s, verdict);
+}
+
 /* Match the complete header in c->hdr. Returns false to pause reading. */
 static bool conn_match(tcp_conn *c) {
     tcp_comm *tc = c->tc;
@@ -611,36 +989,46 @@ static bool conn_match(tcp_conn *c) {
             return false;
         }
         u->tag = seq;
+        u->arrival = ++tc->arrivals;
         u->len = len;
         memcpy(u->hdr, h, TCP_FRAME_HDR);
         c->cur_unx = u;
         return true;
     }
+    uint8_t fl = h[7];
+    uint64_t charge = frame_charge(h);
+    if (fl & TCP_FRAME_RTS) c->payload_len = 0; /* announced: no payload now */
     tcp_slot *s = coll_slot_take(c, seq, step);
     if (!s && cl_tcp_coll_finished(tc, seq)) {
-        /* every frame for a collective is consumed before it completes: one
-         * for a finished seq means the ranks posted different things */
-        char theirs[96];
-        describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], get32(h + 40));
-        tc->core->fault(tc->bc, NULL, COLLIE_EPROTO,
-                        "mismatched collectives at seq %llu: rank %d sent a frame of %s, which "
-                        "rank %d had already completed without it (the ranks' arguments differ)",
-                        (unsigned long long)seq, c->peer, theirs, tc->rank);
+        coll_late_frame(c, h);
         return false;
     }
     if (!s) {
         /* not posted yet: the peer is ahead. If the collective runs here,
          * the frame must agree with it already (a frame of a step this rank
-         * never posts would otherwise wait for the deadline) */
+         * never posts would otherwise wait for the deadline); then park it */
         tcp_work *tw = cl_tcp_coll_running(tc, seq);
-        if (tw) cl_tcp_frame_agrees(c, h, tw);
-        return false;
+        if (tw && !cl_tcp_frame_agrees(c, h, tw)) return false;
+        return park_begin(c, charge);
     }
-    if (!frame_args_agree(h, s->owner, c->peer) || len != s->len) {
-        frame_mismatch(c, h, s->owner, s);
-        return false;
+    if (coll_mismatch(c, h, s)) return false;
+    conn_consumed(c, charge);
+    if (fl & TCP_FRAME_RTS) { /* the slot waits for the data: ask for it */
+        slot_put(c, s);
+        conn_send_cts(c, seq, step);
+        memset(&c->drain, 0, sizeof c->drain); /* the header is all: nothing to fill */
+        c->cur = &c->drain;
+        return c->state == TCP_CONN_READY;
     }
     c->cur = s;
+    return true;
+}
+
+/* Does the collective frame header h disagree with slot s (the ranks
+ * posted different things)? Then the comm faults (EPROTO naming both). */
+static bool coll_mismatch(tcp_conn *c, const uint8_t *h, const tcp_slot *s) {
+    if (frame_args_agree(h, s->owner, c->peer) && get64(h + 32) == s->len) return false;
+    frame_mismatch(c, h, s->owner, s);
     return true;
 }
 
@@ -651,9 +1039,16 @@ bool cl_tcp_frame_agrees(tcp_conn *c, const uint8_t *h, tcp_work *tw) {
 }
 
 void cl_tcp_conn_check_early(tcp_conn *c, tcp_work *tw) {
+    uint64_t seq = collie_work_seq(tw->w);
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) != TCP_P2P_STEP &&
-        get64(c->hdr + 16) == collie_work_seq(tw->w))
-        cl_tcp_frame_agrees(c, c->hdr, tw);
+        get64(c->hdr + 16) == seq && !cl_tcp_frame_agrees(c, c->hdr, tw))
+        return;
+    /* the frames parked for it (they came before it was posted here) */
+    for (cl_idnode *n = c->parked.count ? cl_idmap_get(&c->parked, seq) : NULL; n;
+         n = cl_idmap_next(n)) {
+        tcp_parked *p = (tcp_parked *)((char *)n - offsetof(tcp_parked, by_seq));
+        if (!cl_tcp_frame_agrees(c, p->hdr, tw)) return; /* one fault says it */
+    }
 }
 
 bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, uint64_t want_len,
@@ -707,8 +1102,9 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         if (c->loan_desc_got < CL_SHM_LOAN_DESC) return cl_tcp_loan_read_desc(c);
         if (c->loan_withdrawn) return loan_skip_rest(c);
     }
-    if (c->cur_unx) {
-        ssize_t n = payload_recv(c, c->cur_unx->data + c->payload_got, c->payload_got, left);
+    if (c->cur_unx || c->cur_park) {
+        uint8_t *buf = c->cur_unx ? c->cur_unx->data : c->cur_park->data;
+        ssize_t n = payload_recv(c, buf + c->payload_got, c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n;
     }
@@ -765,6 +1161,25 @@ static ssize_t conn_read_payload(tcp_conn *c) {
 
 static void conn_peer_aborted(tcp_conn *c);
 
+/* Parked frame p is complete: its slot may have been posted while it was
+ * read (deliver it now); its collective may have finished without it (the
+ * ranks posted different things, as for a frame that arrives then). */
+static void park_settle(tcp_conn *c, tcp_parked *p) {
+    uint64_t seq = get64(p->hdr + 16);
+    tcp_slot *s = coll_slot_take(c, seq, get32(p->hdr + 8));
+    if (s) {
+        park_deliver(c, p, s);
+        return;
+    }
+    if (!cl_tcp_coll_finished(c->tc, seq)) return;
+    uint8_t h[TCP_FRAME_HDR];
+    memcpy(h, p->hdr, sizeof h);
+    uint64_t charge = p->charge;
+    park_free(c, p);
+    conn_consumed(c, charge);
+    coll_late_frame(c, h);
+}
+
 static void conn_message_done(tcp_conn *c) {
     c->have_hdr = false;
     c->hdr_got = 0;
@@ -775,11 +1190,22 @@ static void conn_message_done(tcp_conn *c) {
     }
     int loan = CL_LOAN_READ;
     if (c->loan_frame) loan = cl_tcp_loan_end(c, !c->loan_skipped);
+    if (c->cur_park) {
+        tcp_parked *p = c->cur_park;
+        c->cur_park = NULL;
+        p->complete = true;
+        p->verdict = loan; /* a withdrawn payload fails the receive that takes it */
+        park_settle(c, p);
+        return;
+    }
     if (c->cur_unx) {
         tcp_unexpected *u = c->cur_unx;
         c->cur_unx = NULL;
         if (loan == CL_LOAN_READ) {
             cl_list_push_back(&c->unexpected, &u->node);
+            /* a receive posted while it was read did not see it: take it now */
+            tcp_slot *s = p2p_slot_take(c, u->tag);
+            if (s) cl_tcp_p2p_take(s->owner, u, c->peer);
             return;
         }
         /* its send ended before it was read: no receive will ever match it */
@@ -822,7 +1248,7 @@ static void conn_read_handshake(tcp_conn *c) {
 static void conn_goodbye(tcp_conn *c) {
     cl_tcp_loans_settle(c, false); /* it returned what it read before it left */
     bool needed = c->expected.count || !cl_list_empty(&c->p2p_expected) || c->cur ||
-                  !cl_list_empty(&c->sendq) || !cl_list_empty(&c->lent);
+                  conn_sends_pending(c) || !cl_list_empty(&c->lent);
     if (needed) {
         cl_tcp_conn_lost(c, COLLIE_EPEER,
                          "rank %d destroyed its comm while work with it was pending", c->peer);
@@ -871,6 +1297,21 @@ static bool conn_shm_doorbell(tcp_conn *c) {
 
 static void conn_read_frames(tcp_conn *c, bool shm);
 
+/* Byte 7 of a header: a lent payload (only over shared memory, never
+ * empty, never an ABORT), an announcement or a cleared frame (collective
+ * data frames only; an announcement is never lent); control frames carry
+ * no payload. */
+static bool frame_flags_valid(const uint8_t *h, bool shm) {
+    uint8_t fl = h[7], kind = h[4];
+    if (kind == TCP_KIND_CREDIT || kind == TCP_KIND_CTS || kind == TCP_KIND_GONE)
+        return fl == 0 && get64(h + 32) == 0;
+    if (fl & ~(TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED)) return false;
+    if ((fl & TCP_FRAME_LOAN) && (!shm || kind == TCP_KIND_ABORT || !get64(h + 32))) return false;
+    if (!(fl & (TCP_FRAME_RTS | TCP_FRAME_CLEARED))) return true;
+    if (kind == TCP_KIND_ABORT || get32(h + 8) == TCP_P2P_STEP) return false;
+    return !((fl & TCP_FRAME_RTS) && (fl & (TCP_FRAME_LOAN | TCP_FRAME_CLEARED)));
+}
+
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
@@ -912,13 +1353,22 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                 conn_goodbye(c);
                 return;
             }
-            /* byte 7: a lent payload, only over shared memory, never empty */
-            if (c->hdr[7] > TCP_FRAME_LOAN ||
-                (c->hdr[7] && (!shm || c->hdr[4] == TCP_KIND_ABORT || !get64(c->hdr + 32)))) {
+            if (!frame_flags_valid(c->hdr, shm)) {
                 cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
                 return;
             }
-            if (c->hdr[7]) cl_tcp_loan_begin(c);
+            if (c->hdr[4] == TCP_KIND_CREDIT || c->hdr[4] == TCP_KIND_CTS ||
+                c->hdr[4] == TCP_KIND_GONE) {
+                if (c->hdr[4] == TCP_KIND_CREDIT)
+                    conn_on_credit(c);
+                else if (c->hdr[4] == TCP_KIND_CTS)
+                    conn_on_cts(c);
+                else
+                    conn_on_gone(c);
+                c->hdr_got = 0;
+                continue;
+            }
+            if (c->hdr[7] & TCP_FRAME_LOAN) cl_tcp_loan_begin(c);
             c->have_hdr = true;
             if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
                 c->reading_abort = true;
@@ -998,8 +1448,12 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
     if (s->step == TCP_P2P_STEP) {
         cl_list_push_back(&c->p2p_expected, &s->node);
     } else {
-        s->by_seq.key = s->seq;
-        cl_idmap_put(&c->expected, &s->by_seq); /* never fails: the map has buckets */
+        tcp_parked *p = c->parked.count ? park_find(c, s->seq, s->step) : NULL;
+        if (p && p->complete) { /* the peer was ahead: its frame is here */
+            park_deliver(c, p, s);
+            return;
+        }
+        slot_put(c, s); /* (a frame being parked meets it when complete) */
     }
     /* a header waiting for exactly this slot: resume reading */
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) == s->step &&
@@ -1010,10 +1464,31 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s) {
     }
 }
 
-void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq) {
+void cl_tcp_conn_recheck(tcp_conn *c, uint64_t seq, bool ok) {
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) != TCP_P2P_STEP &&
         get64(c->hdr + 16) == seq)
         conn_match(c); /* finds seq finished: a comm fault */
+    /* frames parked for it: never taken. A collective that completed did
+     * not need them (a mismatch); one that ended early leaves them unread */
+    cl_idnode *n;
+    while (c->parked.count && (n = cl_idmap_get(&c->parked, seq))) {
+        tcp_parked *p = (tcp_parked *)((char *)n - offsetof(tcp_parked, by_seq));
+        if (!p->complete) return; /* being read: settled once complete */
+        uint8_t h[TCP_FRAME_HDR];
+        memcpy(h, p->hdr, sizeof h);
+        uint64_t charge = p->charge;
+        park_free(c, p);
+        conn_consumed(c, charge);
+        if (ok) {
+            coll_late_frame(c, h);
+            return;
+        }
+    }
+}
+
+bool cl_tcp_conn_has_parked(tcp_conn *c, uint64_t seq, uint32_t step) {
+    tcp_parked *p = c && c->parked.count ? park_find(c, seq, step) : NULL;
+    return p && p->complete && !(p->hdr[7] & TCP_FRAME_RTS);
 }
 
 /* One message or receive slot of a work that is ending (its memory is
@@ -1028,7 +1503,9 @@ void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
     if (m->loan_ticket) cl_tcp_loan_forget(m); /* withdrawn already by the unlend hook */
     if (!cl_list_linked(&m->node)) return;
     cl_list_remove(&m->node);
-    /* a whole frame (a loan that waited for its return) leaves the stream intact */
+    if (c) conn_refund(c, m); /* never written: its credit is free again */
+    /* a whole frame (a loan that waited for its return, an announcement
+     * waiting for its CTS) leaves the stream intact */
     if (m->sent > 0 && m->sent < TCP_FRAME_HDR + tcp_msg_body_len(m) && c)
         cl_tcp_conn_break_send(c, m);
 }

@@ -96,7 +96,11 @@ static void work_post_step(tcp_work *tw) {
             cl_tcp_work_fail(tw, COLLIE_ENOMEM, "no memory for a connection");
             break;
         }
-        if (c->state == TCP_CONN_CLOSED) { /* it must not go on without this op */
+        /* it must not go on without this op; what a peer that has left
+         * sent before is still ours to take */
+        if (c->state == TCP_CONN_CLOSED &&
+            !(op->kind != CL_SOP_SEND &&
+              cl_tcp_conn_has_parked(c, collie_work_seq(tw->w), tw->step))) {
             cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
             break;
         }
@@ -175,39 +179,91 @@ void cl_tcp_op_done(tcp_work *tw) {
 
 /* ---- point to point ----------------------------------------------------------------- */
 
-/* A receive whose message arrived before it was started: take it from the
- * connection's unexpected list. False if none has that tag. */
-static bool p2p_take_unexpected(tcp_comm *tc, tcp_work *tw, tcp_conn *c, uint64_t len) {
+void cl_tcp_p2p_source(tcp_work *tw, int peer) {
+    tw->p2p_src = peer;
+    if (tw->args.peer == COLLIE_ANY_SOURCE && COLLIE_CORE_HAS(tw->tc->core, work_set_source))
+        tw->tc->core->work_set_source(tw->w, peer);
+}
+
+void cl_tcp_p2p_take(tcp_work *tw, tcp_unexpected *u, int peer) {
+    tcp_comm *tc = tw->tc;
     const collie_coll_args *a = &tw->args;
-    tcp_unexpected *u;
-    cl_list_foreach(&c->unexpected, u, tcp_unexpected, node) {
-        if (u->tag != a->tag) continue;
-        cl_list_remove(&u->node);
-        char why[256];
-        if (!cl_tcp_p2p_matches(u->hdr, a, a->peer, len, why, sizeof why)) {
-            cl_tcp_work_fail(tw, COLLIE_EPROTO, "%s", why);
-        } else if (tc->core->work_busy_enter(tw->w)) {
-            if (len) memcpy(a->recvbuf, u->data, len);
-            tc->core->work_busy_exit(tw->w);
-            tw->finished = true;
-            tc->core->work_finish(tw->w, COLLIE_OK, NULL);
-        }
-        free(u->data);
-        free(u);
-        return true;
+    uint64_t len = a->count * collie_dtype_size(a->dtype);
+    cl_list_remove(&u->node);
+    cl_tcp_p2p_source(tw, peer);
+    char why[256];
+    if (!cl_tcp_p2p_matches(u->hdr, a, peer, len, why, sizeof why)) {
+        cl_tcp_work_fail(tw, COLLIE_EPROTO, "%s", why);
+    } else if (tc->core->work_busy_enter(tw->w)) {
+        if (len) memcpy(a->recvbuf, u->data, len);
+        tc->core->work_busy_exit(tw->w);
+        tw->finished = true;
+        tc->core->work_finish(tw->w, COLLIE_OK, NULL);
     }
-    return false;
+    free(u->data);
+    free(u);
+}
+
+/* The first message with `tag` in c's unexpected list (arrival order). */
+static tcp_unexpected *p2p_find_unexpected(tcp_conn *c, uint64_t tag) {
+    tcp_unexpected *u;
+    cl_list_foreach(&c->unexpected, u, tcp_unexpected, node) if (u->tag == tag) return u;
+    return NULL;
+}
+
+/* A receive whose message arrived before it was started: take it from the
+ * unexpected messages of its peer, or for an any-source receive the
+ * earliest of every peer's. False if none has that tag. */
+static bool p2p_take_unexpected(tcp_comm *tc, tcp_work *tw) {
+    const collie_coll_args *a = &tw->args;
+    tcp_unexpected *best = NULL;
+    int from = -1;
+    for (int p = 0; p < tc->size; p++) {
+        if (p == tc->rank || (a->peer != COLLIE_ANY_SOURCE && p != a->peer) || !tc->conns[p])
+            continue;
+        tcp_unexpected *u = p2p_find_unexpected(tc->conns[p], a->tag);
+        if (u && (!best || u->arrival < best->arrival)) {
+            best = u;
+            from = p;
+        }
+    }
+    if (!best) return false;
+    cl_tcp_p2p_take(tw, best, from);
+    return true;
+}
+
+/* A receive from any source: a message that came already, or a slot in the
+ * comm's any-source list, which every peer's next message with its tag
+ * meets in post order beside the receives posted for that peer
+ * (tcp_conn.c). Every peer must be able to reach us: connect to those that
+ * wait for us to dial. */
+static int work_start_any(tcp_comm *tc, tcp_work *tw, uint64_t len) {
+    if (p2p_take_unexpected(tc, tw)) return COLLIE_OK;
+    for (int p = 0; p < tc->size; p++)
+        if (p != tc->rank && !cl_tcp_conn_get(tc, p)) return COLLIE_ENOMEM;
+    tcp_slot *sl = &tw->p2p_slot;
+    sl->owner = tw;
+    sl->seq = tw->args.tag;
+    sl->step = TCP_P2P_STEP;
+    sl->kind = CL_SOP_RECV;
+    sl->dst = tw->args.recvbuf;
+    sl->len = len;
+    sl->order = ++tc->p2p_posts;
+    cl_list_push_back(&tc->any_expected, &sl->node);
+    return COLLIE_OK;
 }
 
 static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
     const collie_coll_args *a = &tw->args;
     uint64_t len = a->count * collie_dtype_size(a->dtype);
+    tw->kind_p2p = true;
+    tw->p2p_src = a->peer;
+    if (a->peer == COLLIE_ANY_SOURCE) return work_start_any(tc, tw, len);
     tcp_conn *c = cl_tcp_conn_get(tc, a->peer);
     if (!c) return COLLIE_ENOMEM;
-    tw->kind_p2p = true;
     /* a matching message may have arrived already — also from a peer that
      * has since said goodbye: what it sent before is still ours to take */
-    if (a->kind == COLLIE_COLL_RECV && p2p_take_unexpected(tc, tw, c, len)) return COLLIE_OK;
+    if (a->kind == COLLIE_COLL_RECV && p2p_take_unexpected(tc, tw)) return COLLIE_OK;
     if (c->state == TCP_CONN_CLOSED) {
         cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
         return COLLIE_OK;
@@ -228,6 +284,7 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
     sl->kind = CL_SOP_RECV;
     sl->dst = a->recvbuf;
     sl->len = len;
+    sl->order = ++tc->p2p_posts;
     cl_tcp_conn_expect(c, sl);
     return COLLIE_OK;
 }
@@ -245,7 +302,7 @@ static tcp_conn *work_conn(const tcp_comm *tc, int peer) {
 void cl_tcp_work_forget(tcp_work *tw) {
     tcp_comm *tc = tw->tc;
     if (tcp_work_is_p2p(tw)) {
-        tcp_conn *c = work_conn(tc, tw->args.peer);
+        tcp_conn *c = work_conn(tc, tw->p2p_src); /* an any-source receive: once matched */
         cl_tcp_conn_forget_msg(c, &tw->p2p_msg);
         cl_tcp_conn_forget_slot(c, &tw->p2p_slot);
         return;
@@ -364,6 +421,12 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     collie_work *victim = oldest ? oldest->w : NULL;
     (void)peer; /* `why` names it */
     tc->core->fault(tc->bc, victim, status, "%s", why);
+    /* a receive from any source might have been waiting for that peer:
+     * whatever the policy, it cannot wait on as if nothing happened */
+    tcp_slot *s;
+    cl_list_foreach(&tc->any_expected, s, tcp_slot, node) if (!s->owner->finished)
+        cl_tcp_work_fail(s->owner, status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER,
+                         "%s (a receive from any source was pending)", why);
 }
 
 /* Pool sizes: enough for many works in flight; scratch beyond XB_KEEP_SCRATCH

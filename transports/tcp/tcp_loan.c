@@ -59,7 +59,8 @@
 bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m) {
     uint64_t min = c->tc->shm_single_copy;
     if (!min || m->len < min || !m->owner || !cl_tcp_link_is_shm(c) ||
-        collie_coll_reduces(m->owner->args.kind) || !cl_shm_loan_can_lend(&c->shm.loans))
+        (m->hdr[7] & TCP_FRAME_RTS) || collie_coll_reduces(m->owner->args.kind) ||
+        !cl_shm_loan_can_lend(&c->shm.loans))
         return false;
     tcp_loan_rec *recs = m->owner->loans;
     int rec = -1;
@@ -71,7 +72,7 @@ bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m) {
     atomic_store_explicit(&recs[rec].ticket, t, memory_order_release);
     m->loan_ticket = t;
     m->loan_rec = rec;
-    m->hdr[7] = TCP_FRAME_LOAN;
+    m->hdr[7] |= TCP_FRAME_LOAN; /* beside TCP_FRAME_CLEARED, if it was announced */
     return true;
 }
 

@@ -1,0 +1,242 @@
+/*
+ * test_p2p.c — point-to-point messages beside collectives on the CPU
+ * transport (issue 28, items 2 and 3): a send/recv never waits behind a
+ * collective it has nothing to do with, a rank may run ahead of its peers
+ * by whole collectives (their early frames are parked up to
+ * COLLIE_EARLY_BYTES, past which the sender holds them back while
+ * point-to-point traffic still flows), and receives from any source.
+ * Ranks live in this process (one engine drives them all), over shared
+ * memory by default and over TCP with COLLIE_CPU_TRANSPORT=tcp (make test
+ * runs both).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "harness.h"
+#include "runner.h"
+
+/* Wait (bounded) and say why a work failed. */
+static void expect_ok(collie_work *w, const char *what) {
+    int rc = collie_work_wait(w, 20000);
+    if (rc != COLLIE_OK)
+        fail_msg("%s: %s (%s)", what, collie_strerror(rc), collie_work_error_message(w));
+}
+
+/* The issue's program: rank 0 posts an allreduce, then sends to rank 1;
+ * rank 1 waits for that receive before it posts the allreduce (valid with
+ * non-blocking collectives, as in MPI). Before, the receive never
+ * completed: rank 1 stopped reading from rank 0 at the allreduce's frame. */
+static void test_send_not_behind_unposted_allreduce(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "p2pahead", NULL);
+    /* small (recursive doubling: receive-and-reduce from the parked frame)
+     * and ring-sized (receive-and-reduce, then a plain receive) */
+    static const size_t counts[] = {1, 64 * 1024};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        size_t n = counts[k];
+        int32_t *v[2];
+        for (int r = 0; r < 2; r++) {
+            v[r] = malloc(n * sizeof(int32_t));
+            assert_non_null(v[r]);
+            for (size_t i = 0; i < n; i++)
+                v[r][i] = (int32_t)((r + 1) * 100 + (int)(i % 50));
+        }
+        int64_t msg = 4242 + (int64_t)k, got = 0;
+        collie_work *ar0, *ar1, *s, *rv;
+        assert_int_equal(
+            collie_allreduce(w.c[0], v[0], v[0], n, COLLIE_INT32, COLLIE_SUM, NULL, &ar0),
+            COLLIE_OK);
+        assert_int_equal(collie_send(w.c[0], &msg, 1, COLLIE_INT64, 1, 5, NULL, &s), COLLIE_OK);
+        assert_int_equal(collie_recv(w.c[1], &got, 1, COLLIE_INT64, 0, 5, NULL, &rv), COLLIE_OK);
+        int rc = collie_work_wait(rv, 5000);
+        if (rc != COLLIE_OK)
+            fail_msg("count %zu: the receive waited behind the allreduce: %s", n,
+                     collie_strerror(rc));
+        assert_int_equal(got, msg);
+        assert_int_equal(
+            collie_allreduce(w.c[1], v[1], v[1], n, COLLIE_INT32, COLLIE_SUM, NULL, &ar1),
+            COLLIE_OK);
+        expect_ok(ar0, "allreduce rank 0");
+        expect_ok(ar1, "allreduce rank 1");
+        expect_ok(s, "send");
+        for (int r = 0; r < 2; r++)
+            for (size_t i = 0; i < n; i++)
+                if (v[r][i] != 300 + 2 * (int32_t)(i % 50))
+                    fail_msg("count %zu rank %d [%zu] = %d", n, r, i, v[r][i]);
+        collie_work_release(ar0);
+        collie_work_release(ar1);
+        collie_work_release(s);
+        collie_work_release(rv);
+        for (int r = 0; r < 2; r++)
+            free(v[r]);
+    }
+    world_destroy(&w);
+}
+
+/* Collectives alone: rank 0 posts two ring allreduces back to back; rank 1
+ * waits for the first before it posts the second (valid). Rank 0's frame
+ * of the second comes before its last frame of the first, so a reader that
+ * stops at a frame for a collective not posted yet never sees the frame the
+ * first one needs. */
+static void test_collective_runs_ahead(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "collahead", NULL);
+    enum { N = 256 * 1024 };
+    float *a[2], *b[2];
+    for (int r = 0; r < 2; r++) {
+        a[r] = malloc(N * sizeof(float));
+        b[r] = malloc(N * sizeof(float));
+        assert_non_null(a[r]);
+        assert_non_null(b[r]);
+        for (int i = 0; i < N; i++) {
+            a[r][i] = (float)(r + 1);
+            b[r][i] = (float)(10 * (r + 1));
+        }
+    }
+    collie_work *a0, *b0, *a1, *b1;
+    assert_int_equal(collie_allreduce(w.c[0], a[0], a[0], N, COLLIE_FP32, COLLIE_SUM, NULL, &a0),
+                     COLLIE_OK);
+    assert_int_equal(collie_allreduce(w.c[0], b[0], b[0], N, COLLIE_FP32, COLLIE_SUM, NULL, &b0),
+                     COLLIE_OK);
+    assert_int_equal(collie_allreduce(w.c[1], a[1], a[1], N, COLLIE_FP32, COLLIE_SUM, NULL, &a1),
+                     COLLIE_OK);
+    int rc = collie_work_wait(a1, 5000);
+    if (rc != COLLIE_OK)
+        fail_msg("rank 1's first allreduce waited behind rank 0's second: %s", collie_strerror(rc));
+    assert_int_equal(collie_allreduce(w.c[1], b[1], b[1], N, COLLIE_FP32, COLLIE_SUM, NULL, &b1),
+                     COLLIE_OK);
+    expect_ok(a0, "first allreduce rank 0");
+    expect_ok(b0, "second allreduce rank 0");
+    expect_ok(b1, "second allreduce rank 1");
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < N; i++) {
+            if (a[r][i] != 3.0f) fail_msg("first, rank %d [%d] = %g", r, i, (double)a[r][i]);
+            if (b[r][i] != 30.0f) fail_msg("second, rank %d [%d] = %g", r, i, (double)b[r][i]);
+        }
+    collie_work_release(a0);
+    collie_work_release(b0);
+    collie_work_release(a1);
+    collie_work_release(b1);
+    for (int r = 0; r < 2; r++) {
+        free(a[r]);
+        free(b[r]);
+    }
+    world_destroy(&w);
+}
+
+/* Past the budget: with COLLIE_EARLY_BYTES at 64 KiB, rank 0 posts 40
+ * broadcasts of 16 KiB (far more than rank 1 may park: the rest wait on
+ * rank 0 for credit) and one of 256 KiB (above half the budget: announced,
+ * sent once rank 1 posts it), then a send. Rank 1 takes the send first,
+ * then posts the broadcasts: every one completes with rank 0's bytes. */
+static void test_early_frames_past_the_budget(void **state) {
+    (void)state;
+    setting_set("COLLIE_EARLY_BYTES", "65536");
+    world w;
+    world_create(&w, 2, "p2pbudget", NULL);
+    enum { K = 40, SMALL = 4096, BIG = 64 * 1024 };
+    int32_t *buf[2][K + 1];
+    collie_work *bw[2][K + 1];
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k <= K; k++) {
+            size_t n = k == K ? BIG : SMALL;
+            buf[r][k] = malloc(n * sizeof(int32_t));
+            assert_non_null(buf[r][k]);
+            for (size_t i = 0; i < n; i++)
+                buf[r][k][i] = r == 0 ? (int32_t)(k * 100000 + (int)i) : -1;
+        }
+    for (int k = 0; k <= K; k++)
+        assert_int_equal(collie_broadcast(w.c[0], buf[0][k], k == K ? BIG : SMALL, COLLIE_INT32, 0,
+                                          NULL, &bw[0][k]),
+                         COLLIE_OK);
+    int64_t msg = 77, got = 0;
+    collie_work *s, *rv;
+    assert_int_equal(collie_send(w.c[0], &msg, 1, COLLIE_INT64, 1, 5, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[1], &got, 1, COLLIE_INT64, 0, 5, NULL, &rv), COLLIE_OK);
+    int rc = collie_work_wait(rv, 5000);
+    if (rc != COLLIE_OK)
+        fail_msg("the receive waited behind the broadcasts: %s", collie_strerror(rc));
+    assert_int_equal(got, 77);
+    for (int k = 0; k <= K; k++)
+        assert_int_equal(collie_broadcast(w.c[1], buf[1][k], k == K ? BIG : SMALL, COLLIE_INT32, 0,
+                                          NULL, &bw[1][k]),
+                         COLLIE_OK);
+    for (int k = 0; k <= K; k++)
+        for (int r = 0; r < 2; r++) {
+            char what[64];
+            snprintf(what, sizeof what, "broadcast %d rank %d", k, r);
+            expect_ok(bw[r][k], what);
+            collie_work_release(bw[r][k]);
+        }
+    for (int k = 0; k <= K; k++) {
+        size_t n = k == K ? BIG : SMALL;
+        for (size_t i = 0; i < n; i++)
+            if (buf[1][k][i] != (int32_t)(k * 100000 + (int)i))
+                fail_msg("broadcast %d [%zu] = %d", k, i, buf[1][k][i]);
+        for (int r = 0; r < 2; r++)
+            free(buf[r][k]);
+    }
+    expect_ok(s, "send");
+    collie_work_release(s);
+    collie_work_release(rv);
+    /* the credit came back: the comm goes on */
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 50000, 0, false);
+    world_destroy(&w);
+}
+
+/* A parked frame is checked like a live one: rank 0's allreduce of 16
+ * floats waits parked on rank 1 (rank 1 took a later send first), which
+ * then posts an allreduce of 32: EPROTO naming both ranks and both counts. */
+static void test_parked_frame_mismatch_is_eproto(void **state) {
+    (void)state;
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "p2pparkmis";
+    o.timeout_ms = 5000;
+    world_create(&w, 2, "p2pparkmis", &o);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 4, 0, false); /* connect */
+    float a[16] = {0}, b[32] = {0};
+    int64_t msg = 1, got = 0;
+    collie_work *w0, *w1, *s, *rv;
+    assert_int_equal(collie_allreduce(w.c[0], a, a, 16, COLLIE_FP32, COLLIE_SUM, NULL, &w0), 0);
+    assert_int_equal(collie_send(w.c[0], &msg, 1, COLLIE_INT64, 1, 1, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[1], &got, 1, COLLIE_INT64, 0, 1, NULL, &rv), COLLIE_OK);
+    expect_ok(rv, "recv");
+    assert_int_equal(collie_allreduce(w.c[1], b, b, 32, COLLIE_FP32, COLLIE_SUM, NULL, &w1), 0);
+    int r1 = collie_work_wait(w1, 10000);
+    assert_int_equal(r1, COLLIE_EPROTO);
+    const char *msg1 = collie_work_error_message(w1);
+    if (!strstr(msg1, "mismatched collectives") || !strstr(msg1, "rank 0") ||
+        !strstr(msg1, "rank 1") || !strstr(msg1, "16") || !strstr(msg1, "32"))
+        fail_msg("rank 1: %s", msg1);
+    assert_true(collie_work_wait(w0, 10000) != COLLIE_OK); /* the fault reaches rank 0 */
+    for (int i = 0; i < 32; i++)
+        assert_true(b[i] == 0.0f); /* nothing of the other frame landed */
+    collie_work_release(w0);
+    collie_work_release(w1);
+    collie_work_release(s);
+    collie_work_release(rv);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_abort(w.c[r], "test over");
+        collie_comm_destroy(w.c[r]);
+        collie_store_destroy(w.st[r]);
+    }
+    collie_store_server_destroy(w.srv);
+    collie_engine_destroy(w.e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_send_not_behind_unposted_allreduce),
+        cmocka_unit_test(test_collective_runs_ahead),
+        cmocka_unit_test(test_early_frames_past_the_budget),
+        cmocka_unit_test(test_parked_frame_mismatch_is_eproto),
+    };
+    return cltest_main(tests, NULL, NULL);
+}
