@@ -10,6 +10,7 @@
  * runs both).
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,12 +232,249 @@ static void test_parked_frame_mismatch_is_eproto(void **state) {
     collie_engine_destroy(w.e);
 }
 
+/* ---- receives from any source (item 3) ------------------------------------------------------ */
+
+static int64_t recv_value(int src, int k) { return (int64_t)src * 100 + k; }
+
+/* Post order decides (MPI's rule): rank 0 posts an any-source receive, then
+ * one from rank 1, both tag 5; rank 1's two messages go to them in that
+ * order. Then messages that came first: the earliest arrival is taken. And
+ * a mix of any-source and specific receives from three senders with a
+ * collective in the middle: every message lands once, each receive reports
+ * its sender, one sender's messages keep their order. */
+static void test_any_source_matching(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 4, "anysrc", NULL);
+    int64_t x = 0, y = 0, m0 = recv_value(1, 0), m1 = recv_value(1, 1);
+    collie_work *rx, *ry, *s0, *s1;
+    assert_int_equal(collie_recv(w.c[0], &x, 1, COLLIE_INT64, COLLIE_ANY_SOURCE, 5, NULL, &rx),
+                     COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[0], &y, 1, COLLIE_INT64, 1, 5, NULL, &ry), COLLIE_OK);
+    assert_int_equal(collie_work_source(rx), -1); /* not known yet */
+    assert_int_equal(collie_work_source(ry), 1);
+    assert_int_equal(collie_send(w.c[1], &m0, 1, COLLIE_INT64, 0, 5, NULL, &s0), COLLIE_OK);
+    assert_int_equal(collie_send(w.c[1], &m1, 1, COLLIE_INT64, 0, 5, NULL, &s1), COLLIE_OK);
+    expect_ok(rx, "any-source recv");
+    expect_ok(ry, "recv from 1");
+    assert_int_equal(x, m0);
+    assert_int_equal(y, m1);
+    assert_int_equal(collie_work_source(rx), 1);
+    assert_int_equal(collie_work_source(s0), -1); /* a send has no source */
+    collie_work *all[] = {rx, ry, s0, s1};
+    for (int i = 0; i < 4; i++) {
+        if (i >= 2) expect_ok(all[i], "send");
+        collie_work_release(all[i]);
+    }
+
+    /* messages that came before the receives: ranks 3 then 2 send tag 9 */
+    int64_t e3 = recv_value(3, 9), e2 = recv_value(2, 9), got[2] = {0, 0};
+    collie_work *es[2], *er[2];
+    assert_int_equal(collie_send(w.c[3], &e3, 1, COLLIE_INT64, 0, 9, NULL, &es[0]), COLLIE_OK);
+    expect_ok(es[0], "early send 3");
+    assert_int_equal(collie_send(w.c[2], &e2, 1, COLLIE_INT64, 0, 9, NULL, &es[1]), COLLIE_OK);
+    expect_ok(es[1], "early send 2");
+    /* both are there once a receive from rank 2 with another tag has its
+     * message (rank 2's stream is in order; rank 3's was sent earlier) */
+    usleep(100 * 1000);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(
+            collie_recv(w.c[0], &got[k], 1, COLLIE_INT64, COLLIE_ANY_SOURCE, 9, NULL, &er[k]),
+            COLLIE_OK);
+        expect_ok(er[k], "any-source recv of an early message");
+    }
+    assert_int_equal(collie_work_source(er[0]), 3); /* the earliest first */
+    assert_int_equal(got[0], e3);
+    assert_int_equal(collie_work_source(er[1]), 2);
+    assert_int_equal(got[1], e2);
+    for (int k = 0; k < 2; k++) {
+        collie_work_release(es[k]);
+        collie_work_release(er[k]);
+    }
+
+    /* a mix: A(any) S(from 2) B(any) C(any) on rank 0, an allreduce on
+     * every rank in between; rank 1 sends one, rank 2 two, rank 3 one */
+    enum { NR = 4 };
+    int64_t in[NR] = {0};
+    collie_work *r[NR], *ar[4], *snd[4];
+    int peers[NR] = {COLLIE_ANY_SOURCE, 2, COLLIE_ANY_SOURCE, COLLIE_ANY_SOURCE};
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(collie_recv(w.c[0], &in[k], 1, COLLIE_INT64, peers[k], 7, NULL, &r[k]),
+                         COLLIE_OK);
+    int32_t v[4] = {1, 2, 3, 4};
+    for (int q = 0; q < 4; q++)
+        assert_int_equal(
+            collie_allreduce(w.c[q], &v[q], &v[q], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[q]),
+            COLLIE_OK);
+    for (int k = 2; k < NR; k++)
+        assert_int_equal(collie_recv(w.c[0], &in[k], 1, COLLIE_INT64, peers[k], 7, NULL, &r[k]),
+                         COLLIE_OK);
+    int64_t out[4] = {recv_value(1, 1), recv_value(2, 1), recv_value(2, 2), recv_value(3, 1)};
+    int from[4] = {1, 2, 2, 3};
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(collie_send(w.c[from[k]], &out[k], 1, COLLIE_INT64, 0, 7, NULL, &snd[k]),
+                         COLLIE_OK);
+    int seen[4] = {0};
+    int64_t last2 = 0;
+    for (int k = 0; k < NR; k++) {
+        expect_ok(r[k], "mixed recv");
+        int src = collie_work_source(r[k]);
+        assert_true(src >= 1 && src <= 3);
+        assert_int_equal(in[k] / 100, src); /* the value is its sender's */
+        if (peers[k] != COLLIE_ANY_SOURCE) assert_int_equal(src, peers[k]);
+        if (src == 2) { /* rank 2's two messages in send order, by post order */
+            assert_true(in[k] > last2);
+            last2 = in[k];
+        }
+        for (int j = 0; j < 4; j++)
+            if (out[j] == in[k]) seen[j]++;
+    }
+    for (int j = 0; j < 4; j++)
+        assert_int_equal(seen[j], 1);
+    for (int q = 0; q < 4; q++) {
+        expect_ok(ar[q], "allreduce");
+        assert_int_equal(v[q], 10);
+        expect_ok(snd[q], "send");
+        collie_work_release(ar[q]);
+        collie_work_release(snd[q]);
+        collie_work_release(r[q]);
+    }
+    world_destroy(&w);
+}
+
+/* A count that differs fails the any-source receive with EPROTO naming the
+ * sender, which it reports; nothing is written. */
+static void test_any_source_mismatch(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "anymis", NULL);
+    int32_t big[8] = {0}, small[2] = {-1, -1};
+    collie_work *s, *r;
+    assert_int_equal(collie_recv(w.c[0], small, 2, COLLIE_INT32, COLLIE_ANY_SOURCE, 3, NULL, &r),
+                     COLLIE_OK);
+    assert_int_equal(collie_send(w.c[2], big, 8, COLLIE_INT32, 0, 3, NULL, &s), COLLIE_OK);
+    assert_int_equal(collie_work_wait(r, 20000), COLLIE_EPROTO);
+    if (!strstr(collie_work_error_message(r), "rank 2 sent 8 x int32"))
+        fail_msg("%s", collie_work_error_message(r));
+    assert_int_equal(collie_work_source(r), 2);
+    assert_int_equal(small[0], -1);
+    expect_ok(s, "send");
+    collie_work_release(s);
+    collie_work_release(r);
+    world_destroy(&w);
+}
+
+/* Rank 2 (another process) is SIGKILLed while rank 0's any-source receive
+ * waits: the receive fails within a bound naming rank 2, under the default
+ * policy and under NONE (nothing else would end it before its deadline). */
+static void any_source_peer_death(collie_error_policy policy, const char *name) {
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* rank 2: join, then wait to be killed */
+        close(pfd[1]);
+        char addr[64] = {0};
+        if (read(pfd[0], addr, sizeof addr - 1) <= 0) _exit(2);
+        collie_engine *e;
+        collie_store *st;
+        collie_comm *c;
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = name;
+        o.policy = policy;
+        o.timeout_ms = 30000;
+        if (collie_engine_create(NULL, &e) || collie_store_connect(e, addr, NULL, &st) ||
+            collie_comm_create(e, st, 2, 3, &o, &c))
+            _exit(3);
+        for (int i = 0; i < 600; i++)
+            usleep(100 * 1000);
+        _exit(4);
+    }
+    close(pfd[0]);
+    collie_engine *e;
+    collie_store_server *srv;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    assert_true(write(pfd[1], addr, strlen(addr)) == (ssize_t)strlen(addr));
+    close(pfd[1]);
+    collie_store *st[2];
+    collie_comm *c[2];
+    collie_work *cw[2];
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.policy = policy;
+    o.timeout_ms = 30000;
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_store_connect(e, addr, NULL, &st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(e, st[r], r, 3, &o, &c[r], &cw[r]), COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 30000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+    /* an older receive (from rank 1, never sent): the work a fault names
+     * first under NONE, so the any-source one fails on its own account */
+    int64_t x = 0, z = 0;
+    collie_work *rv, *older;
+    assert_int_equal(collie_recv(c[0], &z, 1, COLLIE_INT64, 1, 99, NULL, &older), COLLIE_OK);
+    assert_int_equal(collie_recv(c[0], &x, 1, COLLIE_INT64, COLLIE_ANY_SOURCE, 1, NULL, &rv),
+                     COLLIE_OK);
+    /* the receive connects to every peer: wait until rank 2 is reached */
+    collie_comm_stats cs = COLLIE_COMM_STATS_INIT;
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(collie_comm_get_stats(c[0], &cs), COLLIE_OK);
+        if (cs.connections >= 2) break;
+        usleep(10 * 1000);
+    }
+    assert_true(cs.connections >= 2);
+    kill(child, SIGKILL);
+    int64_t t0 = now_ms();
+    int rc = collie_work_wait(rv, 20000);
+    int64_t took = now_ms() - t0;
+    const char *msg = collie_work_error_message(rv);
+    print_message("policy %d: %s after %lld ms: %s\n", (int)policy, collie_status_name(rc),
+                  (long long)took, msg);
+    assert_true(rc == COLLIE_EPEER || rc == COLLIE_EABORTED);
+    assert_non_null(strstr(msg, "rank 2"));
+    assert_true(took < 10000);
+    assert_int_equal(x, 0);
+    if (policy == COLLIE_POLICY_NONE)
+        assert_non_null(strstr(msg, "a receive from any source was pending"));
+    collie_work_release(rv);
+    collie_work_cancel(older);
+    collie_work_release(older);
+    assert_true(reap_bounded(child, 5000) != 0);
+    for (int r = 0; r < 2; r++) {
+        collie_comm_abort(c[r], "test over");
+        collie_comm_destroy(c[r]);
+        collie_store_destroy(st[r]);
+    }
+    collie_store_server_destroy(srv);
+    collie_engine_destroy(e);
+}
+
+static void test_any_source_peer_death(void **state) {
+    (void)state;
+    any_source_peer_death(COLLIE_POLICY_DEFAULT, "anydeath");
+}
+
+static void test_any_source_peer_death_policy_none(void **state) {
+    (void)state;
+    any_source_peer_death(COLLIE_POLICY_NONE, "anydeathnone");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_not_behind_unposted_allreduce),
         cmocka_unit_test(test_collective_runs_ahead),
         cmocka_unit_test(test_early_frames_past_the_budget),
         cmocka_unit_test(test_parked_frame_mismatch_is_eproto),
+        cmocka_unit_test(test_any_source_matching),
+        cmocka_unit_test(test_any_source_mismatch),
+        cmocka_unit_test(test_any_source_peer_death),
+        cmocka_unit_test(test_any_source_peer_death_policy_none),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -279,6 +279,13 @@ class Work:
     def seq(self):
         return lib.collie_work_seq(self._h)
 
+    @property
+    def source(self):
+        """A receive's sender (for recv with src=None, once done); None for
+        other works or while unknown (collie_work_source)."""
+        r = lib.collie_work_source(self._h)
+        return None if r < 0 else r
+
     def __await__(self):
         loop = asyncio.get_running_loop()
         eng, pend = self._engine, self._pend

@@ -179,6 +179,7 @@ SIGNATURES = {
     "collie_work_error_message": (c_char_p, [p]),
     "collie_work_seq": (c_uint64, [p]),
     "collie_work_tag": (c_uint64, [p]),
+    "collie_work_source": (c_int, [p]),
     "collie_work_info": (c_int, [p, POINTER(WorkDetails)]),
     "collie_cq_create": (c_int, [pp]),
     "collie_cq_fd": (c_int, [p]),

@@ -491,7 +491,10 @@ class Comm(Closable):
     def send(self, buf, peer, tag=0, timeout=None):
         return self._p2p(False, True, buf, peer, tag, timeout, None, None, None)
 
-    def recv(self, buf, peer, tag=0, timeout=None):
+    def recv(self, buf, peer=None, tag=0, timeout=None):
+        """Receive into `buf` from `peer`, or with peer=None from any rank
+        (COLLIE_ANY_SOURCE): the work's `source` then says which."""
+        peer = -1 if peer is None else peer
         return self._p2p(False, False, buf, peer, tag, timeout, None, None, None)
 
     # ---- CUDA collectives (collie_cuda.h): device buffers on a stream -----------

@@ -123,6 +123,23 @@ def test_send_recv_and_tags(world2):
     assert x.tolist() == [0, 1, 2, 3] and y.tolist() == [9] * 4
 
 
+def test_recv_from_any_source(world3):
+    def body(r, c):
+        if r > 0:
+            c.send(np.full(2, r, np.int32), peer=0, tag=4).wait()
+            return None
+        got = []
+        for _ in range(2):
+            x = np.zeros(2, np.int32)
+            w = c.recv(x, tag=4)  # peer=None: any source
+            w.wait()
+            got.append((w.source, x.tolist()))
+        return sorted(got)
+
+    got = world3.each(body)[0]
+    assert got == [(1, [1, 1]), (2, [2, 2])]
+
+
 def test_bytes_like_buffers(world2):
     def body(r, c):
         ba = bytearray([r + 1] * 4)

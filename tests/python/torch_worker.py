@@ -91,6 +91,12 @@ def collectives():
         x = torch.zeros(2)
         dist.recv(x, src=0, tag=5)
         out["recv"] = x.tolist()
+    # recv without src (recvAnysource): the sender's rank comes back
+    if r == n - 1:
+        dist.send(torch.tensor([float(r)]), dst=0, tag=6)
+    elif r == 0:
+        x = torch.zeros(1)
+        out["recv_any"] = [dist.recv(x, tag=6), x.tolist()]
     w = dist.all_reduce(torch.ones(2), async_op=True)
     w.wait()
     out["is_completed"] = w.is_completed()
@@ -110,7 +116,6 @@ def unsupported():
         # (dist.all_reduce views complex tensors as real ones; the group itself refuses them)
         ("complex", lambda: dist.distributed_c10d._get_default_group().allreduce(
             [torch.ones(2, dtype=torch.complex64)])),
-        ("anysource", lambda: dist.recv(torch.zeros(1))),
         ("bool_sum", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool))),
     ):
         try:

@@ -282,6 +282,8 @@ class CollieWork : public c10d::Work {
     }
 
     void abort() override { collie_work_cancel(w_); }
+    // the sender of a receive (recv without src: recvAnysource)
+    int sourceRank() const override { return collie_work_source(w_); }
     std::vector<at::Tensor> result() override { return outputs_; }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
@@ -683,8 +685,15 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
         });
     }
 
-    c10::intrusive_ptr<c10d::Work> recvAnysource(Tensors &, int) override {
-        unsupported("recv from any source (recvAnysource): name the source rank");
+    c10::intrusive_ptr<c10d::Work> recvAnysource(Tensors &ts, int tag) override {
+        auto &t = single(ts, "recv");
+        auto dt = to_dtype(t, "recv", false);
+        TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
+        return post(OpType::RECVANYSOURCE, "recv", ts, {}, c10d::kUnsetTimeout,
+                    [&](auto o, auto w) {
+                        return collie_recv(comm_, t.data_ptr(), t.numel(), dt, COLLIE_ANY_SOURCE,
+                                           (uint64_t)tag, o, w);
+                    });
     }
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
