@@ -226,6 +226,7 @@ typedef struct tcp_conn {
     cl_list parked_list;     /* tcp_parked.node: the same, for freeing */
     uint64_t parked_bytes;   /* their charges: at most tc->early_bytes */
     uint64_t owed;           /* charged bytes consumed, not yet returned to the peer */
+    uint64_t frames_read;    /* frames read whole (conn_read_last_words sees progress) */
     bool reading_abort;      /* the frame being read is the peer's ABORT */
     char *peer_abort;        /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
     uint64_t payload_len, payload_got;

@@ -545,18 +545,21 @@ static bool conn_read_paused(const tcp_conn *c) {
 
 /* Sending failed: the peer has gone. Its last words (an ABORT frame naming
  * the root cause) may still wait in our receive queue, behind frames no
- * receive is posted for (they are of no use now: skipped). Read them before
- * blaming the peer; reading ends the connection if they are there, or at
- * the end of the stream. Bounded: a few skipped frames, 64 reads each. */
+ * receive is posted for (parked, or skipped after a mismatch paused
+ * reading) - a deep queue of small collectives leaves thousands. Read them
+ * before blaming the peer; reading ends the connection if they are there,
+ * or at the end of the stream. Bounded: 64 rounds of 64 reads, and a round
+ * that completes no frame ends it. */
 static void conn_read_last_words(tcp_conn *c) {
-    for (int i = 0; i < 8 && c->state == TCP_CONN_READY; i++) {
+    for (int i = 0; i < 64 && c->state == TCP_CONN_READY; i++) {
         if (conn_read_paused(c)) {
             memset(&c->drain, 0, sizeof c->drain);
             c->drain.len = c->payload_len;
             c->cur = &c->drain; /* owner NULL: into the discard area */
         }
+        uint64_t before = c->frames_read;
         cl_tcp_conn_on_read(c->fd, COLLIE_WATCH_READ, c);
-        if (!conn_read_paused(c)) return;
+        if (c->frames_read == before && !conn_read_paused(c)) return;
     }
 }
 
@@ -1181,6 +1184,7 @@ static void park_settle(tcp_conn *c, tcp_parked *p) {
 }
 
 static void conn_message_done(tcp_conn *c) {
+    c->frames_read++;
     c->have_hdr = false;
     c->hdr_got = 0;
     if (c->reading_abort) {
@@ -1366,6 +1370,7 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                 else
                     conn_on_gone(c);
                 c->hdr_got = 0;
+                c->frames_read++;
                 continue;
             }
             if (c->hdr[7] & TCP_FRAME_LOAN) cl_tcp_loan_begin(c);
