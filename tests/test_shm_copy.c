@@ -162,10 +162,6 @@ static void world_none(world *w, const char *name) {
 static void test_withdrawn_before_read(void **state) {
     (void)state;
     if (!cma_allowed()) skip();
-    /* a frame above half of COLLIE_EARLY_BYTES is announced and sent (lent)
-     * only once rank 1 posts its part; within it, rank 1 would park a copy
-     * at once and the root would complete (test_p2p covers that) */
-    setting_set("COLLIE_EARLY_BYTES", "65536");
     world w;
     world_none(&w, "copy1-withdraw");
     size_t n = 256 * 1024;
@@ -259,7 +255,6 @@ static void test_cancel_while_read(void **state) {
 static void test_withdrawn_peer_learns_root_cause(void **state) {
     (void)state;
     if (!cma_allowed()) skip();
-    setting_set("COLLIE_EARLY_BYTES", "65536"); /* announced, not parked (see above) */
     world w;
     world_create(&w, 2, "copy1-cause", NULL);
     size_t n = 1 << 20;

@@ -391,6 +391,9 @@ static inline uint64_t tcp_msg_body_len(const tcp_msg *m) {
     if (m->hdr[7] & TCP_FRAME_RTS) return 0; /* announced: the header alone */
     return m->loan_ticket ? CL_SHM_LOAN_DESC : m->len;
 }
+/* could m's payload be lent to c's peer (a large payload of a kind that
+ * does not reduce, on a shared-memory link)? */
+bool cl_tcp_loan_may(const tcp_conn *c, const tcp_msg *m);
 /* lend m's payload instead of sending it, if it may (under the owner's
  * BUSY bracket, before its first byte goes); true if it did */
 bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m);

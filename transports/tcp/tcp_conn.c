@@ -68,9 +68,9 @@
  *    CREDIT frame. A peer that sends past its grant, a frame twice, or a
  *    cleared frame not asked for breaks the protocol: EPROTO, connection
  *    closed. Cost: one CREDIT frame per quarter window of collective bytes
- *    (4 MiB by default), one round trip more for frames above 8 MiB, and a
- *    copy for frames that came early; a lent (single copy) frame that comes
- *    early is pulled into the park at once (its loan returned in order).
+ *    (4 MiB by default), one round trip more for frames above 8 MiB and
+ *    for frames that may be lent (single copy, tcp_loan.c: lent only once
+ *    the receive is posted), and a copy for frames that came early.
  *  - User buffers are touched only inside work_busy_enter/exit, so once a
  *    work's completion is visible they are never read or written again.
  *  - Broken sending: a message cut off mid-way (its work ended by deadline,
@@ -396,7 +396,10 @@ static bool conn_is_coll_frame(const tcp_msg *m) {
  * follows the peer's CTS, uncharged. */
 static bool conn_admit(tcp_conn *c, tcp_msg *m) {
     uint64_t need = TCP_FRAME_HDR + m->len;
-    if (need > c->window / 2) need = TCP_FRAME_HDR;
+    /* a frame that could be lent is announced too: it is lent only once
+     * the receive is posted, so a receiver never copies a lent payload into
+     * its park nor reads one before the arguments were checked */
+    if (need > c->window / 2 || cl_tcp_loan_may(c, m)) need = TCP_FRAME_HDR;
     if (c->window == 0 || c->credit < need) return false;
     if (need != TCP_FRAME_HDR + m->len) m->hdr[7] |= TCP_FRAME_RTS;
     c->credit -= need;
@@ -617,6 +620,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                 /* a large payload to a same-host peer: lend it instead
                  * (under the bracket: the unlend hook sees the loan) */
                 if (m->sent == 0 && !m->loan_ticket && !(m->hdr[7] & TCP_FRAME_RTS) &&
+                    (!conn_is_coll_frame(m) || (m->hdr[7] & TCP_FRAME_CLEARED)) &&
                     c->tc->shm_single_copy && m->len >= c->tc->shm_single_copy)
                     lent += cl_tcp_loan_open(c, m);
             }

@@ -28,6 +28,12 @@
  *    naming this rank, so nobody ever completes with bytes the user may
  *    have rewritten. Nothing waits for the peer: a stopped peer cannot
  *    hold up a deadline. The stream stays whole (the frame was complete).
+ *  - Collective frames are lent only once the receive is posted: a frame
+ *    that may be lent is announced first (RTS, tcp_conn.c), lent after the
+ *    CTS. So a receiver never copies a lent payload into its park of early
+ *    frames, never reads one before checking the arguments, and a root
+ *    whose peer has not posted yet still holds its buffer (and withdraws
+ *    nothing read). Point-to-point sends are lent at once, as before.
  *  - Receiving: the header is matched as any other; the descriptor is read
  *    from the ring; the payload is pulled with process_vm_readv into the
  *    destination (or the staging buffer for receive-and-reduce, or an
@@ -74,6 +80,14 @@ bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m) {
     m->loan_rec = rec;
     m->hdr[7] |= TCP_FRAME_LOAN; /* beside TCP_FRAME_CLEARED, if it was announced */
     return true;
+}
+
+bool cl_tcp_loan_may(const tcp_conn *c, const tcp_msg *m) {
+    /* whether the peer can read us may not be known yet on a new link (its
+     * probe runs as it connects): assume it can */
+    uint64_t min = c->tc->shm_single_copy;
+    return min && m->len >= min && m->owner && cl_tcp_link_is_shm(c) &&
+           !collie_coll_reduces(m->owner->args.kind);
 }
 
 /* m's loan is over (returned, or its work ended): free its record */
