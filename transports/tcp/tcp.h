@@ -227,8 +227,10 @@ typedef struct tcp_conn {
     uint64_t parked_bytes;   /* their charges: at most tc->early_bytes */
     uint64_t owed;           /* charged bytes consumed, not yet returned to the peer */
     uint64_t frames_read;    /* frames read whole (conn_read_last_words sees progress) */
-    bool reading_abort;      /* the frame being read is the peer's ABORT */
-    char *peer_abort;        /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
+    collie_watch *grace_ev;  /* a large early frame waits this long before it is parked */
+    bool grace_waiting, grace_over;
+    bool reading_abort; /* the frame being read is the peer's ABORT */
+    char *peer_abort;   /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
     uint64_t payload_len, payload_got;
     uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
     uint64_t stage_fill; /* bytes in stage for the current chunk */

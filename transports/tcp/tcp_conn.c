@@ -33,7 +33,10 @@
  *    whose frame rank 0 sent before its last one of 1). Posting the slot
  *    takes the parked frame (copy, or reduce from it), after the same
  *    argument checks as a live frame; a frame parked for a collective that
- *    completed without it is a mismatch (recheck at detach).
+ *    completed without it is a mismatch (recheck at detach). A frame of
+ *    64 KiB or more first waits up to 1 ms, reading paused, for its
+ *    receive (usually posted within moments): then it is read into place
+ *    with no allocation or copy; past that it is parked.
  *  - Mismatches fail within a round trip, never at the deadline: a frame
  *    is compared with this rank's post of its seq (every argument that must
  *    agree, and the v collectives' counts check: tcp.h) when it fills its
@@ -198,6 +201,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
     while ((tw = cl_list_first(&c->doomed, tcp_work, doomed_node)))
         cl_list_remove(&tw->doomed_node);
     if (c->doom_ev) c->tc->core->watch_free(c->doom_ev);
+    if (c->grace_ev) c->tc->core->watch_free(c->grace_ev);
     cl_shm_link_close(&c->shm);
     cl_list_remove(&c->shm_node);
     if (c->addr_ctx) { /* its callback frees the context and the request */
@@ -882,8 +886,11 @@ static void park_free(tcp_conn *c, tcp_parked *p) {
 /* The header in c->hdr is for a slot not posted yet (the peer is ahead):
  * park the frame, within the budget the peer was granted (a peer past it
  * broke the protocol). False if c failed. */
+static void park_grace_over(tcp_conn *c);
+
 static bool park_begin(tcp_conn *c, uint64_t charge) {
     const uint8_t *h = c->hdr;
+    park_grace_over(c);
     uint64_t seq = get64(h + 16);
     uint32_t step = get32(h + 8);
     if (!charge) {
@@ -964,6 +971,48 @@ static void park_deliver(tcp_conn *c, tcp_parked *p, tcp_slot *s) {
         cl_tcp_loan_doom(c, s, verdict);
 }
 
+/* A large early frame is not parked at once: its receive is usually posted
+ * within moments (a rank a little behind), and then it is read straight
+ * into place, as before parking existed (parking it costs an allocation and
+ * a copy: a 1 MiB broadcast over TCP took twice as long). Reading pauses
+ * for at most PARK_GRACE_US; then it is parked and reading goes on, so
+ * what waits behind it (a send/recv) is late by that much at most. */
+#define PARK_GRACE_MIN (64u * 1024)
+#define PARK_GRACE_US  1000
+
+static bool conn_match(tcp_conn *c);
+
+static void park_grace_expired(int fd, unsigned what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_conn *c = arg;
+    c->tc->core->watch_stop(c->grace_ev);
+    if (c->state != TCP_CONN_READY || !conn_read_paused(c) || !c->grace_waiting) return;
+    c->grace_over = true; /* this header: park it now */
+    if (!conn_match(c)) return;
+    c->tc->core->watch_start(c->rev, -1);
+    c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ);
+}
+
+/* Should the early frame in c->hdr wait (paused) before it is parked? */
+static bool park_wait_first(tcp_conn *c) {
+    if (c->grace_over || c->payload_len < PARK_GRACE_MIN || (c->hdr[7] & TCP_FRAME_RTS))
+        return false;
+    const collie_core_services *core = c->tc->core;
+    if (!c->grace_ev && !(c->grace_ev = core->watch_new(c->tc->bc, -1, 0, park_grace_expired, c)))
+        return false;
+    c->grace_waiting = true;
+    core->watch_start(c->grace_ev, PARK_GRACE_US);
+    return true;
+}
+
+/* The header found its slot or is parked: the grace is over. */
+static void park_grace_over(tcp_conn *c) {
+    if (c->grace_waiting) c->tc->core->watch_stop(c->grace_ev);
+    c->grace_waiting = false;
+    c->grace_over = false;
+}
+
 /* Match the complete header in c->hdr. Returns false to pause reading. */
 static bool conn_match(tcp_conn *c) {
     tcp_comm *tc = c->tc;
@@ -1007,6 +1056,7 @@ static bool conn_match(tcp_conn *c) {
     if (fl & TCP_FRAME_RTS) c->payload_len = 0; /* announced: no payload now */
     tcp_slot *s = coll_slot_take(c, seq, step);
     if (!s && cl_tcp_coll_finished(tc, seq)) {
+        park_grace_over(c);
         coll_late_frame(c, h);
         return false;
     }
@@ -1015,9 +1065,14 @@ static bool conn_match(tcp_conn *c) {
          * the frame must agree with it already (a frame of a step this rank
          * never posts would otherwise wait for the deadline); then park it */
         tcp_work *tw = cl_tcp_coll_running(tc, seq);
-        if (tw && !cl_tcp_frame_agrees(c, h, tw)) return false;
+        if (tw && !cl_tcp_frame_agrees(c, h, tw)) {
+            park_grace_over(c);
+            return false;
+        }
+        if (park_wait_first(c)) return false;
         return park_begin(c, charge);
     }
+    park_grace_over(c);
     if (coll_mismatch(c, h, s)) return false;
     conn_consumed(c, charge);
     if (fl & TCP_FRAME_RTS) { /* the slot waits for the data: ask for it */
