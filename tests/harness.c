@@ -252,3 +252,32 @@ void setting_set(const char *name, const char *value) {
         unsetenv(name);
     cl_config_reload();
 }
+
+static void loop_block_fn(void *arg) {
+    loop_block *b = arg;
+    atomic_store(&b->in, true);
+    int64_t until = now_ms() + 10000;
+    while (!atomic_load(&b->go) && now_ms() < until)
+        usleep(1000);
+}
+
+static void *loop_block_thread(void *arg) {
+    loop_block *b = arg;
+    (void)cl_engine_call(b->e, loop_block_fn, b, 20000);
+    return NULL;
+}
+
+void loop_block_start(loop_block *b, collie_engine *e) {
+    memset(b, 0, sizeof *b);
+    b->e = e;
+    assert_int_equal(pthread_create(&b->th, NULL, loop_block_thread, b), 0);
+    int64_t until = now_ms() + 10000;
+    while (!atomic_load(&b->in) && now_ms() < until)
+        usleep(1000);
+    assert_true(atomic_load(&b->in));
+}
+
+void loop_unblock(loop_block *b) {
+    atomic_store(&b->go, true);
+    pthread_join(b->th, NULL);
+}

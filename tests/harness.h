@@ -9,6 +9,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 #include <cmocka.h>
@@ -76,6 +79,17 @@ size_t engine_tracked(collie_engine *e);
 typedef struct loop_probe loop_probe;
 loop_probe *loop_probe_start(collie_engine *e, _Atomic long *counter);
 long loop_probe_stop(loop_probe *p, const int64_t *stamps, size_t n);
+
+/* A loop blocked on purpose (to hold one rank while another moves): a
+ * command that waits until loop_unblock, at most 10 s. loop_block_start
+ * returns once the loop is inside it. */
+typedef struct loop_block {
+    collie_engine *e;
+    _Atomic bool go, in;
+    pthread_t th;
+} loop_block;
+void loop_block_start(loop_block *b, collie_engine *e);
+void loop_unblock(loop_block *b);
 
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);

@@ -861,43 +861,6 @@ static void test_log_file(void **state) {
 
 /* ---- a receive-and-reduce cancelled mid-frame (issue 28, item 7) ---------------------------- */
 
-/* A loop blocked on purpose: a command that waits (bounded) until `go`. */
-typedef struct loop_block {
-    collie_engine *e;
-    _Atomic bool go, in;
-    pthread_t th;
-} loop_block;
-
-static void loop_block_fn(void *arg) {
-    loop_block *b = arg;
-    atomic_store(&b->in, true);
-    int64_t until = now_ms() + 10000;
-    while (!atomic_load(&b->go) && now_ms() < until)
-        usleep(1000);
-}
-
-static void *loop_block_thread(void *arg) {
-    loop_block *b = arg;
-    (void)cl_engine_call(b->e, loop_block_fn, b, 20000);
-    return NULL;
-}
-
-/* Block e's loop until loop_unblock (returns once the loop is inside). */
-static void loop_block_start(loop_block *b, collie_engine *e) {
-    memset(b, 0, sizeof *b);
-    b->e = e;
-    assert_int_equal(pthread_create(&b->th, NULL, loop_block_thread, b), 0);
-    int64_t until = now_ms() + 10000;
-    while (!atomic_load(&b->in) && now_ms() < until)
-        usleep(1000);
-    assert_true(atomic_load(&b->in));
-}
-
-static void loop_unblock(loop_block *b) {
-    atomic_store(&b->go, true);
-    pthread_join(b->th, NULL);
-}
-
 /* Before: a reduce's receive cancelled while part of its frame sat in the
  * staging buffer drained the whole frame length from the stream, so the
  * drain swallowed the start of the peer's next frame: the next reduce

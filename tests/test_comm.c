@@ -287,20 +287,21 @@ static void test_abort_then_destroy(void **state) {
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
 }
 
-/* Block an engine's progress loop for `ms` (a command that sleeps). */
-typedef struct loop_block {
+/* Block an engine's progress loop for `ms` (a command that sleeps; loop_block, in the
+ * harness, blocks it until told). */
+typedef struct loop_nap {
     cl_cmd cmd;
     int ms;
-} loop_block;
+} loop_nap;
 
-static void loop_block_run(cl_cmd *c) {
-    loop_block *b = cl_container_of(c, loop_block, cmd);
+static void loop_nap_run(cl_cmd *c) {
+    loop_nap *b = cl_container_of(c, loop_nap, cmd);
     struct timespec ts = {b->ms / 1000, (long)(b->ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
 
-static void loop_block_post(collie_engine *e, loop_block *b, int ms) {
-    b->cmd = (cl_cmd){.fn = loop_block_run}; /* assist_ok false: helpers leave it to the loop */
+static void loop_nap_post(collie_engine *e, loop_nap *b, int ms) {
+    b->cmd = (cl_cmd){.fn = loop_nap_run}; /* assist_ok false: helpers leave it to the loop */
     b->ms = ms;
     assert_int_equal(cl_engine_post_cmd(e, &b->cmd), COLLIE_OK);
 }
@@ -624,8 +625,8 @@ static void test_desync_report_late_rank_blames_itself(void **state) {
     assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &wk),
                      COLLIE_OK);
     engine_sync(w.e); /* started */
-    loop_block b;
-    loop_block_post(
+    loop_nap b;
+    loop_nap_post(
         w.e, &b,
         1250); /* over 1 s late; well before the waiter's own grace (deadline + 1.5 s) ends */
     assert_int_equal(collie_work_wait(wk, 10000), COLLIE_ETIMEDOUT);
@@ -856,45 +857,90 @@ static void test_cut_message_keeps_connection_until_told(void **state) {
 
 /* The same cut under policy NONE, where no delayed close comes: the next
  * op that needs the peer closes the broken connection and fails at once,
- * naming the cut, instead of waiting out its deadline. (Over shared memory
- * a large message is lent, not streamed, and cannot be cut: single copy
- * off here; tests/test_shm_copy.c covers a withdrawn loan.) */
+ * naming the cut, instead of waiting out its deadline. A sender streams a
+ * large frame only once the receive is posted (tcp_conn.c: credit, RTS/CTS),
+ * or the window has room for it (tcp_conn.c: credit, RTS/CTS), so the cut
+ * needs a window as large as the frame and a receiver that stops reading:
+ * two engines, rank 1's loop held while rank 0 writes. (Over shared memory a large
+ * message is lent, not streamed, and cannot be cut: single copy off here;
+ * tests/test_shm_copy.c covers a withdrawn loan.) */
 static void test_cut_message_policy_none(void **state) {
     (void)state;
     setting_set("COLLIE_SHM_SINGLE_COPY", "0");
+    setting_set("COLLIE_EARLY_BYTES", "67108864"); /* the frame goes whole, not announced */
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = "cutnone";
     o.policy = COLLIE_POLICY_NONE;
-    world w;
-    world_create(&w, 2, "cutnone", &o);
-    enum { COUNT = 4 << 20 };
-    float *b0 = calloc(COUNT, sizeof(float));
-    assert_non_null(b0);
-    collie_work *w0;
-    assert_int_equal(collie_allreduce(w.c[0], b0, b0, COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &w0),
-                     COLLIE_OK);
-    assert_int_equal(collie_work_wait(w0, 100), COLLIE_INPROGRESS);
-    assert_int_equal(collie_work_cancel(w0), COLLIE_OK);
-    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_ECANCELED);
-    collie_work_release(w0);
+    o.timeout_ms = 8000;
+    enum { COUNT = 4 << 20 }; /* 16 MB: far more than the socket buffers hold */
+    collie_engine *e[2];
+    collie_store_server *srv;
+    collie_store *st[2];
+    collie_comm *c[2];
+    collie_work *wk[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_engine_create(NULL, &e[r]), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e[0], "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_store_connect(e[r], addr, NULL, &st[r]), COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(e[r], st[r], r, 2, &o, &c[r], &wk[r]), COLLIE_OK);
+    }
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 30000), COLLIE_OK);
+        collie_work_release(wk[r]);
+    }
+    int32_t one[2] = {1, 2}; /* connect first, so the big frame meets a ready link */
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(c[r], &one[r], &one[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 20000), COLLIE_OK);
+        assert_int_equal(one[r], 3);
+        collie_work_release(wk[r]);
+    }
+    float *b[2];
+    for (int r = 0; r < 2; r++) {
+        b[r] = calloc(COUNT, sizeof(float));
+        assert_non_null(b[r]);
+    }
+    /* both post; rank 1's loop stops reading once the stream has begun */
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(c[r], b[r], b[r], COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    loop_block hold; /* after rank 1's post: its commands run in order */
+    loop_block_start(&hold, e[1]);
+    assert_int_equal(collie_work_wait(wk[0], 200), COLLIE_INPROGRESS); /* the buffers fill */
+    assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk[0], 5000), COLLIE_ECANCELED);
+    collie_work_release(wk[0]);
     int32_t x = 1;
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
     po.timeout_ms = 10000;
     int64_t t0 = now_ms();
-    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &w0),
+    assert_int_equal(collie_allreduce(c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &po, &wk[0]),
                      COLLIE_OK);
-    assert_int_equal(collie_work_wait(w0, 5000), COLLIE_EPEER);
+    assert_int_equal(collie_work_wait(wk[0], 5000), COLLIE_EPEER);
     assert_true(now_ms() - t0 < 2000);
-    print_message("rank 0: %s\n", collie_work_error_message(w0));
-    assert_non_null(strstr(collie_work_error_message(w0), "cut off mid-way"));
-    collie_work_release(w0);
+    print_message("rank 0: %s\n", collie_work_error_message(wk[0]));
+    assert_non_null(strstr(collie_work_error_message(wk[0]), "cut off mid-way"));
+    collie_work_release(wk[0]);
+    loop_unblock(&hold);
+    /* rank 1's allreduce cannot complete: it fails (the cut stream) */
+    int rc = collie_work_wait(wk[1], 10000);
+    assert_true(rc != COLLIE_OK && rc != COLLIE_INPROGRESS);
+    collie_work_release(wk[1]);
     for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_comm_destroy(w.c[r]), COLLIE_OK);
-        collie_store_destroy(w.st[r]);
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+        collie_store_destroy(st[r]);
+        free(b[r]);
     }
-    free(b0);
-    collie_store_server_destroy(w.srv);
-    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+    collie_store_server_destroy(srv);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_engine_destroy(e[r]), COLLIE_OK);
 }
 
 /* Destroying the engine under live comms fails their works with ECLOSED;
@@ -992,8 +1038,8 @@ static void test_waiter_past_deadline_during_desync_report(void **state) {
         collie_work_release(cw[r]);
     }
     enum { DEADLINE_MS = 200, BLOCK1_MS = 4500, BLOCK0_MS = 3500 };
-    loop_block b0, b1;
-    loop_block_post(e1, &b1, BLOCK1_MS); /* rank 1 never answers in time */
+    loop_nap b0, b1;
+    loop_nap_post(e1, &b1, BLOCK1_MS); /* rank 1 never answers in time */
     int32_t x = 1;
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
     po.timeout_ms = DEADLINE_MS;
@@ -1005,7 +1051,7 @@ static void test_waiter_past_deadline_during_desync_report(void **state) {
      * sticks while the report waits for rank 1 */
     struct timespec ts = {0, (DEADLINE_MS + 100) * 1000000L};
     nanosleep(&ts, NULL);
-    loop_block_post(m.e, &b0, BLOCK0_MS);
+    loop_nap_post(m.e, &b0, BLOCK0_MS);
     int rc = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
     int64_t waited = now_ms() - t0;
     int st = COLLIE_OK;
