@@ -465,6 +465,111 @@ static void test_root_mismatch_found_at_once(void **state) {
     root_mismatch_found_at_once(true);
 }
 
+/* A rank that posts a collective of count 0 where its peers post more (found
+ * by an outsider): before, the zero rank ended OK at once without a word and
+ * the others waited out their deadline, blamed by a desync report that named
+ * no argument. Now count 0 still meets the peers (empty frames in a
+ * barrier's pattern), so the disagreement is a mismatch within a round trip
+ * on every kind, and no work ends OK; when every rank posts 0, all end OK. */
+static void test_count_zero_mismatch_found_at_once(void **state) {
+    (void)state;
+    enum { N = 4, DEADLINE_MS = 3000 };
+    static const collie_coll_kind kinds[] = {COLLIE_COLL_ALLREDUCE,      COLLIE_COLL_BROADCAST,
+                                             COLLIE_COLL_REDUCE,         COLLIE_COLL_ALLGATHER,
+                                             COLLIE_COLL_REDUCE_SCATTER, COLLIE_COLL_ALLTOALL};
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.timeout_ms = DEADLINE_MS;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        for (int zero_rank = 0; zero_rank < N; zero_rank += N - 1) {
+            world w;
+            char name[32];
+            snprintf(name, sizeof name, "zero%zu-%d", k, zero_rank);
+            o.name = name;
+            world_create(&w, N, name, &o);
+            int32_t in[N][4 * N], out[N][4 * N];
+            collie_work *wk[N];
+            int64_t t0 = now_ms();
+            for (int r = 0; r < N; r++) {
+                for (int i = 0; i < 4 * N; i++)
+                    in[r][i] = out[r][i] = r + 1;
+                size_t count = r == zero_rank ? 0 : 4;
+                int rc;
+                switch (kinds[k]) {
+                case COLLIE_COLL_ALLREDUCE:
+                    rc = collie_allreduce(w.c[r], in[r], out[r], count, COLLIE_INT32, COLLIE_SUM,
+                                          NULL, &wk[r]);
+                    break;
+                case COLLIE_COLL_BROADCAST:
+                    rc = collie_broadcast(w.c[r], out[r], count, COLLIE_INT32, 0, NULL, &wk[r]);
+                    break;
+                case COLLIE_COLL_REDUCE:
+                    rc = collie_reduce(w.c[r], in[r], out[r], count, COLLIE_INT32, COLLIE_SUM, 0,
+                                       NULL, &wk[r]);
+                    break;
+                case COLLIE_COLL_ALLGATHER:
+                    rc = collie_allgather(w.c[r], in[r], out[r], count, COLLIE_INT32, NULL, &wk[r]);
+                    break;
+                case COLLIE_COLL_REDUCE_SCATTER:
+                    rc = collie_reduce_scatter(w.c[r], in[r], out[r], count, COLLIE_INT32,
+                                               COLLIE_SUM, NULL, &wk[r]);
+                    break;
+                default:
+                    rc = collie_alltoall(w.c[r], in[r], out[r], count, COLLIE_INT32, NULL, &wk[r]);
+                    break;
+                }
+                assert_int_equal(rc, COLLIE_OK);
+            }
+            int eproto = 0;
+            for (int r = 0; r < N; r++) {
+                int rc = collie_work_wait(wk[r], 2 * DEADLINE_MS);
+                /* a rooted kind's rank may finish its part before the
+                 * mismatch reaches it (a root that sent, a leaf that sent
+                 * its empty part): an OK is then checked (broadcast: root
+                 * 0's data; reduce: only the root's output is defined, the
+                 * sum); a symmetric kind never ends OK */
+                bool ok_allowed =
+                    kinds[k] == COLLIE_COLL_BROADCAST || kinds[k] == COLLIE_COLL_REDUCE;
+                if (rc == COLLIE_INPROGRESS || (rc == COLLIE_OK && !ok_allowed))
+                    fail_msg("%s, rank %d posted count 0: rank %d's work returned %s",
+                             collie_coll_kind_name(kinds[k]), zero_rank, r, collie_strerror(rc));
+                if (rc == COLLIE_OK && r != zero_rank) /* count 0: nothing to hold */
+                    for (int i = 0; i < 4; i++) {
+                        int32_t want = kinds[k] == COLLIE_COLL_BROADCAST ? 1
+                                       : r == 0                          ? 1 + 2 + 3 + 4
+                                                                         : r + 1;
+                        if (out[r][i] != want)
+                            fail_msg("%s: rank %d returned OK with element %d = %d, not %d",
+                                     collie_coll_kind_name(kinds[k]), r, i, out[r][i], want);
+                    }
+                eproto += rc == COLLIE_EPROTO;
+                collie_work_release(wk[r]);
+            }
+            int64_t took = now_ms() - t0;
+            assert_true(eproto >= 1);
+            if (took >= 1000)
+                fail_msg("%s, rank %d posted count 0: found after %lld ms (deadline %d ms)",
+                         collie_coll_kind_name(kinds[k]), zero_rank, (long long)took, DEADLINE_MS);
+            world_destroy(&w);
+        }
+    }
+    /* every rank posts 0: all end OK, nothing written */
+    world w;
+    o.name = "zero-all";
+    world_create(&w, N, "zero-all", &o);
+    int32_t x[N] = {7, 7, 7, 7};
+    collie_work *wk[N];
+    for (int r = 0; r < N; r++)
+        assert_int_equal(
+            collie_allreduce(w.c[r], &x[r], &x[r], 0, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    for (int r = 0; r < N; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 10000), COLLIE_OK);
+        assert_int_equal(x[r], 7);
+        collie_work_release(wk[r]);
+    }
+    world_destroy(&w);
+}
+
 /* Invalid arguments: COLLIE_EINVAL, no work, no side effects (the sequence
  * number is not consumed, so later collectives still match). */
 static void test_invalid_arguments(void **state) {
@@ -989,6 +1094,7 @@ int main(void) {
         cmocka_unit_test(test_recv_mismatch_is_eproto_and_writes_nothing),
         cmocka_unit_test(test_root_mismatch_is_eproto),
         cmocka_unit_test(test_root_mismatch_found_at_once),
+        cmocka_unit_test(test_count_zero_mismatch_found_at_once),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_registry),

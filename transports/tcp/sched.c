@@ -263,6 +263,7 @@ static void sched_bounds(const cl_sched_b *b, bool small, uint64_t *steps, uint6
         *steps = 1, *ops = 1;
         return;
     }
+
     switch (b->a->kind) {
     case COLLIE_COLL_ALLREDUCE:
         if (small)
@@ -375,8 +376,48 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
     return COLLIE_OK;
 }
 
+/* Count 0 moves nothing, but the ranks still meet: a rank that posted 0
+ * where a peer posted more must not end OK alone while the peer waits out
+ * its deadline. It runs the pattern of a one-element collective of the
+ * same kind (a small count's algorithm, the same steps) with every message
+ * empty and nothing local: the frames carry this collective's arguments,
+ * so a peer that posted more sees the disagreement within a round trip,
+ * and when every rank posted 0 they all end OK having touched no buffer. */
+static int sched_build_empty(cl_sched *s, const collie_coll_args *a, int rank, int size) {
+    collie_coll_args one = *a;
+    one.count = 1;
+    int res = cl_sched_build(s, &one, rank, size);
+    if (res != COLLIE_OK) return res;
+    uint32_t out = 0, in = 0;
+    for (uint32_t k = 0; k < s->nsteps; k++) {
+        uint32_t end = s->step_start[k + 1];
+        s->step_start[k] = out;
+        for (; in < end; in++) {
+            cl_sop o = s->ops[in];
+            if (o.kind != CL_SOP_SEND && o.kind != CL_SOP_RECV && o.kind != CL_SOP_RECV_REDUCE &&
+                o.kind != CL_SOP_RECV_REDUCE3)
+                continue; /* local work: nothing to do on no data */
+            if (o.kind != CL_SOP_SEND) o.kind = CL_SOP_RECV;
+            o.off = o.src_off = o.len = 0;
+            s->ops[out++] = o;
+        }
+    }
+    s->nops = out;
+    s->scratch_bytes = 0;
+    while (s->nsteps > 0 && s->step_start[s->nsteps - 1] == s->nops)
+        s->nsteps--;
+    s->step_start[s->nsteps] = s->nops;
+    return COLLIE_OK;
+}
+
 int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
     if (!s || !a) return COLLIE_EINVAL;
+    if (a->count == 0 && size > 1 && a->kind != COLLIE_COLL_BARRIER && !collie_coll_is_v(a->kind)) {
+        const char *why;
+        uint64_t esize;
+        int res = sched_validate(a, rank, size, &esize, &why);
+        return res != COLLIE_OK ? res : sched_build_empty(s, a, rank, size);
+    }
     cl_sched_b b = {
         .s = s, .a = a, .rank = rank, .size = size, .empty_msgs = collie_coll_is_v(a->kind)};
     const char *why;
@@ -402,7 +443,7 @@ int cl_sched_build(cl_sched *s, const collie_coll_args *a, int rank, int size) {
         else
             sched_alltoallv_pairwise(&b);
     } else if (a->count == 0) {
-        /* nothing to move */
+        /* one rank, nothing to move (more ranks: sched_build_empty) */
     } else if (size == 1) {
         sched_local(&b);
     } else {
