@@ -14,10 +14,17 @@
 
 #include "transports/reduce.h"
 
-void world_create(world *w, int n, const char *name, const collie_comm_opts *o) {
+static void world_make(world *w, int n, const char *name, const collie_comm_opts *o, bool apart) {
     memset(w, 0, sizeof *w);
     w->n = n;
-    assert_int_equal(collie_engine_create(NULL, &w->e), COLLIE_OK);
+    w->apart = apart;
+    for (int r = 0; r < n; r++) {
+        if (r == 0 || apart)
+            assert_int_equal(collie_engine_create(NULL, &w->re[r]), COLLIE_OK);
+        else
+            w->re[r] = w->re[0];
+    }
+    w->e = w->re[0];
     assert_int_equal(collie_store_server_create(w->e, "127.0.0.1", 0, NULL, &w->srv), COLLIE_OK);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w->srv));
@@ -27,8 +34,8 @@ void world_create(world *w, int n, const char *name, const collie_comm_opts *o) 
     if (!o) o = &dflt;
     collie_work *cw[WORLD_MAX];
     for (int r = 0; r < n; r++) {
-        assert_int_equal(collie_store_connect(w->e, addr, NULL, &w->st[r]), COLLIE_OK);
-        int rc = collie_comm_create_post(w->e, w->st[r], r, n, o, &w->c[r], &cw[r]);
+        assert_int_equal(collie_store_connect(w->re[r], addr, NULL, &w->st[r]), COLLIE_OK);
+        int rc = collie_comm_create_post(w->re[r], w->st[r], r, n, o, &w->c[r], &cw[r]);
         if (rc != COLLIE_OK) fail_msg("create rank %d: %s", r, collie_last_error());
     }
     for (int r = 0; r < n; r++) {
@@ -38,13 +45,38 @@ void world_create(world *w, int n, const char *name, const collie_comm_opts *o) 
     }
 }
 
+void world_create(world *w, int n, const char *name, const collie_comm_opts *o) {
+    world_make(w, n, name, o, false);
+}
+
+void world_create_apart(world *w, int n, const char *name, const collie_comm_opts *o) {
+    world_make(w, n, name, o, true);
+}
+
+void world_link(world *w) {
+    int32_t x[WORLD_MAX];
+    collie_work *wk[WORLD_MAX];
+    for (int r = 0; r < w->n; r++) {
+        x[r] = r + 1;
+        assert_int_equal(
+            collie_allreduce(w->c[r], &x[r], &x[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < w->n; r++) {
+        assert_int_equal(collie_work_wait(wk[r], 20000), COLLIE_OK);
+        assert_int_equal(x[r], w->n * (w->n + 1) / 2);
+        collie_work_release(wk[r]);
+    }
+}
+
 void world_destroy(world *w) {
     for (int r = 0; r < w->n; r++) {
         assert_int_equal(collie_comm_destroy(w->c[r]), COLLIE_OK);
         collie_store_destroy(w->st[r]);
     }
     collie_store_server_destroy(w->srv);
-    assert_int_equal(collie_engine_destroy(w->e), COLLIE_OK);
+    for (int r = w->n - 1; r >= 0; r--)
+        if (r == 0 || w->apart) assert_int_equal(collie_engine_destroy(w->re[r]), COLLIE_OK);
 }
 
 static bool dtype_signed(collie_dtype dt) { return dt != COLLIE_UINT8; }

@@ -7,6 +7,8 @@
 #ifndef CL_TEST_COLL_FIXTURE_H
 #define CL_TEST_COLL_FIXTURE_H
 
+#include <stdbool.h>
+
 #include "collie.h"
 #include "collie_backend.h"
 
@@ -14,7 +16,9 @@
 
 typedef struct world {
     int n;
-    collie_engine *e;
+    collie_engine *e;             /* the engine of rank 0 (of every rank, but apart) */
+    collie_engine *re[WORLD_MAX]; /* rank r's engine */
+    bool apart;                   /* one engine per rank (world_create_apart) */
     collie_store_server *srv;
     collie_store *st[WORLD_MAX];
     collie_comm *c[WORLD_MAX];
@@ -24,6 +28,12 @@ typedef struct world {
  * every rank and waited for (bounded). Fails the test on error. */
 void world_create(world *w, int n, const char *name, const collie_comm_opts *o);
 void world_destroy(world *w);
+/* world_create_apart: the same with an engine per rank (the store on rank
+ * 0's), so one rank's loop can be held while another's runs (loop_block) */
+void world_create_apart(world *w, int n, const char *name, const collie_comm_opts *o);
+/* world_link: a one-element allreduce on every rank, checked: the links an
+ * allreduce needs are made before the test's own traffic */
+void world_link(world *w);
 
 /* Deterministic input of rank r, element i, for dtype dt and op (small
  * integers, so every float sum and product below is exact). */

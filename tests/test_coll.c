@@ -980,39 +980,15 @@ static void test_cancelled_reduce_drains_exactly(void **state) {
     /* the frame goes whole, not announced first (it is within half this) */
     setting_set("COLLIE_EARLY_BYTES", "67108864");
     enum { COUNT = 4 << 20, SMALL = 1000 };
-    collie_engine *e[2];
-    collie_store_server *srv;
-    collie_store *st[2];
-    collie_comm *c[2];
-    collie_work *cw[2];
-    for (int r = 0; r < 2; r++)
-        assert_int_equal(collie_engine_create(NULL, &e[r]), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e[0], "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = "drain";
     o.timeout_ms = 8000;
     o.policy = COLLIE_POLICY_NONE;
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_store_connect(e[r], addr, NULL, &st[r]), COLLIE_OK);
-        assert_int_equal(collie_comm_create_post(e[r], st[r], r, 2, &o, &c[r], &cw[r]), COLLIE_OK);
-    }
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_work_wait(cw[r], 30000), COLLIE_OK);
-        collie_work_release(cw[r]);
-    }
-    /* connect first (a small allreduce), so the big frame meets a ready link */
-    int32_t one[2] = {1, 2};
+    world w;
+    world_create_apart(&w, 2, "drain", &o);
+    world_link(&w); /* the big frame meets a ready link */
+    collie_comm **c = w.c;
     collie_work *wk[2];
-    for (int r = 0; r < 2; r++)
-        assert_int_equal(
-            collie_allreduce(c[r], &one[r], &one[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
-            COLLIE_OK);
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_work_wait(wk[r], 20000), COLLIE_OK);
-        collie_work_release(wk[r]);
-    }
     int32_t *in[2], *out[2];
     for (int r = 0; r < 2; r++) {
         in[r] = malloc(COUNT * sizeof(int32_t));
@@ -1026,16 +1002,16 @@ static void test_cancelled_reduce_drains_exactly(void **state) {
     assert_int_equal(
         collie_reduce(c[0], in[0], out[0], COUNT, COLLIE_INT32, COLLIE_SUM, 0, NULL, &wk[0]),
         COLLIE_OK);
-    engine_sync(e[0]);
+    engine_sync(w.re[0]);
     /* rank 1 writes what fits (the ring or the socket is full), rank 0's
      * loop being held, then rank 1's loop is held and rank 0 reads it */
     loop_block b0, b1;
-    loop_block_start(&b0, e[0]);
+    loop_block_start(&b0, w.re[0]);
     assert_int_equal(
         collie_reduce(c[1], in[1], out[1], COUNT, COLLIE_INT32, COLLIE_SUM, 0, NULL, &wk[1]),
         COLLIE_OK);
     usleep(200 * 1000);
-    loop_block_start(&b1, e[1]);
+    loop_block_start(&b1, w.re[1]);
     loop_unblock(&b0);
     usleep(200 * 1000);
     /* the receive ends mid-frame: the rest of the frame is drained */
@@ -1066,14 +1042,10 @@ static void test_cancelled_reduce_drains_exactly(void **state) {
     for (int i = 0; i < SMALL; i++)
         assert_int_equal(sout[0][i], 3000 + 2 * i);
     for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
-        collie_store_destroy(st[r]);
         free(in[r]);
         free(out[r]);
     }
-    collie_store_server_destroy(srv);
-    for (int r = 0; r < 2; r++)
-        assert_int_equal(collie_engine_destroy(e[r]), COLLIE_OK);
+    world_destroy(&w);
 }
 
 int main(void) {

@@ -873,34 +873,11 @@ static void test_cut_message_policy_none(void **state) {
     o.policy = COLLIE_POLICY_NONE;
     o.timeout_ms = 8000;
     enum { COUNT = 4 << 20 }; /* 16 MB: far more than the socket buffers hold */
-    collie_engine *e[2];
-    collie_store_server *srv;
-    collie_store *st[2];
-    collie_comm *c[2];
+    world w;
+    world_create_apart(&w, 2, "cutnone", &o);
+    world_link(&w); /* the big frame meets a ready link */
+    collie_comm **c = w.c;
     collie_work *wk[2];
-    for (int r = 0; r < 2; r++)
-        assert_int_equal(collie_engine_create(NULL, &e[r]), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e[0], "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_store_connect(e[r], addr, NULL, &st[r]), COLLIE_OK);
-        assert_int_equal(collie_comm_create_post(e[r], st[r], r, 2, &o, &c[r], &wk[r]), COLLIE_OK);
-    }
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_work_wait(wk[r], 30000), COLLIE_OK);
-        collie_work_release(wk[r]);
-    }
-    int32_t one[2] = {1, 2}; /* connect first, so the big frame meets a ready link */
-    for (int r = 0; r < 2; r++)
-        assert_int_equal(
-            collie_allreduce(c[r], &one[r], &one[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk[r]),
-            COLLIE_OK);
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_work_wait(wk[r], 20000), COLLIE_OK);
-        assert_int_equal(one[r], 3);
-        collie_work_release(wk[r]);
-    }
     float *b[2];
     for (int r = 0; r < 2; r++) {
         b[r] = calloc(COUNT, sizeof(float));
@@ -912,7 +889,7 @@ static void test_cut_message_policy_none(void **state) {
             collie_allreduce(c[r], b[r], b[r], COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &wk[r]),
             COLLIE_OK);
     loop_block hold; /* after rank 1's post: its commands run in order */
-    loop_block_start(&hold, e[1]);
+    loop_block_start(&hold, w.re[1]);
     assert_int_equal(collie_work_wait(wk[0], 200), COLLIE_INPROGRESS); /* the buffers fill */
     assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
     assert_int_equal(collie_work_wait(wk[0], 5000), COLLIE_ECANCELED);
@@ -933,14 +910,9 @@ static void test_cut_message_policy_none(void **state) {
     int rc = collie_work_wait(wk[1], 10000);
     assert_true(rc != COLLIE_OK && rc != COLLIE_INPROGRESS);
     collie_work_release(wk[1]);
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
-        collie_store_destroy(st[r]);
-        free(b[r]);
-    }
-    collie_store_server_destroy(srv);
     for (int r = 0; r < 2; r++)
-        assert_int_equal(collie_engine_destroy(e[r]), COLLIE_OK);
+        free(b[r]);
+    world_destroy(&w);
 }
 
 /* Destroying the engine under live comms fails their works with ECLOSED;
