@@ -163,6 +163,7 @@ static const char *svc_setting(const char *name) {
         return num;
     }
     if (!strcmp(name, "COLLIE_INSECURE")) return c->insecure ? "1" : "0";
+    if (!strcmp(name, "COLLIE_FRAME_MAC")) return c->frame_mac ? "1" : "0";
     if (!strcmp(name, "COLLIE_HANDSHAKE_TIMEOUT_MS")) {
         snprintf(num, sizeof num, "%d", (int)c->handshake_ms);
         return num;

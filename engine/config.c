@@ -67,6 +67,10 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_HANDSHAKE_TIMEOUT_MS", CL_SET_MS, CL_OFF(handshake_ms), 1, "5000",
      "a connection to a rank's listener must finish its handshake within this many ms (at "
      "most 64 wait at once per comm)"},
+    {"COLLIE_FRAME_MAC", CL_SET_BOOL, CL_OFF(frame_mac), 0, "1",
+     "TCP frames between ranks carry a MAC (ChaCha20-Poly1305, keyed per connection by the "
+     "handshake) when the job has a secret; 0: not, for trusted networks (both ends must agree; "
+     "docs/security.md)"},
     {"COLLIE_RANK", CL_SET_INT, CL_OFF(rank), 0, "(none)",
      "this process's rank (set by collie-run)"},
     {"COLLIE_WORLD_SIZE", CL_SET_INT, CL_OFF(world_size), 1, "(none)",
@@ -142,7 +146,8 @@ static const cl_config cl_cfg_defaults = {.log_level = 1,
                                           .early_bytes = 16777216,
                                           .nccl_poll_us = 200,
                                           .nccl_abort_ms = 10000,
-                                          .handshake_ms = 5000};
+                                          .handshake_ms = 5000,
+                                          .frame_mac = true};
 static cl_config cl_cfg = cl_cfg_defaults;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;

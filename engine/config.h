@@ -21,6 +21,7 @@ typedef struct cl_config {
     const char *store_token;   /* COLLIE_STORE_TOKEN (NULL if unset) */
     bool insecure;             /* COLLIE_INSECURE: beyond loopback without a secret is allowed */
     int32_t handshake_ms;      /* COLLIE_HANDSHAKE_TIMEOUT_MS: bound of a rank's handshake */
+    bool frame_mac;            /* COLLIE_FRAME_MAC: TCP frames carry a MAC (with a secret) */
     int32_t rank;              /* COLLIE_RANK (-1 if unset) */
     int32_t world_size;        /* COLLIE_WORLD_SIZE (-1 if unset) */
     int32_t local_rank;        /* COLLIE_LOCAL_RANK (-1 if unset) */

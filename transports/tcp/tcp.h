@@ -22,6 +22,7 @@
 #include "engine/list.h"
 #include "transports/shm/host_id.h"
 #include "transports/shm/link.h"
+#include "transports/tcp/frame_mac.h"
 #include "transports/tcp/sched.h"
 
 /* cl_tcp_backend_ops: the TCP backend's ops table (transports/builtin.c
@@ -40,14 +41,14 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 #define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC    0x48544c43u /* "CLTH" */
 #define TCP_PROTO_VERSION                                                                          \
-    4 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
-          4: flow control of collective frames */
+    5 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
+          4: flow control of collective frames; 5: the frame MAC */
 /* A frame header (48 bytes, little-endian):
  *   0  u32 magic          TCP_FRAME_MAGIC
  *   4  u8  kind           collie_coll_kind, or TCP_KIND_* (control frames)
  *   5  u8  dtype
  *   6  u8  op             reduction op
- *   7  u8  flags          TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED
+ *   7  u8  flags          TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED | TCP_FRAME_MAC
  *   8  u32 step           TCP_P2P_STEP for point to point
  *  12  u32 generation
  *  16  u64 seq            collective seq; the tag for p2p
@@ -69,7 +70,14 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
  * the frame's length (what the sender sends) one frame checks both
  * directions of the pair. Every pair that should talk exchanges a frame,
  * zero-length for an empty block (sched.c), so a disagreement on which
- * block is empty is seen too. 0 for every other kind. */
+ * block is empty is seen too. 0 for every other kind.
+ * With TCP_FRAME_MAC in byte 7, a 16-byte tag follows (after the payload,
+ * or after the header of a frame without one): the frame MAC
+ * (frame_mac.h) over the header and the payload, frame number n of its
+ * direction (both ends count, from 0). Every frame of a TCP link whose
+ * connection has a session key (the job has a secret) carries it, control
+ * frames, RTS and ABORT/BYE included, unless COLLIE_FRAME_MAC=0 on the
+ * sender; never on a shared-memory link (tcp_conn.c, design notes). */
 #define TCP_FRAME_HDR  48
 #define TCP_P2P_STEP   0xffffffffu /* step value of point-to-point frames */
 #define TCP_KIND_BYE   0xfe        /* frame kind: the sender destroyed its comm */
@@ -83,6 +91,7 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 /* header byte 7 (flags); TCP_FRAME_LOAN (1) is defined with tcp_loan.c below */
 #define TCP_FRAME_RTS     2 /* a collective frame announced, header only: CTS to send it */
 #define TCP_FRAME_CLEARED 4 /* a collective frame sent after its CTS: not charged */
+#define TCP_FRAME_MAC     8 /* a MAC tag (CL_FRAME_MAC_TAG bytes) follows the frame */
 /* COLLIE_EARLY_BYTES: bytes of early collective frames parked per connection */
 #define TCP_EARLY_BYTES_DEFAULT (16u << 20)
 
@@ -110,7 +119,7 @@ typedef struct tcp_msg {
     uint8_t hdr[TCP_FRAME_HDR];
     const uint8_t *payload;
     uint64_t len;
-    uint64_t sent;   /* bytes of the frame written: hdr, then payload (or loan) */
+    uint64_t sent;   /* bytes of the frame written: hdr, then payload (or loan), then tag */
     uint64_t charge; /* credit it took (queued, not yet written); 0 if none */
     uint8_t ctl;     /* TCP_CTL_*: a control frame (CTS: malloc'ed, freed once written) */
     /* shm single copy: the payload is lent (transports/shm/loan.h), the
@@ -119,6 +128,12 @@ typedef struct tcp_msg {
     uint64_t loan_ticket;
     int loan_rec;
     uint8_t loan[CL_SHM_LOAN_DESC];
+    /* the frame MAC (TCP_FRAME_MAC in hdr[7]): the tag, valid iff `tagged`,
+     * for frame number tag_n; a frame not started yet is re-tagged when its
+     * number or header changed (cl_tcp_conn_flush) */
+    bool tagged;
+    uint64_t tag_n;
+    uint8_t tag[CL_FRAME_MAC_TAG];
 } tcp_msg;
 
 /* One expected incoming message. */
@@ -197,6 +212,11 @@ typedef struct tcp_conn {
      * is to use. */
     uint8_t session_key[32];
     bool session_keyed;
+    /* the frame MAC (tcp_conn.c, design notes): keyed on a TCP link with a
+     * session key; mac_tx on iff COLLIE_FRAME_MAC allows it here too */
+    bool mac_keyed, mac_tx_on;
+    cl_frame_mac mac_tx, mac_rx;
+    uint64_t tx_next, rx_next; /* the number of the next frame in each direction */
 
     /* send side */
     cl_list sendq;         /* tcp_msg, in sending order */
@@ -230,7 +250,11 @@ typedef struct tcp_conn {
     collie_watch *grace_ev;  /* a large early frame waits this long before it is parked */
     bool grace_waiting, grace_over;
     bool reading_abort; /* the frame being read is the peer's ABORT */
-    char *peer_abort;   /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
+    bool rx_ctl;        /* the header in hdr is a control frame (BYE, CREDIT, CTS, GONE) */
+    bool rx_mac;        /* the frame being read carries a tag: fed to mac_rx as it comes */
+    uint8_t rx_tag[CL_FRAME_MAC_TAG];
+    size_t rx_tag_got;
+    char *peer_abort; /* its payload (allocated by the header, up to TCP_ABORT_MAX) */
     uint64_t payload_len, payload_got;
     uint8_t *stage;      /* TCP_STAGE_BYTES for receive-and-reduce, lazily */
     uint64_t stage_fill; /* bytes in stage for the current chunk */
@@ -263,6 +287,7 @@ typedef struct tcp_comm {
     uint64_t shm_ring_bytes;  /* each direction's ring (COLLIE_SHM_RING_BYTES) */
     uint64_t shm_single_copy; /* lend payloads of at least this many bytes (0: never) */
     uint64_t early_bytes;     /* COLLIE_EARLY_BYTES: early frames parked per connection */
+    bool frame_mac;           /* COLLIE_FRAME_MAC: send TCP frames with a MAC (with a key) */
     tcp_conn **conns;
     cl_list shm_conns;         /* tcp_conn.shm_node: ready over shared memory (polled) */
     bool polled;               /* the loop spins and polls the rings: readers need no doorbell */
@@ -392,6 +417,11 @@ void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_arg
 static inline uint64_t tcp_msg_body_len(const tcp_msg *m) {
     if (m->hdr[7] & TCP_FRAME_RTS) return 0; /* announced: the header alone */
     return m->loan_ticket ? CL_SHM_LOAN_DESC : m->len;
+}
+/* the bytes of m's whole frame on the wire: header, body, tag */
+static inline uint64_t tcp_msg_frame_len(const tcp_msg *m) {
+    return TCP_FRAME_HDR + tcp_msg_body_len(m) +
+           ((m->hdr[7] & TCP_FRAME_MAC) ? CL_FRAME_MAC_TAG : 0);
 }
 /* could m's payload be lent to c's peer (a large payload of a kind that
  * does not reduce, on a shared-memory link)? */

@@ -62,6 +62,8 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->discard = malloc(TCP_STAGE_BYTES);
     const char *early = core->setting("COLLIE_EARLY_BYTES");
     tc->early_bytes = early ? strtoull(early, NULL, 10) : TCP_EARLY_BYTES_DEFAULT;
+    const char *mac = core->setting("COLLIE_FRAME_MAC");
+    tc->frame_mac = !mac || strcmp(mac, "0") != 0;
     *state = tc;
     if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
     int r = cl_tcp_pending_init(tc);

@@ -229,6 +229,8 @@ void cl_tcp_conn_free(tcp_conn *c) {
     }
     free(c->stage);
     free(c->peer_abort);
+    cl_frame_mac_fini(&c->mac_tx);
+    cl_frame_mac_fini(&c->mac_rx);
     cl_idmap_fini(&c->expected);
     cl_idmap_fini(&c->parked);
     free(c);
@@ -279,11 +281,20 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
         bool bye = status == COLLIE_ECLOSED;
         collie_coll_args none = {.kind = (collie_coll_kind)(bye ? TCP_KIND_BYE : TCP_KIND_ABORT)};
         cl_tcp_frame_header(h, c->tc, &none, 0, 0, bye ? 0 : len);
-        struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h},
-                               {.iov_base = (void *)why, .iov_len = len}};
-        if (!bye || !conn_sends_pending(c)) {
-            ssize_t n = cl_tcp_link_writev(c, iov, bye ? 1 : 2, true);
-            (void)n;
+        if (bye) len = 0;
+        uint8_t tag[CL_FRAME_MAC_TAG];
+        struct iovec iov[3] = {{.iov_base = h, .iov_len = sizeof h}};
+        int niov = 1;
+        if (len) iov[niov++] = (struct iovec){.iov_base = (void *)why, .iov_len = len};
+        bool ok = true;
+        if (c->mac_tx_on) { /* the next number: nothing of another frame is on the wire */
+            h[7] |= TCP_FRAME_MAC;
+            ok = cl_frame_mac_tag(&c->mac_tx, c->tx_next, h, sizeof h, why, len, tag);
+            iov[niov++] = (struct iovec){.iov_base = tag, .iov_len = sizeof tag};
+        }
+        if (ok && (!bye || !conn_sends_pending(c))) {
+            ssize_t n = cl_tcp_link_writev(c, iov, niov, true);
+            if (n > 0) c->tx_next++;
         }
     }
     cl_tcp_conn_close(c, status, why);
@@ -343,12 +354,34 @@ void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut) {
 
 /* ---- sending ----------------------------------------------------------------------------- */
 
+/* Key the frame MAC of a TCP link with a session key (the job has a
+ * secret): both directions, numbered from 0. False if c was failed. */
+static bool conn_mac_init(tcp_conn *c) {
+    if (c->mac_keyed || !c->session_keyed || cl_tcp_link_is_shm(c)) return true;
+    if (!cl_frame_mac_init(&c->mac_tx, c->session_key, c->initiator) ||
+        !cl_frame_mac_init(&c->mac_rx, c->session_key, !c->initiator)) {
+        cl_frame_mac_fini(&c->mac_tx);
+        cl_frame_mac_fini(&c->mac_rx);
+        cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for the frame MAC of rank %d's link",
+                         c->peer);
+        return false;
+    }
+    c->mac_keyed = true;
+    c->mac_tx_on = c->tc->frame_mac;
+    c->tx_next = c->rx_next = 0;
+    return true;
+}
+
 void cl_tcp_conn_ready(tcp_conn *c) {
+    if (!conn_mac_init(c)) return;
     if (c->state != TCP_CONN_READY) conn_count(c, 1);
     c->state = TCP_CONN_READY;
     c->hs_phase = HS_DONE;
     c->tc->core->log_comm(c->tc->bc, 3, "tcp", "connected to rank %d%s", c->peer,
-                          cl_tcp_link_is_shm(c) ? " (shared memory)" : "");
+                          cl_tcp_link_is_shm(c) ? " (shared memory)"
+                          : c->mac_tx_on        ? " (frames with a MAC)"
+                          : c->mac_keyed        ? " (frames without a MAC: COLLIE_FRAME_MAC=0)"
+                                                : "");
     c->tc->core->watch_start(c->wev, -1);
     /* the peer may send this much of collective frames we have not posted
      * yet (see the design notes): its first credit */
@@ -378,6 +411,7 @@ static void conn_want_flush(tcp_conn *c) {
  * message already partly written. */
 static void conn_queue_ctl(tcp_conn *c, tcp_msg *m) {
     m->sent = 0;
+    m->tagged = false;
     tcp_msg *head = cl_list_first(&c->sendq, tcp_msg, node);
     if (head && head->sent > 0)
         cl_list_insert_after_(&head->node, &m->node);
@@ -453,6 +487,7 @@ static void conn_on_cts(tcp_conn *c) {
         cl_list_remove(&m->node);
         m->hdr[7] = (uint8_t)((m->hdr[7] & ~TCP_FRAME_RTS) | TCP_FRAME_CLEARED);
         m->sent = 0;
+        m->tagged = false; /* a frame of its own: its header differs, it takes a number */
         cl_list_push_back(&c->sendq, &m->node);
         conn_want_flush(c);
         return;
@@ -480,6 +515,7 @@ static void conn_send_credit(tcp_conn *c, bool now) {
     if (cl_list_linked(&m->node)) {
         if (m->sent > 0) return; /* being written: the rest after it (flush) */
         put64(m->hdr + 24, get64(m->hdr + 24) + c->owed);
+        m->tagged = false; /* its header changed */
         c->owed = 0;
         return;
     }
@@ -535,6 +571,7 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
     m->sent = 0;
     m->loan_ticket = 0;
     m->charge = 0;
+    m->tagged = false;
     if (conn_is_coll_frame(m) && (!cl_list_empty(&c->held) || !conn_admit(c, m))) {
         cl_list_push_back(&c->held, &m->node); /* the peer's credit lets it go */
         return;
@@ -544,6 +581,26 @@ void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m) {
 }
 
 #define FLUSH_BATCH 32 /* messages gathered into one sendmsg */
+/* with the frame MAC, a batch stops taking frames not yet started once this
+ * much of their bodies is tagged (at least one frame): tags of frames that
+ * then find no room are often made again (their numbers may change) */
+#define FLUSH_MAC_BYTES (256u * 1024)
+
+/* Tag m (not started yet) as frame number n of c's direction: the MAC
+ * over its header, with TCP_FRAME_MAC set, and the body that goes on the
+ * wire. A tag made for the same number since m was last (re)queued is
+ * still good. Under the owner's BUSY bracket (the payload is its memory).
+ * False on a libcrypto failure. */
+static bool conn_tag(tcp_conn *c, tcp_msg *m, uint64_t n) {
+    if (m->tagged && m->tag_n == n) return true;
+    m->hdr[7] |= TCP_FRAME_MAC;
+    const uint8_t *body = m->loan_ticket ? m->loan : m->payload;
+    if (!cl_frame_mac_tag(&c->mac_tx, n, m->hdr, TCP_FRAME_HDR, body, tcp_msg_body_len(m), m->tag))
+        return false;
+    m->tagged = true;
+    m->tag_n = n;
+    return true;
+}
 
 /* Reading waits for a receive to be posted (the peer is ahead). */
 static bool conn_read_paused(const tcp_conn *c) {
@@ -598,11 +655,13 @@ void cl_tcp_conn_flush(tcp_conn *c) {
     while (!cl_list_empty(&c->sendq)) {
         tcp_msg *batch[FLUSH_BATCH];
         collie_work *entered[FLUSH_BATCH];
-        struct iovec iov[2 * FLUSH_BATCH];
+        struct iovec iov[3 * FLUSH_BATCH];
         int nb = 0, ne = 0, niov = 0;
+        uint64_t number = c->tx_next, tagged_bytes = 0; /* frames started get numbers in order */
         tcp_msg *m;
         cl_list_foreach(&c->sendq, m, tcp_msg, node) {
             if (nb == FLUSH_BATCH) break;
+            if (c->mac_tx_on && nb > 0 && tagged_bytes >= FLUSH_MAC_BYTES) break;
             if (m->len > 0) { /* the payload is the work's memory: bracket it */
                 collie_work *w = m->owner->w;
                 bool have = false;
@@ -628,6 +687,16 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                     c->tc->shm_single_copy && m->len >= c->tc->shm_single_copy)
                     lent += cl_tcp_loan_open(c, m);
             }
+            if (c->mac_tx_on && m->sent == 0) {
+                if (!conn_tag(c, m, number++)) {
+                    for (int i = 0; i < ne; i++)
+                        core->work_busy_exit(entered[i]);
+                    cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "no frame MAC for rank %d (libcrypto)",
+                                     c->peer);
+                    return;
+                }
+                tagged_bytes += tcp_msg_body_len(m);
+            }
             if (m->sent < TCP_FRAME_HDR) {
                 iov[niov].iov_base = m->hdr + m->sent;
                 iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
@@ -638,6 +707,11 @@ void cl_tcp_conn_flush(tcp_conn *c) {
             if (blen > poff) {
                 iov[niov].iov_base = (void *)(body + poff);
                 iov[niov++].iov_len = blen - poff;
+            }
+            uint64_t toff = m->sent > TCP_FRAME_HDR + blen ? m->sent - TCP_FRAME_HDR - blen : 0;
+            if ((m->hdr[7] & TCP_FRAME_MAC) && toff < CL_FRAME_MAC_TAG) {
+                iov[niov].iov_base = m->tag + toff;
+                iov[niov++].iov_len = CL_FRAME_MAC_TAG - toff;
             }
             batch[nb++] = m;
         }
@@ -662,8 +736,10 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         uint64_t left = (uint64_t)n;
         for (int i = 0; i < nb; i++) {
             tcp_msg *m = batch[i];
-            uint64_t want = TCP_FRAME_HDR + tcp_msg_body_len(m) - m->sent;
+            uint64_t want = tcp_msg_frame_len(m) - m->sent;
             uint64_t take = left < want ? left : want;
+            if (take > 0 && m->sent == 0 && (m->hdr[7] & TCP_FRAME_MAC))
+                c->tx_next++; /* its first byte is out: the number is spent */
             m->sent += take;
             left -= take;
             if (take < want) break;
@@ -1133,12 +1209,25 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
     return false;
 }
 
+/* Every payload byte read from the link, whatever its destination (a slot,
+ * the staging buffer, a park, an unexpected message, the discard area, an
+ * ABORT's reason), comes through here: fed to the frame MAC exactly once,
+ * as it is read. -1 with errno as cl_tcp_link_recv. */
+static ssize_t conn_link_payload(tcp_conn *c, void *buf, size_t len) {
+    ssize_t n = cl_tcp_link_recv(c, buf, len);
+    if (n > 0 && c->rx_mac && !cl_frame_mac_update(&c->mac_rx, buf, (size_t)n)) {
+        errno = EIO;
+        return -1;
+    }
+    return n;
+}
+
 /* Payload bytes [off, off + len) of the current frame into buf: from the
  * link, or for a lent payload out of the peer's memory (tcp_loan.c).
  * Bytes, 0 at the end of the stream, or -errno. */
 static ssize_t payload_recv(tcp_conn *c, void *buf, uint64_t off, uint64_t len) {
     if (c->loan_frame) return cl_tcp_loan_pull(c, buf, off, len);
-    ssize_t n = cl_tcp_link_recv(c, buf, len);
+    ssize_t n = conn_link_payload(c, buf, len);
     return n < 0 ? -errno : n;
 }
 
@@ -1156,7 +1245,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
     const collie_core_services *core = tc->core;
     uint64_t left = c->payload_len - c->payload_got;
     if (c->reading_abort) {
-        ssize_t n = cl_tcp_link_recv(c, c->peer_abort + c->payload_got, left);
+        ssize_t n = conn_link_payload(c, c->peer_abort + c->payload_got, left);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
@@ -1185,7 +1274,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         c->stage_fill = 0;
         left = c->payload_len - c->payload_got;
         if (!left) return 1; /* the frame is complete */
-        n = cl_tcp_link_recv(c, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES);
+        n = conn_link_payload(c, tc->discard, left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES);
         if (n > 0) c->payload_got += (uint64_t)n;
         return n < 0 ? -errno : n;
     }
@@ -1360,14 +1449,85 @@ static bool conn_shm_doorbell(tcp_conn *c) {
 
 static void conn_read_frames(tcp_conn *c, bool shm);
 
+/* Frames of a header alone that the reader acts on itself: BYE, CREDIT,
+ * CTS, GONE (an ABORT carries its reason; RTS are collective frames). */
+static bool conn_kind_ctl(uint8_t kind) {
+    return kind == TCP_KIND_BYE || kind == TCP_KIND_CREDIT || kind == TCP_KIND_CTS ||
+           kind == TCP_KIND_GONE;
+}
+
+/* The frame MAC of the header just read (see the design notes): a tagged
+ * frame needs the link's key; a link that has one, with COLLIE_FRAME_MAC
+ * on here, takes no frame without a tag. A tagged frame's MAC starts with
+ * its number and its header. False if c failed. */
+static bool conn_mac_begin(tcp_conn *c) {
+    bool tagged = c->hdr[7] & TCP_FRAME_MAC;
+    c->rx_mac = false;
+    c->rx_tag_got = 0;
+    if (tagged && !c->mac_keyed) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d sent a malformed frame (a MAC tag on a link without a session "
+                         "key: no secret, or shared memory)",
+                         c->peer);
+        return false;
+    }
+    if (!tagged && c->mac_keyed && c->tc->frame_mac) {
+        cl_tcp_conn_lost(c, COLLIE_EAUTH,
+                         "rank %d sends frames without a MAC (COLLIE_FRAME_MAC=0 there?); this "
+                         "rank requires one (the job has a secret and COLLIE_FRAME_MAC=1 here): "
+                         "set COLLIE_FRAME_MAC the same on every rank",
+                         c->peer);
+        return false;
+    }
+    if (!tagged) return true;
+    if (!cl_frame_mac_begin(&c->mac_rx, c->rx_next) ||
+        !cl_frame_mac_update(&c->mac_rx, c->hdr, TCP_FRAME_HDR)) {
+        cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "no frame MAC for rank %d (libcrypto)", c->peer);
+        return false;
+    }
+    c->rx_mac = true;
+    return true;
+}
+
+/* Read the tag after a tagged frame and check it; only then is the frame
+ * acted on. True once it is good; false to stop reading (no bytes now, or
+ * c failed: a bad tag means the stream was altered). */
+static bool conn_read_tag(tcp_conn *c) {
+    while (c->rx_tag_got < CL_FRAME_MAC_TAG) { /* at most 16 reads */
+        ssize_t n =
+            cl_tcp_link_recv(c, c->rx_tag + c->rx_tag_got, CL_FRAME_MAC_TAG - c->rx_tag_got);
+        if (n == 0) {
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+            return false;
+        }
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
+                                 strerror(errno));
+            return false;
+        }
+        c->rx_tag_got += (size_t)n;
+    }
+    if (!cl_frame_mac_check(&c->mac_rx, c->rx_tag)) {
+        cl_tcp_conn_lost(c, COLLIE_EAUTH,
+                         "frame %llu from rank %d failed its MAC: the stream was altered "
+                         "(a frame changed, dropped, replayed or injected on the way)",
+                         (unsigned long long)c->rx_next, c->peer);
+        return false;
+    }
+    c->rx_next++;
+    c->rx_mac = false;
+    c->rx_tag_got = 0;
+    return true;
+}
+
 /* Byte 7 of a header: a lent payload (only over shared memory, never
  * empty, never an ABORT), an announcement or a cleared frame (collective
  * data frames only; an announcement is never lent); control frames carry
  * no payload. */
 static bool frame_flags_valid(const uint8_t *h, bool shm) {
-    uint8_t fl = h[7], kind = h[4];
-    if (kind == TCP_KIND_CREDIT || kind == TCP_KIND_CTS || kind == TCP_KIND_GONE)
-        return fl == 0 && get64(h + 32) == 0;
+    uint8_t fl = h[7] & (uint8_t)~TCP_FRAME_MAC, kind = h[4]; /* the MAC: conn_mac_begin */
+    if (conn_kind_ctl(kind)) return fl == 0 && get64(h + 32) == 0;
     if (fl & ~(TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED)) return false;
     if ((fl & TCP_FRAME_LOAN) && (!shm || kind == TCP_KIND_ABORT || !get64(h + 32))) return false;
     if (!(fl & (TCP_FRAME_RTS | TCP_FRAME_CLEARED))) return true;
@@ -1393,6 +1553,7 @@ void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
 static void conn_read_frames(tcp_conn *c, bool shm) {
     int iter;
     for (iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
+        if (c->rx_ctl) goto frame_end; /* its tag was not all there */
         if (!c->have_hdr) {
             ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
             if (n == 0) {
@@ -1412,25 +1573,14 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
                 cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
                 return;
             }
-            if (c->hdr[4] == TCP_KIND_BYE) {
-                conn_goodbye(c);
-                return;
-            }
+            if (!conn_mac_begin(c)) return;
             if (!frame_flags_valid(c->hdr, shm)) {
                 cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
                 return;
             }
-            if (c->hdr[4] == TCP_KIND_CREDIT || c->hdr[4] == TCP_KIND_CTS ||
-                c->hdr[4] == TCP_KIND_GONE) {
-                if (c->hdr[4] == TCP_KIND_CREDIT)
-                    conn_on_credit(c);
-                else if (c->hdr[4] == TCP_KIND_CTS)
-                    conn_on_cts(c);
-                else
-                    conn_on_gone(c);
-                c->hdr_got = 0;
-                c->frames_read++;
-                continue;
+            if (conn_kind_ctl(c->hdr[4])) {
+                c->rx_ctl = true; /* acted on once its tag is checked */
+                goto frame_end;
             }
             if (c->hdr[7] & TCP_FRAME_LOAN) cl_tcp_loan_begin(c);
             c->have_hdr = true;
@@ -1471,6 +1621,25 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             }
             if (c->loan_frame) iter += (int)(n >> 20); /* a MiB pulled counts as a read */
             if (c->payload_got < c->payload_len) continue;
+        }
+    frame_end:
+        if (c->rx_mac && !conn_read_tag(c)) return;
+        if (c->rx_ctl) {
+            c->rx_ctl = false;
+            c->hdr_got = 0;
+            c->frames_read++;
+            uint8_t kind = c->hdr[4];
+            if (kind == TCP_KIND_BYE) {
+                conn_goodbye(c);
+                return;
+            }
+            if (kind == TCP_KIND_CREDIT)
+                conn_on_credit(c);
+            else if (kind == TCP_KIND_CTS)
+                conn_on_cts(c);
+            else
+                conn_on_gone(c);
+            continue;
         }
         conn_message_done(c);
     }
@@ -1570,8 +1739,7 @@ void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
     if (c) conn_refund(c, m); /* never written: its credit is free again */
     /* a whole frame (a loan that waited for its return, an announcement
      * waiting for its CTS) leaves the stream intact */
-    if (m->sent > 0 && m->sent < TCP_FRAME_HDR + tcp_msg_body_len(m) && c)
-        cl_tcp_conn_break_send(c, m);
+    if (m->sent > 0 && m->sent < tcp_msg_frame_len(m) && c) cl_tcp_conn_break_send(c, m);
 }
 
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {
