@@ -1456,6 +1456,23 @@ static bool conn_kind_ctl(uint8_t kind) {
            kind == TCP_KIND_GONE;
 }
 
+/* Refuse the peer's stream (a frame MAC that is missing or wrong): tell
+ * the peer why in an ABORT frame, as last words (it could not tell a
+ * refusal from a crash otherwise), close, and fault the comm. */
+static void conn_refuse(tcp_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void conn_refuse(tcp_conn *c, int status, const char *fmt, ...) {
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    tcp_comm *tc = c->tc;
+    int peer = c->peer;
+    cl_tcp_conn_abort(c, status, why);
+    if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
+}
+
 /* The frame MAC of the header just read (see the design notes): a tagged
  * frame needs the link's key; a link that has one, with COLLIE_FRAME_MAC
  * on here, takes no frame without a tag. A tagged frame's MAC starts with
@@ -1472,11 +1489,11 @@ static bool conn_mac_begin(tcp_conn *c) {
         return false;
     }
     if (!tagged && c->mac_keyed && c->tc->frame_mac) {
-        cl_tcp_conn_lost(c, COLLIE_EAUTH,
-                         "rank %d sends frames without a MAC (COLLIE_FRAME_MAC=0 there?); this "
-                         "rank requires one (the job has a secret and COLLIE_FRAME_MAC=1 here): "
-                         "set COLLIE_FRAME_MAC the same on every rank",
-                         c->peer);
+        conn_refuse(c, COLLIE_EAUTH,
+                    "rank %d sends frames without a MAC (COLLIE_FRAME_MAC=0 there?); this "
+                    "rank requires one (the job has a secret and COLLIE_FRAME_MAC=1 here): "
+                    "set COLLIE_FRAME_MAC the same on every rank",
+                    c->peer);
         return false;
     }
     if (!tagged) return true;
@@ -1509,10 +1526,10 @@ static bool conn_read_tag(tcp_conn *c) {
         c->rx_tag_got += (size_t)n;
     }
     if (!cl_frame_mac_check(&c->mac_rx, c->rx_tag)) {
-        cl_tcp_conn_lost(c, COLLIE_EAUTH,
-                         "frame %llu from rank %d failed its MAC: the stream was altered "
-                         "(a frame changed, dropped, replayed or injected on the way)",
-                         (unsigned long long)c->rx_next, c->peer);
+        conn_refuse(c, COLLIE_EAUTH,
+                    "frame %llu from rank %d failed its MAC: the stream was altered "
+                    "(a frame changed, dropped, replayed or injected on the way)",
+                    (unsigned long long)c->rx_next, c->peer);
         return false;
     }
     c->rx_next++;
