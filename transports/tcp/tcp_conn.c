@@ -86,6 +86,33 @@
  *    from the store. It closes with the comm's delayed close (the backend's
  *    abort), at destroy, or when a later op needs that peer (policy NONE,
  *    where nothing else closes it): that op fails with EPEER naming the cut.
+ *  - Frame MAC (issue 28; frame_mac.h, tcp.h): a connection uses it iff
+ *    it is a TCP link (never shared memory: only the same user reaches
+ *    that, who could read the memory anyway), the handshake gave it a
+ *    session key (the job has a secret), and COLLIE_FRAME_MAC is not 0
+ *    on the sender. Every frame then carries TCP_FRAME_MAC and a 16-byte
+ *    tag after its body, numbered in its direction from 0. Sender: flush
+ *    tags each frame not started yet with tx_next + k (k-th of the batch)
+ *    under its work's BUSY bracket, the tag a third iovec; a frame whose
+ *    first byte is written spends its number (tx_next++, in order), so a
+ *    frame dropped before that takes none and the numbers have no gaps; a
+ *    tag is remade when its frame's number or header changed (requeued, a
+ *    CREDIT topped up, a control frame queued ahead). A batch stops taking
+ *    unstarted frames at FLUSH_MAC_BYTES of tagged body. ABORT/BYE, written
+ *    directly, take tx_next at a frame boundary. Receiver: at a header,
+ *    begin(rx_next) and the header; every payload byte read from the link
+ *    is fed once as it comes (conn_link_payload, whatever its destination);
+ *    then the tag is read and checked (rx_next++) before the frame
+ *    completes: no op_done, park completion, unexpected message, control
+ *    frame or ABORT is acted on unverified. (Matching and its argument
+ *    checks run at the header, as before: a header that does not agree
+ *    faults the comm either way; a reduce may fold unverified bytes into
+ *    its output, but its work completes only after the check.) A link
+ *    with a key and the setting on takes no untagged frame (EAUTH naming
+ *    the setting); one with the setting off still checks tagged frames; a
+ *    tag without a key is a malformed frame. A bad tag or a missing one
+ *    refuses the stream: the reason goes to the peer as an ABORT frame,
+ *    the connection closes and the comm faults with COLLIE_EAUTH.
  *  - Last words: when the comm closes its connections after a fault, each
  *    one that is at a frame boundary first carries an ABORT frame with the
  *    root cause, whole (up to TCP_ABORT_MAX, above the core's bound on a
