@@ -59,8 +59,8 @@ static void store_srv_on_relisten(evutil_socket_t fd, short what, void *arg) {
 static void store_srv_on_accept_error(struct evconnlistener *lis, void *arg) {
     collie_store_server *s = arg;
     int err = EVUTIL_SOCKET_ERROR();
-    CL_WARN("store", "server %s: accept failed: %s; pausing accepts for %d ms", s->name,
-            strerror(err), STORE_SRV_RELISTEN_MS);
+    cl_store_srv_log_refusal(s, "accept failed: %s; pausing accepts for %d ms", strerror(err),
+                             STORE_SRV_RELISTEN_MS);
     CL_UNUSED(lis);
     for (int i = 0; i < s->nlis; i++) /* a lack of descriptors hits them all */
         evconnlistener_disable(s->lis[i]);
@@ -254,6 +254,7 @@ static int store_srv_configure(collie_store_server *s, const char *bind_addr, ui
     s->lim.max_value_size = (v = cl_opt(o, max_value_size, 0)) ? v : 64u * 1024u * 1024u;
     s->lim.max_keys = (v = cl_opt(o, max_keys, 0)) ? v : 1000000;
     s->max_conns = (v = cl_opt(o, max_connections, 0)) ? v : 16384;
+    s->handshake_ms = cl_config_get()->handshake_ms > 0 ? cl_config_get()->handshake_ms : 5000;
     if (s->lim.max_key_size > CL_STORE_PROTO_MAX_KEY ||
         s->lim.max_value_size > CL_STORE_PROTO_MAX_BODY / 2) {
         res = cl_set_last_error(COLLIE_EINVAL,
@@ -285,6 +286,7 @@ int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t
                                                 "(use COLLIE_STORE_SERVER_OPTS_INIT)");
     if (!(s = calloc(1, sizeof *s))) return COLLIE_ENOMEM;
     cl_list_init(&s->conns);
+    cl_list_init(&s->pending);
     s->engine = e;
     CL_CHECK_GOTO(store_srv_configure(s, bind_addr, port, o), res, fail);
     CL_CHECK_GOTO(cl_store_auth_random(seed, sizeof seed), res, fail);

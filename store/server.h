@@ -33,6 +33,12 @@ struct event;
 #define CL_STORE_SRV_OUT_HIGH (64u * 1024u * 1024u)
 /* Frames before authentication are tiny. */
 #define CL_STORE_SRV_HELLO_MAX_BODY 256u
+/* Connections that have not authenticated yet, at most, per server: the
+ * next one closes the oldest (srv_conn.c). Counted apart from
+ * max_connections, which bounds the authenticated ones. */
+#define CL_STORE_SRV_PENDING_MAX 128u
+/* At most one refusal logged per this (with the count of the others). */
+#define CL_STORE_SRV_REFUSED_LOG_MS 5000
 
 typedef struct store_srv_conn store_srv_conn;
 
@@ -63,6 +69,7 @@ struct store_srv_conn {
     bool closing;            /* flushing a last reply, then closed */
     bool paused;             /* reading stopped: too many unsent replies */
     cl_list_node dirty_link; /* the server's conns with replies to flush */
+    cl_list_node pending_link; /* the server's pending: not authenticated yet */
     uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
     cl_idmap waits;
     cl_list wait_list; /* store_srv_wait.link */
@@ -74,7 +81,8 @@ struct collie_store_server {
     char *token; /* NULL: no authentication */
     size_t token_len;
     cl_store_kv_limits lim;
-    uint32_t max_conns;
+    uint32_t max_conns;    /* authenticated connections, at most */
+    int32_t handshake_ms;  /* COLLIE_HANDSHAKE_TIMEOUT_MS: a client must authenticate by then */
     uint32_t max_body;   /* largest request body accepted once authenticated */
     cl_store_addrs bind; /* every address the bind address names */
     _Atomic uint16_t port;
@@ -91,7 +99,9 @@ struct collie_store_server {
     cl_list dirty;             /* store_srv_conn.dirty_link */
     cl_store_kv *kv;
     cl_list conns;          /* store_srv_conn.link */
-    uint64_t refused;       /* connections refused since the last report */
+    cl_list pending;        /* store_srv_conn.pending_link, in accept order */
+    uint32_t npending;      /* its length (at most CL_STORE_SRV_PENDING_MAX) */
+    uint64_t refused;       /* refusals not logged since the last one logged */
     int64_t refused_log_ns; /* when that was */
     int start_status;
     char start_err[512];
@@ -101,6 +111,11 @@ struct collie_store_server {
 void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *sa, int salen);
 /* close now: waits dropped, socket closed, conn freed */
 void cl_store_srv_conn_free(store_srv_conn *c);
+/* A connection from outside was refused (or closed before it authenticated):
+ * logged at warn at most once per CL_STORE_SRV_REFUSED_LOG_MS, with the count
+ * of those since; the others at debug. */
+void cl_store_srv_log_refusal(collie_store_server *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* send one frame: header + the given body parts (iov-style). Returns
  * COLLIE_OK or COLLIE_ENOMEM (then the connection is doomed: closing). */
 int cl_store_srv_send(store_srv_conn *c, uint8_t op, uint32_t req_id, int32_t status,

@@ -11,6 +11,18 @@
  *    as soon as its 16 bytes are in, before its body is waited for.
  *  - Malformed input closes that connection only (logged at warn with the
  *    peer's address); nothing a client sends can take the server down.
+ *  - Before authentication a connection costs a bounded amount
+ *    (docs/security.md): it must authenticate within
+ *    COLLIE_HANDSHAKE_TIMEOUT_MS (s->handshake_ms), and at most
+ *    CL_STORE_SRV_PENDING_MAX wait at once (`pending`, in accept order): the
+ *    next one closes the oldest. Closing the oldest rather than refusing the
+ *    newest keeps the door open to real clients, which finish within a round
+ *    trip of their connect, however many idle sockets a flood holds; a flood
+ *    would have to open the cap's worth of connections within that round trip
+ *    to push one out. So an outsider cannot use up the host process's
+ *    descriptors (collie-run starts ranks with them). Refusals of
+ *    unauthenticated connections (wrong token, garbage, timeout, the cap) are
+ *    logged at most once per CL_STORE_SRV_REFUSED_LOG_MS with a count.
  *  - A connection is freed from exactly three places: the read callback
  *    (protocol violation, then it returns at once), the event callback (EOF,
  *    error, handshake timeout) and the write callback (`closing`: a final
@@ -25,6 +37,7 @@
  *    are queued, and is resumed when half of them have been sent.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <netinet/in.h>
@@ -42,9 +55,6 @@
 
 /* The most one recv takes. */
 #define STORE_SRV_READ_CHUNK (64u * 1024u)
-/* A client must finish the handshake within this. */
-#define STORE_SRV_HANDSHAKE_MS 10000
-
 static void store_srv_conn_process(store_srv_conn *c);
 
 void cl_store_srv_conn_free(store_srv_conn *c) {
@@ -58,13 +68,42 @@ void cl_store_srv_conn_free(store_srv_conn *c) {
     if (c->fd >= 0) close(c->fd);
     cl_list_remove(&c->link);
     cl_list_remove(&c->dirty_link);
+    if (cl_list_linked(&c->pending_link)) s->npending--;
+    cl_list_remove(&c->pending_link);
     atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
     free(c);
 }
 
-/* Protocol violation: log and close now. The caller returns at once. */
+void cl_store_srv_log_refusal(collie_store_server *s, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int64_t now = cl_now_ns();
+    if (s->refused_log_ns &&
+        now - s->refused_log_ns < (int64_t)CL_STORE_SRV_REFUSED_LOG_MS * CL_NS_PER_MS) {
+        s->refused++;
+        CL_DEBUG("store", "server %s: %s", s->name, msg);
+        return;
+    }
+    if (s->refused)
+        CL_WARN("store", "server %s: %s (and %llu more refused since the last such line)", s->name,
+                msg, (unsigned long long)s->refused);
+    else
+        CL_WARN("store", "server %s: %s", s->name, msg);
+    s->refused_log_ns = now;
+    s->refused = 0;
+}
+
+/* Protocol violation: log and close now. The caller returns at once. An
+ * authenticated client's is always logged; an outsider's is a refusal. */
 static void store_srv_conn_reject(store_srv_conn *c, const char *why) {
-    CL_WARN("store", "server %s: closing the connection from %s: %s", c->srv->name, c->peer, why);
+    if (c->state == STORE_SRV_READY)
+        CL_WARN("store", "server %s: closing the connection from %s: %s", c->srv->name, c->peer,
+                why);
+    else
+        cl_store_srv_log_refusal(c->srv, "closing the connection from %s: %s", c->peer, why);
     cl_store_srv_conn_free(c);
 }
 
@@ -162,6 +201,8 @@ void cl_store_srv_send_error(store_srv_conn *c, uint8_t op, uint32_t req_id, int
 static void store_srv_conn_ready(store_srv_conn *c) {
     c->state = STORE_SRV_READY;
     event_del(c->hs_timer);
+    if (cl_list_linked(&c->pending_link)) c->srv->npending--;
+    cl_list_remove(&c->pending_link);
     CL_DEBUG("store", "server %s: client %s ready", c->srv->name, c->peer);
 }
 
@@ -194,7 +235,7 @@ static int store_srv_conn_hello(store_srv_conn *c, const cl_store_msg *m, char *
 }
 
 static void store_srv_conn_refuse(store_srv_conn *c, const char *log_why, const char *reply) {
-    CL_WARN("store", "server %s: refused client %s: %s", c->srv->name, c->peer, log_why);
+    cl_store_srv_log_refusal(c->srv, "refused client %s: %s", c->peer, log_why);
     cl_store_srv_send_error(c, CL_STORE_OP_AUTH, 0, COLLIE_EAUTH, reply);
     store_srv_conn_close_after_flush(c);
 }
@@ -276,7 +317,7 @@ static void store_srv_conn_process(store_srv_conn *c) {
                 hb[1] == (CL_STORE_MAGIC >> 8) && h.version != CL_STORE_PROTO_VERSION) {
                 /* a client of another version: tell it why before hanging up
                  * (magic and version sit at the same offsets in every version) */
-                CL_WARN("store", "server %s: refused client %s: %s", s->name, c->peer, why);
+                cl_store_srv_log_refusal(s, "refused client %s: %s", c->peer, why);
                 cl_store_srv_send_error(c, CL_STORE_OP_HELLO, h.req_id, COLLIE_EPROTO, why);
                 store_srv_conn_close_after_flush(c);
                 return;
@@ -303,7 +344,7 @@ static void store_srv_conn_process(store_srv_conn *c) {
             cl_store_msg_fini(&m);
         }
         if (rc == COLLIE_EAUTH) { /* the client gave up on us: still a refusal to log */
-            CL_WARN("store", "server %s: refused client %s: %s", s->name, c->peer, why);
+            cl_store_srv_log_refusal(s, "refused client %s: %s", c->peer, why);
             cl_store_srv_conn_free(c);
             return;
         }
@@ -358,8 +399,8 @@ static void store_srv_conn_on_handshake_timeout(evutil_socket_t fd, short what, 
     CL_UNUSED(fd);
     CL_UNUSED(what);
     store_srv_conn *c = arg;
-    CL_WARN("store", "server %s: client %s did not complete the handshake in %d ms; closing",
-            c->srv->name, c->peer, STORE_SRV_HANDSHAKE_MS);
+    cl_store_srv_log_refusal(c->srv, "client %s did not complete the handshake in %d ms; closing",
+                             c->peer, (int)c->srv->handshake_ms);
     cl_store_srv_conn_free(c);
 }
 
@@ -367,21 +408,20 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     CL_UNUSED(salen);
     char peer[64];
     cl_store_addr_format(sa, peer, sizeof peer);
-    size_t n = atomic_load_explicit(&s->nconns, memory_order_relaxed);
-    if (n >= s->max_conns) {
-        /* logged at most once a second: a client retrying must not flood the log */
-        int64_t now = cl_now_ns();
-        s->refused++;
-        if (now - s->refused_log_ns >= 1000 * CL_NS_PER_MS) {
-            CL_WARN("store",
-                    "server %s: refusing %s: %zu connections open (max_connections %u)"
-                    "; %llu refused since the last report",
-                    s->name, peer, n, s->max_conns, (unsigned long long)s->refused);
-            s->refused_log_ns = now;
-            s->refused = 0;
-        }
+    size_t n = atomic_load_explicit(&s->nconns, memory_order_relaxed) - s->npending;
+    if (n >= s->max_conns) { /* rate-limited: a client retrying must not flood the log */
+        cl_store_srv_log_refusal(s, "refusing %s: %zu authenticated connections open "
+                                    "(max_connections %u)",
+                                 peer, n, s->max_conns);
         close(fd);
         return;
+    }
+    if (s->npending >= CL_STORE_SRV_PENDING_MAX) { /* the oldest makes room (design notes) */
+        store_srv_conn *old = cl_list_first(&s->pending, store_srv_conn, pending_link);
+        cl_store_srv_log_refusal(s,
+                                 "%u connections wait for their handshake: closed the oldest (%s)",
+                                 CL_STORE_SRV_PENDING_MAX, old->peer);
+        cl_store_srv_conn_free(old);
     }
     if (!s->flush_ev) s->flush_ev = event_new(cl_engine_base(s->engine), -1, 0, store_srv_flush, s);
     store_srv_conn *c = s->flush_ev ? calloc(1, sizeof *c) : NULL;
@@ -413,8 +453,10 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->state = STORE_SRV_HELLO;
     cl_list_push_front(&s->conns, &c->link);
+    cl_list_push_back(&s->pending, &c->pending_link);
+    s->npending++;
     atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed);
-    struct timeval hs = {STORE_SRV_HANDSHAKE_MS / 1000, (STORE_SRV_HANDSHAKE_MS % 1000) * 1000};
+    struct timeval hs = {s->handshake_ms / 1000, (s->handshake_ms % 1000) * 1000};
     event_add(c->hs_timer, &hs);
     event_add(c->rev, NULL);
     CL_DEBUG("store", "server %s: accepted %s", s->name, peer);

@@ -595,6 +595,7 @@ static void test_two_nodes(void **state) {
     assert_non_null(sf);
     fputs("two-node secret\n", sf);
     fclose(sf);
+    assert_int_equal(chmod(secret, 0600), 0); /* its owner's only, as collie-run requires */
     pid_t n1 =
         start_second(ARGS("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--store",
                           store, "--token-file", secret, "--timeout", "6", "--", demo),
@@ -619,6 +620,34 @@ static void test_two_nodes(void **state) {
     assert_non_null(strstr(text1, "[2] rank 2: all 4 done"));
     assert_non_null(strstr(text1, "[3] rank 3: all 4 done"));
     assert_null(strstr(text1, "[0] "));
+}
+
+/* --token-file: a file group or others can read or write is refused with a
+ * clear error, as ssh refuses such a key; its owner's alone, it is used. */
+static void test_token_file_permissions(void **state) {
+    (void)state;
+    static char secret[256];
+    snprintf(secret, sizeof secret, "%s", tmp_path("loose-secret"));
+    FILE *sf = fopen(secret, "w");
+    assert_non_null(sf);
+    fputs("a secret\n", sf);
+    fclose(sf);
+    static const mode_t loose[] = {0644, 0640, 0604, 0620, 0602};
+    for (size_t i = 0; i < sizeof loose / sizeof loose[0]; i++) {
+        assert_int_equal(chmod(secret, loose[i]), 0);
+        spawn_proc *l = launch_run(ARGS("-n", "1", "--token-file", secret, "--", "true"));
+        assert_spawn(l, l->status == 1);
+        assert_spawn(l, strstr(l->text[1], secret) && strstr(l->text[1], "group or others") &&
+                            strstr(l->text[1], "owner only"));
+        assert_spawn(l, !strstr(l->text[1], "a secret"));
+        spawn_free(l);
+    }
+    assert_int_equal(chmod(secret, 0600), 0);
+    spawn_proc *l = launch_run(ARGS("-n", "1", "--token-file", secret, "--", "/bin/sh", "-c",
+                                    "echo \"token=$COLLIE_STORE_TOKEN\""));
+    assert_spawn(l, l->status == 0);
+    assert_spawn(l, strstr(l->text[0], "[0] token=a secret\n"));
+    spawn_free(l);
 }
 
 /* --stats: a line per comm and rank after the job, from what the ranks'
@@ -706,6 +735,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_ipv6_store_env, spawn_teardown),
         cmocka_unit_test_teardown(test_two_nodes, spawn_teardown),
         cmocka_unit_test_teardown(test_stats, spawn_teardown),
+        cmocka_unit_test_teardown(test_token_file_permissions, spawn_teardown),
         cmocka_unit_test_teardown(test_foreign_settings_warned, spawn_teardown),
     };
     return cltest_main(tests, setup_tmp, teardown_tmp);

@@ -37,6 +37,13 @@
  *    (RAND_bytes) in hex. A multi-node job needs the user's, the same on
  *    every node: without one it is refused. With an external --store on
  *    one node the ranks use the caller's, or none.
+ *  - Descriptors: the store served here holds one per client, so at start
+ *    the soft RLIMIT_NOFILE is raised to the hard limit (the ranks get the
+ *    limit we were started with), and RUN_FD_RESERVE descriptors (copies of
+ *    /dev/null) are held back: starting a rank that finds none free (EMFILE,
+ *    ENFILE) gives up the reserve and tries again, then waits for some,
+ *    RUN_SPAWN_TRIES times RUN_SPAWN_WAIT_MS at most, before it fails. The
+ *    store also bounds what outsiders can hold (store/srv_conn.c).
  *  - --stats: the ranks write each comm's stats into a private directory
  *    when they destroy it (COLLIE_STATS_DIR); after the job the launcher
  *    prints one line per comm and rank from those files.
@@ -81,6 +88,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -108,6 +116,9 @@
 #define RUN_TOKEN_MAX        4096 /* longest secret (the store's CL_STORE_TOKEN_MAX) */
 #define RUN_TOKEN_RANDOM     32   /* bytes of a secret made here (64 hex digits) */
 #define RUN_TOKEN_VAR        "COLLIE_STORE_TOKEN"
+#define RUN_FD_RESERVE       8   /* descriptors held back for starting ranks */
+#define RUN_SPAWN_TRIES      20  /* tries to start a rank that finds no descriptor */
+#define RUN_SPAWN_WAIT_MS    100 /* between them */
 
 extern char **environ;
 
@@ -195,7 +206,8 @@ typedef struct run_job {
     run_watch *watched;  /* parallel to pfds */
     sigset_t old_mask;
     struct rlimit old_nofile;
-    char store_addr[264]; /* the store's host:port, and apart (MASTER_ADDR, MASTER_PORT) */
+    int reserve[RUN_FD_RESERVE]; /* held back for run_spawn; -1: not held */
+    char store_addr[264];        /* the store's host:port, and apart (MASTER_ADDR, MASTER_PORT) */
     char store_host[256];
     char store_port[8];
     char *token_env;        /* "COLLIE_STORE_TOKEN=<secret>" for the ranks, or NULL: none */
@@ -624,14 +636,52 @@ static void run_child(const run_job *job, const run_rank *r, int out_fd, int err
     _exit(127);
 }
 
+/* Hold back the descriptors of the reserve that are not held. */
+static void run_reserve_fill(run_job *job) {
+    for (int i = 0; i < RUN_FD_RESERVE; i++)
+        if (job->reserve[i] < 0 && job->devnull >= 0)
+            job->reserve[i] = fcntl(job->devnull, F_DUPFD_CLOEXEC, 0);
+}
+
+/* Give the reserve up; false if none was held. */
+static bool run_reserve_release(run_job *job) {
+    bool any = false;
+    for (int i = 0; i < RUN_FD_RESERVE; i++)
+        if (job->reserve[i] >= 0) {
+            close(job->reserve[i]);
+            job->reserve[i] = -1;
+            any = true;
+        }
+    return any;
+}
+
+/* The two pipes of a rank; a lack of descriptors is waited out (design
+ * notes). 0, or -1 with errno set. */
+static int run_pipes(run_job *job, const run_rank *r, int out[2], int err[2]) {
+    for (int attempt = 0;; attempt++) {
+        if (pipe2(out, O_CLOEXEC) == 0) {
+            if (pipe2(err, O_CLOEXEC) == 0) return 0;
+            int e = errno;
+            close(out[0]);
+            close(out[1]);
+            errno = e;
+        }
+        if ((errno != EMFILE && errno != ENFILE) || attempt >= RUN_SPAWN_TRIES) return -1;
+        if (attempt == 0)
+            fprintf(stderr,
+                    "collie-run: no descriptor free to start rank %d (%s); using the reserve and "
+                    "trying for %d ms\n",
+                    r->rank, strerror(errno), RUN_SPAWN_TRIES * RUN_SPAWN_WAIT_MS);
+        if (!run_reserve_release(job)) {
+            struct timespec ts = {0, RUN_SPAWN_WAIT_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 static int run_spawn(run_job *job, run_rank *r) {
     int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) goto fail;
-    if (pipe2(err, O_CLOEXEC) != 0) {
-        close(out[0]);
-        close(out[1]);
-        goto fail;
-    }
+    if (run_pipes(job, r, out, err) != 0) goto fail;
     pid_t pid = fork();
     if (pid == 0) run_child(job, r, out[1], err[1]);
     int fork_errno = errno;
@@ -650,6 +700,7 @@ static int run_spawn(run_job *job, run_rank *r) {
     r->streams[1] = (run_stream){.fd = err[0], .out_fd = 2, .buf = r->streams[1].buf};
     r->pid = pid;
     job->live++;
+    run_reserve_fill(job); /* again, if it was used */
     return 0;
 fail:
     fprintf(stderr, "collie-run: cannot start rank %d: %s\n", r->rank, strerror(errno));
@@ -1033,15 +1084,22 @@ static void run_fix_std_fds(void) {
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0) break;
 }
 
-/* 2 pipes per rank must fit under RLIMIT_NOFILE; children get the old one. */
+/* The soft RLIMIT_NOFILE up to the hard one (the store holds one per
+ * client; 2 pipes per rank must fit too); children get the old one. */
 static void run_raise_nofile(run_job *job) {
     getrlimit(RLIMIT_NOFILE, &job->old_nofile);
-    rlim_t need = 2 * (rlim_t)job->opts.nranks + 64;
+    rlim_t need = 2 * (rlim_t)job->opts.nranks + 64 + RUN_FD_RESERVE;
     struct rlimit lim = job->old_nofile;
-    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
-        lim.rlim_cur = (lim.rlim_max == RLIM_INFINITY || lim.rlim_max > need) ? need : lim.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &lim);
+    if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur == lim.rlim_max) return;
+    lim.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &lim) == 0) return;
+    /* an infinite hard limit is more than the kernel allows (nr_open) */
+    lim.rlim_cur = job->old_nofile.rlim_cur > need ? job->old_nofile.rlim_cur : need;
+    for (rlim_t v = (rlim_t)1 << 20; v > lim.rlim_cur; v >>= 1) {
+        struct rlimit try = {v, lim.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &try) == 0) return;
     }
+    setrlimit(RLIMIT_NOFILE, &lim);
 }
 
 /* Block the signals we take through the signalfd before any thread starts.
@@ -1073,6 +1131,21 @@ static int run_token_init(run_job *job) {
         if (!f) {
             fprintf(stderr, "collie-run: cannot open the token file %s: %s\n", o->token_file,
                     strerror(errno));
+            return -1;
+        }
+        struct stat sb;
+        if (fstat(fileno(f), &sb) != 0) {
+            fprintf(stderr, "collie-run: cannot stat the token file %s: %s\n", o->token_file,
+                    strerror(errno));
+            fclose(f);
+            return -1;
+        }
+        if ((sb.st_mode & 077) != 0) { /* as ssh with a key: a secret others can read is none */
+            fprintf(stderr,
+                    "collie-run: the token file %s can be read or written by group or others "
+                    "(mode %04o): keep it readable by its owner only (chmod 600 %s)\n",
+                    o->token_file, (unsigned)(sb.st_mode & 07777), o->token_file);
+            fclose(f);
             return -1;
         }
         n = fread(buf, 1, sizeof buf - 1, f);
@@ -1156,6 +1229,8 @@ static int run_job_init(run_job *job) {
     job->self = getpid();
     job->exit_code = -1;
     job->sigfd = job->devnull = -1;
+    for (int i = 0; i < RUN_FD_RESERVE; i++)
+        job->reserve[i] = -1;
     job->out_fd = 1;
     run_raise_nofile(job);
     if (run_signals_init(job) != 0) {
@@ -1163,6 +1238,7 @@ static int run_job_init(run_job *job) {
         return -1;
     }
     job->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    run_reserve_fill(job);
     job->out = malloc(RUN_OUT_MAX);
     job->ranks = calloc((size_t)job->opts.nranks, sizeof *job->ranks);
     job->pfds = calloc(1 + 2 * (size_t)job->opts.nranks, sizeof *job->pfds);
@@ -1214,6 +1290,7 @@ static void run_job_fini(run_job *job) {
     free(job->token_env);
     collie_store_server_destroy(job->server);
     collie_engine_destroy(job->engine);
+    run_reserve_release(job);
     if (job->devnull >= 0) close(job->devnull);
     if (job->sigfd >= 0) close(job->sigfd);
 }
