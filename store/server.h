@@ -66,9 +66,9 @@ struct store_srv_conn {
     struct evbuffer *in, *out;
     char peer[64];
     int state;
-    bool closing;            /* flushing a last reply, then closed */
-    bool paused;             /* reading stopped: too many unsent replies */
-    cl_list_node dirty_link; /* the server's conns with replies to flush */
+    bool closing;              /* flushing a last reply, then closed */
+    bool paused;               /* reading stopped: too many unsent replies */
+    cl_list_node dirty_link;   /* the server's conns with replies to flush */
     cl_list_node pending_link; /* the server's pending: not authenticated yet */
     uint8_t cnonce[CL_STORE_NONCE_LEN], snonce[CL_STORE_NONCE_LEN];
     cl_idmap waits;
@@ -81,10 +81,10 @@ struct collie_store_server {
     char *token; /* NULL: no authentication */
     size_t token_len;
     cl_store_kv_limits lim;
-    uint32_t max_conns;    /* authenticated connections, at most */
-    int32_t handshake_ms;  /* COLLIE_HANDSHAKE_TIMEOUT_MS: a client must authenticate by then */
-    uint32_t max_body;   /* largest request body accepted once authenticated */
-    cl_store_addrs bind; /* every address the bind address names */
+    uint32_t max_conns;   /* authenticated connections, at most */
+    int32_t handshake_ms; /* COLLIE_HANDSHAKE_TIMEOUT_MS: a client must authenticate by then */
+    uint32_t max_body;    /* largest request body accepted once authenticated */
+    cl_store_addrs bind;  /* every address the bind address names */
     _Atomic uint16_t port;
     _Atomic size_t nconns;
     _Atomic bool shut; /* loop-side teardown done; destroy only frees memory */

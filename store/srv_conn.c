@@ -410,8 +410,9 @@ void cl_store_srv_accept(collie_store_server *s, int fd, const struct sockaddr *
     cl_store_addr_format(sa, peer, sizeof peer);
     size_t n = atomic_load_explicit(&s->nconns, memory_order_relaxed) - s->npending;
     if (n >= s->max_conns) { /* rate-limited: a client retrying must not flood the log */
-        cl_store_srv_log_refusal(s, "refusing %s: %zu authenticated connections open "
-                                    "(max_connections %u)",
+        cl_store_srv_log_refusal(s,
+                                 "refusing %s: %zu authenticated connections open "
+                                 "(max_connections %u)",
                                  peer, n, s->max_conns);
         close(fd);
         return;

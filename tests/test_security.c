@@ -9,6 +9,7 @@
  * collie-run, with the secret taken out of their environment.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -301,6 +303,125 @@ static int rank_bcast(void) {
     return rc == COLLIE_OK && right ? 0 : 1;
 }
 
+/* outsider: open n connections to the store at addr (host:port) and hold
+ * them, saying "HELD k" once they are open, until killed (60 s at most). */
+static int outsider_flood(const char *addr, int n) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (rlim_t)n + 32 > rl.rlim_cur)
+        n = (int)rl.rlim_cur - 32;
+    struct sockaddr_in sin;
+    if (!parse_published(addr, strlen(addr), &sin)) return 1;
+    int held = 0;
+    for (int i = 0; i < n; i++)
+        held += dial(&sin) >= 0; /* kept open */
+    printf("HELD %d\n", held);
+    fflush(stdout);
+    for (int i = 0; i < 600; i++)
+        sleep_ms(100);
+    return 0;
+}
+
+/* rank of the flood test (2 ranks, --restarts 1): rank 0 has an outsider
+ * hold many unauthenticated connections to the job's store, then tells rank
+ * 1 to fail, checks that a new client still gets in, and waits for the
+ * restarted rank 1. */
+static int rank_flood(void) {
+    const char *rs = getenv("COLLIE_RANK"), *rc_s = getenv("COLLIE_RESTART_COUNT");
+    const char *addr = getenv("COLLIE_STORE_ADDR");
+    if (!rs || !rc_s || !addr) return 2;
+    int rank = atoi(rs), restarts = atoi(rc_s);
+    collie_engine *e;
+    collie_store *st;
+    if (collie_engine_create(NULL, &e) != COLLIE_OK ||
+        collie_store_connect(e, NULL, NULL, &st) != COLLIE_OK)
+        return 3;
+    int rc = COLLIE_OK;
+    void *val = NULL;
+    size_t len = 0;
+    if (rank == 1 && restarts == 0) { /* fail once the flood is held */
+        rc = collie_store_get(st, "flood/held", 20000, &val, &len);
+        printf("RANK1 failing on purpose (%s)\n", collie_status_name(rc));
+        fflush(stdout);
+        /* the descriptors the launcher holds for it (its output pipes, its
+         * store connection) are freed before the launcher sees it end: a
+         * store that accepts floods takes them (before: all of them) */
+        collie_store_destroy(st);
+        collie_engine_destroy(e);
+        close(1);
+        close(2);
+        sleep_ms(500);
+        _exit(3);
+    }
+    if (rank == 1) {
+        rc = collie_store_set(st, "flood/restarted", "1", 1, WAIT_MS);
+        printf("RANK1 restarted: set=%s\n", collie_status_name(rc));
+    } else {
+        int p[2];
+        if (pipe(p) != 0) return 4;
+        char n[16];
+        snprintf(n, sizeof n, "%d", 1500);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(p[1], 1);
+            close(p[0]);
+            unsetenv("COLLIE_STORE_TOKEN");
+            execl(self_exe, self_exe, "--outsider-flood", addr, n, (char *)NULL);
+            _exit(127);
+        }
+        close(p[1]);
+        char line[64] = "";
+        size_t got = 0; /* "HELD k\n", within 20 s */
+        for (int64_t until = ms_now() + 20000; got < sizeof line - 1 && !strchr(line, '\n');) {
+            struct pollfd pf = {.fd = p[0], .events = POLLIN};
+            int left = (int)(until - ms_now());
+            if (left <= 0 || poll(&pf, 1, left) <= 0) break;
+            ssize_t k = read(p[0], line + got, sizeof line - 1 - got);
+            if (k <= 0) break;
+            got += (size_t)k;
+        }
+        printf("FLOOD %.*s\n", (int)strcspn(line, "\n"), line);
+        sleep_ms(1000); /* the store has accepted what it was going to */
+        /* the launcher's descriptors: the store holds few for the flood */
+        char fddir[64];
+        snprintf(fddir, sizeof fddir, "/proc/%d/fd", (int)getppid());
+        int nfds = 0;
+        DIR *d = opendir(fddir);
+        for (struct dirent *de; d && (de = readdir(d));)
+            nfds += de->d_name[0] != '.';
+        if (d) closedir(d);
+        printf("LAUNCHER FDS %d\n", nfds);
+        rc = collie_store_set(st, "flood/held", "1", 1, WAIT_MS);
+        /* a new client of the job still gets in while the flood is held */
+        collie_store *legit = NULL;
+        collie_store_opts o = COLLIE_STORE_OPTS_INIT;
+        o.timeout_ms = 5000;
+        int64_t t0 = ms_now();
+        int lrc = collie_store_connect(e, NULL, &o, &legit);
+        if (lrc == COLLIE_OK) lrc = collie_store_set(legit, "flood/legit", "1", 1, 5000);
+        printf("LEGIT set=%s in %s\n", collie_status_name(lrc),
+               ms_now() - t0 < 3000 ? "time" : "over 3 s");
+        if (legit) collie_store_destroy(legit);
+        int wrc = collie_store_get(st, "flood/restarted", 20000, &val, &len);
+        printf("RESTARTED get=%s\n", collie_status_name(wrc));
+        kill(pid, SIGKILL);
+        reap_bounded(pid, 5000);
+        close(p[0]);
+        rc = rc != COLLIE_OK ? rc : lrc != COLLIE_OK ? lrc : wrc;
+    }
+    fflush(stdout);
+    free(val);
+    collie_store_destroy(st);
+    collie_engine_destroy(e);
+    return rc == COLLIE_OK ? 0 : 1;
+}
+
 /* ---- an outsider and a collie-run job ------------------------------------------------------ */
 
 /* The store of a job started by collie-run (no secret given by the user)
@@ -321,6 +442,38 @@ static void test_outsider_cannot_use_the_store(void **state) {
     /* the outsider neither read the job's key nor wrote one */
     assert_spawn(l, strstr(l->text[0], "[0] OUTSIDER get=COLLIE_EAUTH set=COLLIE_EAUTH value=\n"));
     assert_spawn(l, strstr(l->text[0], "[0] INSIDER check=COLLIE_OK outsider-key=absent\n"));
+    spawn_free(l);
+}
+
+/* An outsider holding 1,500 unauthenticated connections to a collie-run
+ * job's store (started with the usual soft limit of 1,024 descriptors)
+ * while a rank fails: the restart succeeds, a new client still gets in, the
+ * job completes (before: the store took every descriptor, 'cannot start rank
+ * 1: Too many open files', the job stopped). */
+static void test_store_flood_does_not_stop_restarts(void **state) {
+    (void)state;
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 1024) rl.rlim_cur = 1024;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0); /* this test's own process */
+    spawn_proc *l = spawn_start("collie-run",
+                                ARGS("-n", "2", "--restarts", "1", "--", self_exe, "--rank-flood"),
+                                ARGS("COLLIE_LOG=warn", "COLLIE_HANDSHAKE_TIMEOUT_MS=5000"), 60000);
+    spawn_finish(l);
+    print_message("%s\n%s", l->text[0], l->text[1]);
+    assert_spawn(l, strstr(l->text[0], "[0] FLOOD HELD "));
+    assert_spawn(l, strstr(l->text[0], "[0] LEGIT set=COLLIE_OK in time\n"));
+    /* the store held a bounded number of the flood's connections (before:
+     * every descriptor the launcher had, 1,024) */
+    const char *fds = strstr(l->text[0], "[0] LAUNCHER FDS ");
+    assert_spawn(l, fds && atoi(fds + 17) < 512);
+    assert_spawn(l, strstr(l->text[0], "[1] RANK1 restarted: set=COLLIE_OK\n"));
+    assert_spawn(l, strstr(l->text[0], "[0] RESTARTED get=COLLIE_OK\n"));
+    assert_spawn(l, !strstr(l->text[1], "cannot start rank"));
+    assert_spawn(l, l->status == 0);
+    /* the store's refusals were rate-limited: a handful of lines, not one each */
+    int lines = spawn_count(l->text[1], "connections wait for their handshake");
+    if (lines > 5) fail_msg("%d log lines about the flood", lines);
     spawn_free(l);
 }
 
@@ -557,12 +710,16 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--insider-store")) return insider_store(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "--outsider-store")) return outsider_store();
     if (argc >= 2 && !strcmp(argv[1], "--rank-bcast")) return rank_bcast();
+    if (argc >= 2 && !strcmp(argv[1], "--rank-flood")) return rank_flood();
+    if (argc >= 4 && !strcmp(argv[1], "--outsider-flood"))
+        return outsider_flood(argv[2], atoi(argv[3]));
     if (argc >= 6 && !strcmp(argv[1], "--outsider-tcp"))
         return outsider_tcp(argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10),
                             (uint32_t)atoi(argv[5]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_outsider_cannot_use_the_store, spawn_teardown),
         cmocka_unit_test_teardown(test_outsider_cannot_join_tcp, spawn_teardown),
+        cmocka_unit_test_teardown(test_store_flood_does_not_stop_restarts, spawn_teardown),
         cmocka_unit_test_teardown(test_outsider_cannot_join_auto, spawn_teardown),
         cmocka_unit_test(test_idle_connections_are_bounded),
         cmocka_unit_test(test_connect_close_cycles_free_memory),

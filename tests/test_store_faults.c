@@ -558,7 +558,9 @@ static void test_auth_success_and_refusals(void **state) {
     assert_non_null(strstr(msg_none, "requires a token"));
     assert_non_null(strstr(log, "client 127.0.0.1:"));
     assert_non_null(strstr(log, "tokens differ"));
-    assert_non_null(strstr(log, "has no token"));
+    /* refusals are logged at most once per 5 s (an outsider must not flood
+     * the log): the second is only counted, in the next line logged */
+    assert_null(strstr(log, "has no token"));
     free(log);
     /* refusals do not disturb the authenticated client or the data */
     void *v = NULL;
