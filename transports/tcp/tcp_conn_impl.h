@@ -93,6 +93,9 @@ void cl_tcp_pending_closed(tcp_conn *c);
 /* a listener accepted fd (a same-host Unix socket if `local`): start the
  * acceptor's side of the handshake on it */
 void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local);
+/* A connection from outside was refused: logged at most once per 5 s, with
+ * the count of the others (tcp_setup.c). */
+void cl_tcp_log_refusal(tcp_comm *tc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* tcp_local.c */
 /* The peer's published value: 0 = reach it over TCP at tcp_addr (its

@@ -21,7 +21,8 @@
  *  - An accepted Unix connection from another user (effective uids
  *    compared: SO_PEERCRED's is the peer's effective one) is refused before
  *    any handshake: an abstract name is visible to every process in the
- *    network namespace.
+ *    network namespace. Such refusals are logged as tcp_setup.c's are: at
+ *    most once per 5 s, with a count.
  */
 #include <errno.h>
 #include <openssl/rand.h>
@@ -118,7 +119,7 @@ static void local_on_accept(int lfd, unsigned what, void *arg) {
         struct ucred cred = {0};
         socklen_t cl = sizeof cred;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
-            tc->core->log_comm(tc->bc, 1, "tcp",
+            cl_tcp_log_refusal(tc,
                                "refused a same-host connection: its credentials could not be "
                                "read (SO_PEERCRED: %s)",
                                strerror(errno));
@@ -130,7 +131,7 @@ static void local_on_accept(int lfd, unsigned what, void *arg) {
          * the kernel checks our own accesses with */
         uid_t me = geteuid();
         if (cred.uid != me) {
-            tc->core->log_comm(tc->bc, 1, "tcp",
+            cl_tcp_log_refusal(tc,
                                "refused a same-host connection from pid %d: its effective user "
                                "is %u, ours %u",
                                (int)cred.pid, (unsigned)cred.uid, (unsigned)me);

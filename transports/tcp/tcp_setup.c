@@ -64,9 +64,7 @@ static int64_t setup_now_ns(void) {
 
 /* A connection from outside was refused: say so, at most once per
  * TCP_REFUSED_LOG_MS (outsiders must not be able to flood the log). */
-static void setup_log_refusal(tcp_comm *tc, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void setup_log_refusal(tcp_comm *tc, const char *fmt, ...) {
+void cl_tcp_log_refusal(tcp_comm *tc, const char *fmt, ...) {
     int64_t now = setup_now_ns();
     if (tc->refused_log_ns && now - tc->refused_log_ns < (int64_t)TCP_REFUSED_LOG_MS * 1000000) {
         tc->refused_quiet++;
@@ -253,7 +251,7 @@ bool cl_tcp_hs_process(tcp_conn *c) {
     put32(a, TCP_HS_MAGIC);
     put32(a + 4, refuse);
     if (refuse) {
-        setup_log_refusal(tc, "refused a connection claiming rank %u: %s", rank, why);
+        cl_tcp_log_refusal(tc, "refused a connection claiming rank %u: %s", rank, why);
         /* best effort: tell the dialer, then close */
         ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)n;
@@ -420,9 +418,9 @@ static void pending_on_deadline(int fd, unsigned what, void *arg) {
     int64_t now = setup_now_ns();
     tcp_conn *c;
     while ((c = cl_list_first(&tc->pending, tcp_conn, pending_node)) && c->hs_deadline_ns <= now) {
-        setup_log_refusal(tc,
-                          "closed a connection that did not finish its handshake within %lld ms",
-                          (long long)(tc->hs_timeout_ns / 1000000));
+        cl_tcp_log_refusal(tc,
+                           "closed a connection that did not finish its handshake within %lld ms",
+                           (long long)(tc->hs_timeout_ns / 1000000));
         cl_tcp_conn_close(c, COLLIE_ETIMEDOUT, "no handshake within the deadline");
     }
     pending_arm(tc, now);
@@ -473,8 +471,8 @@ void cl_tcp_conn_accepted(tcp_comm *tc, int fd, bool local) {
         return;
     }
     if (tc->npending >= TCP_PENDING_MAX) { /* the oldest makes room (see the design notes) */
-        setup_log_refusal(tc, "%d connections wait for their handshake: closed the oldest",
-                          TCP_PENDING_MAX);
+        cl_tcp_log_refusal(tc, "%d connections wait for their handshake: closed the oldest",
+                           TCP_PENDING_MAX);
         cl_tcp_conn_close(cl_list_first(&tc->pending, tcp_conn, pending_node), COLLIE_EPEER,
                           "too many connections waiting for their handshake");
     }
