@@ -268,14 +268,21 @@ static int rank_bcast(void) {
         snprintf(ids[0], sizeof ids[0], "%llu", (unsigned long long)id);
         snprintf(ids[1], sizeof ids[1], "%llu", (unsigned long long)gen);
         snprintf(ids[2], sizeof ids[2], "%d", size);
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) {
-            unsetenv("COLLIE_STORE_TOKEN");
-            execl(self_exe, self_exe, "--outsider-tcp", addr, ids[0], ids[1], ids[2], (char *)NULL);
-            _exit(127);
+        /* then the same claiming another comm: an outsider is told the
+         * same whatever it got wrong (it learns nothing of the comm) */
+        char other[32];
+        snprintf(other, sizeof other, "%llu", (unsigned long long)(id ^ 1));
+        for (int k = 0; k < 2; k++) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                unsetenv("COLLIE_STORE_TOKEN");
+                execl(self_exe, self_exe, "--outsider-tcp", addr, k ? other : ids[0], ids[1],
+                      ids[2], (char *)NULL);
+                _exit(127);
+            }
+            reap_bounded(pid, 15000);
         }
-        reap_bounded(pid, 15000);
         collie_store_set(st, "sec/attack-done", "1", 1, WAIT_MS);
     } else {
         void *val = NULL;
@@ -488,7 +495,11 @@ static void outsider_handshake(const char *transport) {
                                 ARGS("COLLIE_LOG=error", env), RUN_BOUND);
     spawn_finish(l);
     print_message("%s: %s", transport, l->text[0]);
-    assert_spawn(l, strstr(l->text[0], "[1] OUTSIDER refused"));
+    /* both refused with one answer: the wrong comm id is not told apart */
+    const char *first = strstr(l->text[0], "[1] OUTSIDER refused");
+    assert_spawn(l, first);
+    assert_spawn(l, strstr(first + 1, "[1] OUTSIDER refused"));
+    assert_spawn(l, !strstr(l->text[0], "OUTSIDER refused (status 1)"));
     assert_spawn(l, strstr(l->text[0], "[0] BCAST status=COLLIE_OK bytes=right"));
     assert_spawn(l, strstr(l->text[0], "[1] BCAST status=COLLIE_OK bytes=right"));
     assert_spawn(l, l->status == 0);

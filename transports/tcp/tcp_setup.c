@@ -86,19 +86,28 @@ void cl_tcp_log_refusal(tcp_comm *tc, const char *fmt, ...) {
 
 /* ---- handshake ------------------------------------------------------------------------ */
 
-static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
-                   uint32_t rank, uint8_t out[32]) {
+/* The proof of a handshake message: the secret's HMAC over the label, the
+ * comm (id, generation, size) it is for, a rank and both nonces. */
+static void hs_mac_for(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
+                       uint64_t id, uint64_t gen, uint32_t rank, uint32_t size, uint8_t out[32]) {
     tcp_comm *tc = c->tc;
     uint8_t msg[96];
     size_t len = strlen(label);
     memcpy(msg, label, len);
-    put64(msg + len, tc->comm_id);
-    put64(msg + len + 8, tc->generation);
+    put64(msg + len, id);
+    put64(msg + len + 8, gen);
     put32(msg + len + 16, rank);
-    put32(msg + len + 20, (uint32_t)tc->size);
+    put32(msg + len + 20, size);
     memcpy(msg + len + 24, n1, 16);
     memcpy(msg + len + 40, n2, 16);
     tc->core->auth_mac(tc->bc, msg, len + 56, out);
+}
+
+/* ... for this comm */
+static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
+                   uint32_t rank, uint8_t out[32]) {
+    tcp_comm *tc = c->tc;
+    hs_mac_for(c, label, n1, n2, tc->comm_id, tc->generation, rank, (uint32_t)tc->size, out);
 }
 
 static bool mac_equal(const uint8_t *a, const uint8_t *b) {
@@ -221,18 +230,32 @@ bool cl_tcp_hs_process(tcp_conn *c) {
     memcpy(c->nonce_peer, m + 32, 16);
     uint8_t want[32];
     hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, rank, want);
+    /* With a secret, a sender that cannot prove it (its proof fails for the
+     * comm it claims) gets one answer whatever else is wrong, so an
+     * outsider learns nothing of the comm by probing; one that proves it
+     * for another comm is a real, stale process and is told why. */
+    uint8_t claimed[32];
+    hs_mac_for(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, id, gen, rank, size, claimed);
+    bool proven = !tc->core->auth_enabled(tc->bc) || mac_equal(claimed, m + 48);
     uint32_t refuse = 0;
-    char why[200] = "";
-    if (get32(m + 4) != TCP_PROTO_VERSION) {
+    char why[240] = "";
+    if (!proven) {
+        refuse = 2;
+        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
+    } else if (get32(m + 4) != TCP_PROTO_VERSION) {
         refuse = 1;
         snprintf(why, sizeof why, "protocol version %u, expected %u", get32(m + 4),
                  TCP_PROTO_VERSION);
     } else if (id != tc->comm_id || gen != tc->generation || size != (uint32_t)tc->size) {
         refuse = 1;
         snprintf(why, sizeof why,
-                 "it belongs to generation %llu of size %u, this is generation %llu of size %d "
-                 "(a stale process of an earlier incarnation?)",
-                 (unsigned long long)gen, size, (unsigned long long)tc->generation, tc->size);
+                 "it belongs to comm %016llx generation %llu of size %u, this is comm %016llx "
+                 "generation %llu of size %d (%s)",
+                 (unsigned long long)id, (unsigned long long)gen, size,
+                 (unsigned long long)tc->comm_id, (unsigned long long)tc->generation, tc->size,
+                 id != tc->comm_id ? "another comm's process"
+                                   : "a stale process of an earlier "
+                                     "incarnation?");
     } else if (rank >= (uint32_t)tc->rank) {
         refuse = 1;
         snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank, tc->rank);
