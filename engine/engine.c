@@ -35,11 +35,26 @@
  *  - SIGPIPE and the other asynchronous signals are blocked in the progress
  *    and monitor threads so the application's handlers run on its threads
  *    and a dead socket gives EPIPE, not a signal.
+ *  - exit() with engines running: a process may end (exit(), a return from
+ *    main) while progress threads still run handshakes (RAND_bytes) and
+ *    frame MACs. libcrypto's own exit handler (OPENSSL_cleanup) would free
+ *    its locks and providers under them (a SIGSEGV instead of the process's
+ *    exit status), so libcrypto is initialised once, before the first
+ *    engine's thread starts, with OPENSSL_INIT_NO_ATEXIT: the process is
+ *    ending anyway, and the kernel reclaims what the cleanup would free.
+ *    This works only if collie is the first to initialise libcrypto (an
+ *    application that used OpenSSL before creating an engine has had its
+ *    handler registered already; it can call OPENSSL_init_crypto with that
+ *    flag itself first). Nothing else exit-time touches a running loop:
+ *    libevent registers no exit handler (the bases are NOLOCK, no evthread
+ *    globals) and collie registers none.
  */
 #include "engine/engine_impl.h"
 
 #include <errno.h>
 #include <event2/event.h>
+#include <openssl/crypto.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -436,6 +451,14 @@ static void engine_free(collie_engine *e) {
     free(e);
 }
 
+/* Design notes, "exit() with engines running". Failing here is not fatal:
+ * libcrypto initialises itself on first use (with its exit handler). */
+static pthread_once_t engine_crypto_once = PTHREAD_ONCE_INIT;
+static void engine_crypto_init(void) {
+    if (OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL) != 1)
+        CL_WARN("engine", "OPENSSL_init_crypto failed: libcrypto keeps its exit handler");
+}
+
 /* engines created and not destroyed (the tests' leftover check) */
 static _Atomic size_t engines_live;
 
@@ -457,6 +480,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
         goto fail;
     }
     if (stall_ms == 0) stall_ms = cl_config_get()->stall_ms;
+    pthread_once(&engine_crypto_once, engine_crypto_init);
 
     e = calloc(1, sizeof *e);
     if (!e) {

@@ -4,8 +4,9 @@
  * generations, abort and destroy (bounded, idempotent; also during
  * creation), buffers left alone after an error, a message cut off mid-way
  * (the peer still learns the root cause), engine shutdown under live comms,
- * error policy settings.
+ * error policy settings, exit() with engines running (no crash).
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1232,6 +1233,77 @@ static void test_store_token_authenticates_peers(void **state) {
     assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
 }
 
+/* A child that ends with exit() while its engines are mid-handshake and
+ * mid-collective (every frame MACed: a token is set) must exit with its own
+ * status: libcrypto's exit handler once freed its locks under a progress
+ * thread in RAND_bytes (SIGSEGV). Four ranks, an engine each, so four
+ * progress threads use libcrypto when the main thread calls exit(). */
+static void exit_child_run(int round) {
+    /* cmocka's handlers would turn a crash into a test failure report */
+    const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        signal(sigs[i], SIG_DFL);
+    setting_set("COLLIE_CPU_TRANSPORT", "tcp");
+    enum { N = 4, COUNT = 4096 };
+    const char *token = "exit-token";
+    collie_engine *e[N];
+    for (int r = 0; r < N; r++)
+        if (collie_engine_create(NULL, &e[r]) != COLLIE_OK) _exit(10);
+    collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
+    so.token = token;
+    collie_store_server *srv;
+    if (collie_store_server_create(e[0], "127.0.0.1", 0, &so, &srv) != COLLIE_OK) _exit(11);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    collie_store_opts o = COLLIE_STORE_OPTS_INIT;
+    o.token = token;
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    co.name = "exiting";
+    co.timeout_ms = 5000;
+    collie_store *st[N];
+    collie_comm *c[N];
+    collie_work *cw[N];
+    for (int r = 0; r < N; r++) {
+        if (collie_store_connect(e[r], addr, &o, &st[r]) != COLLIE_OK) _exit(12);
+        if (collie_comm_create_post(e[r], st[r], r, N, &co, &c[r], &cw[r]) != COLLIE_OK) _exit(13);
+    }
+    /* odd rounds exit during the rendezvous and handshakes, even ones
+     * once the comms are up and the collectives stream */
+    if (round % 2 == 0)
+        for (int r = 0; r < N; r++)
+            if (collie_work_wait(cw[r], 10000) != COLLIE_OK) _exit(14);
+    static int32_t buf[N][COUNT];
+    for (int k = 0; k < 8; k++)
+        for (int r = 0; r < N; r++) {
+            collie_work *w;
+            if (collie_allreduce(c[r], buf[r], buf[r], COUNT, COLLIE_INT32, COLLIE_SUM, NULL, &w) ==
+                COLLIE_OK)
+                collie_work_release(w);
+        }
+    usleep((useconds_t)((round * 397) % 3000));
+    exit(3);
+}
+
+static void test_exit_with_engines_running(void **state) {
+    (void)state;
+    int64_t until = now_ms() + 3000;
+    int rounds = 0;
+    for (; rounds < 200 && (rounds < 6 || now_ms() < until); rounds++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) exit_child_run(rounds);
+        int ws = reap_bounded(pid, 20000);
+        if (ws == -1) fail_msg("round %d: the child did not exit within 20 s", rounds);
+        if (WIFSIGNALED(ws))
+            fail_msg("round %d: the child died of signal %d (%s) instead of exiting", rounds,
+                     WTERMSIG(ws), strsignal(WTERMSIG(ws)));
+        assert_true(WIFEXITED(ws));
+        if (WEXITSTATUS(ws) != 3)
+            fail_msg("round %d: the child exited with %d, not 3", rounds, WEXITSTATUS(ws));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
@@ -1262,6 +1334,7 @@ int main(void) {
         cmocka_unit_test(test_listen_failures_say_why),
         cmocka_unit_test(test_rendezvous_conflicts_fail_fast),
         cmocka_unit_test(test_store_token_authenticates_peers),
+        cmocka_unit_test(test_exit_with_engines_running),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -1296,6 +1296,10 @@ static void run_job_fini(run_job *job) {
 }
 
 int main(int argc, char **argv) {
+    /* before the job secret's RAND_bytes: the first initialisation decides,
+     * and the store's progress thread must never see libcrypto torn down by
+     * exit() (engine.c, "exit() with engines running") */
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
     run_job job = {0};
     int rc = run_parse_args(argc, argv, &job.opts);
     if (rc >= 0) return rc;
