@@ -103,6 +103,7 @@ static void coll_on_publish(collie_work *w) {
     }
     cl_stats_ended(((cl_coll_work *)w)->comm, (cl_coll_work *)w); /* counted before it is seen */
     if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
+    if (((cl_coll_work *)w)->clean_end) return; /* an unmatched receive (coll_cancel.c) */
     cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",
                          w->errmsg ? w->errmsg : collie_strerror(w->status));
 }

@@ -25,6 +25,15 @@
  *  - Every path publishes through cl_work_publish, whose on_publish hook
  *    (coll.c) records a deadline's or a cancel's fault on the comm before
  *    the work is visible as failed.
+ *  - An unmatched receive ends clean (DESIGN §3): no byte of a message was
+ *    taken for it, so no peer is mid-operation. Only the loop can tell —
+ *    it matches messages to receives — so a receive's cancel or deadline
+ *    is decided there: a receive never started, or one its backend takes
+ *    back (ops->recv_withdraw), ends with clean_end set (no comm fault,
+ *    coll.c and comm.c); one matched already ends as a fault, as before.
+ *    collie_work_cancel from another thread sends the request to the loop
+ *    (cancel_cmd); a waiter past the deadline plus the grace still ends it
+ *    at once from its own thread (then as a fault: the loop did not).
  */
 #include <stdio.h>
 
@@ -80,6 +89,55 @@ static bool coll_cancel_on_device(cl_coll_work *cw, int status, const char *msg)
     return ended;
 }
 
+/* Can a receive still end clean: one not started, or one whose backend
+ * may withdraw it (loop). */
+static bool coll_recv_may_withdraw(const cl_coll_work *cw) {
+    if (cw->args.kind != COLLIE_COLL_RECV || cw->caller_started) return false;
+    if (!cw->started) return true;
+    return cw->bc->ops->recv_withdraw != NULL && cw->bc->state != NULL && !cw->comm->engine_gone;
+}
+
+/* End receive cw with status: clean if nothing matched it yet (loop). */
+static bool coll_recv_end_on_loop(cl_coll_work *cw, int status, const char *msg) {
+    collie_work *w = &cw->base;
+    if (cl_work_done(w)) return false;
+    if (coll_recv_may_withdraw(cw) &&
+        (!cw->started || cw->bc->ops->recv_withdraw(cw->bc->state, w))) {
+        cw->clean_end = true; /* before the finish: on_publish and detach read it */
+        return cl_work_finish(w, status, "%s", msg);
+    }
+    if (status == COLLIE_ETIMEDOUT) {
+        if (cw->explaining) return false; /* its report ends it */
+        if (cl_desync_start(cw)) return true;
+    }
+    return cl_work_finish(w, status, "%s", msg);
+}
+
+static void coll_recv_cancel_cmd(cl_cmd *cmd) {
+    cl_coll_work *cw = cl_container_of(cmd, cl_coll_work, cancel_cmd);
+    coll_recv_end_on_loop(cw, cw->cancel_status, cw->cancel_msg);
+    collie_work_release(&cw->base); /* the request's reference */
+}
+
+/* A receive's cancel or deadline: decided on the loop (Design notes). */
+static bool coll_recv_cancel(cl_coll_work *cw, int status, const char *msg) {
+    collie_work *w = &cw->base;
+    if (cl_engine_on_loop(w->engine)) return coll_recv_end_on_loop(cw, status, msg);
+    /* a waiter past the deadline and its grace: the loop did not end it,
+     * the waiter must not depend on it */
+    if (status != COLLIE_ECANCELED) return cl_work_finish(w, status, "%s", msg);
+    if (atomic_exchange_explicit(&cw->cancel_requested, true, memory_order_acq_rel))
+        return !cl_work_done(w); /* asked already: it is ending */
+    cw->cancel_status = status;  /* written once: the flag above */
+    snprintf(cw->cancel_msg, sizeof cw->cancel_msg, "%s", msg);
+    cw->cancel_cmd.fn = coll_recv_cancel_cmd;
+    collie_work_hold(w); /* alive until the command runs */
+    if (cl_engine_post_cmd(w->engine, &cw->cancel_cmd) == COLLIE_OK) return true;
+    bool ended = cl_work_finish(w, status, "%s", msg); /* engine stopped */
+    collie_work_release(w);
+    return ended;
+}
+
 bool cl_coll_end(cl_coll_work *cw, int status, const char *msg) {
     if (cw->caller_started && cw->bc->ops->cancel) return coll_cancel_on_device(cw, status, msg);
     return cl_work_finish(&cw->base, status, "%s", msg);
@@ -88,6 +146,8 @@ bool cl_coll_end(cl_coll_work *cw, int status, const char *msg) {
 bool cl_coll_cancel(collie_work *w, int status, const char *msg) {
     cl_coll_work *cw = (cl_coll_work *)w;
     if (cl_work_done(w)) return false;
+    if (cw->args.kind == COLLIE_COLL_RECV && !cw->caller_started)
+        return coll_recv_cancel(cw, status, msg);
     if (status == COLLIE_ETIMEDOUT && cl_engine_on_loop(w->engine)) {
         if (cw->explaining) return false; /* its report ends it */
         if (cl_desync_start(cw)) return true;

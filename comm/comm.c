@@ -131,8 +131,9 @@ void cl_comm_detach_work(cl_coll_work *cw) {
     bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
     if (!p2p && w->seq > c->last_done) c->last_done = w->seq;
     cl_flight_end(c, cw);
-    /* a deadline or cancel leaves the peers mid-operation: a comm fault */
-    if (w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED)
+    /* a deadline or cancel leaves the peers mid-operation: a comm fault
+     * (not for a receive withdrawn before any message matched it) */
+    if ((w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED) && !cw->clean_end)
         cl_comm_fault(c, w->status, "%s", collie_work_error_message(w));
     pthread_mutex_lock(&c->mu);
     atomic_fetch_sub(&c->nactive, 1);

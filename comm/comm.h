@@ -117,6 +117,7 @@ typedef struct cl_coll_work {
     cl_list_node link;              /* comm's waiting queue or active list (loop) */
     struct cl_coll_work *pool_next; /* its backend's pool of free works */
     bool explaining;                /* a desync report will end it (loop) */
+    bool clean_end;                 /* an unmatched receive withdrawn: no comm fault (loop) */
     int source;                     /* any-source receive: the sender (loop, before the end) */
     cl_cmd cancel_cmd;              /* cancel/waiter → loop (coll_cancel.c) */
     _Atomic bool cancel_requested;  /* its backend was (or will be) asked to end it */

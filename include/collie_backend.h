@@ -388,6 +388,16 @@ typedef struct collie_backend_ops {
      * unlend; abort, which always comes before destroy, must withdraw
      * every loan still open. (any thread) */
     void (*unlend)(void *state, collie_work *w);
+    /* recv_withdraw (optional; backends with receives): the core is about
+     * to end receive `w` (COLLIE_COLL_RECV, started here) before its
+     * message came (collie_work_cancel, or its own deadline). If no message
+     * is matched to it yet — not a byte of one is or will be taken for it —
+     * take it out of matching (a later message goes to a later receive, or
+     * waits unexpected) and return true: the core ends it with no fault on
+     * the comm. Return false if a message is matched to it (or it ended):
+     * the core ends it as a local fault, as any other work. Without the
+     * hook every such end is a fault. (loop) */
+    bool (*recv_withdraw)(void *state, collie_work *w);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

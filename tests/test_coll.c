@@ -839,7 +839,8 @@ static void test_comm_stats(void **state) {
     st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
     assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
     assert_int_equal(st.posted, N + 1);
-    /* a receive nobody answers: its deadline fails it (and the comm) */
+    /* a receive nobody answers: its deadline fails it (not the comm: no
+     * message was matched to it, README "Works") */
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
     po.timeout_ms = 50;
     assert_int_equal(collie_recv(w.c[1], buf, 4, COLLIE_INT32, 0, 9, &po, &wk), COLLIE_OK);
@@ -850,15 +851,14 @@ static void test_comm_stats(void **state) {
     do {
         st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
         assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
-        if (st.failed == 1 && st.connections == 0) break;
+        if (st.failed == 1) break;
         usleep(1000);
     } while (cl_now_ns() < until);
     assert_int_equal(st.posted, N + 2);
     assert_int_equal(st.failed, 1);
     assert_int_equal(st.failed_by_status[-COLLIE_ETIMEDOUT], 1);
     assert_int_equal(st.in_flight, 0);
-    assert_int_equal(st.status, COLLIE_ETIMEDOUT);
-    assert_int_equal(st.connections, 0); /* the fault closed the transport */
+    assert_int_equal(st.status, COLLIE_OK);
     /* an older, shorter struct: only its fields are written */
     unsigned char raw[sizeof(collie_comm_stats)];
     memset(raw, 0xAB, sizeof raw);

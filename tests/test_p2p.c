@@ -465,6 +465,77 @@ static void test_any_source_peer_death_policy_none(void **state) {
     any_source_peer_death(COLLIE_POLICY_NONE, "anydeathnone");
 }
 
+static void expect_healthy(world *w, const char *after) {
+    for (int r = 0; r < w->n; r++) {
+        int st = COLLIE_OK;
+        const char *msg = "";
+        collie_comm_error(w->c[r], &st, &msg); /* returns st */
+        if (st != COLLIE_OK)
+            fail_msg("after %s, rank %d's comm failed: %s (%s)", after, r, collie_status_name(st),
+                     msg);
+    }
+}
+
+/* Ending a receive no message matched yet (cancel, or its own deadline) is
+ * clean (DESIGN §3): only that work ends, the comm stays healthy on every
+ * rank, and the message it would have taken goes to the next receive. The
+ * tester's program (p18): a cancelled any-source receive failed the comm on
+ * every rank. */
+static void test_cancel_unmatched_recv(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "cancelrecv", NULL);
+    world_link(&w);
+    int64_t junk = -1;
+    collie_work *rw;
+    const int peers[] = {1, COLLIE_ANY_SOURCE};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(collie_recv(w.c[0], &junk, 1, COLLIE_INT64, peers[i], 3, NULL, &rw),
+                         COLLIE_OK);
+        assert_int_equal(collie_work_cancel(rw), COLLIE_OK);
+        assert_int_equal(collie_work_wait(rw, 10000), COLLIE_ECANCELED);
+        collie_work_release(rw);
+        expect_healthy(&w, peers[i] < 0 ? "cancelling an any-source recv" : "cancelling a recv");
+    }
+    /* its own deadline: ETIMEDOUT on that work only */
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 200;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(collie_recv(w.c[0], &junk, 1, COLLIE_INT64, peers[i], 3, &o, &rw),
+                         COLLIE_OK);
+        assert_int_equal(collie_work_wait(rw, 10000), COLLIE_ETIMEDOUT);
+        collie_work_release(rw);
+        expect_healthy(&w, "an unmatched recv's deadline");
+    }
+    assert_int_equal(junk, -1);
+    /* the next message with that tag goes to the next receive, whole */
+    int64_t v = recv_value(1, 3), got = 0;
+    collie_work *sw;
+    assert_int_equal(collie_send(w.c[1], &v, 1, COLLIE_INT64, 0, 3, NULL, &sw), COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[0], &got, 1, COLLIE_INT64, COLLIE_ANY_SOURCE, 3, NULL, &rw),
+                     COLLIE_OK);
+    expect_ok(sw, "send after the cancels");
+    expect_ok(rw, "recv after the cancels");
+    assert_int_equal(got, v);
+    assert_int_equal(collie_work_source(rw), 1);
+    collie_work_release(sw);
+    collie_work_release(rw);
+    /* and back the other way */
+    v = recv_value(0, 4);
+    got = 0;
+    assert_int_equal(collie_recv(w.c[1], &got, 1, COLLIE_INT64, 0, 4, NULL, &rw), COLLIE_OK);
+    assert_int_equal(collie_send(w.c[0], &v, 1, COLLIE_INT64, 1, 4, NULL, &sw), COLLIE_OK);
+    expect_ok(sw, "send 0 -> 1");
+    expect_ok(rw, "recv 0 -> 1");
+    assert_int_equal(got, v);
+    collie_work_release(sw);
+    collie_work_release(rw);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 1000, 0, false);
+    run_and_check(&w, COLLIE_COLL_BROADCAST, COLLIE_FP32, COLLIE_SUM, 300, 1, false);
+    expect_healthy(&w, "the collectives");
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_not_behind_unposted_allreduce),
@@ -475,6 +546,7 @@ int main(void) {
         cmocka_unit_test(test_any_source_mismatch),
         cmocka_unit_test(test_any_source_peer_death),
         cmocka_unit_test(test_any_source_peer_death_policy_none),
+        cmocka_unit_test(test_cancel_unmatched_recv),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -127,6 +127,19 @@ static void tcp_detach(void *state, collie_work *w) {
     }
 }
 
+/* A posted receive is unmatched while its slot waits in a list (its peer's
+ * p2p_expected or the comm's any_expected): matching a frame unlinks it
+ * (tcp_conn.c p2p_slot_take), as does taking an unexpected message (which
+ * ends it at once). Unlinked here, no later frame can reach it. */
+static bool tcp_recv_withdraw(void *state, collie_work *w) {
+    tcp_comm *tc = state;
+    tcp_work *tw = tc->core->work_backend_data(w);
+    if (!tw->kind_p2p || tw->args.kind != COLLIE_COLL_RECV || !cl_list_linked(&tw->p2p_slot.node))
+        return false;
+    cl_list_remove(&tw->p2p_slot.node);
+    return true;
+}
+
 static void tcp_unlend(void *state, collie_work *w) {
     tcp_comm *tc = state;
     cl_tcp_work_unlend(tc->core->work_backend_data(w));
@@ -218,6 +231,7 @@ static bool tcp_progress(void *state, bool sleeping) {
         .poll = NULL,                                                                              \
         .progress = tcp_progress,                                                                  \
         .unlend = tcp_unlend,                                                                      \
+        .recv_withdraw = tcp_recv_withdraw,                                                        \
         .abort = tcp_abort,                                                                        \
         .destroy = tcp_destroy,                                                                    \
     }
