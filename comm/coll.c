@@ -156,8 +156,10 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
     bool any = a->kind == COLLIE_COLL_RECV && a->peer == COLLIE_ANY_SOURCE;
     if (p2p && !any && (a->peer < 0 || a->peer >= c->size || a->peer == c->rank))
         return cl_set_last_error(
-            COLLIE_EINVAL, "%s: peer %d must be another rank of comm '%s' (size %d)%s", op, a->peer,
-            c->name, c->size, a->kind == COLLIE_COLL_RECV ? " or COLLIE_ANY_SOURCE" : "");
+            COLLIE_EINVAL, "%s: peer %d must be another rank of comm '%s' (size %d)%s%s", op,
+            a->peer, c->name, c->size, a->kind == COLLIE_COLL_RECV ? " or COLLIE_ANY_SOURCE" : "",
+            a->peer == c->rank ? ": a message to one's own rank is not supported (copy locally)"
+                               : "");
     if (a->count > 0) {
         bool is_root = rooted && a->root == c->rank;
         bool need_send = true, need_recv = true;

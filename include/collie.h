@@ -696,7 +696,16 @@ COLLIE_API int collie_alltoallv(collie_comm *c, const void *sendbuf, const size_
  * arrived before it was posted, the earliest); collie_work_source says
  * which rank sent it. A rank that dies while an any-source receive is
  * pending fails it (COLLIE_EPEER naming the rank), whatever the policy. The
- * CPU backends implement it; others refuse it (COLLIE_ENOTSUP). */
+ * CPU backends implement it; others refuse it (COLLIE_ENOTSUP).
+ *
+ * The peer must be another rank: unlike MPI, a send or receive to one's own
+ * rank is refused (COLLIE_EINVAL saying so; copy the data locally), and an
+ * any-source receive never takes a message from its own rank.
+ *
+ * Ending a receive that no message has matched yet (collie_work_cancel, or
+ * its own deadline: COLLIE_ECANCELED, COLLIE_ETIMEDOUT) ends only that work;
+ * the comm stays healthy. A matched receive, a send, or a collective ended
+ * that way is a fault of the comm (its error policy applies). */
 #define COLLIE_ANY_SOURCE (-1)
 COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
                            uint64_t tag, const collie_post_opts *o, collie_work **out);

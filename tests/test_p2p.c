@@ -487,7 +487,7 @@ static void test_cancel_unmatched_recv(void **state) {
     world_create(&w, 2, "cancelrecv", NULL);
     world_link(&w);
     int64_t junk = -1;
-    collie_work *rw;
+    collie_work *rw, *sw;
     const int peers[] = {1, COLLIE_ANY_SOURCE};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(collie_recv(w.c[0], &junk, 1, COLLIE_INT64, peers[i], 3, NULL, &rw),
@@ -508,9 +508,13 @@ static void test_cancel_unmatched_recv(void **state) {
         expect_healthy(&w, "an unmatched recv's deadline");
     }
     assert_int_equal(junk, -1);
+    /* one's own rank is refused, saying so (documented: collie.h) */
+    assert_int_equal(collie_send(w.c[0], &junk, 1, COLLIE_INT64, 0, 3, NULL, &sw), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "own rank is not supported"));
+    assert_int_equal(collie_recv(w.c[1], &junk, 1, COLLIE_INT64, 1, 3, NULL, &rw), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "own rank is not supported"));
     /* the next message with that tag goes to the next receive, whole */
     int64_t v = recv_value(1, 3), got = 0;
-    collie_work *sw;
     assert_int_equal(collie_send(w.c[1], &v, 1, COLLIE_INT64, 0, 3, NULL, &sw), COLLIE_OK);
     assert_int_equal(collie_recv(w.c[0], &got, 1, COLLIE_INT64, COLLIE_ANY_SOURCE, 3, NULL, &rw),
                      COLLIE_OK);
