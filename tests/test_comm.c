@@ -890,13 +890,16 @@ static void test_cut_message_policy_none(void **state) {
         b[r] = calloc(COUNT, sizeof(float));
         assert_non_null(b[r]);
     }
-    /* both post; rank 1's loop stops reading once the stream has begun */
+    /* rank 1's loop is held first: it reads nothing, so rank 0's frame
+     * fills the socket or ring and stops mid-way; rank 1's own post waits
+     * behind the hold (the window has room for the frame: it is not
+     * announced, it goes at once) */
+    loop_block hold;
+    loop_block_start(&hold, w.re[1]);
     for (int r = 0; r < 2; r++)
         assert_int_equal(
             collie_allreduce(c[r], b[r], b[r], COUNT, COLLIE_FP32, COLLIE_SUM, NULL, &wk[r]),
             COLLIE_OK);
-    loop_block hold; /* after rank 1's post: its commands run in order */
-    loop_block_start(&hold, w.re[1]);
     /* the buffers fill (a loaded machine may take a while to start writing) */
     assert_int_equal(collie_work_wait(wk[0], 1000), COLLIE_INPROGRESS);
     assert_int_equal(collie_work_cancel(wk[0]), COLLIE_OK);
