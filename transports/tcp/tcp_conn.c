@@ -685,6 +685,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
         struct iovec iov[3 * FLUSH_BATCH];
         int nb = 0, ne = 0, niov = 0;
         uint64_t number = c->tx_next, tagged_bytes = 0; /* frames started get numbers in order */
+        bool lend_stop = false; /* a message that may be lent was not: lend none after it */
         tcp_msg *m;
         cl_list_foreach(&c->sendq, m, tcp_msg, node) {
             if (nb == FLUSH_BATCH) break;
@@ -708,11 +709,19 @@ void cl_tcp_conn_flush(tcp_conn *c) {
                 }
                 if (!have) entered[ne++] = w;
                 /* a large payload to a same-host peer: lend it instead
-                 * (under the bracket: the unlend hook sees the loan) */
+                 * (under the bracket: the unlend hook sees the loan).
+                 * Tickets must reach the peer in order: one that may be
+                 * lent but was not (no slot now) may be lent by a later
+                 * batch, so none after it is lent in this one (a batch is
+                 * always the head of the queue: it comes first again) */
                 if (m->sent == 0 && !m->loan_ticket && !(m->hdr[7] & TCP_FRAME_RTS) &&
                     (!conn_is_coll_frame(m) || (m->hdr[7] & TCP_FRAME_CLEARED)) &&
-                    c->tc->shm_single_copy && m->len >= c->tc->shm_single_copy)
-                    lent += cl_tcp_loan_open(c, m);
+                    cl_tcp_loan_may(c, m) && !lend_stop) {
+                    if (cl_tcp_loan_open(c, m))
+                        lent++;
+                    else
+                        lend_stop = true;
+                }
             }
             if (c->mac_tx_on && m->sent == 0) {
                 if (!conn_tag(c, m, number++)) {

@@ -13,7 +13,10 @@
  *    the peer's return of its ticket completes it (op_done), in ticket
  *    order. A work keeps its open loans in tcp_work.loans (at most
  *    TCP_WORK_LOANS; a link at most CL_SHM_LOAN_SLOTS): more go through
- *    the ring as before.
+ *    the ring as before. Tickets go on the stream in order (the borrower
+ *    refuses one that does not go up): a flush batch that passes over a
+ *    message it may lend (no slot free now) lends none after it, since that
+ *    message, if unwritten, heads the next batch and may be lent then.
  *  - What is lent (measured, bench/RESULTS.md): payloads from
  *    COLLIE_SHM_SINGLE_COPY bytes (512 KiB) of collectives that do not
  *    reduce. The ring's two copies go through memory that stays in the
@@ -79,6 +82,7 @@ bool cl_tcp_loan_open(tcp_conn *c, tcp_msg *m) {
     m->loan_ticket = t;
     m->loan_rec = rec;
     m->hdr[7] |= TCP_FRAME_LOAN; /* beside TCP_FRAME_CLEARED, if it was announced */
+    m->tagged = false;           /* a tag made before covered the payload and another header */
     return true;
 }
 
