@@ -22,6 +22,10 @@
  *               every work ends by its deadline and each one that returned
  *               OK holds its result (default policy on both links, NONE,
  *               BLOCKING_WAIT; allreduce, and a mix of five kinds).
+ *   peer lost:  NONE, rank 2 SIGKILLed (TCP and auto): a receive from live
+ *               rank 0 completes, one from rank 2 fails at once naming it,
+ *               and no message of a live rank's stream into receives from
+ *               any source is lost.
  *   hang:       rank 3 SIGSTOPs itself between two allreduces (sockets stay
  *               open); with a 2 s op timeout ranks 0-2 fail within 3 s of
  *               the stop, their messages name rank 3 as not having reached
@@ -539,11 +543,125 @@ static int rank_deep(void) {
     return 0;
 }
 
+/* "peerlost" (policy NONE, 4 ranks; rank 2 SIGKILLs itself FT_DIE_MS after
+ * every pair connected). Rank 3 streams messages of 1 MiB for FT_LOST_MS to
+ * rank 0, whose receives from any source (two posted at a time) are being
+ * read as rank 2 dies: none of rank 3's messages whose send said OK may be
+ * lost, and they come in order. Rank 1 waits for a message from live rank
+ * 0 (sent after the death) and one from rank 2: the first must come, the
+ * second fail with EPEER naming rank 2, long before its deadline. */
+#define LOST_MSG_INTS (256 * 1024)
+static int rank_peerlost(void) {
+    int lost_ms = env_int("FT_LOST_MS", 1500), die_ms = env_int("FT_DIE_MS", 300);
+    rk r = {0};
+    r.name = "peerlost";
+    r.timeout_ms = 8000;
+    RK_CHECK(collie_engine_create(NULL, &r.e));
+    rk_create(&r);
+    int rank = collie_comm_rank(r.c);
+    int32_t x = rank, all[4];
+    collie_work *w;
+    RK_CHECK(collie_allgather(r.c, &x, all, 1, COLLIE_INT32, NULL, &w));
+    RK_CHECK(collie_work_wait(w, STEP_MS));
+    collie_work_release(w);
+    int64_t t0 = mono_ns();
+    if (rank == 2) {
+        usleep((useconds_t)die_ms * 1000);
+        raise(SIGKILL);
+    }
+    if (rank == 3) {
+        int32_t *buf = malloc(LOST_MSG_INTS * sizeof *buf);
+        int ok = 0, i = 0;
+        bool end = false;
+        /* for FT_LOST_MS, then one more that says how many came before */
+        for (; buf && !end; i++) {
+            end = mono_ns() - t0 > (int64_t)lost_ms * 1000000;
+            for (int j = 0; j < LOST_MSG_INTS; j++)
+                buf[j] = end ? -1 - i : i + j;
+            RK_CHECK(collie_send(r.c, buf, LOST_MSG_INTS, COLLIE_INT32, 0, 1, NULL, &w));
+            if (collie_work_wait(w, STEP_MS) == COLLIE_OK) ok++;
+            collie_work_release(w);
+        }
+        say("SENT sent=%d ok=%d", i, ok);
+        free(buf);
+    }
+    if (rank == 1) {
+        int32_t a = 0, b = 0;
+        collie_work *w0, *w2;
+        RK_CHECK(collie_recv(r.c, &a, 1, COLLIE_INT32, 0, 5, NULL, &w0));
+        RK_CHECK(collie_recv(r.c, &b, 1, COLLIE_INT32, 2, 5, NULL, &w2));
+        int r0 = collie_work_wait(w0, STEP_MS);
+        say("FROM0 status=%s a=%d ms=%lld msg=%s", collie_status_name(r0), a,
+            (long long)((mono_ns() - t0) / 1000000), r0 ? collie_work_error_message(w0) : "");
+        int r2 = collie_work_wait(w2, STEP_MS);
+        say("FROM2 status=%s ms=%lld msg=%s", collie_status_name(r2),
+            (long long)((mono_ns() - t0) / 1000000), r2 ? collie_work_error_message(w2) : "");
+        collie_work_release(w0);
+        collie_work_release(w2);
+    }
+    if (rank == 0) {
+        enum { WIN = 2 };
+        int32_t *buf[WIN];
+        collie_work *rw[WIN];
+        for (int i = 0; i < WIN; i++) {
+            buf[i] = malloc(LOST_MSG_INTS * sizeof *buf[i]);
+            if (!buf[i]) return 1;
+            RK_CHECK(collie_recv(r.c, buf[i], LOST_MSG_INTS, COLLIE_INT32, COLLIE_ANY_SOURCE, 1,
+                                 NULL, &rw[i]));
+        }
+        int got = 0, wrong = 0, failed = 0, other = 0, turn = 0;
+        collie_work *sw = NULL;
+        int32_t v = 77;
+        int64_t until = now_ms() + 2 * STEP_MS;
+        int end = -1; /* how many rank 3 sent before its last */
+        while ((end < 0 || !sw) && now_ms() < until) {
+            if (!sw && mono_ns() - t0 > (int64_t)(die_ms + 500) * 1000000)
+                RK_CHECK(collie_send(r.c, &v, 1, COLLIE_INT32, 1, 5, NULL, &sw));
+            int i = turn % WIN;
+            int rc = collie_work_wait(rw[i], 100);
+            if (rc == COLLIE_INPROGRESS) continue;
+            turn++;
+            if (rc == COLLIE_OK && buf[i][0] < 0) {
+                end = -1 - buf[i][0];
+            } else if (rc == COLLIE_OK) {
+                bool right = collie_work_source(rw[i]) == 3;
+                for (int j = 0; j < LOST_MSG_INTS && right; j += 4099)
+                    right = buf[i][j] == got + j;
+                if (!right && wrong++ < 3)
+                    say("WRONG message %d from %d: %d", got, collie_work_source(rw[i]), buf[i][0]);
+                got++;
+            } else if (rc == COLLIE_EPEER) {
+                failed++; /* a receive pending as rank 2 died: its message comes to the next */
+            } else if (other++ < 3) {
+                say("OTHER %s: %s", collie_status_name(rc), collie_work_error_message(rw[i]));
+            }
+            collie_work_release(rw[i]);
+            RK_CHECK(collie_recv(r.c, buf[i], LOST_MSG_INTS, COLLIE_INT32, COLLIE_ANY_SOURCE, 1,
+                                 NULL, &rw[i]));
+        }
+        int src = sw ? collie_work_wait(sw, STEP_MS) : COLLIE_EINVAL;
+        say("GOT got=%d end=%d wrong=%d failed=%d other=%d send=%s", got, end, wrong, failed, other,
+            collie_status_name(src));
+        for (int i = 0; i < WIN; i++) {
+            collie_work_cancel(rw[i]);
+            collie_work_wait(rw[i], STEP_MS);
+            collie_work_release(rw[i]);
+            free(buf[i]);
+        }
+        if (sw) collie_work_release(sw);
+    }
+    collie_comm_destroy(r.c);
+    RK_CHECK(collie_engine_destroy(r.e));
+    say("EXIT");
+    return 0;
+}
+
 static int rank_main(const char *prog) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!strcmp(prog, "loop")) return rank_loop();
     if (!strcmp(prog, "abortproc")) return rank_abort_process();
     if (!strcmp(prog, "deep")) return rank_deep();
+    if (!strcmp(prog, "peerlost")) return rank_peerlost();
     fprintf(stderr, "test_faults: unknown rank program '%s'\n", prog);
     return 2;
 }
@@ -1117,6 +1235,55 @@ static void test_kill_deep_queue_policy_none(void **state) {
     (void)state;
     scenario_deep("COLLIE_CPU_TRANSPORT=auto", "COLLIE_ASYNC_ERROR_HANDLING=0", "FT_OP=mix", 1);
     scenario_deep("COLLIE_CPU_TRANSPORT=tcp", "COLLIE_ASYNC_ERROR_HANDLING=0", "FT_OP=mix", 1);
+}
+
+/* Policy NONE, a peer dies (the "peerlost" rank program): the works that
+ * need it fail with EPEER naming it, at once; the others go on (a receive
+ * from a live rank completes; one from any source that is reading a live
+ * rank's message is not failed, and no message whose send said OK is lost). */
+static void scenario_peer_lost(const char *transport) {
+    enum { N = 4, VICTIM = 2 };
+    char addr[64];
+    store_start("127.0.0.1", "127.0.0.1", NULL, addr, sizeof addr);
+    const char *extra[] = {transport, "COLLIE_ASYNC_ERROR_HANDLING=0", "FT_LOST_MS=1500",
+                           "FT_DIE_MS=300", NULL};
+    proc *rk[N];
+    for (int r = 0; r < N; r++)
+        rk[r] = rank_start("peerlost", r, N, addr, extra, NULL);
+    CHECK(proc_wait_exit(rk[VICTIM], STEP_MS), "rank %d did not die\n", VICTIM);
+    const char *l = proc_wait_line(rk[3], "SENT", 2 * STEP_MS);
+    CHECK(l, "rank 3 did not report\n");
+    int sent = line_int(l, "sent", -1);
+    CHECK(line_int(l, "ok", -1) == sent, "rank 3: a send to live rank 0 failed\n");
+    l = proc_wait_line(rk[0], "GOT", 3 * STEP_MS);
+    CHECK(l, "rank 0 did not report\n");
+    print_message("%s rank 0:%.*s\n", transport, (int)strcspn(l, "\n"), l);
+    CHECK(line_int(l, "got", -1) == sent - 1 && line_int(l, "end", -1) == sent - 1 &&
+              line_int(l, "wrong", -1) == 0 && line_int(l, "other", -1) == 0 &&
+              strstr(l, "send=COLLIE_OK"),
+          "rank 0 lost messages whose send said OK, or failed otherwise\n");
+    l = proc_wait_line(rk[1], "FROM2", STEP_MS);
+    CHECK(l, "rank 1 did not report\n");
+    const char *from0 = proc_line(rk[1], "FROM0");
+    print_message("%s rank 1: %.*s\n%.*s\n", transport, (int)strcspn(from0, "\n"), from0,
+                  (int)strcspn(l, "\n"), l);
+    CHECK(strstr(from0, "status=COLLIE_OK a=77"), "rank 1's receive from live rank 0 failed\n");
+    CHECK(strstr(l, "status=COLLIE_EPEER") && names_rank(l, VICTIM) && line_int(l, "ms", -1) < 4000,
+          "rank 1's receive from dead rank 2 did not fail at once naming it\n");
+    for (int r = 0; r < N; r++)
+        if (r != VICTIM)
+            CHECK(proc_wait_exit(rk[r], STEP_MS) && rk[r]->status == 0, "rank %d: exit status %d\n",
+                  r, rk[r]->status);
+}
+
+static void test_peer_lost_policy_none(void **state) {
+    (void)state;
+    scenario_peer_lost("COLLIE_CPU_TRANSPORT=tcp");
+}
+
+static void test_peer_lost_policy_none_auto(void **state) {
+    (void)state;
+    scenario_peer_lost("COLLIE_CPU_TRANSPORT=auto");
 }
 
 static void test_kill_deep_queue_blocking_wait(void **state) {
@@ -1975,6 +2142,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_kill_deep_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_deep_queue_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_deep_queue_policy_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_lost_policy_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_lost_policy_none_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_deep_queue_blocking_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),

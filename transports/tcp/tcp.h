@@ -356,6 +356,7 @@ typedef struct tcp_work {
     cl_list_node doomed_node; /* tcp_conn.doomed */
     uint64_t doomed_seq;      /* that message's seq (tag for p2p) */
     int doomed_peer, doomed_verdict;
+    cl_list_node lost_node; /* a peer it needs was lost: to fail (cl_tcp_peer_lost) */
     /* Its messages' open loans, for the unlend hook, which withdraws them
      * from any thread as the work ends. Last, and not cleared by start (the
      * core zeroes a work's data when it makes it): written only by the
@@ -377,6 +378,9 @@ void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
 /* drop one message / slot of an ending work (O(1); see tcp_conn.c) */
 void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
+/* the unfinished works with a message or a receive on c, each once, onto
+ * `out` (tcp_work.lost_node): O(what c holds) */
+void cl_tcp_conn_works(tcp_conn *c, cl_list *out);
 /* collective `seq` just finished here (`ok`: it completed): a frame for it
  * held back or parked on c is a mismatch (comm fault); if it ended early,
  * the frames parked for it are dropped */

@@ -112,6 +112,7 @@ static void tcp_detach(void *state, collie_work *w) {
     tcp_work *tw = tc->core->work_backend_data(w);
     cl_tcp_work_forget(tw); /* its own messages and slots only: O(ops of a step) */
     if (cl_list_linked(&tw->doomed_node)) cl_list_remove(&tw->doomed_node);
+    if (cl_list_linked(&tw->lost_node)) cl_list_remove(&tw->lost_node);
     cl_list_remove(&tw->node);
     cl_idmap_remove(&tc->running, &tw->by_seq); /* a no-op for p2p works */
     /* a frame for this seq held back (its slot was not posted) can no

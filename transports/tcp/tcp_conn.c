@@ -1795,6 +1795,26 @@ void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m) {
     if (m->sent > 0 && m->sent < tcp_msg_frame_len(m) && c) cl_tcp_conn_break_send(c, m);
 }
 
+static void conn_works_add(cl_list *out, tcp_work *tw) {
+    if (tw && !tw->finished && !cl_list_linked(&tw->lost_node))
+        cl_list_push_back(out, &tw->lost_node);
+}
+
+void cl_tcp_conn_works(tcp_conn *c, cl_list *out) {
+    if (c->cur) conn_works_add(out, c->cur->owner); /* the one reading from it first */
+    cl_list *queues[] = {&c->sendq, &c->held, &c->rts_wait, &c->lent};
+    for (size_t q = 0; q < sizeof queues / sizeof queues[0]; q++) {
+        tcp_msg *m;
+        cl_list_foreach(queues[q], m, tcp_msg, node) conn_works_add(out, m->owner);
+    }
+    tcp_slot *s;
+    cl_list_foreach(&c->p2p_expected, s, tcp_slot, node) conn_works_add(out, s->owner);
+    size_t buckets = c->expected.bits ? (size_t)1 << c->expected.bits : 0;
+    for (size_t b = 0; b < buckets; b++)
+        for (cl_idnode *n = c->expected.buckets[b]; n; n = n->next)
+            conn_works_add(out, ((tcp_slot *)((char *)n - offsetof(tcp_slot, by_seq)))->owner);
+}
+
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s) {
     if (s->step == TCP_P2P_STEP)
         cl_list_remove(&s->node);

@@ -18,6 +18,15 @@
  *  - Several works of a comm run at the same time, each on its own step;
  *    messages carry (seq, step), so they never mix (see tcp_conn.c).
  *  - Local operations touch user buffers inside work_busy_enter/exit.
+ *  - A peer's connection lost (cl_tcp_peer_lost) fails the works that need
+ *    that peer: those with a message or a receive on its connection, and
+ *    the receives from any source not matched yet; the first of them gets
+ *    the comm's root code. Under NONE every other work goes on (one
+ *    matched to, and reading, a live peer's frame: failing it would drain
+ *    a message whose send said OK); otherwise the comm's fault takes them
+ *    down. A collective that needs the peer in a later step meets its
+ *    closed connection when that step is posted. O(what the connection
+ *    holds), not O(works).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -416,17 +425,39 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
 
 void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     if (tc->aborted) return;
-    /* the oldest work in flight is the one that saw it */
-    tcp_work *oldest = cl_list_first(&tc->works, tcp_work, node);
-    collie_work *victim = oldest ? oldest->w : NULL;
-    (void)peer; /* `why` names it */
-    tc->core->fault(tc->bc, victim, status, "%s", why);
-    /* a receive from any source might have been waiting for that peer:
-     * whatever the policy, it cannot wait on as if nothing happened */
+    /* the works that need that peer: a message or a receive on its
+     * connection, and the receives from any source not matched yet (one
+     * might have been waiting for it: whatever the policy, it cannot wait
+     * on as if nothing happened). The first gets the root code; under NONE
+     * the rest fail each on its own and every other work goes on (a receive
+     * from any source already reading a live peer's frame among them),
+     * otherwise the comm's fault takes them all down. O(what the
+     * connection holds + the pending any-source receives). */
+    cl_list lost;
+    cl_list_init(&lost);
+    tcp_conn *c = peer >= 0 && peer < tc->size ? tc->conns[peer] : NULL;
+    if (c) cl_tcp_conn_works(c, &lost);
     tcp_slot *s;
-    cl_list_foreach(&tc->any_expected, s, tcp_slot, node) if (!s->owner->finished)
-        cl_tcp_work_fail(s->owner, status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER,
-                         "%s (a receive from any source was pending)", why);
+    cl_list_foreach(&tc->any_expected, s, tcp_slot,
+                    node) if (!s->owner->finished && !cl_list_linked(&s->owner->lost_node))
+        cl_list_push_back(&lost, &s->owner->lost_node);
+    if (cl_list_empty(&lost)) { /* nothing waits for it: the comm's fault alone */
+        tc->core->fault(tc->bc, NULL, status, "%s", why);
+        return;
+    }
+    /* failing one unlinks it (its detach), and may end others (an abort) */
+    tcp_work *tw;
+    while ((tw = cl_list_first(&lost, tcp_work, lost_node))) {
+        cl_list_remove(&tw->lost_node);
+        if (tw->finished) continue;
+        if (tw->kind_p2p && tw->args.peer == COLLIE_ANY_SOURCE) {
+            char msg[TCP_ABORT_MAX + 128];
+            snprintf(msg, sizeof msg, "%s (a receive from any source was pending)", why);
+            cl_tcp_work_fault(tw, status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER, msg);
+        } else {
+            cl_tcp_work_fault(tw, status, why);
+        }
+    }
 }
 
 /* Pool sizes: enough for many works in flight; scratch beyond XB_KEEP_SCRATCH
