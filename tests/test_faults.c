@@ -544,13 +544,14 @@ static int rank_deep(void) {
 }
 
 /* "peerlost" (policy NONE, 4 ranks; rank 2 SIGKILLs itself FT_DIE_MS after
- * every pair connected). Rank 3 streams messages of 1 MiB for FT_LOST_MS to
- * rank 0, whose receives from any source (two posted at a time) are being
+ * every pair connected). Rank 3 streams messages of 64 KiB for FT_LOST_MS to
+ * rank 0, whose receives from any source (16 posted at a time) are being
  * read as rank 2 dies: none of rank 3's messages whose send said OK may be
  * lost, and they come in order. Rank 1 waits for a message from live rank
  * 0 (sent after the death) and one from rank 2: the first must come, the
  * second fail with EPEER naming rank 2, long before its deadline. */
-#define LOST_MSG_INTS (256 * 1024)
+#define LOST_MSG_INTS (16 * 1024)
+#define LOST_MAX      (1 << 20) /* messages rank 0 can account for */
 static int rank_peerlost(void) {
     int lost_ms = env_int("FT_LOST_MS", 1500), die_ms = env_int("FT_DIE_MS", 300);
     rk r = {0};
@@ -600,7 +601,9 @@ static int rank_peerlost(void) {
         collie_work_release(w2);
     }
     if (rank == 0) {
-        enum { WIN = 2 };
+        enum { WIN = 16 };
+        uint8_t *seen = calloc(LOST_MAX, 1);
+        if (!seen) return 1;
         int32_t *buf[WIN];
         collie_work *rw[WIN];
         for (int i = 0; i < WIN; i++) {
@@ -614,7 +617,7 @@ static int rank_peerlost(void) {
         int32_t v = 77;
         int64_t until = now_ms() + 2 * STEP_MS;
         int end = -1; /* how many rank 3 sent before its last */
-        while ((end < 0 || !sw) && now_ms() < until) {
+        while ((end < 0 || got < end || !sw) && now_ms() < until) {
             if (!sw && mono_ns() - t0 > (int64_t)(die_ms + 500) * 1000000)
                 RK_CHECK(collie_send(r.c, &v, 1, COLLIE_INT32, 1, 5, NULL, &sw));
             int i = turn % WIN;
@@ -623,12 +626,17 @@ static int rank_peerlost(void) {
             turn++;
             if (rc == COLLIE_OK && buf[i][0] < 0) {
                 end = -1 - buf[i][0];
+                if (until > now_ms() + 3000) until = now_ms() + 3000; /* for those before it */
             } else if (rc == COLLIE_OK) {
-                bool right = collie_work_source(rw[i]) == 3;
+                /* in post order, but waited for in turn: a failed
+                 * receive's successor was posted after later ones */
+                int32_t m = buf[i][0];
+                bool right = collie_work_source(rw[i]) == 3 && m < LOST_MAX && !seen[m];
                 for (int j = 0; j < LOST_MSG_INTS && right; j += 4099)
-                    right = buf[i][j] == got + j;
+                    right = buf[i][j] == m + j;
                 if (!right && wrong++ < 3)
-                    say("WRONG message %d from %d: %d", got, collie_work_source(rw[i]), buf[i][0]);
+                    say("WRONG message %d from %d", m, collie_work_source(rw[i]));
+                if (right) seen[m] = 1;
                 got++;
             } else if (rc == COLLIE_EPEER) {
                 failed++; /* a receive pending as rank 2 died: its message comes to the next */
@@ -640,6 +648,9 @@ static int rank_peerlost(void) {
                                  NULL, &rw[i]));
         }
         int src = sw ? collie_work_wait(sw, STEP_MS) : COLLIE_EINVAL;
+        for (int m = 0; m < end && m < LOST_MAX; m++)
+            if (!seen[m] && wrong++ < 6) say("LOST message %d", m);
+        free(seen);
         say("GOT got=%d end=%d wrong=%d failed=%d other=%d send=%s", got, end, wrong, failed, other,
             collie_status_name(src));
         for (int i = 0; i < WIN; i++) {

@@ -451,6 +451,9 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
         cl_list_remove(&tw->lost_node);
         if (tw->finished) continue;
         if (tw->kind_p2p && tw->args.peer == COLLIE_ANY_SOURCE) {
+            /* matched to a live peer's frame meanwhile (failing the works
+             * before it may have read on): that one is not ours to fail */
+            if (tw->p2p_src >= 0 && tw->p2p_src != peer) continue;
             char msg[TCP_ABORT_MAX + 128];
             snprintf(msg, sizeof msg, "%s (a receive from any source was pending)", why);
             cl_tcp_work_fault(tw, status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER, msg);
