@@ -354,7 +354,8 @@ static void test_any_source_mismatch(void **state) {
                      COLLIE_OK);
     assert_int_equal(collie_send(w.c[2], big, 8, COLLIE_INT32, 0, 3, NULL, &s), COLLIE_OK);
     assert_int_equal(collie_work_wait(r, 20000), COLLIE_EPROTO);
-    if (!strstr(collie_work_error_message(r), "rank 2 sent 8 x int32"))
+    if (!strstr(collie_work_error_message(r), "rank 2 sent 8 x int32") ||
+        !strstr(collie_work_error_message(r), "this recv (from any source)"))
         fail_msg("%s", collie_work_error_message(r));
     assert_int_equal(collie_work_source(r), 2);
     assert_int_equal(small[0], -1);

@@ -1236,12 +1236,17 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
                  "rank %d sent a frame of %llu bytes with tag %llu, this recv expects %llu", peer,
                  (unsigned long long)frame, (unsigned long long)get64(h + 16),
                  (unsigned long long)want_len);
-    else
-        snprintf(why, len,
-                 "rank %d sent %llu x %s with tag %llu, this recv (from rank %d) expects %llu x %s",
+    else {
+        char from[32]; /* what the receive was posted for: a rank, or any */
+        if (a->peer == COLLIE_ANY_SOURCE)
+            snprintf(from, sizeof from, "from any source");
+        else
+            snprintf(from, sizeof from, "from rank %d", a->peer);
+        snprintf(why, len, "rank %d sent %llu x %s with tag %llu, this recv (%s) expects %llu x %s",
                  peer, (unsigned long long)count, collie_dtype_name(dt),
-                 (unsigned long long)get64(h + 16), peer, (unsigned long long)a->count,
+                 (unsigned long long)get64(h + 16), from, (unsigned long long)a->count,
                  collie_dtype_name(a->dtype));
+    }
     return false;
 }
 
