@@ -327,16 +327,27 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why) {
     cl_tcp_conn_close(c, status, why);
 }
 
-void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
+/* The connection ends for a fault: close it (after telling the peer why
+ * in an ABORT frame, with `tell`) and fail the works that need its peer. */
+static void conn_end_fault(tcp_conn *c, int status, bool tell, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static void conn_end_fault(tcp_conn *c, int status, bool tell, const char *fmt, va_list ap) {
     char why[TCP_ABORT_MAX + 64]; /* the peer's root cause, whole */
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
     tcp_comm *tc = c->tc;
     int peer = c->peer;
-    cl_tcp_conn_close(c, status, why);
+    if (tell)
+        cl_tcp_conn_abort(c, status, why);
+    else
+        cl_tcp_conn_close(c, status, why);
     if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
+}
+
+void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    conn_end_fault(c, status, false, fmt, ap);
+    va_end(ap);
 }
 
 /* Fail the works whose messages wait behind a cut (they can never go), a
@@ -1503,15 +1514,10 @@ static bool conn_kind_ctl(uint8_t kind) {
 static void conn_refuse(tcp_conn *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void conn_refuse(tcp_conn *c, int status, const char *fmt, ...) {
-    char why[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
+    conn_end_fault(c, status, true, fmt, ap);
     va_end(ap);
-    tcp_comm *tc = c->tc;
-    int peer = c->peer;
-    cl_tcp_conn_abort(c, status, why);
-    if (peer >= 0) cl_tcp_peer_lost(tc, peer, status, why);
 }
 
 /* The frame MAC of the header just read (see the design notes): a tagged
