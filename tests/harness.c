@@ -281,3 +281,22 @@ void loop_unblock(loop_block *b) {
     atomic_store(&b->go, true);
     pthread_join(b->th, NULL);
 }
+
+int rank_join_env(const char *name, int32_t timeout_ms, int *rank, collie_engine **e,
+                  collie_store **st, collie_comm **c) {
+    const char *rs = getenv("COLLIE_RANK"), *ns = getenv("COLLIE_WORLD_SIZE");
+    if (!rs || !ns) return 2;
+    *rank = atoi(rs);
+    if (collie_engine_create(NULL, e) != COLLIE_OK ||
+        collie_store_connect(*e, NULL, NULL, st) != COLLIE_OK)
+        return 3;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.timeout_ms = timeout_ms;
+    int rc = collie_comm_create(*e, *st, *rank, atoi(ns), &o, c);
+    if (rc != COLLIE_OK) {
+        printf("CREATE %s: %s\n", collie_status_name(rc), collie_last_error());
+        return 4;
+    }
+    return 0;
+}

@@ -91,6 +91,14 @@ typedef struct loop_block {
 void loop_block_start(loop_block *b, collie_engine *e);
 void loop_unblock(loop_block *b);
 
+/* rank_join_env: a rank program under collie-run joins comm `name` (rank
+ * and size from the environment, an engine, the job's store, a blocking
+ * create bounded by timeout_ms). 0, or the exit code to return: 2 no
+ * rank in the environment, 3 no engine or store, 4 the create failed
+ * (printed as "CREATE <status>: <why>"). */
+int rank_join_env(const char *name, int32_t timeout_ms, int *rank, collie_engine **e,
+                  collie_store **st, collie_comm **c);
+
 /* now_ms: monotonic milliseconds. */
 int64_t now_ms(void);
 

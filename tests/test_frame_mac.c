@@ -444,23 +444,13 @@ static void test_mitm_replayed_frame(void **state) {
 
 /* helper mode: an allreduce and a 1 MiB broadcast, checked */
 static int rank_mac(void) {
-    const char *rs = getenv("COLLIE_RANK"), *ns = getenv("COLLIE_WORLD_SIZE");
-    if (!rs || !ns) return 2;
-    int rank = atoi(rs), size = atoi(ns);
+    int rank;
     collie_engine *e;
     collie_store *st;
     collie_comm *c;
-    if (collie_engine_create(NULL, &e) != COLLIE_OK ||
-        collie_store_connect(e, NULL, NULL, &st) != COLLIE_OK)
-        return 3;
-    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
-    o.name = "macjob";
-    o.timeout_ms = 10000;
-    int rc = collie_comm_create(e, st, rank, size, &o, &c);
-    if (rc != COLLIE_OK) {
-        printf("CREATE %s: %s\n", collie_status_name(rc), collie_last_error());
-        return 4;
-    }
+    int rc = rank_join_env("macjob", 10000, &rank, &e, &st, &c);
+    if (rc) return rc;
+    int size = collie_comm_size(c);
     int32_t in[4] = {rank + 1, rank + 1, rank + 1, rank + 1}, out[4] = {0};
     size_t big = 1 << 20;
     uint8_t *bb = malloc(big);

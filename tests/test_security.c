@@ -234,23 +234,13 @@ static int outsider_tcp(const char *addr, uint64_t comm_id, uint64_t gen, uint32
 /* rank of the handshake test: rank 1 lets an outsider at its listener
  * first, then both broadcast 0xa5 bytes from rank 0. */
 static int rank_bcast(void) {
-    const char *rs = getenv("COLLIE_RANK"), *ns = getenv("COLLIE_WORLD_SIZE");
-    if (!rs || !ns) return 2;
-    int rank = atoi(rs), size = atoi(ns);
+    int rank;
     collie_engine *e;
     collie_store *st;
     collie_comm *c;
-    if (collie_engine_create(NULL, &e) != COLLIE_OK ||
-        collie_store_connect(e, NULL, NULL, &st) != COLLIE_OK)
-        return 3;
-    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
-    o.name = SEC_COMM;
-    o.timeout_ms = 10000;
-    int rc = collie_comm_create(e, st, rank, size, &o, &c);
-    if (rc != COLLIE_OK) {
-        printf("CREATE %s: %s\n", collie_status_name(rc), collie_last_error());
-        return 4;
-    }
+    int rc = rank_join_env(SEC_COMM, 10000, &rank, &e, &st, &c);
+    if (rc) return rc;
+    int size = collie_comm_size(c);
     uint64_t gen = collie_comm_generation(c);
     if (rank == 1) {
         char key[96], prefix[96], addr[128], ids[3][32];
