@@ -188,7 +188,7 @@ typedef struct tcp_conn {
     int peer; /* -1 while an accepted connection is unidentified */
     int state;
     bool initiator;
-    char closed_why[160];    /* why the connection closed */
+    char closed_why[TCP_ABORT_MAX + 64]; /* why the connection closed (a peer's reason, whole) */
     int fd;                  /* the TCP socket, or for a same-host link its Unix socket */
     collie_watch *rev, *wev; /* the fd's read and write watches */
     bool local;              /* fd is a same-host Unix socket: the link becomes shm */
@@ -303,6 +303,8 @@ typedef struct tcp_comm {
     uint64_t refused_quiet;    /* refusals since then, not logged */
     cl_list works;             /* started works, start order */
     cl_list any_expected;      /* tcp_slot: posted COLLIE_ANY_SOURCE receives (post order) */
+    cl_list lost;              /* tcp_work.lost_node: to fail, a lost peer needed them */
+    collie_watch *lost_ev;     /* fails the next slice of `lost` on the next turn */
     uint64_t p2p_posts;        /* receives posted so far (tcp_slot.order) */
     uint64_t arrivals;         /* unexpected p2p messages so far (tcp_unexpected.arrival) */
     cl_idmap running;          /* tcp_work.by_seq: started collectives not yet detached */
@@ -356,7 +358,8 @@ typedef struct tcp_work {
     cl_list_node doomed_node; /* tcp_conn.doomed */
     uint64_t doomed_seq;      /* that message's seq (tag for p2p) */
     int doomed_peer, doomed_verdict;
-    cl_list_node lost_node; /* a peer it needs was lost: to fail (cl_tcp_peer_lost) */
+    cl_list_node lost_node;     /* a peer it needs was lost: to fail (tcp_comm.lost) */
+    int lost_peer, lost_status; /* which peer, with which status */
     /* Its messages' open loans, for the unlend hook, which withdraws them
      * from any thread as the work ends. Last, and not cleared by start (the
      * core zeroes a work's data when it makes it): written only by the

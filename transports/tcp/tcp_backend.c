@@ -48,6 +48,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->unix_fd = -1;
     cl_list_init(&tc->works);
     cl_list_init(&tc->any_expected);
+    cl_list_init(&tc->lost);
     cl_list_init(&tc->pending);
     cl_list_init(&tc->reaped);
     cl_list_init(&tc->shm_conns);
@@ -176,6 +177,7 @@ static void tcp_destroy(void *state) {
     for (int p = 0; tc->conns && p < tc->size; p++)
         cl_tcp_conn_free(tc->conns[p]);
     cl_tcp_pending_fini(tc);
+    if (tc->lost_ev) tc->core->watch_free(tc->lost_ev);
     if (tc->publish_ctx) { /* its callback frees the context and the request */
         tc->publish_ctx->target = NULL;
         collie_work_cancel(tc->publish_req);

@@ -864,12 +864,15 @@ static void conn_drain(tcp_conn *c, const tcp_slot *s) {
 /* The posted receive this p2p frame from c's peer matches: the first
  * posted (MPI's rule) with its tag, from this peer or from any source. */
 static tcp_slot *p2p_slot_take(tcp_conn *c, uint64_t tag) {
+    /* a receive that has failed stays linked until its work retires: it
+     * must not take a message (which would go into the void) */
     tcp_slot *s, *mine = NULL, *any = NULL;
-    cl_list_foreach(&c->p2p_expected, s, tcp_slot, node) if (s->seq == tag) {
+    cl_list_foreach(&c->p2p_expected, s, tcp_slot, node) if (s->seq == tag && !s->owner->finished) {
         mine = s;
         break;
     }
-    cl_list_foreach(&c->tc->any_expected, s, tcp_slot, node) if (s->seq == tag) {
+    cl_list_foreach(&c->tc->any_expected, s, tcp_slot,
+                    node) if (s->seq == tag && !s->owner->finished) {
         any = s;
         break;
     }

@@ -28,6 +28,7 @@
  *    closed connection when that step is posted. O(what the connection
  *    holds), not O(works).
  */
+#include <limits.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -423,6 +424,46 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     return COLLIE_OK;
 }
 
+#define TCP_LOST_SLICE 512 /* works failed per turn of the loop (tcp_fail_lost) */
+
+/* Fail tw for its lost peer (tw->lost_peer, the reason kept whole by the
+ * closed connection), unless it ended or was matched to a live peer. */
+static void tcp_fail_one(tcp_comm *tc, tcp_work *tw) {
+    if (tw->finished) return;
+    tcp_conn *c = tc->conns[tw->lost_peer];
+    const char *why = c && c->closed_why[0] ? c->closed_why : "its connection was lost";
+    if (tw->kind_p2p && tw->args.peer == COLLIE_ANY_SOURCE) {
+        /* matched to a live peer's frame meanwhile: not ours to fail */
+        if (tw->p2p_src >= 0 && tw->p2p_src != tw->lost_peer) return;
+        char msg[TCP_ABORT_MAX + 128];
+        snprintf(msg, sizeof msg, "%s (a receive from any source was pending)", why);
+        cl_tcp_work_fault(tw, tw->lost_status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER,
+                          msg);
+    } else {
+        cl_tcp_work_fault(tw, tw->lost_status, why);
+    }
+}
+
+/* Fail a slice of the works a lost peer needed (tc->lost); the rest on the
+ * next turn of the loop, so a deep queue never stalls it (the loop polls
+ * its sockets and timers between slices, as the comm's own fault does). */
+static void tcp_fail_lost(tcp_comm *tc) {
+    tcp_work *tw;
+    int slice = tc->lost_ev ? TCP_LOST_SLICE : INT_MAX; /* no timer (no memory): all now */
+    for (int n = 0; n < slice && (tw = cl_list_first(&tc->lost, tcp_work, lost_node)); n++) {
+        /* failing one unlinks it (its detach), and may end others (an abort) */
+        cl_list_remove(&tw->lost_node);
+        tcp_fail_one(tc, tw);
+    }
+    if (!cl_list_empty(&tc->lost) && tc->lost_ev) tc->core->watch_start(tc->lost_ev, 0);
+}
+
+static void tcp_on_lost(int fd, unsigned what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_fail_lost(arg);
+}
+
 void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     if (tc->aborted) return;
     /* the works that need that peer: a message or a receive on its
@@ -431,36 +472,37 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
      * on as if nothing happened). The first gets the root code; under NONE
      * the rest fail each on its own and every other work goes on (a receive
      * from any source already reading a live peer's frame among them),
-     * otherwise the comm's fault takes them all down. O(what the
-     * connection holds + the pending any-source receives). */
-    cl_list lost;
-    cl_list_init(&lost);
+     * otherwise the comm's fault takes them all down. Collecting them is
+     * O(what the connection holds + the pending any-source receives);
+     * failing them goes in slices (tcp_fail_lost), the reason read from
+     * the closed connection. */
     tcp_conn *c = peer >= 0 && peer < tc->size ? tc->conns[peer] : NULL;
-    if (c) cl_tcp_conn_works(c, &lost);
+    cl_list found;
+    cl_list_init(&found);
+    if (c) cl_tcp_conn_works(c, &found);
     tcp_slot *s;
     cl_list_foreach(&tc->any_expected, s, tcp_slot,
                     node) if (!s->owner->finished && !cl_list_linked(&s->owner->lost_node))
-        cl_list_push_back(&lost, &s->owner->lost_node);
-    if (cl_list_empty(&lost)) { /* nothing waits for it: the comm's fault alone */
+        cl_list_push_back(&found, &s->owner->lost_node);
+    if (cl_list_empty(&found)) { /* nothing waits for it: the comm's fault alone */
         tc->core->fault(tc->bc, NULL, status, "%s", why);
         return;
     }
-    /* failing one unlinks it (its detach), and may end others (an abort) */
+    /* receives from any source at once, in this turn (between slices a
+     * live peer's frame could be matched to one); the rest in slices */
     tcp_work *tw;
-    while ((tw = cl_list_first(&lost, tcp_work, lost_node))) {
+    while ((tw = cl_list_first(&found, tcp_work, lost_node))) {
         cl_list_remove(&tw->lost_node);
         if (tw->finished) continue;
-        if (tw->kind_p2p && tw->args.peer == COLLIE_ANY_SOURCE) {
-            /* matched to a live peer's frame meanwhile (failing the works
-             * before it may have read on): that one is not ours to fail */
-            if (tw->p2p_src >= 0 && tw->p2p_src != peer) continue;
-            char msg[TCP_ABORT_MAX + 128];
-            snprintf(msg, sizeof msg, "%s (a receive from any source was pending)", why);
-            cl_tcp_work_fault(tw, status == COLLIE_EABORTED ? COLLIE_EABORTED : COLLIE_EPEER, msg);
-        } else {
-            cl_tcp_work_fault(tw, status, why);
-        }
+        tw->lost_peer = peer;
+        tw->lost_status = status;
+        if (tw->kind_p2p && tw->args.peer == COLLIE_ANY_SOURCE)
+            tcp_fail_one(tc, tw);
+        else
+            cl_list_push_back(&tc->lost, &tw->lost_node);
     }
+    if (!tc->lost_ev) tc->lost_ev = tc->core->watch_new(tc->bc, -1, 0, tcp_on_lost, tc);
+    tcp_fail_lost(tc);
 }
 
 /* Pool sizes: enough for many works in flight; scratch beyond XB_KEEP_SCRATCH
