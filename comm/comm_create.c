@@ -132,6 +132,11 @@ static int create_post_step(create_state *cs) {
     o.cb = create_on_step;
     o.cb_arg = cs;
     o.timeout_ms = create_remaining_ms(cs);
+    /* after the create failed (a timeout, a conflict), the steps that tell
+     * the others (poison, release, who arrived) get a bound of their own:
+     * what is left of a timed-out create is nothing */
+    if (cs->fail_status && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
+        o.timeout_ms = 1000;
     char key[160];
     int r;
     collie_work_hold(&cs->base);
