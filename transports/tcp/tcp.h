@@ -189,6 +189,7 @@ typedef struct tcp_conn {
     int state;
     bool initiator;
     char closed_why[TCP_ABORT_MAX + 64]; /* why the connection closed (a peer's reason, whole) */
+    int closed_status;                   /* ... and with which status */
     int fd;                  /* the TCP socket, or for a same-host link its Unix socket */
     collie_watch *rev, *wev; /* the fd's read and write watches */
     bool local;              /* fd is a same-host Unix socket: the link becomes shm */

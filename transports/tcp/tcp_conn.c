@@ -265,8 +265,8 @@ void cl_tcp_conn_free(tcp_conn *c) {
 
 /* Close the socket; queued messages and slots stay for the abort to fail. */
 void cl_tcp_conn_close(tcp_conn *c, int status, const char *why) {
-    (void)status;
     if (c->state == TCP_CONN_CLOSED) return;
+    c->closed_status = status;
     if (c->state == TCP_CONN_READY) conn_count(c, -1);
     c->state = TCP_CONN_CLOSED;
     snprintf(c->closed_why, sizeof c->closed_why, "%s", why);

@@ -82,6 +82,10 @@ void cl_tcp_work_fault(tcp_work *tw, int status, const char *why) {
         cl_tcp_work_fail(tw, tc->abort_status, "%s", tc->abort_reason);
         return;
     }
+    if (status == COLLIE_ECLOSED) { /* the engine is closing: its shutdown ends the comm */
+        cl_tcp_work_fail(tw, COLLIE_ECLOSED, "%s", why);
+        return;
+    }
     tw->finished = true;
     tc->core->fault(tc->bc, tw->w, status, "%s", why);
 }
@@ -111,7 +115,9 @@ static void work_post_step(tcp_work *tw) {
         if (c->state == TCP_CONN_CLOSED &&
             !(op->kind != CL_SOP_SEND &&
               cl_tcp_conn_has_parked(c, collie_work_seq(tw->w), tw->step))) {
-            cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
+            cl_tcp_work_fault(tw,
+                              c->closed_status == COLLIE_ECLOSED ? COLLIE_ECLOSED : COLLIE_EPEER,
+                              c->closed_why);
             break;
         }
         tw->pending++;
@@ -275,7 +281,8 @@ static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
      * has since said goodbye: what it sent before is still ours to take */
     if (a->kind == COLLIE_COLL_RECV && p2p_take_unexpected(tc, tw)) return COLLIE_OK;
     if (c->state == TCP_CONN_CLOSED) {
-        cl_tcp_work_fault(tw, COLLIE_EPEER, c->closed_why);
+        cl_tcp_work_fault(tw, c->closed_status == COLLIE_ECLOSED ? COLLIE_ECLOSED : COLLIE_EPEER,
+                          c->closed_why);
         return COLLIE_OK;
     }
     if (a->kind == COLLIE_COLL_SEND) {
@@ -484,8 +491,9 @@ void cl_tcp_peer_lost(tcp_comm *tc, int peer, int status, const char *why) {
     cl_list_foreach(&tc->any_expected, s, tcp_slot,
                     node) if (!s->owner->finished && !cl_list_linked(&s->owner->lost_node))
         cl_list_push_back(&found, &s->owner->lost_node);
-    if (cl_list_empty(&found)) { /* nothing waits for it: the comm's fault alone */
-        tc->core->fault(tc->bc, NULL, status, "%s", why);
+    if (cl_list_empty(&found)) {      /* nothing waits for it: the comm's fault alone */
+        if (status != COLLIE_ECLOSED) /* the engine closing ends the comm itself */
+            tc->core->fault(tc->bc, NULL, status, "%s", why);
         return;
     }
     /* receives from any source at once, in this turn (between slices a

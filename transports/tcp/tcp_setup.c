@@ -416,7 +416,10 @@ tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
     if (r != COLLIE_OK) {
         free(c->addr_ctx);
         c->addr_ctx = NULL;
-        cl_tcp_conn_lost(c, r, "store get of rank %d's address failed", peer);
+        if (r == COLLIE_ECLOSED) /* the engine is shutting down: no peer to blame */
+            cl_tcp_conn_lost(c, r, "the engine is shutting down (rank %d's address unread)", peer);
+        else
+            cl_tcp_conn_lost(c, r, "store get of rank %d's address failed", peer);
     }
     return c;
 }
