@@ -144,6 +144,16 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPERS_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(TEST_HELPERS_OBJ) $(LIB_A) $(LIBS) $(TEST_LIBS)
 
+# The chaos harness's rank program (tests/chaos, issue 29; docs/chaos.md): a
+# user of the public API only, built with the tests (and into build/asan,
+# build/tsan with ASAN=1 / TSAN=1).
+CHAOS_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/chaos/*.c))
+CHAOS_RANK := $(BUILD)/tests/chaos/chaos_rank
+tests: $(CHAOS_RANK)
+$(CHAOS_RANK): $(CHAOS_OBJ) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CHAOS_OBJ) $(LIB_A) $(LIBS) -lm
+
 # The same plugin host linked statically and against libcollie.so
 # (test_backend runs both): a plugin must load into either.
 PLUGIN_HOSTS := $(BUILD)/tests/plugin_host_static $(BUILD)/tests/plugin_host_shared

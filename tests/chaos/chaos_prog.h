@@ -1,0 +1,156 @@
+/*
+ * chaos_prog.h — the chaos rank's seeded program: which comms a round has,
+ * which op every slot of a round posts, and this rank's own choices (how it
+ * waits, what it cancels, which fault it injects).
+ *
+ * Design notes
+ *  - Pure functions of their arguments: the whole program of every rank is
+ *    a function of (seed, world size, rank). Shared choices - what every
+ *    member of a comm posts and in which order - come from
+ *    (seed, round, comm, slot) only, so all ranks derive the same op for a
+ *    slot without talking; per-rank choices from (seed, rank, round, slot).
+ *  - A round is a list of slots. Slot s names one comm of the round (the
+ *    world, one colour group of a split, or the new_group) and one op on it;
+ *    the members of that comm post it, in slot order, the others skip it.
+ *    Since every rank posts in slot order, the earliest slot not yet done
+ *    has always been posted by all of its members, so no window size can
+ *    deadlock the program (chaos_rank.c relies on this).
+ *  - Point to point: a slot of kind CH_SENDRECV is one message from `root`
+ *    to `peer` (and one back when `bidir`); a CH_ANYSRC slot is `msgs`
+ *    messages from each rank of `senders` to `peer`, which posts as many
+ *    receives from COLLIE_ANY_SOURCE. Every slot has its own tag, so no
+ *    message of one slot can match a receive of another.
+ *  - Shapes of the v collectives (per-rank counts, the alltoallv matrix,
+ *    gaps between blocks) are functions of the op's key, so the oracle can
+ *    compute any rank's layout without storing it.
+ *  - Sizes are picked around the transport's thresholds (chaos_prog.c
+ *    lists them) and capped when a round's window is deep, so memory stays
+ *    bounded.
+ */
+#ifndef CHAOS_PROG_H
+#define CHAOS_PROG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "collie.h"
+
+#define CH_MAX_RANKS 16
+#define CH_MAX_COMMS (CH_MAX_RANKS + 2) /* the world, split colours, one new_group */
+
+typedef enum ch_kind {
+    CH_ALLREDUCE,
+    CH_BROADCAST,
+    CH_REDUCE,
+    CH_ALLGATHER,
+    CH_GATHER,
+    CH_SCATTER,
+    CH_REDUCE_SCATTER,
+    CH_ALLTOALL,
+    CH_BARRIER,
+    CH_ALLGATHERV,
+    CH_ALLTOALLV,
+    CH_SENDRECV,
+    CH_ANYSRC,
+    CH_NUM_KINDS
+} ch_kind;
+
+const char *ch_kind_name(ch_kind k);
+/* ch_kind_reduces: the op combines values (its inputs follow the redop) */
+bool ch_kind_reduces(ch_kind k);
+
+/* the fault kinds of --faults (bit set) */
+enum {
+    CH_F_ABORT = 1,
+    CH_F_DESTROY = 2,
+    CH_F_CANCEL = 4,
+    CH_F_DEADLINE = 8,
+    CH_F_ALL = 15,
+};
+
+/* One slot: the op every member of its comm posts. Ranks are comm ranks. */
+typedef struct ch_op {
+    int slot;
+    int comm; /* index into ch_round.comms */
+    ch_kind kind;
+    collie_dtype dt;
+    collie_redop op;
+    size_t count; /* elements: per block for the block ops, base count for the v ops */
+    int root;     /* rooted ops; CH_SENDRECV: the sender */
+    int peer;     /* CH_SENDRECV / CH_ANYSRC: the receiver */
+    bool bidir;   /* CH_SENDRECV: a message back as well */
+    int msgs;     /* CH_ANYSRC: messages per sender */
+    uint32_t senders; /* CH_ANYSRC: bit r = comm rank r sends */
+    bool in_place;
+    bool null_nonroot; /* pass NULL where a non-root needs no buffer */
+    bool gaps;         /* v ops: displacements leave gaps between blocks */
+    int32_t deadline_ms;
+    uint64_t tag; /* point to point */
+    uint64_t key; /* the op's data key: hash of (seed, round, comm, slot) */
+} ch_op;
+
+typedef struct ch_comm_info {
+    int size;
+    int members[CH_MAX_RANKS]; /* world rank of each comm rank */
+    int me;                    /* this rank's comm rank, -1 if not a member */
+} ch_comm_info;
+
+/* A round's shared shape and this rank's choices. */
+typedef struct ch_round {
+    uint64_t seed;
+    int round, world, rank;
+    int ops, window;
+    /* subgroups */
+    bool split;
+    int ncolors;
+    int color[CH_MAX_RANKS]; /* -1: COLLIE_UNDEFINED */
+    int skey[CH_MAX_RANKS];
+    bool group;
+    int group_n;
+    int group_ranks[CH_MAX_RANKS];
+    int ncomms;
+    ch_comm_info comms[CH_MAX_COMMS]; /* [0] world, [1..ncolors] colours, then the group */
+    int group_comm;                   /* index of the new_group's comm, -1 if none */
+    /* this rank's choices */
+    int wait_bias;      /* -1: mixed, else one ch_style for most works */
+    int fault;          /* one of CH_F_* or 0: the comm-level fault of this round */
+    int fault_slot;     /* when (in slots) a main-thread fault fires */
+    int fault_delay_ms; /* when a thread abort fires (from round start) */
+    int abort_from;     /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
+    int cancel_permille; /* receives cancelled (when cancel is allowed) */
+} ch_round;
+
+/* the waiting styles */
+typedef enum ch_style {
+    CH_W_TEST,     /* collie_work_test polling */
+    CH_W_WAIT,     /* collie_work_wait */
+    CH_W_ANY,      /* collie_work_wait_any */
+    CH_W_CQ,       /* a completion queue */
+    CH_W_CB,       /* a completion callback */
+    CH_NUM_STYLES
+} ch_style;
+const char *ch_style_name(ch_style s);
+
+uint64_t ch_mix(uint64_t x);
+uint64_t ch_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+
+/* ch_plan_round: the round's comms and this rank's choices. */
+void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, int ops,
+                   int inflight_max, int faults);
+/* ch_plan_op: slot `slot` of the round (shared by every rank). */
+void ch_plan_op(const ch_round *p, int slot, ch_op *op);
+
+/* Per-rank choices for one work of a slot (`sub` numbers a slot's works). */
+ch_style ch_pick_style(const ch_round *p, int slot, int sub);
+bool ch_pick_cancel(const ch_round *p, int slot, int sub, int faults);
+/* a short deadline for this receive (no fault while no message matched
+ * it), or 0 */
+int32_t ch_pick_short_deadline(const ch_round *p, int slot, int sub, int faults);
+
+/* Shapes of the v collectives, in elements. */
+size_t ch_agv_count(const ch_op *op, int r);             /* allgatherv: rank r's block */
+size_t ch_a2av_count(const ch_op *op, int s, int d);     /* alltoallv: s sends d */
+size_t ch_gap(const ch_op *op, int who, int block, int side); /* gap before a block */
+
+#endif

@@ -1,0 +1,789 @@
+/*
+ * chaos_rank.c — one rank of the chaos harness (issue 29): a seeded random
+ * program of collectives, v collectives and point-to-point messages on the
+ * world and on subgroups, with rank-side faults, checked by an oracle.
+ * The driver (tests/chaos/chaos.py) starts it under collie-run, adds the
+ * process and link faults and reads the report. The contract between the
+ * two (arguments, report lines, exit codes, the round-end protocol) is
+ * docs/chaos.md.
+ *
+ *   chaos_rank --seed S --report DIR [--rounds R] [--ops K]
+ *              [--inflight-max M] [--faults abort,destroy,cancel,deadline|none]
+ *
+ * Design notes
+ *  - Round r: create the world comm under a name of its own
+ *    ("chaos<seed>r<r>": a fresh namespace, so re-creation after a fault is
+ *    exercised by every round that follows one), maybe split it and build
+ *    a new_group, post the round's slots through a window of works in
+ *    flight, drain, destroy, then the round-end protocol: set
+ *    chaos/<seed>/r<r>/end/<rank> and wait (CHAOS_ROUND_WAIT_MS) for every
+ *    rank's key. A rank missing there (killed) ends the run: `end
+ *    reason=peer_gone`, exit 0.
+ *  - A fault ends the round for this rank: a failed work that is not the
+ *    cancel or deadline of a receive no message matched (README, "Cancel
+ *    and deadlines on a comm": the comm stays healthy then; this rank asks
+ *    collie_comm_error), a refused post, or a fault this rank injected. It
+ *    stops posting, drains what is in flight (the oracle still checks every
+ *    work that ends OK), destroys and goes on with the next round.
+ *  - Rank-side faults (one per round at most, chaos_prog.c): abort from the
+ *    main thread, from a thread of its own at a random moment, or from a
+ *    completion callback (the progress thread); destroy of a comm with
+ *    works in flight; cancel of an in-flight collective; a short deadline.
+ *    Receives are also cancelled at random (no fault unless matched).
+ *  - The oracle (chaos_ops.c, chaos_oracle.c, chaos_wait.c): every OK work
+ *    holds exactly the reference bytes; every work ends within its deadline
+ *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
+ *    stopped); every failed work has an error status the contract allows
+ *    and a message; after the last destroy and the engine's, no fd, thread
+ *    or heap growth over the point before the engine was created
+ *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
+ *    libcrypto and libevent keep one-time global state).
+ *  - Exit status: 0 when the contract held, 3 if this rank found a
+ *    violation, 2 on a usage error.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "collie.h"
+#include "tests/chaos/chaos_ops.h"
+#include "tests/chaos/chaos_prog.h"
+#include "tests/chaos/chaos_report.h"
+#include "tests/chaos/chaos_wait.h"
+
+#define CH_BYTES_BUDGET (48u << 20) /* bytes of buffers in flight per rank */
+
+typedef struct ch_run {
+    uint64_t seed;
+    int rank, world, rounds, ops, inflight_max, faults;
+    const char *dir;
+    int32_t slack_ms, round_wait_ms;
+    int64_t mem_tolerance;
+    ch_report rep;
+    collie_engine *e;
+    collie_store *st;
+    collie_cq *cq;
+    ch_inflight fl;
+    /* the round */
+    ch_round plan;
+    collie_comm *comms[CH_MAX_COMMS];
+    bool faulted;
+    uint64_t bytes_in_flight;
+    int posted; /* works posted this round */
+} ch_run;
+
+static void usage(const char *why) {
+    fprintf(stderr,
+            "chaos_rank: %s\n"
+            "usage: chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]"
+            " [--faults abort,destroy,cancel,deadline|none]\n"
+            "(rank and world size from COLLIE_RANK / COLLIE_WORLD_SIZE, as collie-run sets)\n",
+            why);
+    exit(2);
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s || *s == '-') return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+static int env_int(const char *name, int def, int lo, int hi) {
+    const char *s = getenv(name);
+    uint64_t v;
+    if (!s || !*s) return def;
+    if (!parse_u64(s, &v) || v < (uint64_t)lo || v > (uint64_t)hi) {
+        fprintf(stderr, "chaos_rank: %s='%s' is not an integer in [%d, %d]\n", name, s, lo, hi);
+        exit(2);
+    }
+    return (int)v;
+}
+
+static int parse_faults(const char *s) {
+    int f = 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf) usage("--faults: too long");
+    strcpy(buf, s);
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "abort"))
+            f |= CH_F_ABORT;
+        else if (!strcmp(t, "destroy"))
+            f |= CH_F_DESTROY;
+        else if (!strcmp(t, "cancel"))
+            f |= CH_F_CANCEL;
+        else if (!strcmp(t, "deadline"))
+            f |= CH_F_DEADLINE;
+        else if (!strcmp(t, "none"))
+            ;
+        else if (!strcmp(t, "all"))
+            f |= CH_F_ALL;
+        else {
+            char m[300];
+            snprintf(m, sizeof m, "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
+                                  "deadline, none)", t);
+            usage(m);
+        }
+    }
+    return f;
+}
+
+/* ---- leak measures ---------------------------------------------------------- */
+
+static long count_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    long n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+typedef struct ch_measure {
+    long fds, threads;
+    int64_t heap;
+} ch_measure;
+
+static ch_measure measure(void) {
+    ch_measure m;
+    m.fds = count_dir("/proc/self/fd");
+    m.threads = count_dir("/proc/self/task");
+    struct mallinfo2 mi = mallinfo2();
+    m.heap = (int64_t)mi.uordblks;
+    return m;
+}
+
+/* ---- the abort thread ------------------------------------------------------- */
+
+typedef struct ch_aborter {
+    pthread_t t;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, fired, running;
+    int delay_ms;
+    collie_comm *c;
+} ch_aborter;
+
+static void *aborter_main(void *arg) {
+    ch_aborter *a = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += a->delay_ms / 1000;
+    until.tv_nsec += (long)(a->delay_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    while (!a->stop && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&a->cv, &a->mu, &until);
+    bool go = !a->stop;
+    pthread_mutex_unlock(&a->mu);
+    if (go) {
+        collie_comm_abort(a->c, "chaos: abort from a thread of the application");
+        a->fired = true;
+    }
+    return NULL;
+}
+
+static void aborter_start(ch_aborter *a, collie_comm *c, int delay_ms) {
+    memset(a, 0, sizeof *a);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    a->c = c;
+    a->delay_ms = delay_ms;
+    a->running = pthread_create(&a->t, NULL, aborter_main, a) == 0;
+}
+
+/* stop it (if it has not fired) and join it: after this, a->c may go */
+static bool aborter_stop(ch_aborter *a) {
+    if (!a->running) return false;
+    pthread_mutex_lock(&a->mu);
+    a->stop = true;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->t, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    a->running = false;
+    return a->fired;
+}
+
+/* ---- works ------------------------------------------------------------------ */
+
+static bool allowed_error(int st) {
+    return st == COLLIE_ETIMEDOUT || st == COLLIE_ECANCELED || st == COLLIE_EABORTED ||
+           st == COLLIE_EPEER || st == COLLIE_ECLOSED;
+}
+
+/* is the comm of this work still healthy? (a destroyed one is not) */
+static bool comm_healthy(ch_run *run, int comm) {
+    collie_comm *c = run->comms[comm];
+    if (!c) return false;
+    int st = COLLIE_OK;
+    collie_comm_error(c, &st, NULL);
+    return st == COLLIE_OK;
+}
+
+static void on_done(ch_work *rec, void *arg) {
+    ch_run *run = arg;
+    ch_report *rep = &run->rep;
+    collie_work_details d = {0};
+    collie_work_info(rec->w, &d);
+    int64_t end = d.end_ns ? d.end_ns : ch_now_ns();
+    int64_t took = end - rec->post_ns;
+    int64_t stopped = ch_paused_ns(rec->post_ns, end);
+    int64_t bound = (int64_t)rec->deadline_ms + CH_GRACE_MS + run->slack_ms;
+    if (took - stopped > bound * 1000000)
+        ch_violation(rep, "past_deadline", rec->round, rec->op.slot,
+                     "op=%s comm=%d style=%s status=%s: ended %lld ms after its post, deadline "
+                     "%d ms + grace %d + slack %d (this process was stopped %lld ms of it)",
+                     ch_kind_name(rec->op.kind), rec->op.comm, ch_style_name(rec->style),
+                     collie_status_name(rec->status), (long long)(took / 1000000),
+                     rec->deadline_ms, CH_GRACE_MS, run->slack_ms,
+                     (long long)(stopped / 1000000));
+    uint64_t checked = 0;
+    const char *msg = "";
+    rep->works++;
+    if (rec->status == COLLIE_OK) {
+        rep->ok++;
+        checked = ch_work_check(rec, rep);
+        rep->bytes_checked += checked;
+        /* A receive's cancel from outside the loop is a request the loop
+         * decides (README, "Cancel and deadlines on a comm"): one whose
+         * message completed before that turn ends OK, its bytes checked
+         * above. Anything else cancelled must not end OK. */
+        if (rec->cancelled && rec->role != CH_ROLE_RECV)
+            ch_violation(rep, "bad_status", rec->round, rec->op.slot,
+                         "op=%s: collie_work_cancel returned COLLIE_OK (it cancelled the work) "
+                         "but the work ended COLLIE_OK",
+                         ch_kind_name(rec->op.kind));
+    } else {
+        rep->failed++;
+        msg = collie_work_error_message(rec->w);
+        if (!msg || !*msg)
+            ch_violation(rep, "no_message", rec->round, rec->op.slot,
+                         "op=%s status=%s: a failed work with an empty message",
+                         ch_kind_name(rec->op.kind), collie_status_name(rec->status));
+        if (!allowed_error(rec->status))
+            ch_violation(rep, "bad_status", rec->round, rec->op.slot,
+                         "op=%s: status %s is not one a fault of this program can give: %s",
+                         ch_kind_name(rec->op.kind), collie_status_name(rec->status), msg);
+        else if (rec->status == COLLIE_ECANCELED && !rec->cancelled)
+            ch_violation(rep, "bad_status", rec->round, rec->op.slot,
+                         "op=%s: COLLIE_ECANCELED but this rank never cancelled it: %s",
+                         ch_kind_name(rec->op.kind), msg);
+        bool recv_own_end = rec->role == CH_ROLE_RECV && (rec->status == COLLIE_ECANCELED ||
+                                                          rec->status == COLLIE_ETIMEDOUT);
+        if (!recv_own_end || !comm_healthy(run, rec->op.comm)) run->faulted = true;
+        if (rec->grp) ch_group_note(rec);
+    }
+    if (rec->grp && rec->status == COLLIE_OK) ch_group_note(rec);
+    if (rec->grp && rec->grp->reaped == rec->grp->nrecv)
+        ch_group_finish(rec->grp, rep, rec->round, rec->op.slot);
+    ch_report_line(rep, msg,
+                   "work r=%d seq=%d op=%s bytes=%" PRIu64 " status=%s ms=%lld deadline_ms=%d "
+                   "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d%s",
+                   rec->round, rec->op.slot,
+                   rec->role == CH_ROLE_COLL ? ch_kind_name(rec->op.kind)
+                   : rec->role == CH_ROLE_SEND ? "send"
+                   : rec->peer == COLLIE_ANY_SOURCE ? "recv_any"
+                                                    : "recv",
+                   rec->bytes, collie_status_name(rec->status), (long long)(took / 1000000),
+                   rec->deadline_ms, checked, rec->op.comm, ch_style_name(rec->style),
+                   collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
+                   rec->role, rec->cancelled ? " cancelled=1" : "");
+    run->bytes_in_flight -= rec->bytes;
+    ch_work_free(rec);
+    collie_work_release(rec->w);
+    free(rec);
+}
+
+/* the works of one slot on this rank */
+typedef struct slot_work {
+    int role, peer;
+    uint64_t stream;
+} slot_work;
+
+static int slot_works(const ch_op *op, int me, int n, slot_work *out, int cap) {
+    int k = 0;
+    (void)n;
+    switch (op->kind) {
+    case CH_SENDRECV:
+        if (me == op->root) {
+            out[k++] = (slot_work){CH_ROLE_SEND, op->peer, 0};
+            if (op->bidir) out[k++] = (slot_work){CH_ROLE_RECV, op->peer, 1};
+        } else if (me == op->peer) {
+            out[k++] = (slot_work){CH_ROLE_RECV, op->root, 0};
+            if (op->bidir) out[k++] = (slot_work){CH_ROLE_SEND, op->root, 1};
+        }
+        break;
+    case CH_ANYSRC:
+        if ((op->senders >> me) & 1)
+            for (int m = 0; m < op->msgs && k < cap; m++)
+                out[k++] = (slot_work){CH_ROLE_SEND, op->peer, (uint64_t)m};
+        if (me == op->peer)
+            for (int r = 0; r < n; r++)
+                if ((op->senders >> r) & 1)
+                    for (int m = 0; m < op->msgs && k < cap; m++)
+                        out[k++] = (slot_work){CH_ROLE_RECV, COLLIE_ANY_SOURCE, 0};
+        break;
+    default: out[k++] = (slot_work){CH_ROLE_COLL, -1, 0}; break;
+    }
+    return k;
+}
+
+/* cancel the works whose planned cancel is due */
+static void due_cancels(ch_run *run) {
+    for (size_t i = 0; i < run->fl.n; i++) {
+        ch_work *rec = run->fl.v[i];
+        if (!rec || !rec->cancel_planned || rec->cancelled) continue;
+        if (rec->cancel_after-- > 0) continue;
+        rec->cancel_planned = false;
+        int rc = collie_work_cancel(rec->w);
+        if (rc == COLLIE_OK)
+            rec->cancelled = true;
+        else if (rc != COLLIE_ESTATE)
+            ch_violation(&run->rep, "bad_status", rec->round, rec->op.slot,
+                         "collie_work_cancel returned %s (COLLIE_OK or COLLIE_ESTATE expected)",
+                         collie_status_name(rc));
+    }
+}
+
+static void post_slot(ch_run *run, const ch_op *op) {
+    const ch_round *p = &run->plan;
+    const ch_comm_info *ci = &p->comms[op->comm];
+    collie_comm *c = run->comms[op->comm];
+    if (ci->me < 0 || !c) return;
+    slot_work sw[3 * CH_MAX_RANKS + 4];
+    int nw = slot_works(op, ci->me, ci->size, sw, (int)(sizeof sw / sizeof sw[0]));
+    if (!nw) return;
+    size_t es = collie_dtype_size(op->dt);
+    uint64_t est = (uint64_t)op->count * es * (uint64_t)ci->size * 3;
+    /* the window and the byte budget (never blocks with nothing in flight) */
+    while (run->fl.n > 0 && !run->faulted &&
+           (run->fl.n + (size_t)nw > (size_t)p->window ||
+            run->bytes_in_flight + est > CH_BYTES_BUDGET))
+        ch_reap(&run->fl, 50, on_done, run);
+    if (run->faulted) return;
+    ch_anygroup *grp = NULL;
+    int nrecv = 0;
+    if (op->kind == CH_ANYSRC && ci->me == op->peer) {
+        for (int i = 0; i < nw; i++)
+            nrecv += sw[i].role == CH_ROLE_RECV;
+        grp = calloc(1, sizeof *grp);
+        grp->nrecv = nrecv;
+        grp->msgs = op->msgs;
+        grp->src = calloc((size_t)nrecv, sizeof(int));
+        grp->status = calloc((size_t)nrecv, sizeof(int));
+        grp->k = calloc((size_t)nrecv, sizeof(int));
+        if (!grp->src || !grp->status || !grp->k) abort();
+    }
+    int gi = 0;
+    for (int i = 0; i < nw; i++) {
+        ch_work *rec = calloc(1, sizeof *rec);
+        if (!rec) abort();
+        rec->op = *op;
+        rec->round = p->round;
+        rec->sub = i;
+        rec->role = sw[i].role;
+        rec->peer = sw[i].peer;
+        rec->stream = sw[i].stream;
+        rec->comm = c;
+        rec->n = ci->size;
+        rec->me = ci->me;
+        rec->style = ch_pick_style(p, op->slot, i);
+        if (!run->cq && rec->style == CH_W_CQ) rec->style = CH_W_WAIT;
+        rec->deadline_ms = op->deadline_ms;
+        int32_t short_ms = rec->role == CH_ROLE_RECV
+                               ? ch_pick_short_deadline(p, op->slot, i, run->faults)
+                               : 0;
+        if (p->fault == CH_F_DEADLINE && op->slot == p->fault_slot && i == 0)
+            short_ms = 1 + (int32_t)(p->fault_delay_ms % 20);
+        if (short_ms) rec->deadline_ms = short_ms;
+        if (rec->role == CH_ROLE_RECV && ch_pick_cancel(p, op->slot, i, run->faults)) {
+            rec->cancel_planned = true;
+            rec->cancel_after = (int)(ch_hash(p->seed, (uint64_t)op->slot, (uint64_t)i, 7) % 4);
+        }
+        if (grp && rec->role == CH_ROLE_RECV) {
+            rec->grp = grp;
+            rec->grp_idx = gi++;
+        }
+        atomic_init(&rec->cb_runs, 0);
+        collie_post_opts o;
+        ch_style_opts(rec, run->cq, &o);
+        rec->post_ns = ch_now_ns();
+        int rc = ch_work_post(rec, &o);
+        if (rc != COLLIE_OK) {
+            const char *why = collie_last_error();
+            if (comm_healthy(run, op->comm))
+                ch_violation(&run->rep, "bad_status", p->round, op->slot,
+                             "op=%s comm=%d: the post was refused (%s) on a healthy comm: %s",
+                             ch_kind_name(op->kind), op->comm, collie_status_name(rc), why);
+            ch_report_line(&run->rep, why, "work r=%d seq=%d op=%s bytes=0 status=%s ms=0 "
+                                           "deadline_ms=%d checked=0 comm=%d refused=1",
+                           p->round, op->slot, ch_kind_name(op->kind), collie_status_name(rc),
+                           rec->deadline_ms, op->comm);
+            run->faulted = true;
+            ch_work_free(rec);
+            if (grp) { /* the receives not posted never come */
+                grp->nrecv = gi - (rec->grp ? 1 : 0);
+                if (grp->reaped == grp->nrecv) ch_group_finish(grp, &run->rep, p->round, op->slot);
+                grp = NULL;
+            }
+            free(rec);
+            return;
+        }
+        run->bytes_in_flight += rec->bytes;
+        run->posted++;
+        ch_inflight_add(&run->fl, rec);
+    }
+}
+
+/* this rank's comm-level fault of the round, if its slot has come */
+static void inject_fault(ch_run *run, const ch_op *op) {
+    const ch_round *p = &run->plan;
+    if (!p->fault || op->slot != p->fault_slot) return;
+    ch_report *rep = &run->rep;
+    int cid = run->comms[op->comm] && p->comms[op->comm].me >= 0 ? op->comm : 0;
+    collie_comm *c = run->comms[cid];
+    if (!c) return;
+    switch (p->fault) {
+    case CH_F_ABORT:
+        if (p->abort_from != 0) return;
+        ch_report_line(rep, NULL, "fault kind=abort r=%d seq=%d from=main comm=%d", p->round,
+                       op->slot, cid);
+        rep->faults++;
+        collie_comm_abort(c, "chaos: abort from the main thread");
+        run->faulted = true;
+        break;
+    case CH_F_DESTROY: {
+        ch_report_line(rep, NULL, "fault kind=destroy r=%d seq=%d comm=%d in_flight=%zu",
+                       p->round, op->slot, cid, run->fl.n);
+        rep->faults++;
+        run->comms[cid] = NULL;
+        int rc = collie_comm_destroy(c);
+        if (rc != COLLIE_OK && rc != COLLIE_EABORTED)
+            ch_violation(rep, "bad_status", p->round, op->slot,
+                         "collie_comm_destroy with works in flight returned %s",
+                         collie_status_name(rc));
+        run->faulted = true;
+        break;
+    }
+    case CH_F_CANCEL:
+        /* the newest collective or send in flight (a fault of its comm) */
+        for (size_t i = run->fl.n; i-- > 0;) {
+            ch_work *rec = run->fl.v[i];
+            if (!rec || rec->role == CH_ROLE_RECV) continue;
+            int rc = collie_work_cancel(rec->w);
+            ch_report_line(rep, NULL, "fault kind=cancel r=%d seq=%d op=%s result=%s", p->round,
+                           rec->op.slot, ch_kind_name(rec->op.kind), collie_status_name(rc));
+            rep->faults++;
+            if (rc == COLLIE_OK) rec->cancelled = true;
+            break;
+        }
+        break;
+    case CH_F_DEADLINE:
+        ch_report_line(rep, NULL, "fault kind=deadline r=%d seq=%d", p->round, op->slot);
+        rep->faults++;
+        break;
+    default: break;
+    }
+}
+
+static collie_comm_opts comm_opts(const char *name) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    o.timeout_ms = 5000;         /* bounds a graceful destroy with works in flight */
+    o.create_timeout_ms = 15000; /* a stopped rank may delay a create */
+    return o;
+}
+
+/* split and new_group, as planned; false if the round has faulted */
+static bool make_subgroups(ch_run *run) {
+    ch_round *p = &run->plan;
+    ch_report *rep = &run->rep;
+    collie_comm *world = run->comms[0];
+    for (int step = 0; step < 2; step++) {
+        bool split = step == 0;
+        if (split ? !p->split : !p->group) continue;
+        collie_comm *c = NULL;
+        int rc, cid;
+        const char *what = split ? "comm_split" : "comm_new_group";
+        if (split) {
+            int color = p->color[p->rank];
+            rc = collie_comm_split(world, color < 0 ? COLLIE_UNDEFINED : color, p->skey[p->rank],
+                                   NULL, &c);
+            cid = color < 0 ? -1 : 1 + color;
+        } else {
+            rc = collie_comm_new_group(world, p->group_ranks, p->group_n, NULL, &c);
+            cid = p->comms[p->group_comm].me >= 0 ? p->group_comm : -1;
+        }
+        ch_report_line(rep, rc == COLLIE_OK || rc == COLLIE_ENOTMEMBER ? NULL : collie_last_error(),
+                       "group r=%d op=%s status=%s comm=%d", p->round, what,
+                       collie_status_name(rc), cid);
+        if (cid < 0) {
+            if (rc != COLLIE_ENOTMEMBER || c)
+                ch_violation(rep, "bad_status", p->round, -1,
+                             "%s of a non-member returned %s and %s (COLLIE_ENOTMEMBER and no "
+                             "comm expected)",
+                             what, collie_status_name(rc), c ? "a comm" : "no comm");
+            if (c) collie_comm_destroy(c);
+            if (rc != COLLIE_ENOTMEMBER && rc != COLLIE_OK) return false;
+            continue;
+        }
+        if (rc != COLLIE_OK) {
+            if (comm_healthy(run, 0) && rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER)
+                ch_violation(rep, "bad_status", p->round, -1, "%s failed on a healthy parent: %s",
+                             what, collie_last_error());
+            return false;
+        }
+        const ch_comm_info *ci = &p->comms[cid];
+        if (collie_comm_size(c) != ci->size || collie_comm_rank(c) != ci->me)
+            ch_violation(rep, "bad_status", p->round, -1,
+                         "%s gave a comm of size %d where this rank is %d; expected size %d, "
+                         "rank %d",
+                         what, collie_comm_size(c), collie_comm_rank(c), ci->size, ci->me);
+        run->comms[cid] = c;
+    }
+    return true;
+}
+
+static void run_round(ch_run *run, int r) {
+    ch_round *p = &run->plan;
+    ch_report *rep = &run->rep;
+    ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max,
+                  run->faults);
+    memset(run->comms, 0, sizeof run->comms);
+    run->faulted = false;
+    run->posted = 0;
+    ch_report_line(rep, NULL, "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
+                              "fault=%d fault_slot=%d",
+                   r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
+                   p->group ? p->group_n : 0, p->fault, p->fault_slot);
+    char name[64];
+    snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
+    collie_comm_opts o = comm_opts(name);
+    int64_t t0 = ch_now_ns();
+    int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
+    ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
+                   "group r=%d op=comm_create status=%s comm=0 ms=%lld", r, collie_status_name(rc),
+                   (long long)((ch_now_ns() - t0) / 1000000));
+    if (rc != COLLIE_OK) {
+        if (rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER && rc != COLLIE_EINVAL)
+            ch_violation(rep, "bad_status", r, -1, "collie_comm_create returned %s: %s",
+                         collie_status_name(rc), collie_last_error());
+        return;
+    }
+    ch_aborter ab = {0};
+    if (make_subgroups(run)) {
+        if (p->fault == CH_F_ABORT && p->abort_from == 1)
+            aborter_start(&ab, run->comms[0], p->fault_delay_ms);
+        if (p->fault == CH_F_ABORT && p->abort_from == 2) ch_cb_arm_abort(1 + p->fault_slot % 16);
+        for (int s = 0; s < p->ops && !run->faulted; s++) {
+            ch_op op;
+            ch_plan_op(p, s, &op);
+            post_slot(run, &op);
+            if (run->faulted) break;
+            inject_fault(run, &op);
+            due_cancels(run);
+            if (run->fl.n < 256 || s % 64 == 0) ch_reap(&run->fl, 0, on_done, run);
+        }
+    } else {
+        run->faulted = true;
+    }
+    /* drain: every work ends (the hang check abandons one that never does) */
+    while (run->fl.n > 0) {
+        due_cancels(run);
+        ch_reap(&run->fl, 50, on_done, run);
+    }
+    if (aborter_stop(&ab)) {
+        ch_report_line(rep, NULL, "fault kind=abort r=%d seq=-1 from=thread comm=0", r);
+        rep->faults++;
+    }
+    ch_cb_arm_abort(-1);
+    if (ch_cb_abort_fired()) {
+        ch_report_line(rep, NULL, "fault kind=abort r=%d seq=-1 from=callback", r);
+        rep->faults++;
+    }
+    for (int i = run->plan.ncomms; i-- > 0;) {
+        if (!run->comms[i]) continue;
+        t0 = ch_now_ns();
+        rc = collie_comm_destroy(run->comms[i]);
+        int64_t ms = (ch_now_ns() - t0) / 1000000;
+        run->comms[i] = NULL;
+        if (rc != COLLIE_OK && rc != COLLIE_EABORTED)
+            ch_violation(rep, "bad_status", r, -1, "collie_comm_destroy returned %s",
+                         collie_status_name(rc));
+        if (ms > 5000 + CH_GRACE_MS + run->slack_ms)
+            ch_violation(rep, "hang", r, -1,
+                         "collie_comm_destroy of comm %d took %lld ms with nothing in flight", i,
+                         (long long)ms);
+    }
+}
+
+/* the round-end protocol: false if a rank never arrived */
+static bool round_end(ch_run *run, int r, char *why, size_t cap) {
+    char key[128];
+    snprintf(key, sizeof key, "chaos/%" PRIu64 "/r%d/end/%d", run->seed, r, run->rank);
+    int rc = collie_store_set(run->st, key, "1", 1, 10000);
+    if (rc != COLLIE_OK) {
+        snprintf(why, cap, "store set of %s: %s (%s)", key, collie_status_name(rc),
+                 collie_last_error());
+        return false;
+    }
+    char *keys[CH_MAX_RANKS];
+    char store[CH_MAX_RANKS][128];
+    for (int q = 0; q < run->world; q++) {
+        snprintf(store[q], sizeof store[q], "chaos/%" PRIu64 "/r%d/end/%d", run->seed, r, q);
+        keys[q] = store[q];
+    }
+    rc = collie_store_wait(run->st, (const char *const *)keys, (size_t)run->world,
+                           run->round_wait_ms);
+    if (rc == COLLIE_OK) return true;
+    size_t len = (size_t)snprintf(why, cap, "round %d end: %s after %d ms; missing:", r,
+                                  collie_status_name(rc), run->round_wait_ms);
+    for (int q = 0; q < run->world && len < cap; q++) {
+        bool there = false;
+        const char *k1[1] = {keys[q]};
+        if (collie_store_check(run->st, k1, 1, 2000, &there) == COLLIE_OK && !there)
+            len += (size_t)snprintf(why + len, cap - len, " rank %d", q);
+    }
+    return false;
+}
+
+int main(int argc, char **argv) {
+    ch_run run;
+    memset(&run, 0, sizeof run);
+    run.rounds = 4;
+    run.ops = 200;
+    run.inflight_max = 64;
+    run.faults = CH_F_ALL;
+    bool have_seed = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t x;
+        if (!strcmp(a, "--seed")) {
+            if (!parse_u64(v, &run.seed)) usage("--seed needs a decimal uint64");
+            have_seed = true;
+        } else if (!strcmp(a, "--report")) {
+            if (!v || !*v) usage("--report needs a directory");
+            run.dir = v;
+        } else if (!strcmp(a, "--rounds")) {
+            if (!parse_u64(v, &x) || x < 1 || x > 100000) usage("--rounds: 1..100000");
+            run.rounds = (int)x;
+        } else if (!strcmp(a, "--ops")) {
+            if (!parse_u64(v, &x) || x > 10000000) usage("--ops: 0..10000000");
+            run.ops = (int)x;
+        } else if (!strcmp(a, "--inflight-max")) {
+            if (!parse_u64(v, &x) || x < 1 || x > 10000) usage("--inflight-max: 1..10000");
+            run.inflight_max = (int)x;
+        } else if (!strcmp(a, "--faults")) {
+            if (!v) usage("--faults needs a list");
+            run.faults = parse_faults(v);
+        } else {
+            char m[256];
+            snprintf(m, sizeof m, "unknown argument '%s'", a);
+            usage(m);
+        }
+        i++;
+    }
+    if (!have_seed) usage("--seed is required");
+    if (!run.dir) usage("--report is required");
+    run.rank = env_int("COLLIE_RANK", -1, 0, CH_MAX_RANKS - 1);
+    run.world = env_int("COLLIE_WORLD_SIZE", -1, 1, CH_MAX_RANKS);
+    if (run.rank < 0 || run.world < 1 || run.rank >= run.world)
+        usage("COLLIE_RANK / COLLIE_WORLD_SIZE missing or inconsistent (run it under collie-run)");
+    run.slack_ms = env_int("CHAOS_SLACK_MS", 2000, 0, 600000);
+    run.round_wait_ms = env_int("CHAOS_ROUND_WAIT_MS", 20000, 1, 3600000);
+    run.mem_tolerance = env_int("CHAOS_MEM_TOLERANCE", 1 << 20, 0, 1 << 30);
+    if (!ch_report_open(&run.rep, run.dir, run.rank)) {
+        fprintf(stderr, "chaos_rank: cannot write the report in %s: %s\n", run.dir,
+                strerror(errno));
+        return 2;
+    }
+    ch_report *rep = &run.rep;
+    ch_report_line(rep, NULL, "start rank=%d world=%d pid=%d seed=%" PRIu64 " rounds=%d ops=%d "
+                              "inflight_max=%d faults=%d",
+                   run.rank, run.world, (int)getpid(), run.seed, run.rounds, run.ops,
+                   run.inflight_max, run.faults);
+    ch_pause_clock_start();
+    ch_measure before = measure();
+
+    collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
+    eo.name = "chaos";
+    int rc = collie_engine_create(&eo, &run.e);
+    if (rc == COLLIE_OK) rc = collie_store_connect(run.e, NULL, NULL, &run.st);
+    if (rc == COLLIE_OK) rc = collie_cq_create(&run.cq);
+    if (rc != COLLIE_OK) {
+        ch_violation(rep, "bad_status", -1, -1, "set-up failed: %s: %s", collie_status_name(rc),
+                     collie_last_error());
+        ch_report_line(rep, NULL, "end reason=setup works=0 ok=0 failed=0 bytes_checked=0 "
+                                  "violations=%" PRIu64,
+                       rep->violations);
+        return 3;
+    }
+    ch_inflight_init(&run.fl, run.cq, rep, run.slack_ms);
+    const char *reason = "done";
+    char why[1024] = "";
+    for (int r = 0; r < run.rounds; r++) {
+        run_round(&run, r);
+        if (!round_end(&run, r, why, sizeof why)) {
+            reason = "peer_gone";
+            break;
+        }
+    }
+    bool hung = run.fl.hangs > 0;
+    ch_inflight_fini(&run.fl);
+    collie_cq_destroy(run.cq);
+    collie_store_destroy(run.st);
+    collie_engine_destroy(run.e);
+    if (!hung) { /* abandoned works keep their buffers on purpose */
+        ch_measure after = measure();
+        ch_report_line(rep, NULL, "leak kind=fd before=%ld after=%ld", before.fds, after.fds);
+        ch_report_line(rep, NULL, "leak kind=thread before=%ld after=%ld", before.threads,
+                       after.threads);
+        ch_report_line(rep, NULL, "leak kind=heap before=%lld after=%lld tolerance=%lld",
+                       (long long)before.heap, (long long)after.heap,
+                       (long long)run.mem_tolerance);
+        if (after.fds > before.fds)
+            ch_violation(rep, "leak", -1, -1, "fds: %ld before the engine, %ld after its destroy",
+                         before.fds, after.fds);
+        if (after.threads > before.threads)
+            ch_violation(rep, "leak", -1, -1,
+                         "threads: %ld before the engine, %ld after its destroy", before.threads,
+                         after.threads);
+        if (after.heap - before.heap > run.mem_tolerance)
+            ch_violation(rep, "leak", -1, -1,
+                         "heap: %lld bytes in use before the engine, %lld after its destroy "
+                         "(tolerance %lld)",
+                         (long long)before.heap, (long long)after.heap,
+                         (long long)run.mem_tolerance);
+    }
+    ch_pause_clock_stop();
+    ch_report_line(rep, *why ? why : NULL,
+                   "end reason=%s works=%" PRIu64 " ok=%" PRIu64 " failed=%" PRIu64
+                   " bytes_checked=%" PRIu64 " violations=%" PRIu64 " faults=%" PRIu64,
+                   reason, rep->works, rep->ok, rep->failed, rep->bytes_checked, rep->violations,
+                   rep->faults);
+    int code = rep->violations ? 3 : 0;
+    ch_report_close(rep);
+    return code;
+}
