@@ -541,6 +541,41 @@ static void test_cancel_unmatched_recv(void **state) {
     world_destroy(&w);
 }
 
+/* A receive whose deadline passes before the loop even starts it is an
+ * unmatched receive too: its ETIMEDOUT is clean (README, "Cancel and
+ * deadlines on a comm"). Found by the chaos harness (seed 2, 4 ranks: a
+ * receive with a 2 ms deadline posted behind a busy loop failed the comm
+ * on every rank: "deadline of 2 ms passed before it started"); the start
+ * path finished the work itself instead of through its cancel hook. */
+static void test_recv_deadline_before_start(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "recvlate", NULL);
+    world_link(&w);
+    int64_t junk = -1;
+    const int peers[] = {1, COLLIE_ANY_SOURCE};
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 5;
+    for (int i = 0; i < 2; i++) {
+        loop_block b;
+        loop_block_start(&b, w.e); /* the loop cannot start the receive */
+        collie_work *rw;
+        assert_int_equal(collie_recv(w.c[0], &junk, 1, COLLIE_INT64, peers[i], 9, &o, &rw),
+                         COLLIE_OK);
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+        loop_unblock(&b);
+        assert_int_equal(collie_work_wait(rw, 10000), COLLIE_ETIMEDOUT);
+        collie_work_release(rw);
+        expect_healthy(&w, peers[i] < 0 ? "an any-source recv's deadline before its start"
+                                         : "a recv's deadline before its start");
+    }
+    assert_int_equal(junk, -1);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 1000, 0, false);
+    expect_healthy(&w, "the allreduce");
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_not_behind_unposted_allreduce),
@@ -552,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_any_source_peer_death),
         cmocka_unit_test(test_any_source_peer_death_policy_none),
         cmocka_unit_test(test_cancel_unmatched_recv),
+        cmocka_unit_test(test_recv_deadline_before_start),
     };
     return cltest_main(tests, NULL, NULL);
 }
