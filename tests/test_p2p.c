@@ -568,7 +568,7 @@ static void test_recv_deadline_before_start(void **state) {
         assert_int_equal(collie_work_wait(rw, 10000), COLLIE_ETIMEDOUT);
         collie_work_release(rw);
         expect_healthy(&w, peers[i] < 0 ? "an any-source recv's deadline before its start"
-                                         : "a recv's deadline before its start");
+                                        : "a recv's deadline before its start");
     }
     assert_int_equal(junk, -1);
     run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 1000, 0, false);
