@@ -21,7 +21,10 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-static void coll_start(collie_work *w) { cl_comm_start_work((cl_coll_work *)w); }
+static void coll_start(collie_work *w) {
+    ((cl_coll_work *)w)->start_called = true;
+    cl_comm_start_work((cl_coll_work *)w);
+}
 static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
 
 #define COLL_POOL_MAX 512

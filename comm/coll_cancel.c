@@ -33,7 +33,9 @@
  *    coll.c and comm.c); one matched already ends as a fault, as before.
  *    collie_work_cancel from another thread sends the request to the loop
  *    (cancel_cmd); a waiter past the deadline plus the grace still ends it
- *    at once from its own thread (then as a fault: the loop did not).
+ *    at once from its own thread (then as a fault: the loop did not). A
+ *    deadline that passed before the loop started the work comes here too
+ *    (work/registry.c): a receive then ends clean, as it was never matched.
  */
 #include <stdio.h>
 
@@ -148,7 +150,9 @@ bool cl_coll_cancel(collie_work *w, int status, const char *msg) {
     if (cl_work_done(w)) return false;
     if (cw->args.kind == COLLIE_COLL_RECV && !cw->caller_started)
         return coll_recv_cancel(cw, status, msg);
-    if (status == COLLIE_ETIMEDOUT && cl_engine_on_loop(w->engine)) {
+    /* (a collective whose deadline passed before the loop started it ends
+     * at once, without a report: work/registry.c) */
+    if (status == COLLIE_ETIMEDOUT && cl_engine_on_loop(w->engine) && cw->start_called) {
         if (cw->explaining) return false; /* its report ends it */
         if (cl_desync_start(cw)) return true;
     }

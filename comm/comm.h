@@ -112,6 +112,7 @@ typedef struct cl_coll_work {
     collie_coll_args args;
     size_t *vcounts;                /* allgatherv, alltoallv: args' counts, owned (coll_v.c) */
     bool started;                   /* backend start ran (loop) */
+    bool start_called;              /* ops->start ran (loop; not when it expired unstarted) */
     bool caller_started;            /* started on the posting thread (cuda backends) */
     uint64_t fr_id;                 /* flight-recorder entry, 0 if none */
     cl_list_node link;              /* comm's waiting queue or active list (loop) */
