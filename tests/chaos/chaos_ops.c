@@ -185,8 +185,8 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
         }
         ch_fill(op, 0, me, n, 0, counts[me], rec->sptr);
         rec->scount = counts[me];
-        return collie_allgatherv(c, rec->sptr, rec->rptr, counts, op->gaps ? displs : NULL, dt,
-                                 o, out);
+        return collie_allgatherv(c, rec->sptr, rec->rptr, counts, op->gaps ? displs : NULL, dt, o,
+                                 out);
     }
     case CH_ALLTOALLV: {
         size_t sc[CH_MAX_RANKS], sd[CH_MAX_RANKS], rc[CH_MAX_RANKS], rd[CH_MAX_RANKS];
@@ -344,8 +344,8 @@ uint64_t ch_work_check(ch_work *rec, ch_report *rep) {
             b += cmp_fill(rec, rep, "output block", at(rec->rptr, rd[p], es), 1 + (uint64_t)me, p,
                           0, rc[p], rd[p]);
             off = rd[p] + rc[p];
-            b += cmp_fill(rec, rep, "send block", at(rec->sptr, sd[p], es), 1 + (uint64_t)p, me,
-                          0, sc[p], sd[p]);
+            b += cmp_fill(rec, rep, "send block", at(rec->sptr, sd[p], es), 1 + (uint64_t)p, me, 0,
+                          sc[p], sd[p]);
         }
         b += cmp_fill(rec, rep, "gap", at(rec->rptr, off, es), 0, -1, 0, rtot - off, off);
         break;

@@ -46,16 +46,16 @@ typedef struct ch_anygroup {
 typedef struct ch_work {
     ch_op op;
     int round;
-    int sub;       /* which work of its slot */
-    int role;      /* CH_ROLE_* */
-    int peer;      /* send/recv: the comm rank at the other end (COLLIE_ANY_SOURCE) */
+    int sub;  /* which work of its slot */
+    int role; /* CH_ROLE_* */
+    int peer; /* send/recv: the comm rank at the other end (COLLIE_ANY_SOURCE) */
     uint64_t stream;
     collie_comm *comm;
     int n, me; /* comm size, this rank's comm rank */
     collie_work *w;
     ch_style style;
-    void *sbuf, *rbuf; /* the allocations */
-    void *sptr, *rptr; /* what was passed */
+    void *sbuf, *rbuf;     /* the allocations */
+    void *sptr, *rptr;     /* what was passed */
     size_t scount, rcount; /* elements at sptr / rptr that the check covers */
     int64_t post_ns;
     int32_t deadline_ms;

@@ -33,8 +33,7 @@
 
 /* ch_fill: elements [first, first+count) of comm rank `r`'s input for `op`
  * (comm size n) in stream `stream`, into dst. Reducing ops use op->op. */
-void ch_fill(const ch_op *op, uint64_t stream, int r, int n, size_t first, size_t count,
-             void *dst);
+void ch_fill(const ch_op *op, uint64_t stream, int r, int n, size_t first, size_t count, void *dst);
 
 /* ch_expect_reduce: elements [first, first+count) of the reduction (op->op)
  * of every rank's stream-0 input, into dst. */

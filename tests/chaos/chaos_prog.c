@@ -35,12 +35,18 @@ uint64_t ch_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
 }
 
 static const char *const ch_kind_names[CH_NUM_KINDS] = {
-    [CH_ALLREDUCE] = "allreduce",   [CH_BROADCAST] = "broadcast",
-    [CH_REDUCE] = "reduce",         [CH_ALLGATHER] = "allgather",
-    [CH_GATHER] = "gather",         [CH_SCATTER] = "scatter",
-    [CH_REDUCE_SCATTER] = "reduce_scatter", [CH_ALLTOALL] = "alltoall",
-    [CH_BARRIER] = "barrier",       [CH_ALLGATHERV] = "allgatherv",
-    [CH_ALLTOALLV] = "alltoallv",   [CH_SENDRECV] = "sendrecv",
+    [CH_ALLREDUCE] = "allreduce",
+    [CH_BROADCAST] = "broadcast",
+    [CH_REDUCE] = "reduce",
+    [CH_ALLGATHER] = "allgather",
+    [CH_GATHER] = "gather",
+    [CH_SCATTER] = "scatter",
+    [CH_REDUCE_SCATTER] = "reduce_scatter",
+    [CH_ALLTOALL] = "alltoall",
+    [CH_BARRIER] = "barrier",
+    [CH_ALLGATHERV] = "allgatherv",
+    [CH_ALLTOALLV] = "alltoallv",
+    [CH_SENDRECV] = "sendrecv",
     [CH_ANYSRC] = "recv_any",
 };
 
@@ -57,10 +63,41 @@ const char *ch_style_name(ch_style s) {
 
 /* choice constants: one per independent decision */
 enum {
-    K_WINDOW = 1, K_SPLIT, K_NCOLORS, K_COLOR, K_SKEY, K_GROUP, K_GROUP_N, K_GROUP_PERM,
-    K_COMM, K_KIND, K_DT, K_OP, K_SIZE, K_SIZE2, K_ROOT, K_PEER, K_BIDIR, K_MSGS, K_SENDERS,
-    K_INPLACE, K_NULL, K_GAPS, K_DEADLINE, K_VCOUNT, K_VGAP, K_STYLE, K_BIAS, K_FAULT,
-    K_FAULT_KIND, K_FAULT_SLOT, K_FAULT_DELAY, K_ABORT_FROM, K_CANCEL, K_CANCEL_RATE, K_SHORT,
+    K_WINDOW = 1,
+    K_SPLIT,
+    K_NCOLORS,
+    K_COLOR,
+    K_SKEY,
+    K_GROUP,
+    K_GROUP_N,
+    K_GROUP_PERM,
+    K_COMM,
+    K_KIND,
+    K_DT,
+    K_OP,
+    K_SIZE,
+    K_SIZE2,
+    K_ROOT,
+    K_PEER,
+    K_BIDIR,
+    K_MSGS,
+    K_SENDERS,
+    K_INPLACE,
+    K_NULL,
+    K_GAPS,
+    K_DEADLINE,
+    K_VCOUNT,
+    K_VGAP,
+    K_STYLE,
+    K_BIAS,
+    K_FAULT,
+    K_FAULT_KIND,
+    K_FAULT_SLOT,
+    K_FAULT_DELAY,
+    K_ABORT_FROM,
+    K_CANCEL,
+    K_CANCEL_RATE,
+    K_SHORT,
     K_SHORT_MS,
 };
 
@@ -244,12 +281,10 @@ void ch_plan_op(const ch_round *p, int slot, ch_op *op) {
         op->msgs = 1 + (int)(round_h(p, K_MSGS, s) % 3);
         uint64_t hs = round_h(p, K_SENDERS, s);
         for (int r = 0; r < n; r++)
-            if (r != op->peer && ((hs >> r) & 1 || r == (op->peer + 1) % n))
-                op->senders |= 1u << r;
+            if (r != op->peer && ((hs >> r) & 1 || r == (op->peer + 1) % n)) op->senders |= 1u << r;
     }
     bool can_in_place = op->kind != CH_ALLTOALL && op->kind != CH_ALLTOALLV &&
-                        op->kind != CH_SENDRECV && op->kind != CH_ANYSRC &&
-                        op->kind != CH_BARRIER;
+                        op->kind != CH_SENDRECV && op->kind != CH_ANYSRC && op->kind != CH_BARRIER;
     op->in_place = can_in_place && round_h(p, K_INPLACE, s) % 3 == 0;
     op->null_nonroot = round_h(p, K_NULL, s) % 2 == 0;
     op->gaps = round_h(p, K_GAPS, s) % 2 == 0;
@@ -267,8 +302,7 @@ ch_style ch_pick_style(const ch_round *p, int slot, int sub) {
 
 bool ch_pick_cancel(const ch_round *p, int slot, int sub, int faults) {
     if (!(faults & CH_F_CANCEL)) return false;
-    return rank_h(p, K_CANCEL, (uint64_t)slot, (uint64_t)sub) % 1000 <
-           (uint64_t)p->cancel_permille;
+    return rank_h(p, K_CANCEL, (uint64_t)slot, (uint64_t)sub) % 1000 < (uint64_t)p->cancel_permille;
 }
 
 int32_t ch_pick_short_deadline(const ch_round *p, int slot, int sub, int faults) {

@@ -76,11 +76,11 @@ typedef struct ch_op {
     ch_kind kind;
     collie_dtype dt;
     collie_redop op;
-    size_t count; /* elements: per block for the block ops, base count for the v ops */
-    int root;     /* rooted ops; CH_SENDRECV: the sender */
-    int peer;     /* CH_SENDRECV / CH_ANYSRC: the receiver */
-    bool bidir;   /* CH_SENDRECV: a message back as well */
-    int msgs;     /* CH_ANYSRC: messages per sender */
+    size_t count;     /* elements: per block for the block ops, base count for the v ops */
+    int root;         /* rooted ops; CH_SENDRECV: the sender */
+    int peer;         /* CH_SENDRECV / CH_ANYSRC: the receiver */
+    bool bidir;       /* CH_SENDRECV: a message back as well */
+    int msgs;         /* CH_ANYSRC: messages per sender */
     uint32_t senders; /* CH_ANYSRC: bit r = comm rank r sends */
     bool in_place;
     bool null_nonroot; /* pass NULL where a non-root needs no buffer */
@@ -113,21 +113,21 @@ typedef struct ch_round {
     ch_comm_info comms[CH_MAX_COMMS]; /* [0] world, [1..ncolors] colours, then the group */
     int group_comm;                   /* index of the new_group's comm, -1 if none */
     /* this rank's choices */
-    int wait_bias;      /* -1: mixed, else one ch_style for most works */
-    int fault;          /* one of CH_F_* or 0: the comm-level fault of this round */
-    int fault_slot;     /* when (in slots) a main-thread fault fires */
-    int fault_delay_ms; /* when a thread abort fires (from round start) */
-    int abort_from;     /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
+    int wait_bias;       /* -1: mixed, else one ch_style for most works */
+    int fault;           /* one of CH_F_* or 0: the comm-level fault of this round */
+    int fault_slot;      /* when (in slots) a main-thread fault fires */
+    int fault_delay_ms;  /* when a thread abort fires (from round start) */
+    int abort_from;      /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
     int cancel_permille; /* receives cancelled (when cancel is allowed) */
 } ch_round;
 
 /* the waiting styles */
 typedef enum ch_style {
-    CH_W_TEST,     /* collie_work_test polling */
-    CH_W_WAIT,     /* collie_work_wait */
-    CH_W_ANY,      /* collie_work_wait_any */
-    CH_W_CQ,       /* a completion queue */
-    CH_W_CB,       /* a completion callback */
+    CH_W_TEST, /* collie_work_test polling */
+    CH_W_WAIT, /* collie_work_wait */
+    CH_W_ANY,  /* collie_work_wait_any */
+    CH_W_CQ,   /* a completion queue */
+    CH_W_CB,   /* a completion callback */
     CH_NUM_STYLES
 } ch_style;
 const char *ch_style_name(ch_style s);
@@ -149,8 +149,8 @@ bool ch_pick_cancel(const ch_round *p, int slot, int sub, int faults);
 int32_t ch_pick_short_deadline(const ch_round *p, int slot, int sub, int faults);
 
 /* Shapes of the v collectives, in elements. */
-size_t ch_agv_count(const ch_op *op, int r);             /* allgatherv: rank r's block */
-size_t ch_a2av_count(const ch_op *op, int s, int d);     /* alltoallv: s sends d */
+size_t ch_agv_count(const ch_op *op, int r);                  /* allgatherv: rank r's block */
+size_t ch_a2av_count(const ch_op *op, int s, int d);          /* alltoallv: s sends d */
 size_t ch_gap(const ch_op *op, int who, int block, int side); /* gap before a block */
 
 #endif

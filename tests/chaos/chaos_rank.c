@@ -130,8 +130,10 @@ static int parse_faults(const char *s) {
             f |= CH_F_ALL;
         else {
             char m[300];
-            snprintf(m, sizeof m, "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
-                                  "deadline, none)", t);
+            snprintf(m, sizeof m,
+                     "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
+                     "deadline, none)",
+                     t);
             usage(m);
         }
     }
@@ -255,9 +257,8 @@ static void on_done(ch_work *rec, void *arg) {
                      "op=%s comm=%d style=%s status=%s: ended %lld ms after its post, deadline "
                      "%d ms + grace %d + slack %d (this process was stopped %lld ms of it)",
                      ch_kind_name(rec->op.kind), rec->op.comm, ch_style_name(rec->style),
-                     collie_status_name(rec->status), (long long)(took / 1000000),
-                     rec->deadline_ms, CH_GRACE_MS, run->slack_ms,
-                     (long long)(stopped / 1000000));
+                     collie_status_name(rec->status), (long long)(took / 1000000), rec->deadline_ms,
+                     CH_GRACE_MS, run->slack_ms, (long long)(stopped / 1000000));
     uint64_t checked = 0;
     const char *msg = "";
     rep->works++;
@@ -289,8 +290,8 @@ static void on_done(ch_work *rec, void *arg) {
             ch_violation(rep, "bad_status", rec->round, rec->op.slot,
                          "op=%s: COLLIE_ECANCELED but this rank never cancelled it: %s",
                          ch_kind_name(rec->op.kind), msg);
-        bool recv_own_end = rec->role == CH_ROLE_RECV && (rec->status == COLLIE_ECANCELED ||
-                                                          rec->status == COLLIE_ETIMEDOUT);
+        bool recv_own_end = rec->role == CH_ROLE_RECV &&
+                            (rec->status == COLLIE_ECANCELED || rec->status == COLLIE_ETIMEDOUT);
         if (!recv_own_end || !comm_healthy(run, rec->op.comm)) run->faulted = true;
         if (rec->grp) ch_group_note(rec);
     }
@@ -301,8 +302,8 @@ static void on_done(ch_work *rec, void *arg) {
                    "work r=%d seq=%d op=%s bytes=%" PRIu64 " status=%s ms=%lld deadline_ms=%d "
                    "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d%s",
                    rec->round, rec->op.slot,
-                   rec->role == CH_ROLE_COLL ? ch_kind_name(rec->op.kind)
-                   : rec->role == CH_ROLE_SEND ? "send"
+                   rec->role == CH_ROLE_COLL        ? ch_kind_name(rec->op.kind)
+                   : rec->role == CH_ROLE_SEND      ? "send"
                    : rec->peer == COLLIE_ANY_SOURCE ? "recv_any"
                                                     : "recv",
                    rec->bytes, collie_status_name(rec->status), (long long)(took / 1000000),
@@ -411,9 +412,8 @@ static void post_slot(ch_run *run, const ch_op *op) {
         rec->style = ch_pick_style(p, op->slot, i);
         if (!run->cq && rec->style == CH_W_CQ) rec->style = CH_W_WAIT;
         rec->deadline_ms = op->deadline_ms;
-        int32_t short_ms = rec->role == CH_ROLE_RECV
-                               ? ch_pick_short_deadline(p, op->slot, i, run->faults)
-                               : 0;
+        int32_t short_ms =
+            rec->role == CH_ROLE_RECV ? ch_pick_short_deadline(p, op->slot, i, run->faults) : 0;
         if (p->fault == CH_F_DEADLINE && op->slot == p->fault_slot && i == 0)
             short_ms = 1 + (int32_t)(p->fault_delay_ms % 20);
         if (short_ms) rec->deadline_ms = short_ms;
@@ -436,8 +436,9 @@ static void post_slot(ch_run *run, const ch_op *op) {
                 ch_violation(&run->rep, "bad_status", p->round, op->slot,
                              "op=%s comm=%d: the post was refused (%s) on a healthy comm: %s",
                              ch_kind_name(op->kind), op->comm, collie_status_name(rc), why);
-            ch_report_line(&run->rep, why, "work r=%d seq=%d op=%s bytes=0 status=%s ms=0 "
-                                           "deadline_ms=%d checked=0 comm=%d refused=1",
+            ch_report_line(&run->rep, why,
+                           "work r=%d seq=%d op=%s bytes=0 status=%s ms=0 "
+                           "deadline_ms=%d checked=0 comm=%d refused=1",
                            p->round, op->slot, ch_kind_name(op->kind), collie_status_name(rc),
                            rec->deadline_ms, op->comm);
             run->faulted = true;
@@ -474,8 +475,8 @@ static void inject_fault(ch_run *run, const ch_op *op) {
         run->faulted = true;
         break;
     case CH_F_DESTROY: {
-        ch_report_line(rep, NULL, "fault kind=destroy r=%d seq=%d comm=%d in_flight=%zu",
-                       p->round, op->slot, cid, run->fl.n);
+        ch_report_line(rep, NULL, "fault kind=destroy r=%d seq=%d comm=%d in_flight=%zu", p->round,
+                       op->slot, cid, run->fl.n);
         rep->faults++;
         run->comms[cid] = NULL;
         int rc = collie_comm_destroy(c);
@@ -536,8 +537,8 @@ static bool make_subgroups(ch_run *run) {
             cid = p->comms[p->group_comm].me >= 0 ? p->group_comm : -1;
         }
         ch_report_line(rep, rc == COLLIE_OK || rc == COLLIE_ENOTMEMBER ? NULL : collie_last_error(),
-                       "group r=%d op=%s status=%s comm=%d", p->round, what,
-                       collie_status_name(rc), cid);
+                       "group r=%d op=%s status=%s comm=%d", p->round, what, collie_status_name(rc),
+                       cid);
         if (cid < 0) {
             if (rc != COLLIE_ENOTMEMBER || c)
                 ch_violation(rep, "bad_status", p->round, -1,
@@ -568,13 +569,13 @@ static bool make_subgroups(ch_run *run) {
 static void run_round(ch_run *run, int r) {
     ch_round *p = &run->plan;
     ch_report *rep = &run->rep;
-    ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max,
-                  run->faults);
+    ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max, run->faults);
     memset(run->comms, 0, sizeof run->comms);
     run->faulted = false;
     run->posted = 0;
-    ch_report_line(rep, NULL, "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
-                              "fault=%d fault_slot=%d",
+    ch_report_line(rep, NULL,
+                   "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
+                   "fault=%d fault_slot=%d",
                    r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
                    p->group ? p->group_n : 0, p->fault, p->fault_slot);
     char name[64];
@@ -720,8 +721,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     ch_report *rep = &run.rep;
-    ch_report_line(rep, NULL, "start rank=%d world=%d pid=%d seed=%" PRIu64 " rounds=%d ops=%d "
-                              "inflight_max=%d faults=%d",
+    ch_report_line(rep, NULL,
+                   "start rank=%d world=%d pid=%d seed=%" PRIu64 " rounds=%d ops=%d "
+                   "inflight_max=%d faults=%d",
                    run.rank, run.world, (int)getpid(), run.seed, run.rounds, run.ops,
                    run.inflight_max, run.faults);
     ch_pause_clock_start();
@@ -735,8 +737,9 @@ int main(int argc, char **argv) {
     if (rc != COLLIE_OK) {
         ch_violation(rep, "bad_status", -1, -1, "set-up failed: %s: %s", collie_status_name(rc),
                      collie_last_error());
-        ch_report_line(rep, NULL, "end reason=setup works=0 ok=0 failed=0 bytes_checked=0 "
-                                  "violations=%" PRIu64,
+        ch_report_line(rep, NULL,
+                       "end reason=setup works=0 ok=0 failed=0 bytes_checked=0 "
+                       "violations=%" PRIu64,
                        rep->violations);
         return 3;
     }
@@ -761,8 +764,7 @@ int main(int argc, char **argv) {
         ch_report_line(rep, NULL, "leak kind=thread before=%ld after=%ld", before.threads,
                        after.threads);
         ch_report_line(rep, NULL, "leak kind=heap before=%lld after=%lld tolerance=%lld",
-                       (long long)before.heap, (long long)after.heap,
-                       (long long)run.mem_tolerance);
+                       (long long)before.heap, (long long)after.heap, (long long)run.mem_tolerance);
         if (after.fds > before.fds)
             ch_violation(rep, "leak", -1, -1, "fds: %ld before the engine, %ld after its destroy",
                          before.fds, after.fds);

@@ -201,7 +201,7 @@ static size_t pop_cq(ch_inflight *f, int32_t timeout_ms, ch_done_fn done, void *
         if (rc != COLLIE_OK || !w) break;
         ch_work *rec = (ch_work *)(uintptr_t)collie_work_tag(w);
         size_t i = find(f, rec);
-        collie_work_release(w); /* the queue's reference */
+        collie_work_release(w);        /* the queue's reference */
         if (i == (size_t)-1) continue; /* abandoned earlier */
         finish(f, i, COLLIE_INPROGRESS, done, arg);
         got++;

@@ -40,8 +40,8 @@ typedef struct ch_inflight {
     collie_cq *cq;
     ch_report *rep;
     int32_t slack_ms;
-    int hangs;        /* works abandoned so far */
-    uint64_t rotor;   /* varies the blocking wait */
+    int hangs;      /* works abandoned so far */
+    uint64_t rotor; /* varies the blocking wait */
 } ch_inflight;
 
 void ch_inflight_init(ch_inflight *f, collie_cq *cq, ch_report *rep, int32_t slack_ms);
