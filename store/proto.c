@@ -371,6 +371,11 @@ int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_
     cl_store_rbuf r = {.p = body, .len = len};
     int rc = COLLIE_OK;
     store_proto_msg_init(m, op);
+    if (status > 0) { /* no collie status: its body is neither a reply nor a message */
+        snprintf(why, why_len, "%s reply with status %d (neither OK nor an error)",
+                 cl_store_op_name(op) ? cl_store_op_name(op) : "unknown", (int)status);
+        return store_proto_finish(&r, m, COLLIE_EPROTO, why, why_len);
+    }
     if (status < 0) {
         m->vals[0] = cl_store_get_bytes(&r);
         return store_proto_finish(&r, m, rc, why, why_len);
