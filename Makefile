@@ -72,7 +72,7 @@ LIB_SO      := $(BUILD)/lib/libcollie.so
 # Missing Debian packages are installed (as root) before anything compiles:
 # the library needs only libevent's and libcrypto's headers (the tools
 # jansson's too), the tests cmocka, clang-format, python3, iproute2,
-# pkg-config and jq as well.
+# pkg-config and jq as well, the fuzz targets clang-14 and libclang-rt-14-dev.
 STAMP_DIR       ?= build
 DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
 DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
