@@ -8,6 +8,9 @@
 #   make test            format and layer checks, the suite, the fault suite, the suite under
 #                        ASan+UBSan, engine/work/store/fault tests under TSan
 #   make test-faults     the fault suite alone (test_faults, test_trace)
+#   make test-fuzz       the fuzz targets' short run (committed corpus and crash inputs, then
+#                        a few seconds of fuzzing each); make fuzz SECONDS=N [FUZZ_TARGET=x]
+#                        for long runs, make fuzz-merge to keep what they found (docs/fuzzing.md)
 #   make valgrind        the suite under valgrind (by hand; slow)
 #   make python          the torch backend's extension (when torch's headers are there)
 #   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
@@ -69,14 +72,15 @@ LIB_SO      := $(BUILD)/lib/libcollie.so
 # Missing Debian packages are installed (as root) before anything compiles:
 # the library needs only libevent's and libcrypto's headers (the tools
 # jansson's too), the tests cmocka, clang-format, python3, iproute2,
-# pkg-config and jq as well.
+# pkg-config and jq as well, the fuzz targets clang-14 and libclang-rt-14-dev.
 STAMP_DIR       ?= build
 DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
 DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
-        check-layers gpu-kit install uninstall python test-python test-torch
+        check-layers gpu-kit install uninstall python test-python test-torch \
+        fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds
 
 all: lib tools examples plugins python
 
@@ -242,6 +246,7 @@ test:
 	@tools/check-layers.sh
 	$(MAKE) --no-print-directory test-normal
 	$(MAKE) --no-print-directory test-faults
+	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory test-python
@@ -269,6 +274,44 @@ test-python: all $(DEPS_TEST_STAMP)
 	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
 	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
 	  $(shell grep -v '^\#' tests/torch_suite/curated.txt))
+
+# ---- fuzzing ------------------------------------------------------------------
+# Coverage-guided libFuzzer targets for what a hostile peer can send
+# (docs/fuzzing.md): every tests/fuzz/fuzz_<t>.c is a target (adding one is
+# adding the file), linked with -fsanitize=fuzzer against the library
+# compiled by clang-14 with -fsanitize=fuzzer-no-link and ASan+UBSan into
+# build/fuzz (libclang-rt-14-dev has the runtime; tools/deps.sh test
+# installs both). Seeds: tests/fuzz/corpus/<t>; crash inputs, kept as
+# regression inputs: tests/fuzz/crashes/<t>.
+FUZZ_CC      ?= clang-14
+FUZZ_DIR     := build/fuzz
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I include -I . -O1 -g \
+                -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+FUZZ_LIB     := $(FUZZ_DIR)/libcollie.a
+FUZZ_RUN     := $(if $(FUZZ_TARGET),$(FUZZ_TARGET),$(FUZZ_TARGETS))
+
+$(FUZZ_DIR)/obj/%.o: %.c | $(DEPS_STAMP) $(DEPS_TEST_STAMP)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+$(FUZZ_LIB): $(CORE_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
+	rm -f $@ && ar rcs $@ $^
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) | $(DEPS_TEST_STAMP)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -MMD -MP -o $@ $< $(FUZZ_LIB) $(LIBS)
+-include $(shell find $(FUZZ_DIR) -name '*.d' 2>/dev/null)
+
+fuzz-build: $(FUZZ_BINS)
+# make test's stage: at most ~60 s for all targets together
+test-fuzz: fuzz-build
+	@tools/run-fuzz.sh short $(FUZZ_DIR) $(FUZZ_RUN)
+# make fuzz SECONDS=N [FUZZ_TARGET=x]: N seconds in all, shared by the targets
+fuzz: fuzz-build
+	@FUZZ_SECONDS=$(or $(SECONDS),600) tools/run-fuzz.sh long $(FUZZ_DIR) $(FUZZ_RUN)
+fuzz-merge: fuzz-build
+	@tools/run-fuzz.sh merge $(FUZZ_DIR) $(FUZZ_RUN)
+fuzz-seeds: fuzz-build
+	@tools/run-fuzz.sh seeds $(FUZZ_DIR) $(FUZZ_RUN)
 
 # The keyed MACs libcrypto offers, side by side (chose the TCP frame MAC).
 bench-mac: $(BUILD)/bench/mac_bench

@@ -131,24 +131,18 @@ static const cl_setting cl_settings[] = {
 
 #define CL_NSETTINGS (sizeof cl_settings / sizeof cl_settings[0])
 
-static const cl_config cl_cfg_defaults = {.log_level = 1,
-                                          .timeout_ms = 60000,
-                                          .stall_ms = 10000,
-                                          .rank = -1,
-                                          .world_size = -1,
-                                          .local_rank = -1,
-                                          .local_world_size = -1,
-                                          .node_rank = -1,
-                                          .restart_count = -1,
-                                          .trace_buffer = 2048,
-                                          .shm_ring_bytes = 524288,
-                                          .shm_single_copy = 524288,
-                                          .early_bytes = 16777216,
-                                          .nccl_poll_us = 200,
-                                          .nccl_abort_ms = 10000,
-                                          .handshake_ms = 5000,
-                                          .frame_mac = true};
-static cl_config cl_cfg = cl_cfg_defaults;
+/* the defaults, as an initialiser: a const object is no constant expression
+ * in C11 (gcc takes one anyway, clang does not: the fuzz build) */
+#define CL_CFG_DEFAULTS                                                                            \
+    {                                                                                              \
+        .log_level = 1, .timeout_ms = 60000, .stall_ms = 10000, .rank = -1, .world_size = -1,      \
+        .local_rank = -1, .local_world_size = -1, .node_rank = -1, .restart_count = -1,            \
+        .trace_buffer = 2048, .shm_ring_bytes = 524288, .shm_single_copy = 524288,                 \
+        .early_bytes = 16777216, .nccl_poll_us = 200, .nccl_abort_ms = 10000,                      \
+        .handshake_ms = 5000, .frame_mac = true                                                    \
+    }
+static const cl_config cl_cfg_defaults = CL_CFG_DEFAULTS;
+static cl_config cl_cfg = CL_CFG_DEFAULTS;
 static char cl_cfg_error[512];
 static pthread_mutex_t cl_cfg_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic bool cl_cfg_parsed;

@@ -256,7 +256,11 @@ static void store_proto_msg_init(cl_store_msg *m, uint8_t op) {
 static int store_proto_get_count(cl_store_rbuf *r, cl_store_msg *m, size_t min_item, bool keys,
                                  bool vals, char *why, size_t why_len) {
     uint32_t n = cl_store_get_u32(r);
-    if (r->bad) return COLLIE_EPROTO;
+    if (r->bad) {
+        snprintf(why, why_len, "%s body truncated before its count (%zu bytes)",
+                 cl_store_op_name(m->op), r->len);
+        return COLLIE_EPROTO;
+    }
     if (n == 0 || n > CL_STORE_PROTO_MAX_KEYS || (size_t)n > (r->len - r->pos) / min_item) {
         snprintf(why, why_len, "count %u does not fit the body", n);
         return COLLIE_EPROTO;
@@ -371,6 +375,11 @@ int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_
     cl_store_rbuf r = {.p = body, .len = len};
     int rc = COLLIE_OK;
     store_proto_msg_init(m, op);
+    if (status > 0) { /* no collie status: its body is neither a reply nor a message */
+        snprintf(why, why_len, "%s reply with status %d (neither OK nor an error)",
+                 cl_store_op_name(op) ? cl_store_op_name(op) : "unknown", (int)status);
+        return store_proto_finish(&r, m, COLLIE_EPROTO, why, why_len);
+    }
     if (status < 0) {
         m->vals[0] = cl_store_get_bytes(&r);
         return store_proto_finish(&r, m, rc, why, why_len);

@@ -34,7 +34,9 @@
  *   CANCEL       u32 req_id of a waiting request    (no reply)
  *   DELETE_PREFIX  prefix                           i64 keys deleted
  *
- * A reply with a negative status carries `bytes message` (may be empty).
+ * A reply's status is 0 or a negative collie status (a positive one is a
+ * protocol error); a reply with a negative status carries `bytes message`
+ * (may be empty).
  * Requests are pipelined: a client may send many before reading replies;
  * waiting ops reply when they are satisfied, so replies may come out of
  * order and are matched by req_id.
@@ -189,7 +191,8 @@ int cl_store_req_decode(uint8_t op, const uint8_t *body, size_t len, cl_store_ms
                         size_t why_len);
 
 /* cl_store_reply_decode: decode the body of a reply to `op` with `status`.
- * For errors m->vals[0] is the server's message. Same returns as above. */
+ * For errors m->vals[0] is the server's message; a positive status is
+ * COLLIE_EPROTO. Same returns as above. */
 int cl_store_reply_decode(uint8_t op, int32_t status, const uint8_t *body, size_t len,
                           cl_store_msg *m, char *why, size_t why_len);
 

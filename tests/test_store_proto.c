@@ -343,6 +343,49 @@ static void test_replies(void **state) {
     cl_store_wbuf_fini(&b);
 }
 
+/* A reply's status is OK or a negative collie status (proto.h): a positive
+ * one is neither, and its body is no message (the client prints an error
+ * reply's message: during the handshake an AUTH reply with status 1 had it
+ * print a NULL pointer). Found by tests/fuzz/fuzz_store_proto.c
+ * (tests/fuzz/crashes/store_proto/reply-positive-status). */
+static void test_reply_positive_status(void **state) {
+    (void)state;
+    cl_store_msg m;
+    char why[128] = "";
+    assert_int_equal(cl_store_reply_decode(CL_STORE_OP_AUTH, 1, NULL, 0, &m, why, sizeof why),
+                     COLLIE_EPROTO);
+    assert_non_null(strstr(why, "status 1"));
+    cl_store_wbuf b = {0};
+    cl_store_put_i64(&b, 5);
+    assert_int_equal(
+        cl_store_reply_decode(CL_STORE_OP_DELETE_PREFIX, 921102, b.p, b.len, &m, why, sizeof why),
+        COLLIE_EPROTO);
+    cl_store_wbuf_fini(&b);
+}
+
+/* A multi-key body too short for its count is refused with a reason (the
+ * server logs it when it drops the client): the count's own truncation set
+ * none. Found by tests/fuzz/fuzz_store_proto.c
+ * (tests/fuzz/crashes/store_proto/multi-get-truncated-count). */
+static void test_req_truncated_count_says_why(void **state) {
+    (void)state;
+    uint8_t ops[] = {CL_STORE_OP_CHECK, CL_STORE_OP_WAIT, CL_STORE_OP_MULTI_GET,
+                     CL_STORE_OP_MULTI_SET};
+    for (size_t i = 0; i < sizeof ops; i++) {
+        cl_store_msg m;
+        char why[128] = "";
+        uint8_t two[2] = {1, 0};
+        assert_int_equal(cl_store_req_decode(ops[i], two, sizeof two, &m, why, sizeof why),
+                         COLLIE_EPROTO);
+        assert_non_null(strstr(why, "truncated"));
+    }
+    cl_store_msg m;
+    char why[128] = "";
+    assert_int_equal(cl_store_reply_decode(CL_STORE_OP_MULTI_GET, 0, NULL, 0, &m, why, sizeof why),
+                     COLLIE_EPROTO);
+    assert_non_null(strstr(why, "truncated"));
+}
+
 /* ---- kv --------------------------------------------------------------------------------- */
 
 static const uint8_t seed[16] = {1, 2, 3};
@@ -683,6 +726,8 @@ int main(void) {
         cmocka_unit_test(test_req_truncated_and_trailing),
         cmocka_unit_test(test_req_fuzz),
         cmocka_unit_test(test_replies),
+        cmocka_unit_test(test_reply_positive_status),
+        cmocka_unit_test(test_req_truncated_count_says_why),
         cmocka_unit_test(test_kv_basic),
         cmocka_unit_test(test_kv_limits),
         cmocka_unit_test(test_kv_add_append_cas),

@@ -29,6 +29,7 @@ case "$profile" in
       "/usr/include/cmocka.h:libcmocka-dev"
       "/usr/bin/pkg-config:pkg-config"
       "/usr/bin/clang-format:clang-format"
+      "/usr/bin/clang-14:clang-14"
       "/usr/bin/python3:python3"
       "/usr/sbin/ip:iproute2"
       "/usr/bin/jq:jq"
@@ -51,6 +52,11 @@ if [ "$profile" = test ]; then
   for lib in libasan.so libubsan.so libtsan.so; do
     if ! gcc -print-file-name="$lib" | grep -q /; then missing+=("libgcc-12-dev"); break; fi
   done
+  # libFuzzer's runtime for the fuzz targets (make test-fuzz), beside clang-14's
+  # sanitizers; its folder is named by clang's full version
+  if ! compgen -G "/usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-$(uname -m).a" >/dev/null; then
+    missing+=("libclang-rt-14-dev")
+  fi
 fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -39,7 +39,7 @@ const collie_backend_ops *cl_shm_backend_ops(void);
 enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 
 #define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
-#define TCP_HS_MAGIC    0x48544c43u /* "CLTH" */
+#define TCP_HS_MAGIC    0x48544c43u /* "CLTH" (CL_TCP_HS_MAGIC, handshake.h) */
 #define TCP_PROTO_VERSION                                                                          \
     5 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
           4: flow control of collective frames; 5: the frame MAC */

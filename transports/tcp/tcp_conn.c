@@ -143,18 +143,16 @@
 
 void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len) {
-    put32(h, TCP_FRAME_MAGIC);
-    h[4] = (uint8_t)a->kind;
-    h[5] = (uint8_t)a->dtype;
-    h[6] = (uint8_t)a->op;
-    h[7] = 0;
-    put32(h + 8, step);
-    put32(h + 12, (uint32_t)tc->generation);
-    put64(h + 16, seq);
-    put64(h + 24, a->count);
-    put64(h + 32, len);
-    put32(h + 40, collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT);
-    put32(h + 44, 0);
+    cl_tcp_frame f = {.kind = (uint8_t)a->kind,
+                      .dtype = (uint8_t)a->dtype,
+                      .op = (uint8_t)a->op,
+                      .step = step,
+                      .generation = (uint32_t)tc->generation,
+                      .seq = seq,
+                      .count = a->count,
+                      .length = len,
+                      .root = collie_coll_has_root(a->kind) ? (uint32_t)a->root : TCP_NO_ROOT};
+    cl_tcp_frame_encode(h, &f);
 }
 
 void cl_tcp_frame_set_vcheck(uint8_t *h, uint32_t vcheck) { put32(h + 44, vcheck); }
@@ -1470,15 +1468,9 @@ static void conn_goodbye(tcp_conn *c) {
  * ours fails with that root cause, in the words of the store's abort
  * notice (comm_ctl.c), whichever of the two arrives first. */
 static void conn_peer_aborted(tcp_conn *c) {
-    c->peer_abort[c->payload_len] = '\0';
-    const char *why = c->peer_abort;
-    if (strncmp(why, "aborted: ", 9) == 0) why += 9; /* the comm's wording of its abort */
-    char prefix[32];
-    int n = snprintf(prefix, sizeof prefix, "rank %d ", c->peer);
-    if (strncmp(why, prefix, (size_t)n) == 0) /* it names its rank already */
-        cl_tcp_conn_lost(c, COLLIE_EABORTED, "%s", why);
-    else
-        cl_tcp_conn_lost(c, COLLIE_EABORTED, "rank %d failed: %s", c->peer, why);
+    char why[TCP_ABORT_MAX + 64];
+    cl_tcp_frame_abort_words(c->peer_abort, c->payload_len, c->peer, why, sizeof why);
+    cl_tcp_conn_lost(c, COLLIE_EABORTED, "%s", why);
 }
 
 /* A shm link's doorbell rang (or its socket ended): drain it, resume a
@@ -1504,13 +1496,6 @@ static bool conn_shm_doorbell(tcp_conn *c) {
 
 static void conn_read_frames(tcp_conn *c, bool shm);
 
-/* Frames of a header alone that the reader acts on itself: BYE, CREDIT,
- * CTS, GONE (an ABORT carries its reason; RTS are collective frames). */
-static bool conn_kind_ctl(uint8_t kind) {
-    return kind == TCP_KIND_BYE || kind == TCP_KIND_CREDIT || kind == TCP_KIND_CTS ||
-           kind == TCP_KIND_GONE;
-}
-
 /* Refuse the peer's stream (a frame MAC that is missing or wrong): tell
  * the peer why in an ABORT frame, as last words (it could not tell a
  * refusal from a crash otherwise), close, and fault the comm. */
@@ -1523,30 +1508,14 @@ static void conn_refuse(tcp_conn *c, int status, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* The frame MAC of the header just read (see the design notes): a tagged
- * frame needs the link's key; a link that has one, with COLLIE_FRAME_MAC
- * on here, takes no frame without a tag. A tagged frame's MAC starts with
- * its number and its header. False if c failed. */
+/* The frame MAC of the header just read (see the design notes; whether
+ * the frame may or must carry a tag was judged by cl_tcp_frame_check): a
+ * tagged frame's MAC starts with its number and its header. False if c
+ * failed. */
 static bool conn_mac_begin(tcp_conn *c) {
-    bool tagged = c->hdr[7] & TCP_FRAME_MAC;
     c->rx_mac = false;
     c->rx_tag_got = 0;
-    if (tagged && !c->mac_keyed) {
-        cl_tcp_conn_lost(c, COLLIE_EPROTO,
-                         "rank %d sent a malformed frame (a MAC tag on a link without a session "
-                         "key: no secret, or shared memory)",
-                         c->peer);
-        return false;
-    }
-    if (!tagged && c->mac_keyed && c->tc->frame_mac) {
-        conn_refuse(c, COLLIE_EAUTH,
-                    "rank %d sends frames without a MAC (COLLIE_FRAME_MAC=0 there?); this "
-                    "rank requires one (the job has a secret and COLLIE_FRAME_MAC=1 here): "
-                    "set COLLIE_FRAME_MAC the same on every rank",
-                    c->peer);
-        return false;
-    }
-    if (!tagged) return true;
+    if (!(c->hdr[7] & TCP_FRAME_MAC)) return true;
     if (!cl_frame_mac_begin(&c->mac_rx, c->rx_next) ||
         !cl_frame_mac_update(&c->mac_rx, c->hdr, TCP_FRAME_HDR)) {
         cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "no frame MAC for rank %d (libcrypto)", c->peer);
@@ -1588,20 +1557,6 @@ static bool conn_read_tag(tcp_conn *c) {
     return true;
 }
 
-/* Byte 7 of a header: a lent payload (only over shared memory, never
- * empty, never an ABORT), an announcement or a cleared frame (collective
- * data frames only; an announcement is never lent); control frames carry
- * no payload. */
-static bool frame_flags_valid(const uint8_t *h, bool shm) {
-    uint8_t fl = h[7] & (uint8_t)~TCP_FRAME_MAC, kind = h[4]; /* the MAC: conn_mac_begin */
-    if (conn_kind_ctl(kind)) return fl == 0 && get64(h + 32) == 0;
-    if (fl & ~(TCP_FRAME_LOAN | TCP_FRAME_RTS | TCP_FRAME_CLEARED)) return false;
-    if ((fl & TCP_FRAME_LOAN) && (!shm || kind == TCP_KIND_ABORT || !get64(h + 32))) return false;
-    if (!(fl & (TCP_FRAME_RTS | TCP_FRAME_CLEARED))) return true;
-    if (kind == TCP_KIND_ABORT || get32(h + 8) == TCP_P2P_STEP) return false;
-    return !((fl & TCP_FRAME_RTS) && (fl & (TCP_FRAME_LOAN | TCP_FRAME_CLEARED)));
-}
-
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg) {
     (void)fd;
     (void)what;
@@ -1635,17 +1590,25 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             }
             c->hdr_got += (size_t)n;
             if (c->hdr_got < TCP_FRAME_HDR) continue;
-            if (get32(c->hdr) != TCP_FRAME_MAGIC ||
-                get32(c->hdr + 12) != (uint32_t)c->tc->generation) {
-                cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
+            /* everything the header alone says is judged in frame.c */
+            cl_tcp_frame_rx rx = {.peer = c->peer,
+                                  .generation = (uint32_t)c->tc->generation,
+                                  .shm = shm,
+                                  .mac_keyed = c->mac_keyed,
+                                  .mac_required = c->mac_keyed && c->tc->frame_mac};
+            cl_tcp_frame f;
+            char why[400];
+            int rc = cl_tcp_frame_check(c->hdr, &rx, &f, why, sizeof why);
+            if (rc == COLLIE_EAUTH) { /* refused: the peer is told why */
+                conn_refuse(c, COLLIE_EAUTH, "%s", why);
+                return;
+            }
+            if (rc != COLLIE_OK) {
+                cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
                 return;
             }
             if (!conn_mac_begin(c)) return;
-            if (!frame_flags_valid(c->hdr, shm)) {
-                cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
-                return;
-            }
-            if (conn_kind_ctl(c->hdr[4])) {
+            if (cl_tcp_frame_kind_ctl(c->hdr[4])) {
                 c->rx_ctl = true; /* acted on once its tag is checked */
                 goto frame_end;
             }
@@ -1653,12 +1616,8 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             c->have_hdr = true;
             if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
                 c->reading_abort = true;
-                c->payload_len = get64(c->hdr + 32);
+                c->payload_len = f.length; /* at most TCP_ABORT_MAX (checked) */
                 c->payload_got = 0;
-                if (c->payload_len > TCP_ABORT_MAX) {
-                    cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed frame", c->peer);
-                    return;
-                }
                 if (!c->peer_abort && !(c->peer_abort = malloc(TCP_ABORT_MAX + 1))) {
                     cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for rank %d's last words",
                                      c->peer);

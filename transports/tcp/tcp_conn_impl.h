@@ -12,11 +12,13 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "transports/tcp/frame.h"
+#include "transports/tcp/handshake.h"
 #include "transports/tcp/tcp.h"
 
-#define HS_CHALLENGE_LEN 24
-#define HS_HELLO_LEN     80
-#define HS_ACCEPT_LEN    40
+#define HS_CHALLENGE_LEN CL_TCP_HS_CHALLENGE_LEN
+#define HS_HELLO_LEN     CL_TCP_HS_HELLO_LEN
+#define HS_ACCEPT_LEN    CL_TCP_HS_ACCEPT_LEN
 
 enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
 
@@ -67,7 +69,7 @@ static inline ssize_t cl_tcp_link_writev(tcp_conn *c, struct iovec *iov, int nio
 /* tcp_conn.c */
 tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 /* the frame's root field for kinds without one */
-#define TCP_NO_ROOT 0xffffffffu
+#define TCP_NO_ROOT CL_TCP_NO_ROOT
 
 int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
 void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);

@@ -15,7 +15,9 @@
  *    wrong comm id or generation (a stale process of an earlier
  *    incarnation) is refused and logged with the reason. With a secret both
  *    ends then derive the connection's session key (tcp.h) from it, both
- *    nonces, the comm and both ranks.
+ *    nonces, the comm and both ranks. The messages are encoded, parsed and
+ *    judged by handshake.c (pure: the fuzz target runs that code); this
+ *    file computes the MACs and runs the exchange.
  *  - Without a secret the proofs are zeros: anyone who can reach the
  *    listener can claim a rank (docs/security.md). So a listener beyond
  *    loopback needs a secret, or COLLIE_INSECURE=1 (the store's rule too).
@@ -91,16 +93,9 @@ void cl_tcp_log_refusal(tcp_comm *tc, const char *fmt, ...) {
 static void hs_mac_for(tcp_conn *c, const char *label, const uint8_t *n1, const uint8_t *n2,
                        uint64_t id, uint64_t gen, uint32_t rank, uint32_t size, uint8_t out[32]) {
     tcp_comm *tc = c->tc;
-    uint8_t msg[96];
-    size_t len = strlen(label);
-    memcpy(msg, label, len);
-    put64(msg + len, id);
-    put64(msg + len + 8, gen);
-    put32(msg + len + 16, rank);
-    put32(msg + len + 20, size);
-    memcpy(msg + len + 24, n1, 16);
-    memcpy(msg + len + 40, n2, 16);
-    tc->core->auth_mac(tc->bc, msg, len + 56, out);
+    uint8_t msg[CL_TCP_HS_MAC_INPUT];
+    size_t len = cl_tcp_hs_mac_input(label, n1, n2, id, gen, rank, size, msg);
+    tc->core->auth_mac(tc->bc, msg, len, out);
 }
 
 /* ... for this comm */
@@ -110,11 +105,14 @@ static void hs_mac(tcp_conn *c, const char *label, const uint8_t *n1, const uint
     hs_mac_for(c, label, n1, n2, tc->comm_id, tc->generation, rank, (uint32_t)tc->size, out);
 }
 
-static bool mac_equal(const uint8_t *a, const uint8_t *b) {
-    uint8_t d = 0;
-    for (int i = 0; i < 32; i++)
-        d |= a[i] ^ b[i];
-    return d == 0;
+/* this side, as the handshake's verdicts (handshake.h) see it */
+static cl_tcp_hs_self hs_self(const tcp_comm *tc) {
+    return (cl_tcp_hs_self){.comm_id = tc->comm_id,
+                            .generation = tc->generation,
+                            .version = TCP_PROTO_VERSION,
+                            .rank = tc->rank,
+                            .size = tc->size,
+                            .auth = tc->core->auth_enabled(tc->bc)};
 }
 
 static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
@@ -150,9 +148,9 @@ bool cl_tcp_hs_start_acceptor(tcp_conn *c) {
         cl_tcp_conn_close(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for the handshake");
         return false;
     }
-    put32(m, TCP_HS_MAGIC);
-    put32(m + 4, TCP_PROTO_VERSION);
-    memcpy(m + 8, c->nonce_mine, 16);
+    cl_tcp_hs_msg ch = {.version = TCP_PROTO_VERSION};
+    memcpy(ch.nonce, c->nonce_mine, 16);
+    cl_tcp_hs_encode(CL_TCP_HS_CHALLENGE, &ch, m);
     c->state = TCP_CONN_HANDSHAKE;
     c->hs_phase = HS_A_WAIT_HELLO;
     c->hs_in_want = HS_HELLO_LEN;
@@ -161,62 +159,55 @@ bool cl_tcp_hs_start_acceptor(tcp_conn *c) {
     return true;
 }
 
-/* A complete handshake message is in hs_in. Returns false if c was closed. */
+/* A complete handshake message is in hs_in (hs_in_len bytes: the length of
+ * the message this phase expects). It is parsed and judged by handshake.c;
+ * what is left here is the exchange. Returns false if c was closed. */
 bool cl_tcp_hs_process(tcp_conn *c) {
     tcp_comm *tc = c->tc;
-    const uint8_t *m = c->hs_in;
-    if (get32(m) != TCP_HS_MAGIC) {
-        cl_tcp_conn_close(c, COLLIE_EPROTO, "bad handshake magic");
+    cl_tcp_hs_self me = hs_self(tc);
+    cl_tcp_hs_kind kind = c->hs_phase == HS_D_WAIT_CHALLENGE ? CL_TCP_HS_CHALLENGE
+                          : c->hs_phase == HS_D_WAIT_ACCEPT  ? CL_TCP_HS_ACCEPT
+                                                             : CL_TCP_HS_HELLO;
+    cl_tcp_hs_msg m;
+    char why[240] = "";
+    if (cl_tcp_hs_decode(kind, c->hs_in, c->hs_in_len, &m, why, sizeof why) != COLLIE_OK) {
+        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
         return false;
     }
-    if (c->hs_phase == HS_D_WAIT_CHALLENGE) {
-        if (get32(m + 4) != TCP_PROTO_VERSION) {
-            cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d speaks protocol version %u, we speak %u",
-                             c->peer, get32(m + 4), TCP_PROTO_VERSION);
+    if (kind == CL_TCP_HS_CHALLENGE) {
+        if (cl_tcp_hs_check_challenge(&me, &m, c->peer, why, sizeof why) != COLLIE_OK) {
+            cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
             return false;
         }
-        memcpy(c->nonce_peer, m + 8, 16);
+        memcpy(c->nonce_peer, m.nonce, 16);
         if (RAND_bytes(c->nonce_mine, 16) != 1) {
             cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for rank %d", c->peer);
             return false;
         }
+        cl_tcp_hs_msg hello = {.version = TCP_PROTO_VERSION,
+                               .comm_id = tc->comm_id,
+                               .generation = tc->generation,
+                               .rank = (uint32_t)tc->rank,
+                               .size = (uint32_t)tc->size};
+        memcpy(hello.nonce, c->nonce_mine, 16);
+        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, hello.mac);
         uint8_t h[HS_HELLO_LEN];
-        put32(h, TCP_HS_MAGIC);
-        put32(h + 4, TCP_PROTO_VERSION);
-        put64(h + 8, tc->comm_id);
-        put64(h + 16, tc->generation);
-        put32(h + 24, (uint32_t)tc->rank);
-        put32(h + 28, (uint32_t)tc->size);
-        memcpy(h + 32, c->nonce_mine, 16);
-        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, h + 48);
+        cl_tcp_hs_encode(CL_TCP_HS_HELLO, &hello, h);
         c->hs_phase = HS_D_WAIT_ACCEPT;
         c->hs_in_want = HS_ACCEPT_LEN;
         c->hs_in_len = 0;
         hs_queue(c, h, sizeof h);
         return true;
     }
-    if (c->hs_phase == HS_D_WAIT_ACCEPT) {
-        uint32_t status = get32(m + 4);
+    if (kind == CL_TCP_HS_ACCEPT) {
         uint8_t want[32];
         hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
-        if (status != 0) {
-            cl_tcp_conn_lost(c,
-                             status == 2   ? COLLIE_EAUTH
-                             : status == 3 ? COLLIE_ESYSTEM
-                                           : COLLIE_EPROTO,
-                             "rank %d refused our connection (%s)", c->peer,
-                             status == 2   ? "authentication failed"
-                             : status == 3 ? "it could not make the shared memory of the link"
-                                           : "comm id or generation mismatch");
-            return false;
-        }
-        if (!mac_equal(want, m + 8)) {
-            cl_tcp_conn_lost(c, COLLIE_EAUTH,
-                             "rank %d failed to authenticate (wrong shared secret?)", c->peer);
+        int rc = cl_tcp_hs_check_accept(&m, want, c->peer, why, sizeof why);
+        if (rc != COLLIE_OK) {
+            cl_tcp_conn_lost(c, rc, "%s", why);
             return false;
         }
         hs_session_key(c, tc->rank, c->peer, c->nonce_peer, c->nonce_mine);
-        char why[200];
         if (c->local && cl_tcp_local_attach(c, why, sizeof why) != COLLIE_OK) {
             cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d: %s", c->peer, why);
             return false;
@@ -225,68 +216,38 @@ bool cl_tcp_hs_process(tcp_conn *c) {
         return true;
     }
     /* acceptor: HELLO */
-    uint64_t id = get64(m + 8), gen = get64(m + 16);
-    uint32_t rank = get32(m + 24), size = get32(m + 28);
-    memcpy(c->nonce_peer, m + 32, 16);
-    uint8_t want[32];
-    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, rank, want);
-    /* With a secret, a sender that cannot prove it (its proof fails for the
-     * comm it claims) gets one answer whatever else is wrong, so an
-     * outsider learns nothing of the comm by probing; one that proves it
-     * for another comm is a real, stale process and is told why. */
-    uint8_t claimed[32];
-    hs_mac_for(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, id, gen, rank, size, claimed);
-    bool proven = !tc->core->auth_enabled(tc->bc) || mac_equal(claimed, m + 48);
-    uint32_t refuse = 0;
-    char why[240] = "";
-    if (!proven) {
-        refuse = 2;
-        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
-    } else if (get32(m + 4) != TCP_PROTO_VERSION) {
-        refuse = 1;
-        snprintf(why, sizeof why, "protocol version %u, expected %u", get32(m + 4),
-                 TCP_PROTO_VERSION);
-    } else if (id != tc->comm_id || gen != tc->generation || size != (uint32_t)tc->size) {
-        refuse = 1;
-        snprintf(why, sizeof why,
-                 "it belongs to comm %016llx generation %llu of size %u, this is comm %016llx "
-                 "generation %llu of size %d (%s)",
-                 (unsigned long long)id, (unsigned long long)gen, size,
-                 (unsigned long long)tc->comm_id, (unsigned long long)tc->generation, tc->size,
-                 id != tc->comm_id ? "another comm's process"
-                                   : "a stale process of an earlier "
-                                     "incarnation?");
-    } else if (rank >= (uint32_t)tc->rank) {
-        refuse = 1;
-        snprintf(why, sizeof why, "it claims rank %u, which must not dial rank %d", rank, tc->rank);
-    } else if (!mac_equal(want, m + 48)) {
-        refuse = 2;
-        snprintf(why, sizeof why, "authentication failed (wrong shared secret?)");
-    } else if (c->local) { /* the same-host link: its memory goes out with the ACCEPT */
-        c->peer = (int)rank;
+    memcpy(c->nonce_peer, m.nonce, 16);
+    uint8_t want[32], claimed[32];
+    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m.rank, want);
+    hs_mac_for(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m.comm_id, m.generation, m.rank,
+               m.size, claimed);
+    uint32_t refuse = cl_tcp_hs_judge_hello(&me, &m, claimed, want, why, sizeof why);
+    if (!refuse && c->local) { /* the same-host link: its memory goes out with the ACCEPT */
+        c->peer = (int)m.rank;
         char mem[160];
         if (cl_tcp_local_make(c, mem, sizeof mem) != COLLIE_OK) {
-            refuse = 3;
+            refuse = CL_TCP_HS_REFUSE_SHM;
             snprintf(why, sizeof why, "no shared memory for the link: %s", mem);
         }
     }
-    uint8_t a[HS_ACCEPT_LEN] = {0};
-    put32(a, TCP_HS_MAGIC);
-    put32(a + 4, refuse);
+    cl_tcp_hs_msg acc = {.status = refuse};
+    uint8_t a[HS_ACCEPT_LEN];
     if (refuse) {
-        cl_tcp_log_refusal(tc, "refused a connection claiming rank %u: %s", rank, why);
+        cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
+        cl_tcp_log_refusal(tc, "refused a connection claiming rank %u: %s", m.rank, why);
         /* best effort: tell the dialer, then close */
         ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)n;
         cl_tcp_conn_close(c, COLLIE_EPROTO, why);
         return false;
     }
-    c->peer = (int)rank;
-    hs_session_key(c, (int)rank, tc->rank, c->nonce_mine, c->nonce_peer);
+    c->peer = (int)m.rank;
+    hs_session_key(c, (int)m.rank, tc->rank, c->nonce_mine, c->nonce_peer);
     /* the answer proves the acceptor: its own rank, as the dialer checks it */
-    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, a + 8);
+    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, acc.mac);
+    cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
     hs_queue(c, a, sizeof a);
-    cl_tcp_conn_install(c, (int)rank);
+    cl_tcp_conn_install(c, (int)m.rank);
     return false; /* c may have been merged into another struct: stop using it */
 }
 
