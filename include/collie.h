@@ -269,7 +269,13 @@ COLLIE_API int collie_work_wait_any(collie_work *const *ws, size_t n, int32_t ti
 /* collie_work_cancel: complete the work with COLLIE_ECANCELED if it is not
  * done yet. Returns COLLIE_OK if this call cancelled it (the completion may
  * be published a moment later if the progress thread is mid-step on it),
- * COLLIE_ESTATE if it had already completed. For store requests cancel is
+ * COLLIE_ESTATE if it had already completed. Two cancels are requests to the
+ * progress thread rather than verdicts, because only it can tell whether
+ * the work may still end: a receive (it does the matching) and a CUDA work
+ * (its device may be done with it) cancelled from another thread. Then
+ * COLLIE_OK means the request was handed over, and the work still ends
+ * COLLIE_OK if a message matched it, or its device finished, first — with
+ * its bytes in place; its result says which, as always. For store requests cancel is
  * clean; for collectives it is a local fault (the comm's policy applies).
  * A CUDA collective cannot be stopped alone: cancel (like a waiter giving
  * up on it) aborts the comm and the work completes with COLLIE_ECANCELED

@@ -260,7 +260,9 @@ class Work:
         return error_for(st, self.error_message)
 
     def cancel(self):
-        """Cancel if not done: True if this call cancelled it."""
+        """Cancel if not done: True if this call cancelled it, or (a receive or a CUDA
+        work, from a thread other than the progress thread) asked the progress thread
+        to, which may still see it complete first: its status says which."""
         return lib.collie_work_cancel(self._h) == OK
 
     def info(self):
