@@ -6,7 +6,8 @@
  * the ring, and a sender
  * whose work ends before (or while) its peer reads never lets the peer
  * complete with bytes its user may have rewritten: the peer's receive
- * fails naming it, and the sender's deadline never waits for the peer.
+ * fails naming it, and the sender's deadline never waits for the peer;
+ * the frames that follow a withdrawn one on the link are read whole.
  * A rank the system forbids to read its peer (here a seccomp filter, as in
  * a container) keeps to the ring for what it receives, and still lends.
  */
@@ -197,6 +198,94 @@ static void test_withdrawn_before_read(void **state) {
     collie_work_release(late);
     free(a);
     free(b);
+    world_destroy(&w);
+}
+
+/* A withdrawn loan concerns its own frame only: the frames that follow it
+ * on the link are read whole. Rank 0 lends a 1 MiB send while rank 1's
+ * loop is held; the send times out (its loan is withdrawn) and rank 0
+ * posts an allreduce, whose frame follows the lent one on the link. Then
+ * rank 1 reads both: the withdrawn payload is skipped, and its allreduce
+ * (posted before, so the frame goes straight into its receive-and-reduce)
+ * must reduce that frame, not end OK with its output never written. The
+ * withdrawn flag once outlived its frame and cut the next one short (the
+ * chaos harness, seed 2: a 64 KiB allreduce OK with its receive buffer as
+ * the user left it). Then a send/recv and an allreduce on the same link,
+ * every byte checked: the stream is whole. */
+static void test_frames_after_a_withdrawn_loan(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "copy1-after";
+    o.policy = COLLIE_POLICY_NONE; /* the timed-out send fails alone */
+    o.timeout_ms = 20000;
+    world w;
+    world_create_apart(&w, 2, "copy1-after", &o); /* rank 1's loop can be held */
+    world_link(&w);
+    size_t big = 1 << 20, n = 16384; /* a lent send; a 64 KiB allreduce (fp32) */
+    uint8_t *lent = malloc(big), *unread = malloc(big);
+    float *in[2], *out[2];
+    assert_non_null(lent);
+    assert_non_null(unread);
+    memset(lent, 0x5a, big);
+    for (int r = 0; r < 2; r++) {
+        in[r] = malloc(n * sizeof(float));
+        out[r] = malloc(n * sizeof(float));
+        assert_non_null(in[r]);
+        assert_non_null(out[r]);
+        for (size_t i = 0; i < n; i++)
+            in[r][i] = (float)(r + 1) * (float)(i % 64);
+        memset(out[r], 0xa5, n * sizeof(float));
+    }
+    collie_work *ar[2], *snd;
+    /* rank 1's allreduce starts (its receive is posted), then its loop stops */
+    assert_int_equal(
+        collie_allreduce(w.c[1], in[1], out[1], n, COLLIE_FP32, COLLIE_SUM, NULL, &ar[1]),
+        COLLIE_OK);
+    usleep(50000);
+    loop_block hold;
+    loop_block_start(&hold, w.re[1]);
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 100;
+    assert_int_equal(collie_send(w.c[0], lent, big, COLLIE_UINT8, 1, 7, &po, &snd), COLLIE_OK);
+    int rc = collie_work_wait(snd, 10000);
+    print_message("rank 0's lent send: %s: %s\n", collie_status_name(rc),
+                  collie_work_error_message(snd));
+    assert_int_equal(rc, COLLIE_ETIMEDOUT); /* rank 1 never read it: withdrawn */
+    collie_work_release(snd);
+    assert_int_equal(
+        collie_allreduce(w.c[0], in[0], out[0], n, COLLIE_FP32, COLLIE_SUM, NULL, &ar[0]),
+        COLLIE_OK);
+    usleep(50000); /* its frame goes out behind the lent one */
+    loop_unblock(&hold);
+    for (int r = 0; r < 2; r++) {
+        rc = collie_work_wait(ar[r], 20000);
+        print_message("rank %d's allreduce: %s %s\n", r, collie_status_name(rc),
+                      collie_work_error_message(ar[r]));
+        assert_int_equal(rc, COLLIE_OK);
+        for (size_t i = 0; i < n; i++)
+            if (out[r][i] != 3.0f * (float)(i % 64))
+                fail_msg("rank %d ended OK, element %zu is %g (%08x), not %g", r, i,
+                         (double)out[r][i], ((uint32_t *)out[r])[i], 3.0 * (double)(i % 64));
+        collie_work_release(ar[r]);
+    }
+    /* the link goes on: a send/recv of the same size and one more allreduce */
+    collie_work *s2, *r2;
+    memset(unread, 0, big);
+    assert_int_equal(collie_recv(w.c[1], unread, big, COLLIE_UINT8, 0, 8, NULL, &r2), COLLIE_OK);
+    assert_int_equal(collie_send(w.c[0], lent, big, COLLIE_UINT8, 1, 8, NULL, &s2), COLLIE_OK);
+    assert_int_equal(collie_work_wait(s2, 20000), COLLIE_OK);
+    assert_int_equal(collie_work_wait(r2, 20000), COLLIE_OK);
+    assert_memory_equal(unread, lent, big);
+    collie_work_release(s2);
+    collie_work_release(r2);
+    world_link(&w);
+    for (int r = 0; r < 2; r++) {
+        free(in[r]);
+        free(out[r]);
+    }
+    free(lent);
+    free(unread);
     world_destroy(&w);
 }
 
@@ -525,6 +614,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_send_recv_by_single_copy),
         cmocka_unit_test(test_threshold_and_off),
         cmocka_unit_test(test_withdrawn_before_read),
+        cmocka_unit_test(test_frames_after_a_withdrawn_loan),
         cmocka_unit_test(test_cancel_while_read),
         cmocka_unit_test(test_withdrawn_peer_learns_root_cause),
         cmocka_unit_test(test_many_in_flight_then_a_mismatch),

@@ -1342,7 +1342,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         uint64_t chunk = left < TCP_STAGE_BYTES ? left : TCP_STAGE_BYTES;
         n = payload_recv(c, c->stage + c->stage_fill, c->payload_got + c->stage_fill,
                          chunk - c->stage_fill);
-        if (n > 0 && !c->loan_withdrawn) {
+        if (n > 0 && !(c->loan_frame && c->loan_withdrawn)) {
             c->stage_fill += (uint64_t)n;
             if (c->stage_fill == chunk) {
                 const collie_coll_args *a = &s->owner->args;
@@ -1359,7 +1359,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
         }
     }
     core->work_busy_exit(w);
-    if (c->loan_withdrawn) return loan_skip_rest(c);
+    if (c->loan_frame && c->loan_withdrawn) return loan_skip_rest(c);
     return n;
 }
 

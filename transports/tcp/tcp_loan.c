@@ -46,7 +46,14 @@
  *    the pulls. The claim at the end decides: read, withdrawn (the work
  *    fails), or the peer exited (the work fails; its socket's end follows).
  *    Every loan is returned, in order, whatever happened, so the lender's
- *    other messages complete.
+ *    other messages complete. The connection's loan state (lent, withdrawn,
+ *    skipped, the descriptor) is the current frame's and ends with it
+ *    (cl_tcp_loan_end); the reader looks at it only while that frame is
+ *    lent. A withdrawal that outlived its frame once made the next frame
+ *    on the link (an allreduce's, into a receive-and-reduce) end after its
+ *    first read with nothing reduced: its work completed OK with its output
+ *    never written (the chaos harness, test_shm_copy's
+ *    test_frames_after_a_withdrawn_loan).
  *  - Waking the lender: while the loop polls, returns are collected on
  *    every turn (cl_tcp_conn_poll); a loop that may sleep parks the lender
  *    side and the borrower rings the doorbell on its next return.
@@ -248,7 +255,12 @@ ssize_t cl_tcp_loan_pull(tcp_conn *c, void *buf, uint64_t off, uint64_t len) {
 }
 
 int cl_tcp_loan_end(tcp_conn *c, bool used) {
+    /* what was said of this frame's loan ends with it: a withdrawal left
+     * standing would cut the link's next frame short (conn_read_payload) */
     c->loan_frame = false;
+    c->loan_withdrawn = false;
+    c->loan_skipped = false;
+    c->loan_desc_got = 0;
     bool ring = false;
     int verdict = cl_shm_loan_return(&c->shm.loans, c->loan_ticket, used, &ring);
     if (ring) cl_shm_link_ring_doorbell(c->fd); /* the lender sleeps: wake it */
