@@ -63,6 +63,7 @@ typedef struct ch_work {
     atomic_int cb_runs;
     bool cancel_planned, cancelled, abandoned;
     int cancel_after; /* cancel once this many more works were posted (0: at once) */
+    int32_t stall_ms; /* CH_W_CB: the callback blocks the progress thread this long */
     ch_anygroup *grp;
     int grp_idx;
     int status; /* once done */

@@ -99,6 +99,14 @@ enum {
     K_CANCEL_RATE,
     K_SHORT,
     K_SHORT_MS,
+    K_STALL,
+    K_STALL_SLOT,
+    K_STALL_WHO,
+    K_STALL_PEER,
+    K_STALL_MS,
+    K_STALL_END,
+    K_STALL_PRE,
+    K_STALL_END_MS,
 };
 
 static uint64_t round_h(const ch_round *p, uint64_t what, uint64_t x) {
@@ -166,7 +174,27 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
         }
     }
     p->group = round_h(p, K_GROUP, 0) % 3 == 0;
-    if (p->group) {
+    /* the stall burst: its pair is the round's new_group */
+    p->stall_slot = -1;
+    p->stall_comm = -1;
+    bool stall = faults & CH_F_STALL && world >= 2 && ops >= 8 && round_h(p, K_STALL, 0) % 2 == 0;
+    if (stall) {
+        p->stall_victim = (int)(round_h(p, K_STALL_WHO, 0) % (uint64_t)world);
+        p->stall_sender =
+            (p->stall_victim + 1 + (int)(round_h(p, K_STALL_PEER, 0) % (uint64_t)(world - 1))) %
+            world;
+        p->stall_slot = ops / 4 + (int)(round_h(p, K_STALL_SLOT, 0) % (uint64_t)(ops / 2));
+        /* three posts in flight while the barrier's callback blocks */
+        if (p->window < 4) p->window = inflight_max < 4 ? inflight_max : 4;
+        p->group = true;
+        p->group_n = 2;
+        ch_comm_info *ci = &p->comms[p->ncomms];
+        p->group_comm = p->stall_comm = p->ncomms++;
+        ci->size = 2;
+        p->group_ranks[0] = ci->members[0] = p->stall_victim;
+        p->group_ranks[1] = ci->members[1] = p->stall_sender;
+        comm_finish(ci, rank);
+    } else if (p->group) {
         int perm[CH_MAX_RANKS];
         for (int r = 0; r < world; r++)
             perm[r] = r;
@@ -190,6 +218,17 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
     p->wait_bias = b % 3 == 0 ? (int)((b >> 8) % CH_NUM_STYLES) : -1;
     p->cancel_permille = (int)(rank_h(p, K_CANCEL_RATE, 0, 0) % 60);
     p->fault = 0;
+    if (stall) {
+        p->stall_ms = 50 + (int)(rank_h(p, K_STALL_MS, 0, 0) % 451);
+        int ends[3], ne = 0;
+        ends[ne++] = CH_F_DEADLINE; /* the stall's own: always allowed */
+        if (faults & CH_F_CANCEL) ends[ne++] = CH_F_CANCEL;
+        if (faults & CH_F_ABORT) ends[ne++] = CH_F_ABORT;
+        p->stall_end = ends[rank_h(p, K_STALL_END, 0, 0) % (uint64_t)ne];
+        p->stall_pre_ms = 5 + (int)(rank_h(p, K_STALL_PRE, 0, 0) % 11);
+        p->stall_end_ms = 5 + (int)(rank_h(p, K_STALL_END_MS, 0, 0) % 26);
+        return; /* no other comm-level fault: the burst must not be cut short */
+    }
     /* a comm-level fault in about one round in two of the whole world */
     uint64_t f = rank_h(p, K_FAULT, 0, 0);
     if (faults & (CH_F_ABORT | CH_F_DESTROY | CH_F_CANCEL | CH_F_DEADLINE) &&
@@ -239,6 +278,8 @@ void ch_plan_op(const ch_round *p, int slot, ch_op *op) {
     else if (hc % 100 >= 85 && p->group_comm >= 0)
         op->comm = p->group_comm;
     if (p->comms[op->comm].size == 0) op->comm = 0; /* a colour nobody chose */
+    int step = ch_stall_step(p, slot);
+    if (step >= 0) op->comm = p->stall_comm;
     const ch_comm_info *ci = &p->comms[op->comm];
     int n = ci->size;
     op->key = ch_hash(p->seed, ((uint64_t)p->round << 16) | (uint64_t)op->comm, s, 0xda7a);
@@ -292,6 +333,27 @@ void ch_plan_op(const ch_round *p, int slot, ch_op *op) {
      * deadline fault, per rank) */
     op->deadline_ms = (int32_t)(4000 + round_h(p, K_DEADLINE, s) % 8000);
     op->tag = ((uint64_t)p->round << 32) | (uint64_t)slot;
+    if (step == 0) { /* the stall burst (see chaos_prog.h) */
+        op->kind = CH_BARRIER;
+        op->count = 0;
+    } else if (step == 1) { /* lent: at least COLLIE_SHM_SINGLE_COPY bytes */
+        op->kind = CH_SENDRECV;
+        op->root = 1; /* the sender */
+        op->peer = 0; /* the victim */
+        op->bidir = false;
+        op->count = (524288 + es + (size_t)(round_h(p, K_SIZE2, s) % (1u << 20))) / es;
+    } else if (step == 2) { /* recursive doubling: one receive-and-reduce */
+        op->kind = CH_ALLREDUCE;
+        op->op = COLLIE_SUM;
+        op->in_place = false;
+        op->count = (1 + (size_t)(round_h(p, K_SIZE2, s) % 65536)) / es;
+        if (!op->count) op->count = 1;
+    }
+}
+
+int ch_stall_step(const ch_round *p, int slot) {
+    if (p->stall_slot < 0 || slot < p->stall_slot || slot > p->stall_slot + 2) return -1;
+    return slot - p->stall_slot;
 }
 
 ch_style ch_pick_style(const ch_round *p, int slot, int sub) {

@@ -26,6 +26,22 @@
  *  - Sizes are picked around the transport's thresholds (chaos_prog.c
  *    lists them) and capped when a round's window is deep, so memory stays
  *    bounded.
+ *  - The stall burst (fault `stall`, about one round in two): a rank whose
+ *    progress falls behind while a peer's work ends. Shared: a victim V, a
+ *    sender P and a slot S; the round's new_group is {V, P} (comm ranks 0
+ *    and 1) and slots S, S+1, S+2 on it are a barrier, a send P -> V of
+ *    512 KiB + 1 MiB at most (lent: single copy on a shared-memory link)
+ *    and an allreduce of at most 64 KiB (recursive doubling: one
+ *    receive-and-reduce from P, whose frame follows the lent one on the
+ *    link). Per rank: V's barrier completes through a callback that blocks
+ *    its progress thread stall_ms (50..500); P waits for its barrier,
+ *    sleeps stall_pre_ms, posts the send and the allreduce, and its send
+ *    ends early (stall_end_ms, 5..30, always less than the stall): by its
+ *    deadline, a cancel or an abort of the pair's comm. So V reads the lent
+ *    frame only after it was withdrawn, then the allreduce's frame into a
+ *    receive posted before (the class of main's 59b5a0d: a withdrawal that
+ *    outlived its frame cut the next one short, and the allreduce ended OK
+ *    with nothing reduced). A stall round has no other comm-level fault.
  */
 #ifndef CHAOS_PROG_H
 #define CHAOS_PROG_H
@@ -66,7 +82,8 @@ enum {
     CH_F_DESTROY = 2,
     CH_F_CANCEL = 4,
     CH_F_DEADLINE = 8,
-    CH_F_ALL = 15,
+    CH_F_STALL = 16,
+    CH_F_ALL = 31,
 };
 
 /* One slot: the op every member of its comm posts. Ranks are comm ranks. */
@@ -119,6 +136,15 @@ typedef struct ch_round {
     int fault_delay_ms;  /* when a thread abort fires (from round start) */
     int abort_from;      /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
     int cancel_permille; /* receives cancelled (when cancel is allowed) */
+    /* the stall burst (CH_F_STALL; see the design notes): slots
+     * stall_slot .. stall_slot + 2 on comm stall_comm, or stall_slot -1 */
+    int stall_slot;
+    int stall_comm;
+    int stall_victim, stall_sender; /* world ranks */
+    int stall_ms;                   /* the victim's: how long its callback blocks */
+    int stall_end;    /* the sender's: how its send ends (CH_F_DEADLINE, _CANCEL, _ABORT) */
+    int stall_pre_ms; /* the sender's: sleep between the barrier and its send */
+    int stall_end_ms; /* the sender's: its send's deadline, or when it cancels/aborts */
 } ch_round;
 
 /* the waiting styles */
@@ -140,6 +166,10 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
                    int inflight_max, int faults);
 /* ch_plan_op: slot `slot` of the round (shared by every rank). */
 void ch_plan_op(const ch_round *p, int slot, ch_op *op);
+
+/* ch_stall_step: which step of the round's stall burst slot `slot` is
+ * (0 the barrier, 1 the lent send, 2 the allreduce), or -1. */
+int ch_stall_step(const ch_round *p, int slot);
 
 /* Per-rank choices for one work of a slot (`sub` numbers a slot's works). */
 ch_style ch_pick_style(const ch_round *p, int slot, int sub);

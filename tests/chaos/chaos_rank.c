@@ -8,7 +8,7 @@
  * docs/chaos.md.
  *
  *   chaos_rank --seed S --report DIR [--rounds R] [--ops K]
- *              [--inflight-max M] [--faults abort,destroy,cancel,deadline|none]
+ *              [--inflight-max M] [--faults abort,destroy,cancel,deadline,stall|all|none]
  *
  * Design notes
  *  - Round r: create the world comm under a name of its own
@@ -30,6 +30,17 @@
  *    completion callback (the progress thread); destroy of a comm with
  *    works in flight; cancel of an in-flight collective; a short deadline.
  *    Receives are also cancelled at random (no fault unless matched).
+ *  - The stall fault (a burst of three slots on a pair's comm, planned in
+ *    chaos_prog.h): the victim's progress thread blocks 50..500 ms in a
+ *    barrier's completion callback while the sender lends it a large send
+ *    that ends early (deadline, cancel or abort of the pair's comm) and
+ *    posts an allreduce behind it; the victim reads both only afterwards,
+ *    and the oracle judges its allreduce as any other. Both start the
+ *    burst with nothing in flight; the sender waits for its barrier and a
+ *    few ms (stall_pre_ms) before its send, so the victim is stalled by
+ *    then. With main's 59b5a0d reverted, 36 runs of 40 (4 ranks, seeds
+ *    1-40) reported its wrong OK; with it, none. A stall round has no
+ *    other comm-level fault.
  *  - The oracle (chaos_ops.c, chaos_oracle.c, chaos_wait.c): every OK work
  *    holds exactly the reference bytes; every work ends within its deadline
  *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
@@ -83,7 +94,7 @@ static void usage(const char *why) {
     fprintf(stderr,
             "chaos_rank: %s\n"
             "usage: chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]"
-            " [--faults abort,destroy,cancel,deadline|none]\n"
+            " [--faults abort,destroy,cancel,deadline,stall|all|none]\n"
             "(rank and world size from COLLIE_RANK / COLLIE_WORLD_SIZE, as collie-run sets)\n",
             why);
     exit(2);
@@ -124,6 +135,8 @@ static int parse_faults(const char *s) {
             f |= CH_F_CANCEL;
         else if (!strcmp(t, "deadline"))
             f |= CH_F_DEADLINE;
+        else if (!strcmp(t, "stall"))
+            f |= CH_F_STALL;
         else if (!strcmp(t, "none"))
             ;
         else if (!strcmp(t, "all"))
@@ -132,7 +145,7 @@ static int parse_faults(const char *s) {
             char m[300];
             snprintf(m, sizeof m,
                      "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
-                     "deadline, none)",
+                     "deadline, stall, all, none)",
                      t);
             usage(m);
         }
@@ -412,12 +425,20 @@ static void post_slot(ch_run *run, const ch_op *op) {
         rec->style = ch_pick_style(p, op->slot, i);
         if (!run->cq && rec->style == CH_W_CQ) rec->style = CH_W_WAIT;
         rec->deadline_ms = op->deadline_ms;
-        int32_t short_ms =
-            rec->role == CH_ROLE_RECV ? ch_pick_short_deadline(p, op->slot, i, run->faults) : 0;
+        int step = ch_stall_step(p, op->slot);
+        int32_t short_ms = rec->role == CH_ROLE_RECV && step < 0
+                               ? ch_pick_short_deadline(p, op->slot, i, run->faults)
+                               : 0;
         if (p->fault == CH_F_DEADLINE && op->slot == p->fault_slot && i == 0)
             short_ms = 1 + (int32_t)(p->fault_delay_ms % 20);
+        if (step == 0 && p->rank == p->stall_victim) { /* its progress falls behind */
+            rec->style = CH_W_CB;
+            rec->stall_ms = p->stall_ms;
+        }
+        if (step == 1 && rec->role == CH_ROLE_SEND && p->stall_end == CH_F_DEADLINE)
+            short_ms = p->stall_end_ms;
         if (short_ms) rec->deadline_ms = short_ms;
-        if (rec->role == CH_ROLE_RECV && ch_pick_cancel(p, op->slot, i, run->faults)) {
+        if (rec->role == CH_ROLE_RECV && step < 0 && ch_pick_cancel(p, op->slot, i, run->faults)) {
             rec->cancel_planned = true;
             rec->cancel_after = (int)(ch_hash(p->seed, (uint64_t)op->slot, (uint64_t)i, 7) % 4);
         }
@@ -454,6 +475,79 @@ static void post_slot(ch_run *run, const ch_op *op) {
         run->bytes_in_flight += rec->bytes;
         run->posted++;
         ch_inflight_add(&run->fl, rec);
+    }
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* the works in flight end (each within its deadline's bound: ch_reap
+ * abandons one that does not) */
+static void drain(ch_run *run) {
+    while (run->fl.n > 0) {
+        due_cancels(run);
+        ch_reap(&run->fl, 50, on_done, run);
+    }
+}
+
+/* The stall burst, before slot op is posted (chaos_prog.h). Both ranks of
+ * the pair start it with nothing in flight; the victim's barrier then
+ * stalls its progress thread from its callback, while the sender waits
+ * for its own barrier and a little more, so that what it sends next
+ * reaches a victim that does not read. */
+static void stall_before(ch_run *run, const ch_op *op) {
+    const ch_round *p = &run->plan;
+    int step = ch_stall_step(p, op->slot);
+    if (step < 0 || !run->comms[p->stall_comm] || p->comms[p->stall_comm].me < 0) return;
+    ch_report *rep = &run->rep;
+    if (step == 0) {
+        drain(run);
+        if (p->rank == p->stall_victim) {
+            ch_report_line(rep, NULL, "fault kind=stall r=%d seq=%d role=victim comm=%d ms=%d",
+                           p->round, op->slot, p->stall_comm, p->stall_ms);
+            rep->faults++;
+        }
+    } else if (step == 1 && p->rank == p->stall_sender) {
+        drain(run); /* the barrier: the victim is in its callback now */
+        sleep_ms(p->stall_pre_ms);
+        ch_report_line(rep, NULL,
+                       "fault kind=stall r=%d seq=%d role=sender comm=%d victim=%d end=%s "
+                       "end_ms=%d",
+                       p->round, op->slot, p->stall_comm, p->stall_victim,
+                       p->stall_end == CH_F_CANCEL  ? "cancel"
+                       : p->stall_end == CH_F_ABORT ? "abort"
+                                                    : "deadline",
+                       p->stall_end_ms);
+        rep->faults++;
+    }
+}
+
+/* The stall burst, after slot op was posted: the sender's send ends early
+ * by a cancel or an abort of the pair's comm (its deadline needs nothing). */
+static void stall_after(ch_run *run, const ch_op *op) {
+    const ch_round *p = &run->plan;
+    if (ch_stall_step(p, op->slot) != 2 || p->rank != p->stall_sender) return;
+    collie_comm *c = run->comms[p->stall_comm];
+    if (!c || p->stall_end == CH_F_DEADLINE) return;
+    sleep_ms(p->stall_end_ms);
+    if (p->stall_end == CH_F_ABORT) {
+        collie_comm_abort(c, "chaos: abort during a peer's stall");
+        run->faulted = true;
+        return;
+    }
+    for (size_t i = 0; i < run->fl.n; i++) {
+        ch_work *rec = run->fl.v[i];
+        if (!rec || rec->role != CH_ROLE_SEND || rec->op.slot != p->stall_slot + 1) continue;
+        int rc = collie_work_cancel(rec->w);
+        if (rc == COLLIE_OK)
+            rec->cancelled = true;
+        else if (rc != COLLIE_ESTATE)
+            ch_violation(&run->rep, "bad_status", rec->round, rec->op.slot,
+                         "collie_work_cancel returned %s (COLLIE_OK or COLLIE_ESTATE expected)",
+                         collie_status_name(rc));
     }
 }
 
@@ -575,9 +669,9 @@ static void run_round(ch_run *run, int r) {
     run->posted = 0;
     ch_report_line(rep, NULL,
                    "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
-                   "fault=%d fault_slot=%d",
+                   "fault=%d fault_slot=%d stall_slot=%d",
                    r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
-                   p->group ? p->group_n : 0, p->fault, p->fault_slot);
+                   p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot);
     char name[64];
     snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
     collie_comm_opts o = comm_opts(name);
@@ -600,8 +694,11 @@ static void run_round(ch_run *run, int r) {
         for (int s = 0; s < p->ops && !run->faulted; s++) {
             ch_op op;
             ch_plan_op(p, s, &op);
+            stall_before(run, &op);
+            if (run->faulted) break;
             post_slot(run, &op);
             if (run->faulted) break;
+            stall_after(run, &op);
             inject_fault(run, &op);
             due_cancels(run);
             if (run->fl.n < 256 || s % 64 == 0) ch_reap(&run->fl, 0, on_done, run);
@@ -609,11 +706,7 @@ static void run_round(ch_run *run, int r) {
     } else {
         run->faulted = true;
     }
-    /* drain: every work ends (the hang check abandons one that never does) */
-    while (run->fl.n > 0) {
-        due_cancels(run);
-        ch_reap(&run->fl, 50, on_done, run);
-    }
+    drain(run); /* every work ends (the hang check abandons one that never does) */
     if (aborter_stop(&ab)) {
         ch_report_line(rep, NULL, "fault kind=abort r=%d seq=-1 from=thread comm=0", r);
         rep->faults++;

@@ -13,7 +13,10 @@
  *    (collie.h: NULL entries are skipped) - that path is exercised too.
  *  - A callback only counts its runs (release store); the record stays
  *    valid until the reaper has seen that count, after which the callback
- *    no longer touches it.
+ *    no longer touches it. The stall fault's callback first sleeps
+ *    (rec->stall_ms): callbacks run on the progress thread, which holds the
+ *    loop's role meanwhile, so no helper reads for it either; the engine's
+ *    stall monitor may log it.
  */
 #include "tests/chaos/chaos_wait.h"
 
@@ -105,6 +108,8 @@ int ch_cb_abort_fired(void) { return atomic_exchange(&cb_abort_fired, 0); }
 static void work_cb(collie_work *w, void *arg) {
     ch_work *rec = arg;
     (void)w;
+    if (rec->stall_ms > 0) /* the stall fault: the progress thread falls behind */
+        sleep_ns((int64_t)rec->stall_ms * 1000000);
     int left = atomic_load(&cb_abort_countdown);
     while (left > 0 && !atomic_compare_exchange_weak(&cb_abort_countdown, &left, left - 1)) {
     }
