@@ -56,6 +56,15 @@ SUITE = [
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
 ]
 SUITE_TIMEOUT_S = 60
+
+# The driver's self-test: fake_rank.py plants one fault of each kind and the
+# oracle must report exactly the expected violation kinds (and none for a
+# clean run with kills and stops: a killed rank owes no end line).
+SELFTEST = [("clean", (), "kill,stop"), ("wrong_ok", ("wrong_ok",), "none"),
+            ("crash", ("crash",), "none"), ("noend", ("crash",), "none"),
+            ("hang", ("hang",), "none"), ("shm", ("leak",), "none"),
+            ("orphan", ("leak",), "none"), ("garbled", ("bad_report",), "none")]
+SELFTEST_TIMEOUT_S = 10  # 2 for the hang case
 MAX_VIOLATION_LINES = 20
 
 
@@ -216,14 +225,59 @@ def mode_campaign(args):
     return 1 if summary.failed else 0
 
 
+def selftest_cases(args):
+    """(name, run) of each self-test case: run() gives (ok, Result)."""
+    fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_rank.py")
+    cases = []
+    for i, (bug, expect, faults) in enumerate(SELFTEST):
+        shape = Shape(100 + i, 3, "tcp", 1, parse_faults(faults, 1), 2, 100, 4)
+
+        def run(shape=shape, bug=bug, expect=expect):
+            res = run_once(shape, args.build, 2 if bug == "hang" else SELFTEST_TIMEOUT_S,
+                           verbose=args.verbose, log=out, rank_prog=fake,
+                           extra_env={"CHAOS_FAKE_BUG": bug, "CHAOS_ROUND_WAIT_MS": "1000"})
+            for name in os.listdir("/dev/shm"):
+                if name.startswith("collie-chaos-selftest-"):
+                    os.unlink(os.path.join("/dev/shm", name))
+            ok = res.skipped is None and tuple(res.kinds()) == tuple(sorted(expect))
+            out("    planted %s: expected violations [%s], the driver found [%s]%s" % (
+                bug or "nothing", ",".join(sorted(expect)), ",".join(res.kinds()),
+                "" if ok else " - WRONG"))
+            if not ok:
+                for kind, rank, text in res.violations[:MAX_VIOLATION_LINES]:
+                    out("      [%s]%s %s" % (kind, "" if rank is None else " rank %d:" % rank,
+                                            text))
+            if res.dir and ok:
+                import shutil
+                shutil.rmtree(res.dir, ignore_errors=True)
+            return ok, res
+
+        cases.append(("chaos_selftest_" + bug, run))
+    return cases
+
+
+def mode_selftest(args):
+    bad = 0
+    for name, run in selftest_cases(args):
+        ok, res = run()
+        out("%s: %s (%.1f s)" % (name, "ok" if ok else "FAILED", res.seconds))
+        bad += not ok
+    return 1 if bad else 0
+
+
 def mode_suite(args):
     shapes = []
     for seed, n, tr, hosts, faults, rounds, ops, infl in SUITE:
         shapes.append(Shape(seed, n, tr, hosts, parse_faults(faults, hosts), rounds, ops, infl))
-    out("[==========] Running %d test(s): chaos runs with fixed seeds (bound %d s each)." % (
-        len(shapes), args.timeout or SUITE_TIMEOUT_S))
+    out("[==========] Running %d test(s): the driver's self-test, chaos runs with fixed seeds "
+        "(bound %d s each)." % (len(SELFTEST) + len(shapes), args.timeout or SUITE_TIMEOUT_S))
     summary = Summary()
     passed, failed, skipped = [], [], []
+    for name, run in selftest_cases(args):
+        out("[ RUN      ] %s" % name)
+        ok, res = run()
+        (passed if ok else failed).append(name)
+        out("[%s] %s (%d ms)" % ("       OK " if ok else "  FAILED  ", name, res.seconds * 1000))
     for shape in shapes:
         name = "chaos_" + shape.name()
         out("[ RUN      ] %s" % name)
@@ -244,7 +298,7 @@ def mode_suite(args):
             out("[       OK ] %s (%d ms)" % (name, ms))
             passed.append(name)
     summary.print("chaos suite summary")
-    out("[==========] %d test(s) run." % len(shapes))
+    out("[==========] %d test(s) run." % (len(passed) + len(failed) + len(skipped)))
     out("[  PASSED  ] %d test(s)." % len(passed))
     if skipped:
         out("[  SKIPPED ] %d test(s), listed below:" % len(skipped))
@@ -266,6 +320,8 @@ def main(argv):
     mode.add_argument("--seconds", type=int, help="a random campaign of about this long")
     mode.add_argument("--suite", action="store_true", help="the fixed-seed set of make test")
     mode.add_argument("--replay", type=int, metavar="SEED", help="run one shape --count times")
+    mode.add_argument("--self-test", action="store_true",
+                      help="check that the oracle catches planted faults (fake_rank.py)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--hosts", type=int, default=1)
@@ -292,6 +348,8 @@ def main(argv):
     try:
         if args.suite:
             return mode_suite(args)
+        if args.self_test:
+            return mode_selftest(args)
         if args.timeout is None:
             args.timeout = 120
         if args.seconds is not None:

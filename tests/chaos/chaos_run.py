@@ -152,8 +152,10 @@ def _tail(path, n=15):
         return []
 
 
-def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log=print):
-    """Run one shape; a Result."""
+def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log=print,
+             rank_prog=None, extra_env=None):
+    """Run one shape; a Result. rank_prog and extra_env replace the rank
+    program and add to its environment (the driver's self-test)."""
     res = Result(shape)
     hosts = None
     if shape.hosts == 2:
@@ -162,7 +164,7 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
             res.skipped = "two hosts need network namespaces: " + why
             return res
     collie_run = os.path.join(build, "bin", "collie-run")
-    rank_prog = os.path.join(build, "tests", "chaos", "chaos_rank")
+    rank_prog = rank_prog or os.path.join(build, "tests", "chaos", "chaos_rank")
     for p in (collie_run, rank_prog):
         if not os.access(p, os.X_OK):
             res.skipped = "%s is not built (make tests)" % p
@@ -204,6 +206,7 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLIE_")}
         env["COLLIE_CPU_TRANSPORT"] = shape.transport
         env["COLLIE_LOG"] = os.environ.get("CHAOS_COLLIE_LOG", "error")
+        env.update(extra_env or {})
         rank_cmd = [rank_prog, "--seed", str(shape.seed), "--report", report_dir, "--rounds",
                     str(shape.rounds), "--ops", str(shape.ops), "--inflight-max",
                     str(shape.inflight), "--faults", shape.rank_faults()]
