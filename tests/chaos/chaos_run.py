@@ -39,6 +39,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -323,6 +324,10 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
                 note("hard deadline: killing the run")
                 break
             time.sleep(POLL_S)
+    except BaseException:
+        print("chaos: interrupted during the run of seed %d; its directory %s is kept" %
+              (shape.seed, run_dir), file=sys.stderr)
+        raise
     finally:
         for r in list(stopped):
             rank_sig(r, signal.SIGCONT)
