@@ -374,11 +374,14 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
         v, t = _launcher_verdicts(lp)
         verdicts.update(v)
         job_timed_out = job_timed_out or t
+    per_node = n // len(procs) if procs else n
     for i, p in enumerate(procs):
         rc = p.returncode
-        if rc in (1, 2) and not verdicts:
-            res.add("launcher", None, "collie-run of node %d exited %d: %s" %
-                    (i, rc, " | ".join(_tail(logs[i], 3))))
+        started = any(reports[r].start for r in range(i * per_node, (i + 1) * per_node))
+        if rc and not timed_out and ((rc in (1, 2) and not verdicts) or not started):
+            res.add("launcher", None, "collie-run of node %d exited %d%s: %s" %
+                    (i, rc, "" if started else " and none of its ranks started",
+                     " | ".join(_tail(logs[i], 3))))
     for r, rep in enumerate(reports):
         res.works += rep.works
         res.works_ok += rep.works_ok
