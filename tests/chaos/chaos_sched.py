@@ -82,7 +82,7 @@ class Shape:
         if not 1 <= inflight <= 10000:
             raise UsageError("--inflight-max %d is not in 1..10000" % inflight)
         self.seed, self.ranks, self.transport, self.hosts = seed, ranks, transport, hosts
-        self.faults = tuple(faults)
+        self.faults = tuple(sorted(set(faults)))  # canonical: the schedule keys on it
         self.rounds, self.ops, self.inflight = rounds, ops, inflight
 
     def rank_faults(self):
