@@ -55,16 +55,19 @@ SUITE = [
     (8, 4, "tcp", 2, "link,deadline", 3, 60, 64),
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
 ]
-SUITE_TIMEOUT_S = 60
+SUITE_TIMEOUT_S = 90
 
 # The driver's self-test: fake_rank.py plants one fault of each kind and the
 # oracle must report exactly the expected violation kinds (and none for a
 # clean run with kills and stops: a killed rank owes no end line).
-SELFTEST = [("clean", (), "kill,stop"), ("wrong_ok", ("wrong_ok",), "none"),
-            ("crash", ("crash",), "none"), ("noend", ("crash",), "none"),
-            ("hang", ("hang",), "none"), ("shm", ("leak",), "none"),
-            ("orphan", ("leak",), "none"), ("garbled", ("bad_report",), "none")]
-SELFTEST_TIMEOUT_S = 10  # 2 for the hang case
+# Each case: the planted fault, the kinds expected, the faults allowed, and
+# the run's timeout and stall bounds (s). The hang is caught once by the
+# job's timeout, once by the stall bound.
+SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none", 10, 5),
+            ("crash", ("crash",), "none", 10, 5), ("noend", ("crash",), "none", 10, 5),
+            ("hang", ("hang",), "none", 2, 60), ("stall", ("hang",), "none", 30, 1),
+            ("shm", ("leak",), "none", 10, 5), ("orphan", ("leak",), "none", 10, 5),
+            ("garbled", ("bad_report",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 
@@ -229,13 +232,14 @@ def selftest_cases(args):
     """(name, run) of each self-test case: run() gives (ok, Result)."""
     fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_rank.py")
     cases = []
-    for i, (bug, expect, faults) in enumerate(SELFTEST):
+    for i, (bug, expect, faults, timeout, stall) in enumerate(SELFTEST):
         shape = Shape(100 + i, 3, "tcp", 1, parse_faults(faults, 1), 2, 100, 4)
 
-        def run(shape=shape, bug=bug, expect=expect):
-            res = run_once(shape, args.build, 2 if bug == "hang" else SELFTEST_TIMEOUT_S,
-                           verbose=args.verbose, log=out, rank_prog=fake,
-                           extra_env={"CHAOS_FAKE_BUG": bug, "CHAOS_ROUND_WAIT_MS": "1000"})
+        def run(shape=shape, bug=bug, expect=expect, timeout=timeout, stall=stall):
+            res = run_once(shape, args.build, timeout, verbose=args.verbose, log=out,
+                           rank_prog=fake, stall_s=stall,
+                           extra_env={"CHAOS_FAKE_BUG": "hang" if bug == "stall" else bug,
+                                      "CHAOS_ROUND_WAIT_MS": "2000"})
             for name in os.listdir("/dev/shm"):
                 if name.startswith("collie-chaos-selftest-"):
                     os.unlink(os.path.join("/dev/shm", name))
@@ -338,7 +342,7 @@ def main(argv):
     ap.add_argument("--campaign-seed", type=int, default=None)
     ap.add_argument("--build", default=os.environ.get("CHAOS_BUILD", "build"))
     ap.add_argument("--timeout", type=int, default=None,
-                    help="a run's hard bound in seconds (default 120; suite %d)" % SUITE_TIMEOUT_S)
+                    help="a run's hard bound in seconds (default 300; suite %d)" % SUITE_TIMEOUT_S)
     ap.add_argument("--keep", action="store_true", help="keep every run's reports")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -354,7 +358,7 @@ def main(argv):
         if args.self_test:
             return mode_selftest(args)
         if args.timeout is None:
-            args.timeout = 120
+            args.timeout = 300
         if args.seconds is not None:
             return mode_campaign(args)
         seed = args.seed if args.seed is not None else args.replay

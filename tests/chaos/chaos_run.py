@@ -20,7 +20,12 @@ Design notes
    injected (and not counted).
  - Every wait is bounded: collie-run's own --timeout, then the driver's
    hard deadline (that plus KILL_MARGIN_S), after which the sessions are
-   SIGKILLed and the run is a `hang`.
+   SIGKILLed and the run is a `hang`. A run is also a `hang` when no
+   report has grown for stall_s (STALL_S) while the job runs: that tells a
+   stuck job from a slow one (two cores shared with other work, the
+   sanitizers), so the overall bound can be generous. Nothing of a rank's
+   program is silent that long: a work ends within its deadline (at most
+   12 s) plus the bounds, a round wait is 8 s.
  - The oracle's process-level part (the rank checks its works itself):
    every violation line of a report; a rank that wrote no `end` and was not
    killed by us (`hang` when the job ran into its timeout, else `crash`);
@@ -48,6 +53,7 @@ from chaos_report import RankReport
 from chaos_sched import schedule
 
 POLL_S = 0.01
+STALL_S = 60  # no report line from any rank for this long: the run hangs
 # The rank's wait for its peers between rounds (CHAOS_ROUND_WAIT_MS, unless
 # the caller's environment sets it): a killed rank costs its peers this
 # much. Well above the longest SIGSTOP (chaos_sched.STOP_MAX_MS), so a
@@ -160,8 +166,8 @@ def _tail(path, n=15):
         return []
 
 
-def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log=print,
-             rank_prog=None, extra_env=None):
+def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log=print,
+             rank_prog=None, extra_env=None, stall_s=STALL_S):
     """Run one shape; a Result. rank_prog and extra_env replace the rank
     program and add to its environment (the driver's self-test)."""
     res = Result(shape)
@@ -192,6 +198,7 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
     stopped = {}  # rank -> monotonic time of its SIGCONT
     link_down, link_up_at = False, None
     timed_out = False
+    hang_why = "the job's timeout (%d s)" % timeout_s
     t0 = time.monotonic()
 
     def note(what):
@@ -253,8 +260,17 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
                 f.write(" ".join(cmd) + "\n")
         hard_deadline = t0 + timeout_s + KILL_MARGIN_S
         pending = list(faults)
+        last_growth, last_lines = t0, 0
         while True:
             now = time.monotonic()
+            lines = sum(rep.lines for rep in reports)
+            if lines != last_lines:
+                last_lines, last_growth = lines, now
+            elif now - last_growth > stall_s:
+                timed_out = True
+                hang_why = "%d s without a new report line from any rank" % stall_s
+                note("stalled: no report grew for %d s; killing the run" % stall_s)
+                break
             for r in range(n):
                 if r not in files:
                     try:
@@ -406,8 +422,7 @@ def run_once(shape, build="build", timeout_s=120, keep=False, verbose=False, log
             res.add("crash", r, "rank %d exited with status %d" % (r, code))
         if rep.end is None:
             if job_timed_out:
-                res.add("hang", r, "rank %d wrote no end line before the job's timeout (%d s)"
-                        % (r, timeout_s))
+                res.add("hang", r, "rank %d wrote no end line: %s" % (r, hang_why))
             elif not (sig is not None or code not in (0, 3)):
                 res.add("crash", r, "rank %d ended without an end line (%s)" % (
                     r, "no report" if rep.start is None else "last of %d lines" % rep.lines))

@@ -69,10 +69,14 @@ def main():
         until = time.monotonic() + int(os.environ.get("CHAOS_ROUND_WAIT_MS", "5000")) / 1000
         while not all(os.path.exists(os.path.join(d, "end-%d-%d" % (r, k))) for k in range(world)):
             if time.monotonic() > until:
-                w("end reason=peer_gone works=%d ok=%d failed=%d bytes_checked=%d violations=%d" %
-                  (works, ok_works, works - ok_works, checked, violations))
-                return 3 if violations else 0
+                return finish(w, rank, bug, "peer_gone", works, ok_works, checked, violations)
             time.sleep(0.01)
+    return finish(w, rank, bug, "done", works, ok_works, checked, violations)
+
+
+def finish(w, rank, bug, reason, works, ok_works, checked, violations):
+    """The end of the run (whichever way it ends: the planted fault must
+    not depend on the timing of a loaded machine)."""
     if rank == 0:
         if bug == "hang":
             time.sleep(3600)
@@ -86,8 +90,8 @@ def main():
             os.setpgid(0, 0)
             time.sleep(60)
             os._exit(0)
-    w("end reason=done works=%d ok=%d failed=%d bytes_checked=%d violations=%d" %
-      (works, ok_works, works - ok_works, checked, violations))
+    w("end reason=%s works=%d ok=%d failed=%d bytes_checked=%d violations=%d" %
+      (reason, works, ok_works, works - ok_works, checked, violations))
     return 3 if violations else 0
 
 
