@@ -37,13 +37,16 @@ sys.dont_write_bytecode = True  # nothing of ours in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chaos_run import run_once  # noqa: E402
-from chaos_sched import (DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUNDS, Shape,  # noqa: E402
-                         UsageError, parse_faults, random_shape, schedule)
+from chaos_sched import (DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
+                         DEFAULT_ROUNDS, Shape, UsageError, parse_faults, random_shape,
+                         schedule)
 import chaos_netns  # noqa: E402
 
-# The fixed-seed set of `make test` (about 1 min 20 s on a loaded 2-core
-# machine; docs/chaos.md says how it was measured). Each line: seed, ranks,
-# transport, hosts, faults, rounds, ops, inflight-max.
+# The fixed-seed set of `make test` (with the self-test about 1 min 40 s on
+# this 2-core machine under a load of 16; docs/chaos.md). Each line: seed,
+# ranks, transport, hosts, faults, rounds, ops, inflight-max. Their round
+# wait is SUITE_ROUND_WAIT_MS: a kill costs its peers a work's deadline and
+# then that.
 SUITE = [
     (1, 2, "shm", 1, "none", 2, 60, 16),
     (2, 4, "tcp", 1, "cancel,deadline", 3, 60, 64),
@@ -56,6 +59,7 @@ SUITE = [
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
 ]
 SUITE_TIMEOUT_S = 90
+SUITE_ROUND_WAIT_MS = 5000
 
 # The driver's self-test: fake_rank.py plants one fault of each kind and the
 # oracle must report exactly the expected violation kinds (and none for a
@@ -133,9 +137,10 @@ def replay_command(shape, build, expect):
 
 
 def describe(shape):
-    return "seed=%d ranks=%d transport=%s hosts=%d faults=%s rounds=%d ops=%d inflight-max=%d" % (
+    return "seed=%d ranks=%d transport=%s hosts=%d faults=%s rounds=%d ops=%d inflight-max=%d%s" % (
         shape.seed, shape.ranks, shape.transport, shape.hosts, shape.faults_arg(), shape.rounds,
-        shape.ops, shape.inflight)
+        shape.ops, shape.inflight, "" if shape.round_wait_ms == DEFAULT_ROUND_WAIT_MS else
+        " round-wait-ms=%d" % shape.round_wait_ms)
 
 
 def print_failure(res, build, indent="  "):
@@ -275,7 +280,8 @@ def mode_selftest(args):
 def mode_suite(args):
     shapes = []
     for seed, n, tr, hosts, faults, rounds, ops, infl in SUITE:
-        shapes.append(Shape(seed, n, tr, hosts, parse_faults(faults, hosts), rounds, ops, infl))
+        shapes.append(Shape(seed, n, tr, hosts, parse_faults(faults, hosts), rounds, ops, infl,
+                            SUITE_ROUND_WAIT_MS))
     out("[==========] Running %d test(s): the driver's self-test, chaos runs with fixed seeds "
         "(bound %d s each)." % (len(SELFTEST) + len(shapes), args.timeout or SUITE_TIMEOUT_S))
     summary = Summary()
@@ -337,6 +343,8 @@ def main(argv):
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--ops", type=int, default=None)
     ap.add_argument("--inflight-max", type=int, default=DEFAULT_INFLIGHT)
+    ap.add_argument("--round-wait-ms", type=int, default=DEFAULT_ROUND_WAIT_MS,
+                    help="the ranks' wait between rounds (CHAOS_ROUND_WAIT_MS)")
     ap.add_argument("--count", type=int, default=5, help="replays (--replay)")
     ap.add_argument("--expect", default="", help="violation kinds the replayed failure had")
     ap.add_argument("--campaign-seed", type=int, default=None)
@@ -364,7 +372,7 @@ def main(argv):
         seed = args.seed if args.seed is not None else args.replay
         shape = Shape(seed, args.ranks, args.transport, args.hosts,
                       parse_faults(args.faults, args.hosts), args.rounds or DEFAULT_ROUNDS,
-                      args.ops or DEFAULT_OPS, args.inflight_max)
+                      args.ops or DEFAULT_OPS, args.inflight_max, args.round_wait_ms)
         if args.replay is not None:
             return mode_replay(shape, args)
         return mode_single(shape, args)

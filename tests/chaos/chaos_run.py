@@ -54,13 +54,6 @@ from chaos_sched import schedule
 
 POLL_S = 0.01
 STALL_S = 60  # no report line from any rank for this long: the run hangs
-# The rank's wait for its peers between rounds (CHAOS_ROUND_WAIT_MS, unless
-# the caller's environment sets it): a killed rank costs its peers this
-# much. Well above the longest SIGSTOP (chaos_sched.STOP_MAX_MS), so a
-# stopped rank is not taken for a gone one; a rank that is (it resumed far
-# behind) still ends with `end reason=peer_gone`, so a short wait costs
-# coverage, never a false violation.
-ROUND_WAIT_MS = 8000
 KILL_MARGIN_S = 15  # collie-run's grace (3 s) and reap bound (5 s), and some
 LEFTOVER_WAIT_S = 3  # processes of the run may take this long to go
 
@@ -221,7 +214,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLIE_")}
         env["COLLIE_CPU_TRANSPORT"] = shape.transport
         env["COLLIE_LOG"] = os.environ.get("CHAOS_COLLIE_LOG", "error")
-        env.setdefault("CHAOS_ROUND_WAIT_MS", str(ROUND_WAIT_MS))
+        env["CHAOS_ROUND_WAIT_MS"] = str(shape.round_wait_ms)
         env.update(extra_env or {})
         rank_cmd = [rank_prog, "--seed", str(shape.seed), "--report", report_dir, "--rounds",
                     str(shape.rounds), "--ops", str(shape.ops), "--inflight-max",

@@ -13,7 +13,7 @@ Design notes
    to the rank program's --faults; the driver's (kill, stop, link) never
    are. `link` needs two hosts.
  - Bounds: a SIGSTOP lasts STOP_MIN_MS..STOP_MAX_MS, always shorter than
-   the rank's round wait (CHAOS_ROUND_WAIT_MS, 20 s), so a stopped rank is
+   the rank's round wait (CHAOS_ROUND_WAIT_MS, DEFAULT_ROUND_WAIT_MS), so a stopped rank is
    never mistaken for a gone one; a link comes back after
    LINK_UP_MIN_MS..LINK_UP_MAX_MS, or stays down for the rest of the run.
 """
@@ -34,6 +34,13 @@ LINK_UP_MAX_MS = 5000
 DEFAULT_ROUNDS = 4
 DEFAULT_OPS = 200
 DEFAULT_INFLIGHT = 64
+# The ranks' wait for each other between rounds (CHAOS_ROUND_WAIT_MS): a
+# killed rank costs its peers this much at the next barrier. Well above the
+# longest SIGSTOP, so a stopped rank is not taken for a gone one; a rank that
+# is (it resumed far behind) still ends with `end reason=peer_gone`, so a
+# short wait costs coverage, never a false violation. (The rank's own
+# default is 20 s.)
+DEFAULT_ROUND_WAIT_MS = 8000
 
 
 class UsageError(Exception):
@@ -64,7 +71,7 @@ class Shape:
     """One run: what the rank program and the driver's schedule derive from."""
 
     def __init__(self, seed, ranks, transport, hosts, faults, rounds=DEFAULT_ROUNDS,
-                 ops=DEFAULT_OPS, inflight=DEFAULT_INFLIGHT):
+                 ops=DEFAULT_OPS, inflight=DEFAULT_INFLIGHT, round_wait_ms=DEFAULT_ROUND_WAIT_MS):
         if not 0 <= seed < 2**64:
             raise UsageError("--seed %d is not a uint64" % seed)
         if not 2 <= ranks <= 8:
@@ -81,6 +88,10 @@ class Shape:
             raise UsageError("--rounds in 1..1000 and --ops in 1..100000")
         if not 1 <= inflight <= 10000:
             raise UsageError("--inflight-max %d is not in 1..10000" % inflight)
+        if not STOP_MAX_MS < round_wait_ms <= 3600000:
+            raise UsageError("--round-wait-ms %d is not above the longest stop (%d ms)" %
+                             (round_wait_ms, STOP_MAX_MS))
+        self.round_wait_ms = round_wait_ms
         self.seed, self.ranks, self.transport, self.hosts = seed, ranks, transport, hosts
         self.faults = tuple(sorted(set(faults)))  # canonical: the schedule keys on it
         self.rounds, self.ops, self.inflight = rounds, ops, inflight
@@ -107,7 +118,8 @@ class Shape:
         return ["--seed", str(self.seed), "--ranks", str(self.ranks), "--transport",
                 self.transport, "--hosts", str(self.hosts), "--faults", self.faults_arg(),
                 "--rounds", str(self.rounds), "--ops", str(self.ops), "--inflight-max",
-                str(self.inflight)]
+                str(self.inflight)] + (["--round-wait-ms", str(self.round_wait_ms)]
+                                       if self.round_wait_ms != DEFAULT_ROUND_WAIT_MS else [])
 
     def replay_command(self, build, expect=(), count=5):
         cmd = ["/usr/bin/python3", "tests/chaos/chaos.py", "--replay"] + self.args()[1:]
