@@ -11,6 +11,8 @@
 #   make test-fuzz       the fuzz targets' short run (committed corpus and crash inputs, then
 #                        a few seconds of fuzzing each); make fuzz SECONDS=N [FUZZ_TARGET=x]
 #                        for long runs, make fuzz-merge to keep what they found (docs/fuzzing.md)
+#   make test-chaos      the chaos harness's fixed-seed runs (docs/chaos.md; part of make test)
+#   make chaos SECONDS=N a random chaos campaign of about N seconds (default 60; ASAN=1 too)
 #   make valgrind        the suite under valgrind (by hand; slow)
 #   make python          the torch backend's extension (when torch's headers are there)
 #   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
@@ -80,7 +82,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
         check-layers gpu-kit install uninstall python test-python test-torch \
-        fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds
+        fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
 
@@ -247,6 +249,7 @@ test:
 	$(MAKE) --no-print-directory test-normal
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-fuzz
+	$(MAKE) --no-print-directory test-chaos
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory test-python
@@ -263,6 +266,18 @@ test-normal: all tests
 
 test-faults: all tests
 	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
+
+# The chaos harness (docs/chaos.md): tests/chaos/chaos.py drives ranks of
+# $(BUILD)/tests/chaos/chaos_rank under collie-run. test-chaos runs its
+# fixed seeds through tools/run-tests.sh (tests/chaos/test_chaos prints the
+# runner's lines; at most 2 minutes); `make chaos SECONDS=N` a campaign of
+# random runs (a run started before N s ends, so it may overrun by one run).
+CHAOS_DEPS := all tests $(BUILD)/tests/chaos/chaos_rank
+test-chaos: $(CHAOS_DEPS)
+	@tools/run-tests.sh chaos $(BUILD) tests/chaos/test_chaos
+
+chaos: $(CHAOS_DEPS)
+	/usr/bin/python3 tests/chaos/chaos.py --build $(BUILD) --seconds $(or $(SECONDS),60)
 
 # The Python package and the torch backend (pytest; tests/python), then the
 # curated part of PyTorch's own distributed suite with BACKEND=collie, and

@@ -1,0 +1,105 @@
+"""chaos_report.py - read the ranks' reports (DIR/rank-<R>.log).
+
+Design notes
+ - The format is /work/wt/CHAOS_SPEC.md's "The report" (docs/chaos.md):
+   one record per line, `key=value` fields, the last field `msg=` runs to
+   the end of the line. A rank killed mid-write leaves whole lines (one
+   write() per line); a last line without its newline is ignored.
+ - RankReport.feed() takes bytes as they arrive (the driver tails the files
+   to fire its faults at a rank's progress) and keeps counts, not lines, so
+   a long run costs no memory.
+ - A line the driver cannot parse is itself a violation (`bad_report`): the
+   report is the oracle's voice, and a garbled one could hide a wrong OK.
+   A well-formed record of a name the driver does not know (the rank
+   program may add some, e.g. `group`) is read and ignored.
+"""
+
+import re
+
+RECORD_RE = re.compile(r"^[a-z_]{1,32}$")
+
+
+def parse_line(line):
+    """(record, {field: value}) of one report line; raises ValueError."""
+    head, _, rest = line.partition(" ")
+    if not RECORD_RE.match(head):
+        raise ValueError("'%s' is not a record name" % head[:40])
+    fields = {}
+    while rest:
+        if rest.startswith("msg="):
+            fields["msg"] = rest[4:]
+            break
+        word, _, rest = rest.partition(" ")
+        k, eq, v = word.partition("=")
+        if not eq or not k:
+            raise ValueError("field '%s' is not key=value" % word[:40])
+        fields[k] = v
+    return head, fields
+
+
+def _int(fields, key, default=0):
+    try:
+        return int(fields.get(key, default))
+    except ValueError:
+        return default
+
+
+class RankReport:
+    def __init__(self, rank):
+        self.rank = rank
+        self.buf = b""
+        self.lines = 0
+        self.pid = None
+        self.start = None
+        self.end = None  # the end record's fields
+        self.rounds = 0
+        self.works = 0
+        self.works_ok = 0
+        self.bytes_checked = 0
+        self.works_stopped = 0  # work lines with stopped=1
+        self.statuses = {}
+        self.faults = {}  # rank-side faults by kind
+        self.violations = []  # (kind, text)
+        self.leak_checks = 0
+        self.bad = []  # unparsable lines
+
+    def feed(self, data):
+        self.buf += data
+        *whole, self.buf = self.buf.split(b"\n")
+        for raw in whole:
+            self.lines += 1
+            self._line(raw.decode(errors="replace"))
+
+    def _line(self, line):
+        try:
+            rec, f = parse_line(line)
+        except ValueError as e:
+            self.bad.append("line %d: %s: %.200s" % (self.lines, e, line))
+            return
+        if self.end is not None and rec != "end":
+            self.bad.append("line %d after the end line: %.200s" % (self.lines, line))
+        if rec == "start":
+            self.start = f
+            self.pid = _int(f, "pid", None)
+        elif rec == "round":
+            self.rounds += 1
+        elif rec == "work":
+            self.works += 1
+            st = f.get("status", "?")
+            self.statuses[st] = self.statuses.get(st, 0) + 1
+            if st == "COLLIE_OK":
+                self.works_ok += 1
+            self.bytes_checked += _int(f, "checked")
+            if f.get("stopped") == "1":
+                self.works_stopped += 1
+        elif rec == "fault":
+            k = f.get("kind", "?")
+            self.faults[k] = self.faults.get(k, 0) + 1
+        elif rec == "violation":
+            self.violations.append((f.get("kind", "?"), line))
+        elif rec == "leak":
+            self.leak_checks += 1
+        elif rec == "end":
+            if self.end is not None:
+                self.bad.append("line %d: a second end line" % self.lines)
+            self.end = f
