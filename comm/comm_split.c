@@ -9,6 +9,9 @@
  *  - split exchanges (colour, key) through the parent's store namespace —
  *    one set and one multi_get per rank, O(N) messages in all — then each
  *    member creates the child comm with the usual rendezvous. A rank with
+ *    COLLIE_UNDEFINED only sets its colour (the members read it): it has
+ *    nothing to learn from the others', so it never waits for a rank that
+ *    is late or dead. A rank with
  *    colour COLLIE_UNDEFINED, or missing from new_group's list, gets
  *    COLLIE_ENOTMEMBER and no object: nothing half-built is ever returned.
  *  - Both block, bounded by the parent's create timeout.
@@ -178,6 +181,14 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     snprintf(mine, sizeof mine, "%d,%d", color, key);
     int32_t t = c->create_timeout_ms;
     CL_CHECK_GOTO(collie_store_set(c->store, keys[c->rank], mine, strlen(mine), t), res, out);
+    if (color == COLLIE_UNDEFINED) { /* nothing to learn from the others' colours */
+        res = split_skips(c, false, o, key, "collie_comm_split");
+        if (res == COLLIE_OK)
+            res = cl_set_last_error(COLLIE_ENOTMEMBER,
+                                    "collie_comm_split: rank %d of '%s' chose COLLIE_UNDEFINED",
+                                    c->rank, c->name);
+        goto out;
+    }
     CL_CHECK_GOTO(
         collie_store_multi_get(c->store, (const char *const *)keys, (size_t)n, t, vals, lens), res,
         out);
@@ -189,17 +200,11 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
                                     (char *)vals[i]);
             goto out;
         }
-        if (col != color || color == COLLIE_UNDEFINED) continue;
+        if (col != color) continue;
         all[members++] = (split_entry){col, ky, i};
     }
-    res = split_skips(c, color != COLLIE_UNDEFINED, o, key, "collie_comm_split");
+    res = split_skips(c, true, o, key, "collie_comm_split");
     if (res != COLLIE_OK) goto out;
-    if (color == COLLIE_UNDEFINED) {
-        res = cl_set_last_error(COLLIE_ENOTMEMBER,
-                                "collie_comm_split: rank %d of '%s' chose COLLIE_UNDEFINED",
-                                c->rank, c->name);
-        goto out;
-    }
     qsort(all, (size_t)members, sizeof *all, split_cmp);
     for (int i = 0; i < members; i++)
         if (all[i].rank == c->rank) me = i;

@@ -679,6 +679,36 @@ static void test_split_and_new_group(void **state) {
     world_destroy(&w);
 }
 
+/* A non-member's split does not wait for the other ranks' colours: it
+ * publishes its own and returns ENOTMEMBER (found by the chaos harness: a
+ * rank SIGKILLed before its split kept a COLLIE_UNDEFINED rank waiting for
+ * the whole create timeout, then ETIMEDOUT, where collie.h promises
+ * ENOTMEMBER). A member calling later still reads the colour it left. */
+static void test_split_undefined_does_not_wait(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.create_timeout_ms = 3000;
+    world w;
+    world_create(&w, 2, "lonely", &o);
+    collie_comm *child = (collie_comm *)&child; /* must become NULL */
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_split(w.c[0], COLLIE_UNDEFINED, 0, NULL, &child),
+                     COLLIE_ENOTMEMBER);
+    assert_null(child);
+    assert_true(now_ms() - t0 < 2000); /* rank 1 has not called split */
+    assert_int_equal(collie_comm_split(w.c[1], 7, 0, NULL, &child), COLLIE_OK);
+    assert_int_equal(collie_comm_size(child), 1);
+    int32_t v = 41;
+    collie_work *wk;
+    assert_int_equal(collie_allreduce(child, &v, &v, 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk, 10000), COLLIE_OK);
+    collie_work_release(wk);
+    assert_int_equal(v, 41);
+    collie_comm_destroy(child);
+    world_destroy(&w);
+}
+
 /* The named registry. */
 static void test_registry(void **state) {
     (void)state;
@@ -1074,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_count_zero_mismatch_found_at_once),
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
+        cmocka_unit_test(test_split_undefined_does_not_wait),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_comm_stats),
         cmocka_unit_test(test_recv_after_sender_left),
