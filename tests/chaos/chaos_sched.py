@@ -21,7 +21,7 @@ Design notes
 import random
 import shlex
 
-RANK_FAULTS = ("abort", "destroy", "cancel", "deadline")
+RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall")
 DRIVER_FAULTS = ("kill", "stop", "link")
 ALL_FAULTS = RANK_FAULTS + DRIVER_FAULTS
 TRANSPORTS = ("tcp", "shm", "auto")
