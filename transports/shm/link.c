@@ -201,13 +201,15 @@ void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock) {
 }
 
 bool cl_shm_link_readable(const cl_shm_link *l) {
-    return l->map && cl_shm_ring_readable(&l->rx) > 0;
+    /* a corrupt ring has something to say: the read's EPROTO */
+    return l->map && (cl_shm_ring_readable(&l->rx) > 0 || !cl_shm_ring_sane(&l->rx));
 }
 
 ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park) {
     if (len == 0) return 0;
     for (int tries = 0; tries < 2; tries++) {
-        size_t n = cl_shm_ring_read(&l->rx, buf, len);
+        ssize_t n = cl_shm_ring_read(&l->rx, buf, len);
+        if (n < 0) return -1; /* EPROTO: the peer corrupted the ring */
         if (n > 0) {
             if (cl_shm_ring_wake_writer(&l->rx)) cl_shm_link_ring_doorbell(sock);
             return (ssize_t)n;
@@ -229,12 +231,13 @@ ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, in
         total += iov[i].iov_len;
     if (total == 0) return 0;
     for (int tries = 0; tries < 2; tries++) {
-        size_t n = cl_shm_ring_writev(&l->tx, iov, niov);
+        ssize_t n = cl_shm_ring_writev(&l->tx, iov, niov);
+        if (n < 0) return -1; /* EPROTO, as above */
         if (n > 0) {
             if (cl_shm_ring_wake_reader(&l->tx)) cl_shm_link_ring_doorbell(sock);
             /* the ring filled up: park, so the reader's progress rings us
              * (if room came meanwhile, the caller simply writes again) */
-            if (n < total && cl_shm_ring_writer_park(&l->tx, 1)) l->writer_wait = true;
+            if ((size_t)n < total && cl_shm_ring_writer_park(&l->tx, 1)) l->writer_wait = true;
             return (ssize_t)n;
         }
         if (cl_shm_ring_writer_park(&l->tx, 1)) break;

@@ -14,7 +14,8 @@
  *
  * Nothing here blocks. recv/writev return bytes moved, or -1 with errno:
  * EAGAIN (nothing now: this side is parked, and the peer will ring the
- * doorbell when it moves bytes), EPIPE (writing to a peer that is gone).
+ * doorbell when it moves bytes), EPIPE (writing to a peer that is gone),
+ * EPROTO (the peer corrupted the ring's counters: ring.h; for good).
  * recv returns 0 only at the end: the socket reached EOF and the ring is
  * empty (every byte the peer wrote before dying is read first).
  */
@@ -85,7 +86,8 @@ void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock);
 ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park);
 ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, int niov);
 
-/* Is there something to read now (for progress without a doorbell)? */
+/* Is there something to read now (for progress without a doorbell)? True
+ * also for a corrupt ring, whose read reports it. */
 bool cl_shm_link_readable(const cl_shm_link *l);
 
 #endif
