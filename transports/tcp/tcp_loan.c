@@ -47,6 +47,9 @@
  *    fails), or the peer exited (the work fails; its socket's end follows).
  *    Every loan is returned, in order, whatever happened, so the lender's
  *    other messages complete.
+ *  - The peer's `returned` is checked before it completes anything: one
+ *    past the newest ticket lent fails the connection with EPROTO (its
+ *    messages would complete unread).
  *  - Waking the lender: while the loop polls, returns are collected on
  *    every turn (cl_tcp_conn_poll); a loop that may sleep parks the lender
  *    side and the borrower rings the doorbell on its next return.
@@ -119,7 +122,15 @@ void cl_tcp_work_unlend(tcp_work *tw) {
 /* Complete the messages whose loans came back. */
 static void loans_collect(tcp_conn *c) {
     if (cl_list_empty(&c->lent)) return;
-    uint64_t back = cl_shm_loans_returned(&c->shm.loans);
+    uint64_t back;
+    if (cl_shm_loans_returned(&c->shm.loans, &back) != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d returned single-copy loans it was never lent (up to ticket %llu; "
+                         "the newest lent is %llu)",
+                         c->peer, (unsigned long long)back,
+                         (unsigned long long)(c->shm.loans.next_ticket - 1));
+        return;
+    }
     tcp_msg *m;
     while (c->state == TCP_CONN_READY && (m = cl_list_first(&c->lent, tcp_msg, node)) &&
            m->loan_ticket <= back) {
