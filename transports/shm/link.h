@@ -65,6 +65,16 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
  * COLLIE_EPROTO with the reason in `why` if anything disagrees. */
 int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size_t why_len);
 
+/* cl_shm_link_check: the dialer's checks of a link's memory `map` of
+ * `size` bytes (a mapping, or a copy of one) against `id`, without system
+ * calls: NULL if it is what `id` expects, with tx and rx set to views of
+ * its rings (dialer to creator, creator to dialer); else the reason. Reads
+ * each header word once (the peer may write it meanwhile). Attach calls it
+ * after mapping; the fuzz target (tests/fuzz/fuzz_shm_link.c) calls it
+ * directly too. */
+const char *cl_shm_link_check(const void *map, size_t size, const cl_shm_link_id *id,
+                              cl_shm_ring *tx, cl_shm_ring *rx);
+
 /* The connection closed: close the fds the link holds but keep the memory
  * mapped (a thread ending a work may still withdraw its loans there, see
  * loan.h) until cl_shm_link_close. */
