@@ -229,6 +229,16 @@ static void test_link_refuses_foreign_memory(void **state) {
     assert_int_equal(got.fd, -1); /* closed by attach */
     /* no fd at all */
     assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    /* the right memory handed over read-only (it cannot be mapped for
+     * writing): the peer's error, not this side's lack of memory */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", made.fd);
+    cl_shm_link_init(&got);
+    got.fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(got.fd >= 0);
+    assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    assert_non_null(strstr(why, "mapped"));
+    assert_int_equal(got.fd, -1);
     cl_shm_link_close(&made);
 }
 

@@ -8,7 +8,7 @@
  *    ring size from the input), then the peer's edits of its header page
  *    (any field, or any bytes anywhere in the memory), and in one mode a
  *    file made by hand instead: any size near the valid ones, sealed or
- *    not, with the peer's header. This side checks it twice: with the
+ *    not, handed over read-only or not, with the peer's header. This side checks it twice: with the
  *    pure cl_shm_link_check on an exact-size heap copy (ASan sees any read
  *    outside it) and with the real cl_shm_link_attach on the memfd (the
  *    size and seals, the mapping, fd ownership). An accepted link then
@@ -19,12 +19,11 @@
  *  - What it asserts: both checks agree, and accept exactly a header that
  *    names the expected comm, generation and ranks with the layout of its
  *    ring size in a file of exactly that size (and attach: sealed against
- *    shrinking); attach closes the fd either way and maps nothing when it
- *    refuses; the views lie inside the memory. recv returns at most what
- *    was asked and never more than the ring held; EPROTO exactly when the
- *    ring's counters are corrupt (and from then on), EAGAIN only when the
- *    ring is empty, 0 only at the doorbell's end with the ring empty;
- *    writev likewise (EPIPE after the end); readable is true for a
+ *    shrinking, mappable for writing); attach refuses with EPROTO, closes
+ *    the fd either way and maps nothing when it refuses; the views lie inside the memory. recv
+ * returns at most what was asked and never more than the ring held; EPROTO exactly when the ring's
+ * counters are corrupt (and from then on), EAGAIN only when the ring is empty, 0 only at the
+ * doorbell's end with the ring empty; writev likewise (EPIPE after the end); readable is true for a
  *    corrupt ring. With an honest peer the bytes are the peer's stream.
  *    Every step is bounded (no loop waits for the peer).
  *  - The header layout is mirrored here (fz_header): a change in link.c
@@ -247,7 +246,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     made.fd = -1;
     uint8_t *map = made.map;
     size_t len = made.map_len;
-    bool sealed = true;
+    bool sealed = true, read_only = false;
     if (cfg & 4) { /* a file made by hand: any size, sealed or not */
         uint8_t k = fz_u8(&in);
         size_t sizes[] = {
@@ -266,6 +265,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         close(fd);
         cl_shm_link_init(&made);
         fd = hand;
+        if (k & 0x40) { /* handed over read-only: it cannot be mapped for writing */
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/fd/%d", hand);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            FZ_CHECK(fd >= 0);
+            close(hand);
+            read_only = true;
+        }
         map = hm;
         len = want;
     }
@@ -312,9 +319,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(me.fd == -1 && fcntl(fd, F_GETFD) == -1 && errno == EBADF); /* closed either way */
     if (rc != COLLIE_OK) {
         FZ_CHECK(rc == COLLIE_EPROTO && !me.map && why[0]);
-        FZ_CHECK(!valid || !sealed); /* only an unsealed file is refused beyond the check */
+        /* beyond the check, only an unsealed or read-only file is refused */
+        FZ_CHECK(!valid || !sealed || read_only);
     } else {
-        FZ_CHECK(valid && sealed && me.map_len == len);
+        FZ_CHECK(valid && sealed && !read_only && me.map_len == len);
         FZ_CHECK(me.tx.data + me.tx.cap <= (uint8_t *)me.map + len &&
                  me.rx.data + me.rx.cap <= (uint8_t *)me.map + len);
         if (cfg & 4) {
