@@ -172,10 +172,12 @@ int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
     close(fd);
-    if (map == MAP_FAILED) {
-        snprintf(why, why_len, "mmap of its shared memory: %s", strerror(errno));
-        return COLLIE_ENOMEM;
+    if (map == MAP_FAILED) { /* EACCES, EPERM...: a descriptor that may not be mapped so */
+        snprintf(why, why_len, "its shared memory cannot be mapped for reading and writing: %s",
+                 strerror(err));
+        return err == ENOMEM ? COLLIE_ENOMEM : COLLIE_EPROTO;
     }
     const char *bad = cl_shm_link_check(map, size, id, &l->tx, &l->rx);
     if (bad) {

@@ -62,7 +62,9 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
 
 /* cl_shm_link_attach: the dialer's side: map the received memfd (l->fd,
  * closed here either way) and check that it is what `id` expects:
- * COLLIE_EPROTO with the reason in `why` if anything disagrees. */
+ * COLLIE_EPROTO with the reason in `why` if anything disagrees (also a
+ * descriptor that cannot be mapped for writing); COLLIE_ENOMEM if the
+ * mapping found no memory. */
 int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size_t why_len);
 
 /* cl_shm_link_check: the dialer's checks of a link's memory `map` of
