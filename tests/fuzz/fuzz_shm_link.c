@@ -28,8 +28,10 @@
  *    Every step is bounded (no loop waits for the peer).
  *  - The header layout is mirrored here (fz_header): a change in link.c
  *    shows as a disagreement, not as a silent loss of coverage.
- *  - Build: with transports/shm/{link,ring,loan}.c, -I include -I .,
- *    -lcrypto (loan.c's probe word).
+ *  - Seeds (fuzz_seeds, make fuzz-seeds): honest links of 4 and 32 KiB
+ *    rings and a hand-made sealed file running an exchange both ways;
+ *    unsealed, read-only, another generation, other ranks, another ring
+ *    size (refused).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,16 +44,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/fuzz/fuzz.h"
+
 #include "collie.h"
 #include "transports/shm/link.h"
 
-#define FZ_CHECK(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_shm_link: %s:%d: %s\n", __FILE__, __LINE__, #cond);              \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
+#define FZ_CHECK(cond) FUZZ_CHECK(cond, "the link's contract")
 
 /* link.c's header page, as this target expects it */
 typedef struct fz_header {
@@ -64,24 +62,15 @@ typedef struct fz_header {
 
 #define FZ_PAGE 4096u
 
-typedef struct fz_in {
-    const uint8_t *p;
-    size_t n;
-} fz_in;
-
-static uint8_t fz_u8(fz_in *in) {
-    if (!in->n) return 0;
-    in->n--;
-    return *in->p++;
+static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
+static uint16_t fz_u16(fuzz_in *in) {
+    uint16_t lo = fuzz_u8(in);
+    return (uint16_t)(lo | fuzz_u8(in) << 8);
 }
-static uint16_t fz_u16(fz_in *in) {
-    uint16_t lo = fz_u8(in);
-    return (uint16_t)(lo | fz_u8(in) << 8);
-}
-static uint64_t fz_u64(fz_in *in) {
+static uint64_t fz_u64(fuzz_in *in) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fz_u8(in) << (8 * i);
+        v |= (uint64_t)fuzz_u8(in) << (8 * i);
     return v;
 }
 
@@ -115,13 +104,13 @@ static bool ring_sane(const cl_shm_ring *r, uint64_t *used) {
 static uint8_t pattern(uint64_t i) { return (uint8_t)((i * 2654435761u) >> 9); }
 
 /* The accepted link: the peer's program against this side. */
-static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t size, fz_in *in) {
+static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t size, fuzz_in *in) {
     int sv[2];
     FZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
     bool hung_up = false, rx_broken = false, tx_broken = false;
     bool honest = atomic_load(&me->rx.sh->head) == 0 && atomic_load(&me->rx.sh->tail) == 0;
     uint64_t made = 0, taken = 0;
-    for (int steps = 0; steps < 128 && in->n > 0; steps++) {
+    for (int steps = 0; steps < 128 && fuzz_left(in) > 0; steps++) {
         uint8_t op = fz_u8(in);
         switch (op & 0x0f) { /* the step; the high bits are its flags */
         case 0: {            /* the peer pokes bytes anywhere */
@@ -234,7 +223,7 @@ static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t si
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fz_in in = {data, size};
+    fuzz_in in = {.p = data, .len = size};
     const cl_shm_link_id id = {.comm_id = 0x1234, .generation = 7, .creator = 1, .dialer = 0};
     uint8_t cfg = fz_u8(&in);
     char why[200] = "";
@@ -350,3 +339,54 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         cl_shm_link_close(&made);
     return 0;
 }
+
+/* ---- seeds: valid programs (make fuzz-seeds) ---------------------------------------- */
+
+enum { L_POKE, L_COUNTER, L_PEERW, L_RECV, L_SEND, L_PEERR, L_READABLE, L_BELL, L_HANGUP };
+
+typedef struct fz_seed {
+    uint8_t b[256];
+    size_t n;
+} fz_seed;
+
+static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
+static void put16(fz_seed *s, unsigned v) {
+    put8(s, v & 0xff);
+    put8(s, (v >> 8) & 0xff);
+}
+
+/* an honest exchange both ways, parked and polling, then the peer hangs up */
+static void seed_prog(fz_seed *s) {
+    put8(s, L_PEERW), put16(s, 3000), put8(s, L_BELL), put8(s, L_RECV | 0x10), put16(s, 1000);
+    put8(s, L_RECV), put16(s, 5000), put8(s, L_READABLE), put8(s, L_RECV | 0x10), put16(s, 10);
+    put8(s, L_SEND), put16(s, 2000), put8(s, L_PEERR), put8(s, L_SEND), put16(s, 9000);
+    put8(s, L_PEERW), put16(s, 7), put8(s, L_HANGUP), put8(s, L_RECV), put16(s, 100);
+    put8(s, L_RECV), put16(s, 100), put8(s, L_SEND), put16(s, 1);
+}
+
+static void fuzz_seeds(const char *dir) {
+    static const struct {
+        const char *name;
+        uint8_t pre[6];
+        size_t npre;
+        bool prog;
+    } seeds[] = {
+        {"honest-4k", {0, 0}, 2, true},
+        {"honest-32k", {3, 0}, 2, true},
+        {"hand-made-sealed", {4, 0, 0, 0, 0}, 5, true},       /* the right size, sealed */
+        {"hand-made-unsealed", {4, 0x80, 0, 0, 0}, 5, false}, /* refused */
+        {"hand-made-read-only", {4, 0x40, 0, 0, 0}, 5, false},
+        {"other-generation", {0, 1, 3, 1}, 4, false}, /* header edits that are refused */
+        {"other-ranks", {0, 1, 4 | 8, 3}, 4, false},
+        {"ring-cap-changed", {1, 1, 5, 13}, 4, false},
+    };
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        fz_seed s = {.n = 0};
+        for (size_t j = 0; j < seeds[i].npre; j++)
+            put8(&s, seeds[i].pre[j]);
+        if (seeds[i].prog) seed_prog(&s);
+        fuzz_seed_write(dir, seeds[i].name, s.b, s.n);
+    }
+}
+
+FUZZ_SEEDS_MAIN(fuzz_seeds)

@@ -30,7 +30,9 @@
  *    the peer's consent and fewer than CL_SHM_LOAN_SLOTS tickets out; park
  *    sleeps exactly when the newest loan is still out. Every step is
  *    bounded.
- *  - Build: with transports/shm/loan.c, -I include -I ., -lcrypto.
+ *  - Seeds (fuzz_seeds, make fuzz-seeds): borrow/read/return of honest
+ *    loans, a withdrawal before the claim, lending/parking/withdrawing, a
+ *    return never lent, forged descriptors.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -41,40 +43,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/fuzz/fuzz.h"
+
 #include "collie.h"
 #include "transports/shm/loan.h"
 
-#define FZ_CHECK(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_shm_loan: %s:%d: %s\n", __FILE__, __LINE__, #cond);              \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
+#define FZ_CHECK(cond) FUZZ_CHECK(cond, "the loans' contract")
 
 #define FZ_DONE    ((uint64_t)1 << 63) /* loan.c's claimed mark */
 #define FZ_STREAM  64                  /* descriptors in flight on the "ring" */
 #define FZ_SRC     4096                /* bytes of a buffer the honest peer lends */
 #define FZ_BORROWS 8
 
-typedef struct fz_in {
-    const uint8_t *p;
-    size_t n;
-} fz_in;
-
-static uint8_t fz_u8(fz_in *in) {
-    if (!in->n) return 0;
-    in->n--;
-    return *in->p++;
+static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
+static uint16_t fz_u16(fuzz_in *in) {
+    uint16_t lo = fuzz_u8(in);
+    return (uint16_t)(lo | fuzz_u8(in) << 8);
 }
-static uint16_t fz_u16(fz_in *in) {
-    uint16_t lo = fz_u8(in);
-    return (uint16_t)(lo | fz_u8(in) << 8);
-}
-static uint64_t fz_u64(fz_in *in) {
+static uint64_t fz_u64(fuzz_in *in) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fz_u8(in) << (8 * i);
+        v |= (uint64_t)fuzz_u8(in) << (8 * i);
     return v;
 }
 
@@ -99,7 +88,7 @@ typedef struct fz_borrow {
 } fz_borrow;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fz_in in = {data, size};
+    fuzz_in in = {.p = data, .len = size};
     for (int i = 0; i < FZ_SRC; i++)
         fz_src[i] = (uint8_t)(i * 7 + 3);
     cl_shm_loan_side *sides = aligned_alloc(64, 2 * sizeof(cl_shm_loan_side));
@@ -119,7 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t my_out[CL_SHM_LOAN_SLOTS * 2];
     int nmy = 0;
     bool touched = false; /* the peer poked the sides: no loan is honest any more */
-    for (int steps = 0; steps < 256 && in.n > 0; steps++) {
+    for (int steps = 0; steps < 256 && fuzz_left(&in) > 0; steps++) {
         uint8_t op = fz_u8(&in);
         switch (op & 0x0f) { /* the step; the high bits are its flags */
         case 0: {            /* the peer pokes bytes of either side */
@@ -289,3 +278,70 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(sides);
     return 0;
 }
+
+/* ---- seeds: valid programs (make fuzz-seeds) ---------------------------------------- */
+
+enum {
+    N_POKE,
+    N_STORE,
+    N_PROBE,
+    N_PEERLEND,
+    N_FORGED,
+    N_BORROW,
+    N_LIVE,
+    N_READ,
+    N_RETURN,
+    N_PWITHDRAW,
+    N_LEND,
+    N_PARK,
+    N_WITHDRAW
+};
+#define RET_USED (N_RETURN | 0x10)
+
+typedef struct fz_seed {
+    uint8_t b[256];
+    size_t n;
+} fz_seed;
+
+static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
+static void put16(fz_seed *s, unsigned v) {
+    put8(s, v & 0xff);
+    put8(s, (v >> 8) & 0xff);
+}
+
+static void fuzz_seeds(const char *dir) {
+    fz_seed s = {.n = 0};
+    /* probe, the peer lends three, this side borrows, reads, returns them in order */
+    put8(&s, N_PROBE);
+    for (int i = 0; i < 3; i++) {
+        put8(&s, N_PEERLEND), put8(&s, N_BORROW), put8(&s, N_LIVE), put8(&s, 0);
+        put8(&s, N_READ), put8(&s, 0), put16(&s, 100), put16(&s, 1000);
+    }
+    put8(&s, RET_USED), put8(&s, RET_USED), put8(&s, N_RETURN);
+    fuzz_seed_write(dir, "borrow-read-return", s.b, s.n);
+    /* the peer withdraws before the claim: the return says WITHDRAWN */
+    s.n = 0;
+    put8(&s, N_PROBE), put8(&s, N_PEERLEND), put8(&s, N_BORROW), put8(&s, N_PWITHDRAW);
+    put8(&s, 0), put8(&s, RET_USED);
+    fuzz_seed_write(dir, "withdrawn-before-claim", s.b, s.n);
+    /* this side lends (the peer says it may), parks, collects, withdraws */
+    s.n = 0;
+    put8(&s, N_STORE | 0x40), put8(&s, 1), put8(&s, 1); /* returned 0, readable 1 */
+    put8(&s, N_LEND), put8(&s, N_LEND), put8(&s, N_PARK), put8(&s, N_STORE), put8(&s, 3);
+    put8(&s, N_LEND), put8(&s, N_PARK), put8(&s, N_WITHDRAW), put8(&s, 0);
+    fuzz_seed_write(dir, "lend-park-withdraw", s.b, s.n);
+    /* a return never lent: refused, and nothing is lent on it */
+    s.n = 0;
+    put8(&s, N_STORE | 0x40), put8(&s, 1), put8(&s, 1), put8(&s, N_LEND);
+    put8(&s, N_STORE | 0x10), put16(&s, 0), put16(&s, 0), put16(&s, 0), put16(&s, 0x100);
+    put8(&s, N_LEND), put8(&s, N_PARK);
+    fuzz_seed_write(dir, "return-never-lent", s.b, s.n);
+    /* forged descriptors: a ticket that does not go up, then one that does */
+    s.n = 0;
+    put8(&s, N_PROBE), put8(&s, N_FORGED), put8(&s, 0), put8(&s, 0), put8(&s, N_BORROW);
+    put8(&s, N_FORGED), put8(&s, 0), put8(&s, 5), put16(&s, 0), put8(&s, N_BORROW);
+    put8(&s, N_READ), put8(&s, 0), put16(&s, 0), put16(&s, 64), put8(&s, RET_USED);
+    fuzz_seed_write(dir, "forged-descriptors", s.b, s.n);
+}
+
+FUZZ_SEEDS_MAIN(fuzz_seeds)

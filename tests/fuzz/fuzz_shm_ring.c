@@ -31,47 +31,35 @@
  *    does not sleep (the next call reports the error). Every call is
  *    bounded by what it moves. attach accepts only a power-of-two
  *    capacity that fits the memory and counters at most that far apart.
- *  - Build: with transports/shm/ring.c and the include path (-I include
- *    -I .); nothing else.
+ *  - Seeds (fuzz_seeds, make fuzz-seeds): honest streams across the wrap,
+ *    writes of 1-3 iovecs, parking and waking, an attached ring with data,
+ *    a head corrupted after traffic.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "tests/fuzz/fuzz.h"
+
 #include "collie.h"
 #include "transports/shm/ring.h"
 
-#define FZ_CHECK(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_shm_ring: %s:%d: %s\n", __FILE__, __LINE__, #cond);              \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
+#define FZ_CHECK(cond) FUZZ_CHECK(cond, "the ring's contract")
 
-#include <stdio.h>
-
-typedef struct fz_in {
-    const uint8_t *p;
-    size_t n;
-} fz_in;
-
-static uint8_t fz_u8(fz_in *in) {
-    if (!in->n) return 0;
-    in->n--;
-    return *in->p++;
+static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
+static uint16_t fz_u16(fuzz_in *in) {
+    uint16_t lo = fuzz_u8(in);
+    return (uint16_t)(lo | fuzz_u8(in) << 8);
 }
-static uint16_t fz_u16(fz_in *in) {
-    uint16_t lo = fz_u8(in);
-    return (uint16_t)(lo | fz_u8(in) << 8);
-}
-static uint64_t fz_u64(fz_in *in) {
+static uint64_t fz_u64(fuzz_in *in) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fz_u8(in) << (8 * i);
+        v |= (uint64_t)fuzz_u8(in) << (8 * i);
     return v;
 }
 
@@ -81,7 +69,7 @@ static uint8_t pattern(uint64_t i, uint8_t salt) {
 }
 
 /* A new counter value: raw, or a small step from the current one. */
-static uint64_t fz_counter(fz_in *in, uint64_t cur, uint64_t cap) {
+static uint64_t fz_counter(fuzz_in *in, uint64_t cur, uint64_t cap) {
     uint8_t k = fz_u8(in);
     switch (k % 4) {
     case 0: return fz_u64(in);
@@ -136,7 +124,7 @@ static void step_read(fz_side *s, size_t len) {
 }
 
 /* this side writes tx: up to three iovecs of the given lengths */
-static void step_write(fz_side *s, fz_in *in) {
+static void step_write(fz_side *s, fuzz_in *in) {
     cl_shm_ring *r = &s->me;
     int niov = 1 + fz_u8(in) % 3;
     struct iovec iov[3];
@@ -201,7 +189,7 @@ static void peer_consume(fz_side *s, size_t n) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fz_in in = {data, size};
+    fuzz_in in = {.p = data, .len = size};
     uint8_t cfg = fz_u8(&in);
     uint64_t cap = (uint64_t)4096 << (cfg & 3);
     size_t rb = cl_shm_ring_bytes(cap);
@@ -233,7 +221,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(cl_shm_ring_init(&rx.peer, mem, cap) == COLLIE_OK);
         FZ_CHECK(cl_shm_ring_attach(&rx.me, mem, rb) == COLLIE_OK);
     }
-    for (int steps = 0; steps < 256 && in.n > 0; steps++) {
+    for (int steps = 0; steps < 256 && fuzz_left(&in) > 0; steps++) {
         uint8_t op = fz_u8(&in);
         fz_side *s = (op & 0x80) ? &tx : &rx;
         cl_shm_ring_shared *sh = s->me.sh;
@@ -297,3 +285,74 @@ out:
     free(mem);
     return 0;
 }
+
+/* ---- seeds: valid programs (make fuzz-seeds) ---------------------------------------- */
+
+enum {
+    R_HEAD,
+    R_TAIL,
+    R_POKE,
+    R_PRODUCE,
+    R_CONSUME,
+    R_READ,
+    R_WRITE,
+    R_ASK,
+    R_RPARK,
+    R_WPARK,
+    R_WAKEW,
+    R_WAKER
+};
+
+typedef struct fz_seed {
+    uint8_t b[256];
+    size_t n;
+} fz_seed;
+
+static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
+static void put16(fz_seed *s, unsigned v) {
+    put8(s, v & 0xff);
+    put8(s, (v >> 8) & 0xff);
+}
+
+static void fuzz_seeds(const char *dir) {
+    fz_seed s = {.n = 0};
+    /* an honest stream across the wrap, read in uneven pieces */
+    static const unsigned rw[][2] = {
+        {1000, 600}, {3000, 3400}, {4096, 100}, {50, 4096}, {4000, 4000}};
+    put8(&s, 0);
+    for (size_t i = 0; i < sizeof rw / sizeof rw[0]; i++) {
+        put8(&s, R_PRODUCE), put16(&s, rw[i][0]), put8(&s, R_READ), put16(&s, rw[i][1]);
+        put8(&s, R_ASK);
+    }
+    fuzz_seed_write(dir, "stream-across-the-wrap", s.b, s.n);
+    /* this side writes 1-3 iovecs, the peer consumes: full, then room again */
+    s.n = 0;
+    put8(&s, 1);
+    put8(&s, R_WRITE), put8(&s, 0), put16(&s, 5000);
+    put8(&s, R_CONSUME), put16(&s, 3000), put8(&s, R_ASK | 0x80);
+    put8(&s, R_WRITE), put8(&s, 2), put16(&s, 0), put16(&s, 7000), put16(&s, 9);
+    put8(&s, R_CONSUME), put16(&s, 8192), put8(&s, R_ASK | 0x80);
+    put8(&s, R_WRITE), put8(&s, 1), put16(&s, 4096), put16(&s, 4096);
+    put8(&s, R_CONSUME), put16(&s, 100);
+    fuzz_seed_write(dir, "writes-and-consumes", s.b, s.n);
+    /* parking on both sides, the wake-ups */
+    s.n = 0;
+    put8(&s, 0), put8(&s, R_RPARK), put8(&s, R_PRODUCE), put16(&s, 10), put8(&s, R_WAKEW);
+    put8(&s, R_READ), put16(&s, 10), put8(&s, R_WRITE), put8(&s, 0), put16(&s, 4096);
+    put8(&s, R_WPARK), put16(&s, 1), put8(&s, R_CONSUME), put16(&s, 4096), put8(&s, R_WAKER);
+    put8(&s, R_WPARK), put16(&s, 1);
+    fuzz_seed_write(dir, "park-and-wake", s.b, s.n);
+    /* rx laid out by the peer (attach): an honest capacity with data in it */
+    s.n = 0;
+    put8(&s, 4 | 16), put8(&s, 0), put8(&s, 1), put16(&s, 100), put8(&s, 1), put16(&s, 0);
+    put8(&s, R_READ), put16(&s, 50), put8(&s, R_READ), put16(&s, 50);
+    fuzz_seed_write(dir, "attach-with-data", s.b, s.n);
+    /* 16 KiB rings, a corrupt head after some traffic: reads fail, for good */
+    s.n = 0;
+    put8(&s, 2), put8(&s, R_PRODUCE), put16(&s, 2000), put8(&s, R_READ), put16(&s, 1000);
+    put8(&s, R_HEAD), put8(&s, 6), put8(&s, R_READ), put16(&s, 10), put8(&s, R_ASK);
+    put8(&s, R_RPARK), put8(&s, R_READ), put16(&s, 10);
+    fuzz_seed_write(dir, "corrupt-head-after-traffic", s.b, s.n);
+}
+
+FUZZ_SEEDS_MAIN(fuzz_seeds)
