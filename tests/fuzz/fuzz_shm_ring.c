@@ -250,6 +250,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             bool sane = counters_sane(&s->me, &used);
             uint64_t rd = cl_shm_ring_readable(&s->me), wr = cl_shm_ring_writable(&s->me);
             FZ_CHECK(rd <= cap && wr <= cap);
+            FZ_CHECK(cl_shm_ring_sane(&s->me) == (sane && !s->broken));
             if (sane && !s->broken)
                 FZ_CHECK(rd == used && wr == cap - used);
             else
