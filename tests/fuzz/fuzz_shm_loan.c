@@ -221,8 +221,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 9: { /* the peer withdraws a loan of its own */
             uint64_t t = peer.next_ticket - 1 - fz_u8(&in) % 4;
             if (t >= 1 && t < peer.next_ticket) {
-                for (int i = 0; i < nheld; i++)
+                for (int i = 0; i < nheld; i++) /* borrowed, or still on the stream */
                     if (held[i].ticket == t) held[i].honest = false;
+                for (int i = 0; i < s_len; i++)
+                    if (get64le(stream[(s_head + i) % FZ_STREAM]) == t)
+                        stream_honest[(s_head + i) % FZ_STREAM] = false;
                 cl_shm_loan_withdraw(theirs, t);
             }
             break;
