@@ -229,6 +229,16 @@ static void test_link_refuses_foreign_memory(void **state) {
     assert_int_equal(got.fd, -1); /* closed by attach */
     /* no fd at all */
     assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    /* the right memory handed over read-only (it cannot be mapped for
+     * writing): the peer's error, not this side's lack of memory */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", made.fd);
+    cl_shm_link_init(&got);
+    got.fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(got.fd >= 0);
+    assert_int_equal(cl_shm_link_attach(&got, &id, why, sizeof why), COLLIE_EPROTO);
+    assert_non_null(strstr(why, "mapped"));
+    assert_int_equal(got.fd, -1);
     cl_shm_link_close(&made);
 }
 
@@ -380,6 +390,81 @@ static void test_unreadable_peer_credentials_are_refused(void **state) {
     world_destroy(&w);
 }
 
+/* ---- a same-host peer that corrupts the shared memory ------------------------------------ */
+
+/* Every mapping of a collie link in this process (both ranks of a world
+ * map each link): its start, or 0 when there are no more. */
+static int link_mappings(uint8_t *maps[], int max) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        if (!strstr(line, "/memfd:collie")) continue;
+        unsigned long long start;
+        if (sscanf(line, "%llx-", &start) == 1) maps[n++] = (uint8_t *)(uintptr_t)start;
+    }
+    fclose(f);
+    return n;
+}
+
+/* A peer that writes nonsense into the counters of its link's rings (head
+ * more than the capacity ahead of tail) breaks the protocol: the ranks'
+ * next collective fails at once with COLLIE_EPROTO naming the ring, rather
+ * than both sides finding the ring "empty" and waiting out the deadline. */
+static void test_corrupt_ring_counters_are_a_protocol_error(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "shm-corrupt-ring", NULL);
+    world_link(&w);
+    assert_true(comm_stats(w.c[0]).shm_connections > 0);
+    uint8_t *maps[4];
+    int nm = link_mappings(maps, 4);
+    assert_true(nm >= 1);
+    /* the header page (link.c): magic, ..., ring_cap at 32, ring_off[2] at 40 */
+    uint8_t *map = maps[0];
+    uint32_t magic;
+    uint64_t cap, off[2];
+    memcpy(&magic, map, sizeof magic);
+    assert_int_equal(magic, 0x4c534c43u);
+    memcpy(&cap, map + 32, sizeof cap);
+    memcpy(off, map + 40, sizeof off);
+    for (int i = 0; i < 2; i++) { /* head is the ring's first word */
+        _Atomic uint64_t *head = (_Atomic uint64_t *)(map + off[i]);
+        atomic_fetch_add(head, 3 * cap);
+    }
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 15000;
+    int32_t v[2] = {1, 2};
+    collie_work *wk[2] = {NULL, NULL};
+    int64_t t0 = now_ms();
+    int rc[2];
+    for (int r = 0; r < 2; r++) /* refused at once if the comm failed already */
+        rc[r] = collie_allreduce(w.c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, &po, &wk[r]);
+    int eproto = 0;
+    for (int r = 0; r < 2; r++) {
+        if (rc[r] == COLLIE_OK) {
+            rc[r] = collie_work_wait(wk[r], 30000);
+            const char *msg = collie_work_error_message(wk[r]);
+            print_message("rank %d: %s: %s\n", r, collie_strerror(rc[r]), msg ? msg : "");
+            /* EPROTO, or EABORTED naming it (the other rank's connection saw it first) */
+            assert_true(rc[r] == COLLIE_EPROTO || rc[r] == COLLIE_EABORTED);
+            assert_non_null(msg);
+            assert_non_null(strstr(msg, "corrupted the ring of its same-host link"));
+            collie_work_release(wk[r]);
+        } else {
+            assert_true(rc[r] == COLLIE_EPROTO || rc[r] == COLLIE_EABORTED);
+        }
+        int st = COLLIE_OK;
+        const char *why = NULL;
+        collie_comm_error(w.c[r], &st, &why);
+        if (st == COLLIE_EPROTO && why && strstr(why, "corrupted the ring")) eproto++;
+    }
+    assert_true(eproto >= 1);           /* the root cause */
+    assert_true(now_ms() - t0 < 10000); /* not the deadline */
+    world_destroy(&w);
+}
+
 /* Nothing of collie's in /dev/shm, while linked and after. */
 static void test_nothing_in_dev_shm(void **state) {
     (void)state;
@@ -404,6 +489,7 @@ int main(void) {
         cmocka_unit_test(test_same_user_by_effective_uid),
         cmocka_unit_test(test_unreadable_peer_credentials_are_refused),
         cmocka_unit_test(test_nothing_in_dev_shm),
+        cmocka_unit_test(test_corrupt_ring_counters_are_a_protocol_error),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
  * a container) keeps to the ring for what it receives, and still lends.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "harness.h"
 #include "runner.h"
 #include "spawn.h"
+#include "transports/shm/loan.h"
 
 static uint64_t single_copy_bytes(const world *w) {
     uint64_t sum = 0;
@@ -495,6 +497,91 @@ static void test_more_in_flight_than_loan_slots(void **state) {
     world_destroy(&w);
 }
 
+/* ---- a peer that corrupts the loans in the shared memory ------------------------------- */
+
+/* Set `returned` of both lender sides of every collie link this process
+ * maps (the header page: side i's loans at 1024 * (1 + i), link.c) to v. */
+static int scribble_returned(uint64_t v) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long start;
+        if (!strstr(line, "/memfd:collie") || sscanf(line, "%llx-", &start) != 1) continue;
+        for (int i = 0; i < 2; i++) {
+            cl_shm_loan_side *side = (cl_shm_loan_side *)(uintptr_t)(start + 1024u * (1 + i));
+            atomic_store(&side->returned, v);
+        }
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* A borrower that says it returned a ticket it was never lent (a corrupt
+ * `returned` in the shared memory) breaks the protocol: the lender's send
+ * fails naming it and the comm faults with COLLIE_EPROTO - the send once
+ * completed as if read, so the user got the buffer back while the peer
+ * had still to read it. */
+static void test_a_return_never_lent_is_a_protocol_error(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    set_threshold("65536");
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "copy1-bogus-return";
+    o.timeout_ms = 20000;
+    world w;
+    world_create_apart(&w, 2, o.name, &o); /* rank 1's loop can be held */
+    size_t n = 1 << 16;                    /* 256 KiB of int32: lent */
+    int32_t *src = malloc(n * 4), *dst = malloc(n * 4);
+    assert_non_null(src);
+    assert_non_null(dst);
+    memset(src, 1, n * 4);
+    collie_work *s, *r;
+    /* messages until one came by single copy: the probes ran, rank 0 lends
+     * (the first may go through the ring while its probe runs) */
+    for (int i = 0; i < 50 && comm_stats(w.c[1]).shm_single_copy_bytes == 0; i++) {
+        assert_int_equal(collie_recv(w.c[1], dst, n, COLLIE_INT32, 0, 1, NULL, &r), COLLIE_OK);
+        assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 1, NULL, &s), COLLIE_OK);
+        assert_int_equal(collie_work_wait(s, 20000), COLLIE_OK);
+        assert_int_equal(collie_work_wait(r, 20000), COLLIE_OK);
+        collie_work_release(s);
+        collie_work_release(r);
+    }
+    assert_true(comm_stats(w.c[1]).shm_single_copy_bytes > 0);
+    /* rank 1 does not read; rank 0 lends a message, then "its return" comes */
+    loop_block b;
+    loop_block_start(&b, w.re[1]);
+    assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 2, NULL, &s), COLLIE_OK);
+    for (int i = 0; i < 50 && collie_work_test(s); i++)
+        usleep(2000);
+    usleep(100 * 1000);
+    assert_false(collie_work_test(s)); /* lent: it waits for rank 1 */
+    assert_true(scribble_returned((uint64_t)1 << 40) >= 1);
+    /* wake rank 0's loop (its engine hosts the store): it looks at its loans */
+    assert_int_equal(collie_store_set(w.st[0], "kick", "1", 1, 5000), COLLIE_OK);
+    int rc = collie_work_wait(s, 10000);
+    const char *msg = collie_work_error_message(s);
+    print_message("send: %s: %s\n", collie_status_name(rc), msg ? msg : "");
+    loop_unblock(&b);
+    /* the send fails naming the cause (EPEER: its connection is lost); the
+     * comm's root cause is the protocol error */
+    assert_true(rc == COLLIE_EPROTO || rc == COLLIE_EPEER || rc == COLLIE_EABORTED);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "never lent"));
+    collie_work_release(s);
+    int st = COLLIE_OK;
+    const char *why = NULL;
+    collie_comm_error(w.c[0], &st, &why);
+    assert_int_equal(st, COLLIE_EPROTO);
+    assert_non_null(strstr(why, "never lent"));
+    free(src);
+    free(dst);
+    world_destroy(&w);
+    set_threshold(NULL);
+}
+
 /* ---- a rank that may not read its peer (a seccomp filter) -------------------------------- */
 
 /* Make process_vm_readv fail with EPERM in this process and the threads it
@@ -619,6 +706,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_withdrawn_peer_learns_root_cause),
         cmocka_unit_test(test_many_in_flight_then_a_mismatch),
         cmocka_unit_test(test_more_in_flight_than_loan_slots),
+        cmocka_unit_test(test_a_return_never_lent_is_a_protocol_error),
         cmocka_unit_test_teardown(test_forbidden_reader_keeps_to_the_ring, spawn_teardown),
     };
     return cltest_main(tests, NULL, NULL);

@@ -108,7 +108,10 @@ static void test_bad_layouts_are_refused(void **state) {
     free(mem);
 }
 
-static void test_corrupt_counters_move_nothing(void **state) {
+/* Counters a peer corrupted fail every read and write with EPROTO (never
+ * a silent "empty" or "full": a stall until the deadline), and go on
+ * failing; nothing moves; a corrupt ring does not sleep. */
+static void test_corrupt_counters_are_refused(void **state) {
     (void)state;
     void *mem = ring_mem(CAP);
     cl_shm_ring r;
@@ -118,14 +121,48 @@ static void test_corrupt_counters_move_nothing(void **state) {
     /* a peer that wrote a nonsense head (more than the capacity ahead) */
     atomic_store(&r.sh->head, 5 * CAP);
     assert_int_equal(cl_shm_ring_readable(&r), 0);
-    assert_int_equal(cl_shm_ring_read(&r, buf, sizeof buf), 0);
     assert_int_equal(cl_shm_ring_writable(&r), 0);
-    assert_int_equal(cl_shm_ring_writev(&r, &iov, 1), 0);
-    /* a tail ahead of head */
+    assert_false(cl_shm_ring_sane(&r));
+    assert_false(cl_shm_ring_reader_park(&r));
+    assert_false(cl_shm_ring_writer_park(&r, 1));
+    errno = 0;
+    assert_int_equal(cl_shm_ring_read(&r, buf, sizeof buf), -1);
+    assert_int_equal(errno, EPROTO);
+    assert_true(r.corrupt);
+    assert_int_equal(atomic_load(&r.sh->tail), 0);
+    /* put right again: still refused (the stream is broken) */
+    atomic_store(&r.sh->head, 0);
+    assert_int_equal(cl_shm_ring_read(&r, buf, sizeof buf), -1);
+    assert_int_equal(cl_shm_ring_writev(&r, &iov, 1), -1);
+    /* a tail ahead of head, seen by a fresh view */
+    assert_int_equal(cl_shm_ring_attach(&r, mem, cl_shm_ring_bytes(CAP)), COLLIE_OK);
     atomic_store(&r.sh->head, 10);
     atomic_store(&r.sh->tail, 20);
-    assert_int_equal(cl_shm_ring_read(&r, buf, sizeof buf), 0);
-    assert_int_equal(cl_shm_ring_writev(&r, &iov, 1), 0);
+    errno = 0;
+    assert_int_equal(cl_shm_ring_writev(&r, &iov, 1), -1);
+    assert_int_equal(errno, EPROTO);
+    assert_int_equal(atomic_load(&r.sh->head), 10);
+    /* the pure check */
+    assert_int_equal(cl_shm_ring_span(10, 20, CAP), -1);
+    assert_int_equal(cl_shm_ring_span(CAP + 20, 20, CAP), CAP);
+    assert_int_equal(cl_shm_ring_span(CAP + 21, 20, CAP), -1);
+    assert_int_equal(cl_shm_ring_span(5, UINT64_MAX - 2, CAP), 8); /* across the wrap */
+    free(mem);
+}
+
+/* An empty iovec (a NULL base with no bytes, as a frame without payload
+ * may give) is skipped, not handed to memcpy (UBSan: a null argument). */
+static void test_empty_iovecs_are_skipped(void **state) {
+    (void)state;
+    void *mem = ring_mem(CAP);
+    cl_shm_ring r;
+    assert_int_equal(cl_shm_ring_init(&r, mem, CAP), COLLIE_OK);
+    uint8_t out[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, in[16];
+    struct iovec iov[3] = {{NULL, 0}, {out, sizeof out}, {NULL, 0}};
+    assert_int_equal(cl_shm_ring_writev(&r, iov, 3), sizeof out);
+    assert_int_equal(cl_shm_ring_writev(&r, iov, 1), 0);
+    assert_int_equal(cl_shm_ring_read(&r, in, sizeof in), sizeof out);
+    assert_memory_equal(in, out, sizeof out);
     free(mem);
 }
 
@@ -364,7 +401,8 @@ int main(void) {
         cmocka_unit_test(test_order_across_the_wrap),
         cmocka_unit_test(test_full_and_empty),
         cmocka_unit_test(test_bad_layouts_are_refused),
-        cmocka_unit_test(test_corrupt_counters_move_nothing),
+        cmocka_unit_test(test_corrupt_counters_are_refused),
+        cmocka_unit_test(test_empty_iovecs_are_skipped),
         cmocka_unit_test(test_park_protocol_interleavings),
         cmocka_unit_test(test_stream_between_two_processes),
         cmocka_unit_test(test_parking_never_loses_a_wakeup),

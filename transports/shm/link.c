@@ -132,6 +132,29 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
     return COLLIE_OK;
 }
 
+const char *cl_shm_link_check(const void *map, size_t size, const cl_shm_link_id *id,
+                              cl_shm_ring *tx, cl_shm_ring *rx) {
+    link_header h;
+    memcpy(&h, map, sizeof h); /* one copy: the peer cannot change it under the checks */
+    if (h.magic != LINK_MAGIC || h.version != LINK_VERSION)
+        return "not a collie link of this version";
+    if (h.comm_id != id->comm_id || h.generation != id->generation)
+        return "it belongs to another comm or generation";
+    if (h.creator != id->creator || h.dialer != id->dialer) return "it names other ranks";
+    if (h.ring_cap != cap_round(h.ring_cap) || link_size(h.ring_cap) != size ||
+        h.ring_off[0] != LINK_PAGE ||
+        h.ring_off[1] != LINK_PAGE + page_up(cl_shm_ring_bytes(h.ring_cap)))
+        return "its layout does not add up";
+    /* the rings' own words (capacity, counters) are read once each there */
+    if (cl_shm_ring_attach(tx, (uint8_t *)map + h.ring_off[0], cl_shm_ring_bytes(h.ring_cap)) !=
+            COLLIE_OK ||
+        cl_shm_ring_attach(rx, (uint8_t *)map + h.ring_off[1], cl_shm_ring_bytes(h.ring_cap)) !=
+            COLLIE_OK ||
+        tx->cap != h.ring_cap || rx->cap != h.ring_cap)
+        return "its rings are inconsistent";
+    return NULL;
+}
+
 int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size_t why_len) {
     int fd = l->fd;
     l->fd = -1;
@@ -149,30 +172,14 @@ int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
     close(fd);
-    if (map == MAP_FAILED) {
-        snprintf(why, why_len, "mmap of its shared memory: %s", strerror(errno));
-        return COLLIE_ENOMEM;
+    if (map == MAP_FAILED) { /* EACCES, EPERM...: a descriptor that may not be mapped so */
+        snprintf(why, why_len, "its shared memory cannot be mapped for reading and writing: %s",
+                 strerror(err));
+        return err == ENOMEM ? COLLIE_ENOMEM : COLLIE_EPROTO;
     }
-    link_header h;
-    memcpy(&h, map, sizeof h); /* one copy: the peer cannot change it under the checks */
-    const char *bad = NULL;
-    if (h.magic != LINK_MAGIC || h.version != LINK_VERSION)
-        bad = "not a collie link of this version";
-    else if (h.comm_id != id->comm_id || h.generation != id->generation)
-        bad = "it belongs to another comm or generation";
-    else if (h.creator != id->creator || h.dialer != id->dialer)
-        bad = "it names other ranks";
-    else if (h.ring_cap != cap_round(h.ring_cap) || link_size(h.ring_cap) != size ||
-             h.ring_off[0] != LINK_PAGE ||
-             h.ring_off[1] != LINK_PAGE + page_up(cl_shm_ring_bytes(h.ring_cap)))
-        bad = "its layout does not add up";
-    else if (cl_shm_ring_attach(&l->tx, (uint8_t *)map + h.ring_off[0],
-                                cl_shm_ring_bytes(h.ring_cap)) != COLLIE_OK ||
-             cl_shm_ring_attach(&l->rx, (uint8_t *)map + h.ring_off[1],
-                                cl_shm_ring_bytes(h.ring_cap)) != COLLIE_OK ||
-             l->tx.cap != h.ring_cap || l->rx.cap != h.ring_cap)
-        bad = "its rings are inconsistent";
+    const char *bad = cl_shm_link_check(map, size, id, &l->tx, &l->rx);
     if (bad) {
         snprintf(why, why_len, "its shared memory was refused: %s", bad);
         munmap(map, size);
@@ -201,13 +208,15 @@ void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock) {
 }
 
 bool cl_shm_link_readable(const cl_shm_link *l) {
-    return l->map && cl_shm_ring_readable(&l->rx) > 0;
+    /* a corrupt ring has something to say: the read's EPROTO */
+    return l->map && (cl_shm_ring_readable(&l->rx) > 0 || !cl_shm_ring_sane(&l->rx));
 }
 
 ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park) {
     if (len == 0) return 0;
     for (int tries = 0; tries < 2; tries++) {
-        size_t n = cl_shm_ring_read(&l->rx, buf, len);
+        ssize_t n = cl_shm_ring_read(&l->rx, buf, len);
+        if (n < 0) return -1; /* EPROTO: the peer corrupted the ring */
         if (n > 0) {
             if (cl_shm_ring_wake_writer(&l->rx)) cl_shm_link_ring_doorbell(sock);
             return (ssize_t)n;
@@ -229,12 +238,13 @@ ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, in
         total += iov[i].iov_len;
     if (total == 0) return 0;
     for (int tries = 0; tries < 2; tries++) {
-        size_t n = cl_shm_ring_writev(&l->tx, iov, niov);
+        ssize_t n = cl_shm_ring_writev(&l->tx, iov, niov);
+        if (n < 0) return -1; /* EPROTO, as above */
         if (n > 0) {
             if (cl_shm_ring_wake_reader(&l->tx)) cl_shm_link_ring_doorbell(sock);
             /* the ring filled up: park, so the reader's progress rings us
              * (if room came meanwhile, the caller simply writes again) */
-            if (n < total && cl_shm_ring_writer_park(&l->tx, 1)) l->writer_wait = true;
+            if ((size_t)n < total && cl_shm_ring_writer_park(&l->tx, 1)) l->writer_wait = true;
             return (ssize_t)n;
         }
         if (cl_shm_ring_writer_park(&l->tx, 1)) break;

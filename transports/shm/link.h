@@ -14,7 +14,8 @@
  *
  * Nothing here blocks. recv/writev return bytes moved, or -1 with errno:
  * EAGAIN (nothing now: this side is parked, and the peer will ring the
- * doorbell when it moves bytes), EPIPE (writing to a peer that is gone).
+ * doorbell when it moves bytes), EPIPE (writing to a peer that is gone),
+ * EPROTO (the peer corrupted the ring's counters: ring.h; for good).
  * recv returns 0 only at the end: the socket reached EOF and the ring is
  * empty (every byte the peer wrote before dying is read first).
  */
@@ -61,8 +62,20 @@ int cl_shm_link_create(cl_shm_link *l, const cl_shm_link_id *id, uint64_t ring_b
 
 /* cl_shm_link_attach: the dialer's side: map the received memfd (l->fd,
  * closed here either way) and check that it is what `id` expects:
- * COLLIE_EPROTO with the reason in `why` if anything disagrees. */
+ * COLLIE_EPROTO with the reason in `why` if anything disagrees (also a
+ * descriptor that cannot be mapped for writing); COLLIE_ENOMEM if the
+ * mapping found no memory. */
 int cl_shm_link_attach(cl_shm_link *l, const cl_shm_link_id *id, char *why, size_t why_len);
+
+/* cl_shm_link_check: the dialer's checks of a link's memory `map` of
+ * `size` bytes (a mapping, or a copy of one) against `id`, without system
+ * calls: NULL if it is what `id` expects, with tx and rx set to views of
+ * its rings (dialer to creator, creator to dialer); else the reason. Reads
+ * each header word once (the peer may write it meanwhile). Attach calls it
+ * after mapping; the fuzz target (tests/fuzz/fuzz_shm_link.c) calls it
+ * directly too. */
+const char *cl_shm_link_check(const void *map, size_t size, const cl_shm_link_id *id,
+                              cl_shm_ring *tx, cl_shm_ring *rx);
 
 /* The connection closed: close the fds the link holds but keep the memory
  * mapped (a thread ending a work may still withdraw its loans there, see
@@ -85,7 +98,8 @@ void cl_shm_link_drain_doorbell(cl_shm_link *l, int sock);
 ssize_t cl_shm_link_recv(cl_shm_link *l, int sock, void *buf, size_t len, bool park);
 ssize_t cl_shm_link_writev(cl_shm_link *l, int sock, const struct iovec *iov, int niov);
 
-/* Is there something to read now (for progress without a doorbell)? */
+/* Is there something to read now (for progress without a doorbell)? True
+ * also for a corrupt ring, whose read reports it. */
 bool cl_shm_link_readable(const cl_shm_link *l);
 
 #endif

@@ -13,8 +13,11 @@
  *    CL_SHM_LOAN_SLOTS later, which it opens only once the borrower
  *    returned the older one.
  *  - The peer is trusted to be the same program, not to be sane: a ticket
- *    out of order is a protocol error; an address it lends can only make
- *    process_vm_readv read its own memory or fail.
+ *    out of order is a protocol error, and so is a `returned` past the
+ *    newest ticket lent (the lender would complete messages the peer has
+ *    not read); an address it lends can only make process_vm_readv read
+ *    its own memory or fail. Each word the peer writes is read once per
+ *    use and checked before it is acted on (tests/fuzz/fuzz_shm_loan.c).
  *  - The probe reads a word the peer published with the peer's pid from
  *    SO_PEERCRED, after taking a pidfd of that pid; a probe that reads the
  *    right value from a process that is still alive afterwards has found
@@ -129,14 +132,16 @@ bool cl_shm_loans_probe(cl_shm_loans *lo, int sock, char *why, size_t why_len) {
 
 /* ---- the lender --------------------------------------------------------------------- */
 
-uint64_t cl_shm_loans_returned(const cl_shm_loans *lo) {
-    return atomic_load_explicit(&lo->mine->returned, memory_order_acquire);
+int cl_shm_loans_returned(const cl_shm_loans *lo, uint64_t *back) {
+    *back = atomic_load_explicit(&lo->mine->returned, memory_order_acquire);
+    return *back < lo->next_ticket ? COLLIE_OK : COLLIE_EPROTO;
 }
 
 bool cl_shm_loan_can_lend(const cl_shm_loans *lo) {
     if (!lo->mine || !atomic_load_explicit(&lo->mine->readable, memory_order_acquire)) return false;
-    uint64_t out = lo->next_ticket - 1 - cl_shm_loans_returned(lo);
-    return out < CL_SHM_LOAN_SLOTS;
+    uint64_t back;
+    if (cl_shm_loans_returned(lo, &back) != COLLIE_OK) return false; /* collecting reports it */
+    return lo->next_ticket - 1 - back < CL_SHM_LOAN_SLOTS;
 }
 
 uint64_t cl_shm_loan_open(cl_shm_loans *lo, const void *addr, uint8_t desc[CL_SHM_LOAN_DESC]) {

@@ -82,7 +82,8 @@ bool cl_shm_loans_probe(cl_shm_loans *lo, int sock, char *why, size_t why_len);
 
 /* ---- the lender ---- */
 
-/* May a message be lent now (the peer reads us, a slot is free)? */
+/* May a message be lent now (the peer reads us, a slot is free, and what
+ * it returned makes sense)? */
 bool cl_shm_loan_can_lend(const cl_shm_loans *lo);
 /* Lend `addr`: fills the frame's payload, returns the ticket. */
 uint64_t cl_shm_loan_open(cl_shm_loans *lo, const void *addr, uint8_t desc[CL_SHM_LOAN_DESC]);
@@ -90,8 +91,11 @@ uint64_t cl_shm_loan_open(cl_shm_loans *lo, const void *addr, uint8_t desc[CL_SH
  * the peer's claim fails (and its receive with it). `mine` is lo->mine
  * (shared memory: valid while the link is mapped). Any thread. */
 void cl_shm_loan_withdraw(cl_shm_loan_side *mine, uint64_t ticket);
-/* The last ticket the peer is done with. */
-uint64_t cl_shm_loans_returned(const cl_shm_loans *lo);
+/* The last ticket the peer is done with, in *back (one snapshot of what it
+ * wrote): COLLIE_EPROTO if that names a ticket this side never lent (past
+ * the newest it opened) - a corrupt peer: its messages must not complete
+ * as if read. */
+int cl_shm_loans_returned(const cl_shm_loans *lo, uint64_t *back);
 /* About to sleep with loans out (up to `newest`): true if the peer will
  * ring the doorbell on its next return; false if it returned some
  * meanwhile (collect them, then park again). */

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #define CL_SHM_CACHELINE 64
@@ -42,6 +43,7 @@ typedef struct cl_shm_ring {
     cl_shm_ring_shared *sh;
     uint8_t *data;
     uint64_t cap, mask;
+    bool corrupt; /* a call found the shared counters corrupt: the ring is of no more use */
 } cl_shm_ring;
 
 /* cl_shm_ring_bytes: the memory a ring of `cap` data bytes takes (cap a
@@ -59,18 +61,30 @@ int cl_shm_ring_init(cl_shm_ring *r, void *mem, uint64_t cap);
  * inconsistent. */
 int cl_shm_ring_attach(cl_shm_ring *r, void *mem, size_t bytes);
 
-/* Producer: copy as much of iov[0..n) as fits, in order; returns the bytes
- * written (0 when full). */
-size_t cl_shm_ring_writev(cl_shm_ring *r, const struct iovec *iov, int n);
-/* Consumer: copy up to len bytes out; returns the bytes read (0 when empty). */
-size_t cl_shm_ring_read(cl_shm_ring *r, void *buf, size_t len);
+/* cl_shm_ring_span: the bytes in a ring whose counters read `head` and
+ * `tail` (one snapshot of each), or -1 if they make no sense - tail ahead
+ * of head, or more than `cap` apart: the peer corrupted them. The one
+ * check of what the other process wrote; every call below makes it. */
+int64_t cl_shm_ring_span(uint64_t head, uint64_t tail, uint64_t cap);
 
-/* Bytes a read would get now / room a write would find now. */
+/* Producer: copy as much of iov[0..n) as fits, in order; returns the bytes
+ * written (0 when full), or -1 with errno EPROTO if the counters are
+ * corrupt (nothing moves; from then on every call says so: r->corrupt). */
+ssize_t cl_shm_ring_writev(cl_shm_ring *r, const struct iovec *iov, int n);
+/* Consumer: copy up to len bytes out; returns the bytes read (0 when
+ * empty), or -1 with errno EPROTO as above. */
+ssize_t cl_shm_ring_read(cl_shm_ring *r, void *buf, size_t len);
+
+/* Bytes a read would get now / room a write would find now (0 if the
+ * counters are corrupt: the next read or write reports it). */
 uint64_t cl_shm_ring_readable(const cl_shm_ring *r);
 uint64_t cl_shm_ring_writable(const cl_shm_ring *r);
+/* Are the counters sane now (and were they in every call so far)? */
+bool cl_shm_ring_sane(const cl_shm_ring *r);
 
 /* Consumer about to sleep: true if it may (it is parked and the ring was
- * still empty after parking); false if data came meanwhile (not parked). */
+ * still empty after parking); false if data came meanwhile (not parked),
+ * or the counters are corrupt (the next read reports it). */
 bool cl_shm_ring_reader_park(cl_shm_ring *r);
 /* Producer about to sleep until there is room for `want` bytes (at most the
  * capacity): as above. */

@@ -663,6 +663,19 @@ static void conn_read_last_words(tcp_conn *c) {
     }
 }
 
+/* Reading or writing the link failed with err (not EAGAIN/EINTR): a shm
+ * ring whose counters the peer corrupted (ring.h) breaks the protocol;
+ * anything else is the peer's loss. `dir`: "receive from" or "send to". */
+static void conn_link_failed(tcp_conn *c, int err, const char *dir) {
+    if (err == EPROTO && cl_tcp_link_is_shm(c) && (c->shm.rx.corrupt || c->shm.tx.corrupt))
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d corrupted the ring of its same-host link (its counters make "
+                         "no sense)",
+                         c->peer);
+    else
+        cl_tcp_conn_lost(c, COLLIE_EPEER, "%s rank %d failed: %s", dir, c->peer, strerror(err));
+}
+
 /* Write the handshake bytes, then queued messages, until the socket is
  * full. Up to FLUSH_BATCH messages go out in one sendmsg (header and
  * payload straight from the user's memory). Completing a message may make
@@ -768,9 +781,7 @@ void cl_tcp_conn_flush(tcp_conn *c) {
             if (errno == EAGAIN || errno == EINTR) goto want_write;
             int err = errno;
             conn_read_last_words(c);
-            if (c->state == TCP_CONN_READY)
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "send to rank %d failed: %s", c->peer,
-                                 strerror(err));
+            if (c->state == TCP_CONN_READY) conn_link_failed(c, err, "send to");
             return;
         }
         /* account the bytes in order; unlink the finished messages first,
@@ -1537,9 +1548,7 @@ static bool conn_read_tag(tcp_conn *c) {
             return false;
         }
         if (n < 0) {
-            if (errno != EAGAIN && errno != EINTR)
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
-                                 strerror(errno));
+            if (errno != EAGAIN && errno != EINTR) conn_link_failed(c, errno, "receive from");
             return false;
         }
         c->rx_tag_got += (size_t)n;
@@ -1584,8 +1593,7 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             }
             if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR) return;
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s", c->peer,
-                                 strerror(errno));
+                conn_link_failed(c, errno, "receive from");
                 return;
             }
             c->hdr_got += (size_t)n;
@@ -1637,8 +1645,10 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
             }
             if (n < 0) {
                 if (n == -EAGAIN || n == -EINTR) return;
-                if (n == -EPROTO)
+                if (n == -EPROTO && !c->shm.rx.corrupt)
                     cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed loan", c->peer);
+                else if (n == -EPROTO)
+                    conn_link_failed(c, EPROTO, "receive from");
                 else
                     cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s%s", c->peer,
                                      strerror((int)-n),

@@ -54,6 +54,9 @@
  *    first read with nothing reduced: its work completed OK with its output
  *    never written (the chaos harness, test_shm_copy's
  *    test_frames_after_a_withdrawn_loan).
+ *  - The peer's `returned` is checked before it completes anything: one
+ *    past the newest ticket lent fails the connection with EPROTO (its
+ *    messages would complete unread).
  *  - Waking the lender: while the loop polls, returns are collected on
  *    every turn (cl_tcp_conn_poll); a loop that may sleep parks the lender
  *    side and the borrower rings the doorbell on its next return.
@@ -126,7 +129,15 @@ void cl_tcp_work_unlend(tcp_work *tw) {
 /* Complete the messages whose loans came back. */
 static void loans_collect(tcp_conn *c) {
     if (cl_list_empty(&c->lent)) return;
-    uint64_t back = cl_shm_loans_returned(&c->shm.loans);
+    uint64_t back;
+    if (cl_shm_loans_returned(&c->shm.loans, &back) != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO,
+                         "rank %d returned single-copy loans it was never lent (up to ticket %llu; "
+                         "the newest lent is %llu)",
+                         c->peer, (unsigned long long)back,
+                         (unsigned long long)(c->shm.loans.next_ticket - 1));
+        return;
+    }
     tcp_msg *m;
     while (c->state == TCP_CONN_READY && (m = cl_list_first(&c->lent, tcp_msg, node)) &&
            m->loan_ticket <= back) {
