@@ -48,6 +48,36 @@ typedef struct fuzz_in {
 
 static inline uint8_t fuzz_u8(fuzz_in *in) { return in->pos < in->len ? in->p[in->pos++] : 0; }
 static inline size_t fuzz_left(const fuzz_in *in) { return in->len - in->pos; }
+/* little-endian, from the next 2 / 8 bytes */
+static inline uint16_t fuzz_u16(fuzz_in *in) {
+    uint16_t lo = fuzz_u8(in);
+    return (uint16_t)(lo | fuzz_u8(in) << 8);
+}
+static inline uint64_t fuzz_u64(fuzz_in *in) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)fuzz_u8(in) << (8 * i);
+    return v;
+}
+
+/* A seed input being built, byte by byte, for the readers above (the
+ * targets that take a program of steps: fuzz_shm_*.c). */
+typedef struct fuzz_seed {
+    uint8_t b[256];
+    size_t n;
+} fuzz_seed;
+
+static inline void fuzz_put8(fuzz_seed *s, unsigned v) {
+    if (s->n >= sizeof s->b) {
+        fprintf(stderr, "fuzz seeds: a seed longer than %zu bytes\n", sizeof s->b);
+        exit(1);
+    }
+    s->b[s->n++] = (uint8_t)v;
+}
+static inline void fuzz_put16(fuzz_seed *s, unsigned v) {
+    fuzz_put8(s, v & 0xff);
+    fuzz_put8(s, (v >> 8) & 0xff);
+}
 
 /* Write one seed input into dir (as name); exits on failure. */
 static inline void fuzz_seed_write(const char *dir, const char *name, const void *buf, size_t len) {

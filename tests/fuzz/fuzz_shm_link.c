@@ -62,18 +62,6 @@ typedef struct fz_header {
 
 #define FZ_PAGE 4096u
 
-static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
-static uint16_t fz_u16(fuzz_in *in) {
-    uint16_t lo = fuzz_u8(in);
-    return (uint16_t)(lo | fuzz_u8(in) << 8);
-}
-static uint64_t fz_u64(fuzz_in *in) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fuzz_u8(in) << (8 * i);
-    return v;
-}
-
 static uint64_t page_up(uint64_t v) { return (v + FZ_PAGE - 1) & ~(uint64_t)(FZ_PAGE - 1); }
 static uint64_t link_size(uint64_t cap) { return FZ_PAGE + 2 * page_up(cl_shm_ring_bytes(cap)); }
 
@@ -111,27 +99,27 @@ static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t si
     bool honest = atomic_load(&me->rx.sh->head) == 0 && atomic_load(&me->rx.sh->tail) == 0;
     uint64_t made = 0, taken = 0;
     for (int steps = 0; steps < 128 && fuzz_left(in) > 0; steps++) {
-        uint8_t op = fz_u8(in);
+        uint8_t op = fuzz_u8(in);
         switch (op & 0x0f) { /* the step; the high bits are its flags */
         case 0: {            /* the peer pokes bytes anywhere */
-            size_t off = (fz_u16(in) | (size_t)(fz_u8(in) & 1) << 16) % size;
-            size_t len = fz_u8(in) % 32;
+            size_t off = (fuzz_u16(in) | (size_t)(fuzz_u8(in) & 1) << 16) % size;
+            size_t len = fuzz_u8(in) % 32;
             for (size_t i = 0; i < len && off + i < size; i++)
-                map[off + i] = fz_u8(in);
+                map[off + i] = fuzz_u8(in);
             honest = false;
             break;
         }
         case 1: { /* the peer stores a counter of a ring */
             cl_shm_ring *r = (op & 0x10) ? &me->rx : &me->tx;
             _Atomic uint64_t *c = (op & 0x20) ? &r->sh->head : &r->sh->tail;
-            atomic_store(c, (op & 0x40) ? fz_u64(in) : atomic_load(c) + (int8_t)fz_u8(in));
+            atomic_store(c, (op & 0x40) ? fuzz_u64(in) : atomic_load(c) + (int8_t)fuzz_u8(in));
             honest = false;
             break;
         }
         case 2: { /* the peer writes honestly (its tx is this side's rx) */
             uint64_t used;
             if (hung_up || !ring_sane(&peer->tx, &used)) break;
-            size_t n = fz_u16(in) % (peer->tx.cap + 100);
+            size_t n = fuzz_u16(in) % (peer->tx.cap + 100);
             uint8_t *b = malloc(n + 1);
             FZ_CHECK(b);
             for (size_t i = 0; i < n; i++)
@@ -143,7 +131,7 @@ static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t si
             break;
         }
         case 3: { /* this side receives */
-            size_t len = fz_u16(in) % (me->rx.cap + 100);
+            size_t len = fuzz_u16(in) % (me->rx.cap + 100);
             bool park = op & 0x10;
             uint64_t used;
             bool sane = ring_sane(&me->rx, &used);
@@ -170,7 +158,7 @@ static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t si
             break;
         }
         case 4: { /* this side sends */
-            size_t len = fz_u16(in) % (me->tx.cap + 100);
+            size_t len = fuzz_u16(in) % (me->tx.cap + 100);
             uint8_t *b = malloc(len + 1);
             FZ_CHECK(b);
             memset(b, 0x77, len);
@@ -225,7 +213,7 @@ static void run_link(cl_shm_link *me, cl_shm_link *peer, uint8_t *map, size_t si
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_in in = {.p = data, .len = size};
     const cl_shm_link_id id = {.comm_id = 0x1234, .generation = 7, .creator = 1, .dialer = 0};
-    uint8_t cfg = fz_u8(&in);
+    uint8_t cfg = fuzz_u8(&in);
     char why[200] = "";
     cl_shm_link made;
     cl_shm_link_init(&made);
@@ -237,10 +225,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = made.map_len;
     bool sealed = true, read_only = false;
     if (cfg & 4) { /* a file made by hand: any size, sealed or not */
-        uint8_t k = fz_u8(&in);
+        uint8_t k = fuzz_u8(&in);
         size_t sizes[] = {
             len,           len - 1,         len + 1,         len + FZ_PAGE,
-            len - FZ_PAGE, link_size(4096), link_size(8192), fz_u16(&in) + (size_t)FZ_PAGE};
+            len - FZ_PAGE, link_size(4096), link_size(8192), fuzz_u16(&in) + (size_t)FZ_PAGE};
         size_t want = sizes[k % 8];
         sealed = !(k & 0x80);
         int hand = memfd_create("fuzz-link", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -266,23 +254,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         len = want;
     }
     /* the peer's edits of the header page */
-    int edits = fz_u8(&in) % 8;
+    int edits = fuzz_u8(&in) % 8;
     fz_header *h = (fz_header *)map;
     for (int i = 0; i < edits; i++) {
-        uint8_t e = fz_u8(&in);
+        uint8_t e = fuzz_u8(&in);
         switch (e % 8) {
-        case 0: h->magic ^= 1u << (fz_u8(&in) % 32); break;
-        case 1: h->version = fz_u8(&in); break;
-        case 2: h->comm_id += (int8_t)fz_u8(&in); break;
-        case 3: h->generation += (int8_t)fz_u8(&in); break;
-        case 4: *((e & 8) ? &h->creator : &h->dialer) = fz_u8(&in) % 4; break;
-        case 5: h->ring_cap = (e & 8) ? fz_u64(&in) : (uint64_t)1 << (fz_u8(&in) % 64); break;
-        case 6: h->ring_off[(e >> 3) & 1] += (int16_t)fz_u16(&in); break;
+        case 0: h->magic ^= 1u << (fuzz_u8(&in) % 32); break;
+        case 1: h->version = fuzz_u8(&in); break;
+        case 2: h->comm_id += (int8_t)fuzz_u8(&in); break;
+        case 3: h->generation += (int8_t)fuzz_u8(&in); break;
+        case 4: *((e & 8) ? &h->creator : &h->dialer) = fuzz_u8(&in) % 4; break;
+        case 5: h->ring_cap = (e & 8) ? fuzz_u64(&in) : (uint64_t)1 << (fuzz_u8(&in) % 64); break;
+        case 6: h->ring_off[(e >> 3) & 1] += (int16_t)fuzz_u16(&in); break;
         default: { /* any bytes of the header page, or a ring's words */
-            size_t off = fz_u16(&in) % (len < 2 * FZ_PAGE ? len : 2 * FZ_PAGE);
-            size_t n = fz_u8(&in) % 16;
+            size_t off = fuzz_u16(&in) % (len < 2 * FZ_PAGE ? len : 2 * FZ_PAGE);
+            size_t n = fuzz_u8(&in) % 16;
             for (size_t j = 0; j < n && off + j < len; j++)
-                map[off + j] = fz_u8(&in);
+                map[off + j] = fuzz_u8(&in);
         }
         }
     }
@@ -344,24 +332,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
 enum { L_POKE, L_COUNTER, L_PEERW, L_RECV, L_SEND, L_PEERR, L_READABLE, L_BELL, L_HANGUP };
 
-typedef struct fz_seed {
-    uint8_t b[256];
-    size_t n;
-} fz_seed;
-
-static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
-static void put16(fz_seed *s, unsigned v) {
-    put8(s, v & 0xff);
-    put8(s, (v >> 8) & 0xff);
-}
-
 /* an honest exchange both ways, parked and polling, then the peer hangs up */
-static void seed_prog(fz_seed *s) {
-    put8(s, L_PEERW), put16(s, 3000), put8(s, L_BELL), put8(s, L_RECV | 0x10), put16(s, 1000);
-    put8(s, L_RECV), put16(s, 5000), put8(s, L_READABLE), put8(s, L_RECV | 0x10), put16(s, 10);
-    put8(s, L_SEND), put16(s, 2000), put8(s, L_PEERR), put8(s, L_SEND), put16(s, 9000);
-    put8(s, L_PEERW), put16(s, 7), put8(s, L_HANGUP), put8(s, L_RECV), put16(s, 100);
-    put8(s, L_RECV), put16(s, 100), put8(s, L_SEND), put16(s, 1);
+static void seed_prog(fuzz_seed *s) {
+    fuzz_put8(s, L_PEERW), fuzz_put16(s, 3000), fuzz_put8(s, L_BELL), fuzz_put8(s, L_RECV | 0x10);
+    fuzz_put16(s, 1000);
+    fuzz_put8(s, L_RECV), fuzz_put16(s, 5000), fuzz_put8(s, L_READABLE);
+    fuzz_put8(s, L_RECV | 0x10), fuzz_put16(s, 10);
+    fuzz_put8(s, L_SEND), fuzz_put16(s, 2000), fuzz_put8(s, L_PEERR), fuzz_put8(s, L_SEND);
+    fuzz_put16(s, 9000);
+    fuzz_put8(s, L_PEERW), fuzz_put16(s, 7), fuzz_put8(s, L_HANGUP), fuzz_put8(s, L_RECV);
+    fuzz_put16(s, 100);
+    fuzz_put8(s, L_RECV), fuzz_put16(s, 100), fuzz_put8(s, L_SEND), fuzz_put16(s, 1);
 }
 
 static void fuzz_seeds(const char *dir) {
@@ -381,9 +362,9 @@ static void fuzz_seeds(const char *dir) {
         {"ring-cap-changed", {1, 1, 5, 13}, 4, false},
     };
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
-        fz_seed s = {.n = 0};
+        fuzz_seed s = {.n = 0};
         for (size_t j = 0; j < seeds[i].npre; j++)
-            put8(&s, seeds[i].pre[j]);
+            fuzz_put8(&s, seeds[i].pre[j]);
         if (seeds[i].prog) seed_prog(&s);
         fuzz_seed_write(dir, seeds[i].name, s.b, s.n);
     }

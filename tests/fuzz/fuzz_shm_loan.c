@@ -55,18 +55,6 @@
 #define FZ_SRC     4096                /* bytes of a buffer the honest peer lends */
 #define FZ_BORROWS 8
 
-static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
-static uint16_t fz_u16(fuzz_in *in) {
-    uint16_t lo = fuzz_u8(in);
-    return (uint16_t)(lo | fuzz_u8(in) << 8);
-}
-static uint64_t fz_u64(fuzz_in *in) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fuzz_u8(in) << (8 * i);
-    return v;
-}
-
 static void put64le(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
@@ -109,22 +97,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int nmy = 0;
     bool touched = false; /* the peer poked the sides: no loan is honest any more */
     for (int steps = 0; steps < 256 && fuzz_left(&in) > 0; steps++) {
-        uint8_t op = fz_u8(&in);
+        uint8_t op = fuzz_u8(&in);
         switch (op & 0x0f) { /* the step; the high bits are its flags */
         case 0: {            /* the peer pokes bytes of either side */
-            size_t off = fz_u16(&in) % (2 * sizeof(cl_shm_loan_side)), len = fz_u8(&in) % 16;
+            size_t off = fuzz_u16(&in) % (2 * sizeof(cl_shm_loan_side)), len = fuzz_u8(&in) % 16;
             for (size_t i = 0; i < len && off + i < 2 * sizeof(cl_shm_loan_side); i++)
-                ((uint8_t *)sides)[off + i] = fz_u8(&in);
+                ((uint8_t *)sides)[off + i] = fuzz_u8(&in);
             touched = true;
             break;
         }
         case 1: { /* the peer stores a word: what it returned of ours, a slot of its own */
-            uint64_t v = (op & 0x10) ? fz_u64(&in) : lo.next_ticket - 2 + fz_u8(&in) % 4;
+            uint64_t v = (op & 0x10) ? fuzz_u64(&in) : lo.next_ticket - 2 + fuzz_u8(&in) % 4;
             if (op & 0x20)
-                atomic_store(&theirs->slot[fz_u8(&in) % CL_SHM_LOAN_SLOTS], v);
+                atomic_store(&theirs->slot[fuzz_u8(&in) % CL_SHM_LOAN_SLOTS], v);
             else
                 atomic_store(&mine->returned, v);
-            if (op & 0x40) atomic_store(&mine->readable, fz_u8(&in));
+            if (op & 0x40) atomic_store(&mine->readable, fuzz_u8(&in));
             touched = true;
             break;
         }
@@ -146,9 +134,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 4: { /* a forged descriptor on the stream */
             if (s_len == FZ_STREAM) break;
             int at = (s_head + s_len++) % FZ_STREAM;
-            uint8_t k = fz_u8(&in);
-            uint64_t t = (k & 1) ? fz_u64(&in) : lo.last_borrowed + (int8_t)fz_u8(&in);
-            uint64_t a = (k & 2) ? fz_u64(&in) : (uint64_t)(uintptr_t)fz_src + fz_u16(&in);
+            uint8_t k = fuzz_u8(&in);
+            uint64_t t = (k & 1) ? fuzz_u64(&in) : lo.last_borrowed + (int8_t)fuzz_u8(&in);
+            uint64_t a = (k & 2) ? fuzz_u64(&in) : (uint64_t)(uintptr_t)fz_src + fuzz_u16(&in);
             put64le(stream[at], t);
             put64le(stream[at] + 8, a);
             stream_honest[at] = false;
@@ -174,16 +162,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         case 6: { /* is it live? */
             if (!nheld) break;
-            fz_borrow *b = &held[fz_u8(&in) % nheld];
+            fz_borrow *b = &held[fuzz_u8(&in) % nheld];
             uint64_t slot = atomic_load(&theirs->slot[b->ticket % CL_SHM_LOAN_SLOTS]);
             FZ_CHECK(cl_shm_loan_live(&lo, b->ticket) == (slot == b->ticket));
             break;
         }
         case 7: { /* read some of it */
             if (!nheld || !lo.pid) break;
-            fz_borrow *b = &held[fz_u8(&in) % nheld];
-            uint64_t off = fz_u16(&in) % (2 * FZ_SRC);
-            size_t len = fz_u16(&in) % (FZ_SRC + 1);
+            fz_borrow *b = &held[fuzz_u8(&in) % nheld];
+            uint64_t off = fuzz_u16(&in) % (2 * FZ_SRC);
+            size_t len = fuzz_u16(&in) % (FZ_SRC + 1);
             uint8_t *buf = malloc(len + 1);
             FZ_CHECK(buf);
             errno = 0;
@@ -219,7 +207,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         }
         case 9: { /* the peer withdraws a loan of its own */
-            uint64_t t = peer.next_ticket - 1 - fz_u8(&in) % 4;
+            uint64_t t = peer.next_ticket - 1 - fuzz_u8(&in) % 4;
             if (t >= 1 && t < peer.next_ticket) {
                 for (int i = 0; i < nheld; i++) /* borrowed, or still on the stream */
                     if (held[i].ticket == t) held[i].honest = false;
@@ -256,7 +244,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         case 12: { /* this side withdraws one of its loans */
             if (!nmy) break;
-            int i = fz_u8(&in) % nmy;
+            int i = fuzz_u8(&in) % nmy;
             uint64_t t = my_out[i];
             _Atomic uint64_t *slot = &mine->slot[t % CL_SHM_LOAN_SLOTS];
             uint64_t before = atomic_load(slot);
@@ -267,9 +255,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         default: /* the peer stores its probe's address or value */
             if (op & 0x10)
-                atomic_store(&theirs->probe_addr, fz_u64(&in));
+                atomic_store(&theirs->probe_addr, fuzz_u64(&in));
             else
-                atomic_store(&theirs->probe_value, fz_u64(&in));
+                atomic_store(&theirs->probe_value, fuzz_u64(&in));
             touched = true;
             break;
         }
@@ -301,49 +289,44 @@ enum {
 };
 #define RET_USED (N_RETURN | 0x10)
 
-typedef struct fz_seed {
-    uint8_t b[256];
-    size_t n;
-} fz_seed;
-
-static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
-static void put16(fz_seed *s, unsigned v) {
-    put8(s, v & 0xff);
-    put8(s, (v >> 8) & 0xff);
-}
-
 static void fuzz_seeds(const char *dir) {
-    fz_seed s = {.n = 0};
+    fuzz_seed s = {.n = 0};
     /* probe, the peer lends three, this side borrows, reads, returns them in order */
-    put8(&s, N_PROBE);
+    fuzz_put8(&s, N_PROBE);
     for (int i = 0; i < 3; i++) {
-        put8(&s, N_PEERLEND), put8(&s, N_BORROW), put8(&s, N_LIVE), put8(&s, 0);
-        put8(&s, N_READ), put8(&s, 0), put16(&s, 100), put16(&s, 1000);
+        fuzz_put8(&s, N_PEERLEND), fuzz_put8(&s, N_BORROW), fuzz_put8(&s, N_LIVE), fuzz_put8(&s, 0);
+        fuzz_put8(&s, N_READ), fuzz_put8(&s, 0), fuzz_put16(&s, 100), fuzz_put16(&s, 1000);
     }
-    put8(&s, RET_USED), put8(&s, RET_USED), put8(&s, N_RETURN);
+    fuzz_put8(&s, RET_USED), fuzz_put8(&s, RET_USED), fuzz_put8(&s, N_RETURN);
     fuzz_seed_write(dir, "borrow-read-return", s.b, s.n);
     /* the peer withdraws before the claim: the return says WITHDRAWN */
     s.n = 0;
-    put8(&s, N_PROBE), put8(&s, N_PEERLEND), put8(&s, N_BORROW), put8(&s, N_PWITHDRAW);
-    put8(&s, 0), put8(&s, RET_USED);
+    fuzz_put8(&s, N_PROBE), fuzz_put8(&s, N_PEERLEND), fuzz_put8(&s, N_BORROW);
+    fuzz_put8(&s, N_PWITHDRAW);
+    fuzz_put8(&s, 0), fuzz_put8(&s, RET_USED);
     fuzz_seed_write(dir, "withdrawn-before-claim", s.b, s.n);
     /* this side lends (the peer says it may), parks, collects, withdraws */
     s.n = 0;
-    put8(&s, N_STORE | 0x40), put8(&s, 1), put8(&s, 1); /* returned 0, readable 1 */
-    put8(&s, N_LEND), put8(&s, N_LEND), put8(&s, N_PARK), put8(&s, N_STORE), put8(&s, 3);
-    put8(&s, N_LEND), put8(&s, N_PARK), put8(&s, N_WITHDRAW), put8(&s, 0);
+    fuzz_put8(&s, N_STORE | 0x40), fuzz_put8(&s, 1), fuzz_put8(&s, 1); /* returned 0, readable 1 */
+    fuzz_put8(&s, N_LEND), fuzz_put8(&s, N_LEND), fuzz_put8(&s, N_PARK), fuzz_put8(&s, N_STORE);
+    fuzz_put8(&s, 3);
+    fuzz_put8(&s, N_LEND), fuzz_put8(&s, N_PARK), fuzz_put8(&s, N_WITHDRAW), fuzz_put8(&s, 0);
     fuzz_seed_write(dir, "lend-park-withdraw", s.b, s.n);
     /* a return never lent: refused, and nothing is lent on it */
     s.n = 0;
-    put8(&s, N_STORE | 0x40), put8(&s, 1), put8(&s, 1), put8(&s, N_LEND);
-    put8(&s, N_STORE | 0x10), put16(&s, 0), put16(&s, 0), put16(&s, 0), put16(&s, 0x100);
-    put8(&s, N_LEND), put8(&s, N_PARK);
+    fuzz_put8(&s, N_STORE | 0x40), fuzz_put8(&s, 1), fuzz_put8(&s, 1), fuzz_put8(&s, N_LEND);
+    fuzz_put8(&s, N_STORE | 0x10), fuzz_put16(&s, 0), fuzz_put16(&s, 0), fuzz_put16(&s, 0);
+    fuzz_put16(&s, 0x100);
+    fuzz_put8(&s, N_LEND), fuzz_put8(&s, N_PARK);
     fuzz_seed_write(dir, "return-never-lent", s.b, s.n);
     /* forged descriptors: a ticket that does not go up, then one that does */
     s.n = 0;
-    put8(&s, N_PROBE), put8(&s, N_FORGED), put8(&s, 0), put8(&s, 0), put8(&s, N_BORROW);
-    put8(&s, N_FORGED), put8(&s, 0), put8(&s, 5), put16(&s, 0), put8(&s, N_BORROW);
-    put8(&s, N_READ), put8(&s, 0), put16(&s, 0), put16(&s, 64), put8(&s, RET_USED);
+    fuzz_put8(&s, N_PROBE), fuzz_put8(&s, N_FORGED), fuzz_put8(&s, 0), fuzz_put8(&s, 0);
+    fuzz_put8(&s, N_BORROW);
+    fuzz_put8(&s, N_FORGED), fuzz_put8(&s, 0), fuzz_put8(&s, 5), fuzz_put16(&s, 0);
+    fuzz_put8(&s, N_BORROW);
+    fuzz_put8(&s, N_READ), fuzz_put8(&s, 0), fuzz_put16(&s, 0), fuzz_put16(&s, 64);
+    fuzz_put8(&s, RET_USED);
     fuzz_seed_write(dir, "forged-descriptors", s.b, s.n);
 }
 

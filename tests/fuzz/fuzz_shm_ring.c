@@ -51,18 +51,6 @@
 
 #define FZ_CHECK(cond) FUZZ_CHECK(cond, "the ring's contract")
 
-static uint8_t fz_u8(fuzz_in *in) { return fuzz_u8(in); }
-static uint16_t fz_u16(fuzz_in *in) {
-    uint16_t lo = fuzz_u8(in);
-    return (uint16_t)(lo | fuzz_u8(in) << 8);
-}
-static uint64_t fz_u64(fuzz_in *in) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)fuzz_u8(in) << (8 * i);
-    return v;
-}
-
 /* byte i of an honest stream */
 static uint8_t pattern(uint64_t i, uint8_t salt) {
     return (uint8_t)((i * 2654435761u) >> 11) ^ salt;
@@ -70,10 +58,10 @@ static uint8_t pattern(uint64_t i, uint8_t salt) {
 
 /* A new counter value: raw, or a small step from the current one. */
 static uint64_t fz_counter(fuzz_in *in, uint64_t cur, uint64_t cap) {
-    uint8_t k = fz_u8(in);
+    uint8_t k = fuzz_u8(in);
     switch (k % 4) {
-    case 0: return fz_u64(in);
-    case 1: return cur + (int16_t)fz_u16(in);
+    case 0: return fuzz_u64(in);
+    case 1: return cur + (int16_t)fuzz_u16(in);
     case 2: return cur + cap + (k >> 2); /* just past the capacity */
     default: return cur - 1 - (k >> 2);  /* just behind */
     }
@@ -126,11 +114,11 @@ static void step_read(fz_side *s, size_t len) {
 /* this side writes tx: up to three iovecs of the given lengths */
 static void step_write(fz_side *s, fuzz_in *in) {
     cl_shm_ring *r = &s->me;
-    int niov = 1 + fz_u8(in) % 3;
+    int niov = 1 + fuzz_u8(in) % 3;
     struct iovec iov[3];
     uint64_t total = 0;
     for (int i = 0; i < niov; i++) {
-        size_t l = fz_u16(in) % (2 * r->cap + 1);
+        size_t l = fuzz_u16(in) % (2 * r->cap + 1);
         uint8_t *b = malloc(l + 1);
         FZ_CHECK(b);
         for (size_t j = 0; j < l; j++)
@@ -190,7 +178,7 @@ static void peer_consume(fz_side *s, size_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_in in = {.p = data, .len = size};
-    uint8_t cfg = fz_u8(&in);
+    uint8_t cfg = fuzz_u8(&in);
     uint64_t cap = (uint64_t)4096 << (cfg & 3);
     size_t rb = cl_shm_ring_bytes(cap);
     FZ_CHECK(rb == sizeof(cl_shm_ring_shared) + cap);
@@ -204,7 +192,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (cfg & 4) { /* rx laid out by the peer: whatever it claims */
         cl_shm_ring_shared *sh = (cl_shm_ring_shared *)mem;
         FZ_CHECK(cl_shm_ring_init(&rx.peer, mem, cap) == COLLIE_OK);
-        sh->capacity = (cfg & 8) ? fz_u64(&in) : cap << (fz_u8(&in) % 3);
+        sh->capacity = (cfg & 8) ? fuzz_u64(&in) : cap << (fuzz_u8(&in) % 3);
         atomic_store(&sh->head, fz_counter(&in, 0, cap));
         atomic_store(&sh->tail, (cfg & 16) ? fz_counter(&in, 0, cap) : 0);
         uint64_t c = sh->capacity, h = atomic_load(&sh->head), t = atomic_load(&sh->tail);
@@ -222,7 +210,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(cl_shm_ring_attach(&rx.me, mem, rb) == COLLIE_OK);
     }
     for (int steps = 0; steps < 256 && fuzz_left(&in) > 0; steps++) {
-        uint8_t op = fz_u8(&in);
+        uint8_t op = fuzz_u8(&in);
         fz_side *s = (op & 0x80) ? &tx : &rx;
         cl_shm_ring_shared *sh = s->me.sh;
         switch (op & 0x0f) {
@@ -235,15 +223,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             s->honest = false;
             break;
         case 2: { /* the peer pokes bytes anywhere in the memory */
-            size_t off = fz_u16(&in) % (2 * rb), len = fz_u8(&in) % 64;
+            size_t off = fuzz_u16(&in) % (2 * rb), len = fuzz_u8(&in) % 64;
             for (size_t i = 0; i < len && off + i < 2 * rb; i++)
-                mem[off + i] = fz_u8(&in);
+                mem[off + i] = fuzz_u8(&in);
             rx.honest = tx.honest = false;
             break;
         }
-        case 3: peer_produce(&rx, fz_u16(&in) % (cap + 64)); break;
-        case 4: peer_consume(&tx, fz_u16(&in) % (cap + 64)); break;
-        case 5: step_read(&rx, fz_u16(&in) % (cap + 64)); break;
+        case 3: peer_produce(&rx, fuzz_u16(&in) % (cap + 64)); break;
+        case 4: peer_consume(&tx, fuzz_u16(&in) % (cap + 64)); break;
+        case 5: step_read(&rx, fuzz_u16(&in) % (cap + 64)); break;
         case 6: step_write(&tx, &in); break;
         case 7: { /* what this side would find */
             uint64_t used;
@@ -266,7 +254,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         }
         case 9: { /* ... as the writer of tx, waiting for room */
-            uint64_t want = fz_u16(&in), used;
+            uint64_t want = fuzz_u16(&in), used;
             bool sane = counters_sane(&tx.me, &used);
             bool slept = cl_shm_ring_writer_park(&tx.me, want);
             uint64_t w = want < cap ? want : cap;
@@ -277,7 +265,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 11: (void)cl_shm_ring_wake_reader(&tx.me); break;
         default: { /* the peer stores a parked flag */
             _Atomic uint32_t *f = (op & 0x40) ? &sh->reader_parked : &sh->writer_parked;
-            atomic_store(f, fz_u8(&in));
+            atomic_store(f, fuzz_u8(&in));
             break;
         }
         }
@@ -304,55 +292,52 @@ enum {
     R_WAKER
 };
 
-typedef struct fz_seed {
-    uint8_t b[256];
-    size_t n;
-} fz_seed;
-
-static void put8(fz_seed *s, unsigned v) { s->b[s->n++] = (uint8_t)v; }
-static void put16(fz_seed *s, unsigned v) {
-    put8(s, v & 0xff);
-    put8(s, (v >> 8) & 0xff);
-}
-
 static void fuzz_seeds(const char *dir) {
-    fz_seed s = {.n = 0};
+    fuzz_seed s = {.n = 0};
     /* an honest stream across the wrap, read in uneven pieces */
     static const unsigned rw[][2] = {
         {1000, 600}, {3000, 3400}, {4096, 100}, {50, 4096}, {4000, 4000}};
-    put8(&s, 0);
+    fuzz_put8(&s, 0);
     for (size_t i = 0; i < sizeof rw / sizeof rw[0]; i++) {
-        put8(&s, R_PRODUCE), put16(&s, rw[i][0]), put8(&s, R_READ), put16(&s, rw[i][1]);
-        put8(&s, R_ASK);
+        fuzz_put8(&s, R_PRODUCE), fuzz_put16(&s, rw[i][0]), fuzz_put8(&s, R_READ);
+        fuzz_put16(&s, rw[i][1]);
+        fuzz_put8(&s, R_ASK);
     }
     fuzz_seed_write(dir, "stream-across-the-wrap", s.b, s.n);
     /* this side writes 1-3 iovecs, the peer consumes: full, then room again */
     s.n = 0;
-    put8(&s, 1);
-    put8(&s, R_WRITE), put8(&s, 0), put16(&s, 5000);
-    put8(&s, R_CONSUME), put16(&s, 3000), put8(&s, R_ASK | 0x80);
-    put8(&s, R_WRITE), put8(&s, 2), put16(&s, 0), put16(&s, 7000), put16(&s, 9);
-    put8(&s, R_CONSUME), put16(&s, 8192), put8(&s, R_ASK | 0x80);
-    put8(&s, R_WRITE), put8(&s, 1), put16(&s, 4096), put16(&s, 4096);
-    put8(&s, R_CONSUME), put16(&s, 100);
+    fuzz_put8(&s, 1);
+    fuzz_put8(&s, R_WRITE), fuzz_put8(&s, 0), fuzz_put16(&s, 5000);
+    fuzz_put8(&s, R_CONSUME), fuzz_put16(&s, 3000), fuzz_put8(&s, R_ASK | 0x80);
+    fuzz_put8(&s, R_WRITE), fuzz_put8(&s, 2), fuzz_put16(&s, 0), fuzz_put16(&s, 7000);
+    fuzz_put16(&s, 9);
+    fuzz_put8(&s, R_CONSUME), fuzz_put16(&s, 8192), fuzz_put8(&s, R_ASK | 0x80);
+    fuzz_put8(&s, R_WRITE), fuzz_put8(&s, 1), fuzz_put16(&s, 4096), fuzz_put16(&s, 4096);
+    fuzz_put8(&s, R_CONSUME), fuzz_put16(&s, 100);
     fuzz_seed_write(dir, "writes-and-consumes", s.b, s.n);
     /* parking on both sides, the wake-ups */
     s.n = 0;
-    put8(&s, 0), put8(&s, R_RPARK), put8(&s, R_PRODUCE), put16(&s, 10), put8(&s, R_WAKEW);
-    put8(&s, R_READ), put16(&s, 10), put8(&s, R_WRITE), put8(&s, 0), put16(&s, 4096);
-    put8(&s, R_WPARK), put16(&s, 1), put8(&s, R_CONSUME), put16(&s, 4096), put8(&s, R_WAKER);
-    put8(&s, R_WPARK), put16(&s, 1);
+    fuzz_put8(&s, 0), fuzz_put8(&s, R_RPARK), fuzz_put8(&s, R_PRODUCE), fuzz_put16(&s, 10);
+    fuzz_put8(&s, R_WAKEW);
+    fuzz_put8(&s, R_READ), fuzz_put16(&s, 10), fuzz_put8(&s, R_WRITE), fuzz_put8(&s, 0);
+    fuzz_put16(&s, 4096);
+    fuzz_put8(&s, R_WPARK), fuzz_put16(&s, 1), fuzz_put8(&s, R_CONSUME), fuzz_put16(&s, 4096);
+    fuzz_put8(&s, R_WAKER);
+    fuzz_put8(&s, R_WPARK), fuzz_put16(&s, 1);
     fuzz_seed_write(dir, "park-and-wake", s.b, s.n);
     /* rx laid out by the peer (attach): an honest capacity with data in it */
     s.n = 0;
-    put8(&s, 4 | 16), put8(&s, 0), put8(&s, 1), put16(&s, 100), put8(&s, 1), put16(&s, 0);
-    put8(&s, R_READ), put16(&s, 50), put8(&s, R_READ), put16(&s, 50);
+    fuzz_put8(&s, 4 | 16), fuzz_put8(&s, 0), fuzz_put8(&s, 1), fuzz_put16(&s, 100);
+    fuzz_put8(&s, 1), fuzz_put16(&s, 0);
+    fuzz_put8(&s, R_READ), fuzz_put16(&s, 50), fuzz_put8(&s, R_READ), fuzz_put16(&s, 50);
     fuzz_seed_write(dir, "attach-with-data", s.b, s.n);
     /* 16 KiB rings, a corrupt head after some traffic: reads fail, for good */
     s.n = 0;
-    put8(&s, 2), put8(&s, R_PRODUCE), put16(&s, 2000), put8(&s, R_READ), put16(&s, 1000);
-    put8(&s, R_HEAD), put8(&s, 6), put8(&s, R_READ), put16(&s, 10), put8(&s, R_ASK);
-    put8(&s, R_RPARK), put8(&s, R_READ), put16(&s, 10);
+    fuzz_put8(&s, 2), fuzz_put8(&s, R_PRODUCE), fuzz_put16(&s, 2000), fuzz_put8(&s, R_READ);
+    fuzz_put16(&s, 1000);
+    fuzz_put8(&s, R_HEAD), fuzz_put8(&s, 6), fuzz_put8(&s, R_READ), fuzz_put16(&s, 10);
+    fuzz_put8(&s, R_ASK);
+    fuzz_put8(&s, R_RPARK), fuzz_put8(&s, R_READ), fuzz_put16(&s, 10);
     fuzz_seed_write(dir, "corrupt-head-after-traffic", s.b, s.n);
 }
 
