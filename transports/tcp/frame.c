@@ -23,36 +23,22 @@
 
 #include "collie.h"
 #include "collie_backend.h"
+#include "engine/engine.h"
 #include "transports/tcp/tcp.h"
 
-static void frame_put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void frame_put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t frame_get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t frame_get64(const uint8_t *p) {
-    return frame_get32(p) | (uint64_t)frame_get32(p + 4) << 32;
-}
-
 void cl_tcp_frame_encode(uint8_t h[CL_TCP_FRAME_HDR], const cl_tcp_frame *f) {
-    frame_put32(h, TCP_FRAME_MAGIC);
+    cl_put32le(h, TCP_FRAME_MAGIC);
     h[4] = f->kind;
     h[5] = f->dtype;
     h[6] = f->op;
     h[7] = f->flags;
-    frame_put32(h + 8, f->step);
-    frame_put32(h + 12, f->generation);
-    frame_put64(h + 16, f->seq);
-    frame_put64(h + 24, f->count);
-    frame_put64(h + 32, f->length);
-    frame_put32(h + 40, f->root);
-    frame_put32(h + 44, f->vcheck);
+    cl_put32le(h + 8, f->step);
+    cl_put32le(h + 12, f->generation);
+    cl_put64le(h + 16, f->seq);
+    cl_put64le(h + 24, f->count);
+    cl_put64le(h + 32, f->length);
+    cl_put32le(h + 40, f->root);
+    cl_put32le(h + 44, f->vcheck);
 }
 
 void cl_tcp_frame_decode(const uint8_t h[CL_TCP_FRAME_HDR], cl_tcp_frame *f) {
@@ -60,13 +46,13 @@ void cl_tcp_frame_decode(const uint8_t h[CL_TCP_FRAME_HDR], cl_tcp_frame *f) {
     f->dtype = h[5];
     f->op = h[6];
     f->flags = h[7];
-    f->step = frame_get32(h + 8);
-    f->generation = frame_get32(h + 12);
-    f->seq = frame_get64(h + 16);
-    f->count = frame_get64(h + 24);
-    f->length = frame_get64(h + 32);
-    f->root = frame_get32(h + 40);
-    f->vcheck = frame_get32(h + 44);
+    f->step = cl_get32le(h + 8);
+    f->generation = cl_get32le(h + 12);
+    f->seq = cl_get64le(h + 16);
+    f->count = cl_get64le(h + 24);
+    f->length = cl_get64le(h + 32);
+    f->root = cl_get32le(h + 40);
+    f->vcheck = cl_get32le(h + 44);
 }
 
 bool cl_tcp_frame_kind_ctl(uint8_t kind) {
@@ -111,9 +97,9 @@ int cl_tcp_frame_check(const uint8_t h[CL_TCP_FRAME_HDR], const cl_tcp_frame_rx 
                        cl_tcp_frame *f, char *why, size_t why_len) {
     cl_tcp_frame_decode(h, f);
     int peer = rx->peer;
-    if (frame_get32(h) != TCP_FRAME_MAGIC) {
+    if (cl_get32le(h) != TCP_FRAME_MAGIC) {
         snprintf(why, why_len, "rank %d sent a malformed frame (bad magic 0x%08x)", peer,
-                 frame_get32(h));
+                 cl_get32le(h));
         return COLLIE_EPROTO;
     }
     if (f->generation != rx->generation) {

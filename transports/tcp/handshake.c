@@ -18,19 +18,7 @@
 #include <string.h>
 
 #include "collie.h"
-
-static void hs_put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void hs_put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t hs_get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t hs_get64(const uint8_t *p) { return hs_get32(p) | (uint64_t)hs_get32(p + 4) << 32; }
+#include "engine/engine.h"
 
 static const char *const hs_kind_names[] = {"challenge", "hello", "accept"};
 
@@ -47,23 +35,23 @@ size_t cl_tcp_hs_encode(cl_tcp_hs_kind kind, const cl_tcp_hs_msg *m, uint8_t *ou
     size_t len = cl_tcp_hs_len(kind);
     if (!len) return 0;
     memset(out, 0, len);
-    hs_put32(out, CL_TCP_HS_MAGIC);
+    cl_put32le(out, CL_TCP_HS_MAGIC);
     switch (kind) {
     case CL_TCP_HS_CHALLENGE:
-        hs_put32(out + 4, m->version);
+        cl_put32le(out + 4, m->version);
         memcpy(out + 8, m->nonce, CL_TCP_HS_NONCE);
         break;
     case CL_TCP_HS_HELLO:
-        hs_put32(out + 4, m->version);
-        hs_put64(out + 8, m->comm_id);
-        hs_put64(out + 16, m->generation);
-        hs_put32(out + 24, m->rank);
-        hs_put32(out + 28, m->size);
+        cl_put32le(out + 4, m->version);
+        cl_put64le(out + 8, m->comm_id);
+        cl_put64le(out + 16, m->generation);
+        cl_put32le(out + 24, m->rank);
+        cl_put32le(out + 28, m->size);
         memcpy(out + 32, m->nonce, CL_TCP_HS_NONCE);
         memcpy(out + 48, m->mac, CL_TCP_HS_MAC);
         break;
     case CL_TCP_HS_ACCEPT:
-        hs_put32(out + 4, m->status);
+        cl_put32le(out + 4, m->status);
         memcpy(out + 8, m->mac, CL_TCP_HS_MAC);
         break;
     }
@@ -83,26 +71,26 @@ int cl_tcp_hs_decode(cl_tcp_hs_kind kind, const uint8_t *in, size_t len, cl_tcp_
                  want);
         return COLLIE_EPROTO;
     }
-    if (hs_get32(in) != CL_TCP_HS_MAGIC) {
+    if (cl_get32le(in) != CL_TCP_HS_MAGIC) {
         snprintf(why, why_len, "bad handshake magic");
         return COLLIE_EPROTO;
     }
     switch (kind) {
     case CL_TCP_HS_CHALLENGE:
-        m->version = hs_get32(in + 4);
+        m->version = cl_get32le(in + 4);
         memcpy(m->nonce, in + 8, CL_TCP_HS_NONCE);
         break;
     case CL_TCP_HS_HELLO:
-        m->version = hs_get32(in + 4);
-        m->comm_id = hs_get64(in + 8);
-        m->generation = hs_get64(in + 16);
-        m->rank = hs_get32(in + 24);
-        m->size = hs_get32(in + 28);
+        m->version = cl_get32le(in + 4);
+        m->comm_id = cl_get64le(in + 8);
+        m->generation = cl_get64le(in + 16);
+        m->rank = cl_get32le(in + 24);
+        m->size = cl_get32le(in + 28);
         memcpy(m->nonce, in + 32, CL_TCP_HS_NONCE);
         memcpy(m->mac, in + 48, CL_TCP_HS_MAC);
         break;
     case CL_TCP_HS_ACCEPT:
-        m->status = hs_get32(in + 4);
+        m->status = cl_get32le(in + 4);
         memcpy(m->mac, in + 8, CL_TCP_HS_MAC);
         break;
     }
@@ -115,10 +103,10 @@ size_t cl_tcp_hs_mac_input(const char *label, const uint8_t n1[CL_TCP_HS_NONCE],
     size_t len = strlen(label);
     if (len > CL_TCP_HS_MAC_INPUT - 56) return 0;
     memcpy(out, label, len);
-    hs_put64(out + len, comm_id);
-    hs_put64(out + len + 8, generation);
-    hs_put32(out + len + 16, rank);
-    hs_put32(out + len + 20, size);
+    cl_put64le(out + len, comm_id);
+    cl_put64le(out + len + 8, generation);
+    cl_put32le(out + len + 16, rank);
+    cl_put32le(out + len + 20, size);
     memcpy(out + len + 24, n1, CL_TCP_HS_NONCE);
     memcpy(out + len + 40, n2, CL_TCP_HS_NONCE);
     return len + 56;
