@@ -46,6 +46,7 @@
 #include "tests/fuzz/fuzz.h"
 
 #include "collie.h"
+#include "engine/common.h"
 #include "transports/shm/loan.h"
 
 #define FZ_CHECK(cond) FUZZ_CHECK(cond, "the loans' contract")
@@ -54,17 +55,6 @@
 #define FZ_STREAM  64                  /* descriptors in flight on the "ring" */
 #define FZ_SRC     4096                /* bytes of a buffer the honest peer lends */
 #define FZ_BORROWS 8
-
-static void put64le(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64le(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 /* the buffer the honest peer lends (static: a forged address may point
  * anywhere in it, and it outlives every read) */
@@ -137,8 +127,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             uint8_t k = fuzz_u8(&in);
             uint64_t t = (k & 1) ? fuzz_u64(&in) : lo.last_borrowed + (int8_t)fuzz_u8(&in);
             uint64_t a = (k & 2) ? fuzz_u64(&in) : (uint64_t)(uintptr_t)fz_src + fuzz_u16(&in);
-            put64le(stream[at], t);
-            put64le(stream[at] + 8, a);
+            cl_put64le(stream[at], t);
+            cl_put64le(stream[at] + 8, a);
             stream_honest[at] = false;
             break;
         }
@@ -148,7 +138,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             bool honest = stream_honest[s_head];
             s_head = (s_head + 1) % FZ_STREAM;
             s_len--;
-            uint64_t t = get64le(d), a = get64le(d + 8), last = lo.last_borrowed, gt = 0, ga = 0;
+            uint64_t t = cl_get64le(d), a = cl_get64le(d + 8), last = lo.last_borrowed, gt = 0,
+                     ga = 0;
             bool ok = lo.pid != 0 && t > last && t - last <= ((uint64_t)1 << 40);
             int rc = cl_shm_loan_borrow(&lo, d, &gt, &ga);
             FZ_CHECK(rc == (ok ? COLLIE_OK : COLLIE_EPROTO));
@@ -212,7 +203,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 for (int i = 0; i < nheld; i++) /* borrowed, or still on the stream */
                     if (held[i].ticket == t) held[i].honest = false;
                 for (int i = 0; i < s_len; i++)
-                    if (get64le(stream[(s_head + i) % FZ_STREAM]) == t)
+                    if (cl_get64le(stream[(s_head + i) % FZ_STREAM]) == t)
                         stream_honest[(s_head + i) % FZ_STREAM] = false;
                 cl_shm_loan_withdraw(theirs, t);
             }
@@ -229,8 +220,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!may || nmy == (int)(sizeof my_out / sizeof my_out[0])) break;
             uint8_t d[CL_SHM_LOAN_DESC];
             uint64_t t = cl_shm_loan_open(&lo, fz_src, d);
-            FZ_CHECK(t == lo.next_ticket - 1 && get64le(d) == t &&
-                     get64le(d + 8) == (uint64_t)(uintptr_t)fz_src);
+            FZ_CHECK(t == lo.next_ticket - 1 && cl_get64le(d) == t &&
+                     cl_get64le(d + 8) == (uint64_t)(uintptr_t)fz_src);
             FZ_CHECK(atomic_load(&mine->slot[t % CL_SHM_LOAN_SLOTS]) == t);
             my_out[nmy++] = t;
             break;

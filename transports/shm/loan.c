@@ -38,19 +38,9 @@
 #include <unistd.h>
 
 #include "collie.h"
+#include "engine/engine.h"
 
 #define LOAN_DONE ((uint64_t)1 << 63) /* a slot's ticket the borrower claimed */
-
-static void put64le(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64le(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 /* What peers read to probe this process: random, set once (a link's
  * struct may move, this does not). */
@@ -148,8 +138,8 @@ uint64_t cl_shm_loan_open(cl_shm_loans *lo, const void *addr, uint8_t desc[CL_SH
     uint64_t t = lo->next_ticket++;
     /* published to the borrower by the ring's release of the frame */
     atomic_store_explicit(&lo->mine->slot[t % CL_SHM_LOAN_SLOTS], t, memory_order_release);
-    put64le(desc, t);
-    put64le(desc + 8, (uint64_t)(uintptr_t)addr);
+    cl_put64le(desc, t);
+    cl_put64le(desc + 8, (uint64_t)(uintptr_t)addr);
     return t;
 }
 
@@ -170,12 +160,12 @@ bool cl_shm_loans_park(cl_shm_loans *lo, uint64_t newest) {
 
 int cl_shm_loan_borrow(cl_shm_loans *lo, const uint8_t desc[CL_SHM_LOAN_DESC], uint64_t *ticket,
                        uint64_t *addr) {
-    uint64_t t = get64le(desc);
+    uint64_t t = cl_get64le(desc);
     if (lo->pid == 0 || t <= lo->last_borrowed || t - lo->last_borrowed > ((uint64_t)1 << 40))
         return COLLIE_EPROTO;
     lo->last_borrowed = t;
     *ticket = t;
-    *addr = get64le(desc + 8);
+    *addr = cl_get64le(desc + 8);
     return COLLIE_OK;
 }
 
