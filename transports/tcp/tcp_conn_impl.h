@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "engine/engine.h"
 #include "transports/tcp/frame.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/tcp.h"
@@ -22,28 +23,12 @@
 
 enum { HS_A_WAIT_HELLO = 1, HS_D_WAIT_CHALLENGE, HS_D_WAIT_ACCEPT, HS_DONE };
 
-/* ---- little-endian helpers ------------------------------------------------------ */
+/* ---- little-endian helpers (engine/common.h's, by their short names here) ------- */
 
-static inline void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static inline uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+static inline void put32(uint8_t *p, uint32_t v) { cl_put32le(p, v); }
+static inline void put64(uint8_t *p, uint64_t v) { cl_put64le(p, v); }
+static inline uint32_t get32(const uint8_t *p) { return cl_get32le(p); }
+static inline uint64_t get64(const uint8_t *p) { return cl_get64le(p); }
 
 /* ---- the link: the byte stream under the framing ---------------------------------- */
 /* Every frame byte of a connection moves through these two; the handshake
