@@ -363,6 +363,18 @@ static int slot_works(const ch_op *op, int me, int n, slot_work *out, int cap) {
     return k;
 }
 
+/* cancel one work: OK marks it cancelled, ESTATE (it has completed) is
+ * fine, anything else is a violation */
+static void cancel_work(ch_run *run, ch_work *rec) {
+    int rc = collie_work_cancel(rec->w);
+    if (rc == COLLIE_OK)
+        rec->cancelled = true;
+    else if (rc != COLLIE_ESTATE)
+        ch_violation(&run->rep, "bad_status", rec->round, rec->op.slot,
+                     "collie_work_cancel returned %s (COLLIE_OK or COLLIE_ESTATE expected)",
+                     collie_status_name(rc));
+}
+
 /* cancel the works whose planned cancel is due */
 static void due_cancels(ch_run *run) {
     for (size_t i = 0; i < run->fl.n; i++) {
@@ -370,13 +382,7 @@ static void due_cancels(ch_run *run) {
         if (!rec || !rec->cancel_planned || rec->cancelled) continue;
         if (rec->cancel_after-- > 0) continue;
         rec->cancel_planned = false;
-        int rc = collie_work_cancel(rec->w);
-        if (rc == COLLIE_OK)
-            rec->cancelled = true;
-        else if (rc != COLLIE_ESTATE)
-            ch_violation(&run->rep, "bad_status", rec->round, rec->op.slot,
-                         "collie_work_cancel returned %s (COLLIE_OK or COLLIE_ESTATE expected)",
-                         collie_status_name(rc));
+        cancel_work(run, rec);
     }
 }
 
@@ -541,13 +547,7 @@ static void stall_after(ch_run *run, const ch_op *op) {
     for (size_t i = 0; i < run->fl.n; i++) {
         ch_work *rec = run->fl.v[i];
         if (!rec || rec->role != CH_ROLE_SEND || rec->op.slot != p->stall_slot + 1) continue;
-        int rc = collie_work_cancel(rec->w);
-        if (rc == COLLIE_OK)
-            rec->cancelled = true;
-        else if (rc != COLLIE_ESTATE)
-            ch_violation(&run->rep, "bad_status", rec->round, rec->op.slot,
-                         "collie_work_cancel returned %s (COLLIE_OK or COLLIE_ESTATE expected)",
-                         collie_status_name(rc));
+        cancel_work(run, rec);
     }
 }
 
