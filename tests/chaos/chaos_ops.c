@@ -65,6 +65,19 @@ static size_t a2av_layout(const ch_op *op, int n, int who, int side, size_t *cou
     return off + ch_gap(op, who, n, side);
 }
 
+/* scatter and reduce_scatter: this rank receives one block of `cnt` in
+ * rec->rptr: in place, its own block of the send buffer (rec->sbuf, set
+ * before); else a buffer of its own, filled with the pattern */
+static void recv_block(ch_work *rec, bool in_place, size_t cnt, size_t es) {
+    if (in_place) {
+        rec->rptr = (uint8_t *)rec->sbuf + (size_t)rec->me * cnt * es;
+    } else {
+        rec->rbuf = fill_pattern(cnt * es);
+        rec->rptr = rec->rbuf;
+    }
+    rec->rcount = cnt;
+}
+
 int ch_work_post(ch_work *rec, const collie_post_opts *o) {
     const ch_op *op = &rec->op;
     collie_comm *c = rec->comm;
@@ -134,13 +147,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
             rec->sptr = rec->sbuf;
             rec->scount = root ? cnt * (size_t)n : 0;
         }
-        if (root && op->in_place) {
-            rec->rptr = (uint8_t *)rec->sbuf + (size_t)me * cnt * es;
-        } else {
-            rec->rbuf = fill_pattern(cnt * es);
-            rec->rptr = rec->rbuf;
-        }
-        rec->rcount = cnt;
+        recv_block(rec, root && op->in_place, cnt, es);
         return collie_scatter(c, rec->sptr, rec->rptr, cnt, dt, op->root, o, out);
     }
     case CH_REDUCE_SCATTER: {
@@ -149,13 +156,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
         ch_fill(op, 0, me, n, 0, cnt * (size_t)n, rec->sbuf);
         rec->sptr = rec->sbuf;
         rec->scount = cnt * (size_t)n;
-        if (op->in_place) {
-            rec->rptr = (uint8_t *)rec->sbuf + (size_t)me * cnt * es;
-        } else {
-            rec->rbuf = fill_pattern(cnt * es);
-            rec->rptr = rec->rbuf;
-        }
-        rec->rcount = cnt;
+        recv_block(rec, op->in_place, cnt, es);
         return collie_reduce_scatter(c, rec->sptr, rec->rptr, cnt, dt, op->op, o, out);
     }
     case CH_ALLTOALL: {
