@@ -65,6 +65,14 @@ static size_t a2av_layout(const ch_op *op, int n, int who, int side, size_t *cou
     return off + ch_gap(op, who, n, side);
 }
 
+/* this rank's input of `count` elements, stream 0, in a buffer of its own */
+static void send_input(ch_work *rec, size_t count, size_t es) {
+    rec->sbuf = xalloc(count * es);
+    ch_fill(&rec->op, 0, rec->me, rec->n, 0, count, rec->sbuf);
+    rec->sptr = rec->sbuf;
+    rec->scount = count;
+}
+
 /* scatter and reduce_scatter: this rank receives one block of `cnt` in
  * rec->rptr: in place, its own block of the send buffer (rec->sbuf, set
  * before); else a buffer of its own, filled with the pattern */
@@ -93,10 +101,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
     case CH_REDUCE:
     case CH_BROADCAST: {
         rec->bytes = cnt * es;
-        rec->sbuf = xalloc(cnt * es);
-        ch_fill(op, 0, me, n, 0, cnt, rec->sbuf);
-        rec->sptr = rec->sbuf;
-        rec->scount = cnt;
+        send_input(rec, cnt, es);
         if (op->kind == CH_BROADCAST) {
             if (!root) memset(rec->sbuf, CH_FILL_BYTE, cnt * es);
             rec->rptr = rec->sbuf;
@@ -152,19 +157,13 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
     }
     case CH_REDUCE_SCATTER: {
         rec->bytes = cnt * es * (size_t)n;
-        rec->sbuf = xalloc(cnt * es * (size_t)n);
-        ch_fill(op, 0, me, n, 0, cnt * (size_t)n, rec->sbuf);
-        rec->sptr = rec->sbuf;
-        rec->scount = cnt * (size_t)n;
+        send_input(rec, cnt * (size_t)n, es);
         recv_block(rec, op->in_place, cnt, es);
         return collie_reduce_scatter(c, rec->sptr, rec->rptr, cnt, dt, op->op, o, out);
     }
     case CH_ALLTOALL: {
         rec->bytes = cnt * es * (size_t)n;
-        rec->sbuf = xalloc(cnt * es * (size_t)n);
-        ch_fill(op, 0, me, n, 0, cnt * (size_t)n, rec->sbuf);
-        rec->sptr = rec->sbuf;
-        rec->scount = cnt * (size_t)n;
+        send_input(rec, cnt * (size_t)n, es);
         rec->rbuf = fill_pattern(cnt * es * (size_t)n);
         rec->rptr = rec->rbuf;
         rec->rcount = cnt * (size_t)n;
