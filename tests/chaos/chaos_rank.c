@@ -634,10 +634,14 @@ static bool make_subgroups(ch_run *run) {
                        "group r=%d op=%s status=%s comm=%d", p->round, what, collie_status_name(rc),
                        cid);
         if (cid < 0) {
-            if (rc != COLLIE_ENOTMEMBER || c)
+            /* a parent that has failed refuses everyone first: COLLIE_ESTATE,
+             * its cause in the message (collie_comm_error says it failed) */
+            bool parent_failed = !comm_healthy(run, 0);
+            bool ok_answer = rc == COLLIE_ENOTMEMBER || (rc == COLLIE_ESTATE && parent_failed);
+            if (!ok_answer || c)
                 ch_violation(rep, "bad_status", p->round, -1,
                              "%s of a non-member returned %s and %s (COLLIE_ENOTMEMBER and no "
-                             "comm expected)",
+                             "comm expected, or COLLIE_ESTATE from a failed parent)",
                              what, collie_status_name(rc), c ? "a comm" : "no comm");
             if (c) collie_comm_destroy(c);
             if (rc != COLLIE_ENOTMEMBER && rc != COLLIE_OK) return false;
