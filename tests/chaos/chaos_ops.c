@@ -34,8 +34,48 @@ static void *xalloc(size_t bytes) {
     return p;
 }
 
+/* A work's buffer: CH_GUARD bytes of a known pattern on either side (and
+ * its size before them), so that a write past either end shows up in the
+ * oracle even where malloc's slack would hide it (no sanitizer). */
+#define CH_GUARD 64
+static uint8_t guard_byte(size_t i) { return (uint8_t)(0x5c + i * 0x3b); }
+
+static void *buf_alloc(size_t bytes) {
+    uint8_t *p = xalloc(sizeof(size_t) + 2 * CH_GUARD + bytes);
+    memcpy(p, &bytes, sizeof bytes);
+    p += sizeof(size_t);
+    for (size_t i = 0; i < CH_GUARD; i++)
+        p[i] = p[CH_GUARD + bytes + i] = guard_byte(i);
+    return p + CH_GUARD;
+}
+
+static uint8_t *buf_base(void *buf) { return (uint8_t *)buf - CH_GUARD - sizeof(size_t); }
+
+static void buf_free(void *buf) {
+    if (buf) free(buf_base(buf));
+}
+
+/* are both guards intact? If not, *where is the first changed byte's
+ * offset from the buffer's start (negative: before it) */
+static bool buf_guard_ok(const void *buf, long *where) {
+    const uint8_t *p = (const uint8_t *)buf;
+    size_t bytes;
+    memcpy(&bytes, p - CH_GUARD - sizeof(size_t), sizeof bytes);
+    for (size_t i = 0; i < CH_GUARD; i++) {
+        if (p[-(long)CH_GUARD + (long)i] != guard_byte(i)) {
+            *where = (long)i - CH_GUARD;
+            return false;
+        }
+        if (p[bytes + i] != guard_byte(i)) {
+            *where = (long)(bytes + i);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void *fill_pattern(size_t bytes) {
-    void *p = xalloc(bytes);
+    void *p = buf_alloc(bytes);
     memset(p, CH_FILL_BYTE, bytes);
     return p;
 }
@@ -67,7 +107,7 @@ static size_t a2av_layout(const ch_op *op, int n, int who, int side, size_t *cou
 
 /* this rank's input of `count` elements, stream 0, in a buffer of its own */
 static void send_input(ch_work *rec, size_t count, size_t es) {
-    rec->sbuf = xalloc(count * es);
+    rec->sbuf = buf_alloc(count * es);
     ch_fill(&rec->op, 0, rec->me, rec->n, 0, count, rec->sbuf);
     rec->sptr = rec->sbuf;
     rec->scount = count;
@@ -134,7 +174,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
         if (in_place) {
             rec->sptr = (uint8_t *)rec->rbuf + (size_t)me * cnt * es;
         } else {
-            rec->sbuf = xalloc(cnt * es);
+            rec->sbuf = buf_alloc(cnt * es);
             rec->sptr = rec->sbuf;
         }
         ch_fill(op, 0, me, n, 0, cnt, rec->sptr);
@@ -146,7 +186,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
     case CH_SCATTER: {
         rec->bytes = cnt * es;
         if (root || !op->null_nonroot) {
-            rec->sbuf = xalloc(cnt * es * (size_t)n);
+            rec->sbuf = buf_alloc(cnt * es * (size_t)n);
             ch_fill(op, 0, root ? me : op->root, n, 0, cnt * (size_t)n, rec->sbuf);
             if (!root) memset(rec->sbuf, CH_FILL_BYTE, cnt * es * (size_t)n);
             rec->sptr = rec->sbuf;
@@ -180,7 +220,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
         if (op->in_place) {
             rec->sptr = (uint8_t *)rec->rbuf + displs[me] * es;
         } else {
-            rec->sbuf = xalloc(counts[me] * es);
+            rec->sbuf = buf_alloc(counts[me] * es);
             rec->sptr = rec->sbuf;
         }
         ch_fill(op, 0, me, n, 0, counts[me], rec->sptr);
@@ -209,7 +249,7 @@ int ch_work_post(ch_work *rec, const collie_post_opts *o) {
     case CH_ANYSRC:
         rec->bytes = cnt * es;
         if (rec->role == CH_ROLE_SEND) {
-            rec->sbuf = xalloc(cnt * es);
+            rec->sbuf = buf_alloc(cnt * es);
             ch_fill(op, rec->stream, me, n, 0, cnt, rec->sbuf);
             rec->sptr = rec->sbuf;
             rec->scount = cnt;
@@ -434,8 +474,24 @@ void ch_group_finish(ch_anygroup *g, ch_report *rep, int round, int slot) {
     free(g);
 }
 
+void ch_work_guards(ch_work *rec, ch_report *rep) {
+    void *bufs[2] = {rec->sbuf, rec->rbuf};
+    for (int i = 0; i < 2; i++) {
+        long where = 0;
+        if (bufs[i] && !buf_guard_ok(bufs[i], &where))
+            ch_violation(rep, "overrun", rec->round, rec->op.slot,
+                         "op=%s comm=%d n=%d me=%d dtype=%s count=%zu root=%d in_place=%d role=%d "
+                         "peer=%d status=%s: the %s buffer's guard changed at byte offset %ld "
+                         "(the library wrote outside the buffer it was given)",
+                         ch_kind_name(rec->op.kind), rec->op.comm, rec->n, rec->me,
+                         collie_dtype_name(rec->op.dt), rec->op.count, rec->op.root,
+                         rec->op.in_place, rec->role, rec->peer, collie_status_name(rec->status),
+                         i == 0 ? "send" : "receive", where);
+    }
+}
+
 void ch_work_free(ch_work *rec) {
-    free(rec->sbuf);
-    free(rec->rbuf);
+    buf_free(rec->sbuf);
+    buf_free(rec->rbuf);
     rec->sbuf = rec->rbuf = NULL;
 }

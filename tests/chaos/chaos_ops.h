@@ -10,6 +10,10 @@
  *    buffers (never freed: the library might still write them).
  *  - Receive buffers are pre-filled with CH_FILL_BYTE so that gaps between
  *    v blocks, and blocks a transport forgot to write, are seen.
+ *  - Every buffer of a work has a guard of a known pattern on either side,
+ *    checked when the work ends, whatever its status: a write past either
+ *    end is an `overrun` even where malloc's slack would hide it (a build
+ *    without sanitizers).
  *  - Every COLLIE_OK work is checked whole: every output byte, and the
  *    send buffer, which must come back untouched (it is const). A failed
  *    work is not checked; its buffers are freed with it.
@@ -84,6 +88,11 @@ void ch_group_note(ch_work *rec);
 /* ch_group_check: once every receive of the group was reaped: the order
  * check (see the design notes). Reports violations; frees the group. */
 void ch_group_finish(ch_anygroup *g, ch_report *rep, int round, int slot);
+
+/* ch_work_guards: the guards around the work's buffers are intact (any
+ * status: collie writes only inside the buffers it was given); a changed
+ * one is an `overrun` violation. */
+void ch_work_guards(ch_work *rec, ch_report *rep);
 
 /* ch_work_free: free the buffers (the completion must be visible). */
 void ch_work_free(ch_work *rec);

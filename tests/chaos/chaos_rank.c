@@ -324,6 +324,7 @@ static void on_done(ch_work *rec, void *arg) {
                    collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
                    rec->role, rec->cancelled ? " cancelled=1" : "");
     run->bytes_in_flight -= rec->bytes;
+    ch_work_guards(rec, rep);
     ch_work_free(rec);
     collie_work_release(rec->w);
     free(rec);
