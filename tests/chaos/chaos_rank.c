@@ -45,7 +45,8 @@
  *    holds exactly the reference bytes; every work ends within its deadline
  *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
  *    stopped); every failed work has an error status the contract allows
- *    and a message; after the last destroy and the engine's, no fd, thread
+ *    and a message (COLLIE_ETIMEDOUT not before the work's own deadline);
+ *    after the last destroy and the engine's, no fd, thread
  *    or heap growth over the point before the engine was created
  *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
  *    libcrypto and libevent keep one-time global state).
@@ -299,6 +300,14 @@ static void on_done(ch_work *rec, void *arg) {
             ch_violation(rep, "bad_status", rec->round, rec->op.slot,
                          "op=%s: status %s is not one a fault of this program can give: %s",
                          ch_kind_name(rec->op.kind), collie_status_name(rec->status), msg);
+        else if (rec->status == COLLIE_ETIMEDOUT && took < (int64_t)rec->deadline_ms * 1000000)
+            /* a work times out by its own deadline only (a comm's fault
+             * ends the others EABORTED): never before it */
+            ch_violation(rep, "early_timeout", rec->round, rec->op.slot,
+                         "op=%s comm=%d style=%s: COLLIE_ETIMEDOUT %lld ms after its post, before "
+                         "its deadline of %d ms: %s",
+                         ch_kind_name(rec->op.kind), rec->op.comm, ch_style_name(rec->style),
+                         (long long)(took / 1000000), rec->deadline_ms, msg);
         else if (rec->status == COLLIE_ECANCELED && !rec->cancelled)
             ch_violation(rep, "bad_status", rec->round, rec->op.slot,
                          "op=%s: COLLIE_ECANCELED but this rank never cancelled it: %s",
