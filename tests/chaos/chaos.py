@@ -72,7 +72,8 @@ SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none
             ("crash", ("crash",), "none", 10, 5), ("noend", ("crash",), "none", 10, 5),
             ("hang", ("hang",), "none", 2, 60), ("stall", ("hang",), "none", 30, 1),
             ("shm", ("leak",), "none", 10, 5), ("orphan", ("leak",), "none", 10, 5),
-            ("garbled", ("bad_report",), "none", 10, 5)]
+            ("garbled", ("bad_report",), "none", 10, 5),
+            ("unexplained", ("unexplained_failure",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 

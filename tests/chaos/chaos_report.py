@@ -61,6 +61,10 @@ class RankReport:
         self.faults = {}  # rank-side faults by kind
         self.violations = []  # (kind, text)
         self.leak_checks = 0
+        # failures, for a run without faults: each must be explained
+        self.failures = 0  # failed works, refused posts, failed comm creates/splits
+        self.first_failure = None
+        self.slow_timeouts = 0  # works that ran into their own deadline
         self.bad = []  # unparsable lines
 
     def feed(self, data):
@@ -69,6 +73,11 @@ class RankReport:
         for raw in whole:
             self.lines += 1
             self._line(raw.decode(errors="replace"))
+
+    def _failure(self, line):
+        self.failures += 1
+        if self.first_failure is None:
+            self.first_failure = line[:300]
 
     def _line(self, line):
         try:
@@ -92,6 +101,16 @@ class RankReport:
             self.bytes_checked += _int(f, "checked")
             if f.get("stopped") == "1":
                 self.works_stopped += 1
+            if st != "COLLIE_OK":
+                self._failure(line)
+                if st == "COLLIE_ETIMEDOUT" and _int(f, "ms") >= _int(f, "deadline_ms", 1):
+                    self.slow_timeouts += 1
+        elif rec == "group":
+            st = f.get("status", "?")
+            if st not in ("COLLIE_OK", "COLLIE_ENOTMEMBER"):
+                self._failure(line)
+                if st == "COLLIE_ETIMEDOUT":
+                    self.slow_timeouts += 1
         elif rec == "fault":
             k = f.get("kind", "?")
             self.faults[k] = self.faults.get(k, 0) + 1

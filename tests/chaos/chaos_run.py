@@ -26,6 +26,12 @@ Design notes
    sanitizers), so the overall bound can be generous. Nothing of a rank's
    program is silent that long: a work ends within its deadline (at most
    12 s) plus the bounds, a round wait is 8 s.
+ - A run without faults (none allowed to the ranks, none injected):
+   every failure (a failed work, a refused post, a failed create or split,
+   a round barrier given up) is `unexplained_failure` unless some work of
+   the run ran into its own deadline (a machine too slow: the comm's fault
+   then ends the others) or a rank crashed or hung. The rank cannot tell this alone: a peer's fault
+   fails its works with allowed statuses.
  - The oracle's process-level part (the rank checks its works itself):
    every violation line of a report; a rank that wrote no `end` and was not
    killed by us (`hang` when the job ran into its timeout, else `crash`);
@@ -419,6 +425,24 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
             elif not (sig is not None or code not in (0, 3)):
                 res.add("crash", r, "rank %d ended without an end line (%s)" % (
                     r, "no report" if rep.start is None else "last of %d lines" % rep.lines))
+    # A run without faults (none allowed to the ranks, none injected by the
+    # driver, no rank's fault line) has nothing to fail its works: a failure
+    # there is explained only by a work that ran into its own deadline
+    # somewhere (a slow machine; its comm's fault then ends the rest), else
+    # it is a violation, as is a round barrier given up (peer_gone).
+    # A rank that crashed or hung explains its peers' failures (and is a
+    # violation of its own).
+    if (shape.rank_faults() == "none" and not res.injected and not res.rank_faults and
+            not any(rep.slow_timeouts for rep in reports) and
+            not {"crash", "hang", "launcher"} & set(res.kinds())):
+        for r, rep in enumerate(reports):
+            if rep.failures:
+                res.add("unexplained_failure", r, "%d failures in a run without faults and "
+                        "no work past its deadline; the first: %s" %
+                        (rep.failures, rep.first_failure))
+            if rep.end is not None and rep.end.get("reason", "done") != "done":
+                res.add("unexplained_failure", r, "ended with reason=%s in a run without "
+                        "faults: %s" % (rep.end.get("reason"), rep.end.get("msg", "")))
     for name in sorted(dev_shm_collie() - shm_before):
         res.add("leak", None, "/dev/shm/%s was left by the run" % name)
     if res.failed() or keep:
