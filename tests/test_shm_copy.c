@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -119,6 +121,69 @@ static void test_send_recv_by_single_copy(void **state) {
         collie_work_release(r);
     }
     assert_true(comm_stats(w.c[1]).shm_single_copy_bytes >= 2 * n * 4);
+    free(src);
+    free(dst);
+    world_destroy(&w);
+    set_threshold(NULL);
+}
+
+/* A process that takes signals (a sampling profiler's timer, a SIGCHLD
+ * handler) while it reads by single copy: a signal that lands inside the
+ * return's look at the lender's pidfd (poll, timeout 0, EINTR even under
+ * SA_RESTART) once counted as the lender having exited, so a message that
+ * was read and claimed (its send completed OK) failed its receive with
+ * "rank 0 exited while its message was read", or, unexpected, was dropped.
+ * Here a timer rings every 20 us during 400 messages: every receive
+ * completes with the sent bytes, and every one came by single copy. */
+static atomic_long copy1_signals;
+static void copy1_on_signal(int sig) {
+    (void)sig;
+    atomic_fetch_add_explicit(&copy1_signals, 1, memory_order_relaxed);
+}
+
+static void test_signals_while_read_by_single_copy(void **state) {
+    (void)state;
+    if (!cma_allowed()) skip();
+    set_threshold("65536");
+    struct sigaction sa = {.sa_handler = copy1_on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGALRM, &sa, NULL), 0);
+    struct itimerval it = {.it_interval = {0, 20}, .it_value = {0, 20}};
+    assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+    world w;
+    world_create(&w, 2, "copy1-signals", NULL);
+    size_t n = 64 * 1024; /* 256 KiB: one loan each */
+    int32_t *src = malloc(n * 4), *dst = malloc(n * 4);
+    assert_non_null(src);
+    assert_non_null(dst);
+    int rounds = 400;
+    for (int round = 0; round < rounds; round++) {
+        for (size_t i = 0; i < n; i++)
+            src[i] = (int32_t)(uint32_t)(i * 2654435761u + (uint32_t)round);
+        memset(dst, 0, n * 4);
+        collie_work *s, *r;
+        if (round % 2 == 0) { /* the receive first */
+            assert_int_equal(collie_recv(w.c[1], dst, n, COLLIE_INT32, 0, 7, NULL, &r), COLLIE_OK);
+            assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 7, NULL, &s), COLLIE_OK);
+        } else { /* the message comes before its receive */
+            assert_int_equal(collie_send(w.c[0], src, n, COLLIE_INT32, 1, 9, NULL, &s), COLLIE_OK);
+            assert_int_equal(collie_work_wait(s, 20000), COLLIE_OK);
+            assert_int_equal(collie_recv(w.c[1], dst, n, COLLIE_INT32, 0, 9, NULL, &r), COLLIE_OK);
+        }
+        int rs = collie_work_wait(s, 20000), rr = collie_work_wait(r, 20000);
+        if (rs != COLLIE_OK || rr != COLLIE_OK)
+            fail_msg("round %d: send %s, receive %s (%s)", round, collie_status_name(rs),
+                     collie_status_name(rr), collie_work_error_message(r));
+        for (size_t i = 0; i < n; i++)
+            if (dst[i] != (int32_t)(uint32_t)(i * 2654435761u + (uint32_t)round))
+                fail_msg("round %d: element %zu is %u", round, i, dst[i]);
+        collie_work_release(s);
+        collie_work_release(r);
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    assert_int_equal(setitimer(ITIMER_REAL, &off, NULL), 0);
+    print_message("%ld signals taken\n", atomic_load(&copy1_signals));
+    assert_true(comm_stats(w.c[1]).shm_single_copy_bytes >= (uint64_t)rounds * n * 4);
     free(src);
     free(dst);
     world_destroy(&w);
@@ -699,6 +764,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_collective_by_single_copy),
         cmocka_unit_test(test_send_recv_by_single_copy),
+        cmocka_unit_test(test_signals_while_read_by_single_copy),
         cmocka_unit_test(test_threshold_and_off),
         cmocka_unit_test(test_withdrawn_before_read),
         cmocka_unit_test(test_frames_after_a_withdrawn_loan),
