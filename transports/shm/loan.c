@@ -23,6 +23,10 @@
  *    right value from a process that is still alive afterwards has found
  *    the peer. Every later loan is checked against that pidfd at its
  *    return: a peer that exited (its pid free for reuse) fails the read.
+ *    The look at the pidfd (poll, timeout 0) fails with EINTR whenever a
+ *    signal is caught meanwhile, even under SA_RESTART; that is looked at
+ *    again, not taken for the peer's exit (a read, claimed loan would fail
+ *    its receive, or be dropped unexpected, while its send completed OK).
  */
 #include "transports/shm/loan.h"
 
@@ -81,10 +85,18 @@ static int pidfd_of(pid_t pid) {
 #endif
 }
 
-/* Has the process behind the pidfd exited? */
+/* Has the process behind the pidfd exited? A signal caught meanwhile
+ * (EINTR, even under SA_RESTART and a timeout of 0) says nothing of the
+ * peer: look again (a few times: a process flooded with signals might be
+ * interrupted at each look). */
 static bool pidfd_exited(int pidfd) {
-    struct pollfd p = {.fd = pidfd, .events = POLLIN};
-    return poll(&p, 1, 0) != 0; /* readable: exited; an error: assume the worst */
+    for (int tries = 0; tries < 64; tries++) {
+        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        int n = poll(&p, 1, 0);
+        if (n >= 0) return n != 0; /* readable (or POLLNVAL, POLLERR): exited */
+        if (errno != EINTR) break;
+    }
+    return true; /* an error: assume the worst */
 }
 
 bool cl_shm_loans_probe(cl_shm_loans *lo, int sock, char *why, size_t why_len) {
