@@ -83,7 +83,8 @@ enum {
     CH_F_CANCEL = 4,
     CH_F_DEADLINE = 8,
     CH_F_STALL = 16,
-    CH_F_ALL = 31,
+    CH_F_SIGNALS = 32, /* a signal storm on this rank for a round (chaos_rank.c) */
+    CH_F_ALL = 63,
 };
 
 /* One slot: the op every member of its comm posts. Ranks are comm ranks. */

@@ -58,9 +58,12 @@
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -138,6 +141,8 @@ static int parse_faults(const char *s) {
             f |= CH_F_DEADLINE;
         else if (!strcmp(t, "stall"))
             f |= CH_F_STALL;
+        else if (!strcmp(t, "signals"))
+            f |= CH_F_SIGNALS;
         else if (!strcmp(t, "none"))
             ;
         else if (!strcmp(t, "all"))
@@ -146,7 +151,7 @@ static int parse_faults(const char *s) {
             char m[300];
             snprintf(m, sizeof m,
                      "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
-                     "deadline, stall, all, none)",
+                     "deadline, stall, signals, all, none)",
                      t);
             usage(m);
         }
@@ -674,7 +679,43 @@ static bool make_subgroups(ch_run *run) {
     return true;
 }
 
-static void run_round(ch_run *run, int r) {
+/* ---- the signal storm (CH_F_SIGNALS) -----------------------------------------
+ * A process that takes signals (a profiler's timer, a SIGCHLD handler) is
+ * no fault at all: every call of the library must go on through EINTR. In
+ * a round chosen from (seed, rank, round) this rank arms an interval timer
+ * every 20-200 us with an SA_RESTART handler that only counts, for the
+ * whole round; the oracle is unchanged (a poll that took EINTR for the
+ * lender's exit once failed read loans: aa611e9). */
+
+static atomic_ulong storm_hits;
+
+static void storm_on_signal(int sig) {
+    (void)sig;
+    atomic_fetch_add_explicit(&storm_hits, 1, memory_order_relaxed);
+}
+
+/* the period in us, or 0 for no storm this round */
+static int storm_period_us(const ch_run *run, int r) {
+    if (!(run->faults & CH_F_SIGNALS)) return 0;
+    uint64_t h = ch_hash(run->seed, 0x5167u, (uint64_t)run->rank, (uint64_t)r);
+    if (h % 3 != 0) return 0;
+    return 20 + (int)((h >> 8) % 181);
+}
+
+static void storm_set(int period_us) {
+    if (period_us > 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = storm_on_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGALRM, &sa, NULL);
+    }
+    struct itimerval it = {{0, period_us}, {0, period_us}};
+    setitimer(ITIMER_REAL, &it, NULL); /* a zero period disarms it */
+}
+
+static void run_round_body(ch_run *run, int r) {
     ch_round *p = &run->plan;
     ch_report *rep = &run->rep;
     ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max, run->faults);
@@ -744,6 +785,19 @@ static void run_round(ch_run *run, int r) {
                          "collie_comm_destroy of comm %d took %lld ms with nothing in flight", i,
                          (long long)ms);
     }
+}
+
+/* A round, under a signal storm when the seed says so (above). */
+static void run_round(ch_run *run, int r) {
+    int storm_us = storm_period_us(run, r);
+    unsigned long before = atomic_load(&storm_hits);
+    storm_set(storm_us);
+    run_round_body(run, r);
+    if (!storm_us) return;
+    storm_set(0);
+    ch_report_line(&run->rep, NULL, "fault kind=signals r=%d seq=-1 period_us=%d signals=%lu", r,
+                   storm_us, atomic_load(&storm_hits) - before);
+    run->rep.faults++;
 }
 
 /* the round-end protocol: false if a rank never arrived */

@@ -56,7 +56,7 @@ import time
 
 import chaos_netns
 from chaos_report import RankReport
-from chaos_sched import schedule
+from chaos_sched import HARMLESS_FAULTS, schedule
 
 POLL_S = 0.01
 STALL_S = 60  # no report line from any rank for this long: the run hangs
@@ -426,13 +426,16 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 res.add("crash", r, "rank %d ended without an end line (%s)" % (
                     r, "no report" if rep.start is None else "last of %d lines" % rep.lines))
     # A run without faults (none allowed to the ranks, none injected by the
-    # driver, no rank's fault line) has nothing to fail its works: a failure
+    # driver, no rank's fault line; a signal storm is no fault) has nothing
+    # to fail its works: a failure
     # there is explained only by a work that ran into its own deadline
     # somewhere (a slow machine; its comm's fault then ends the rest), else
     # it is a violation, as is a round barrier given up (peer_gone).
     # A rank that crashed or hung explains its peers' failures (and is a
     # violation of its own).
-    if (shape.rank_faults() == "none" and not res.injected and not res.rank_faults and
+    harmful = [k for k in shape.rank_faults().split(",") if k not in HARMLESS_FAULTS + ("none",)]
+    if (not harmful and not res.injected and
+            not [k for k in res.rank_faults if k not in HARMLESS_FAULTS] and
             not any(rep.slow_timeouts for rep in reports) and
             not {"crash", "hang", "launcher"} & set(res.kinds())):
         for r, rep in enumerate(reports):

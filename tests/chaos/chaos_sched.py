@@ -21,7 +21,10 @@ Design notes
 import random
 import shlex
 
-RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall")
+RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall", "signals")
+# rank-side conditions that must fail nothing (a signal storm): a run with
+# only these is held to "every work OK" like a run without faults
+HARMLESS_FAULTS = ("signals",)
 DRIVER_FAULTS = ("kill", "stop", "link")
 ALL_FAULTS = RANK_FAULTS + DRIVER_FAULTS
 TRANSPORTS = ("tcp", "shm", "auto")
