@@ -21,7 +21,6 @@
  *    (cl_event_soon), with the sockets polled in between.
  */
 #include <event2/event.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,15 +125,11 @@ void cl_work_start_cmd(cl_cmd *c) {
                                                  memory_order_acq_rel, memory_order_acquire))
         return; /* finished before it started (cancel, waiter); its retire follows */
     if (w->deadline_ns <= w->start_ns) {
-        /* ended the way the deadline sweep ends one: through its provider's
-         * cancel hook, which knows what this end means (an unmatched
-         * receive ends clean, no fault of its comm) */
-        char msg[64];
-        snprintf(msg, sizeof msg, "deadline of %d ms passed before it started", (int)w->timeout_ms);
-        if (w->ops->cancel)
-            w->ops->cancel(w, COLLIE_ETIMEDOUT, msg);
-        else
-            cl_work_finish(w, COLLIE_ETIMEDOUT, "%s", msg);
+        /* ended the way the deadline sweep ends one: cl_work_cancel, through
+         * its provider's cancel hook, which knows what this end means (an
+         * unmatched receive ends clean, no fault of its comm) */
+        cl_work_cancel(w, COLLIE_ETIMEDOUT, "deadline of %d ms passed before it started",
+                       (int)w->timeout_ms);
         return;
     }
     const char *prev = cl_engine_set_activity(e, w->ops->name);
