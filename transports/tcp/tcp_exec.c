@@ -101,7 +101,10 @@ static void work_post_step(tcp_work *tw) {
         const cl_sop *op = &s->ops[i];
         uint32_t k = i - first;
         if (op->kind == CL_SOP_COPY || op->kind == CL_SOP_REDUCE_LOCAL || op->kind == CL_SOP_AVG) {
-            if (!touched && !(touched = tc->core->work_busy_enter(tw->w))) return;
+            if (!touched && !(touched = tc->core->work_busy_enter(tw->w))) {
+                tw->finished = true; /* claimed by someone else, as in work_run: no more steps */
+                return;
+            }
             work_local_op(tw, op);
             continue;
         }
