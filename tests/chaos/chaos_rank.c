@@ -267,8 +267,15 @@ static void on_done(ch_work *rec, void *arg) {
     ch_report *rep = &run->rep;
     collie_work_details d = {0};
     collie_work_info(rec->w, &d);
-    int64_t end = d.end_ns ? d.end_ns : ch_now_ns();
+    int64_t seen = ch_now_ns();
+    int64_t end = d.end_ns ? d.end_ns : seen;
     int64_t took = end - rec->post_ns;
+    if (end < rec->post_ns || end > seen) /* the library's stamp is what the bound is held to */
+        ch_violation(rep, "end_stamp", rec->round, rec->op.slot,
+                     "op=%s comm=%d status=%s: end stamp %lld ns after the post, outside [post, "
+                     "seen done at %lld ns]",
+                     ch_kind_name(rec->op.kind), rec->op.comm, collie_status_name(rec->status),
+                     (long long)took, (long long)(seen - rec->post_ns));
     int64_t stopped = ch_paused_ns(rec->post_ns, end);
     int64_t bound = (int64_t)rec->deadline_ms + CH_GRACE_MS + run->slack_ms;
     if (took - stopped > bound * 1000000)
