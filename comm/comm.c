@@ -571,8 +571,12 @@ int collie_comm_destroy(collie_comm *c) {
     int res = COLLIE_OK;
     cl_comm_unregister(c);
     if (!c->engine_gone) {
-        /* graceful: let pending works finish, bounded by the op timeout */
-        int64_t until = cl_deadline_ns(cl_now_ns(), c->timeout_ms);
+        /* graceful: let pending works finish, bounded by the op timeout;
+         * an infinite one waits the default op timeout (COLLIE_TIMEOUT_MS):
+         * a destroy always returns */
+        int32_t grace =
+            c->timeout_ms == COLLIE_TIMEOUT_INFINITE ? cl_config_get()->timeout_ms : c->timeout_ms;
+        int64_t until = cl_deadline_ns(cl_now_ns(), grace);
         if (!comm_wait_idle(c, until)) {
             res = COLLIE_EABORTED;
             collie_comm_abort(c, "destroyed with works still pending");

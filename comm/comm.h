@@ -173,6 +173,10 @@ struct collie_comm {
     struct {
         collie_comm *parent;
         int color, key;
+        /* new_group's list as this rank was given it ("2,1"; a long one cut,
+         * with a hash of it all): the rendezvous holds every member to the
+         * same (comm_create.c, STEP_SIZE); "" for create and split */
+        char members[96];
     } split;
     /* progress, for desync answers */
     _Atomic uint64_t last_posted; /* highest collective seq posted */
@@ -306,9 +310,11 @@ void cl_desync_flush(collie_comm *c);
 /* comm_create.c: create a child of `parent` (collie_comm_split and
  * new_group): like collie_comm_create, but the backends the child shares
  * with the parent are built by ops->split, and a child without a backend
- * spec of its own inherits the parent's. */
+ * spec of its own inherits the parent's. `members`: new_group's list as
+ * text (every member must have been given the same: a conflict otherwise),
+ * or NULL. */
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
-                         int color, int key, collie_comm **out);
+                         int color, int key, const char *members, collie_comm **out);
 
 /* comm_create.c: begin the rendezvous on the loop thread */
 void cl_comm_create_begin(collie_comm *c);

@@ -17,8 +17,10 @@
  *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
  *               rank claimed by another process of this generation is a
  *               conflict (a rank restarted into the next generation is not);
- *      SIZE     compare_set("<prefix>size", "" -> "<size>|rank r (claim)"):
- *               a rank that says another world size is a conflict;
+ *      SIZE     compare_set("<prefix>size", "" -> "<size>|<members>|rank r
+ *               (claim)"): a rank that says another world size, or (a
+ *               new_group's child) was given another member list, is a
+ *               conflict;
  *      BARRIER  append("<prefix>arrived", "<rank> ") (pipelined, unawaited),
  *               then barrier("collie/<name>/<gen>/created", size);
  *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
@@ -151,8 +153,9 @@ static int create_post_step(create_state *cs) {
                                           &cs->req);
         break;
     case STEP_SIZE: {
-        char val[160];
-        int n = snprintf(val, sizeof val, "%d|rank %d (%s)", c->size, c->rank, cs->me);
+        char val[sizeof c->split.members + 160];
+        int n = snprintf(val, sizeof val, "%d|%s|rank %d (%s)", c->size, c->split.members, c->rank,
+                         cs->me);
         snprintf(key, sizeof key, "%ssize", c->prefix);
         r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
@@ -415,10 +418,13 @@ static void create_step_done(create_state *cs, collie_work *w) {
         const void *val = NULL;
         size_t len = 0;
         collie_store_work_value(w, &val, &len);
-        char held[160];
+        char held[sizeof c->split.members + 160];
         snprintf(held, sizeof held, "%.*s", (int)len, (const char *)val);
         collie_work_release(w);
         cs->fail_status = COLLIE_EINVAL;
+        /* STEP_SIZE's value: "<size>|<members>|rank r (claim)" */
+        const char *members = strchr(held, '|'), *who = members ? strchr(members + 1, '|') : NULL;
+        size_t mlen = members && who ? (size_t)(who - members - 1) : 0;
         if (cs->step == STEP_CLAIM && strcmp(held, cs->me) != 0) {
             snprintf(cs->conflict, sizeof cs->conflict,
                      "rank %d of comm '%s' (generation %llu) is claimed by %s and by %s", c->rank,
@@ -429,7 +435,15 @@ static void create_step_done(create_state *cs, collie_work *w) {
                      "comm '%s' (generation %llu): rank %d says the world has %d ranks, %s "
                      "says %d",
                      c->name, (unsigned long long)c->generation, c->rank, c->size,
-                     strchr(held, '|') ? strchr(held, '|') + 1 : "another rank", atoi(held));
+                     who ? who + 1 : "another rank", atoi(held));
+            create_next(cs, STEP_POISON);
+        } else if (cs->step == STEP_SIZE && (mlen != strlen(c->split.members) ||
+                                             memcmp(members + 1, c->split.members, mlen) != 0)) {
+            snprintf(cs->conflict, sizeof cs->conflict,
+                     "comm '%s' (generation %llu): the ranks were given different member lists: "
+                     "rank %d was given [%s] of the parent's ranks, %s was given [%.*s]",
+                     c->name, (unsigned long long)c->generation, c->rank, c->split.members,
+                     who ? who + 1 : "another rank", (int)mlen, members ? members + 1 : "");
             create_next(cs, STEP_POISON);
         } else if (cs->step == STEP_CLAIM) {
             create_next(cs, STEP_SIZE);
@@ -659,6 +673,7 @@ static void comm_set_spec(collie_comm *c, const cl_backend_spec *spec) {
 typedef struct create_child {
     collie_comm *parent;
     int color, key;
+    const char *members; /* new_group's list, or NULL */
 } create_child;
 
 static int create_post(collie_engine *e, collie_store *store, int rank, int size,
@@ -683,6 +698,8 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
         c->split.parent = child->parent;
         c->split.color = child->color;
         c->split.key = child->key;
+        if (child->members)
+            snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     }
     create_state *cs = calloc(1, sizeof *cs);
     if (!cs) {
@@ -746,8 +763,8 @@ int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size
 }
 
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
-                         int color, int key, collie_comm **out) {
-    create_child child = {parent, color, key};
+                         int color, int key, const char *members, collie_comm **out) {
+    create_child child = {parent, color, key, members};
     return create_blocking(parent->engine, parent->store, rank, size, o, &child, out);
 }
 

@@ -14,6 +14,11 @@
  *    is late or dead. A rank with
  *    colour COLLIE_UNDEFINED, or missing from new_group's list, gets
  *    COLLIE_ENOTMEMBER and no object: nothing half-built is ever returned.
+ *  - new_group compares nothing itself: each member hands its list (as
+ *    text, members_text) to the child's rendezvous, which holds every
+ *    member of a generation to the same list as it holds them to the same
+ *    size (comm_create.c): members given different lists fail with
+ *    COLLIE_EINVAL naming both lists, never form a comm.
  *  - Both block, bounded by the parent's create timeout.
  *  - A child inherits the parent's backends and device unless its options
  *    name others. A backend that can build children from the parent
@@ -39,6 +44,28 @@ static void child_name(const collie_comm *parent, const char *suffix, char *out,
     for (const char *p = suffix; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;
     snprintf(out, len, "grp.%016llx", (unsigned long long)h);
+}
+
+/* new_group's list as text for the rendezvous to compare: "2,1"; one too
+ * long for `len` is cut and ends with a hash of the whole list, so two
+ * lists compare equal only if they are. */
+static void members_text(const int *ranks, int n, char *out, size_t len) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the ranks, in order */
+    size_t used = 0;
+    bool cut = false;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ (uint64_t)(uint32_t)ranks[i]) * 1099511628211ULL;
+        char one[16];
+        int m = snprintf(one, sizeof one, "%s%d", i ? "," : "", ranks[i]);
+        if (!cut && used + (size_t)m + 24 < len) {
+            memcpy(out + used, one, (size_t)m);
+            used += (size_t)m;
+        } else {
+            cut = true;
+        }
+    }
+    out[used] = '\0';
+    if (cut) snprintf(out + used, len - used, ",...#%016llx", (unsigned long long)h);
 }
 
 static collie_comm_opts child_opts(const collie_comm *parent, const collie_comm_opts *o,
@@ -139,11 +166,12 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
         return cl_set_last_error(COLLIE_ENOTMEMBER,
                                  "collie_comm_new_group: rank %d of '%s' is not in the group",
                                  c->rank, c->name);
-    char suffix[32], name[72];
+    char suffix[32], name[72], list[sizeof c->split.members];
     snprintf(suffix, sizeof suffix, "g%d", k);
     child_name(c, suffix, name, sizeof name);
+    members_text(ranks, n, list, sizeof list);
     collie_comm_opts co = child_opts(c, o, name);
-    return cl_comm_create_child(c, me, n, &co, 0, me, out);
+    return cl_comm_create_child(c, me, n, &co, 0, me, list, out);
 }
 
 typedef struct split_entry {
@@ -212,7 +240,7 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     snprintf(suffix, sizeof suffix, "s%d.%d", k, color);
     child_name(c, suffix, name, sizeof name);
     collie_comm_opts co = child_opts(c, o, name);
-    res = cl_comm_create_child(c, me, members, &co, color, key, out);
+    res = cl_comm_create_child(c, me, members, &co, color, key, NULL, out);
 out:
     for (int i = 0; i < n; i++) {
         if (keys) free(keys[i]);

@@ -585,12 +585,15 @@ COLLIE_API int collie_comm_split(collie_comm *c, int color, int key, const colli
 
 /* collie_comm_new_group: a comm of the listed parent ranks (in that order).
  * Every rank of `c` calls it with the same list; non-members get
- * COLLIE_ENOTMEMBER and *out = NULL. */
+ * COLLIE_ENOTMEMBER and *out = NULL. Members given different lists make no
+ * comm: they fail with COLLIE_EINVAL naming both lists (or time out, one
+ * left alone). */
 COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
                                      const collie_comm_opts *o, collie_comm **out);
 
 /* collie_comm_destroy: graceful: waits for pending works up to the comm's
- * timeout, then aborts the rest; frees everything and releases its name.
+ * op timeout (COLLIE_TIMEOUT_MS when that is infinite), then aborts the
+ * rest; frees everything and releases its name.
  * Idempotent with respect to an earlier abort. Not on the progress thread.
  * NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED if works had to be
  * aborted. */

@@ -709,6 +709,86 @@ static void test_split_undefined_does_not_wait(void **state) {
     world_destroy(&w);
 }
 
+/* new_group with member lists that disagree across ranks: rank 0 asks for
+ * {0,1}, ranks 1 and 2 for {2,1}. Joined in the order 0, 1, 2, ranks 0 and
+ * 1 made one comm and rank 1's allreduce returned OK with {0,1}'s sum
+ * (before: the lists were never compared). Now the rendezvous holds the
+ * members of a generation to one list: 0 and 1 fail with EINVAL naming
+ * both lists; 2 is left alone and times out; none returns a comm. Found
+ * by a breaker (issue 29). */
+typedef struct ng_call {
+    world *w;
+    int r, n, rc, ar, got;
+    const int *list; /* this rank's list */
+    int delay_ms;
+    char msg[512];
+} ng_call;
+static void *ng_in_thread(void *p) {
+    ng_call *a = p;
+    usleep(1000 * (unsigned)a->delay_ms);
+    collie_comm *g = NULL;
+    a->rc = collie_comm_new_group(a->w->c[a->r], a->list, a->n, NULL, &g);
+    snprintf(a->msg, sizeof a->msg, "%s", collie_last_error());
+    a->ar = -1;
+    if (a->rc == COLLIE_OK) {
+        int32_t v = a->r + 1;
+        collie_work *wk;
+        if (collie_allreduce(g, &v, &v, 1, COLLIE_INT32, COLLIE_SUM, NULL, &wk) == COLLIE_OK) {
+            a->ar = collie_work_wait(wk, 10000);
+            collie_work_release(wk);
+        }
+        a->got = v;
+        collie_comm_destroy(g);
+    }
+    return NULL;
+}
+static void ng_round(world *w, ng_call *a) {
+    pthread_t th[3];
+    for (int r = 0; r < 3; r++) {
+        a[r].w = w;
+        a[r].r = r;
+        assert_int_equal(pthread_create(&th[r], NULL, ng_in_thread, &a[r]), 0);
+    }
+    for (int r = 0; r < 3; r++)
+        pthread_join(th[r], NULL);
+    /* the oracle: an OK holds the sum of (parent rank + 1) over its own list */
+    for (int r = 0; r < 3; r++) {
+        int want = 0;
+        for (int i = 0; i < a[r].n; i++)
+            want += a[r].list[i] + 1;
+        if (a[r].ar == COLLIE_OK && a[r].got != want)
+            fail_msg("rank %d: allreduce OK with %d, its group's sum is %d", r, a[r].got, want);
+    }
+}
+static void test_new_group_lists_must_agree(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.timeout_ms = 5000;
+    o.create_timeout_ms = 3000;
+    world w;
+    world_create(&w, 3, "lists", &o);
+    static const int l0[] = {0, 1}, l1[] = {2, 1}, all[] = {2, 0, 1};
+    ng_call a[3] = {{.list = l0, .n = 2, .delay_ms = 0},
+                    {.list = l1, .n = 2, .delay_ms = 300},
+                    {.list = l1, .n = 2, .delay_ms = 600}};
+    ng_round(&w, a);
+    for (int r = 0; r < 2; r++)
+        if (a[r].rc != COLLIE_EINVAL || !strstr(a[r].msg, "different member lists") ||
+            !strstr(a[r].msg, "[0,1]") || !strstr(a[r].msg, "[2,1]"))
+            fail_msg("rank %d: new_group gave %s: '%s'", r, collie_status_name(a[r].rc), a[r].msg);
+    if (a[2].rc == COLLIE_OK) fail_msg("rank 2 made a group alone: '%s'", a[2].msg);
+    /* the parent is fine, and the next new_group, with one list, works */
+    ng_call b[3];
+    for (int r = 0; r < 3; r++)
+        b[r] = (ng_call){.list = all, .n = 3};
+    ng_round(&w, b);
+    for (int r = 0; r < 3; r++)
+        if (b[r].rc != COLLIE_OK || b[r].ar != COLLIE_OK)
+            fail_msg("rank %d: new_group {2,0,1} after the failed one: %s, allreduce %s: '%s'", r,
+                     collie_status_name(b[r].rc), collie_status_name(b[r].ar), b[r].msg);
+    world_destroy(&w);
+}
+
 /* The named registry. */
 static void test_registry(void **state) {
     (void)state;
@@ -1105,6 +1185,7 @@ int main(void) {
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_split_undefined_does_not_wait),
+        cmocka_unit_test(test_new_group_lists_must_agree),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_comm_stats),
         cmocka_unit_test(test_recv_after_sender_left),

@@ -6,7 +6,9 @@
  * (the peer still learns the root cause), engine shutdown under live comms,
  * error policy settings, exit() with engines running (no crash).
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1056,6 +1058,59 @@ static void test_waiter_past_deadline_during_desync_report(void **state) {
     mini_down(&m);
 }
 
+/* A comm whose op timeout is COLLIE_TIMEOUT_INFINITE (create accepts it)
+ * with a receive no message will ever match: destroy still returns, after
+ * the default op timeout (COLLIE_TIMEOUT_MS, 2 s here), and the receive
+ * fails (before: destroy waited forever). Found by a breaker (issue 29). */
+typedef struct destroy_call {
+    collie_comm *c;
+    _Atomic int done;
+    int rc;
+} destroy_call;
+static void *destroy_in_thread(void *p) {
+    destroy_call *d = p;
+    d->rc = collie_comm_destroy(d->c);
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+static void test_destroy_with_infinite_timeout_returns(void **state) {
+    (void)state;
+    setenv("COLLIE_TIMEOUT_MS", "2000", 1);
+    cl_config_reload();
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.timeout_ms = COLLIE_TIMEOUT_INFINITE;
+    o.create_timeout_ms = 20000;
+    world w;
+    world_create(&w, 2, "forever", &o);
+    world_link(&w);
+    int64_t junk = -1;
+    collie_work *rw;
+    assert_int_equal(collie_recv(w.c[0], &junk, 1, COLLIE_INT64, 1, 5, NULL, &rw), COLLIE_OK);
+    destroy_call d = {.c = w.c[0]};
+    pthread_t th;
+    int64_t t0 = now_ms();
+    assert_int_equal(pthread_create(&th, NULL, destroy_in_thread, &d), 0);
+    while (!atomic_load(&d.done) && now_ms() - t0 < 15000)
+        usleep(10000);
+    if (!atomic_load(&d.done)) {
+        cltest_allow_leftovers("the destroy thread never returned");
+        fail_msg("destroy of a comm with an infinite op timeout and a receive pending has not "
+                 "returned after %lld ms",
+                 (long long)(now_ms() - t0));
+    }
+    pthread_join(th, NULL);
+    int64_t took = now_ms() - t0;
+    assert_int_equal(d.rc, COLLIE_EABORTED); /* the receive had to be aborted */
+    assert_true(took >= 1500);               /* it was given the default op timeout */
+    assert_int_equal(collie_work_wait(rw, 5000), COLLIE_EABORTED);
+    assert_int_equal(junk, -1); /* a failed receive wrote nothing */
+    collie_work_release(rw);
+    w.c[0] = NULL;
+    world_destroy(&w);
+    unsetenv("COLLIE_TIMEOUT_MS");
+    cl_config_reload();
+}
+
 /* The comm's fault is recorded before any work it failed is visible as
  * done: right after a wait returns the failure, collie_comm_error already
  * reports it, with no polling — under BLOCKING_WAIT (a deadline) and under
@@ -1335,6 +1390,7 @@ int main(void) {
         cmocka_unit_test(test_policy_settings),
         cmocka_unit_test(test_waiter_past_deadline_during_desync_report),
         cmocka_unit_test(test_comm_error_before_failed_work),
+        cmocka_unit_test(test_destroy_with_infinite_timeout_returns),
         cmocka_unit_test(test_listen_failures_say_why),
         cmocka_unit_test(test_rendezvous_conflicts_fail_fast),
         cmocka_unit_test(test_store_token_authenticates_peers),
