@@ -38,7 +38,7 @@ sys.dont_write_bytecode = True  # nothing of ours in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chaos_run import run_once  # noqa: E402
-from chaos_sched import (DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
+from chaos_sched import (ALL_FAULTS, DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
                          DEFAULT_ROUNDS, Shape, UsageError, parse_faults, random_shape,
                          schedule)
 import chaos_netns  # noqa: E402
@@ -50,7 +50,7 @@ import chaos_netns  # noqa: E402
 # then that.
 SUITE = [
     (1, 2, "shm", 1, "none", 2, 60, 16),
-    (2, 4, "tcp", 1, "cancel,deadline", 3, 60, 64),
+    (2, 4, "tcp", 1, "cancel,deadline,disagree", 3, 60, 64),
     (3, 3, "auto", 1, "abort,destroy,cancel,deadline", 3, 60, 256),
     (4, 4, "shm", 1, "kill", 3, 60, 64),
     (5, 5, "auto", 1, "stop,cancel,deadline", 3, 60, 64),
@@ -340,7 +340,7 @@ def main(argv):
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--hosts", type=int, default=1)
     ap.add_argument("--faults", default="all", help="comma list of " +
-                    "abort,destroy,cancel,deadline,kill,stop,link, all or none")
+                    ",".join(ALL_FAULTS) + ", all or none")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--ops", type=int, default=None)
     ap.add_argument("--inflight-max", type=int, default=DEFAULT_INFLIGHT)

@@ -107,6 +107,9 @@ enum {
     K_STALL_END,
     K_STALL_PRE,
     K_STALL_END_MS,
+    K_DISAGREE,
+    K_MISFIT,
+    K_MISFIT_SWAP,
 };
 
 static uint64_t round_h(const ch_round *p, uint64_t what, uint64_t x) {
@@ -121,6 +124,29 @@ static void comm_finish(ch_comm_info *ci, int rank) {
     ci->me = -1;
     for (int i = 0; i < ci->size; i++)
         if (ci->members[i] == rank) ci->me = i;
+}
+
+/* CH_F_DISAGREE: one member's list differs from the others' where its own
+ * position does not (see chaos_prog.h); perm holds the members first,
+ * then the non-members. Needs two members and a non-member, or three. */
+static void plan_misfit(ch_round *p, const int *perm) {
+    int n = p->group_n;
+    bool replace = n >= 2 && n < p->world, swap = n >= 3;
+    if (!replace && !swap) return;
+    int me = (int)(round_h(p, K_MISFIT, 0) % (uint64_t)n);
+    p->misfit = p->group_ranks[me];
+    memcpy(p->misfit_ranks, p->group_ranks, sizeof p->misfit_ranks);
+    uint64_t h = round_h(p, K_MISFIT_SWAP, 0);
+    int other = (me + 1 + (int)(h % (uint64_t)(n - 1))) % n; /* another member's slot */
+    if (replace && (!swap || (h >> 16) % 2 == 0)) {
+        p->misfit_ranks[other] = perm[n + (int)((h >> 24) % (uint64_t)(p->world - n))];
+    } else {
+        int third = other;
+        while (third == other || third == me)
+            third = (third + 1) % n;
+        p->misfit_ranks[other] = p->group_ranks[third];
+        p->misfit_ranks[third] = p->group_ranks[other];
+    }
 }
 
 void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, int ops,
@@ -154,6 +180,7 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
     comm_finish(&p->comms[0], rank);
     p->ncomms = 1;
     p->group_comm = -1;
+    p->misfit = -1;
 
     p->split = round_h(p, K_SPLIT, 0) % 2 == 0;
     if (p->split) {
@@ -211,6 +238,7 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
         for (int i = 0; i < p->group_n; i++)
             p->group_ranks[i] = ci->members[i] = perm[i];
         comm_finish(ci, rank);
+        if (faults & CH_F_DISAGREE && round_h(p, K_DISAGREE, 0) % 2 == 0) plan_misfit(p, perm);
     }
 
     /* this rank's choices */

@@ -83,8 +83,9 @@ enum {
     CH_F_CANCEL = 4,
     CH_F_DEADLINE = 8,
     CH_F_STALL = 16,
-    CH_F_SIGNALS = 32, /* a signal storm on this rank for a round (chaos_rank.c) */
-    CH_F_ALL = 63,
+    CH_F_SIGNALS = 32,  /* a signal storm on this rank for a round (chaos_rank.c) */
+    CH_F_DISAGREE = 64, /* a rank given another new_group list than its peers */
+    CH_F_ALL = 127,
 };
 
 /* One slot: the op every member of its comm posts. Ranks are comm ranks. */
@@ -130,6 +131,13 @@ typedef struct ch_round {
     int ncomms;
     ch_comm_info comms[CH_MAX_COMMS]; /* [0] world, [1..ncolors] colours, then the group */
     int group_comm;                   /* index of the new_group's comm, -1 if none */
+    /* CH_F_DISAGREE: in this round world rank `misfit` (-1: none) calls
+     * new_group with misfit_ranks, the plan's list with another member
+     * swapped for a non-member, or two other members swapped: its own
+     * position stays, so only a comparison of the lists can tell. Every
+     * rank knows it (the plan is the seed's): no member may get a comm. */
+    int misfit;
+    int misfit_ranks[CH_MAX_RANKS];
     /* this rank's choices */
     int wait_bias;       /* -1: mixed, else one ch_style for most works */
     int fault;           /* one of CH_F_* or 0: the comm-level fault of this round */

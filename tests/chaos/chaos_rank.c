@@ -41,6 +41,9 @@
  *    then. With main's 59b5a0d reverted, 36 runs of 40 (4 ranks, seeds
  *    1-40) reported its wrong OK; with it, none. A stall round has no
  *    other comm-level fault.
+ *  - The disagree fault (chaos_prog.h): one member calls new_group with
+ *    another list than its peers; every rank knows it from the plan, and
+ *    no member may get a comm from it (disagreement_accepted).
  *  - The oracle (chaos_ops.c, chaos_oracle.c, chaos_wait.c): every OK work
  *    holds exactly the reference bytes; every work ends within its deadline
  *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
@@ -98,7 +101,7 @@ static void usage(const char *why) {
     fprintf(stderr,
             "chaos_rank: %s\n"
             "usage: chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]"
-            " [--faults abort,destroy,cancel,deadline,stall|all|none]\n"
+            " [--faults abort,destroy,cancel,deadline,stall,signals,disagree|all|none]\n"
             "(rank and world size from COLLIE_RANK / COLLIE_WORLD_SIZE, as collie-run sets)\n",
             why);
     exit(2);
@@ -143,6 +146,8 @@ static int parse_faults(const char *s) {
             f |= CH_F_STALL;
         else if (!strcmp(t, "signals"))
             f |= CH_F_SIGNALS;
+        else if (!strcmp(t, "disagree"))
+            f |= CH_F_DISAGREE;
         else if (!strcmp(t, "none"))
             ;
         else if (!strcmp(t, "all"))
@@ -151,7 +156,7 @@ static int parse_faults(const char *s) {
             char m[300];
             snprintf(m, sizeof m,
                      "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
-                     "deadline, stall, signals, all, none)",
+                     "deadline, stall, signals, disagree, all, none)",
                      t);
             usage(m);
         }
@@ -649,8 +654,29 @@ static bool make_subgroups(ch_run *run) {
                                    NULL, &c);
             cid = color < 0 ? -1 : 1 + color;
         } else {
-            rc = collie_comm_new_group(world, p->group_ranks, p->group_n, NULL, &c);
+            const int *list = p->rank == p->misfit ? p->misfit_ranks : p->group_ranks;
+            rc = collie_comm_new_group(world, list, p->group_n, NULL, &c);
             cid = p->comms[p->group_comm].me >= 0 ? p->group_comm : -1;
+            if (p->rank == p->misfit) {
+                ch_report_line(rep, NULL, "fault kind=disagree r=%d seq=-1", p->round);
+                rep->faults++;
+            }
+            if (p->misfit >= 0 && cid >= 0) { /* a member: the lists disagree */
+                ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
+                               "group r=%d op=%s status=%s comm=%d misfit=%d", p->round, what,
+                               collie_status_name(rc), cid, p->misfit);
+                if (rc == COLLIE_OK || c)
+                    ch_violation(rep, "disagreement_accepted", p->round, -1,
+                                 "new_group returned %s and %s though rank %d was given another "
+                                 "member list",
+                                 collie_status_name(rc), c ? "a comm" : "no comm", p->misfit);
+                else if (rc != COLLIE_EINVAL && rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER)
+                    ch_violation(rep, "bad_status", p->round, -1,
+                                 "new_group with disagreeing lists returned %s: %s",
+                                 collie_status_name(rc), collie_last_error());
+                if (c) collie_comm_destroy(c);
+                return false;
+            }
         }
         ch_report_line(rep, rc == COLLIE_OK || rc == COLLIE_ENOTMEMBER ? NULL : collie_last_error(),
                        "group r=%d op=%s status=%s comm=%d", p->round, what, collie_status_name(rc),

@@ -21,7 +21,7 @@ Design notes
 import random
 import shlex
 
-RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall", "signals")
+RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall", "signals", "disagree")
 # rank-side conditions that must fail nothing (a signal storm): a run with
 # only these is held to "every work OK" like a run without faults
 HARMLESS_FAULTS = ("signals",)
