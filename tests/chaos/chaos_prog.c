@@ -110,6 +110,7 @@ enum {
     K_DISAGREE,
     K_MISFIT,
     K_MISFIT_SWAP,
+    K_INFINITE,
 };
 
 static uint64_t round_h(const ch_round *p, uint64_t what, uint64_t x) {
@@ -181,6 +182,7 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
     p->ncomms = 1;
     p->group_comm = -1;
     p->misfit = -1;
+    p->infinite_timeout = round_h(p, K_INFINITE, 0) % 4 == 0;
 
     p->split = round_h(p, K_SPLIT, 0) % 2 == 0;
     if (p->split) {

@@ -138,6 +138,11 @@ typedef struct ch_round {
      * rank knows it (the plan is the seed's): no member may get a comm. */
     int misfit;
     int misfit_ranks[CH_MAX_RANKS];
+    /* the round's comms have an infinite op timeout (every work still has
+     * its own deadline): a destroy with works in flight then waits the
+     * default op timeout, COLLIE_TIMEOUT_MS (chaos_rank sets 5000), and
+     * must return as from a 5 s one */
+    bool infinite_timeout;
     /* this rank's choices */
     int wait_bias;       /* -1: mixed, else one ch_style for most works */
     int fault;           /* one of CH_F_* or 0: the comm-level fault of this round */

@@ -629,10 +629,12 @@ static void inject_fault(ch_run *run, const ch_op *op) {
     }
 }
 
-static collie_comm_opts comm_opts(const char *name) {
+static collie_comm_opts comm_opts(const char *name, bool infinite) {
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = name;
-    o.timeout_ms = 5000;         /* bounds a graceful destroy with works in flight */
+    /* bounds a graceful destroy with works in flight (an infinite one:
+     * COLLIE_TIMEOUT_MS, 5000 here) */
+    o.timeout_ms = infinite ? COLLIE_TIMEOUT_INFINITE : 5000;
     o.create_timeout_ms = 15000; /* a stopped rank may delay a create */
     return o;
 }
@@ -757,12 +759,13 @@ static void run_round_body(ch_run *run, int r) {
     run->posted = 0;
     ch_report_line(rep, NULL,
                    "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
-                   "fault=%d fault_slot=%d stall_slot=%d",
+                   "fault=%d fault_slot=%d stall_slot=%d infinite_timeout=%d",
                    r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
-                   p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot);
+                   p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot,
+                   p->infinite_timeout);
     char name[64];
     snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
-    collie_comm_opts o = comm_opts(name);
+    collie_comm_opts o = comm_opts(name, p->infinite_timeout);
     int64_t t0 = ch_now_ns();
     int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
     ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
@@ -923,6 +926,9 @@ int main(int argc, char **argv) {
     ch_pause_clock_start();
     ch_measure before = measure();
 
+    /* the default op timeout: what a destroy waits in a round whose comms
+     * have an infinite one (chaos_prog.h) */
+    setenv("COLLIE_TIMEOUT_MS", "5000", 0);
     collie_engine_opts eo = COLLIE_ENGINE_OPTS_INIT;
     eo.name = "chaos";
     int rc = collie_engine_create(&eo, &run.e);
