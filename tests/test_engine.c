@@ -454,6 +454,27 @@ static void test_list(void **state) {
     cl_list empty;
     cl_list_move_all(&empty, &moved); /* an empty source */
     assert_true(cl_list_empty(&empty) && cl_list_empty(&moved));
+    /* last, insert before/after, neighbours, the reverse walk */
+    assert_null(cl_list_last(&empty, item, node));
+    assert_null(cl_list_last_node(&empty));
+    assert_ptr_equal(cl_list_last(&l, item, node), &a[2]);
+    cl_list_insert_before(&a[2].node, &a[1].node);
+    cl_list_insert_after(&a[2].node, &a[3].node);
+    cl_list_insert_before(&a[4].node, &a[0].node); /* a new first */
+    list_expect(&l, (int[]){0, 4, 1, 2, 3}, 5);
+    assert_ptr_equal(cl_list_last_node(&l), &a[3].node);
+    assert_null(cl_list_next_node(&l, &a[3].node));
+    assert_null(cl_list_prev_node(&l, &a[0].node));
+    assert_ptr_equal(cl_list_next_node(&l, &a[4].node), &a[1].node);
+    assert_ptr_equal(cl_list_prev_node(&l, &a[1].node), &a[4].node);
+    int back[5], nb = 0;
+    cl_list_foreach_reverse(&l, it, item, node) {
+        back[nb++] = it->v;
+        if (it->v == 1) cl_list_remove(&it->node); /* the current one may go */
+    }
+    assert_int_equal(nb, 5);
+    assert_memory_equal(back, ((int[]){3, 2, 1, 4, 0}), sizeof back);
+    list_expect(&l, (int[]){0, 4, 2, 3}, 4);
 }
 
 /* This binary's pthread_create (it links libcollie statically, so the

@@ -52,10 +52,14 @@ static cl_list *deadline_queue(cl_work_registry *r, int32_t ms) {
  * several threads (a few steps). */
 static void deadline_insert(cl_work_registry *r, collie_work *w) {
     cl_list *q = deadline_queue(r, w->timeout_ms);
-    cl_list_node *at = q->head.prev;
-    while (at != &q->head && cl_list_entry(at, collie_work, dl_node)->deadline_ns > w->deadline_ns)
-        at = at->prev;
-    cl_list_insert_after_(at, &w->dl_node);
+    collie_work *it;
+    cl_list_foreach_reverse(q, it, collie_work, dl_node) {
+        if (it->deadline_ns <= w->deadline_ns) {
+            cl_list_insert_after(&it->dl_node, &w->dl_node);
+            return;
+        }
+    }
+    cl_list_push_front(q, &w->dl_node); /* the earliest of them all */
 }
 
 /* The work whose deadline comes first, or NULL. */

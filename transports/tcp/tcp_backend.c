@@ -210,11 +210,10 @@ static bool tcp_progress(void *state, bool sleeping) {
      * whose sending broke, a fault): conns are not freed before destroy,
      * so a next node that got unlinked ends this round, the rest follow on
      * the next turn */
-    cl_list_node *head = &tc->shm_conns.head, *n = head->next;
-    while (n != head) {
-        cl_list_node *next = n->next;
+    for (cl_list_node *n = cl_list_first_node(&tc->shm_conns); n;) {
+        cl_list_node *next = cl_list_next_node(&tc->shm_conns, n);
         cl_tcp_conn_poll(cl_list_entry(n, tcp_conn, shm_node), sleeping);
-        if (next != head && !cl_list_linked(next)) break;
+        if (next && !cl_list_linked(next)) break;
         n = next;
     }
     return tc->socket_conns > 0; /* TCP peers: only the event pass reads them */

@@ -450,7 +450,7 @@ static void conn_queue_ctl(tcp_conn *c, tcp_msg *m) {
     m->tagged = false;
     tcp_msg *head = cl_list_first(&c->sendq, tcp_msg, node);
     if (head && head->sent > 0)
-        cl_list_insert_after_(&head->node, &m->node);
+        cl_list_insert_after(&head->node, &m->node);
     else
         cl_list_push_front(&c->sendq, &m->node);
     /* the first grant leaves with the connection's first flush (the write

@@ -151,7 +151,7 @@ void cl_tcp_loans_settle(tcp_conn *c, bool park) {
     for (int round = 0; round < 4; round++) {
         loans_collect(c);
         if (c->state != TCP_CONN_READY || cl_list_empty(&c->lent) || !park) return;
-        const tcp_msg *newest = cl_list_entry(c->lent.head.prev, tcp_msg, node);
+        const tcp_msg *newest = cl_list_last(&c->lent, tcp_msg, node);
         if (cl_shm_loans_park(&c->shm.loans, newest->loan_ticket)) return;
     }
     c->tc->core->watch_activate(c->rev, COLLIE_WATCH_READ); /* a busy peer: next turn */
