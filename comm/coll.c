@@ -29,12 +29,15 @@ static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w)
 
 #define COLL_POOL_MAX 512
 
-void cl_coll_pool_init(collie_bcomm *bc) { pthread_mutex_init(&bc->pool_mu, NULL); }
+void cl_coll_pool_init(collie_bcomm *bc) {
+    pthread_mutex_init(&bc->pool_mu, NULL);
+    cl_list_init(&bc->pool);
+}
 
 void cl_coll_pool_fini(collie_bcomm *bc) {
-    while (bc->pool) {
-        cl_coll_work *cw = bc->pool;
-        bc->pool = cw->pool_next;
+    cl_coll_work *cw;
+    cl_list_foreach(&bc->pool, cw, cl_coll_work, pool_node) {
+        cl_list_remove(&cw->pool_node);
         free(cw);
     }
     pthread_mutex_destroy(&bc->pool_mu);
@@ -43,9 +46,9 @@ void cl_coll_pool_fini(collie_bcomm *bc) {
 static cl_coll_work *coll_alloc(collie_bcomm *bc) {
     size_t size = sizeof(cl_coll_work) + bc->ops->work_data_size;
     pthread_mutex_lock(&bc->pool_mu);
-    cl_coll_work *cw = bc->pool;
+    cl_coll_work *cw = cl_list_first(&bc->pool, cl_coll_work, pool_node);
     if (cw) {
-        bc->pool = cw->pool_next;
+        cl_list_remove(&cw->pool_node);
         bc->pool_n--;
     }
     pthread_mutex_unlock(&bc->pool_mu);
@@ -62,8 +65,7 @@ static void coll_free(collie_work *w) {
     cw->vcounts = NULL;
     pthread_mutex_lock(&bc->pool_mu);
     if (bc->pool_n < COLL_POOL_MAX) {
-        cw->pool_next = bc->pool;
-        bc->pool = cw;
+        cl_list_push_front(&bc->pool, &cw->pool_node);
         bc->pool_n++;
         cw = NULL;
     }

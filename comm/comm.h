@@ -73,7 +73,7 @@ struct collie_bcomm {
     _Atomic int unlending;
     /* finished works kept for reuse: steady state allocates nothing */
     pthread_mutex_t pool_mu;
-    struct cl_coll_work *pool;
+    cl_list pool; /* free works (cl_coll_work.pool_node), newest first */
     int pool_n;
 };
 
@@ -110,18 +110,18 @@ typedef struct cl_coll_work {
     collie_comm *comm;
     collie_bcomm *bc;
     collie_coll_args args;
-    size_t *vcounts;                /* allgatherv, alltoallv: args' counts, owned (coll_v.c) */
-    bool started;                   /* backend start ran (loop) */
-    bool start_called;              /* ops->start ran (loop; not when it expired unstarted) */
-    bool caller_started;            /* started on the posting thread (cuda backends) */
-    uint64_t fr_id;                 /* flight-recorder entry, 0 if none */
-    cl_list_node link;              /* comm's waiting queue or active list (loop) */
-    struct cl_coll_work *pool_next; /* its backend's pool of free works */
-    bool explaining;                /* a desync report will end it (loop) */
-    bool clean_end;                 /* an unmatched receive withdrawn: no comm fault (loop) */
-    int source;                     /* any-source receive: the sender (loop, before the end) */
-    cl_cmd cancel_cmd;              /* cancel/waiter → loop (coll_cancel.c) */
-    _Atomic bool cancel_requested;  /* its backend was (or will be) asked to end it */
+    size_t *vcounts;               /* allgatherv, alltoallv: args' counts, owned (coll_v.c) */
+    bool started;                  /* backend start ran (loop) */
+    bool start_called;             /* ops->start ran (loop; not when it expired unstarted) */
+    bool caller_started;           /* started on the posting thread (cuda backends) */
+    uint64_t fr_id;                /* flight-recorder entry, 0 if none */
+    cl_list_node link;             /* comm's waiting queue or active list (loop) */
+    cl_list_node pool_node;        /* in its backend's pool of free works */
+    bool explaining;               /* a desync report will end it (loop) */
+    bool clean_end;                /* an unmatched receive withdrawn: no comm fault (loop) */
+    int source;                    /* any-source receive: the sender (loop, before the end) */
+    cl_cmd cancel_cmd;             /* cancel/waiter → loop (coll_cancel.c) */
+    _Atomic bool cancel_requested; /* its backend was (or will be) asked to end it */
     int cancel_status;
     char cancel_msg[160];
     _Alignas(16) unsigned char backend_data[];

@@ -313,7 +313,7 @@ typedef struct tcp_comm {
     collie_work *publish_req;
     struct tcp_req_ctx *publish_ctx;
     uint8_t *discard;
-    struct tcp_xbuf *xb_pool; /* idle execution buffers */
+    cl_list xb_pool; /* idle execution buffers (tcp_xbuf.pool_node), newest first */
     int xb_pooled;
     bool aborted;
     int abort_status;
@@ -323,7 +323,7 @@ typedef struct tcp_comm {
 /* The reusable memory of running a schedule: kept in a per-comm pool so a
  * steady stream of collectives allocates nothing (grow-only). */
 typedef struct tcp_xbuf {
-    struct tcp_xbuf *next;
+    cl_list_node pool_node; /* in tcp_comm.xb_pool while idle */
     cl_sched sched;
     tcp_msg *msgs; /* per op of the widest step */
     tcp_slot *slots;

@@ -47,6 +47,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->mode = mode;
     tc->unix_fd = -1;
     cl_list_init(&tc->works);
+    cl_list_init(&tc->xb_pool);
     cl_list_init(&tc->any_expected);
     cl_list_init(&tc->lost);
     cl_list_init(&tc->pending);

@@ -387,9 +387,9 @@ int cl_tcp_work_start(tcp_comm *tc, tcp_work *tw) {
     }
     if (tw->args.kind == COLLIE_COLL_SEND || tw->args.kind == COLLIE_COLL_RECV)
         return work_start_p2p(tc, tw);
-    tcp_xbuf *xb = tc->xb_pool;
+    tcp_xbuf *xb = cl_list_first(&tc->xb_pool, tcp_xbuf, pool_node);
     if (xb) {
-        tc->xb_pool = xb->next;
+        cl_list_remove(&xb->pool_node);
         tc->xb_pooled--;
     } else if (!(xb = calloc(1, sizeof *xb))) {
         return COLLIE_ENOMEM;
@@ -535,15 +535,14 @@ void cl_tcp_xbuf_put(tcp_comm *tc, tcp_xbuf *xb) {
         xb->scratch = NULL;
         xb->scratch_cap = 0;
     }
-    xb->next = tc->xb_pool;
-    tc->xb_pool = xb;
+    cl_list_push_front(&tc->xb_pool, &xb->pool_node);
     tc->xb_pooled++;
 }
 
 void cl_tcp_xbuf_free_all(tcp_comm *tc) {
-    while (tc->xb_pool) {
-        tcp_xbuf *xb = tc->xb_pool;
-        tc->xb_pool = xb->next;
+    tcp_xbuf *xb;
+    cl_list_foreach(&tc->xb_pool, xb, tcp_xbuf, pool_node) {
+        cl_list_remove(&xb->pool_node);
         cl_sched_fini(&xb->sched);
         free(xb->msgs);
         free(xb->slots);
