@@ -17,7 +17,7 @@
 #include "engine/common.h"
 #include "engine/config.h"
 #include "engine/dtype.h"
-#include "engine/list.h"
+#include "base/list.h"
 #include "engine/log.h"
 
 struct event_base;

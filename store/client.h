@@ -23,7 +23,7 @@
 #include "collie.h"
 #include "engine/engine.h"
 #include "store/addr.h"
-#include "engine/idmap.h"
+#include "base/idmap.h"
 #include "store/proto.h"
 #include "work/work.h"
 

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/list.h"
+#include "base/list.h"
 #include "store/proto.h" /* cl_store_bytes */
 
 typedef struct cl_store_kv cl_store_kv;

@@ -16,7 +16,7 @@
 
 #include "collie.h"
 #include "engine/engine.h"
-#include "engine/idmap.h"
+#include "base/idmap.h"
 #include "store/addr.h"
 #include "store/kv.h"
 #include "store/proto.h"

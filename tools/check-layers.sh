@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # check-layers.sh — list #include lines that cross folders the wrong way.
 #
-# The layers, bottom to top: engine < work < store < comm < transports.
+# The layers, bottom to top: base < engine < work < store < comm < transports.
 # A file may include, from a folder other than its own, only that folder's
 # public header (engine/engine.h, work/work.h, store/store.h, comm/comm.h),
-# and only from a folder below it; engine/list.h and engine/idmap.h, the
-# header-only intrusive list and hash map, are open to every layer. include/ (the public API) is open to all;
+# and only from a folder below it; base/ (header-only helpers: the intrusive
+# list and hash map) is open to every layer and includes no other folder.
+# include/ (the public API) is open to all;
 # tests/, tools/, bench/ and examples/ sit on top and may include anything.
 # Prints each offending line and exits 1 if there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layers=(engine work store comm transports)
+layers=(base engine work store comm transports)
 rank() {
     local i
     for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done
@@ -26,8 +27,7 @@ for dir in "${layers[@]}"; do
         top=${inc%%/*}
         [ "$inc" = "$top" ] && continue # include/*.h: the public API
         [ "$top" = "$dir" ] && continue # inside its own folder
-        [ "$inc" = engine/list.h ] && continue # header-only: the intrusive list
-        [ "$inc" = engine/idmap.h ] && continue # header-only: the intrusive hash map
+        [ "$top" = base ] && continue   # header-only helpers, below every layer
         to=$(rank "$top")
         if [ "$to" -lt 0 ]; then
             echo "$file:$line: includes $inc, outside the library's layers"

@@ -27,7 +27,7 @@
 #include <stdatomic.h>
 
 #include "collie_backend.h"
-#include "engine/list.h"
+#include "base/list.h"
 
 #define NCCL_MOD "nccl"
 /* a log line about this comm (its name and rank as fields); a core older

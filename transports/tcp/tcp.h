@@ -18,8 +18,8 @@
 #include <stdint.h>
 
 #include "collie_backend.h"
-#include "engine/idmap.h"
-#include "engine/list.h"
+#include "base/idmap.h"
+#include "base/list.h"
 #include "transports/shm/host_id.h"
 #include "transports/shm/link.h"
 #include "transports/tcp/frame_mac.h"

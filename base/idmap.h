@@ -14,8 +14,8 @@
  *    step): get returns the newest node with the key, next walks the rest.
  *  - Not thread-safe: each map belongs to one thread (the engine's loop).
  */
-#ifndef CL_ENGINE_IDMAP_H
-#define CL_ENGINE_IDMAP_H
+#ifndef CL_BASE_IDMAP_H
+#define CL_BASE_IDMAP_H
 
 #include <stdbool.h>
 #include <stddef.h>

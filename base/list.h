@@ -4,8 +4,8 @@
  * unlink, no allocation. Not thread-safe: the owner's lock or thread
  * protects it. (nng's src/core/list.h is the model.)
  */
-#ifndef CL_ENGINE_LIST_H
-#define CL_ENGINE_LIST_H
+#ifndef CL_BASE_LIST_H
+#define CL_BASE_LIST_H
 
 #include <stdbool.h>
 #include <stddef.h>
