@@ -5,7 +5,7 @@
 #   make install         into $(DESTDIR)$(PREFIX) (default /usr/local); make uninstall
 #   make tests           the test programs (needs cmocka too)
 #   make run             the demo: several local ranks doing non-blocking work
-#   make test            format and layer checks, the suite, the fault suite, the suite under
+#   make test            format, layer and size checks, the suite, the fault suite, the suite under
 #                        ASan+UBSan, engine/work/store/fault tests under TSan
 #   make test-faults     the fault suite alone (test_faults, test_trace)
 #   make test-fuzz       the fuzz targets' short run (committed corpus and crash inputs, then
@@ -81,7 +81,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
-        check-layers gpu-kit install uninstall python test-python test-torch \
+        check-layers check-size gpu-kit install uninstall python test-python test-torch \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -246,6 +246,7 @@ test:
 	@rm -rf build/test-results
 	$(MAKE) --no-print-directory format-check
 	@tools/check-layers.sh
+	@tools/check-size.sh
 	$(MAKE) --no-print-directory test-normal
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-fuzz
@@ -377,6 +378,10 @@ format:
 	clang-format -i $(FORMAT_SRC)
 check-layers:
 	@tools/check-layers.sh
+# the size budget: files <= 700 lines, functions <= 80 (tools/size-budget.txt
+# lists today's overruns, which may only shrink)
+check-size: $(DEPS_TEST_STAMP)
+	@tools/check-size.sh
 
 format-check: $(DEPS_TEST_STAMP)
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"

@@ -33,6 +33,7 @@ case "$profile" in
       "/usr/bin/python3:python3"
       "/usr/sbin/ip:iproute2"
       "/usr/bin/jq:jq"
+      "/usr/bin/ctags-universal:universal-ctags"
       "/usr/lib/python3/dist-packages/numpy/__init__.py:python3-numpy"
       "/usr/lib/python3/dist-packages/pytest/__init__.py:python3-pytest"
       "/usr/lib/python3/dist-packages/torch/__init__.py:python3-torch"
