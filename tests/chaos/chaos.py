@@ -73,7 +73,9 @@ SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none
             ("hang", ("hang",), "none", 2, 60), ("stall", ("hang",), "none", 30, 1),
             ("shm", ("leak",), "none", 10, 5), ("orphan", ("leak",), "none", 10, 5),
             ("garbled", ("bad_report",), "none", 10, 5),
-            ("unexplained", ("unexplained_failure",), "none", 10, 5)]
+            ("unexplained", ("unexplained_failure",), "none", 10, 5),
+            ("vacuous", ("vacuous",), "none", 10, 5),
+            ("spurious", ("unexplained_failure",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 
@@ -296,7 +298,7 @@ def mode_suite(args):
         name = "chaos_" + shape.name()
         out("[ RUN      ] %s" % name)
         res = run_once(shape, args.build, args.timeout or SUITE_TIMEOUT_S, keep=args.keep,
-                       verbose=args.verbose, log=out)
+                       verbose=args.verbose, log=out, strict=True)
         summary.add(res)
         ms = int(res.seconds * 1000)
         if res.skipped:

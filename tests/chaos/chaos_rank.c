@@ -327,7 +327,8 @@ static void on_done(ch_work *rec, void *arg) {
         ch_group_finish(rec->grp, rep, rec->round, rec->op.slot);
     ch_report_line(rep, msg,
                    "work r=%d seq=%d op=%s bytes=%" PRIu64 " status=%s ms=%lld deadline_ms=%d "
-                   "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d%s",
+                   "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d "
+                   "post_us=%lld end_us=%lld%s",
                    rec->round, rec->op.slot,
                    rec->role == CH_ROLE_COLL        ? ch_kind_name(rec->op.kind)
                    : rec->role == CH_ROLE_SEND      ? "send"
@@ -336,7 +337,8 @@ static void on_done(ch_work *rec, void *arg) {
                    rec->bytes, collie_status_name(rec->status), (long long)(took / 1000000),
                    rec->deadline_ms, checked, rec->op.comm, ch_style_name(rec->style),
                    collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
-                   rec->role, rec->cancelled ? " cancelled=1" : "");
+                   rec->role, (long long)(rec->post_ns / 1000),
+                   (long long)(end / 1000), rec->cancelled ? " cancelled=1" : "");
     run->bytes_in_flight -= rec->bytes;
     ch_work_guards(rec, rep);
     ch_work_free(rec);
@@ -732,9 +734,16 @@ static void run_round_body(ch_run *run, int r) {
     collie_comm_opts o = comm_opts(name);
     int64_t t0 = ch_now_ns();
     int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
+    int64_t t1 = ch_now_ns();
     ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
-                   "group r=%d op=comm_create status=%s comm=0 ms=%lld", r, collie_status_name(rc),
-                   (long long)((ch_now_ns() - t0) / 1000000));
+                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld", r,
+                   collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
+                   (long long)(t1 / 1000));
+    if (rc == COLLIE_ETIMEDOUT && t1 - t0 < (int64_t)o.create_timeout_ms * 1000000)
+        ch_violation(rep, "early_timeout", r, -1,
+                     "collie_comm_create returned COLLIE_ETIMEDOUT after %lld ms, before its "
+                     "create_timeout_ms of %d: %s",
+                     (long long)((t1 - t0) / 1000000), o.create_timeout_ms, collie_last_error());
     if (rc != COLLIE_OK) {
         if (rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER && rc != COLLIE_EINVAL)
             ch_violation(rep, "bad_status", r, -1, "collie_comm_create returned %s: %s",
