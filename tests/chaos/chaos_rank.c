@@ -337,8 +337,8 @@ static void on_done(ch_work *rec, void *arg) {
                    rec->bytes, collie_status_name(rec->status), (long long)(took / 1000000),
                    rec->deadline_ms, checked, rec->op.comm, ch_style_name(rec->style),
                    collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
-                   rec->role, (long long)(rec->post_ns / 1000),
-                   (long long)(end / 1000), rec->cancelled ? " cancelled=1" : "");
+                   rec->role, (long long)(rec->post_ns / 1000), (long long)(end / 1000),
+                   rec->cancelled ? " cancelled=1" : "");
     run->bytes_in_flight -= rec->bytes;
     ch_work_guards(rec, rep);
     ch_work_free(rec);
@@ -736,8 +736,8 @@ static void run_round_body(ch_run *run, int r) {
     int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
     int64_t t1 = ch_now_ns();
     ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
-                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld", r,
-                   collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
+                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld",
+                   r, collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
                    (long long)(t1 / 1000));
     if (rc == COLLIE_ETIMEDOUT && t1 - t0 < (int64_t)o.create_timeout_ms * 1000000)
         ch_violation(rep, "early_timeout", r, -1,
