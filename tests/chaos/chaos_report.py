@@ -38,8 +38,10 @@ def parse_line(line):
 
 
 def _int(fields, key, default=0):
+    if key not in fields:
+        return default
     try:
-        return int(fields.get(key, default))
+        return int(fields[key])
     except ValueError:
         return default
 
