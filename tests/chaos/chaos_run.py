@@ -29,8 +29,12 @@ Design notes
  - A run without faults (none allowed to the ranks, none injected):
    every failure (a failed work, a refused post, a failed create or split,
    a round barrier given up) is `unexplained_failure` unless some work of
-   the run ran into its own deadline (a machine too slow: the comm's fault
-   then ends the others) or a rank crashed or hung. The rank cannot tell this alone: a peer's fault
+   the run ran into its own deadline and the run's first failure (the
+   ranks' `end_us=`, one host's monotonic clock) was such a timeout (a
+   machine too slow: the comm's fault then ends the others), or a rank
+   crashed or hung. `strict` (the suite's small runs) excuses no timeout.
+ - A run in which no work ended OK is `vacuous`; a barrier that ended OK
+   on a rank before another rank posted it is `wrong_ok` (post_us/end_us). The rank cannot tell this alone: a peer's fault
    fails its works with allowed statuses.
  - The oracle's process-level part (the rank checks its works itself):
    every violation line of a report; a rank that wrote no `end` and was not
@@ -449,9 +453,10 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
             not {"crash", "hang", "launcher"} & set(res.kinds())):
         for r, rep in enumerate(reports):
             if rep.failures:
-                res.add("unexplained_failure", r, "%d failures in a run without faults and "
-                        "no work past its deadline; the first: %s" %
-                        (rep.failures, rep.first_failure))
+                res.add("unexplained_failure", r, "%d failures in a run without faults, "
+                        "none excused by a timeout that came first%s; the first: %s" %
+                        (rep.failures, " (strict: the suite)" if strict else "",
+                         rep.first_failure))
             if rep.end is not None and rep.end.get("reason", "done") != "done":
                 res.add("unexplained_failure", r, "ended with reason=%s in a run without "
                         "faults: %s" % (rep.end.get("reason"), rep.end.get("msg", "")))
