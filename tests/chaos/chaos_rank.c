@@ -45,7 +45,9 @@
  *    holds exactly the reference bytes; every work ends within its deadline
  *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
  *    stopped); every failed work has an error status the contract allows
- *    and a message (COLLIE_ETIMEDOUT not before the work's own deadline);
+ *    and a message (COLLIE_ETIMEDOUT not before the work's own deadline, nor
+ *    a create's before its create_timeout_ms); work lines carry post_us/end_us
+ *    (CLOCK_MONOTONIC) for the driver's cross-rank checks;
  *    after the last destroy and the engine's, no fd, thread
  *    or heap growth over the point before the engine was created
  *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
