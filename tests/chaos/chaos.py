@@ -51,13 +51,14 @@ import chaos_netns  # noqa: E402
 SUITE = [
     (1, 2, "shm", 1, "none", 2, 60, 16),
     (2, 4, "tcp", 1, "cancel,deadline,disagree", 3, 60, 64),
-    (3, 3, "auto", 1, "abort,destroy,cancel,deadline", 3, 60, 256),
+    (14, 3, "auto", 1, "abort,destroy,cancel,deadline,stall", 3, 60, 256),
     (4, 4, "shm", 1, "kill", 3, 60, 64),
     (5, 5, "auto", 1, "stop,cancel,deadline", 3, 60, 64),
     (6, 8, "tcp", 1, "all", 2, 40, 1000),
     (7, 4, "auto", 2, "none", 2, 60, 64),
     (8, 4, "tcp", 2, "link,deadline", 3, 60, 64),
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
+    (10, 3, "tcp", 1, "none", 2, 60, 64),
 ]
 SUITE_TIMEOUT_S = 90
 SUITE_ROUND_WAIT_MS = 5000
@@ -73,7 +74,9 @@ SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none
             ("hang", ("hang",), "none", 2, 60), ("stall", ("hang",), "none", 30, 1),
             ("shm", ("leak",), "none", 10, 5), ("orphan", ("leak",), "none", 10, 5),
             ("garbled", ("bad_report",), "none", 10, 5),
-            ("unexplained", ("unexplained_failure",), "none", 10, 5)]
+            ("unexplained", ("unexplained_failure",), "none", 10, 5),
+            ("vacuous", ("vacuous",), "none", 10, 5),
+            ("spurious", ("unexplained_failure",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 
@@ -296,7 +299,7 @@ def mode_suite(args):
         name = "chaos_" + shape.name()
         out("[ RUN      ] %s" % name)
         res = run_once(shape, args.build, args.timeout or SUITE_TIMEOUT_S, keep=args.keep,
-                       verbose=args.verbose, log=out)
+                       verbose=args.verbose, log=out, strict=True)
         summary.add(res)
         ms = int(res.seconds * 1000)
         if res.skipped:

@@ -325,7 +325,10 @@ uint64_t ch_work_check(ch_work *rec, ch_report *rep) {
         if (send_sep) b += cmp_fill(rec, rep, "send buffer", rec->sptr, 0, me, 0, cnt, 0);
         break;
     case CH_REDUCE:
-        if (root) b += cmp_reduce(rec, rep, rec->rptr, 0, cnt);
+        if (root)
+            b += cmp_reduce(rec, rep, rec->rptr, 0, cnt);
+        else if (rec->rbuf) /* only the root's receive buffer is collie's to write */
+            b += cmp_fill(rec, rep, "non-root receive buffer", rec->rbuf, 0, -1, 0, cnt, 0);
         if (send_sep) b += cmp_fill(rec, rep, "send buffer", rec->sptr, 0, me, 0, cnt, 0);
         break;
     case CH_BROADCAST: b += cmp_fill(rec, rep, "output", rec->rptr, 0, op->root, 0, cnt, 0); break;
@@ -342,7 +345,10 @@ uint64_t ch_work_check(ch_work *rec, ch_report *rep) {
     case CH_SCATTER:
         b += cmp_fill(rec, rep, "output", rec->rptr, 0, op->root, (size_t)me * cnt, cnt,
                       (size_t)me * cnt);
-        if (root) b += cmp_fill(rec, rep, "send buffer", rec->sptr, 0, me, 0, cnt * n, 0);
+        if (root)
+            b += cmp_fill(rec, rep, "send buffer", rec->sptr, 0, me, 0, cnt * n, 0);
+        else if (rec->sbuf) /* a non-root's (const) send buffer is ignored, never written */
+            b += cmp_fill(rec, rep, "non-root send buffer", rec->sbuf, 0, -1, 0, cnt * n, 0);
         break;
     case CH_REDUCE_SCATTER:
         b += cmp_reduce(rec, rep, rec->rptr, (size_t)me * cnt, cnt);

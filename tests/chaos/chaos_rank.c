@@ -48,7 +48,9 @@
  *    holds exactly the reference bytes; every work ends within its deadline
  *    + CH_GRACE_MS + CHAOS_SLACK_MS (less the time this process was
  *    stopped); every failed work has an error status the contract allows
- *    and a message (COLLIE_ETIMEDOUT not before the work's own deadline);
+ *    and a message (COLLIE_ETIMEDOUT not before the work's own deadline, nor
+ *    a create's before its create_timeout_ms); work lines carry post_us/end_us
+ *    (CLOCK_MONOTONIC) for the driver's cross-rank checks;
  *    after the last destroy and the engine's, no fd, thread
  *    or heap growth over the point before the engine was created
  *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
@@ -339,7 +341,8 @@ static void on_done(ch_work *rec, void *arg) {
         ch_group_finish(rec->grp, rep, rec->round, rec->op.slot);
     ch_report_line(rep, msg,
                    "work r=%d seq=%d op=%s bytes=%" PRIu64 " status=%s ms=%lld deadline_ms=%d "
-                   "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d%s",
+                   "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d "
+                   "post_us=%lld end_us=%lld%s",
                    rec->round, rec->op.slot,
                    rec->role == CH_ROLE_COLL        ? ch_kind_name(rec->op.kind)
                    : rec->role == CH_ROLE_SEND      ? "send"
@@ -348,7 +351,8 @@ static void on_done(ch_work *rec, void *arg) {
                    rec->bytes, collie_status_name(rec->status), (long long)(took / 1000000),
                    rec->deadline_ms, checked, rec->op.comm, ch_style_name(rec->style),
                    collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
-                   rec->role, rec->cancelled ? " cancelled=1" : "");
+                   rec->role, (long long)(rec->post_ns / 1000), (long long)(end / 1000),
+                   rec->cancelled ? " cancelled=1" : "");
     run->bytes_in_flight -= rec->bytes;
     ch_work_guards(rec, rep);
     ch_work_free(rec);
@@ -579,6 +583,77 @@ static void stall_after(ch_run *run, const ch_op *op) {
 }
 
 /* this rank's comm-level fault of the round, if its slot has come */
+/* The deadline fault's probe: a receive on a tag no rank sends must end
+ * COLLIE_ETIMEDOUT by its own deadline (not before, not past deadline +
+ * grace + slack, by this rank's clock less the time it was stopped) and
+ * write nothing. It is polled with collie_work_test, which enforces no
+ * deadline itself, so a loop that lets deadlines slip shows (a waiter past
+ * the deadline would end it from its own thread and hide that). Every
+ * other work of the harness may end OK before its deadline; this one
+ * cannot. An unmatched receive's deadline is no fault of its comm. */
+static void deadline_probe(ch_run *run, collie_comm *c, int cid, int slot) {
+    const ch_round *p = &run->plan;
+    ch_report *rep = &run->rep;
+    int ms = 20 + (int)(ch_hash(p->seed, (uint64_t)p->round, (uint64_t)p->rank, 0xd1) % 280);
+    uint64_t tag = ((uint64_t)p->round << 32) | 0xffffffffu; /* no slot has it */
+    int64_t buf[4] = {-1, -1, -1, -1};
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = ms;
+    collie_work *w = NULL;
+    int64_t t0 = ch_now_ns();
+    int rc = collie_recv(c, buf, 4, COLLIE_INT64, COLLIE_ANY_SOURCE, tag, &o, &w);
+    if (rc != COLLIE_OK) {
+        if (comm_healthy(run, cid))
+            ch_violation(rep, "bad_status", p->round, slot,
+                         "the deadline probe's receive was refused on a healthy comm: %s",
+                         collie_last_error());
+        return;
+    }
+    int64_t bound = (int64_t)ms + CH_GRACE_MS + run->slack_ms, now = t0;
+    while (!collie_work_test(w)) {
+        now = ch_now_ns();
+        if (now - t0 - ch_paused_ns(t0, now) > (bound + CH_HANG_MS) * 1000000) break;
+        usleep(500);
+    }
+    now = ch_now_ns();
+    int64_t took_ms = (now - t0 - ch_paused_ns(t0, now)) / 1000000;
+    int st = collie_work_result(w);
+    ch_report_line(rep, NULL, "probe r=%d seq=%d comm=%d deadline_ms=%d status=%s ms=%lld",
+                   p->round, slot, cid, ms, collie_status_name(st), (long long)took_ms);
+    if (st == COLLIE_INPROGRESS) {
+        ch_violation(rep, "past_deadline", p->round, slot,
+                     "the deadline probe (%d ms) had not ended after %lld ms", ms,
+                     (long long)took_ms);
+        collie_work_cancel(w);
+        collie_work_wait(w, 10000);
+    } else if (st == COLLIE_OK) {
+        ch_violation(rep, "wrong_ok", p->round, slot,
+                     "a receive on a tag no rank sends ended OK (source %d)",
+                     collie_work_source(w));
+    } else if (st == COLLIE_ETIMEDOUT && took_ms < ms) {
+        ch_violation(rep, "early_timeout", p->round, slot,
+                     "the deadline probe timed out after %lld ms, before its %d ms",
+                     (long long)took_ms, ms);
+    } else if (st == COLLIE_ETIMEDOUT && took_ms > bound) {
+        ch_violation(rep, "past_deadline", p->round, slot,
+                     "the deadline probe (%d ms) ended after %lld ms, past deadline + grace %d + "
+                     "slack %d",
+                     ms, (long long)took_ms, CH_GRACE_MS, run->slack_ms);
+    } else if (st != COLLIE_ETIMEDOUT && comm_healthy(run, cid)) {
+        ch_violation(rep, "bad_status", p->round, slot,
+                     "the deadline probe ended %s on a healthy comm: %s", collie_status_name(st),
+                     collie_work_error_message(w));
+    }
+    for (int i = 0; i < 4; i++)
+        if (buf[i] != -1) {
+            ch_violation(rep, "wrong_ok", p->round, slot,
+                         "the deadline probe's receive (%s) wrote its buffer",
+                         collie_status_name(st));
+            break;
+        }
+    collie_work_release(w);
+}
+
 static void inject_fault(ch_run *run, const ch_op *op) {
     const ch_round *p = &run->plan;
     if (!p->fault || op->slot != p->fault_slot) return;
@@ -624,6 +699,7 @@ static void inject_fault(ch_run *run, const ch_op *op) {
     case CH_F_DEADLINE:
         ch_report_line(rep, NULL, "fault kind=deadline r=%d seq=%d", p->round, op->slot);
         rep->faults++;
+        deadline_probe(run, c, cid, op->slot);
         break;
     default: break;
     }
@@ -768,9 +844,16 @@ static void run_round_body(ch_run *run, int r) {
     collie_comm_opts o = comm_opts(name, p->infinite_timeout);
     int64_t t0 = ch_now_ns();
     int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
+    int64_t t1 = ch_now_ns();
     ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
-                   "group r=%d op=comm_create status=%s comm=0 ms=%lld", r, collie_status_name(rc),
-                   (long long)((ch_now_ns() - t0) / 1000000));
+                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld",
+                   r, collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
+                   (long long)(t1 / 1000));
+    if (rc == COLLIE_ETIMEDOUT && t1 - t0 < (int64_t)o.create_timeout_ms * 1000000)
+        ch_violation(rep, "early_timeout", r, -1,
+                     "collie_comm_create returned COLLIE_ETIMEDOUT after %lld ms, before its "
+                     "create_timeout_ms of %d: %s",
+                     (long long)((t1 - t0) / 1000000), o.create_timeout_ms, collie_last_error());
     if (rc != COLLIE_OK) {
         if (rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER && rc != COLLIE_EINVAL)
             ch_violation(rep, "bad_status", r, -1, "collie_comm_create returned %s: %s",

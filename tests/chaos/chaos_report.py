@@ -38,8 +38,10 @@ def parse_line(line):
 
 
 def _int(fields, key, default=0):
+    if key not in fields:
+        return default
     try:
-        return int(fields.get(key, default))
+        return int(fields[key])
     except ValueError:
         return default
 
@@ -65,7 +67,14 @@ class RankReport:
         self.failures = 0  # failed works, refused posts, failed comm creates/splits
         self.first_failure = None
         self.slow_timeouts = 0  # works that ran into their own deadline
+        # the earliest failure (the rank's monotonic us, `end_us=`) and whether it
+        # was a slow timeout: the slow-machine excuse holds only when a
+        # timeout came first (a spurious failure elsewhere makes its peers
+        # time out after it)
+        self.first_fail_t = None
+        self.first_fail_slow = False
         self.bad = []  # unparsable lines
+        self.barriers = {}  # (round, seq, comm) -> (status, post_us, end_us)
 
     def feed(self, data):
         self.buf += data
@@ -74,10 +83,16 @@ class RankReport:
             self.lines += 1
             self._line(raw.decode(errors="replace"))
 
-    def _failure(self, line):
+    def _failure(self, line, f, slow=False):
         self.failures += 1
         if self.first_failure is None:
             self.first_failure = line[:300]
+        if slow:
+            self.slow_timeouts += 1
+        t = _int(f, "end_us", None)
+        if t is not None and (self.first_fail_t is None or t < self.first_fail_t or
+                              (t == self.first_fail_t and slow)):
+            self.first_fail_t, self.first_fail_slow = t, slow
 
     def _line(self, line):
         try:
@@ -101,16 +116,19 @@ class RankReport:
             self.bytes_checked += _int(f, "checked")
             if f.get("stopped") == "1":
                 self.works_stopped += 1
+            if f.get("op") == "barrier" and "post_us" in f:
+                self.barriers[(_int(f, "r"), _int(f, "seq"), _int(f, "comm"))] = (
+                    st, _int(f, "post_us", None), _int(f, "end_us", None))
             if st != "COLLIE_OK":
-                self._failure(line)
-                if st == "COLLIE_ETIMEDOUT" and _int(f, "ms") >= _int(f, "deadline_ms", 1):
-                    self.slow_timeouts += 1
+                self._failure(line, f, st == "COLLIE_ETIMEDOUT" and
+                              _int(f, "ms") >= _int(f, "deadline_ms", 1))
         elif rec == "group":
             st = f.get("status", "?")
             if st not in ("COLLIE_OK", "COLLIE_ENOTMEMBER"):
-                self._failure(line)
-                if st == "COLLIE_ETIMEDOUT":
-                    self.slow_timeouts += 1
+                # a create that timed out is slow only if it took its
+                # deadline (ms and deadline_ms where the line has them)
+                self._failure(line, f, st == "COLLIE_ETIMEDOUT" and
+                              _int(f, "ms", 1) >= _int(f, "deadline_ms", 0))
         elif rec == "fault":
             k = f.get("kind", "?")
             self.faults[k] = self.faults.get(k, 0) + 1

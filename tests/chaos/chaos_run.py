@@ -29,8 +29,12 @@ Design notes
  - A run without faults (none allowed to the ranks, none injected):
    every failure (a failed work, a refused post, a failed create or split,
    a round barrier given up) is `unexplained_failure` unless some work of
-   the run ran into its own deadline (a machine too slow: the comm's fault
-   then ends the others) or a rank crashed or hung. The rank cannot tell this alone: a peer's fault
+   the run ran into its own deadline and the run's first failure (the
+   ranks' `end_us=`, one host's monotonic clock) was such a timeout (a
+   machine too slow: the comm's fault then ends the others), or a rank
+   crashed or hung. `strict` (the suite's small runs) excuses no timeout.
+ - A run in which no work ended OK is `vacuous`; a barrier that ended OK
+   on a rank before another rank posted it is `wrong_ok` (post_us/end_us). The rank cannot tell this alone: a peer's fault
    fails its works with allowed statuses.
  - The oracle's process-level part (the rank checks its works itself):
    every violation line of a report; a rank that wrote no `end` and was not
@@ -166,7 +170,7 @@ def _tail(path, n=15):
 
 
 def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log=print,
-             rank_prog=None, extra_env=None, stall_s=STALL_S):
+             rank_prog=None, extra_env=None, stall_s=STALL_S, strict=False):
     """Run one shape; a Result. rank_prog and extra_env replace the rank
     program and add to its environment (the driver's self-test)."""
     res = Result(shape)
@@ -433,19 +437,46 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     # it is a violation, as is a round barrier given up (peer_gone).
     # A rank that crashed or hung explains its peers' failures (and is a
     # violation of its own).
+    # The slow-machine excuse: some work ran into its own deadline, and the
+    # run's first failure (by the ranks' clocks, where the lines have `end_us=`)
+    # was such a timeout; a failure before it (a spurious one) makes its
+    # peers time out after it, which excuses nothing. `strict` (the suite's
+    # small fixed runs): no excuse at all, so a hang until a deadline shows.
+    slow = not strict and any(rep.slow_timeouts for rep in reports)
+    firsts = [(rep.first_fail_t, not rep.first_fail_slow) for rep in reports
+              if rep.first_fail_t is not None]
+    if slow and firsts and min(firsts)[1]:
+        slow = False
     harmful = [k for k in shape.rank_faults().split(",") if k not in HARMLESS_FAULTS + ("none",)]
     if (not harmful and not res.injected and
-            not [k for k in res.rank_faults if k not in HARMLESS_FAULTS] and
-            not any(rep.slow_timeouts for rep in reports) and
+            not [k for k in res.rank_faults if k not in HARMLESS_FAULTS] and not slow and
             not {"crash", "hang", "launcher"} & set(res.kinds())):
         for r, rep in enumerate(reports):
             if rep.failures:
-                res.add("unexplained_failure", r, "%d failures in a run without faults and "
-                        "no work past its deadline; the first: %s" %
-                        (rep.failures, rep.first_failure))
+                res.add("unexplained_failure", r, "%d failures in a run without faults, "
+                        "none excused by a timeout that came first%s; the first: %s" %
+                        (rep.failures, " (strict: the suite)" if strict else "",
+                         rep.first_failure))
             if rep.end is not None and rep.end.get("reason", "done") != "done":
                 res.add("unexplained_failure", r, "ended with reason=%s in a run without "
                         "faults: %s" % (rep.end.get("reason"), rep.end.get("msg", "")))
+    # A barrier ends OK on no rank before every rank that posted it had
+    # posted it (the ranks' monotonic clocks are the host's, also across the
+    # namespaces): the oracle cannot see this from one rank.
+    for key in sorted(set().union(*(rep.barriers for rep in reports))):
+        got = [(r, rep.barriers[key]) for r, rep in enumerate(reports) if key in rep.barriers]
+        posts = [(v[1], r) for r, v in got if v[1] is not None]
+        ends = [(v[2], r) for r, v in got if v[0] == "COLLIE_OK" and v[2] is not None]
+        if posts and ends and min(ends)[0] < max(posts)[0]:
+            res.add("wrong_ok", min(ends)[1], "barrier r=%d seq=%d comm=%d ended OK on rank %d "
+                    "at %d us, before rank %d posted it at %d us" % (
+                        key + (min(ends)[1], min(ends)[0], max(posts)[1], max(posts)[0])))
+    # A run in which no work ended OK checked nothing: the oracle cannot
+    # have failed it (a library whose every create times out passed so).
+    if not res.skipped and res.works_ok == 0 and not {"crash", "hang", "launcher"} & set(
+            res.kinds()):
+        res.add("vacuous", None, "no work of the run ended COLLIE_OK (%d works): nothing was "
+                "checked" % res.works)
     for name in sorted(dev_shm_collie() - shm_before):
         res.add("leak", None, "/dev/shm/%s was left by the run" % name)
     if res.failed() or keep:

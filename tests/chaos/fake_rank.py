@@ -14,7 +14,9 @@ Design notes
    without the end line), hang (sleeps past the job's timeout), shm (a file
    named collie in /dev/shm), orphan (a child that outlives the job),
    garbled (an unparsable report line), unexplained (every rank's failed
-   works end before their deadline, in a run without faults). Empty: it
+   works end before their deadline, in a run without faults), vacuous (no
+   work ends OK), spurious (rank 0 fails a work for nothing first, the
+   others' works then run into their deadlines). Empty: it
    behaves (its failed works ran into their deadline: a slow machine).
  - It keeps the SIGCONT contract: a work line that spans a SIGCONT has
    stopped=1.
@@ -55,15 +57,22 @@ def main():
             c0 = conts[0]
             time.sleep(OP_SLEEP_S)
             ok = rng.random() < 0.8
+            if bug == "vacuous":
+                ok = False  # nothing ends OK (every failure a slow timeout)
+            elif bug == "spurious":  # rank 0 fails one work for nothing, first; the
+                ok = (rank == 0 and (r, q) != (0, 0)) or (rank != 0 and r == 0)  # rest time out
             works += 1
             ok_works += ok
             checked += 64 if ok else 0
             # a failed work ran into its deadline (a slow machine), unless
             # the bug is that it failed for nothing
             ms = 2 if ok or bug == "unexplained" else 100
-            w("work r=%d seq=%d op=allreduce bytes=64 status=%s ms=%d deadline_ms=100 checked=%d%s"
-              " msg=%s" % (r, q, "COLLIE_OK" if ok else "COLLIE_ETIMEDOUT", ms, 64 if ok else 0,
-                           " stopped=1" if conts[0] != c0 else "", "" if ok else "deadline"))
+            status = "COLLIE_OK" if ok else "COLLIE_ETIMEDOUT"
+            if bug == "spurious" and rank == 0 and not ok:
+                status, ms = "COLLIE_EABORTED", 2
+            w("work r=%d seq=%d op=allreduce bytes=64 status=%s ms=%d deadline_ms=100 checked=%d "
+              "end_us=%d%s msg=%s" % (r, q, status, ms, 64 if ok else 0, int(time.monotonic() * 1e6),
+                                 " stopped=1" if conts[0] != c0 else "", "" if ok else "deadline"))
             if bug == "wrong_ok" and rank == 1 and r == 0 and q == 3:
                 violations += 1
                 w("violation kind=wrong_ok r=0 seq=3 msg=op=allreduce dtype=int32 count=16 "
