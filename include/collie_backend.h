@@ -15,7 +15,11 @@
  * engine's progress thread ("loop") unless the backend sets
  * COLLIE_BACKEND_POST_ON_CALLER, in which case start runs on the posting
  * thread (NCCL: stream ordering and CUDA graph capture need the caller's
- * thread) and must be thread-safe.
+ * thread) and must be thread-safe. Two hooks run elsewhere too, as their
+ * comments say: progress on a thread that holds the engine's progress
+ * lock (a waiter or poster standing in for the loop), and unlend on
+ * whichever thread claims the ending work (any thread). Each hook and
+ * service is marked (loop) or (any thread).
  *
  * Plugins: a shared object found in COLLIE_PLUGIN_PATH (or the library
  * search path) as libcollie_<name>.so exporting

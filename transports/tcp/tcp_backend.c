@@ -6,7 +6,10 @@
  *
  * Design notes
  *  - Everything runs on the progress thread (the backend does not set
- *    COLLIE_BACKEND_POST_ON_CALLER).
+ *    COLLIE_BACKEND_POST_ON_CALLER), but for two hooks: progress also
+ *    runs on a thread holding the engine's progress lock in the loop's
+ *    stead (the same exclusion), and unlend on whichever thread claims an
+ *    ending work (tcp_loan.c: it only withdraws loans, atomically).
  *  - abort tells every identified peer why (tcp_conn.c: BYE or an ABORT
  *    frame), closes every connection, fails every work it runs and
  *    withdraws every work's loans (the core calls unlend no more once
