@@ -18,8 +18,7 @@
  * thread) and must be thread-safe. Two hooks run elsewhere too, as their
  * comments say: progress on a thread that holds the engine's progress
  * lock (a waiter or poster standing in for the loop), and unlend on
- * whichever thread claims the ending work (any thread). Each hook and
- * service is marked (loop) or (any thread).
+ * whichever thread claims the ending work (any thread).
  *
  * Plugins: a shared object found in COLLIE_PLUGIN_PATH (or the library
  * search path) as libcollie_<name>.so exporting
