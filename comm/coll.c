@@ -278,6 +278,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
     }
     if (r == COLLIE_OK && dev == CL_DEV_CUDA) cl_check_args_note(c, a, cw->base.seq);
     if (r != COLLIE_OK) {
+        cl_flight_refused(c, cw, r, collie_last_error());
         if (p2p) {
             c->next_p2p_seq--;
         } else {

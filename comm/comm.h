@@ -250,6 +250,10 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len);
 int cl_flight_init(collie_comm *c);
 void cl_flight_fini(collie_comm *c);
 void cl_flight_post(collie_comm *c, cl_coll_work *cw);
+/* a post refused after cl_flight_post (its start on the caller's thread, or
+ * cl_work_post): the entry ends failed with `why`, sequence number 0 (the
+ * number is given back), never left queued */
+void cl_flight_refused(collie_comm *c, cl_coll_work *cw, int status, const char *why);
 /* `now`: the start time (the caller has read the clock already) */
 void cl_flight_start(collie_comm *c, cl_coll_work *cw, int64_t now);
 void cl_flight_end(collie_comm *c, cl_coll_work *cw);

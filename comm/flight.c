@@ -8,6 +8,11 @@
  *    starts and ends (loop). A small mutex guards the ring: it is held for
  *    a few stores, never while calling out. A slot reused by a newer work
  *    (the ring wrapped) is not touched by the older one again.
+ *  - The slot is written before the work can start (so its start and end
+ *    always find it); a post refused after that (the backend's start on
+ *    the caller's thread, or the engine closing) ends its slot as "post
+ *    refused" with sequence number 0 (the number goes to the next post), so
+ *    a dump never shows a work that was never posted as queued.
  *  - Dumps are JSON with one entry per line, so both jq and the small
  *    parser in collie-trace read them. On abort the dump goes to
  *    COLLIE_DUMP_DIR/collie-<name>-g<generation>-r<rank>.json when set.
@@ -74,6 +79,19 @@ static cl_fr_entry *fr_entry(collie_comm *c, cl_coll_work *cw) {
     if (!c->fr.ring || cw->fr_id == 0) return NULL;
     cl_fr_entry *e = &c->fr.ring[(cw->fr_id - 1) % c->fr.cap];
     return e->id == cw->fr_id ? e : NULL;
+}
+
+void cl_flight_refused(collie_comm *c, cl_coll_work *cw, int status, const char *why) {
+    if (!c->fr.ring) return;
+    pthread_mutex_lock(&c->fr.mu);
+    cl_fr_entry *e = fr_entry(c, cw);
+    if (e) {
+        e->seq = 0; /* given back: the next post takes it */
+        e->end_ns = cl_now_ns();
+        e->status = status;
+        snprintf(e->error, sizeof e->error, "post refused: %s", why && *why ? why : "");
+    }
+    pthread_mutex_unlock(&c->fr.mu);
 }
 
 void cl_flight_start(collie_comm *c, cl_coll_work *cw, int64_t now) {

@@ -1244,6 +1244,18 @@ static void sc_graph_capture(void **state) {
     void *graph;
     assert_int_equal(cu.StreamEndCapture(g.s[0], &graph), 0);
     cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 4, 0); /* still usable */
+    /* the flight recorder shows the refused post as refused, never as a
+     * work still queued (before: its entry stayed INPROGRESS, "queued") */
+    char *dump = NULL;
+    size_t dlen = 0;
+    FILE *f = open_memstream(&dump, &dlen);
+    assert_non_null(f);
+    assert_int_equal(collie_comm_dump(g.w.c[0], f), COLLIE_OK);
+    fclose(f);
+    if (strstr(dump, "\"state\":\"queued\"") || strstr(dump, "\"state\":\"running\"") ||
+        !strstr(dump, "post refused") || !strstr(dump, "COLLIE_ENOTSUP"))
+        fail_msg("flight recorder dump after a refused post: %s", dump);
+    free(dump);
     cu.Free(d);
     gworld_destroy(&g, true);
     expect_double_idle();
