@@ -17,6 +17,10 @@
  *    try-lock for one step. While a waiter polls, the spinning loop steps
  *    back (a short sleep instead of sched_yield) so that on a busy machine
  *    the waiter, which drives the step itself, has the core.
+ *  - Both ends of an engine's life are here: collie_engine_create starts
+ *    it with the works' hooks (cl_work_engine_hooks, defined by
+ *    work/registry.c: the engine includes no header of work/), and
+ *    collie_engine_destroy ends it.
  *  - Shutdown (collie_engine_destroy): `closing` is set (new works are
  *    refused), the loop is broken, then on the loop thread: drain commands,
  *    shut residents down (they close their sockets), fail every tracked work
@@ -561,6 +565,10 @@ fail_events:
 fail:
     if (e) engine_free(e);
     return res;
+}
+
+int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
+    return cl_engine_create(o, &cl_work_engine_hooks, out);
 }
 
 int collie_engine_destroy(collie_engine *e) {

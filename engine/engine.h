@@ -147,8 +147,10 @@ int cl_engine_add_resident(collie_engine *e, cl_resident *r);
 void cl_engine_remove_resident(collie_engine *e, cl_resident *r);
 
 /* What the engine asks of the works it drives. The engine includes no
- * header of work/: work/ hands this table to cl_engine_create (from
- * collie_engine_create, which it defines). `create` runs on the creating
+ * header of work/: work/ defines the table, cl_work_engine_hooks, and
+ * collie_engine_create (engine.c) hands it to cl_engine_create, a
+ * link-time reference upward like the backend registry's
+ * cl_builtin_backends (docs/design.md §1). `create` runs on the creating
  * thread before the loop starts, `destroy` after the loop has ended (or
  * never started); every other hook runs on the loop thread. */
 typedef struct cl_engine_hooks {
@@ -167,7 +169,11 @@ typedef struct cl_engine_hooks {
     uint64_t (*progress)(void *state);
 } cl_engine_hooks;
 
-/* cl_engine_create: collie_engine_create with the works' hooks. */
+/* work/registry.c: the works' hooks every engine runs with */
+extern const cl_engine_hooks cl_work_engine_hooks;
+
+/* cl_engine_create: collie_engine_create with the given hooks (tests may
+ * pass their own). */
 /* engines created and not yet destroyed in this process (a leak check) */
 size_t cl_engines_live(void);
 

@@ -293,7 +293,7 @@ static uint64_t registry_progress(void *state) {
     return retired * 1000003u + r->ntracked;
 }
 
-static const cl_engine_hooks registry_hooks = {
+const cl_engine_hooks cl_work_engine_hooks = {
     .create = registry_create,
     .destroy = registry_destroy,
     .run_completions = registry_run_completions,
@@ -301,10 +301,6 @@ static const cl_engine_hooks registry_hooks = {
     .pending = registry_pending,
     .progress = registry_progress,
 };
-
-int collie_engine_create(const collie_engine_opts *o, collie_engine **out) {
-    return cl_engine_create(o, &registry_hooks, out);
-}
 
 /* ---- stats ------------------------------------------------------------------------- */
 
