@@ -466,31 +466,25 @@ static void engine_crypto_init(void) {
 /* engines created and not destroyed (the tests' leftover check) */
 static _Atomic size_t engines_live;
 
-int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
-                     collie_engine **out) {
-    int res = COLLIE_OK;
-    collie_engine *e = NULL;
-    if (out) *out = NULL;
-    cl_clear_last_error();
-    if (!out) return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: out is NULL");
+/* The options' stall threshold (0: COLLIE_STALL_MS), or EINVAL. */
+static int engine_stall_ms(const collie_engine_opts *o, int32_t *out) {
     if (!cl_opts_ok(o, offsetof(collie_engine_opts, on_stall)))
         return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: opts.size not set "
                                                 "(use COLLIE_ENGINE_OPTS_INIT)");
-    CL_CHECK_GOTO(cl_config_check(), res, fail);
+    int res = cl_config_check();
+    if (res != COLLIE_OK) return res;
     int32_t stall_ms = cl_opt(o, stall_ms, 0);
-    if (stall_ms < 0) {
-        res = cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: stall_ms %d is negative",
-                                (int)stall_ms);
-        goto fail;
-    }
-    if (stall_ms == 0) stall_ms = cl_config_get()->stall_ms;
-    pthread_once(&engine_crypto_once, engine_crypto_init);
+    if (stall_ms < 0)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: stall_ms %d is negative",
+                                 (int)stall_ms);
+    *out = stall_ms == 0 ? cl_config_get()->stall_ms : stall_ms;
+    return COLLIE_OK;
+}
 
-    e = calloc(1, sizeof *e);
-    if (!e) {
-        res = COLLIE_ENOMEM;
-        goto fail;
-    }
+/* A new engine's memory, lists, locks, name and wake-up eventfd. */
+static int engine_alloc(const collie_engine_opts *o, collie_engine **out) {
+    collie_engine *e = calloc(1, sizeof *e);
+    if (!e) return COLLIE_ENOMEM;
     e->wake_fd = -1;
     cl_list_init(&e->residents);
     pthread_mutex_init(&e->qmu, NULL);
@@ -501,31 +495,52 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     const char *name = cl_opt(o, name, NULL);
     snprintf(e->name, sizeof e->name, "%s", name ? name : "collie");
     atomic_init(&e->activity, "idle");
+    *out = e;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (e->wake_fd < 0) {
-        res = cl_set_last_error(COLLIE_ESYSTEM, "eventfd: %s", strerror(errno));
-        goto fail;
-    }
+    if (e->wake_fd < 0) return cl_set_last_error(COLLIE_ESYSTEM, "eventfd: %s", strerror(errno));
+    return COLLIE_OK;
+}
+
+static void engine_base_free(collie_engine *e);
+
+/* The event base (one thread uses it: no libevent locking) and the
+ * engine's own events; on failure nothing of them is left. */
+static int engine_base_new(collie_engine *e) {
     struct event_config *cfg = event_config_new();
-    if (!cfg) {
-        res = COLLIE_ENOMEM;
-        goto fail;
-    }
-    /* The base is used by one thread only: no libevent locking needed. */
+    if (!cfg) return COLLIE_ENOMEM;
     event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK);
     e->base = event_base_new_with_config(cfg);
     event_config_free(cfg);
-    if (!e->base) {
-        res = cl_set_last_error(COLLIE_ESYSTEM, "event_base_new failed");
-        goto fail;
-    }
+    if (!e->base) return cl_set_last_error(COLLIE_ESYSTEM, "event_base_new failed");
     e->wake_ev = event_new(e->base, e->wake_fd, EV_READ | EV_PERSIST, engine_on_wake, e);
     e->heartbeat_ev = event_new(e->base, -1, EV_PERSIST, engine_on_heartbeat, e);
     e->more_ev = event_new(e->base, -1, 0, engine_on_more, e);
-    if (!e->wake_ev || !e->heartbeat_ev || !e->more_ev) {
-        res = COLLIE_ENOMEM;
-        goto fail_events;
-    }
+    if (e->wake_ev && e->heartbeat_ev && e->more_ev) return COLLIE_OK;
+    engine_base_free(e);
+    return COLLIE_ENOMEM;
+}
+
+static void engine_base_free(collie_engine *e) {
+    if (e->wake_ev) event_free(e->wake_ev);
+    if (e->heartbeat_ev) event_free(e->heartbeat_ev);
+    if (e->more_ev) event_free(e->more_ev);
+    e->wake_ev = e->heartbeat_ev = e->more_ev = NULL;
+    event_base_free(e->base);
+    e->base = NULL;
+}
+
+int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
+                     collie_engine **out) {
+    collie_engine *e = NULL;
+    int32_t stall_ms = 0;
+    if (out) *out = NULL;
+    cl_clear_last_error();
+    if (!out) return cl_set_last_error(COLLIE_EINVAL, "collie_engine_create: out is NULL");
+    int res = engine_stall_ms(o, &stall_ms);
+    if (res != COLLIE_OK) return res;
+    pthread_once(&engine_crypto_once, engine_crypto_init);
+    CL_CHECK_GOTO(engine_alloc(o, &e), res, fail);
+    CL_CHECK_GOTO(engine_base_new(e), res, fail);
     e->hooks = hooks;
     CL_CHECK_GOTO(hooks->create(e, &e->hooks_state), res, fail_events);
     e->spin_ns = !cl_spin_enabled() ? 0
@@ -558,10 +573,7 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     return COLLIE_OK;
 
 fail_events:
-    if (e->wake_ev) event_free(e->wake_ev);
-    if (e->heartbeat_ev) event_free(e->heartbeat_ev);
-    if (e->more_ev) event_free(e->more_ev);
-    event_base_free(e->base);
+    engine_base_free(e);
 fail:
     if (e) engine_free(e);
     return res;
