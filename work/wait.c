@@ -87,45 +87,60 @@ static collie_engine *first_engine(collie_work *const *ws, size_t n) {
 
 /* The core: wait until one of ws is done or until_ns. `expire`: finish works
  * whose deadline passed ourselves. Returns the index of a done work or n. */
-static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
-    size_t idx = first_done(ws, n);
-    if (idx < n || cl_now_ns() >= until_ns) return idx;
-    /* poll briefly before sleeping: a sleeping thread takes tens of
-     * microseconds to wake on these machines */
-    if (cl_spin_enabled()) {
-        int64_t spin_until = cl_now_ns() + CL_WAIT_SPIN_NS;
-        if (spin_until > until_ns) spin_until = until_ns;
-        collie_engine *e = first_engine(ws, n);
-        cl_engine_waiter_polls(e, true);
-        unsigned turn = 0;
-        bool shared = cl_cores_oversubscribed();
-        for (;;) {
-            if ((idx = first_done(ws, n)) < n) break;
-            /* run the loop's step ourselves if it is between two turns */
-            if (cl_engine_assist(e) && (idx = first_done(ws, n)) < n) break;
-            /* yield the core each turn when this host's ranks outnumber
-             * its cores; else now and then (a yield that switches threads
-             * costs more than the whole step: 2-rank 4 B allreduce 2.0 us
-             * yielding each turn, 1.5 us every 16th). The clock too is
-             * read every 8th turn only (clock_gettime was 12% of a
-             * 16-in-flight run's samples here). */
-            turn++;
-            if (shared || (turn & 15) == 0) sched_yield();
-            if ((turn & 7) == 0 && cl_now_ns() >= spin_until) break;
-        }
-        cl_engine_waiter_polls(e, false);
-        if (idx < n) return idx;
+/* Poll briefly before sleeping: a sleeping thread takes tens of
+ * microseconds to wake on these machines. Returns the index of a done
+ * work, or n. */
+static size_t wait_spin(collie_work *const *ws, size_t n, int64_t until_ns) {
+    size_t idx = n;
+    int64_t spin_until = cl_now_ns() + CL_WAIT_SPIN_NS;
+    if (spin_until > until_ns) spin_until = until_ns;
+    collie_engine *e = first_engine(ws, n);
+    cl_engine_waiter_polls(e, true);
+    unsigned turn = 0;
+    bool shared = cl_cores_oversubscribed();
+    for (;;) {
+        if ((idx = first_done(ws, n)) < n) break;
+        /* run the loop's step ourselves if it is between two turns */
+        if (cl_engine_assist(e) && (idx = first_done(ws, n)) < n) break;
+        /* yield the core each turn when this host's ranks outnumber
+         * its cores; else now and then (a yield that switches threads
+         * costs more than the whole step: 2-rank 4 B allreduce 2.0 us
+         * yielding each turn, 1.5 us every 16th). The clock too is
+         * read every 8th turn only (clock_gettime was 12% of a
+         * 16-in-flight run's samples here). */
+        turn++;
+        if (shared || (turn & 15) == 0) sched_yield();
+        if ((turn & 7) == 0 && cl_now_ns() >= spin_until) break;
     }
+    cl_engine_waiter_polls(e, false);
+    return idx;
+}
 
-    struct cl_waiter_link small[8];
-    struct cl_waiter_link *links = n <= 8 ? small : calloc(n, sizeof *links);
-    if (!links) { /* no memory to block properly: degrade to bounded polling */
-        while ((idx = first_done(ws, n)) == n && cl_now_ns() < until_ns) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
-        return idx;
+/* The index of a work whose deadline (plus the grace of works that explain
+ * their timeout on the loop: a stuck loop cannot) has passed and that this
+ * waiter has not tried to end yet, or n; *next becomes the earliest of the
+ * other deadlines if sooner. */
+static size_t wait_expired(collie_work *const *ws, size_t n, const struct cl_waiter_link *links,
+                           int64_t now, int64_t *next) {
+    size_t expired = n;
+    for (size_t i = 0; i < n; i++) {
+        if (!ws[i] || links[i].expiry_tried) continue;
+        int64_t due = ws[i]->deadline_ns;
+        if (due != INT64_MAX) due += (int64_t)ws[i]->ops->cancel_grace_ms * CL_NS_PER_MS;
+        if (due <= now)
+            expired = i;
+        else if (due < *next)
+            *next = due;
     }
+    return expired;
+}
+
+/* Sleep on a condition variable linked to every work until one is done
+ * or until_ns; with `expire`, end a work past its deadline (and grace)
+ * from this thread, once each. */
+static size_t wait_block(collie_work *const *ws, size_t n, int64_t until_ns, bool expire,
+                         struct cl_waiter_link *links) {
+    size_t idx = n;
     cl_waiter wt = {.fired = false};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -142,24 +157,11 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
         int64_t now = cl_now_ns();
         if (now >= until_ns) break;
         int64_t next = until_ns;
-        collie_work *expired = NULL;
-        size_t expired_i = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!ws[i] || !expire || links[i].expiry_tried) continue;
-            /* works that explain their timeout (desync report) get a grace
-             * period to do it on the loop; a stuck loop cannot */
-            int64_t due = ws[i]->deadline_ns;
-            if (due != INT64_MAX) due += (int64_t)ws[i]->ops->cancel_grace_ms * CL_NS_PER_MS;
-            if (due <= now) {
-                expired = ws[i];
-                expired_i = i;
-            } else if (due < next) {
-                next = due;
-            }
-        }
-        if (expired) {
-            links[expired_i].expiry_tried = true; /* once: if it is being finished, wait */
-            pthread_mutex_unlock(&cl_wait_mu);    /* finishing wakes waiters: needs the lock */
+        size_t ex = expire ? wait_expired(ws, n, links, now, &next) : n;
+        if (ex < n) {
+            collie_work *expired = ws[ex];
+            links[ex].expiry_tried = true;     /* once: if it is being finished, wait */
+            pthread_mutex_unlock(&cl_wait_mu); /* finishing wakes waiters: needs the lock */
             if (cl_work_cancel(expired, COLLIE_ETIMEDOUT, "deadline of %d ms passed",
                                (int)expired->timeout_ms))
                 CL_DEBUG("work", "%s seq %llu expired by its waiter", expired->ops->name,
@@ -179,6 +181,23 @@ static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool
         if (ws[i]) link_del(&links[i]);
     pthread_mutex_unlock(&cl_wait_mu);
     pthread_cond_destroy(&wt.cv);
+    return idx;
+}
+
+static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
+    size_t idx = first_done(ws, n);
+    if (idx < n || cl_now_ns() >= until_ns) return idx;
+    if (cl_spin_enabled() && (idx = wait_spin(ws, n, until_ns)) < n) return idx;
+    struct cl_waiter_link small[8];
+    struct cl_waiter_link *links = n <= 8 ? small : calloc(n, sizeof *links);
+    if (!links) { /* no memory to block properly: degrade to bounded polling */
+        while ((idx = first_done(ws, n)) == n && cl_now_ns() < until_ns) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        return idx;
+    }
+    idx = wait_block(ws, n, until_ns, expire, links);
     if (links != small) free(links);
     return idx;
 }
