@@ -16,7 +16,7 @@
 #include "collie.h"
 #include "engine/common.h"
 #include "engine/config.h"
-#include "engine/dtype.h"
+#include "base/dtype.h"
 #include "base/list.h"
 #include "engine/log.h"
 

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "collie.h"
-#include "engine/dtype.h"
+#include "base/dtype.h"
 #include "transports/reduce.h"
 #include "runner.h"
 

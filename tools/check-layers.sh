@@ -5,7 +5,8 @@
 # A file may include, from a folder other than its own, only that folder's
 # public header (engine/engine.h, work/work.h, store/store.h, comm/comm.h),
 # and only from a folder below it; base/ (header-only helpers: the intrusive
-# list and hash map) is open to every layer and includes no other folder.
+# list, hash map, dtype sizes and names) is open to every layer and includes
+# no other folder (the public API in include/ aside).
 # include/ (the public API) is open to all;
 # tests/, tools/, bench/ and examples/ sit on top and may include anything.
 # Prints each offending line and exits 1 if there is one.

@@ -44,7 +44,7 @@
 
 #include "transports/reduce.h"
 
-#include "engine/engine.h"
+#include "base/dtype.h"
 
 /* Buffer element types: any alignment. fp16/bf16 are read as their bits.
  * (may_alias on red_u16 would stop gcc vectorising the conversions.) */
@@ -358,7 +358,7 @@ static bool red_same_or_disjoint(const void *p, const void *q, size_t bytes) {
 void cl_reduce3(void *dst, const void *a, const void *b, size_t count, collie_dtype dt,
                 collie_redop op) {
     if (count == 0 || !cl_dtype_valid((int)dt) || !cl_redop_valid((int)op)) return;
-    size_t size = collie_dtype_size(dt);
+    size_t size = cl_dtype_size(dt);
     assert(red_same_or_disjoint(dst, a, count * size) &&
            red_same_or_disjoint(dst, b, count * size));
     if (dt == COLLIE_FP16 || dt == COLLIE_BF16) {

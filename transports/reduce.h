@@ -5,7 +5,7 @@
  * All functions are pure: no locks, no allocation, no logging; any thread
  * may call them on buffers it owns. Buffers may have any alignment (byte
  * offsets included). dtype and op are validated by the caller (at post
- * time, with cl_dtype_valid / cl_redop_valid of engine/dtype.h); the kernels treat an invalid
+ * time, with cl_dtype_valid / cl_redop_valid of base/dtype.h); the kernels treat an invalid
  * dtype or op as a no-op rather than failing on the progress thread.
  */
 #ifndef CL_TRANSPORTS_REDUCE_H

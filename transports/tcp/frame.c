@@ -87,7 +87,7 @@ static const char *frame_fields_wrong(const cl_tcp_frame *f) {
         return "a root for a kind without one";
     if (!collie_coll_is_v(k) && f->vcheck != 0) return "a counts check for a kind without counts";
     if (p2p) { /* the sender's length: count elements (tcp_exec.c, work_start_p2p) */
-        uint64_t es = collie_dtype_size((collie_dtype)f->dtype);
+        uint64_t es = cl_dtype_size((collie_dtype)f->dtype);
         if (f->length != f->count * es) return "a length that is not its count's";
     }
     return NULL;

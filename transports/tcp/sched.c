@@ -36,6 +36,7 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "base/dtype.h"
 #include "transports/reduce.h"
 #include "transports/tcp/sched_impl.h"
 
@@ -352,7 +353,7 @@ static int sched_validate(const collie_coll_args *a, int rank, int size, uint64_
     }
     *esize = 0;
     if (a->kind == COLLIE_COLL_BARRIER) return COLLIE_OK;
-    *esize = collie_dtype_size(a->dtype);
+    *esize = cl_dtype_size(a->dtype);
     if (*esize == 0) {
         *why = "invalid dtype";
         return COLLIE_EINVAL;

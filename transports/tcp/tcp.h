@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "collie_backend.h"
+#include "base/dtype.h"
 #include "base/idmap.h"
 #include "base/list.h"
 #include "transports/shm/host_id.h"

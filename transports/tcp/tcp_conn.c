@@ -161,8 +161,8 @@ void cl_tcp_frame_set_vcheck(uint8_t *h, uint32_t vcheck) { put32(h + 44, vcheck
 static void describe_post(char *buf, size_t len, unsigned kind, uint64_t count, unsigned dtype,
                           unsigned op, uint32_t root) {
     collie_coll_describe(buf, len, (collie_coll_kind)kind, count,
-                         collie_dtype_name((collie_dtype)dtype),
-                         collie_redop_name((collie_redop)op), (int)root);
+                         cl_dtype_name((collie_dtype)dtype), cl_redop_name((collie_redop)op),
+                         (int)root);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -937,7 +937,7 @@ static void describe_counts(char *buf, size_t len, const tcp_work *tw, int me, i
         snprintf(buf, len, " (%zu elements to rank %d, %zu from it)", a->sendcounts[peer], peer,
                  a->recvcounts[peer]);
     } else if (a->kind == COLLIE_COLL_ALLTOALLV) {
-        size_t es = h[5] < COLLIE_NUM_DTYPES ? collie_dtype_size((collie_dtype)h[5]) : 0;
+        size_t es = h[5] < COLLIE_NUM_DTYPES ? cl_dtype_size((collie_dtype)h[5]) : 0;
         uint32_t back = get32(h + 44);
         char sent[32] = "?";
         if (es) snprintf(sent, sizeof sent, "%llu", (unsigned long long)(get64(h + 32) / es));
@@ -1088,7 +1088,7 @@ static void park_deliver(tcp_conn *c, tcp_parked *p, tcp_slot *s) {
         if (s->kind == CL_SOP_RECV) {
             if (len) memcpy(s->dst, p->data, len);
         } else {
-            size_t es = collie_dtype_size(a->dtype);
+            size_t es = cl_dtype_size(a->dtype);
             collie_redop op = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
             if (s->kind == CL_SOP_RECV_REDUCE)
                 cl_reduce(s->dst, p->data, len / es, a->dtype, op);
@@ -1266,9 +1266,9 @@ bool cl_tcp_p2p_matches(const uint8_t *h, const collie_coll_args *a, int peer, u
         else
             snprintf(from, sizeof from, "from rank %d", a->peer);
         snprintf(why, len, "rank %d sent %llu x %s with tag %llu, this recv (%s) expects %llu x %s",
-                 peer, (unsigned long long)count, collie_dtype_name(dt),
+                 peer, (unsigned long long)count, cl_dtype_name(dt),
                  (unsigned long long)get64(h + 16), from, (unsigned long long)a->count,
-                 collie_dtype_name(a->dtype));
+                 cl_dtype_name(a->dtype));
     }
     return false;
 }
@@ -1357,7 +1357,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
             c->stage_fill += (uint64_t)n;
             if (c->stage_fill == chunk) {
                 const collie_coll_args *a = &s->owner->args;
-                size_t es = collie_dtype_size(a->dtype);
+                size_t es = cl_dtype_size(a->dtype);
                 collie_redop op = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
                 uint8_t *dst = s->dst + c->payload_got;
                 if (s->kind == CL_SOP_RECV_REDUCE)

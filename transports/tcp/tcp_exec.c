@@ -62,7 +62,7 @@ void cl_tcp_work_fail(tcp_work *tw, int status, const char *fmt, ...) {
 
 static void work_local_op(tcp_work *tw, const cl_sop *op) {
     const collie_coll_args *a = &tw->args;
-    size_t es = collie_dtype_size(a->dtype);
+    size_t es = cl_dtype_size(a->dtype);
     uint8_t *dst = work_buf_at(tw, op->buf, op->off);
     const uint8_t *src = work_buf_at(tw, op->src_buf, op->src_off);
     collie_redop rop = a->op == COLLIE_AVG ? COLLIE_SUM : a->op;
@@ -207,7 +207,7 @@ void cl_tcp_p2p_source(tcp_work *tw, int peer) {
 void cl_tcp_p2p_take(tcp_work *tw, tcp_unexpected *u, int peer) {
     tcp_comm *tc = tw->tc;
     const collie_coll_args *a = &tw->args;
-    uint64_t len = a->count * collie_dtype_size(a->dtype);
+    uint64_t len = a->count * cl_dtype_size(a->dtype);
     cl_list_remove(&u->node);
     cl_tcp_p2p_source(tw, peer);
     char why[256];
@@ -274,7 +274,7 @@ static int work_start_any(tcp_comm *tc, tcp_work *tw, uint64_t len) {
 
 static int work_start_p2p(tcp_comm *tc, tcp_work *tw) {
     const collie_coll_args *a = &tw->args;
-    uint64_t len = a->count * collie_dtype_size(a->dtype);
+    uint64_t len = a->count * cl_dtype_size(a->dtype);
     tw->kind_p2p = true;
     tw->p2p_src = a->peer;
     if (a->peer == COLLIE_ANY_SOURCE) return work_start_any(tc, tw, len);
