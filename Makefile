@@ -503,6 +503,11 @@ MAN1       := $(wildcard docs/man/*.1)
 MAN3       := $(wildcard docs/man/*.3)
 INSTALL_PLUGINS := $(BUILD)/lib/libcollie_dummy.so $(NCCL_PLUGIN)
 PC_FILE    := $(BUILD)/lib/pkgconfig/collie.pc
+# what a backend plugin builds against: collie_backend.h (above) and the
+# header-only base/ helpers, installed as <includedir>/collie/base/*.h and
+# found through collie-backend.pc's -I<includedir>/collie
+BASE_HEADERS := $(wildcard base/*.h)
+PC_BACKEND := $(BUILD)/lib/pkgconfig/collie-backend.pc
 # the Python package (Debian's layout: <prefix>/lib/python3/dist-packages)
 PYDIR    ?= $(PREFIX)/lib/python3/dist-packages
 PY_FILES := $(wildcard python/collie/*.py)
@@ -516,7 +521,15 @@ $(PC_FILE): Makefile include/collie.h
 	  'Libs: -L$${libdir} -lcollie' 'Libs.private: -pthread -ldl' \
 	  'Cflags: -I$${includedir}' > $@
 
-install: lib tools plugins $(PC_FILE)
+# a plugin links no symbol of the core: no -lcollie
+$(PC_BACKEND): Makefile include/collie.h
+	@mkdir -p $(@D)
+	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INCLUDEDIR)' 'plugindir=$(PLUGINDIR)' '' \
+	  'Name: collie-backend' \
+	  'Description: headers for collie backend plugins (collie_backend.h, base/)' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir} -I$${includedir}/collie' > $@
+
+install: lib tools plugins $(PC_FILE) $(PC_BACKEND)
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
 	install -m 755 $(LIB_SO_REAL) $(DESTDIR)$(LIBDIR)/
@@ -524,8 +537,10 @@ install: lib tools plugins $(PC_FILE)
 	ln -sf libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(INSTALL_PLUGINS) $(DESTDIR)$(PLUGINDIR)/
-	install -m 644 $(PC_FILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -m 644 $(PC_FILE) $(PC_BACKEND) $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	install -d $(DESTDIR)$(INCLUDEDIR)/collie/base
+	install -m 644 $(BASE_HEADERS) $(DESTDIR)$(INCLUDEDIR)/collie/base/
 	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
 	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/)
 	$(if $(MAN3),install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/)
@@ -537,14 +552,15 @@ install: lib tools plugins $(PC_FILE)
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so.$(SOVERSION) \
 	  $(DESTDIR)$(LIBDIR)/libcollie.so $(DESTDIR)$(LIBDIR)/libcollie.a \
-	  $(DESTDIR)$(LIBDIR)/pkgconfig/collie.pc \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/collie.pc $(DESTDIR)$(LIBDIR)/pkgconfig/collie-backend.pc \
+	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/collie/base/,$(notdir $(BASE_HEADERS))) \
 	  $(addprefix $(DESTDIR)$(PLUGINDIR)/,$(notdir $(INSTALL_PLUGINS))) \
 	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))) \
 	  $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOLS))) \
 	  $(addprefix $(DESTDIR)$(MANDIR)/man1/,$(notdir $(MAN1))) \
 	  $(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3)))
 	rm -rf $(DESTDIR)$(PYDIR)/collie
-	-rmdir $(DESTDIR)$(PLUGINDIR) 2>/dev/null
+	-rmdir $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(INCLUDEDIR)/collie/base $(DESTDIR)$(INCLUDEDIR)/collie 2>/dev/null
 
 clean:
 	rm -rf build

@@ -1,7 +1,8 @@
 /*
  * test_install.c — collie as an outside project gets it: the version at run
  * time, `make install` into a DESTDIR used through pkg-config by programs
- * linked shared and static (tests/install/check.sh), and a library build
+ * linked shared and static (tests/install/check.sh), the NCCL plugin built
+ * out of tree from that install (tests/install/plugin_out_of_tree.sh), and a library build
  * that needs none of the test-only packages.
  */
 #include <stdio.h>
@@ -60,6 +61,22 @@ static void test_install_destdir_pkgconfig(void **state) {
     assert_non_null(strstr(out, "plugin_host (relocated): collie"));
 }
 
+/* The NCCL plugin built out of tree from an install, with no symbol of the
+ * core, loaded by the installed tools and checked on the CUDA double
+ * (tests/install/plugin_out_of_tree.sh). */
+static void test_nccl_plugin_builds_out_of_tree(void **state) {
+    (void)state;
+    if (!normal_build()) skip_because("installs the normal build (this suite's is sanitized)");
+    if (!have_tool("pkg-config") || !have_tool("nm") || !have_tool("cc"))
+        skip_because("needs pkg-config, nm and cc");
+    static char out[1 << 16];
+    int rc = run_capture("timeout 400 tests/install/plugin_out_of_tree.sh 2>&1", out, sizeof out);
+    print_message("%s", out);
+    if (rc == 77) skip_because("%.150s", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "out-of-tree: ok"));
+}
+
 /* `make lib tools examples plugins` on a machine without the test-only
  * packages: a dry run shows what it would do — the build profile of
  * deps.sh only, and no cmocka anywhere. */
@@ -101,6 +118,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_matches_headers),
         cmocka_unit_test(test_install_destdir_pkgconfig),
+        cmocka_unit_test(test_nccl_plugin_builds_out_of_tree),
         cmocka_unit_test(test_library_build_needs_no_test_packages),
         cmocka_unit_test(test_man_pages_cover_options),
     };
