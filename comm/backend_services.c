@@ -46,9 +46,9 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
      * connection closed) is taken down by it, as the policy takes down
      * the rest: EABORTED naming the root cause (NONE: each work its own) */
     if (w && (root || c->policy == COLLIE_POLICY_NONE))
-        cl_work_finish(w, status, "%s", msg);
+        cl_coll_finish(w, status, "%s", msg);
     else if (w)
-        cl_work_finish(w, COLLIE_EABORTED, "aborted: %s", c->err_msg);
+        cl_coll_finish(w, COLLIE_EABORTED, "aborted: %s", c->err_msg);
     cl_comm_fault(c, status, "%s", msg);
 }
 
@@ -205,9 +205,10 @@ const collie_core_services cl_core_services = {
     .watch_activate = cl_backend_watch_activate,
     .watch_free = cl_backend_watch_free,
     .want_poll = cl_backend_want_poll,
-    .work_finish = cl_work_finish,
+    /* a collective ends in comm/coll_end.c: unlend, stats, fault, then DONE */
+    .work_finish = cl_coll_finish,
     .work_claim = cl_work_claim,
-    .work_publish = cl_work_publish,
+    .work_publish = cl_coll_publish,
     .work_busy_enter = cl_work_busy_enter,
     .work_busy_exit = cl_work_busy_exit,
     .work_backend_data = svc_work_backend_data,

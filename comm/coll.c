@@ -12,6 +12,8 @@
  *  - The sequence number is taken and the work queued under the comm's
  *    mutex, so the loop starts works in sequence order even when several
  *    threads post on one comm.
+ *  - The end of a collective, every step of it, is in coll_end.c; its
+ *    cancel (anyone but its backend ending it) in coll_cancel.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,6 @@ static void coll_start(collie_work *w) {
     ((cl_coll_work *)w)->start_called = true;
     cl_comm_start_work((cl_coll_work *)w);
 }
-static void coll_detach(collie_work *w) { cl_comm_detach_work((cl_coll_work *)w); }
 
 #define COLL_POOL_MAX 512
 
@@ -74,54 +75,17 @@ static void coll_free(collie_work *w) {
     cl_comm_release(c); /* may free the comm and its pool */
 }
 
-static void coll_describe(const collie_work *w, char *buf, size_t len) {
-    const cl_coll_work *cw = (const cl_coll_work *)w;
-    const collie_coll_args *a = &cw->args;
-    if (a->kind == COLLIE_COLL_RECV && a->peer == COLLIE_ANY_SOURCE)
-        snprintf(buf, len, " (comm '%s' rank %d, any source, tag %llu)", cw->comm->name,
-                 cw->comm->rank, (unsigned long long)a->tag);
-    else if (a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV)
-        snprintf(buf, len, " (comm '%s' rank %d, peer %d, tag %llu)", cw->comm->name,
-                 cw->comm->rank, a->peer, (unsigned long long)a->tag);
-    else
-        snprintf(buf, len, " (comm '%s' rank %d)", cw->comm->name, cw->comm->rank);
-}
-
 /* A timed-out collective asks the other ranks how far they got before it
  * fails (desync.c); a waiter gives the loop this long to do that. */
 #define COLL_CANCEL_GRACE_MS 1500
 
-/* Publication (any thread, once, before anyone can see the result): the
- * comm's stats count the work; a deadline or a cancel, which leaves the
- * peers mid-operation, is the comm's fault, recorded now (its policy is
- * applied on the loop when the work is retired). */
-static void coll_on_publish(collie_work *w) {
-    cl_coll_work *cw = (cl_coll_work *)w;
-    /* peers reading its memory must stop first (the shm single copy); the
-     * gate keeps the backend from being destroyed meanwhile (comm.c) */
-    collie_bcomm *bc = cw->bc;
-    if (bc->ops->unlend) {
-        atomic_fetch_add_explicit(&bc->unlending, 1, memory_order_seq_cst);
-        if (atomic_load_explicit(&bc->lendable, memory_order_seq_cst))
-            bc->ops->unlend(bc->state, w);
-        atomic_fetch_sub_explicit(&bc->unlending, 1, memory_order_seq_cst);
-    }
-    cl_stats_ended(((cl_coll_work *)w)->comm, (cl_coll_work *)w); /* counted before it is seen */
-    if (w->status != COLLIE_ETIMEDOUT && w->status != COLLIE_ECANCELED) return;
-    if (((cl_coll_work *)w)->clean_end) return; /* an unmatched receive (coll_cancel.c) */
-    cl_comm_record_fault(((cl_coll_work *)w)->comm, w->status, "%s",
-                         w->errmsg ? w->errmsg : collie_strerror(w->status));
-}
-
 static const cl_work_ops cl_coll_ops_template = {
     .name = NULL,
     .start = coll_start,
-    .detach = coll_detach,
+    .detach = cl_coll_end_on_loop, /* the end: coll_end.c */
     .free = coll_free,
-    .describe = coll_describe,
     .cancel = cl_coll_cancel,
     .cancel_grace_ms = COLL_CANCEL_GRACE_MS,
-    .on_publish = coll_on_publish,
 };
 
 static cl_work_ops cl_coll_ops[COLLIE_COLL_NUM_KINDS];

@@ -22,9 +22,9 @@
  *    complete meanwhile (then the request finds it ended and does nothing).
  *  - A backend already destroyed (the engine stopped) has nothing to
  *    quiesce: the work is finished at once.
- *  - Every path publishes through cl_work_publish, whose on_publish hook
- *    (coll.c) records a deadline's or a cancel's fault on the comm before
- *    the work is visible as failed.
+ *  - Every path ends the work through cl_coll_finish (coll_end.c), which
+ *    records a deadline's or a cancel's fault on the comm before the work
+ *    is visible as failed.
  *  - An unmatched receive ends clean (DESIGN §3): no byte of a message was
  *    taken for it, so no peer is mid-operation. Only the loop can tell —
  *    it matches messages to receives — so a receive's cancel or deadline
@@ -52,7 +52,7 @@ static void coll_cancel_on_loop(cl_coll_work *cw, int status, const char *msg) {
     collie_work *w = &cw->base;
     if (cl_work_done(w)) return;
     if (!coll_backend_cancels(cw)) {
-        cl_work_finish(w, status, "%s", msg);
+        cl_coll_finish(w, status, "%s", msg);
         return;
     }
     collie_bcomm *bc = cw->bc;
@@ -86,7 +86,7 @@ static bool coll_cancel_on_device(cl_coll_work *cw, int status, const char *msg)
     collie_work_hold(w); /* alive until the command runs */
     if (cl_engine_post_cmd(w->engine, &cw->cancel_cmd) == COLLIE_OK) return true;
     /* engine stopped: its backends are gone, nothing to quiesce */
-    bool ended = cl_work_finish(w, status, "%s", msg);
+    bool ended = cl_coll_finish(w, status, "%s", msg);
     collie_work_release(w);
     return ended;
 }
@@ -105,14 +105,14 @@ static bool coll_recv_end_on_loop(cl_coll_work *cw, int status, const char *msg)
     if (cl_work_done(w)) return false;
     if (coll_recv_may_withdraw(cw) &&
         (!cw->started || cw->bc->ops->recv_withdraw(cw->bc->state, w))) {
-        cw->clean_end = true; /* before the finish: on_publish and detach read it */
-        return cl_work_finish(w, status, "%s", msg);
+        cw->clean_end = true; /* before the finish: its end reads it (coll_end.c) */
+        return cl_coll_finish(w, status, "%s", msg);
     }
     if (status == COLLIE_ETIMEDOUT) {
         if (cw->explaining) return false; /* its report ends it */
         if (cl_desync_start(cw)) return true;
     }
-    return cl_work_finish(w, status, "%s", msg);
+    return cl_coll_finish(w, status, "%s", msg);
 }
 
 static void coll_recv_cancel_cmd(cl_cmd *cmd) {
@@ -127,7 +127,7 @@ static bool coll_recv_cancel(cl_coll_work *cw, int status, const char *msg) {
     if (cl_engine_on_loop(w->engine)) return coll_recv_end_on_loop(cw, status, msg);
     /* a waiter past the deadline and its grace: the loop did not end it,
      * the waiter must not depend on it */
-    if (status != COLLIE_ECANCELED) return cl_work_finish(w, status, "%s", msg);
+    if (status != COLLIE_ECANCELED) return cl_coll_finish(w, status, "%s", msg);
     if (atomic_exchange_explicit(&cw->cancel_requested, true, memory_order_acq_rel))
         return !cl_work_done(w); /* asked already: it is ending */
     cw->cancel_status = status;  /* written once: the flag above */
@@ -135,14 +135,14 @@ static bool coll_recv_cancel(cl_coll_work *cw, int status, const char *msg) {
     cw->cancel_cmd.fn = coll_recv_cancel_cmd;
     collie_work_hold(w); /* alive until the command runs */
     if (cl_engine_post_cmd(w->engine, &cw->cancel_cmd) == COLLIE_OK) return true;
-    bool ended = cl_work_finish(w, status, "%s", msg); /* engine stopped */
+    bool ended = cl_coll_finish(w, status, "%s", msg); /* engine stopped */
     collie_work_release(w);
     return ended;
 }
 
 bool cl_coll_end(cl_coll_work *cw, int status, const char *msg) {
     if (cw->caller_started && cw->bc->ops->cancel) return coll_cancel_on_device(cw, status, msg);
-    return cl_work_finish(&cw->base, status, "%s", msg);
+    return cl_coll_finish(&cw->base, status, "%s", msg);
 }
 
 bool cl_coll_cancel(collie_work *w, int status, const char *msg) {

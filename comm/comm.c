@@ -90,7 +90,7 @@ static bool comm_record_error(collie_comm *c, int status, const char *fmt, va_li
 
 static void comm_fail_fast(cl_coll_work *cw) {
     collie_comm *c = cw->comm;
-    cl_work_finish(&cw->base, COLLIE_EABORTED, "comm '%s' has failed: %s", c->name, c->err_msg);
+    cl_coll_finish(&cw->base, COLLIE_EABORTED, "comm '%s' has failed: %s", c->name, c->err_msg);
 }
 
 /* now: when it starts (one clock read per start: it is on every post's path) */
@@ -102,7 +102,7 @@ static void comm_start_now(cl_coll_work *cw, int64_t now) {
     cl_flight_start(c, cw, now);
     int r = bc->ops->start(bc->state, &cw->base, &cw->args);
     if (r != COLLIE_OK)
-        cl_work_finish(&cw->base, r, "backend %s could not start it: %s", bc->ops->name,
+        cl_coll_finish(&cw->base, r, "backend %s could not start it: %s", bc->ops->name,
                        collie_strerror(r));
 }
 
@@ -119,26 +119,6 @@ void cl_comm_start_work(cl_coll_work *cw) {
     case CL_COMM_CREATING: cl_list_push_back(&c->waiting, &cw->link); return;
     default: comm_start_now(cw, cw->base.start_ns); return; /* its start command just ran */
     }
-}
-
-void cl_comm_detach_work(cl_coll_work *cw) {
-    collie_comm *c = cw->comm;
-    collie_work *w = &cw->base;
-    /* caller_started: a CUDA work the backend holds even if the loop never
-     * started it (cancelled before its start command ran) */
-    cl_list_remove(&cw->link); /* from the active list, or the waiting queue */
-    if ((cw->started || cw->caller_started) && cw->bc->state) cw->bc->ops->detach(cw->bc->state, w);
-    bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
-    if (!p2p && w->seq > c->last_done) c->last_done = w->seq;
-    cl_flight_end(c, cw);
-    /* a deadline or cancel leaves the peers mid-operation: a comm fault
-     * (not for a receive withdrawn before any message matched it) */
-    if ((w->status == COLLIE_ETIMEDOUT || w->status == COLLIE_ECANCELED) && !cw->clean_end)
-        cl_comm_fault(c, w->status, "%s", collie_work_error_message(w));
-    pthread_mutex_lock(&c->mu);
-    atomic_fetch_sub(&c->nactive, 1);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- faults and aborts ---------------------------------------------------------- */
@@ -174,7 +154,7 @@ static void comm_fail_some(collie_comm *c, size_t budget) {
         if (started) cl_list_push_back(&c->active, &cw->link);
         /* finishing only queues the retirement: the lists stay intact here */
         if (!started || cw->bc == &c->bcs[CL_DEV_CPU])
-            cl_work_finish(&cw->base, c->failing.status, "%s", c->failing.reason);
+            cl_coll_finish(&cw->base, c->failing.status, "%s", c->failing.reason);
     }
 }
 

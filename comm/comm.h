@@ -65,7 +65,7 @@ struct collie_bcomm {
     _Atomic bool poll_cmd_queued;
     cl_cmd poll_cmd;
     cl_poller progress; /* ops->progress on every spinning turn (backend_events.c) */
-    /* the unlend gate (coll.c, comm.c): ops->unlend is called on any
+    /* the unlend gate (coll_end.c, comm.c): ops->unlend is called on any
      * publishing thread only while `lendable` (set after init, cleared
      * before destroy); `unlending` counts the threads inside the check or
      * the hook, and destroy waits for it to drain (seq_cst, Dekker) */
@@ -287,7 +287,18 @@ void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fm
 void cl_comm_created(collie_comm *c, int status, const char *msg);
 /* start a work on its backend, or queue it (loop) */
 void cl_comm_start_work(cl_coll_work *cw);
-void cl_comm_detach_work(cl_coll_work *cw);
+
+/* coll_end.c: a collective's end, every step in order (its state table is
+ * there). cl_coll_finish: claim + publish, false if it was ended already;
+ * cl_coll_publish: after a won cl_work_claim. Any thread: fill the result,
+ * unlend, stats, flight entry, fault recorded, then DONE. Never
+ * cl_work_finish/cl_work_publish on a collective (that would skip them). */
+bool cl_coll_finish(collie_work *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void cl_coll_publish(collie_work *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* the end's loop half: the collectives' ops->detach (work/'s retire) */
+void cl_coll_end_on_loop(collie_work *w);
 
 /* coll.c: the work pool of a backend instance */
 void cl_coll_pool_init(collie_bcomm *bc);

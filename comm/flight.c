@@ -5,7 +5,8 @@
  *  - N comes from COLLIE_TRACE_BUFFER (default 2048; 0 turns it off). The
  *    ring is allocated with the comm; recording never allocates.
  *  - A work gets a slot when posted (any thread) and updates it when it
- *    starts and ends (loop). A small mutex guards the ring: it is held for
+ *    starts (loop) and ends (its ender's thread, before the end is
+ *    visible: coll_end.c). A small mutex guards the ring: it is held for
  *    a few stores, never while calling out. A slot reused by a newer work
  *    (the ring wrapped) is not touched by the older one again.
  *  - The slot is written before the work can start (so its start and end

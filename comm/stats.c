@@ -6,7 +6,7 @@
  *    adds per work, no lock. `posted` is bumped on the posting thread before
  *    the engine can see the work (so a reader never finds more works ended
  *    than posted); the rest when the work's result is published, before its
- *    completion is visible (the on_publish hook, on whichever thread ends
+ *    completion is visible (its end, coll_end.c, on whichever thread ends
  *    it): a caller whose wait returned finds its work counted.
  *  - A snapshot reads `ended` before `posted`, so in_flight = posted - ended
  *    never goes negative. Fields are each exact, not read at one instant.

@@ -121,7 +121,9 @@ void cl_work_start_cmd(cl_cmd *c) {
         return;
     }
     if (cl_engine_closing(e)) {
-        cl_work_finish(w, COLLIE_ECLOSED, "engine %s is shutting down", cl_engine_name(e));
+        /* ended as shutdown ends every other work (registry_fail_all):
+         * through its provider, who may have more to do than publish */
+        cl_work_cancel(w, COLLIE_ECLOSED, "engine %s is shutting down", cl_engine_name(e));
         return;
     }
     uint32_t s = CL_WORK_QUEUED;

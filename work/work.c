@@ -15,13 +15,16 @@
  *    once any completion is visible the buffers are no longer touched.
  *  - After DONE, the work is retired on the loop thread (registry.c): the
  *    producer's detach hook, the completion queue, the user callback, in that
- *    order, exactly once.
+ *    order, exactly once. The detach hook is the one call work/ makes into
+ *    a producer at a work's end.
  *  - Everyone but the producer's own completion ends a work through
  *    cl_work_cancel → ops->cancel (deadline, cancel, waiter, shutdown): the
  *    provider finishes it itself, at once or — after a desync report, or
- *    once a device is quiet — later, within a bound. ops->on_publish runs
- *    before DONE is visible, so a comm's fault is recorded before anyone
- *    sees the work that caused it.
+ *    once a device is quiet — later, within a bound.
+ *  - publish = fill (status, message, end time) + show (DONE, waiters,
+ *    retire). A producer with more to do before its end is seen (the
+ *    collectives, comm/coll_end.c: unlend, stats, a comm's fault) claims,
+ *    fills, does it, then shows: work/ calls no hook for that.
  *  - References: the poster's (returned to the user), the engine's (post →
  *    retire), a completion queue's (while queued), and collie_work_hold's.
  */
@@ -123,10 +126,15 @@ bool cl_work_claim(collie_work *w) {
     }
 }
 
-static void work_format_message(collie_work *w, int status, const char *fmt, va_list ap) {
+void cl_work_fill(collie_work *w, int status, const char *ctx, const char *fmt, va_list ap) {
+    w->status = status;
+    w->end_ns = cl_now_ns();
     if (status == COLLIE_OK) return;
-    char ctx[192] = "";
-    if (w->ops->describe) w->ops->describe(w, ctx, sizeof ctx);
+    char buf[192] = "";
+    if (!ctx) {
+        if (w->ops->describe) w->ops->describe(w, buf, sizeof buf);
+        ctx = buf;
+    }
     /* the cause whole, however long (a desync report is kilobytes): a
      * message cut here would reach every rank cut */
     char *cause = NULL;
@@ -146,16 +154,17 @@ static void work_format_message(collie_work *w, int status, const char *fmt, va_
     free(cause);
 }
 
-void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap) {
-    w->status = status;
-    w->end_ns = cl_now_ns();
-    work_format_message(w, status, fmt, ap);
-    if (w->ops->on_publish) w->ops->on_publish(w);
+void cl_work_show(collie_work *w) {
     /* FINISHING (2) | 1 == DONE (3); keeps the BUSY bit of a loop claimer.
      * seq_cst pairs with the waiter's nwaiters increment (Dekker). */
     atomic_fetch_or_explicit(&w->state, 1u, memory_order_seq_cst);
     if (atomic_load_explicit(&w->nwaiters, memory_order_seq_cst) > 0) cl_work_wake_waiters(w);
     cl_work_schedule_retire(w);
+}
+
+void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap) {
+    cl_work_fill(w, status, NULL, fmt, ap);
+    cl_work_show(w);
 }
 
 void cl_work_publish(collie_work *w, int status, const char *fmt, ...) {

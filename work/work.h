@@ -13,7 +13,7 @@
  *   ACTIVE     start command, then ops->start    FINISHING: the producer, or
  *                                                cl_work_cancel -> ops->cancel
  *   FINISHING  cl_work_claim (one CAS winner)    DONE: the claimer only
- *   DONE       cl_work_publish                   never changes again
+ *   DONE       cl_work_show (cl_work_publish)    never changes again
  *   + BUSY     cl_work_busy_enter (loop)         a foreign claim waits for exit
  *
  *   - The producer ends its own work with cl_work_finish (or claim, fill in
@@ -21,10 +21,13 @@
  *     a waiter past the deadline, engine shutdown — calls cl_work_cancel:
  *     the provider's ops->cancel ends the work itself, at once or within a
  *     bound (desync report, a device to quiet). There is no other way.
- *   - ops->on_publish runs before DONE is visible (a comm records its fault).
+ *   - Publishing is fill (result) then show (DONE). A producer that must act
+ *     between them (the collectives: comm/coll_end.c) claims, calls
+ *     cl_work_fill, acts, then cl_work_show; the rest call cl_work_publish.
  *   - ops->detach then runs exactly once on the loop thread, whoever
  *     finished it, so the producer drops its references (request tables,
- *     transport queues). After detach the producer must not touch the work.
+ *     transport queues): the one call work/ makes into the producer at a
+ *     work's end. After detach the producer must not touch the work.
  *   - ops->free runs when the last reference is dropped (any thread).
  */
 #ifndef CL_WORK_H
@@ -41,9 +44,13 @@
 typedef struct cl_work_ops {
     const char *name; /* op name for messages: "store.get" */
     void (*start)(collie_work *w);
+    /* detach: optional; the producer's part of retirement: loop thread,
+     * exactly once, after DONE and before the completion queue and the
+     * callback (the collectives' end on the loop: comm/coll_end.c) */
     void (*detach)(collie_work *w);
     void (*free)(collie_work *w);
-    /* describe: optional; append " (key 'x')" style context to messages. */
+    /* describe: optional; append " (key 'x')" style context to messages
+     * (cl_work_publish; cl_work_fill without a context of its own). */
     void (*describe)(const collie_work *w, char *buf, size_t len);
     /* cancel: optional; the one way a work is ended by anyone but its
      * producer's own completion: the deadline sweep (COLLIE_ETIMEDOUT, loop),
@@ -59,10 +66,6 @@ typedef struct cl_work_ops {
     /* how long after the deadline a waiter leaves the ending to the loop
      * (time for a desync report) before it calls cancel itself */
     int32_t cancel_grace_ms;
-    /* on_publish: optional; runs on the publishing thread once the result
-     * is set, before DONE is visible: record what the failure means beyond
-     * this work (a comm's fault), so nobody sees the failed work first. */
-    void (*on_publish)(collie_work *w);
 } cl_work_ops;
 
 /* Work states (low bits of `state`). */
@@ -129,12 +132,22 @@ int cl_work_post(collie_work *w);
  * gives up and returns false. */
 bool cl_work_claim(collie_work *w);
 
-/* cl_work_publish: after a successful claim: record status and message
- * (printf-style; NULL for none), run ops->on_publish, mark DONE, wake
- * waiters, schedule retire. */
+/* cl_work_publish: after a successful claim: cl_work_fill (the message's
+ * context from ops->describe), then cl_work_show. */
 void cl_work_publish(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void cl_work_vpublish(collie_work *w, int status, const char *fmt, va_list ap);
+
+/* cl_work_fill: after a successful claim, the result: status, end time
+ * and, for an error, the message "<op> seq <n><ctx>: <cause>" (fmt
+ * printf-style, NULL: the status's name; ctx NULL: ops->describe's). The
+ * claimer's thread; nothing is visible yet. */
+void cl_work_fill(collie_work *w, int status, const char *ctx, const char *fmt, va_list ap);
+
+/* cl_work_show: after cl_work_fill: mark DONE (release: the result is
+ * visible with it), wake waiters, schedule retire (detach, completion
+ * queue, callback on the loop). */
+void cl_work_show(collie_work *w);
 
 /* cl_work_finish: claim + publish. Returns true if this call finished it. */
 bool cl_work_finish(collie_work *w, int status, const char *fmt, ...)
