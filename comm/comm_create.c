@@ -66,6 +66,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/hash.h"
 #include "comm/comm.h"
 #include "engine/engine.h"
 
@@ -399,10 +400,7 @@ static void create_step_done(create_state *cs, collie_work *w) {
         snprintf(c->prefix, sizeof c->prefix, "collie/%s/%llu/", c->name,
                  (unsigned long long)c->generation);
         /* FNV-1a of the prefix: the comm id carried in transport handshakes */
-        uint64_t h = 1469598103934665603ULL;
-        for (const char *p = c->prefix; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        c->id = h;
+        c->id = cl_fnv1a_str(CL_FNV1A_OFFSET, c->prefix);
         create_next(cs, STEP_POISONED);
         return;
     }

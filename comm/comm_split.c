@@ -32,17 +32,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/hash.h"
 #include "comm/comm.h"
 #include "engine/engine.h"
 
 static void child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {
     int n = snprintf(out, len, "%s.%s", parent->name, suffix);
     if (n > 0 && (size_t)n <= 64) return;
-    uint64_t h = 1469598103934665603ULL;
-    for (const char *p = parent->prefix; *p; p++)
-        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-    for (const char *p = suffix; *p; p++)
-        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    uint64_t h = cl_fnv1a_str(cl_fnv1a_str(CL_FNV1A_OFFSET, parent->prefix), suffix);
     snprintf(out, len, "grp.%016llx", (unsigned long long)h);
 }
 
@@ -50,11 +47,11 @@ static void child_name(const collie_comm *parent, const char *suffix, char *out,
  * long for `len` is cut and ends with a hash of the whole list, so two
  * lists compare equal only if they are. */
 static void members_text(const int *ranks, int n, char *out, size_t len) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the ranks, in order */
+    uint64_t h = CL_FNV1A_OFFSET; /* FNV-1a over the ranks, in order */
     size_t used = 0;
     bool cut = false;
     for (int i = 0; i < n; i++) {
-        h = (h ^ (uint64_t)(uint32_t)ranks[i]) * 1099511628211ULL;
+        h = cl_fnv1a_mix(h, (uint32_t)ranks[i]);
         char one[16];
         int m = snprintf(one, sizeof one, "%s%d", i ? "," : "", ranks[i]);
         if (!cut && used + (size_t)m + 24 < len) {

@@ -16,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/hash.h"
 #include "coll_fixture.h"
+#include "comm/comm.h"
 #include "engine/engine.h"
 #include "engine/config.h"
 #include "harness.h"
@@ -222,6 +224,42 @@ static void test_create_timeout_poisons_its_generation(void **state) {
 }
 
 /* Re-creating a comm of the same name gives a new generation and works. */
+/* base/hash.h is the FNV-1a the comm id, split names and group lists were
+ * hashed with before it (its own offset basis: the values below come from
+ * the code it replaced): strings, a rank list folded a rank at a time, and
+ * a comm's id (carried in transport handshakes: it must never change
+ * between versions) for a known store prefix */
+static void test_comm_id_is_fnv1a_of_its_prefix(void **state) {
+    (void)state;
+    assert_true(cl_fnv1a_str(CL_FNV1A_OFFSET, "") == 0x14650fb0739d0383ULL);
+    assert_true(cl_fnv1a_str(CL_FNV1A_OFFSET, "a") == 0x44bd8ad473cd9906ULL);
+    assert_true(cl_fnv1a_str(CL_FNV1A_OFFSET, "foobar") == 0x88fad7c0a8ff07f2ULL);
+    assert_true(cl_fnv1a_str(cl_fnv1a_str(CL_FNV1A_OFFSET, "collie/world/3/"), "g1") ==
+                0xb19529eb959f7853ULL);
+    uint64_t h = CL_FNV1A_OFFSET;
+    const int ranks[] = {2, 1, 0x7fffffff};
+    for (int i = 0; i < 3; i++)
+        h = cl_fnv1a_mix(h, (uint32_t)ranks[i]);
+    assert_true(h == 0x120bfc3d4f408c4bULL);
+    mini m;
+    mini_up(&m, 2);
+    collie_comm *c[2];
+    collie_work *cw[2];
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "w";
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 2, &o, &c[r], &cw[r]), 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+        collie_work_release(cw[r]);
+        assert_int_equal(collie_comm_generation(c[r]), 0);
+        assert_true(c[r]->id == 0x6f5b6b335a485763ULL); /* "collie/w/0/" */
+    }
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    mini_down(&m);
+}
+
 static void test_generations(void **state) {
     (void)state;
     world w;
@@ -1395,6 +1433,7 @@ int main(void) {
         cmocka_unit_test(test_rendezvous_conflicts_fail_fast),
         cmocka_unit_test(test_store_token_authenticates_peers),
         cmocka_unit_test(test_exit_with_engines_running),
+        cmocka_unit_test(test_comm_id_is_fnv1a_of_its_prefix),
     };
     return cltest_main(tests, NULL, NULL);
 }
