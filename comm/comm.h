@@ -175,7 +175,7 @@ struct collie_comm {
         int color, key;
         /* new_group's list as this rank was given it ("2,1"; a long one cut,
          * with a hash of it all): the rendezvous holds every member to the
-         * same (comm_create.c, STEP_SIZE); "" for create and split */
+         * same (comm_rendezvous.c, STEP_SIZE); "" for create and split */
         char members[96];
     } split;
     /* progress, for desync answers */
@@ -227,7 +227,7 @@ void cl_check_args_start(collie_comm *c);
 void cl_check_args_stop(collie_comm *c);
 void cl_check_args_free(collie_comm *c);
 
-/* comm_create.c: delete the store keys of generation `gen` of c's name
+/* comm_rendezvous.c: delete the store keys of generation `gen` of c's name
  * (best effort, in the background; any thread) */
 void cl_comm_forget_generation(collie_comm *c, uint64_t gen);
 
@@ -331,11 +331,13 @@ void cl_desync_flush(collie_comm *c);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
 
-/* comm_create.c: begin the rendezvous on the loop thread */
-void cl_comm_create_begin(collie_comm *c);
-void cl_comm_create_cancel(collie_comm *c);
+/* comm_rendezvous.c: make c a resident of its engine and post its
+ * rendezvous (the "comm.create" work, *work: the caller's reference). On
+ * an error the caller's reference on c is gone (released, or c destroyed)
+ * and collie_last_error says why. Caller's thread. */
+int cl_comm_create_start(collie_comm *c, collie_work **work);
 
-/* comm_create.c: a backend instance finished its init (loop) */
+/* comm_rendezvous.c: a backend instance finished its init (loop) */
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
 /* policy.c: the error policy COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING
  * ask for (COLLIE_EINVAL for a conflict or an unknown value) */

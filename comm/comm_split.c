@@ -17,7 +17,7 @@
  *  - new_group compares nothing itself: each member hands its list (as
  *    text, members_text) to the child's rendezvous, which holds every
  *    member of a generation to the same list as it holds them to the same
- *    size (comm_create.c): members given different lists fail with
+ *    size (comm_rendezvous.c): members given different lists fail with
  *    COLLIE_EINVAL naming both lists, never form a comm.
  *  - Both block, bounded by the parent's create timeout.
  *  - A child inherits the parent's backends and device unless its options

@@ -1,0 +1,626 @@
+/*
+ * comm_rendezvous.c — a communicator's rendezvous over the store and its
+ * backends' initialisation: the "comm.create" work (comm_create.c makes the
+ * comm and posts it here).
+ *
+ * Design notes
+ *  - The rendezvous is a work ("comm.create") driven by store-work
+ *    callbacks on the loop thread, so a non-blocking create costs the caller
+ *    nothing and the blocking create is just post + wait:
+ *      JOIN     add("collie/<name>/joins", 1) = v; generation = (v-1)/size
+ *               — every member of one incarnation computes the same number
+ *               without further messages, and a later incarnation of the
+ *               same name gets a fresh key space "collie/<name>/<gen>/";
+ *      POISONED check("<prefix>conflict"): the generation failed already
+ *               (see below): fail at once, saying so;
+ *      INIT     each backend's init (the TCP transport publishes its
+ *               listening address), reported through init_done;
+ *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
+ *               rank claimed by another process of this generation is a
+ *               conflict (a rank restarted into the next generation is not);
+ *      SIZE     compare_set("<prefix>size", "" -> "<size>|<members>|rank r
+ *               (claim)"): a rank that says another world size, or (a
+ *               new_group's child) was given another member list, is a
+ *               conflict;
+ *      BARRIER  append("<prefix>arrived", "<rank> ") (pipelined, unawaited),
+ *               then barrier("collie/<name>/<gen>/created", size);
+ *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
+ *    Each step is a store request; its result goes to that step's handler
+ *    (create_step_fns, one small function per step).
+ *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
+ *    2^30 to the barrier's counter, so every rank waiting there wakes at
+ *    once, reads it and fails with it; it fails itself with EINVAL.
+ *  - A failed create poisons its generation; it never withdraws its join.
+ *    The rule: a join takes one of its generation's `size` slots for good
+ *    (withdrawing it would shift the generation of every rank that joined
+ *    after it). A rank whose barrier times out reads who arrived (ARRIVED:
+ *    the "arrived" list), and poisons the generation like a conflict:
+ *    "<prefix>conflict" = "<status>|<why>" (compare_set: the first cause
+ *    wins; ETIMEDOUT naming the ranks that never arrived), then +2^30 on
+ *    the barrier. So every rank of that generation fails at once with that
+ *    cause: those waiting in the barrier wake, and one that joins it later
+ *    (the missing rank arriving late, or a retry taking a slot left free)
+ *    finds the poison right after joining (POISONED) and fails fast,
+ *    naming the generation and why it failed — it never waits, and never
+ *    "creates" the comm alone. Each such fast failure fills one free slot
+ *    of the poisoned generation, so the counter realigns by itself: once
+ *    its `size` slots are taken (at most size-1 fast failures), the next
+ *    joins start the next generation at its boundary, and a round in which
+ *    every rank creates again lands in one generation and succeeds. An
+ *    application retries a failed create (as after any fault); it never
+ *    has to reset the counter.
+ *  - Keys of old generations go (cl_comm_forget_generation): once
+ *    generation g is created, rank 0 deletes "collie/<name>/<g-1>/" (every
+ *    member has moved on), and the last member to destroy a comm deletes
+ *    its own (comm.c), so a server that re-creates its comm after every
+ *    fault keeps a flat store.
+ *  - The create work's deadline bounds all of it. When it ends early
+ *    (deadline, abort), its detach cancels the store request in flight; the
+ *    step callback then sees the cancellation and stops.
+ *  - The create state holds a comm reference until its last callback, and
+ *    a store request in flight holds a reference on the create work: when
+ *    the work ends early its detach only cancels the request, whose
+ *    callback runs later, after the caller may have released the work.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/hash.h"
+#include "comm/comm.h"
+#include "engine/engine.h"
+
+enum create_step {
+    STEP_JOIN,
+    STEP_POISONED, /* check <prefix>conflict: the generation failed already? */
+    STEP_CLAIM,    /* compare_set <prefix>rank/<r>: this process holds rank r */
+    STEP_SIZE,     /* compare_set <prefix>size: every rank says the same size */
+    STEP_INIT,
+    STEP_BARRIER,
+    STEP_VERIFY,   /* check <prefix>conflict: did another rank find one? */
+    STEP_CONFLICT, /* get <prefix>conflict: what it found */
+    STEP_POISON,   /* compare_set <prefix>conflict "" -> "<status>|why" (this rank found one) */
+    STEP_RELEASE,  /* add 2^30 to <prefix>created: the waiting ranks' barrier ends */
+    STEP_ARRIVED,  /* after a barrier timeout: get <prefix>arrived (who did arrive?) */
+    STEP_DONE
+};
+
+/* The create work's own deadline is a backstop behind the steps' (which
+ * carry the real bound and produce the precise message). */
+#define CREATE_GRACE_MS 1000
+
+typedef struct create_state {
+    collie_work base; /* the "comm.create" work */
+    collie_comm *comm;
+    int step;
+    collie_work *req; /* store request in flight (loop) */
+    int inits_pending;
+    char me[112];        /* "pid P on host H (handle N)": this comm's claim */
+    char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
+    int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
+    bool late;           /* it had failed when this rank joined (POISONED) */
+} create_state;
+
+static void create_fail(create_state *cs, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void create_fail(create_state *cs, int status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cs->step = STEP_DONE;
+    /* the comm's state before the completion is visible (as on success) */
+    if (cl_work_claim(&cs->base)) {
+        cl_comm_created(cs->comm, status, msg);
+        cl_work_publish(&cs->base, status, "%s", msg);
+    }
+}
+
+static int32_t create_remaining_ms(create_state *cs) {
+    if (cs->base.deadline_ns == INT64_MAX) return COLLIE_TIMEOUT_INFINITE;
+    int64_t left = (cs->base.deadline_ns - cl_now_ns()) / CL_NS_PER_MS - CREATE_GRACE_MS;
+    return left < 1 ? 1 : (int32_t)left;
+}
+
+static void create_on_step(collie_work *w, void *arg);
+static void forget_done(collie_work *w, void *arg);
+
+/* Post the store request of the current step; create_on_step gets its
+ * result. The request holds a reference on the create work until then. */
+static int create_post_step(create_state *cs) {
+    collie_comm *c = cs->comm;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.cb = create_on_step;
+    o.cb_arg = cs;
+    o.timeout_ms = create_remaining_ms(cs);
+    /* after the create failed (a timeout, a conflict), the steps that tell
+     * the others (poison, release, who arrived) get a bound of their own:
+     * what is left of a timed-out create is nothing */
+    if (cs->fail_status && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
+        o.timeout_ms = 1000;
+    char key[160];
+    int r;
+    collie_work_hold(&cs->base);
+    switch (cs->step) {
+    case STEP_JOIN:
+        snprintf(key, sizeof key, "collie/%s/joins", c->name);
+        r = collie_store_post_add(c->store, key, 1, &o, &cs->req);
+        break;
+    case STEP_CLAIM:
+        snprintf(key, sizeof key, "%srank/%d", c->prefix, c->rank);
+        r = collie_store_post_compare_set(c->store, key, "", 0, cs->me, strlen(cs->me), &o,
+                                          &cs->req);
+        break;
+    case STEP_SIZE: {
+        char val[sizeof c->split.members + 160];
+        int n = snprintf(val, sizeof val, "%d|%s|rank %d (%s)", c->size, c->split.members, c->rank,
+                         cs->me);
+        snprintf(key, sizeof key, "%ssize", c->prefix);
+        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
+        break;
+    }
+    case STEP_BARRIER: {
+        /* who arrived, for a timeout's message: ahead of the barrier on the
+         * same connection, so it is there before this rank counts */
+        char mine[16];
+        int n = snprintf(mine, sizeof mine, "%d ", c->rank);
+        collie_post_opts ao = COLLIE_POST_OPTS_INIT;
+        ao.timeout_ms = o.timeout_ms;
+        ao.cb = forget_done; /* best effort: a rank missing from it is named as absent */
+        collie_work *aw;
+        snprintf(key, sizeof key, "%sarrived", c->prefix);
+        (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
+        snprintf(key, sizeof key, "%screated", c->prefix);
+        r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
+        break;
+    }
+    case STEP_POISONED:
+    case STEP_VERIFY: {
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        const char *keys[] = {key};
+        r = collie_store_post_check(c->store, keys, 1, &o, &cs->req);
+        break;
+    }
+    case STEP_CONFLICT:
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        r = collie_store_post_get(c->store, key, &o, &cs->req);
+        break;
+    case STEP_POISON: { /* the first cause wins: every rank reads the same */
+        char val[sizeof cs->conflict + 16];
+        int n = snprintf(val, sizeof val, "%d|%s", cs->fail_status, cs->conflict);
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
+        break;
+    }
+    case STEP_RELEASE:
+        snprintf(key, sizeof key, "%screated", c->prefix);
+        /* far past any round's count: every waiting rank's barrier ends */
+        r = collie_store_post_add(c->store, key, 1 << 30, &o, &cs->req);
+        break;
+    case STEP_ARRIVED: /* after a barrier timeout: who did arrive? */
+        snprintf(key, sizeof key, "%sarrived", c->prefix);
+        o.timeout_ms = 1000;
+        r = collie_store_post_get(c->store, key, &o, &cs->req);
+        break;
+    default: r = COLLIE_EINVAL; break;
+    }
+    if (r != COLLIE_OK) collie_work_release(&cs->base); /* no callback will run */
+    return r;
+}
+
+static void create_init_backends(create_state *cs) {
+    collie_comm *c = cs->comm;
+    cs->step = STEP_INIT;
+    cs->inits_pending = 0;
+    for (int d = 0; d < CL_NUM_DEVICES; d++)
+        if (c->bcs[d].ops) cs->inits_pending++;
+    for (int d = 0; d < CL_NUM_DEVICES && cs->step == STEP_INIT; d++) {
+        collie_bcomm *bc = &c->bcs[d];
+        if (!bc->ops) continue;
+        bc->init_called = true;
+        collie_bcomm *pb = c->split.parent ? &c->split.parent->bcs[d] : NULL;
+        int r;
+        cl_clear_last_error(); /* nothing stale in the message below */
+        if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready)
+            r = bc->ops->split(bc, &cl_core_services, pb->state, c->split.color, c->split.key,
+                               &bc->state);
+        else
+            r = bc->ops->init(bc, &cl_core_services, &bc->state);
+        if (r != COLLIE_OK) {
+            /* the backend says why through set_error; if it did not, at
+             * least the status does */
+            const char *why = collie_last_error();
+            create_fail(cs, r, "backend %s failed to initialise: %s", bc->ops->name,
+                        why && why[0] ? why : collie_strerror(r));
+            return;
+        }
+        /* publishing threads may call its unlend hook from now on (coll.c) */
+        atomic_store_explicit(&bc->lendable, true, memory_order_seq_cst);
+        cl_backend_progress_start(bc);
+    }
+}
+
+/* Called by backends through the core services (loop). */
+void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
+    collie_comm *c = bc->comm;
+    create_state *cs = c->create_state;
+    if (!cs || cs->step != STEP_INIT) return;
+    if (status != COLLIE_OK) {
+        create_fail(cs, status, "backend %s failed to initialise: %s", bc->ops->name, msg);
+        return;
+    }
+    bc->ready = true;
+    if (--cs->inits_pending > 0) return;
+    cs->step = STEP_BARRIER;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK) create_fail(cs, r, "store barrier: %s", collie_last_error());
+}
+
+static void create_step_done(create_state *cs, collie_work *w);
+
+static void forget_done(collie_work *w, void *arg) {
+    (void)arg;
+    collie_work_release(w);
+}
+
+void cl_comm_forget_generation(collie_comm *c, uint64_t gen) {
+    char prefix[112];
+    snprintf(prefix, sizeof prefix, "collie/%s/%llu/", c->name, (unsigned long long)gen);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 5000;
+    o.cb = forget_done; /* best effort: a failure leaves garbage, nothing else */
+    collie_work *w;
+    if (collie_store_post_delete_prefix(c->store, prefix, &o, &w) != COLLIE_OK)
+        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
+                    "could not delete the keys of generation %llu: %s", (unsigned long long)gen,
+                    collie_last_error());
+}
+static void create_succeed(create_state *cs);
+
+/* Go to `step` and post its request; a post that fails ends the create. */
+static void create_next(create_state *cs, int step) {
+    cs->step = step;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK)
+        create_fail(cs, r, "store request of the rendezvous: %s", collie_last_error());
+}
+
+/* The store request's callback: take the step's result, then drop the
+ * request's reference on the create work (last: it may free cs). */
+static void create_on_step(collie_work *w, void *arg) {
+    create_state *cs = arg;
+    create_step_done(cs, w);
+    collie_work_release(&cs->base);
+}
+
+/* A poison's value "<status>|<why>" (an older value without the status
+ * counts as a conflict). */
+static int poison_parse(const char *val, size_t len, char *why, size_t wlen) {
+    char buf[sizeof((create_state *)0)->conflict + 16];
+    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
+    char *end;
+    long st = strtol(buf, &end, 10);
+    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
+    const char *src = coded ? end + 1 : buf;
+    size_t n = strlen(src);
+    if (n >= wlen) n = wlen - 1;
+    memcpy(why, src, n);
+    why[n] = '\0';
+    return coded ? (int)st : COLLIE_EINVAL;
+}
+
+/* The barrier timed out; `list` ("r r ... ") names the ranks that arrived
+ * (NULL: unknown). Say who did not, and poison the generation with it. */
+static void create_timed_out(create_state *cs, const char *list, size_t len) {
+    collie_comm *c = cs->comm;
+    int n =
+        snprintf(cs->conflict, sizeof cs->conflict, "rank %d: not every rank arrived within %d ms",
+                 c->rank, (int)c->create_timeout_ms);
+    bool *seen = list ? calloc((size_t)c->size, sizeof *seen) : NULL;
+    if (seen) {
+        int arrived = 0;
+        for (size_t i = 0; i < len;) {
+            while (i < len && list[i] == ' ')
+                i++;
+            long r = 0;
+            bool digits = false;
+            for (; i < len && list[i] >= '0' && list[i] <= '9' && r < c->size; i++, digits = true)
+                r = r * 10 + (list[i] - '0');
+            while (i < len && list[i] != ' ') /* anything else: skipped */
+                i++;
+            if (digits && r < c->size && !seen[r]) {
+                seen[r] = true;
+                arrived++;
+            }
+        }
+        n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
+                      ": %d of %d did (comm '%s' generation %llu); never arrived:", arrived,
+                      c->size, c->name, (unsigned long long)c->generation);
+        int named = 0;
+        for (int r = 0; r < c->size && (size_t)n < sizeof cs->conflict; r++) {
+            if (seen[r]) continue;
+            if (named++ == 32) { /* the message stays readable */
+                n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, " and %d more",
+                              c->size - arrived - 32);
+                break;
+            }
+            n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, "%s rank %d",
+                          named > 1 ? "," : "", r);
+        }
+        free(seen);
+    } else {
+        snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
+                 " (comm '%s' generation %llu; who did is unknown: the store did not say)", c->name,
+                 (unsigned long long)c->generation);
+    }
+    cs->fail_status = COLLIE_ETIMEDOUT;
+    create_next(cs, STEP_POISON);
+}
+
+/* ---- the steps' results: one function per step, a table of them ------------------- */
+
+/* A step's handler gets the finished store request `w` (OK, but for
+ * STEP_ARRIVED, which also takes a failed one) and moves the rendezvous on:
+ * the next step, the backends' init, success or failure. The caller
+ * releases w after it. */
+typedef void (*create_step_fn)(create_state *cs, collie_work *w);
+
+/* the value a compare_set found, as text */
+static void step_value_text(collie_work *w, char *buf, size_t len) {
+    const void *val = NULL;
+    size_t n = 0;
+    collie_store_work_value(w, &val, &n);
+    snprintf(buf, len, "%.*s", (int)n, (const char *)val);
+}
+
+static void step_join_done(create_state *cs, collie_work *w) {
+    collie_comm *c = cs->comm;
+    int64_t v = 0;
+    collie_store_work_int(w, &v);
+    c->generation = (uint64_t)(v - 1) / (uint64_t)c->size;
+    snprintf(c->prefix, sizeof c->prefix, "collie/%s/%llu/", c->name,
+             (unsigned long long)c->generation);
+    /* FNV-1a of the prefix: the comm id carried in transport handshakes */
+    c->id = cl_fnv1a_str(CL_FNV1A_OFFSET, c->prefix);
+    create_next(cs, STEP_POISONED);
+}
+
+static void step_poisoned_done(create_state *cs, collie_work *w) {
+    int64_t found = 0;
+    collie_store_work_int(w, &found);
+    cs->late = found != 0;
+    create_next(cs, found ? STEP_CONFLICT : STEP_CLAIM);
+}
+
+static void step_claim_done(create_state *cs, collie_work *w) {
+    collie_comm *c = cs->comm;
+    char held[sizeof c->split.members + 160];
+    step_value_text(w, held, sizeof held);
+    cs->fail_status = COLLIE_EINVAL;
+    if (strcmp(held, cs->me) == 0) {
+        create_next(cs, STEP_SIZE);
+        return;
+    }
+    snprintf(cs->conflict, sizeof cs->conflict,
+             "rank %d of comm '%s' (generation %llu) is claimed by %s and by %s", c->rank, c->name,
+             (unsigned long long)c->generation, held, cs->me);
+    create_next(cs, STEP_POISON);
+}
+
+static void step_size_done(create_state *cs, collie_work *w) {
+    collie_comm *c = cs->comm;
+    char held[sizeof c->split.members + 160];
+    step_value_text(w, held, sizeof held);
+    cs->fail_status = COLLIE_EINVAL;
+    /* "<size>|<members>|rank r (claim)" */
+    const char *members = strchr(held, '|'), *who = members ? strchr(members + 1, '|') : NULL;
+    size_t mlen = members && who ? (size_t)(who - members - 1) : 0;
+    if (atoi(held) != c->size) {
+        snprintf(cs->conflict, sizeof cs->conflict,
+                 "comm '%s' (generation %llu): rank %d says the world has %d ranks, %s "
+                 "says %d",
+                 c->name, (unsigned long long)c->generation, c->rank, c->size,
+                 who ? who + 1 : "another rank", atoi(held));
+        create_next(cs, STEP_POISON);
+    } else if (mlen != strlen(c->split.members) ||
+               memcmp(members + 1, c->split.members, mlen) != 0) {
+        snprintf(cs->conflict, sizeof cs->conflict,
+                 "comm '%s' (generation %llu): the ranks were given different member lists: "
+                 "rank %d was given [%s] of the parent's ranks, %s was given [%.*s]",
+                 c->name, (unsigned long long)c->generation, c->rank, c->split.members,
+                 who ? who + 1 : "another rank", (int)mlen, members ? members + 1 : "");
+        create_next(cs, STEP_POISON);
+    } else {
+        create_init_backends(cs);
+    }
+}
+
+static void step_barrier_done(create_state *cs, collie_work *w) {
+    (void)w;
+    create_next(cs, STEP_VERIFY);
+}
+
+static void step_verify_done(create_state *cs, collie_work *w) {
+    int64_t found = 0;
+    collie_store_work_int(w, &found);
+    if (found)
+        create_next(cs, STEP_CONFLICT);
+    else
+        create_succeed(cs);
+}
+
+static void step_conflict_done(create_state *cs, collie_work *w) {
+    collie_comm *c = cs->comm;
+    const void *val = NULL;
+    size_t len = 0;
+    collie_store_work_value(w, &val, &len);
+    int status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
+    if (cs->late) /* it failed before this rank came: say so, never wait */
+        create_fail(cs, status,
+                    "rank %d: comm '%s' generation %llu had already failed when this rank "
+                    "joined it (every rank must create again for the next generation): %s",
+                    c->rank, c->name, (unsigned long long)c->generation, cs->conflict);
+    else
+        create_fail(cs, status, "rendezvous: %s", cs->conflict);
+}
+
+static void step_poison_done(create_state *cs, collie_work *w) {
+    /* a timeout ends with the generation's first cause (another rank's
+     * may have come first); a conflict with its own */
+    const void *val = NULL;
+    size_t len = 0;
+    collie_store_work_value(w, &val, &len);
+    if (cs->fail_status == COLLIE_ETIMEDOUT && len > 0)
+        cs->fail_status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
+    create_next(cs, STEP_RELEASE);
+}
+
+static void step_release_done(create_state *cs, collie_work *w) {
+    (void)w;
+    create_fail(cs, cs->fail_status, "%s", cs->conflict);
+}
+
+static void step_arrived_done(create_state *cs, collie_work *w) {
+    const void *val = NULL;
+    size_t len = 0;
+    bool ok = collie_work_result(w) == COLLIE_OK;
+    if (ok) collie_store_work_value(w, &val, &len);
+    create_timed_out(cs, ok ? val : NULL, len);
+}
+
+/* STEP_INIT waits for the backends (cl_comm_backend_init_done), not for a
+ * store request: no entry */
+static const create_step_fn create_step_fns[STEP_DONE] = {
+    [STEP_JOIN] = step_join_done,         [STEP_POISONED] = step_poisoned_done,
+    [STEP_CLAIM] = step_claim_done,       [STEP_SIZE] = step_size_done,
+    [STEP_BARRIER] = step_barrier_done,   [STEP_VERIFY] = step_verify_done,
+    [STEP_CONFLICT] = step_conflict_done, [STEP_POISON] = step_poison_done,
+    [STEP_RELEASE] = step_release_done,   [STEP_ARRIVED] = step_arrived_done,
+};
+
+/* A store request of the rendezvous failed (but for STEP_ARRIVED's). */
+static void create_step_failed(create_state *cs, collie_work *w, int st) {
+    collie_comm *c = cs->comm;
+    if (st == COLLIE_ETIMEDOUT && cs->step == STEP_BARRIER) {
+        create_next(cs, STEP_ARRIVED); /* who did arrive, for the message */
+        return;
+    }
+    const char *what = cs->step == STEP_JOIN ? "joining" : "waiting for every rank";
+    if (st == COLLIE_ETIMEDOUT)
+        create_fail(cs, COLLIE_ETIMEDOUT,
+                    "rank %d of %d: not every rank arrived within %d ms (%s: %s)", c->rank, c->size,
+                    (int)c->create_timeout_ms, what, collie_work_error_message(w));
+    else
+        create_fail(cs, st, "rank %d of %d: %s: %s", c->rank, c->size, what,
+                    collie_work_error_message(w));
+}
+
+static void create_step_done(create_state *cs, collie_work *w) {
+    int st = collie_work_result(w);
+    cs->req = NULL;
+    if (cs->step == STEP_DONE || cl_work_done(&cs->base)) {
+        /* ended meanwhile (deadline, abort) */
+    } else if (st != COLLIE_OK && cs->step != STEP_ARRIVED) {
+        create_step_failed(cs, w, st);
+    } else if (cs->step >= 0 && cs->step < STEP_DONE && create_step_fns[cs->step]) {
+        create_step_fns[cs->step](cs, w);
+    } else {
+        create_succeed(cs);
+    }
+    collie_work_release(w);
+}
+
+static void create_succeed(create_state *cs) {
+    collie_comm *c = cs->comm;
+    cs->step = STEP_DONE;
+    /* READY before the completion is visible: a caller that saw the create
+     * work succeed must find the comm ready */
+    if (cl_work_claim(&cs->base)) {
+        /* every member passed the rendezvous (claims and world size agreed)
+         * into this generation: the previous one's keys can go. Not before:
+         * a rank with a wrong world size computes another generation. */
+        if (c->rank == 0 && c->generation > 0) cl_comm_forget_generation(c, c->generation - 1);
+        cl_comm_created(c, COLLIE_OK, NULL);
+        cl_work_publish(&cs->base, COLLIE_OK, NULL);
+    }
+}
+
+static void create_start(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    cs->comm->create_state = cs;
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    /* the handle number tells two comms of one process apart */
+    static _Atomic unsigned handles;
+    snprintf(cs->me, sizeof cs->me, "pid %d on host %s (handle %u)", (int)getpid(), host,
+             atomic_fetch_add(&handles, 1) + 1);
+    cs->step = STEP_JOIN;
+    int r = create_post_step(cs);
+    if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
+}
+
+static void create_detach(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    collie_comm *c = cs->comm;
+    cs->step = STEP_DONE;
+    if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
+    c->create_state = NULL;
+    c->create_work = NULL;
+    if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w));
+}
+
+static void create_free(collie_work *w) {
+    create_state *cs = (create_state *)w;
+    cl_comm_release(cs->comm);
+    free(cs);
+}
+
+static void create_describe(const collie_work *w, char *buf, size_t len) {
+    const create_state *cs = (const create_state *)w;
+    snprintf(buf, len, " (comm '%s')", cs->comm->name);
+}
+
+static const cl_work_ops create_ops = {.name = "comm.create",
+                                       .start = create_start,
+                                       .detach = create_detach,
+                                       .free = create_free,
+                                       .describe = create_describe};
+
+/* ---- the create work ---------------------------------------------------------------- */
+
+int cl_comm_create_start(collie_comm *c, collie_work **work) {
+    collie_engine *e = c->engine;
+    int res;
+    create_state *cs = calloc(1, sizeof *cs);
+    if (!cs) {
+        cl_comm_release(c);
+        return COLLIE_ENOMEM;
+    }
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = c->create_timeout_ms == COLLIE_TIMEOUT_INFINITE
+                        ? COLLIE_TIMEOUT_INFINITE
+                        : c->create_timeout_ms + CREATE_GRACE_MS;
+    cl_work_init(&cs->base, e, &create_ops, &po, po.timeout_ms);
+    cs->comm = c;
+    cl_comm_hold(c); /* the create state's */
+    if ((res = cl_comm_attach_engine(c)) != COLLIE_OK) {
+        free(cs);
+        cl_comm_release(c);
+        cl_comm_release(c);
+        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
+    }
+    c->create_work = &cs->base;
+    if ((res = cl_work_post(&cs->base)) != COLLIE_OK) {
+        c->create_work = NULL;
+        free(cs);
+        cl_comm_release(c);
+        collie_comm_destroy(c);
+        return res;
+    }
+    *work = &cs->base;
+    return COLLIE_OK;
+}
