@@ -250,7 +250,8 @@ static int rank_bcast(void) {
         rc = collie_store_get(st, key, WAIT_MS, &val, &len);
         snprintf(addr, sizeof addr, "%.*s", rc == COLLIE_OK ? (int)len : 0, (char *)val);
         free(val);
-        /* the comm id: FNV-1a of the public prefix (comm_create.c) */
+        /* the comm id: FNV-1a of the public prefix (comm_rendezvous.c, base/hash.h),
+         * computed here as an outsider would, apart from the library's own */
         snprintf(prefix, sizeof prefix, "collie/%s/%llu/", SEC_COMM, (unsigned long long)gen);
         uint64_t id = 1469598103934665603ULL;
         for (const char *p = prefix; *p; p++)
