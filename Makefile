@@ -131,6 +131,9 @@ $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 # collie-bench's command line and check data live in tools/bench/
 BENCH_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/bench/*.c))
 $(BUILD)/bin/collie-bench $(BUILD)/gpu-kit/bin/collie-bench: $(BENCH_OBJ)
+# collie-run's parts (command line, environment, spawning, output, setup, --stats) live in tools/run/
+RUN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/run/*.c))
+$(BUILD)/bin/collie-run $(BUILD)/gpu-kit/bin/collie-run: $(RUN_OBJ)
 # the tools that read JSON (dumps, stats) use Debian's jansson
 $(BUILD)/bin/collie-trace $(BUILD)/bin/collie-run: TOOL_LIBS = -ljansson
 
