@@ -461,9 +461,11 @@ ifeq ($(SANFLAGS),)
 test-plugins: $(GPU_KIT_FILES)
 endif
 
-$(GPU_KIT)/bin/collie-gpucheck: $(BUILD)/obj/tools/gpu_kit/gpu_check.o $(LIB_A)
+# collie-gpucheck: main in gpu_check.c, its parts beside it (gpu_check.h lists them)
+GPUCHECK_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/gpu_kit/*.c))
+$(GPU_KIT)/bin/collie-gpucheck: $(GPUCHECK_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
+	$(CC) $(LDFLAGS_ALL) -o $@ $(GPUCHECK_OBJ) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
 $(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
