@@ -128,7 +128,7 @@ $(LIB_SO): $(LIB_SO_REAL)
 $(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) $(LIBS) $(TOOL_LIBS)
-# collie-bench's command line and check data live in tools/bench/
+# collie-bench's parts (command line, check data, posting, the table, a rank's setup) live in tools/bench/
 BENCH_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/bench/*.c))
 $(BUILD)/bin/collie-bench $(BUILD)/gpu-kit/bin/collie-bench: $(BENCH_OBJ)
 # collie-run's parts (command line, environment, spawning, output, setup, --stats) live in tools/run/

@@ -2,9 +2,12 @@
  * bench.h — what the parts of collie-bench share: the options, the ops and
  * dtypes it knows, one rank's state, and the calls between its files.
  *
- *   tools/collie_bench.c      the ranks, the timings, the table (main)
- *   tools/bench/bench_args.c  the command line (collie's and nccl-tests' flags)
- *   tools/bench/bench_data.c  input values, references, fill and verify
+ *   tools/collie_bench.c       the rows and their timings, the ranks of a process (main)
+ *   tools/bench/bench_args.c   the command line (collie's and nccl-tests' flags)
+ *   tools/bench/bench_data.c   input values, references, fill and verify
+ *   tools/bench/bench_post.c   posting and waiting: one op, a ring in flight, sync, combine
+ *   tools/bench/bench_table.c  the header, the rows, the footer (rank 0), or --csv
+ *   tools/bench/bench_rank.c   a rank's setup and teardown; what a process's ranks share
  */
 #ifndef COLLIE_BENCH_H
 #define COLLIE_BENCH_H
@@ -13,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "collie.h"
 #include "collie_cuda.h"
@@ -32,8 +36,12 @@
 #define BENCH_DEFAULT_ITERS  20
 #define BENCH_DEFAULT_WARMUP 5
 #define BENCH_DEFAULT_TMO_MS 60000
-#define BENCH_CHECK_FAILED   1000 /* a rank's result: some check failed (every rank knows) */
-#define BENCH_BAD_ROOT       1001 /* a rank's result: -r names no rank of the world */
+#define BENCH_CHECK_FAILED   1000  /* a rank's result: some check failed (every rank knows) */
+#define BENCH_BAD_ROOT       1001  /* a rank's result: -r names no rank of the world */
+#define BENCH_WAIT_SLACK_MS  5000  /* wait bound beyond the op deadline */
+#define BENCH_CREATE_TMO_MS  60000 /* comm creation: at least this */
+#define BENCH_CUDA_TO_DEVICE 1     /* cudaMemcpy's kinds */
+#define BENCH_CUDA_TO_HOST   2
 
 typedef enum bench_op {
     BENCH_ALLREDUCE,
@@ -66,6 +74,8 @@ const char *bench_dtype_name(collie_dtype dt);      /* "f32" */
 const char *bench_dtype_nccl_name(collie_dtype dt); /* "float" */
 bool bench_op_reduces(bench_op op);
 bool bench_op_rooted(bench_op op);
+/* collie.h has an in-place form of op (broadcast: its only form). */
+bool bench_has_inplace(bench_op op);
 
 typedef struct bench_opts {
     const char *backend; /* as given */
@@ -191,5 +201,55 @@ void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, siz
  * `when` names the moment ("after the first op"). */
 size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slot,
                     bool inplace, const char *when);
+
+/* ---- posting and waiting (bench_post.c); each reports its own failure --- */
+
+/* Say that posting op failed with res. */
+void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int res);
+/* Run `total` ops with up to `depth` in flight, work i receiving into slot
+ * i % depth; *elapsed (if not NULL) gets the seconds taken. */
+int bench_ring(bench *b, bench_op op, const bench_counts *k, size_t total, size_t depth,
+               bool inplace, double *elapsed);
+/* One op, posted and waited, receiving into slot 0. */
+int bench_one(bench *b, bench_op op, const bench_counts *k, bool inplace);
+/* A barrier on the cpu backend, also with CUDA buffers. */
+int bench_sync(bench *b);
+/* An allreduce of `n` values of the statistics (host buffers, cpu backend). */
+int bench_combine(bench *b, void *buf, size_t n, collie_dtype dt, collie_redop op);
+/* Say that CUDA call `call` failed with e: COLLIE_EBACKEND. */
+int bench_cuda_failed(const bench *b, const char *call, int e);
+/* Copy the send buffer's first `send` bytes and the first `slots` receive
+ * slots between host and device (kind: BENCH_CUDA_TO_*). */
+int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots);
+
+/* ---- the table (bench_table.c), printed by rank 0 ------------------------ */
+
+void bench_print_header(bench *b);
+void bench_print_heads(bench_op op); /* before each collective's rows */
+/* One row from b->avg and b->wrong, its median latency and ops/s. */
+void bench_print_row(bench *b, bench_op op, const bench_counts *k, double lat_s, double ops_s);
+void bench_print_footer(bench *b);
+
+/* ---- a rank and its process (bench_rank.c) -------------------------------- */
+
+/* Where this process sits in the world (collie-run's variables):
+ * BENCH_EXIT_OK or BENCH_EXIT_ERROR after saying why. */
+int bench_proc_init(bench_proc *p, const bench_opts *o);
+void bench_proc_fini(bench_proc *p);
+/* `rank` failed: abort the comms of the other ranks of this process. */
+void bench_proc_stop(bench_proc *p, int rank);
+/* A rank's engine, comm and buffers (CUDA ones too); COLLIE_OK or the
+ * error, said. bench_teardown undoes whatever it did (abort first when
+ * `failed`). */
+int bench_setup(bench *b);
+void bench_teardown(bench *b, bool failed);
+
+static inline size_t bench_min(size_t a, size_t b) { return a < b ? a : b; }
+
+static inline int64_t bench_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 #endif

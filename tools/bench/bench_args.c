@@ -76,6 +76,11 @@ bool bench_op_rooted(bench_op op) {
     return op == BENCH_BROADCAST || op == BENCH_REDUCE || op == BENCH_GATHER || op == BENCH_SCATTER;
 }
 
+bool bench_has_inplace(bench_op op) {
+    return op != BENCH_ALLTOALL && op != BENCH_SCATTER && op != BENCH_ALLTOALLV &&
+           op != BENCH_BARRIER;
+}
+
 bool bench_quiet_rank(void) {
     const char *r = getenv("COLLIE_RANK");
     return r && *r && strcmp(r, "0") != 0;
