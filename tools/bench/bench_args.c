@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,7 +137,8 @@ static bool bench_parse_size(const char *s, size_t len, size_t *out) {
     return true;
 }
 
-static void bench_usage(FILE *f) {
+/* collie-bench's own options */
+static void bench_usage_options(FILE *f) {
     fprintf(f,
             "usage: collie-run -n N -- collie-bench [options]\n"
             "\n"
@@ -178,46 +180,56 @@ static void bench_usage(FILE *f) {
             "  --corrupt-rank R   testing --check itself: rank R flips a bit of its first\n"
             "                     checked result of each row (a rank that receives nothing\n"
             "                     there, such as a non-root of reduce, flips none)\n"
-            "  -h, --help         this text\n"
-            "\n"
-            "nccl-tests' flags, with nccl-tests' meaning:\n"
-            "  -b, --minbytes S   smallest size (default 32M)     \\  instead of --sizes:\n"
-            "  -e, --maxbytes S   largest size (default 32M)       | S, S*f, ... up to max\n"
-            "  -f, --stepfactor F size factor (default 1: -i)      | (f > 1), else S, S+i,\n"
-            "  -i, --stepbytes I  size increment (default 1M)     /  ...\n"
-            "  -n, --iters N      as --iters        -w, --warmup_iters N  as --warmup\n"
-            "  -c, --check N      as --check N      -d, --datatype T      as --dtype\n"
-            "  -o R               as --redop        -r, --root R          as --root\n"
-            "\n"
-            "Sizes follow nccl-tests: a size S is S/sizeof(dtype) elements in total.\n"
-            "allreduce, broadcast, reduce: count = S/sizeof(dtype) elements per rank.\n"
-            "allgather, gather: each rank sends count = S/sizeof(dtype)/N elements (rounded\n"
-            "down to 16 bytes), the result holds N*count; reduce_scatter, scatter: the send\n"
-            "buffer holds N*count, each rank gets count; alltoall: count per peer, N*count\n"
-            "each way. The size column is the op's largest buffer (nccl-tests' size),\n"
-            "count is the count argument of the call. The barrier is one row of size 0.\n"
-            "allgatherv, alltoallv: allgather's and alltoall's sizes, split unevenly (block p\n"
-            "of N weighs p+1; alltoallv's rank r sends rank p block (r+p) mod N); count is\n"
-            "the whole receive buffer.\n"
-            "\n"
-            "Columns (nccl-tests'): size count type redop root, then out-of-place and\n"
-            "in-place time algbw busbw #wrong; then collie's lat_us and ops/s. time: iters\n"
-            "ops posted back to back, per-op mean, averaged over ranks. algbw = size/time;\n"
-            "busbw = algbw * factor: allreduce 2(N-1)/N; broadcast, reduce 1; allgather,\n"
-            "reduce_scatter, alltoall, gather, scatter (N-1)/N. In place: sendbuf ==\n"
-            "recvbuf (allgather, gather: at rank*count of it; reduce_scatter: the result\n"
-            "at rank*count of the send buffer); alltoall and scatter have no in-place form\n"
-            "in collie (N/A; nor alltoallv); allgatherv in place sends from its own block of\n"
-            "the result; broadcast has one buffer, so both columns time the same call.\n"
-            "#wrong: wrong elements over all ranks (N/A without --check). lat_us: median\n"
-            "over iters of one op posted and waited alone (the slowest rank's time per\n"
-            "iteration). ops/s: iters divided by the slowest rank's time with K ops in\n"
-            "flight. Works in flight never share a receive buffer (collie runs them\n"
-            "concurrently): each gets a slot of a 64 MiB arena, which caps the depth for\n"
-            "large sizes.\n"
-            "\n"
-            "Exit status: 0 ok, 1 error or wrong results, 2 usage error.\n",
+            "  -h, --help         this text\n",
             BENCH_DEFAULT_ITERS, BENCH_DEFAULT_WARMUP, BENCH_DEFAULT_TMO_MS);
+}
+
+/* nccl-tests' flags, then what the sizes and the columns mean */
+static void bench_usage_notes(FILE *f) {
+    fputs("\n"
+          "nccl-tests' flags, with nccl-tests' meaning:\n"
+          "  -b, --minbytes S   smallest size (default 32M)     \\  instead of --sizes:\n"
+          "  -e, --maxbytes S   largest size (default 32M)       | S, S*f, ... up to max\n"
+          "  -f, --stepfactor F size factor (default 1: -i)      | (f > 1), else S, S+i,\n"
+          "  -i, --stepbytes I  size increment (default 1M)     /  ...\n"
+          "  -n, --iters N      as --iters        -w, --warmup_iters N  as --warmup\n"
+          "  -c, --check N      as --check N      -d, --datatype T      as --dtype\n"
+          "  -o R               as --redop        -r, --root R          as --root\n"
+          "\n"
+          "Sizes follow nccl-tests: a size S is S/sizeof(dtype) elements in total.\n"
+          "allreduce, broadcast, reduce: count = S/sizeof(dtype) elements per rank.\n"
+          "allgather, gather: each rank sends count = S/sizeof(dtype)/N elements (rounded\n"
+          "down to 16 bytes), the result holds N*count; reduce_scatter, scatter: the send\n"
+          "buffer holds N*count, each rank gets count; alltoall: count per peer, N*count\n"
+          "each way. The size column is the op's largest buffer (nccl-tests' size),\n"
+          "count is the count argument of the call. The barrier is one row of size 0.\n"
+          "allgatherv, alltoallv: allgather's and alltoall's sizes, split unevenly (block p\n"
+          "of N weighs p+1; alltoallv's rank r sends rank p block (r+p) mod N); count is\n"
+          "the whole receive buffer.\n"
+          "\n"
+          "Columns (nccl-tests'): size count type redop root, then out-of-place and\n"
+          "in-place time algbw busbw #wrong; then collie's lat_us and ops/s. time: iters\n"
+          "ops posted back to back, per-op mean, averaged over ranks. algbw = size/time;\n"
+          "busbw = algbw * factor: allreduce 2(N-1)/N; broadcast, reduce 1; allgather,\n"
+          "reduce_scatter, alltoall, gather, scatter (N-1)/N. In place: sendbuf ==\n"
+          "recvbuf (allgather, gather: at rank*count of it; reduce_scatter: the result\n"
+          "at rank*count of the send buffer); alltoall and scatter have no in-place form\n"
+          "in collie (N/A; nor alltoallv); allgatherv in place sends from its own block of\n"
+          "the result; broadcast has one buffer, so both columns time the same call.\n"
+          "#wrong: wrong elements over all ranks (N/A without --check). lat_us: median\n"
+          "over iters of one op posted and waited alone (the slowest rank's time per\n"
+          "iteration). ops/s: iters divided by the slowest rank's time with K ops in\n"
+          "flight. Works in flight never share a receive buffer (collie runs them\n"
+          "concurrently): each gets a slot of a 64 MiB arena, which caps the depth for\n"
+          "large sizes.\n"
+          "\n"
+          "Exit status: 0 ok, 1 error or wrong results, 2 usage error.\n",
+          f);
+}
+
+static void bench_usage(FILE *f) {
+    bench_usage_options(f);
+    bench_usage_notes(f);
 }
 
 /* ---- values ---------------------------------------------------------------- */
@@ -401,139 +413,142 @@ enum {
     OPT_DEVICE,
 };
 
-int bench_parse_args(int argc, char **argv, bench_opts *o) {
-    static const struct option longopts[] = {{"backend", required_argument, NULL, OPT_BACKEND},
-                                             {"op", required_argument, NULL, OPT_OP},
-                                             {"sizes", required_argument, NULL, OPT_SIZES},
-                                             {"dtype", required_argument, NULL, 'd'},
-                                             {"datatype", required_argument, NULL, 'd'},
-                                             {"redop", required_argument, NULL, OPT_REDOP},
-                                             {"root", required_argument, NULL, 'r'},
-                                             {"iters", required_argument, NULL, 'n'},
-                                             {"warmup", required_argument, NULL, 'w'},
-                                             {"warmup_iters", required_argument, NULL, 'w'},
-                                             {"inflight", required_argument, NULL, OPT_INFLIGHT},
-                                             {"check", optional_argument, NULL, 'c'},
-                                             {"csv", no_argument, NULL, OPT_CSV},
-                                             {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
-                                             {"threads", required_argument, NULL, 't'},
-                                             {"corrupt-rank", required_argument, NULL, OPT_CORRUPT},
-                                             {"device", required_argument, NULL, OPT_DEVICE},
-                                             {"minbytes", required_argument, NULL, 'b'},
-                                             {"maxbytes", required_argument, NULL, 'e'},
-                                             {"stepbytes", required_argument, NULL, 'i'},
-                                             {"stepfactor", required_argument, NULL, 'f'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    const char *sizes = NULL;
-    size_t minb = BENCH_NCCL_MIN, maxb = BENCH_NCCL_MIN, step = BENCH_NCCL_STEP;
-    int factor = 1, v, res;
-    bool sweep = false;
-    *o = (bench_opts){.backend = "auto",
-                      .root = 0,
-                      .iters = BENCH_DEFAULT_ITERS,
-                      .warmup = BENCH_DEFAULT_WARMUP,
-                      .timeout_ms = BENCH_DEFAULT_TMO_MS,
-                      .corrupt_rank = -1,
-                      .device = -1,
-                      .threads = 1};
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, "+ht:b:e:i:f:n:w:c:d:o:r:", longopts, NULL)) != -1) {
-        switch (ch) {
-        case OPT_BACKEND:
-            if (!*optarg) return bench_usage_error("--backend needs a spec%s", "");
-            o->backend = optarg;
-            break;
-        case OPT_OP:
-            if ((res = bench_parse_ops(optarg, o)) != BENCH_EXIT_OK) return res;
-            break;
-        case OPT_SIZES: sizes = optarg; break;
-        case 'b':
-        case 'e':
-        case 'i': {
-            size_t *dst = ch == 'b' ? &minb : ch == 'e' ? &maxb : &step;
-            if (!bench_parse_size(optarg, strlen(optarg), dst))
-                return bench_usage_error("-b/-e/-i '%s': want a byte count like 8, 4K, 1M, 1G",
-                                         optarg);
-            sweep = true;
-            break;
-        }
-        case 'f':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_FACTOR, &factor))
-                return bench_usage_error("-f/--stepfactor '%s': want an integer from 1 to 1024",
-                                         optarg);
-            sweep = true;
-            break;
-        case 'd':
-            if ((res = bench_parse_dtypes(optarg, o)) != BENCH_EXIT_OK) return res;
-            break;
-        case 'o':
-            if ((res = bench_parse_redops(optarg, "-o", o)) != BENCH_EXIT_OK) return res;
-            break;
-        case OPT_REDOP:
-            if ((res = bench_parse_redops(optarg, "--redop", o)) != BENCH_EXIT_OK) return res;
-            break;
-        case 'r':
-            if (!strcasecmp(optarg, "all"))
-                o->root = BENCH_ALL_ROOTS;
-            else if (!bench_parse_int(optarg, 0, INT32_MAX, &o->root))
-                return bench_usage_error("-r/--root '%s': want a rank or all", optarg);
-            break;
-        case 'n':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_ITERS, &o->iters))
-                return bench_usage_error("--iters '%s': want an integer from 1 to 1000000", optarg);
-            break;
-        case 'w':
-            if (!bench_parse_int(optarg, 0, BENCH_MAX_ITERS, &o->warmup))
-                return bench_usage_error("--warmup '%s': want an integer from 0 to 1000000",
-                                         optarg);
-            break;
-        case OPT_INFLIGHT:
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_INFLIGHT, &o->inflight))
-                return bench_usage_error("--inflight '%s': want an integer from 1 to 1048576",
-                                         optarg);
-            break;
-        case 'c': {
-            /* --check alone, --check N / --check=N, -c N (nccl-tests) */
-            const char *n = optarg;
-            if (!n && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9')
-                n = argv[optind++];
-            if (n && !bench_parse_int(n, 0, INT32_MAX, &v))
-                return bench_usage_error("-c/--check '%s': want 0 (off) or a count", n);
-            o->check = !n || v > 0;
-            break;
-        }
-        case OPT_CSV: o->csv = true; break;
-        case OPT_TIMEOUT:
-            if (!bench_parse_int(optarg, 1, 86400000, &v))
-                return bench_usage_error("--timeout-ms '%s': want milliseconds from 1 to 86400000",
-                                         optarg);
-            o->timeout_ms = v;
-            break;
-        case 't':
-            if (!bench_parse_int(optarg, 1, BENCH_MAX_THREADS, &o->threads))
-                return bench_usage_error("--threads '%s': want an integer from 1 to 256", optarg);
-            break;
-        case OPT_CORRUPT:
-            if (!bench_parse_int(optarg, 0, INT32_MAX, &o->corrupt_rank))
-                return bench_usage_error("--corrupt-rank '%s': want a rank", optarg);
-            break;
-        case OPT_DEVICE:
-            if (!bench_parse_int(optarg, 0, INT32_MAX, &o->device))
-                return bench_usage_error("--device '%s': want a CUDA device number", optarg);
-            break;
-        case 'h':
-            if (!bench_quiet_rank()) bench_usage(stdout);
-            return -1;
-        default:
-            if ((res = bench_nccl_tests_only(optopt, argv[optind - 1])) != 0) return res;
-            return bench_usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bench_usage_error("unexpected argument '%s'", argv[optind]);
+static const struct option bench_longopts[] = {
+    {"backend", required_argument, NULL, OPT_BACKEND},
+    {"op", required_argument, NULL, OPT_OP},
+    {"sizes", required_argument, NULL, OPT_SIZES},
+    {"dtype", required_argument, NULL, 'd'},
+    {"datatype", required_argument, NULL, 'd'},
+    {"redop", required_argument, NULL, OPT_REDOP},
+    {"root", required_argument, NULL, 'r'},
+    {"iters", required_argument, NULL, 'n'},
+    {"warmup", required_argument, NULL, 'w'},
+    {"warmup_iters", required_argument, NULL, 'w'},
+    {"inflight", required_argument, NULL, OPT_INFLIGHT},
+    {"check", optional_argument, NULL, 'c'},
+    {"csv", no_argument, NULL, OPT_CSV},
+    {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+    {"threads", required_argument, NULL, 't'},
+    {"corrupt-rank", required_argument, NULL, OPT_CORRUPT},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"minbytes", required_argument, NULL, 'b'},
+    {"maxbytes", required_argument, NULL, 'e'},
+    {"stepbytes", required_argument, NULL, 'i'},
+    {"stepfactor", required_argument, NULL, 'f'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
 
-    /* the defaults of what was not chosen */
+/* The options that take an integer from lo to hi into an int of
+ * bench_opts, and what a value out of range is told. */
+static const struct bench_int_opt {
+    int ch;
+    size_t off;
+    long long lo, hi;
+    const char *bad;
+} bench_int_opts[] = {
+    {'n', offsetof(bench_opts, iters), 1, BENCH_MAX_ITERS,
+     "--iters '%s': want an integer from 1 to 1000000"},
+    {'w', offsetof(bench_opts, warmup), 0, BENCH_MAX_ITERS,
+     "--warmup '%s': want an integer from 0 to 1000000"},
+    {OPT_INFLIGHT, offsetof(bench_opts, inflight), 1, BENCH_MAX_INFLIGHT,
+     "--inflight '%s': want an integer from 1 to 1048576"},
+    {OPT_TIMEOUT, offsetof(bench_opts, timeout_ms), 1, 86400000,
+     "--timeout-ms '%s': want milliseconds from 1 to 86400000"},
+    {'t', offsetof(bench_opts, threads), 1, BENCH_MAX_THREADS,
+     "--threads '%s': want an integer from 1 to 256"},
+    {OPT_CORRUPT, offsetof(bench_opts, corrupt_rank), 0, INT32_MAX,
+     "--corrupt-rank '%s': want a rank"},
+    {OPT_DEVICE, offsetof(bench_opts, device), 0, INT32_MAX,
+     "--device '%s': want a CUDA device number"},
+};
+
+/* Where the sizes come from while parsing: --sizes, or nccl-tests' sweep. */
+typedef struct bench_size_args {
+    const char *sizes;
+    size_t minb, maxb, step;
+    int factor;
+    bool sweep;
+} bench_size_args;
+
+/* An option of bench_int_opts: 1 when ch is none of them, else
+ * BENCH_EXIT_OK or the usage error. */
+static int bench_parse_int_opt(int ch, bench_opts *o) {
+    for (size_t i = 0; i < sizeof bench_int_opts / sizeof bench_int_opts[0]; i++) {
+        const struct bench_int_opt *t = &bench_int_opts[i];
+        if (t->ch != ch) continue;
+        int v;
+        if (!bench_parse_int(optarg, t->lo, t->hi, &v)) return bench_usage_error(t->bad, optarg);
+        _Static_assert(sizeof(int32_t) == sizeof(int), "timeout_ms is set as an int");
+        *(int *)(void *)((char *)o + t->off) = v;
+        return BENCH_EXIT_OK;
+    }
+    return 1;
+}
+
+/* -b, -e, -i, -f: nccl-tests' sweep. */
+static int bench_parse_sweep_opt(int ch, bench_size_args *sz) {
+    sz->sweep = true;
+    if (ch == 'f') {
+        if (!bench_parse_int(optarg, 1, BENCH_MAX_FACTOR, &sz->factor))
+            return bench_usage_error("-f/--stepfactor '%s': want an integer from 1 to 1024",
+                                     optarg);
+        return BENCH_EXIT_OK;
+    }
+    size_t *dst = ch == 'b' ? &sz->minb : ch == 'e' ? &sz->maxb : &sz->step;
+    if (!bench_parse_size(optarg, strlen(optarg), dst))
+        return bench_usage_error("-b/-e/-i '%s': want a byte count like 8, 4K, 1M, 1G", optarg);
+    return BENCH_EXIT_OK;
+}
+
+/* --check alone, --check N / --check=N, -c N (nccl-tests) */
+static int bench_parse_check(int argc, char **argv, bench_opts *o) {
+    const char *n = optarg;
+    int v = 0;
+    if (!n && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9') n = argv[optind++];
+    if (n && !bench_parse_int(n, 0, INT32_MAX, &v))
+        return bench_usage_error("-c/--check '%s': want 0 (off) or a count", n);
+    o->check = !n || v > 0;
+    return BENCH_EXIT_OK;
+}
+
+/* One option ch (getopt_long's answer): BENCH_EXIT_OK to go on, -1 after
+ * --help, or the usage error. */
+static int bench_parse_opt(int ch, int argc, char **argv, bench_opts *o, bench_size_args *sz) {
+    int res = bench_parse_int_opt(ch, o);
+    if (res != 1) return res;
+    switch (ch) {
+    case OPT_BACKEND:
+        if (!*optarg) return bench_usage_error("--backend needs a spec%s", "");
+        o->backend = optarg;
+        return BENCH_EXIT_OK;
+    case OPT_OP: return bench_parse_ops(optarg, o);
+    case OPT_SIZES: sz->sizes = optarg; return BENCH_EXIT_OK;
+    case 'b':
+    case 'e':
+    case 'i':
+    case 'f': return bench_parse_sweep_opt(ch, sz);
+    case 'd': return bench_parse_dtypes(optarg, o);
+    case 'o': return bench_parse_redops(optarg, "-o", o);
+    case OPT_REDOP: return bench_parse_redops(optarg, "--redop", o);
+    case 'r':
+        if (!strcasecmp(optarg, "all"))
+            o->root = BENCH_ALL_ROOTS;
+        else if (!bench_parse_int(optarg, 0, INT32_MAX, &o->root))
+            return bench_usage_error("-r/--root '%s': want a rank or all", optarg);
+        return BENCH_EXIT_OK;
+    case 'c': return bench_parse_check(argc, argv, o);
+    case OPT_CSV: o->csv = true; return BENCH_EXIT_OK;
+    case 'h':
+        if (!bench_quiet_rank()) bench_usage(stdout);
+        return -1;
+    default:
+        if ((res = bench_nccl_tests_only(optopt, argv[optind - 1])) != 0) return res;
+        return bench_usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+}
+
+/* The defaults of what was not chosen: every op, sum, f32. */
+static void bench_default_choices(bench_opts *o) {
     bool any_op = false, any_redop = false, any_dtype = false;
     for (int i = 0; i < BENCH_NUM_OPS; i++)
         any_op |= o->ops[i];
@@ -546,20 +561,23 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
             o->ops[i] = true;
     if (!any_redop) o->redops[COLLIE_SUM] = true;
     if (!any_dtype) o->dtypes[0] = true; /* f32 */
+}
 
-    /* sizes: --sizes, or nccl-tests' sweep, or the default list */
-    if (sizes && sweep)
+/* Sizes: --sizes, or nccl-tests' sweep, or the default list. A size must
+ * hold one element of every dtype chosen (nccl-tests would run 0 elements
+ * and report nothing). */
+static int bench_choose_sizes(bench_opts *o, const bench_size_args *sz) {
+    int res;
+    if (sz->sizes && sz->sweep)
         return bench_usage_error("--sizes and -b/-e/-i/-f both give the sizes: use one%s", "");
-    if (sweep) {
+    if (sz->sweep) {
         o->sizes_from = "-b/-e";
-        if ((res = bench_sweep(o, minb, maxb, step, factor)) != BENCH_EXIT_OK) return res;
+        res = bench_sweep(o, sz->minb, sz->maxb, sz->step, sz->factor);
     } else {
         o->sizes_from = "--sizes";
-        if ((res = bench_parse_sizes(sizes ? sizes : BENCH_DEFAULT_SIZES, o)) != BENCH_EXIT_OK)
-            return res;
+        res = bench_parse_sizes(sz->sizes ? sz->sizes : BENCH_DEFAULT_SIZES, o);
     }
-    /* a size must hold one element of every dtype chosen (nccl-tests would
-     * run 0 elements and report nothing) */
+    if (res != BENCH_EXIT_OK) return res;
     for (int d = 0; d < BENCH_NUM_DTYPES; d++) {
         size_t es = collie_dtype_size(bench_dtypes[d].dt);
         for (size_t i = 0; o->dtypes[d] && i < o->nsizes; i++)
@@ -570,19 +588,27 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
                 return bench_usage_error("%s", what);
             }
     }
-    if (o->csv) {
-        int nd = 0, nr = 0;
-        for (int i = 0; i < BENCH_NUM_DTYPES; i++)
-            nd += o->dtypes[i];
-        for (int i = 0; i < COLLIE_NUM_REDOPS; i++)
-            nr += o->redops[i];
-        if (nd > 1 || nr > 1 || o->root == BENCH_ALL_ROOTS)
-            return bench_usage_error("--csv has no dtype, redop or root column: give one of "
-                                     "each%s",
-                                     "");
-    }
-    if (o->inflight > o->iters) o->inflight = o->iters;
-    /* which devices the spec serves: "cuda:X" or a bare nccl is cuda */
+    return BENCH_EXIT_OK;
+}
+
+/* --csv has one dtype, reduction and root. */
+static int bench_check_csv(const bench_opts *o) {
+    int nd = 0, nr = 0;
+    for (int i = 0; i < BENCH_NUM_DTYPES; i++)
+        nd += o->dtypes[i];
+    for (int i = 0; i < COLLIE_NUM_REDOPS; i++)
+        nr += o->redops[i];
+    if (nd > 1 || nr > 1 || o->root == BENCH_ALL_ROOTS)
+        return bench_usage_error("--csv has no dtype, redop or root column: give one of "
+                                 "each%s",
+                                 "");
+    return BENCH_EXIT_OK;
+}
+
+/* Which devices the spec serves ("cuda:X" or a bare nccl is cuda), and the
+ * comm's spec: the timings are combined on the cpu backend, so one without
+ * gets cpu:auto. */
+static int bench_choose_spec(bench_opts *o) {
     bool cpu = false;
     for (const char *p = o->backend;;) {
         size_t len = strcspn(p, ",");
@@ -594,7 +620,7 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
         p += len + 1;
     }
     o->spec = o->backend;
-    if (o->cuda && !cpu) { /* the timings are combined on the cpu backend */
+    if (o->cuda && !cpu) {
         int len = snprintf(o->spec_buf, sizeof o->spec_buf, "cpu:auto,%s", o->backend);
         if (len < 0 || (size_t)len >= sizeof o->spec_buf)
             return bench_usage_error("--backend '%s' is too long", o->backend);
@@ -602,6 +628,30 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
     }
     if (o->device >= 0 && !o->cuda)
         return bench_usage_error("--device needs a cuda backend in --backend ('%s')", o->backend);
+    return BENCH_EXIT_OK;
+}
+
+int bench_parse_args(int argc, char **argv, bench_opts *o) {
+    bench_size_args sz = {
+        .minb = BENCH_NCCL_MIN, .maxb = BENCH_NCCL_MIN, .step = BENCH_NCCL_STEP, .factor = 1};
+    *o = (bench_opts){.backend = "auto",
+                      .root = 0,
+                      .iters = BENCH_DEFAULT_ITERS,
+                      .warmup = BENCH_DEFAULT_WARMUP,
+                      .timeout_ms = BENCH_DEFAULT_TMO_MS,
+                      .corrupt_rank = -1,
+                      .device = -1,
+                      .threads = 1};
+    opterr = 0;
+    int ch, res;
+    while ((ch = getopt_long(argc, argv, "+ht:b:e:i:f:n:w:c:d:o:r:", bench_longopts, NULL)) != -1)
+        if ((res = bench_parse_opt(ch, argc, argv, o, &sz)) != BENCH_EXIT_OK) return res;
+    if (optind < argc) return bench_usage_error("unexpected argument '%s'", argv[optind]);
+    bench_default_choices(o);
+    if ((res = bench_choose_sizes(o, &sz)) != BENCH_EXIT_OK) return res;
+    if (o->csv && (res = bench_check_csv(o)) != BENCH_EXIT_OK) return res;
+    if (o->inflight > o->iters) o->inflight = o->iters;
+    if ((res = bench_choose_spec(o)) != BENCH_EXIT_OK) return res;
     if (o->corrupt_rank >= 0 && !o->check)
         return bench_usage_error("--corrupt-rank needs --check%s", "");
     return BENCH_EXIT_OK;
