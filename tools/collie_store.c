@@ -92,7 +92,48 @@ static int store_tool_read_token(const char *path, char *buf, size_t cap) {
     return 0;
 }
 
-int main(int argc, char **argv) {
+/* What the command line asks for. */
+typedef struct store_tool_args {
+    collie_store_server_opts so;
+    const char *bind, *token_file;
+    uint32_t port;
+    bool have_port;
+} store_tool_args;
+
+/* One option c: -1 to go on, or the exit status (0 for --help, --settings). */
+static int store_tool_parse_opt(int c, char **argv, store_tool_args *a) {
+    uint32_t v;
+    switch (c) {
+    case 'p':
+        if (!store_tool_parse_u32(optarg, 65535, &a->port))
+            return store_tool_bad_usage("--port '%s' is not a port number (0..65535)", optarg);
+        a->have_port = true;
+        return -1;
+    case 'b': a->bind = optarg; return -1;
+    case 't': a->token_file = optarg; return -1;
+    case 'i': a->so.insecure = 1; return -1;
+    case 'k':
+    case 'K':
+    case 'V':
+    case 'C':
+        if (!store_tool_parse_u32(optarg, UINT32_MAX, &v) || v == 0)
+            return store_tool_bad_usage("a limit must be a positive number, not '%s'", optarg);
+        if (c == 'k') a->so.max_keys = v;
+        if (c == 'K') a->so.max_key_size = v;
+        if (c == 'V') a->so.max_value_size = v;
+        if (c == 'C') a->so.max_connections = v;
+        return -1;
+    case 's': cl_config_print_table(stdout); return 0;
+    case 'h': store_tool_usage(stdout); return 0;
+    default:
+        return store_tool_bad_usage("unknown or incomplete option '%s'",
+                                    argv[optind - 1] ? argv[optind - 1] : "?");
+    }
+}
+
+/* The command line into *a (the token read from --token-file): -1 to go
+ * on, or the exit status. */
+static int store_tool_parse_args(int argc, char **argv, store_tool_args *a) {
     static const struct option opts[] = {
         {"port", required_argument, NULL, 'p'},
         {"bind", required_argument, NULL, 'b'},
@@ -106,63 +147,42 @@ int main(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    collie_store_server_opts so = COLLIE_STORE_SERVER_OPTS_INIT;
-    const char *bind = "127.0.0.1", *token_file = NULL;
-    uint32_t port = 0, v;
-    bool have_port = false;
     static char token[STORE_TOOL_TOKEN_MAX + 2];
-    int c;
+    int c, rc;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'p':
-            if (!store_tool_parse_u32(optarg, 65535, &port))
-                return store_tool_bad_usage("--port '%s' is not a port number (0..65535)", optarg);
-            have_port = true;
-            break;
-        case 'b': bind = optarg; break;
-        case 't': token_file = optarg; break;
-        case 'i': so.insecure = 1; break;
-        case 'k':
-        case 'K':
-        case 'V':
-        case 'C':
-            if (!store_tool_parse_u32(optarg, UINT32_MAX, &v) || v == 0)
-                return store_tool_bad_usage("a limit must be a positive number, not '%s'", optarg);
-            if (c == 'k') so.max_keys = v;
-            if (c == 'K') so.max_key_size = v;
-            if (c == 'V') so.max_value_size = v;
-            if (c == 'C') so.max_connections = v;
-            break;
-        case 's': cl_config_print_table(stdout); return 0;
-        case 'h': store_tool_usage(stdout); return 0;
-        default:
-            return store_tool_bad_usage("unknown or incomplete option '%s'",
-                                        argv[optind - 1] ? argv[optind - 1] : "?");
-        }
-    }
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
+        if ((rc = store_tool_parse_opt(c, argv, a)) >= 0) return rc;
     if (optind < argc) return store_tool_bad_usage("unexpected argument '%s'", argv[optind]);
-    if (!have_port) return store_tool_bad_usage("%s", "--port is required");
-    if (token_file) {
-        int rc = store_tool_read_token(token_file, token, sizeof token);
+    if (!a->have_port) return store_tool_bad_usage("%s", "--port is required");
+    if (a->token_file) {
+        rc = store_tool_read_token(a->token_file, token, sizeof token);
         if (rc) return rc;
-        so.token = token;
+        a->so.token = token;
     }
-    if (!so.token && !getenv("COLLIE_STORE_TOKEN") && !so.insecure) {
-        char host[256];
-        size_t hl = strlen(bind);
-        if (hl >= 2 && bind[0] == '[' && bind[hl - 1] == ']') /* "[::1]" */
-            snprintf(host, sizeof host, "%.*s", (int)(hl - 2), bind + 1);
-        else
-            snprintf(host, sizeof host, "%s", bind);
-        if (!cl_store_host_is_loopback(host))
-            return store_tool_bad_usage(
-                "--bind %s is beyond loopback and the store has no token: anyone who can reach "
-                "it could read and write it. Give it --token-file FILE (or COLLIE_STORE_TOKEN), "
-                "or --insecure if that is meant",
-                bind);
-    }
+    return -1;
+}
 
+/* A store beyond loopback needs a token, or --insecure: -1 to go on, or
+ * the usage error. */
+static int store_tool_check_exposure(const store_tool_args *a) {
+    if (a->so.token || getenv("COLLIE_STORE_TOKEN") || a->so.insecure) return -1;
+    char host[256];
+    size_t hl = strlen(a->bind);
+    if (hl >= 2 && a->bind[0] == '[' && a->bind[hl - 1] == ']') /* "[::1]" */
+        snprintf(host, sizeof host, "%.*s", (int)(hl - 2), a->bind + 1);
+    else
+        snprintf(host, sizeof host, "%s", a->bind);
+    if (cl_store_host_is_loopback(host)) return -1;
+    return store_tool_bad_usage(
+        "--bind %s is beyond loopback and the store has no token: anyone who can reach "
+        "it could read and write it. Give it --token-file FILE (or COLLIE_STORE_TOKEN), "
+        "or --insecure if that is meant",
+        a->bind);
+}
+
+/* Serve until SIGTERM or SIGINT (blocked here, before the engine's threads
+ * start, and taken with sigwait). */
+static int store_tool_serve(const store_tool_args *a) {
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
@@ -174,14 +194,15 @@ int main(int argc, char **argv) {
     collie_engine *e = NULL;
     collie_store_server *srv = NULL;
     int rc = collie_engine_create(&eo, &e);
-    if (rc == COLLIE_OK) rc = collie_store_server_create(e, bind, (uint16_t)port, &so, &srv);
+    if (rc == COLLIE_OK)
+        rc = collie_store_server_create(e, a->bind, (uint16_t)a->port, &a->so, &srv);
     if (rc != COLLIE_OK) {
         fprintf(stderr, "collie-store: %s (%s)\n", collie_last_error(), collie_strerror(rc));
         collie_engine_destroy(e);
         return 1;
     }
-    bool v6 = strchr(bind, ':') != NULL && bind[0] != '[';
-    printf("collie-store listening on %s%s%s:%u\n", v6 ? "[" : "", bind, v6 ? "]" : "",
+    bool v6 = strchr(a->bind, ':') != NULL && a->bind[0] != '[';
+    printf("collie-store listening on %s%s%s:%u\n", v6 ? "[" : "", a->bind, v6 ? "]" : "",
            (unsigned)collie_store_server_port(srv));
     fflush(stdout);
 
@@ -192,4 +213,12 @@ int main(int argc, char **argv) {
     collie_store_server_destroy(srv);
     collie_engine_destroy(e);
     return 0;
+}
+
+int main(int argc, char **argv) {
+    store_tool_args a = {.so = COLLIE_STORE_SERVER_OPTS_INIT, .bind = "127.0.0.1"};
+    int rc = store_tool_parse_args(argc, argv, &a);
+    if (rc < 0) rc = store_tool_check_exposure(&a);
+    if (rc >= 0) return rc;
+    return store_tool_serve(&a);
 }
