@@ -309,90 +309,77 @@ static bool tr_mismatch(const tr_entry *a, const tr_entry *b) {
     return tr_rooted(a->op) && a->peer != b->peer;
 }
 
-static void tr_report_group(tr_dump **ranks, int64_t size, const char *comm, uint64_t gen,
-                            int ndumps) {
-    printf("comm '%s' generation %" PRIu64 ": %" PRId64 " ranks, %d dump%s\n", comm, gen, size,
-           ndumps, ndumps == 1 ? "" : "s");
-    uint64_t max_posted = 0, first = UINT64_MAX;
-    for (int64_t r = 0; r < size; r++) {
-        tr_dump *d = ranks[r];
-        if (!d) {
-            printf("  rank %" PRId64 ": no dump (dead, stopped, or never aborted)\n", r);
-            continue;
-        }
-        tr_analyse_rank(d);
-        if (d->last_posted > max_posted) max_posted = d->last_posted;
-        bool off = d->capacity == 0;
-        if (!off && d->completed + 1 < first) first = d->completed + 1;
-        if (off)
-            printf("  rank %" PRId64 ": posted %" PRIu64 ", completed ?, comm ", r, d->last_posted);
-        else
-            printf("  rank %" PRId64 ": posted %" PRIu64 ", completed %" PRIu64 ", comm ", r,
-                   d->last_posted, d->completed);
-        tr_print_error(d->status[0] ? d->status : "?", d->error);
-        printf("\n");
-        if (off) {
-            printf("          flight recorder off (COLLIE_TRACE_BUFFER=0)\n");
-            continue;
-        }
-        printf("          oldest unfinished: ");
-        if (!d->oldest) {
-            printf("none\n");
-        } else {
-            tr_describe_op(d->oldest);
-            printf(" %s", d->oldest->state);
-            if (strcmp(d->oldest->state, "failed") == 0) {
-                printf(" ");
-                tr_print_error(d->oldest->status, d->oldest->error);
-            }
-            printf("\n");
-        }
-        if (d->n_p2p_pending) printf("          send/recv not finished: %zu\n", d->n_p2p_pending);
+/* Rank r's lines: posted, completed, the comm's error, its oldest
+ * unfinished work. */
+static void tr_report_rank(tr_dump *d, int64_t r) {
+    bool off = d->capacity == 0;
+    if (off)
+        printf("  rank %" PRId64 ": posted %" PRIu64 ", completed ?, comm ", r, d->last_posted);
+    else
+        printf("  rank %" PRId64 ": posted %" PRIu64 ", completed %" PRIu64 ", comm ", r,
+               d->last_posted, d->completed);
+    tr_print_error(d->status[0] ? d->status : "?", d->error);
+    printf("\n");
+    if (off) {
+        printf("          flight recorder off (COLLIE_TRACE_BUFFER=0)\n");
+        return;
     }
-    if (ndumps == 0) return;
-    if (first == UINT64_MAX) {
-        printf("  no rank recorded its works\n");
-    } else if (first > max_posted) {
-        printf("  every rank with a dump completed every collective it posted (up to seq "
-               "%" PRIu64 ")\n",
-               max_posted);
+    printf("          oldest unfinished: ");
+    if (!d->oldest) {
+        printf("none\n");
     } else {
-        const char *op = NULL;
-        for (int64_t r = 0; r < size && !op; r++) {
-            const tr_entry *e = ranks[r] ? tr_find(ranks[r], first) : NULL;
-            if (e) op = e->op;
+        tr_describe_op(d->oldest);
+        printf(" %s", d->oldest->state);
+        if (strcmp(d->oldest->state, "failed") == 0) {
+            printf(" ");
+            tr_print_error(d->oldest->status, d->oldest->error);
         }
-        printf("  first collective not completed by every rank: seq %" PRIu64 "%s%s%s\n", first,
-               op ? " (" : "", op ? op : "", op ? ")" : "");
-        const char *labels[] = {"never posted it", "posted it, not completed", "completed it",
-                                "posted it, recorder off", "no dump"};
-        for (int pass = 0; pass < 5; pass++) {
-            int shown = 0;
-            for (int64_t r = 0; r < size; r++) {
-                tr_dump *d = ranks[r];
-                const tr_entry *e = d ? tr_find(d, first) : NULL;
-                int kind = !d                       ? 4
-                           : d->last_posted < first ? 0
-                           : d->capacity == 0       ? 3
-                           : d->completed >= first  ? 2
-                                                    : 1;
-                if (kind != pass) continue;
-                if (shown++ == 0)
-                    printf("    %s: rank %" PRId64, labels[pass], r);
-                else
-                    printf(", rank %" PRId64, r);
-                if (kind == 0)
-                    printf(" (last posted %" PRIu64 ")", d->last_posted);
-                else if (kind == 1)
-                    printf(" (%s%s%s)", e ? e->state : "not in the ring",
-                           e && strcmp(e->state, "failed") == 0 ? " " : "",
-                           e && strcmp(e->state, "failed") == 0 ? e->status : "");
-            }
-            if (shown) printf("\n");
-        }
+        printf("\n");
     }
-    /* mismatches: compare every rank's entries with the first rank that
-     * recorded the same sequence number */
+    if (d->n_p2p_pending) printf("          send/recv not finished: %zu\n", d->n_p2p_pending);
+}
+
+/* The first collective not completed by every rank, and where each rank
+ * stands with it: one line per kind of rank. */
+static void tr_report_first(tr_dump **ranks, int64_t size, uint64_t first) {
+    const char *op = NULL;
+    for (int64_t r = 0; r < size && !op; r++) {
+        const tr_entry *e = ranks[r] ? tr_find(ranks[r], first) : NULL;
+        if (e) op = e->op;
+    }
+    printf("  first collective not completed by every rank: seq %" PRIu64 "%s%s%s\n", first,
+           op ? " (" : "", op ? op : "", op ? ")" : "");
+    const char *labels[] = {"never posted it", "posted it, not completed", "completed it",
+                            "posted it, recorder off", "no dump"};
+    for (int pass = 0; pass < 5; pass++) {
+        int shown = 0;
+        for (int64_t r = 0; r < size; r++) {
+            tr_dump *d = ranks[r];
+            const tr_entry *e = d ? tr_find(d, first) : NULL;
+            int kind = !d                       ? 4
+                       : d->last_posted < first ? 0
+                       : d->capacity == 0       ? 3
+                       : d->completed >= first  ? 2
+                                                : 1;
+            if (kind != pass) continue;
+            if (shown++ == 0)
+                printf("    %s: rank %" PRId64, labels[pass], r);
+            else
+                printf(", rank %" PRId64, r);
+            if (kind == 0)
+                printf(" (last posted %" PRIu64 ")", d->last_posted);
+            else if (kind == 1)
+                printf(" (%s%s%s)", e ? e->state : "not in the ring",
+                       e && strcmp(e->state, "failed") == 0 ? " " : "",
+                       e && strcmp(e->state, "failed") == 0 ? e->status : "");
+        }
+        if (shown) printf("\n");
+    }
+}
+
+/* Mismatches: compare every rank's entries with the first rank that
+ * recorded the same sequence number. */
+static void tr_report_mismatches(tr_dump **ranks, int64_t size) {
     int reported = 0, more = 0;
     for (int64_t r = 0; r < size; r++) {
         tr_dump *d = ranks[r];
@@ -420,6 +407,34 @@ static void tr_report_group(tr_dump **ranks, int64_t size, const char *comm, uin
     }
     if (more) printf("  ... and %d more mismatches\n", more);
     if (reported == 0) printf("  mismatches: none\n");
+}
+
+static void tr_report_group(tr_dump **ranks, int64_t size, const char *comm, uint64_t gen,
+                            int ndumps) {
+    printf("comm '%s' generation %" PRIu64 ": %" PRId64 " ranks, %d dump%s\n", comm, gen, size,
+           ndumps, ndumps == 1 ? "" : "s");
+    uint64_t max_posted = 0, first = UINT64_MAX;
+    for (int64_t r = 0; r < size; r++) {
+        tr_dump *d = ranks[r];
+        if (!d) {
+            printf("  rank %" PRId64 ": no dump (dead, stopped, or never aborted)\n", r);
+            continue;
+        }
+        tr_analyse_rank(d);
+        if (d->last_posted > max_posted) max_posted = d->last_posted;
+        if (d->capacity != 0 && d->completed + 1 < first) first = d->completed + 1;
+        tr_report_rank(d, r);
+    }
+    if (ndumps == 0) return;
+    if (first == UINT64_MAX)
+        printf("  no rank recorded its works\n");
+    else if (first > max_posted)
+        printf("  every rank with a dump completed every collective it posted (up to seq "
+               "%" PRIu64 ")\n",
+               max_posted);
+    else
+        tr_report_first(ranks, size, first);
+    tr_report_mismatches(ranks, size);
 }
 
 static int tr_cmp_dump(const void *a, const void *b) {
