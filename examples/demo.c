@@ -71,53 +71,50 @@ static void check_result(demo *d, uint64_t tag) {
     }
 }
 
-int main(void) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    collie_engine *e;
-    collie_comm *c;
-    collie_cq *cq;
-    CHECK(collie_engine_create(NULL, &e));
-    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
-    co.name = "demo";
-    co.timeout_ms = 20000;
-    double t_create = now_us();
-    CHECK(collie_comm_create_from_env(e, &co, &c));
-    demo d = {.rank = collie_comm_rank(c), .size = collie_comm_size(c)};
-    printf("rank %d of %d: communicator ready in %.1f ms\n", d.rank, d.size,
-           (now_us() - t_create) / 1e3);
-    CHECK(collie_cq_create(&cq));
-
-    d.big = malloc(BIG * sizeof(float));
-    d.bcast = malloc(SMALL * sizeof(int32_t));
-    d.gather = malloc((size_t)d.size * sizeof(int32_t));
+/* The inputs: rank r contributes r+1 to the allreduce and r*10 to the
+ * allgather; the last rank broadcasts. */
+static void fill_inputs(demo *d) {
+    d->big = malloc(BIG * sizeof(float));
+    d->bcast = malloc(SMALL * sizeof(int32_t));
+    d->gather = malloc((size_t)d->size * sizeof(int32_t));
+    if (!d->big || !d->bcast || !d->gather) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
     for (int i = 0; i < BIG; i++)
-        d.big[i] = (float)(d.rank + 1);
+        d->big[i] = (float)(d->rank + 1);
     for (int i = 0; i < SMALL; i++)
-        d.bcast[i] = d.rank == d.size - 1 ? d.rank * 1000 + i : -1;
-    d.mine = d.rank * 10;
+        d->bcast[i] = d->rank == d->size - 1 ? d->rank * 1000 + i : -1;
+    d->mine = d->rank * 10;
+}
 
-    /* 1: post four collectives without blocking; each lands in the cq */
+/* Step 1: post four collectives without blocking; each lands in the cq,
+ * its tag saying which it is. */
+static void post_four(collie_comm *c, collie_cq *cq, demo *d) {
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.cq = cq;
     collie_work *w;
-    double t0 = now_us();
     o.tag = 0;
-    CHECK(collie_allreduce(c, d.big, d.big, BIG, COLLIE_FP32, COLLIE_SUM, &o, &w));
+    CHECK(collie_allreduce(c, d->big, d->big, BIG, COLLIE_FP32, COLLIE_SUM, &o, &w));
     collie_work_release(w); /* the cq still delivers it: releasing never cancels */
     o.tag = 1;
-    CHECK(collie_broadcast(c, d.bcast, SMALL, COLLIE_INT32, d.size - 1, &o, &w));
+    CHECK(collie_broadcast(c, d->bcast, SMALL, COLLIE_INT32, d->size - 1, &o, &w));
     collie_work_release(w);
     o.tag = 2;
-    CHECK(collie_allgather(c, &d.mine, d.gather, 1, COLLIE_INT32, &o, &w));
+    CHECK(collie_allgather(c, &d->mine, d->gather, 1, COLLIE_INT32, &o, &w));
     collie_work_release(w);
     o.tag = 3;
     CHECK(collie_barrier(c, &o, &w));
     collie_work_release(w);
-    printf("rank %d: posted 4 collectives in %.1f us\n", d.rank, now_us() - t0);
+}
 
-    /* 2: the application's own loop: poll the cq fd, do other work */
+/* Step 2: the application's own loop: poll the cq fd, do other work, take
+ * each collective as it completes (30 s at most). Returns 0, or 1 when one
+ * failed. */
+static int await_four(collie_cq *cq, demo *d, double t0) {
     int done = 0;
     long turns = 0;
+    collie_work *w;
     struct pollfd p = {.fd = collie_cq_fd(cq), .events = POLLIN};
     while (done < 4 && now_us() - t0 < 30e6) {
         turns++;
@@ -126,11 +123,11 @@ int main(void) {
             collie_work_details info;
             collie_work_info(w, &info);
             if (collie_work_result(w) != COLLIE_OK) {
-                fprintf(stderr, "rank %d: %s\n", d.rank, collie_work_error_message(w));
+                fprintf(stderr, "rank %d: %s\n", d->rank, collie_work_error_message(w));
                 return 1;
             }
-            check_result(&d, collie_work_tag(w));
-            printf("rank %d: %-22s seq %llu done %.2f ms after posting\n", d.rank,
+            check_result(d, collie_work_tag(w));
+            printf("rank %d: %-22s seq %llu done %.2f ms after posting\n", d->rank,
                    op_name(collie_work_tag(w)), (unsigned long long)collie_work_seq(w),
                    (info.end_ns - info.post_ns) / 1e6);
             collie_work_release(w);
@@ -138,9 +135,12 @@ int main(void) {
         }
     }
     printf("rank %d: all 4 done in %.1f ms, %ld turns of the application loop, results %s\n",
-           d.rank, (now_us() - t0) / 1e3, turns, d.bad ? "WRONG" : "correct");
+           d->rank, (now_us() - t0) / 1e3, turns, d->bad ? "WRONG" : "correct");
+    return 0;
+}
 
-    /* 3: 16 tiny allreduces in flight */
+/* Step 3: 16 tiny allreduces in flight: post one each time one finishes. */
+static void tiny_allreduces(collie_comm *c, demo *d) {
     enum { INFLIGHT = 16, TOTAL = 4000 };
     collie_work *fl[INFLIGHT] = {0};
     int32_t vals[INFLIGHT];
@@ -150,7 +150,7 @@ int main(void) {
         for (int i = 0; i < INFLIGHT; i++) {
             if (fl[i] && collie_work_test(fl[i])) {
                 CHECK(collie_work_result(fl[i]));
-                if (vals[i] != d.size) d.bad++;
+                if (vals[i] != d->size) d->bad++;
                 collie_work_release(fl[i]);
                 fl[i] = NULL;
                 finished++;
@@ -166,8 +166,32 @@ int main(void) {
         collie_work_wait_any(fl, INFLIGHT, 1000, &idx);
     }
     double secs = (now_us() - r0) / 1e6;
-    printf("rank %d: %d tiny allreduces, 16 in flight: %.0f ops/s (%.1f us each)\n", d.rank, TOTAL,
+    printf("rank %d: %d tiny allreduces, 16 in flight: %.0f ops/s (%.1f us each)\n", d->rank, TOTAL,
            TOTAL / secs, secs * 1e6 / TOTAL);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    collie_engine *e;
+    collie_comm *c;
+    collie_cq *cq;
+    CHECK(collie_engine_create(NULL, &e));
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    co.name = "demo";
+    co.timeout_ms = 20000;
+    double t_create = now_us();
+    CHECK(collie_comm_create_from_env(e, &co, &c));
+    demo d = {.rank = collie_comm_rank(c), .size = collie_comm_size(c)};
+    printf("rank %d of %d: communicator ready in %.1f ms\n", d.rank, d.size,
+           (now_us() - t_create) / 1e3);
+    CHECK(collie_cq_create(&cq));
+    fill_inputs(&d);
+
+    double t0 = now_us();
+    post_four(c, cq, &d);
+    printf("rank %d: posted 4 collectives in %.1f us\n", d.rank, now_us() - t0);
+    if (await_four(cq, &d, t0) != 0) return 1;
+    tiny_allreduces(c, &d);
 
     collie_cq_destroy(cq);
     CHECK(collie_comm_destroy(c));

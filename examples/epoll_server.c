@@ -314,24 +314,20 @@ static int arg_int(const char *v, const char *name) {
     return (int)x;
 }
 
-int main(int argc, char **argv) {
-    server s = {.policy = COLLIE_POLICY_ABORT_COMM,
-                .steps_wanted = 50,
-                .interval_ms = 20,
-                .step_posted = -1};
-    int port = 0;
+/* The command line into s and *port; 0, or 2 after the usage. */
+static int parse_args(int argc, char **argv, server *s, int *port) {
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (strcmp(argv[i], "--policy") == 0 && strcmp(v, "abort") == 0) {
-            s.policy = COLLIE_POLICY_ABORT_COMM;
+            s->policy = COLLIE_POLICY_ABORT_COMM;
         } else if (strcmp(argv[i], "--policy") == 0 && strcmp(v, "blocking") == 0) {
-            s.policy = COLLIE_POLICY_BLOCKING_WAIT;
+            s->policy = COLLIE_POLICY_BLOCKING_WAIT;
         } else if (strcmp(argv[i], "--steps") == 0) {
-            s.steps_wanted = arg_int(v, "--steps");
+            s->steps_wanted = arg_int(v, "--steps");
         } else if (strcmp(argv[i], "--interval-ms") == 0) {
-            s.interval_ms = arg_int(v, "--interval-ms");
+            s->interval_ms = arg_int(v, "--interval-ms");
         } else if (strcmp(argv[i], "--port") == 0) {
-            port = arg_int(v, "--port");
+            *port = arg_int(v, "--port");
         } else {
             fprintf(stderr, "usage: epoll_server [--policy abort|blocking] [--steps N] "
                             "[--interval-ms MS] [--port P]\n");
@@ -339,6 +335,31 @@ int main(int argc, char **argv) {
         }
         i++;
     }
+    return 0;
+}
+
+/* The loop's events: the cq's fd, the step timer, SIGINT and SIGTERM.
+ * 0, or -1 if one could not be added. */
+static int events_start(server *s) {
+    s->cq_ev = event_new(s->base, collie_cq_fd(s->cq), EV_READ | EV_PERSIST, cq_ready, s);
+    s->step_ev = event_new(s->base, -1, EV_PERSIST, step_post, s);
+    s->sigint_ev = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->sigterm_ev = evsignal_new(s->base, SIGTERM, on_signal, s);
+    struct timeval tick = {s->interval_ms / 1000, (s->interval_ms % 1000) * 1000};
+    if (!s->cq_ev || !s->step_ev || !s->sigint_ev || !s->sigterm_ev || event_add(s->cq_ev, NULL) ||
+        event_add(s->step_ev, &tick) || event_add(s->sigint_ev, NULL) ||
+        event_add(s->sigterm_ev, NULL))
+        return -1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    server s = {.policy = COLLIE_POLICY_ABORT_COMM,
+                .steps_wanted = 50,
+                .interval_ms = 20,
+                .step_posted = -1};
+    int port = 0;
+    if (parse_args(argc, argv, &s, &port) != 0) return 2;
     const char *r = getenv("COLLIE_RANK"), *n = getenv("COLLIE_WORLD_SIZE");
     if (!r || !n) {
         fprintf(stderr, "epoll_server: run it under collie-run (COLLIE_RANK is not set)\n");
@@ -361,15 +382,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "epoll_server: cannot serve HTTP: %s\n", strerror(errno));
         return 1;
     }
-    s.cq_ev = event_new(s.base, collie_cq_fd(s.cq), EV_READ | EV_PERSIST, cq_ready, &s);
-    s.step_ev = event_new(s.base, -1, EV_PERSIST, step_post, &s);
-    s.sigint_ev = evsignal_new(s.base, SIGINT, on_signal, &s);
-    s.sigterm_ev = evsignal_new(s.base, SIGTERM, on_signal, &s);
-    struct timeval tick = {s.interval_ms / 1000, (s.interval_ms % 1000) * 1000};
-    if (!s.cq_ev || !s.step_ev || !s.sigint_ev || !s.sigterm_ev || event_add(s.cq_ev, NULL) ||
-        event_add(s.step_ev, &tick) || event_add(s.sigint_ev, NULL) ||
-        event_add(s.sigterm_ev, NULL))
-        return 1;
+    if (events_start(&s) != 0) return 1;
     comm_start(&s);
     printf("rank %d: pid %d life %s serving http://127.0.0.1:%d (policy %s)\n", s.rank,
            (int)getpid(), restarts ? restarts : "0", bound,
