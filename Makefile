@@ -125,7 +125,9 @@ $(LIB_SO): $(LIB_SO_REAL)
 
 # Plugins (collie-bench --backend nccl) need no -rdynamic: they reach the
 # core only through its services table (backend ABI 3).
-$(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
+# what several tools share (reading a --token-file) lives in tools/common/
+TOOLS_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/common/*.c))
+$(BUILD)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(TOOLS_COMMON_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) $(LIBS) $(TOOL_LIBS)
 # collie-bench's parts (command line, check data, posting, the table, a rank's setup) live in tools/bench/
@@ -466,7 +468,7 @@ GPUCHECK_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/gpu_kit/*.c))
 $(GPU_KIT)/bin/collie-gpucheck: $(GPUCHECK_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(GPUCHECK_OBJ) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
-$(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(LIB_A)
+$(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(TOOLS_COMMON_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
 	  -Wl,-Bdynamic -ldl

@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -651,6 +652,40 @@ static void test_store_tool_beyond_loopback(void **state) {
     spawn_free(p);
 }
 
+/* collie-store --token-file: a file group or others can read or write is
+ * refused, naming the file and saying why, as collie-run refuses it (and ssh
+ * a key); the owner's alone, the store serves with it. */
+static void test_store_tool_token_file_permissions(void **state) {
+    (void)state;
+    char dir[64], secret[128];
+    test_tmpdir_make(dir, sizeof dir, "cltest-token");
+    snprintf(secret, sizeof secret, "%s/secret", dir);
+    FILE *f = fopen(secret, "w");
+    assert_non_null(f);
+    fputs("a store secret\n", f);
+    fclose(f);
+    static const mode_t loose[] = {0644, 0640, 0604, 0620, 0602};
+    for (size_t i = 0; i < sizeof loose / sizeof loose[0]; i++) {
+        assert_int_equal(chmod(secret, loose[i]), 0);
+        spawn_proc *p = spawn_start(
+            "collie-store", ARGS("--bind", "0.0.0.0", "--port", "0", "--token-file", secret), NULL,
+            WAIT_MS);
+        spawn_finish(p);
+        assert_spawn(p, p->status == 2);
+        assert_spawn(p, strstr(p->text[1], secret) && strstr(p->text[1], "group or others") &&
+                            strstr(p->text[1], "owner only"));
+        assert_spawn(p, !strstr(p->text[0], "listening") && !strstr(p->text[1], "a store secret"));
+        spawn_free(p);
+    }
+    assert_int_equal(chmod(secret, 0600), 0);
+    spawn_proc *p = spawn_start("collie-store",
+                                ARGS("--bind", "0.0.0.0", "--port", "0", "--token-file", secret),
+                                NULL, WAIT_MS);
+    assert_spawn(p, spawn_wait_for(p, 0, "collie-store listening on 0.0.0.0:", 1, 5000));
+    spawn_free(p);
+    test_tmpdir_remove(dir);
+}
+
 /* A comm without a secret whose store, or whose own listener, is beyond
  * loopback is refused unless COLLIE_INSECURE says it is meant. */
 static void test_comm_beyond_loopback_needs_a_secret(void **state) {
@@ -727,6 +762,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_connect_close_cycles_free_memory),
         cmocka_unit_test(test_store_beyond_loopback_needs_a_secret),
         cmocka_unit_test_teardown(test_store_tool_beyond_loopback, spawn_teardown),
+        cmocka_unit_test_teardown(test_store_tool_token_file_permissions, spawn_teardown),
         cmocka_unit_test(test_comm_beyond_loopback_needs_a_secret),
     };
     return cltest_main(tests, NULL, NULL);

@@ -27,8 +27,7 @@
 #include "collie.h"
 #include "engine/config.h"
 #include "store/auth.h"
-
-#define STORE_TOOL_TOKEN_MAX 4096
+#include "tools/common/token_file.h"
 
 static void store_tool_usage(FILE *f) {
     fprintf(f, "usage: collie-store --port P [--bind ADDR] [--token-file FILE] [--insecure]\n"
@@ -64,32 +63,6 @@ static bool store_tool_parse_u32(const char *s, uint32_t max, uint32_t *out) {
     if (errno || end == s || *end || s[0] == '-' || v > max) return false;
     *out = (uint32_t)v;
     return true;
-}
-
-/* Read the token file; trailing whitespace (the newline) is dropped.
- * Returns 0, or an exit status after printing why. */
-static int store_tool_read_token(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "collie-store: cannot open token file %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    size_t n = fread(buf, 1, cap - 1, f);
-    bool more = fgetc(f) != EOF;
-    fclose(f);
-    if (more) {
-        fprintf(stderr, "collie-store: token file %s is longer than %zu bytes\n", path, cap - 2);
-        return 2;
-    }
-    buf[n] = '\0';
-    while (n > 0 &&
-           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
-        buf[--n] = '\0';
-    if (n == 0 || strlen(buf) != n) {
-        fprintf(stderr, "collie-store: token file %s is empty or contains NUL bytes\n", path);
-        return 2;
-    }
-    return 0;
 }
 
 /* What the command line asks for. */
@@ -147,7 +120,7 @@ static int store_tool_parse_args(int argc, char **argv, store_tool_args *a) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    static char token[STORE_TOOL_TOKEN_MAX + 2];
+    static char token[TOOL_TOKEN_MAX + 2];
     int c, rc;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
@@ -155,7 +128,7 @@ static int store_tool_parse_args(int argc, char **argv, store_tool_args *a) {
     if (optind < argc) return store_tool_bad_usage("unexpected argument '%s'", argv[optind]);
     if (!a->have_port) return store_tool_bad_usage("%s", "--port is required");
     if (a->token_file) {
-        rc = store_tool_read_token(a->token_file, token, sizeof token);
+        rc = tool_token_file_read("collie-store", a->token_file, token, sizeof token);
         if (rc) return rc;
         a->so.token = token;
     }

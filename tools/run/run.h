@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "collie.h"
+#include "tools/common/token_file.h"
 
 #define RUN_MAX_RANKS        1024
 #define RUN_MAX_RESTARTS     1000000
@@ -37,8 +38,8 @@
 #define RUN_EXIT_USAGE       2
 #define RUN_EXIT_ERROR       1
 #define RUN_EXIT_TIMEOUT     124
-#define RUN_TOKEN_MAX        4096 /* longest secret (the store's CL_STORE_TOKEN_MAX) */
-#define RUN_TOKEN_RANDOM     32   /* bytes of a secret made here (64 hex digits) */
+#define RUN_TOKEN_MAX        TOOL_TOKEN_MAX /* longest secret (tools/common/token_file.h) */
+#define RUN_TOKEN_RANDOM     32             /* bytes of a secret made here (64 hex digits) */
 #define RUN_TOKEN_VAR        "COLLIE_STORE_TOKEN"
 #define RUN_FD_RESERVE       8   /* descriptors held back for starting ranks */
 #define RUN_SPAWN_TRIES      20  /* tries to start a rank that finds no descriptor */

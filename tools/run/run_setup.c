@@ -30,6 +30,7 @@
 #include <openssl/rand.h>
 
 #include "run.h"
+#include "tools/common/token_file.h"
 
 /* Make sure fds 0-2 exist, so our pipes never land on them. */
 void run_fix_std_fds(void) {
@@ -78,41 +79,8 @@ static int run_signals_init(run_job *job) {
 static int run_token_init(run_job *job) {
     const run_opts *o = &job->opts;
     char buf[RUN_TOKEN_MAX + 2];
-    size_t n = 0;
     if (o->token_file) {
-        FILE *f = fopen(o->token_file, "r");
-        if (!f) {
-            fprintf(stderr, "collie-run: cannot open the token file %s: %s\n", o->token_file,
-                    strerror(errno));
-            return -1;
-        }
-        struct stat sb;
-        if (fstat(fileno(f), &sb) != 0) {
-            fprintf(stderr, "collie-run: cannot stat the token file %s: %s\n", o->token_file,
-                    strerror(errno));
-            fclose(f);
-            return -1;
-        }
-        if ((sb.st_mode & 077) != 0) { /* as ssh with a key: a secret others can read is none */
-            fprintf(stderr,
-                    "collie-run: the token file %s can be read or written by group or others "
-                    "(mode %04o): keep it readable by its owner only (chmod 600 %s)\n",
-                    o->token_file, (unsigned)(sb.st_mode & 07777), o->token_file);
-            fclose(f);
-            return -1;
-        }
-        n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
-                         buf[n - 1] == '\t'))
-            n--;
-        if (n == 0 || n > RUN_TOKEN_MAX || memchr(buf, '\0', n)) {
-            fprintf(stderr, "collie-run: the token file %s must hold 1 to %d bytes, without NUL\n",
-                    o->token_file, RUN_TOKEN_MAX);
-            OPENSSL_cleanse(buf, sizeof buf);
-            return -1;
-        }
-        buf[n] = '\0';
+        if (tool_token_file_read("collie-run", o->token_file, buf, sizeof buf) != 0) return -1;
     } else if (getenv(RUN_TOKEN_VAR) && *getenv(RUN_TOKEN_VAR)) {
         snprintf(buf, sizeof buf, "%s", getenv(RUN_TOKEN_VAR));
     } else if (!o->store_addr) { /* we host the store, on this node only: a secret of our own */
