@@ -1,17 +1,23 @@
 /*
  * idmap.h — an intrusive chained hash map from 64-bit keys to nodes
  * embedded in the caller's structs, header-only like list.h and open to
- * every layer: the store's in-flight requests by id, the TCP transport's
- * expected messages and running collectives by seq.
+ * every layer: the store's in-flight requests by id and its key table by
+ * the SipHash of each key, the TCP transport's expected messages and
+ * running collectives by seq.
  *
  * Design notes
  *  - Keys are mostly sequential (request ids, collective seqs), so a
  *    multiplicative (Fibonacci) hash taking the product's top bits spreads
- *    them well. The table doubles at load factor 1 and never shrinks (a
- *    map's peak is a good guess for its future); a failed doubling of a
- *    non-empty map only costs speed.
+ *    them well; already-hashed keys (the store's SipHash values) stay as
+ *    uniform as they were. The table doubles at load factor 1 and never
+ *    shrinks (a map's peak is a good guess for its future); a failed
+ *    doubling of a non-empty map only costs speed.
  *  - Keys may repeat (several expected messages of one seq, told apart by
- *    step): get returns the newest node with the key, next walks the rest.
+ *    step; two byte strings with one hash): get returns the newest node
+ *    with the key, next walks the rest.
+ *  - first/after walk every node in table order; removing the node just
+ *    visited (after taking its successor) keeps the walk valid, a put
+ *    during the walk does not (it may double the table).
  *  - Not thread-safe: each map belongs to one thread (the engine's loop).
  */
 #ifndef CL_BASE_IDMAP_H
@@ -105,6 +111,25 @@ static inline cl_idnode *cl_idmap_del(cl_idmap *m, uint64_t key) {
     cl_idnode *n = cl_idmap_get(m, key);
     if (n) cl_idmap_remove(m, n);
     return n;
+}
+
+/* cl_idmap_after: the node after `n` in table order (any key), or NULL.
+ * Take it before removing `n`: the walk then goes on where n was. */
+static inline cl_idnode *cl_idmap_after(const cl_idmap *m, const cl_idnode *n) {
+    if (n->next) return n->next;
+    size_t nb = (size_t)1 << m->bits;
+    for (size_t s = cl_idmap_slot(n->key, m->bits) + 1; s < nb; s++)
+        if (m->buckets[s]) return m->buckets[s];
+    return NULL;
+}
+
+/* cl_idmap_first: the first node in table order, or NULL (empty map). */
+static inline cl_idnode *cl_idmap_first(const cl_idmap *m) {
+    if (m->bits == 0) return NULL;
+    size_t nb = (size_t)1 << m->bits;
+    for (size_t s = 0; s < nb; s++)
+        if (m->buckets[s]) return m->buckets[s];
+    return NULL;
 }
 
 /* cl_idmap_fini: free the buckets (the nodes are the caller's). */

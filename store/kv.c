@@ -2,8 +2,13 @@
  * kv.c — the key table and its waiter lists (interface in kv.h).
  *
  * Design notes
- *  - A chained hash table of entries keyed by SipHash with a per-table
- *    random seed. An entry exists while its key is present OR some waiter is
+ *  - The entries live in a cl_idmap (base/idmap.h, the library's one hash
+ *    map) keyed by the SipHash of their key bytes with a per-table random
+ *    seed, so a client cannot aim keys at one chain. Two keys with one
+ *    hash are both kept (idmap keys may repeat); a lookup walks the nodes
+ *    of its hash and compares the bytes. Measured against the chain kv.c
+ *    had before (issue 30, bench/RESULTS.md): store get and add with 64
+ *    clients within noise. An entry exists while its key is present OR some waiter is
  *    linked to it: a get on a missing key creates a "placeholder" entry
  *    (present = false) that holds the waiter list. Placeholders do not count
  *    as keys (num_keys, max_keys); the last unwatch of a placeholder frees it.
@@ -24,12 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/idmap.h"
 #include "collie.h"
 #include "store/siphash.h"
 
 typedef struct cl_store_kv_entry {
-    struct cl_store_kv_entry *next; /* hash chain */
-    uint64_t hash;
+    cl_idnode node; /* node.key = SipHash of key[] */
     uint8_t *val;
     uint32_t vlen, vcap;
     bool present;
@@ -39,9 +44,7 @@ typedef struct cl_store_kv_entry {
 } store_kv_entry;
 
 struct cl_store_kv {
-    store_kv_entry **buckets;
-    size_t nbuckets; /* power of two */
-    size_t nentries; /* present + placeholders */
+    cl_idmap map; /* store_kv_entry.node; count = present + placeholders */
     size_t npresent;
     cl_store_kv_limits lim;
     uint8_t seed[16];
@@ -62,12 +65,19 @@ static int store_kv_fail(cl_store_kv *kv, int status, const char *fmt, ...) {
 
 const char *cl_store_kv_error(const cl_store_kv *kv) { return kv->err; }
 
+static store_kv_entry *store_kv_of(const cl_idnode *n) {
+    return n ? (store_kv_entry *)((char *)n - offsetof(store_kv_entry, node)) : NULL;
+}
+
 cl_store_kv *cl_store_kv_create(const cl_store_kv_limits *lim, const uint8_t seed[16]) {
     cl_store_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return NULL;
-    kv->nbuckets = 64;
-    kv->buckets = calloc(kv->nbuckets, sizeof *kv->buckets);
-    if (!kv->buckets) {
+    /* buckets now, so that a put never fails; 64, as many as a small store needs */
+    bool ok = true;
+    while (ok && kv->map.bits < 6)
+        ok = cl_idmap_grow(&kv->map);
+    if (!ok) {
+        cl_idmap_fini(&kv->map);
         free(kv);
         return NULL;
     }
@@ -86,28 +96,23 @@ void cl_store_kv_destroy(cl_store_kv *kv) {
     cl_list dead; /* through rnode, now free */
     cl_list_init(&dead);
     cl_store_wlink *l;
-    for (size_t i = 0; i < kv->nbuckets; i++)
-        for (store_kv_entry *e = kv->buckets[i]; e; e = e->next)
-            cl_list_foreach(&e->waiters, l, cl_store_wlink, node) {
-                if (l->w->nlinks == 0) continue;
-                l->w->nlinks = 0;
-                cl_list_push_back(&dead, &l->w->rnode);
-            }
+    for (cl_idnode *n = cl_idmap_first(&kv->map); n; n = cl_idmap_after(&kv->map, n))
+        cl_list_foreach(&store_kv_of(n)->waiters, l, cl_store_wlink, node) {
+            if (l->w->nlinks == 0) continue;
+            l->w->nlinks = 0;
+            cl_list_push_back(&dead, &l->w->rnode);
+        }
     while ((w = cl_list_first(&dead, cl_store_waiter, rnode))) {
         cl_list_remove(&w->rnode);
         free(w->links);
         memset(w, 0, sizeof *w); /* unregistered: a later unwatch is a no-op */
     }
-    for (size_t i = 0; i < kv->nbuckets; i++) {
-        store_kv_entry *e = kv->buckets[i];
-        while (e) {
-            store_kv_entry *next = e->next;
-            free(e->val);
-            free(e);
-            e = next;
-        }
+    for (cl_idnode *n = cl_idmap_first(&kv->map), *next; n; n = next) {
+        next = cl_idmap_after(&kv->map, n); /* before n is freed */
+        free(store_kv_of(n)->val);
+        free(store_kv_of(n));
     }
-    free(kv->buckets);
+    cl_idmap_fini(&kv->map);
     free(kv);
 }
 
@@ -115,31 +120,15 @@ void cl_store_kv_destroy(cl_store_kv *kv) {
 
 static store_kv_entry *store_kv_find(const cl_store_kv *kv, const void *key, size_t klen,
                                      uint64_t h) {
-    for (store_kv_entry *e = kv->buckets[h & (kv->nbuckets - 1)]; e; e = e->next)
-        if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0) return e;
+    for (cl_idnode *n = cl_idmap_get(&kv->map, h); n; n = cl_idmap_next(n)) {
+        store_kv_entry *e = store_kv_of(n);
+        if (e->klen == klen && memcmp(e->key, key, klen) == 0) return e;
+    }
     return NULL;
 }
 
 static store_kv_entry *store_kv_lookup(const cl_store_kv *kv, const void *key, size_t klen) {
     return store_kv_find(kv, key, klen, cl_store_siphash(kv->seed, key, klen));
-}
-
-static void store_kv_grow(cl_store_kv *kv) {
-    size_t nb = kv->nbuckets * 2;
-    store_kv_entry **b = calloc(nb, sizeof *b);
-    if (!b) return; /* longer chains, still correct */
-    for (size_t i = 0; i < kv->nbuckets; i++) {
-        store_kv_entry *e = kv->buckets[i];
-        while (e) {
-            store_kv_entry *next = e->next;
-            e->next = b[e->hash & (nb - 1)];
-            b[e->hash & (nb - 1)] = e;
-            e = next;
-        }
-    }
-    free(kv->buckets);
-    kv->buckets = b;
-    kv->nbuckets = nb;
 }
 
 int cl_store_kv_check_key(cl_store_kv *kv, size_t klen) {
@@ -156,25 +145,18 @@ static store_kv_entry *store_kv_get_or_add(cl_store_kv *kv, const void *key, siz
     if (e) return e;
     e = calloc(1, sizeof *e + klen);
     if (!e) return NULL;
-    e->hash = h;
+    e->node.key = h;
     e->klen = (uint32_t)klen;
     cl_list_init(&e->waiters);
     if (klen) memcpy(e->key, key, klen);
-    if (kv->nentries >= kv->nbuckets) store_kv_grow(kv);
-    e->next = kv->buckets[h & (kv->nbuckets - 1)];
-    kv->buckets[h & (kv->nbuckets - 1)] = e;
-    kv->nentries++;
+    cl_idmap_put(&kv->map, &e->node); /* never fails: the map has buckets */
     return e;
 }
 
 /* Free an entry that holds neither a value nor waiters. */
 static void store_kv_maybe_drop(cl_store_kv *kv, store_kv_entry *e) {
     if (e->present || !cl_list_empty(&e->waiters)) return;
-    store_kv_entry **pp = &kv->buckets[e->hash & (kv->nbuckets - 1)];
-    while (*pp != e)
-        pp = &(*pp)->next;
-    *pp = e->next;
-    kv->nentries--;
+    cl_idmap_remove(&kv->map, &e->node);
     free(e->val);
     free(e);
 }
@@ -477,20 +459,17 @@ int cl_store_kv_delete(cl_store_kv *kv, const void *key, size_t klen, bool *exis
 }
 
 size_t cl_store_kv_delete_prefix(cl_store_kv *kv, const void *prefix, size_t plen) {
-    size_t n = 0;
-    for (size_t i = 0; i < kv->nbuckets; i++) {
-        store_kv_entry *e = kv->buckets[i];
-        while (e) {
-            store_kv_entry *next = e->next; /* e may be dropped */
-            if (e->present && e->klen >= plen && memcmp(e->key, prefix, plen) == 0) {
-                bool existed;
-                cl_store_kv_delete(kv, e->key, e->klen, &existed);
-                n++;
-            }
-            e = next;
+    size_t count = 0;
+    for (cl_idnode *n = cl_idmap_first(&kv->map), *next; n; n = next) {
+        next = cl_idmap_after(&kv->map, n); /* before the delete may drop n's entry */
+        store_kv_entry *e = store_kv_of(n);
+        if (e->present && e->klen >= plen && memcmp(e->key, prefix, plen) == 0) {
+            bool existed;
+            cl_store_kv_delete(kv, e->key, e->klen, &existed);
+            count++;
         }
     }
-    return n;
+    return count;
 }
 
 bool cl_store_kv_get(const cl_store_kv *kv, const void *key, size_t klen, const uint8_t **val,

@@ -434,6 +434,41 @@ static void test_kv_basic(void **state) {
     cl_store_kv_destroy(kv);
 }
 
+/* delete_prefix over a table that grew through several doublings: exactly
+ * the keys under the prefix go, placeholders (keys only waited for) stay,
+ * and the waiters on deleted keys are unsatisfied again. */
+static void test_kv_delete_prefix(void **state) {
+    (void)state;
+    cl_store_kv *kv = kv_new(16, 8, 10000);
+    char k[16];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(k, sizeof k, "%c/%d", i % 3 ? 'a' : 'b', i);
+        assert_int_equal(cl_store_kv_set(kv, k, strlen(k), "v", 1), COLLIE_OK);
+    }
+    cl_store_waiter w[2];
+    cl_store_bytes wk0[1] = {B("a/1")}, wk1[1] = {B("a/missing")};
+    assert_int_equal(cl_store_kv_watch(kv, &w[0], 1, wk0, CL_STORE_WAIT_EXISTS, 0), COLLIE_OK);
+    assert_int_equal(cl_store_kv_watch(kv, &w[1], 1, wk1, CL_STORE_WAIT_EXISTS, 0), COLLIE_OK);
+    assert_ptr_equal(cl_store_kv_pop_ready(kv), &w[0]);
+    assert_null(cl_store_kv_pop_ready(kv));
+    assert_int_equal(cl_store_kv_delete_prefix(kv, "a/", 2), 2000);
+    assert_int_equal(cl_store_kv_num_keys(kv), 1000);
+    for (int i = 0; i < 3000; i++) {
+        snprintf(k, sizeof k, "%c/%d", i % 3 ? 'a' : 'b', i);
+        assert_true(kv_is(kv, k, i % 3 ? NULL : "v"));
+    }
+    /* the placeholders are still there: setting the keys readies both */
+    assert_int_equal(cl_store_kv_set(kv, "a/missing", 9, "x", 1), COLLIE_OK);
+    assert_int_equal(cl_store_kv_set(kv, "a/1", 3, "y", 1), COLLIE_OK);
+    assert_ptr_equal(cl_store_kv_pop_ready(kv), &w[1]);
+    assert_ptr_equal(cl_store_kv_pop_ready(kv), &w[0]);
+    cl_store_kv_unwatch(kv, &w[0]);
+    cl_store_kv_unwatch(kv, &w[1]);
+    assert_int_equal(cl_store_kv_delete_prefix(kv, "", 0), 1002);
+    assert_int_equal(cl_store_kv_num_keys(kv), 0);
+    cl_store_kv_destroy(kv);
+}
+
 static void test_kv_limits(void **state) {
     (void)state;
     cl_store_kv *kv = kv_new(4, 8, 2);
@@ -656,6 +691,46 @@ static void test_idmap(void **state) {
     free(items);
 }
 
+/* first/after visit every node once, repeated keys included, and a walk
+ * that removes the node it stands on (its successor taken first) still
+ * visits every node (the store's delete_prefix and destroy do this). */
+static void test_idmap_walk(void **state) {
+    (void)state;
+    cl_idmap m = {0};
+    assert_null(cl_idmap_first(&m));
+    enum { N = 3000 };
+    id_item *items = calloc(N, sizeof *items);
+    for (int i = 0; i < N; i++) {
+        items[i].node.key = (uint64_t)(i % 1000) * 0x100000001ull; /* each key three times */
+        items[i].v = i;
+        assert_true(cl_idmap_put(&m, &items[i].node));
+    }
+    int *seen = calloc(N, sizeof *seen), n = 0;
+    for (cl_idnode *x = cl_idmap_first(&m); x && n <= N; x = cl_idmap_after(&m, x), n++)
+        seen[((id_item *)x)->v]++;
+    assert_int_equal(n, N);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(seen[i], 1);
+    /* remove the odd ones while walking */
+    n = 0;
+    for (cl_idnode *x = cl_idmap_first(&m), *next; x && n <= N; x = next, n++) {
+        next = cl_idmap_after(&m, x);
+        if (((id_item *)x)->v % 2) assert_true(cl_idmap_remove(&m, x));
+    }
+    assert_int_equal(n, N);
+    assert_int_equal(m.count, N / 2);
+    memset(seen, 0, N * sizeof *seen);
+    n = 0;
+    for (cl_idnode *x = cl_idmap_first(&m); x && n <= N; x = cl_idmap_after(&m, x), n++)
+        seen[((id_item *)x)->v]++;
+    assert_int_equal(n, N / 2);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(seen[i], i % 2 ? 0 : 1);
+    cl_idmap_fini(&m);
+    free(seen);
+    free(items);
+}
+
 static void test_auth_proofs(void **state) {
     (void)state;
     uint8_t cn[CL_STORE_NONCE_LEN], sn[CL_STORE_NONCE_LEN], p1[CL_STORE_PROOF_LEN],
@@ -729,12 +804,14 @@ int main(void) {
         cmocka_unit_test(test_reply_positive_status),
         cmocka_unit_test(test_req_truncated_count_says_why),
         cmocka_unit_test(test_kv_basic),
+        cmocka_unit_test(test_kv_delete_prefix),
         cmocka_unit_test(test_kv_limits),
         cmocka_unit_test(test_kv_add_append_cas),
         cmocka_unit_test(test_kv_waiters),
         cmocka_unit_test(test_kv_barrier_waiters),
         cmocka_unit_test(test_siphash_vector),
         cmocka_unit_test(test_idmap),
+        cmocka_unit_test(test_idmap_walk),
         cmocka_unit_test(test_auth_proofs),
         cmocka_unit_test(test_addr_parse),
     };
