@@ -1,6 +1,7 @@
 /*
- * client.c — the store client's connection: lazy connect, handshake,
- * pipelined requests matched by id, reconnect with backoff, teardown.
+ * client.c — the store client's connection: lazy connect, pipelined
+ * requests matched by id, reconnect with backoff, teardown. The handshake
+ * between connect and READY is client_hs.c's.
  *
  * Design notes
  *  - Everything below runs on the engine's loop thread, except create,
@@ -23,8 +24,9 @@
  *    with COLLIE_EPEER (COLLIE_EPROTO for a protocol violation): none is
  *    replayed, because set/add/append/barrier are not idempotent and the
  *    server may or may not have executed them.
- *  - Authentication failures and protocol-version refusals are not retried:
- *    the queued requests fail with the cause (a new request tries again).
+ *  - Authentication failures and protocol-version refusals are not retried
+ *    (conn_lost with fatal = true, from client_hs.c): the queued requests
+ *    fail with the cause (a new request tries again).
  *  - A request finished by someone else (deadline, cancel) is detached here:
  *    removed from the queue or the sent table, and if the server is holding
  *    it (get, wait, multi_get, barrier) a CANCEL frame tells it to drop the
@@ -37,8 +39,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,34 +153,17 @@ static void store_cli_send(cl_store_core *c, cl_store_req *r) {
     cl_list_push_front(&c->sent, &r->link);
 }
 
-/* A small control frame (HELLO, AUTH, CANCEL). */
-static void store_cli_send_ctl(cl_store_core *c, const cl_store_wbuf *b) {
+/* A small control frame (HELLO, AUTH, CANCEL; client.h). */
+void cl_store_cli_send_ctl(cl_store_core *c, const cl_store_wbuf *b) {
     if (b->oom || bufferevent_write(c->bev, b->p, b->len) != 0)
         CL_WARN("store", "client %s: could not queue a control frame", c->addr);
-}
-
-/* A last frame before we hang up on a server we refuse: written straight to
- * the socket so it leaves before the close (best effort). */
-static void store_cli_send_last(cl_store_core *c, uint8_t kind) {
-    cl_store_wbuf b = {0};
-    cl_store_frame_begin(&b, CL_STORE_OP_AUTH, 0, 0);
-    cl_store_put_u8(&b, kind);
-    cl_store_put_bytes(&b, NULL, 0);
-    if (cl_store_frame_end(&b, 0) == COLLIE_OK) {
-        int fd = bufferevent_getfd(c->bev);
-        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 && fd >= 0) {
-            ssize_t n = send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-            CL_UNUSED(n);
-        }
-    }
-    cl_store_wbuf_fini(&b);
 }
 
 static void store_cli_send_cancel(cl_store_core *c, uint32_t id) {
     cl_store_wbuf b = {0};
     cl_store_frame_begin(&b, CL_STORE_OP_CANCEL, 0, 0);
     cl_store_put_u32(&b, id);
-    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
+    if (cl_store_frame_end(&b, 0) == COLLIE_OK) cl_store_cli_send_ctl(c, &b);
     cl_store_wbuf_fini(&b);
 }
 
@@ -232,12 +215,8 @@ static void store_cli_note_refusal(cl_store_core *c, const char *msg) {
     }
 }
 
-/* The connection (or the attempt) is over. fatal: do not retry; fail the
- * queued requests with `status` too. */
-static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...) {
+/* The connection (or the attempt) is over (client.h). */
+void cl_store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...) {
     char msg[200];
     va_list ap;
     va_start(ap, fmt);
@@ -281,7 +260,7 @@ static void store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const 
     }
 }
 
-static void store_cli_ready(cl_store_core *c) {
+void cl_store_cli_ready(cl_store_core *c) {
     if (c->failing_since_ns)
         CL_INFO("store", "client of %s: connected after %.1f s of failed attempts", c->addr,
                 (double)(cl_now_ns() - c->failing_since_ns) / 1e9);
@@ -300,103 +279,6 @@ static void store_cli_ready(cl_store_core *c) {
     }
 }
 
-static void store_cli_on_connected(cl_store_core *c) {
-    int fd = bufferevent_getfd(c->bev), one = 1, idle = 10, intvl = 5, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    /* a server host that vanishes without a FIN is noticed in ~25 s */
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    if (cl_store_auth_random(c->cnonce, sizeof c->cnonce) != COLLIE_OK) {
-        store_cli_conn_lost(c, COLLIE_ESYSTEM, true, "RAND_bytes failed");
-        return;
-    }
-    cl_store_wbuf b = {0};
-    cl_store_frame_begin(&b, CL_STORE_OP_HELLO, 0, 0);
-    cl_store_put_u8(&b, c->token != NULL);
-    cl_store_put_bytes(&b, c->cnonce, sizeof c->cnonce);
-    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
-    cl_store_wbuf_fini(&b);
-    c->state = CL_STORE_HELLO;
-}
-
-/* ---- handshake ---------------------------------------------------------------------- */
-
-static void store_cli_on_hello(cl_store_core *c, const cl_store_msg *m) {
-    bool required = m->num != 0;
-    const uint8_t *snonce = m->vals[0].p;
-    if (required && !c->token) {
-        store_cli_send_last(c, CL_STORE_AUTH_NO_TOKEN);
-        store_cli_conn_lost(c, COLLIE_EAUTH, true,
-                            "the server requires a token and this client has none (set "
-                            "collie_store_opts.token or COLLIE_STORE_TOKEN)");
-        return;
-    }
-    if (!required && c->token) {
-        store_cli_send_last(c, CL_STORE_AUTH_BAD_SERVER);
-        store_cli_conn_lost(c, COLLIE_EAUTH, true,
-                            "the server does not use authentication but this client has a "
-                            "token: refusing to trust it");
-        return;
-    }
-    if (!required) {
-        store_cli_ready(c);
-        return;
-    }
-    if (!cl_store_auth_verify(c->token, c->token_len, true, c->cnonce, snonce, m->vals[1].p,
-                              m->vals[1].len)) {
-        store_cli_send_last(c, CL_STORE_AUTH_BAD_SERVER);
-        store_cli_conn_lost(c, COLLIE_EAUTH, true,
-                            "authentication failed: the server could not prove it knows this "
-                            "client's token (the tokens differ)");
-        return;
-    }
-    uint8_t proof[CL_STORE_PROOF_LEN];
-    if (cl_store_auth_proof(c->token, c->token_len, false, c->cnonce, snonce, proof) != COLLIE_OK) {
-        store_cli_conn_lost(c, COLLIE_ESYSTEM, true, "HMAC-SHA256 failed");
-        return;
-    }
-    cl_store_wbuf b = {0};
-    cl_store_frame_begin(&b, CL_STORE_OP_AUTH, 0, 0);
-    cl_store_put_u8(&b, CL_STORE_AUTH_PROOF);
-    cl_store_put_bytes(&b, proof, sizeof proof);
-    if (cl_store_frame_end(&b, 0) == COLLIE_OK) store_cli_send_ctl(c, &b);
-    cl_store_wbuf_fini(&b);
-    c->state = CL_STORE_AUTH;
-}
-
-/* A frame during the handshake. Returns false if the connection is gone. */
-static bool store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
-                                   const uint8_t *body) {
-    uint8_t want = c->state == CL_STORE_HELLO ? CL_STORE_OP_HELLO : CL_STORE_OP_AUTH;
-    cl_store_msg m;
-    char why[160];
-    if (op != want) {
-        store_cli_conn_lost(c, COLLIE_EPROTO, true, "unexpected %s frame during the handshake",
-                            cl_store_op_name(op));
-        return false;
-    }
-    if (cl_store_reply_decode(op, h->status, body, h->body_len, &m, why, sizeof why) != COLLIE_OK) {
-        store_cli_conn_lost(c, COLLIE_EPROTO, true, "malformed handshake from the server: %s", why);
-        return false;
-    }
-    bool alive = true;
-    if (h->status != COLLIE_OK) {
-        int st = h->status == COLLIE_EAUTH ? COLLIE_EAUTH : COLLIE_EPROTO;
-        store_cli_conn_lost(c, st, true, "the server refused the handshake: %.*s",
-                            (int)m.vals[0].len, (const char *)m.vals[0].p);
-        alive = false;
-    } else if (op == CL_STORE_OP_HELLO) {
-        store_cli_on_hello(c, &m);
-        alive = c->bev != NULL;
-    } else {
-        store_cli_ready(c);
-    }
-    cl_store_msg_fini(&m);
-    return alive;
-}
-
 /* ---- reading ------------------------------------------------------------------------- */
 
 /* A reply while READY. Returns false if the connection is gone. */
@@ -406,16 +288,16 @@ static bool store_cli_on_reply(cl_store_core *c, const cl_store_hdr *h, uint8_t 
     if (!n) return true; /* cancelled or timed out meanwhile: drop it */
     cl_store_req *r = cl_container_of(n, cl_store_req, node);
     if (r->op != op) {
-        store_cli_conn_lost(c, COLLIE_EPROTO, false,
-                            "protocol error: a %s reply to a %s request (id %u)",
-                            cl_store_op_name(op), cl_store_op_name(r->op), h->req_id);
+        cl_store_cli_conn_lost(c, COLLIE_EPROTO, false,
+                               "protocol error: a %s reply to a %s request (id %u)",
+                               cl_store_op_name(op), cl_store_op_name(r->op), h->req_id);
         return false;
     }
     store_cli_unsend(c, r);
     r->replied = true;
     if (cl_store_req_reply(r, h, body) != COLLIE_OK) {
-        store_cli_conn_lost(c, COLLIE_EPROTO, false, "protocol error: malformed %s reply",
-                            cl_store_op_name(op));
+        cl_store_cli_conn_lost(c, COLLIE_EPROTO, false, "protocol error: malformed %s reply",
+                               cl_store_op_name(op));
         return false;
     }
     return true;
@@ -443,8 +325,8 @@ static void store_cli_on_read(struct bufferevent *bev, void *arg) {
         if (cl_store_hdr_decode(hb, CL_STORE_PROTO_MAX_BODY, &h, why, sizeof why) != COLLIE_OK ||
             !(h.op & CL_STORE_OP_REPLY)) {
             if (!(h.op & CL_STORE_OP_REPLY) && !why[0]) snprintf(why, sizeof why, "not a reply");
-            store_cli_conn_lost(c, COLLIE_EPROTO, c->state != CL_STORE_READY,
-                                "protocol error from the server: %s", why);
+            cl_store_cli_conn_lost(c, COLLIE_EPROTO, c->state != CL_STORE_READY,
+                                   "protocol error from the server: %s", why);
             break;
         }
         size_t need = CL_STORE_HDR_LEN + (size_t)h.body_len;
@@ -454,13 +336,13 @@ static void store_cli_on_read(struct bufferevent *bev, void *arg) {
         }
         const uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)need);
         if (!frame) {
-            store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory reading a reply");
+            cl_store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory reading a reply");
             break;
         }
         uint8_t op = h.op & (uint8_t)~CL_STORE_OP_REPLY;
         bool alive = c->state == CL_STORE_READY
                          ? store_cli_on_reply(c, &h, op, frame + CL_STORE_HDR_LEN)
-                         : store_cli_on_handshake(c, &h, op, frame + CL_STORE_HDR_LEN);
+                         : cl_store_cli_on_handshake(c, &h, op, frame + CL_STORE_HDR_LEN);
         if (!alive || c->bev != bev) break; /* the bufferevent (and `in`) is gone */
         evbuffer_drain(in, need);
     }
@@ -478,7 +360,7 @@ static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
     cl_store_core *c = arg;
     int err = EVUTIL_SOCKET_ERROR();
     if (what & BEV_EVENT_CONNECTED) {
-        store_cli_on_connected(c);
+        cl_store_cli_on_connected(c);
         return;
     }
     int so_err = 0;
@@ -487,17 +369,17 @@ static void store_cli_on_event(struct bufferevent *bev, short what, void *arg) {
     if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &sl) == 0 && so_err) err = so_err;
     bool connecting = c->state == CL_STORE_CONNECTING;
     if (what & BEV_EVENT_TIMEOUT)
-        store_cli_conn_lost(c, COLLIE_ETIMEDOUT, false, "the server did not %s within %d ms",
-                            connecting ? "accept the connection" : "complete the handshake",
-                            STORE_CLI_HANDSHAKE_MS);
+        cl_store_cli_conn_lost(c, COLLIE_ETIMEDOUT, false, "the server did not %s within %d ms",
+                               connecting ? "accept the connection" : "complete the handshake",
+                               STORE_CLI_HANDSHAKE_MS);
     else if (connecting)
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
-                            err ? strerror(err) : "connection failed");
+        cl_store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
+                               err ? strerror(err) : "connection failed");
     else if (what & BEV_EVENT_EOF)
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
+        cl_store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
     else
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "connection to store %s lost: %s", c->addr,
-                            err ? strerror(err) : "unknown error");
+        cl_store_cli_conn_lost(c, COLLIE_EPEER, false, "connection to store %s lost: %s", c->addr,
+                               err ? strerror(err) : "unknown error");
 }
 
 static void store_cli_connect(cl_store_core *c) {
@@ -505,7 +387,7 @@ static void store_cli_connect(cl_store_core *c) {
         bufferevent_socket_new(cl_engine_base(c->engine), -1, BEV_OPT_CLOSE_ON_FREE);
     if (!bev) {
         c->state = CL_STORE_CONNECTING;
-        store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory connecting");
+        cl_store_cli_conn_lost(c, COLLIE_ENOMEM, false, "out of memory connecting");
         return;
     }
     struct timeval hs = {STORE_CLI_HANDSHAKE_MS / 1000, (STORE_CLI_HANDSHAKE_MS % 1000) * 1000};
@@ -518,8 +400,8 @@ static void store_cli_connect(cl_store_core *c) {
     if (bufferevent_socket_connect(bev, (struct sockaddr *)&c->addrs.sa[c->addr_i],
                                    (int)c->addrs.len[c->addr_i]) != 0) {
         int err = EVUTIL_SOCKET_ERROR();
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
-                            strerror(err));
+        cl_store_cli_conn_lost(c, COLLIE_EPEER, false, "connect to %s: %s", store_cli_addr_now(c),
+                               strerror(err));
     }
 }
 
@@ -547,7 +429,7 @@ void cl_store_core_start(cl_store_req *r) {
             return;
         }
         store_cli_enqueue(c, r); /* conn_lost reconnects at once for it */
-        store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
+        cl_store_cli_conn_lost(c, COLLIE_EPEER, false, "store %s closed the connection", c->addr);
         return;
     case CL_STORE_IDLE:
         store_cli_enqueue(c, r);

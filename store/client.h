@@ -1,8 +1,8 @@
 /*
  * client.h — private structures of the store client, shared by client.c
- * (the connection: connect, handshake, reconnect, in-flight table),
- * request.c (requests as works: encoding, results, accessors) and api.c
- * (the public collie_store_* functions and handles).
+ * (the connection: connect, reconnect, in-flight table), client_hs.c (the
+ * handshake: HELLO, token proofs), request.c (requests as works: encoding, results, accessors) and
+ * api.c (the public collie_store_* functions and handles).
  *
  * Ownership: a cl_store_core is one connection to one server, shared by a
  * handle and all its prefix views. It is refcounted: one reference per
@@ -133,6 +133,25 @@ void cl_store_core_detach(cl_store_req *r);
 
 /* any thread: ", store 1.2.3.4:5 (not connected: <last error>)" */
 void cl_store_core_describe(cl_store_core *c, char *buf, size_t len);
+
+/* ---- between client.c and client_hs.c (loop thread only) --------------------- */
+
+/* cl_store_cli_conn_lost (client.c): the connection or the attempt is
+ * over; c->bev is freed. fatal: do not retry; fail the queued requests with
+ * `status` too. */
+void cl_store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* cl_store_cli_ready (client.c): the handshake is done; send what is queued. */
+void cl_store_cli_ready(cl_store_core *c);
+/* cl_store_cli_send_ctl (client.c): queue a small control frame. */
+void cl_store_cli_send_ctl(cl_store_core *c, const cl_store_wbuf *b);
+/* cl_store_cli_on_connected (client_hs.c): TCP is up; set the socket's
+ * options and send HELLO (state HELLO), or end the connection. */
+void cl_store_cli_on_connected(cl_store_core *c);
+/* cl_store_cli_on_handshake (client_hs.c): a frame in state HELLO or AUTH.
+ * Returns false if the connection is gone. */
+bool cl_store_cli_on_handshake(cl_store_core *c, const cl_store_hdr *h, uint8_t op,
+                               const uint8_t *body);
 
 /* ---- request.c ------------------------------------------------------------------ */
 
