@@ -144,7 +144,7 @@ $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
 
 # The C++ example: collie.h from C++17, with RAII wrappers of its own.
-$(BUILD)/examples/cxx/%: examples/cxx/%.cpp $(LIB_A) include/collie.h | $(DEPS_STAMP)
+$(BUILD)/examples/cxx/%: examples/cxx/%.cpp $(LIB_A) $(wildcard include/collie*.h) | $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(SANFLAGS) -I include -o $@ $< \
 	  $(LDFLAGS_ALL) $(LIB_A) $(LIBS)
@@ -224,7 +224,7 @@ python:
 	@echo "collie: the torch backend is not built (needs python3-torch, libtorch-dev, pybind11-dev)"
 endif
 
-$(TORCH_EXT): $(TORCH_SRC) include/collie.h tools/torch_flags.py $(LIB_SO)
+$(TORCH_EXT): $(TORCH_SRC) $(wildcard include/collie*.h) tools/torch_flags.py $(LIB_SO)
 	@mkdir -p $(@D)
 	@# a failing helper stops the build with its own message
 	flags=$$($(PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed:" \
@@ -505,7 +505,8 @@ INCLUDEDIR ?= $(PREFIX)/include
 BINDIR     ?= $(PREFIX)/bin
 MANDIR     ?= $(PREFIX)/share/man
 PLUGINDIR  := $(LIBDIR)/collie
-HEADERS    := include/collie.h include/collie_backend.h include/collie_cuda.h
+HEADERS    := include/collie.h include/collie_store.h include/collie_comm.h \
+              include/collie_backend.h include/collie_cuda.h
 MAN1       := $(wildcard docs/man/*.1)
 MAN3       := $(wildcard docs/man/*.3)
 INSTALL_PLUGINS := $(BUILD)/lib/libcollie_dummy.so $(NCCL_PLUGIN)

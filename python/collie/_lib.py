@@ -7,8 +7,8 @@ Design notes
   loader's search path (libcollie.so.0). The soname's major number is the
   ABI the declarations below are written for.
 - Every function the package calls is declared once in SIGNATURES, as
-  collie.h spells it; tests/python/test_signatures.py parses collie.h and
-  collie_cuda.h and checks each entry (argument count and C types), so a
+  collie.h spells it; tests/python/test_signatures.py parses collie.h (with
+  the parts it includes) and collie_cuda.h and checks each entry (argument count and C types), so a
   header change cannot leave a stale declaration here.
 - ctypes.CDLL releases the GIL around every call: a blocking wait in C
   never holds up the interpreter's other threads.

@@ -23,6 +23,7 @@ version=$(awk '/^#define COLLIE_VERSION_(MAJOR|MINOR|PATCH) /{v = v s $3; s = ".
   include/collie.h)
 for f in "lib/libcollie.so.$version" lib/libcollie.so.0 lib/libcollie.so lib/libcollie.a \
          lib/collie/libcollie_dummy.so lib/pkgconfig/collie.pc include/collie.h \
+         include/collie_store.h include/collie_comm.h \
          include/collie_backend.h include/collie/base/list.h lib/pkgconfig/collie-backend.pc \
          bin/collie-run bin/collie-bench share/man/man1/collie-store.1; do
   [ -e "$root/$f" ] || die "$f was not installed"

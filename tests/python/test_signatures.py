@@ -1,4 +1,5 @@
-"""The package's ctypes declarations against collie.h and collie_cuda.h:
+"""The package's ctypes declarations against collie.h (with its parts
+collie_store.h and collie_comm.h) and collie_cuda.h:
 every declared function exists in the headers with the same number of
 parameters and matching C types, and every option/stats structure has the
 header's fields in the header's order."""
@@ -16,7 +17,7 @@ INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "include")
 
 def headers():
     text = ""
-    for name in ("collie.h", "collie_cuda.h"):
+    for name in ("collie.h", "collie_store.h", "collie_comm.h", "collie_cuda.h"):
         with open(os.path.join(INCLUDE, name)) as f:
             text += f.read()
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)

@@ -1,0 +1,302 @@
+/*
+ * collie_comm.h — communicators and their collectives in the public API:
+ * creating, splitting, aborting and destroying a comm, the collectives and
+ * send/recv on CPU buffers (collie_cuda.h has the CUDA-stream forms), and a
+ * comm's statistics.
+ *
+ * Part of collie.h, which includes it: `#include <collie.h>` is enough; the
+ * conventions at the top of collie.h (statuses, outputs, option structs,
+ * threads, durations) hold here too.
+ */
+#ifndef COLLIE_COMM_H
+#define COLLIE_COMM_H
+
+#include "collie.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_comm collie_comm;
+
+/* collie_error_policy: what a fault (deadline, dead peer, backend error)
+ * does to the communicator. See the README, "When things go wrong". */
+typedef enum collie_error_policy {
+    COLLIE_POLICY_DEFAULT = 0,   /* from COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING,
+                                    else ABORT_COMM */
+    COLLIE_POLICY_ABORT_COMM,    /* fail the work, abort the comm, tell the peers */
+    COLLIE_POLICY_BLOCKING_WAIT, /* fail the comm's works; the application decides */
+    COLLIE_POLICY_ABORT_PROCESS, /* as ABORT_COMM, then terminate the process */
+    COLLIE_POLICY_NONE,          /* only fail the work (debugging) */
+} collie_error_policy;
+
+/* collie_comm_error_cb: called once, on the progress thread, when the comm
+ * faults, with the root cause. Must not block. */
+typedef void (*collie_comm_error_cb)(collie_comm *c, int status, const char *msg, void *arg);
+
+typedef struct collie_comm_opts {
+    size_t size;               /* sizeof(collie_comm_opts) */
+    const char *name;          /* store namespace, at most 64 chars [A-Za-z0-9_.-]; NULL: "world" */
+    const char *backend;       /* "auto", "tcp", "shm", "nccl", "cpu:tcp,cuda:nccl"; NULL:
+                                  "auto" (shared memory for same-host peers, TCP for others) */
+    int32_t timeout_ms;        /* default op timeout; 0: COLLIE_TIMEOUT_MS, else 60 s */
+    int32_t create_timeout_ms; /* bound of the creation rendezvous; 0: timeout_ms */
+    collie_error_policy policy;
+    collie_comm_error_cb on_error;
+    void *on_error_arg;
+    int device; /* CUDA device for a cuda backend; -1: none / current */
+} collie_comm_opts;
+
+#define COLLIE_COMM_OPTS_INIT                                                                      \
+    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1 }
+
+/* COLLIE_UNDEFINED: the colour of a rank that joins no group in
+ * collie_comm_split. */
+#define COLLIE_UNDEFINED (-1)
+
+/* collie_comm_create: create a communicator of `size` ranks; every rank
+ * calls it once per incarnation with the same name. Collective over the
+ * store and bounded by create_timeout_ms. The store handle must outlive the
+ * comm. Errors: EINVAL (bad rank/size/options/backend spec, with
+ * collie_last_error saying which), ETIMEDOUT (not every rank arrived:
+ * the message says how many did), EPEER (store lost), ENOMEM, ECLOSED. */
+COLLIE_API int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
+                                  const collie_comm_opts *o, collie_comm **out);
+
+/* collie_comm_create_post: the non-blocking form. Returns the comm at once
+ * and a work that completes when the rendezvous is done; collectives posted
+ * before then queue behind it (and fail with the creation's error). */
+COLLIE_API int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
+                                       const collie_comm_opts *o, collie_comm **out,
+                                       collie_work **work);
+
+/* collie_comm_create_from_env: connect to COLLIE_STORE_ADDR and create a
+ * comm with COLLIE_RANK and COLLIE_WORLD_SIZE (as set by collie-run). The
+ * comm owns that store connection. */
+COLLIE_API int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o,
+                                           collie_comm **out);
+
+/* collie_comm_split: new comms from the ranks of `c` with the same colour,
+ * ordered by (key, parent rank). Every rank of `c` calls it, in the same
+ * order relative to other collectives. A rank passing COLLIE_UNDEFINED gets
+ * COLLIE_ENOTMEMBER and *out = NULL. The name is "<parent>.s<k>.<colour>"
+ * (new_group: "<parent>.g<k>"). Options left unset (NULL opts, backend,
+ * device, timeouts, policy) are the parent's; a backend that can (NCCL:
+ * ncclCommSplit) builds the child from the parent's communicator. Blocks,
+ * bounded by the parent's creation timeout. */
+COLLIE_API int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts *o,
+                                 collie_comm **out);
+
+/* collie_comm_new_group: a comm of the listed parent ranks (in that order).
+ * Every rank of `c` calls it with the same list; non-members get
+ * COLLIE_ENOTMEMBER and *out = NULL. Members given different lists make no
+ * comm: they fail with COLLIE_EINVAL naming both lists (or time out, one
+ * left alone). */
+COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
+                                     const collie_comm_opts *o, collie_comm **out);
+
+/* collie_comm_destroy: graceful: waits for pending works up to the comm's
+ * op timeout (COLLIE_TIMEOUT_MS when that is infinite), then aborts the
+ * rest; frees everything and releases its name.
+ * Idempotent with respect to an earlier abort. Not on the progress thread.
+ * NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED if works had to be
+ * aborted. */
+COLLIE_API int collie_comm_destroy(collie_comm *c);
+
+/* collie_comm_abort: fail every pending work with COLLIE_EABORTED (naming
+ * `reason`) and close the transport. Any thread, also inside a callback;
+ * idempotent; never blocks on the network. */
+COLLIE_API int collie_comm_abort(collie_comm *c, const char *reason);
+
+/* collie_comm_error: the comm's state: COLLIE_OK while healthy, else the
+ * root status of its fault; *msg (if not NULL) the root cause ("" if none),
+ * valid until the comm is destroyed. */
+COLLIE_API int collie_comm_error(const collie_comm *c, int *status, const char **msg);
+
+COLLIE_API int collie_comm_rank(const collie_comm *c);
+COLLIE_API int collie_comm_size(const collie_comm *c);
+COLLIE_API const char *collie_comm_name(const collie_comm *c);
+/* collie_comm_generation: the incarnation number of this comm's name. */
+COLLIE_API uint64_t collie_comm_generation(const collie_comm *c);
+
+/* collie_comm_dump: write the comm's flight recorder (the last
+ * COLLIE_TRACE_BUFFER works: seq, op, dtype, count, peer/root, state,
+ * post/start/end times, error) and its state as JSON, one entry per line.
+ * Any thread. Written automatically to COLLIE_DUMP_DIR on abort.
+ * `tools/collie-trace` reads the dumps of all ranks. */
+COLLIE_API int collie_comm_dump(collie_comm *c, FILE *f);
+
+/* collie_comm_register: make the comm findable by its name in this process.
+ * Errors: EEXIST if another comm holds the name. Unregistered on destroy. */
+COLLIE_API int collie_comm_register(collie_comm *c);
+/* collie_comm_lookup: the registered comm of that name, or ENOENT. */
+COLLIE_API int collie_comm_lookup(const char *name, collie_comm **out);
+
+/* ------------------------------------------------------------------------ */
+/* Collectives (CPU buffers; the comm's cpu backend)                         */
+/* ------------------------------------------------------------------------ */
+
+/* Every collective is non-blocking: it returns COLLIE_OK and a work, or an
+ * error and no work. Collectives of one comm run in post order, and every
+ * rank must post the same sequence (a mismatch is COLLIE_EPROTO naming both
+ * ranks). Buffers must stay valid and untouched until the work completes;
+ * once its completion is visible collie never touches them again.
+ * Like MPI's non-blocking collectives, several works of one comm may be in
+ * flight and progress at the same time: the buffers of works in flight must
+ * not overlap (to feed one collective's output into the next, wait for the
+ * first, or post the second from its callback).
+ * Counts are in elements. In-place forms follow NCCL: allreduce/broadcast/
+ * reduce with sendbuf == recvbuf; allgather/gather with
+ * sendbuf == recvbuf + rank*count; reduce_scatter with
+ * recvbuf == sendbuf + rank*recvcount. */
+COLLIE_API int collie_allreduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                                collie_dtype dt, collie_redop op, const collie_post_opts *o,
+                                collie_work **out);
+COLLIE_API int collie_broadcast(collie_comm *c, void *buf, size_t count, collie_dtype dt, int root,
+                                const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_reduce(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                             collie_dtype dt, collie_redop op, int root, const collie_post_opts *o,
+                             collie_work **out);
+/* recvbuf holds size*count elements, rank r's block at r*count. */
+COLLIE_API int collie_allgather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                                collie_dtype dt, const collie_post_opts *o, collie_work **out);
+/* sendbuf holds size*recvcount elements; rank r receives block r reduced. */
+COLLIE_API int collie_reduce_scatter(collie_comm *c, const void *sendbuf, void *recvbuf,
+                                     size_t recvcount, collie_dtype dt, collie_redop op,
+                                     const collie_post_opts *o, collie_work **out);
+/* count elements per peer: block p of sendbuf goes to rank p, block p of
+ * recvbuf comes from rank p. */
+COLLIE_API int collie_alltoall(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                               collie_dtype dt, const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_gather(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                             collie_dtype dt, int root, const collie_post_opts *o,
+                             collie_work **out);
+COLLIE_API int collie_scatter(collie_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                              collie_dtype dt, int root, const collie_post_opts *o,
+                              collie_work **out);
+COLLIE_API int collie_barrier(collie_comm *c, const collie_post_opts *o, collie_work **out);
+/* Uneven blocks, as MPI_Iallgatherv / MPI_Ialltoallv (MoE expert dispatch,
+ * torch's uneven splits). Counts and displacements are in elements, one
+ * entry per rank, and are copied by the call (the arrays may be reused at
+ * once); a NULL displacement array means packed (block p starts where
+ * block p-1 ends). The receive blocks of one call must not overlap.
+ * allgatherv: rank r contributes recvcounts[r] elements from sendbuf, and
+ * block p lands at recvbuf + displs[p]; every rank passes the same
+ * recvcounts (a difference is COLLIE_EPROTO naming both ranks). In place:
+ * sendbuf == recvbuf + displs[rank]. */
+COLLIE_API int collie_allgatherv(collie_comm *c, const void *sendbuf, void *recvbuf,
+                                 const size_t *recvcounts, const size_t *displs, collie_dtype dt,
+                                 const collie_post_opts *o, collie_work **out);
+/* alltoallv: sendcounts[p] elements at sendbuf + sdispls[p] go to rank p;
+ * recvcounts[p] elements from rank p land at recvbuf + rdispls[p].
+ * sendcounts[p] on rank r must equal recvcounts[r] on rank p (a difference
+ * is COLLIE_EPROTO naming both); sendcounts[rank] == recvcounts[rank]. No
+ * in-place form: the send and receive buffers must not overlap. */
+COLLIE_API int collie_alltoallv(collie_comm *c, const void *sendbuf, const size_t *sendcounts,
+                                const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                const size_t *rdispls, collie_dtype dt, const collie_post_opts *o,
+                                collie_work **out);
+
+/* Point to point, matched by (peer, tag) outside the collective order: a
+ * send/recv never waits for a collective, posted or not. Messages from one
+ * sender with one tag are received in the order they were sent; a message
+ * goes to the first receive posted (in post order) that matches it, as in
+ * MPI. A receive's count and dtype must be the send's (else COLLIE_EPROTO
+ * naming both, and nothing is written).
+ *
+ * collie_recv's peer may be COLLIE_ANY_SOURCE: the receive takes the first
+ * message with its tag from any rank of the comm (among the messages that
+ * arrived before it was posted, the earliest); collie_work_source says
+ * which rank sent it. A rank that dies while an any-source receive is
+ * pending fails it (COLLIE_EPEER naming the rank), whatever the policy. The
+ * CPU backends implement it; others refuse it (COLLIE_ENOTSUP).
+ *
+ * The peer must be another rank: unlike MPI, a send or receive to one's own
+ * rank is refused (COLLIE_EINVAL saying so; copy the data locally), and an
+ * any-source receive never takes a message from its own rank.
+ *
+ * Ending a receive that no message has matched yet (collie_work_cancel, or
+ * its own deadline: COLLIE_ECANCELED, COLLIE_ETIMEDOUT) ends only that work;
+ * the comm stays healthy. A matched receive, a send, or a collective ended
+ * that way is a fault of the comm (its error policy applies). */
+#define COLLIE_ANY_SOURCE (-1)
+COLLIE_API int collie_send(collie_comm *c, const void *buf, size_t count, collie_dtype dt, int peer,
+                           uint64_t tag, const collie_post_opts *o, collie_work **out);
+COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype dt, int peer,
+                           uint64_t tag, const collie_post_opts *o, collie_work **out);
+/* collie_work_source: the rank a receive's message came from: its peer, or
+ * for a COLLIE_ANY_SOURCE receive the sender of the message it took (once
+ * the work is done; also when it failed on that message, e.g. a count
+ * mismatch). -1 for any other work, or while unknown. */
+COLLIE_API int collie_work_source(const collie_work *w);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics of a communicator                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The conventions of the *_stats structs (size first, fields added at the
+ * end, relaxed snapshots): collie.h, "Statistics". */
+
+/* Latency histogram: buckets[0] counts latencies under 1 us, buckets[i]
+ * (0 < i < COLLIE_LATENCY_BUCKETS-1) those in [2^(i-1), 2^i) us, the last
+ * bucket every longer one (over 2^29 us, about 9 minutes). */
+#define COLLIE_LATENCY_BUCKETS 31
+typedef struct collie_latency_histogram {
+    uint64_t count;  /* works measured */
+    uint64_t sum_ns; /* their total latency */
+    uint64_t buckets[COLLIE_LATENCY_BUCKETS];
+} collie_latency_histogram;
+
+/* collie_latency_bucket_le_us: the upper bound of bucket i in microseconds
+ * (2^i; -1 for the last, unbounded one). */
+COLLIE_API int64_t collie_latency_bucket_le_us(int i);
+
+/* Operation kinds counted apart (allreduce, broadcast, ..., send, recv):
+ * index i of collie_comm_stats.latency is named by collie_stats_op_name(i)
+ * (NULL past the last kind). */
+#define COLLIE_STATS_OPS 16
+COLLIE_API const char *collie_stats_op_name(int i);
+
+/* Errors counted apart: failed_by_status[-status] (e.g.
+ * failed_by_status[-COLLIE_ETIMEDOUT]); codes beyond the array land in
+ * its last slot. */
+#define COLLIE_STATS_STATUSES 24
+
+typedef struct collie_comm_stats {
+    size_t size;          /* sizeof(collie_comm_stats) */
+    uint64_t generation;  /* collie_comm_generation */
+    int status;           /* collie_comm_error's status: COLLIE_OK while healthy */
+    uint32_t connections; /* peer connections the CPU transport has open now */
+    uint64_t posted;      /* collectives and send/recv accepted (a refused post is not) */
+    uint64_t completed;   /* ended with COLLIE_OK */
+    uint64_t failed;      /* ended with an error */
+    uint64_t in_flight;   /* posted and not ended yet */
+    uint64_t bytes;       /* payload bytes of the completed works (this rank's buffers) */
+    uint64_t failed_by_status[COLLIE_STATS_STATUSES];
+    uint64_t store_reconnects; /* times the comm's store connection was made again */
+    uint64_t stalls;           /* stalls of its engine's progress loop so far */
+    /* post to completion of the completed works, by kind */
+    collie_latency_histogram latency[COLLIE_STATS_OPS];
+    uint32_t shm_connections; /* of `connections`, those over shared memory (same-host peers) */
+    /* payload bytes received by single copy: read straight out of a
+     * same-host sender's memory (COLLIE_SHM_SINGLE_COPY) */
+    uint64_t shm_single_copy_bytes;
+} collie_comm_stats;
+
+/* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */
+#define COLLIE_COMM_STATS_INIT                                                                     \
+    { .size = sizeof(collie_comm_stats) }
+
+/* collie_comm_get_stats: fill *st (st->size set by the caller). Errors:
+ * EINVAL (NULL, or size smaller than the first fields'). */
+COLLIE_API int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLLIE_COMM_H */
