@@ -8,8 +8,9 @@
  *    hash are both kept (idmap keys may repeat); a lookup walks the nodes
  *    of its hash and compares the bytes. Measured against the chain kv.c
  *    had before (issue 30, bench/RESULTS.md): store get and add with 64
- *    clients within noise. An entry exists while its key is present OR some waiter is
- *    linked to it: a get on a missing key creates a "placeholder" entry
+ *    clients within noise.
+ *  - An entry exists while its key is present OR some waiter is linked to
+ *    it: a get on a missing key creates a "placeholder" entry
  *    (present = false) that holds the waiter list. Placeholders do not count
  *    as keys (num_keys, max_keys); the last unwatch of a placeholder frees it.
  *  - Each waiter keeps one link per key and a count of unsatisfied links.
