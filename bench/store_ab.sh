@@ -9,7 +9,9 @@
 # Prints, per op (get, add), the median ops/s of each build with its min-max
 # spread, and the median server CPU (user + system, from /proc) per 1000
 # requests, with the after/before ratios. On a shared, noisy machine the CPU
-# per request moves less than the rate.
+# per request moves less than the rate. (bench/side_by_side.sh runs the same
+# store load, one server at a time, inside its whole-library comparison;
+# this is the store alone, with the server's CPU.)
 #
 # Design notes: both servers run at once on 127.0.0.1 and the runs
 # alternate between them (before first on odd rounds, after first on even
