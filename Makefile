@@ -54,8 +54,8 @@ VERSION   := $(shell awk '/^\#define COLLIE_VERSION_(MAJOR|MINOR|PATCH) /{v = v 
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 
 # ---- sources ----------------------------------------------------------------
-CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/tcp/*.c \
-              transports/shm/*.c)
+CORE_SRC := $(wildcard engine/*.c work/*.c store/*.c comm/*.c transports/*.c transports/cpu/*.c \
+              transports/cpu/shm/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS    := $(patsubst tools/collie_%.c,$(BUILD)/bin/collie-%,$(wildcard tools/collie_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)) \

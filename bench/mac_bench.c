@@ -1,7 +1,7 @@
 /*
  * mac_bench.c — the cost of the keyed MACs libcrypto offers, on a frame
  * header (48 B, the cost per message) and on 1 MiB (the cost per byte):
- * the measurement that chose the TCP frame MAC (transports/tcp/frame_mac.h).
+ * the measurement that chose the TCP frame MAC (transports/cpu/frame_mac.h).
  * Median of 7 runs of each; one core. `make bench-mac`.
  */
 #include <openssl/evp.h>

@@ -32,7 +32,7 @@
 #include "runner.h"
 #include "spawn.h"
 #include "transports/reduce.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
 #define WAIT_MS 10000
 

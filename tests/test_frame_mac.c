@@ -1,5 +1,5 @@
 /*
- * test_frame_mac.c — the TCP frame MAC (transports/tcp/frame_mac.h): a tag
+ * test_frame_mac.c — the TCP frame MAC (transports/cpu/frame_mac.h): a tag
  * fed in any pieces equals the one-shot tag, and every change the MAC is
  * there to catch is caught: a flipped bit anywhere in header or payload, a
  * frame under another number (dropped, replayed or reordered), in the other
@@ -35,8 +35,8 @@
 #include "harness.h"
 #include "runner.h"
 #include "spawn.h"
-#include "transports/tcp/frame_mac.h"
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/frame_mac.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 static char self_exe[4096];

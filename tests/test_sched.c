@@ -1,5 +1,5 @@
 /*
- * test_sched.c — TCP schedules (transports/tcp/sched.c) run in an in-memory
+ * test_sched.c — TCP schedules (transports/cpu/sched.c) run in an in-memory
  * simulator.
  *
  * Design notes
@@ -32,7 +32,7 @@
 #include <malloc.h>
 
 #include "transports/reduce.h"
-#include "transports/tcp/sched.h"
+#include "transports/cpu/sched.h"
 #include "runner.h"
 
 #define SIM_MAX    8

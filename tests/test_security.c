@@ -32,7 +32,7 @@
 #include "runner.h"
 #include "spawn.h"
 #include "store/server.h"
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define WAIT_MS   10000

@@ -26,7 +26,7 @@
 #include "coll_fixture.h"
 #include "harness.h"
 #include "runner.h"
-#include "transports/shm/link.h"
+#include "transports/cpu/shm/link.h"
 
 /* One int32 sum allreduce on every rank of w, checked. */
 static void allreduce_check(world *w) {

@@ -1,5 +1,5 @@
 /*
- * test_shm_copy.c — single copy between same-host ranks (transports/shm/
+ * test_shm_copy.c — single copy between same-host ranks (transports/cpu/shm/
  * loan.h): large payloads are read straight out of the sender's memory.
  * Every collective and send/recv gives the right result with it, small
  * messages, collectives that reduce and COLLIE_SHM_SINGLE_COPY=0 keep to
@@ -33,7 +33,7 @@
 #include "harness.h"
 #include "runner.h"
 #include "spawn.h"
-#include "transports/shm/loan.h"
+#include "transports/cpu/shm/loan.h"
 
 static uint64_t single_copy_bytes(const world *w) {
     uint64_t sum = 0;

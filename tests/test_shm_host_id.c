@@ -1,5 +1,5 @@
 /*
- * test_shm_host_id.c — the same-host identity (transports/shm/host_id.c):
+ * test_shm_host_id.c — the same-host identity (transports/cpu/shm/host_id.c):
  * this process's, the text form both ways, what makes two differ (a rank
  * in another network namespace included), and strict parsing of a peer's
  * entry.
@@ -13,7 +13,7 @@
 
 #include "harness.h"
 #include "runner.h"
-#include "transports/shm/host_id.h"
+#include "transports/cpu/shm/host_id.h"
 
 static void test_self_and_text_form(void **state) {
     (void)state;

@@ -1,5 +1,5 @@
 /*
- * test_shm_ring.c — the shared-memory byte ring (transports/shm/ring.c):
+ * test_shm_ring.c — the shared-memory byte ring (transports/cpu/shm/ring.c):
  * order across the wrap, full and empty, what attach refuses, a corrupt
  * peer's counters, a byte stream between two processes over a memfd, and
  * parking with doorbells under a tiny-message storm between two threads
@@ -18,7 +18,7 @@
 
 #include "harness.h"
 #include "runner.h"
-#include "transports/shm/ring.h"
+#include "transports/cpu/shm/ring.h"
 
 #define CAP 4096u
 

@@ -5,7 +5,7 @@
  * header of the layer above it.
  */
 #include "collie_backend.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
 const collie_backend_ops *(*const cl_builtin_backends[])(void) = {
     cl_auto_backend_ops,

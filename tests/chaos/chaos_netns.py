@@ -14,7 +14,7 @@ Design notes
    barrier and abort keys still work. 192.0.2.0/24 is TEST-NET-1; inside
    namespaces of our own it clashes with nothing.
  - Same-host identity includes the network namespace
-   (transports/shm/host_id.c), so ranks of A and B never use shared memory
+   (transports/cpu/shm/host_id.c), so ranks of A and B never use shared memory
    between them even though they share /dev/shm and the boot id.
  - Cleanup: `ip netns del` takes the veth ends along (the namespace goes
    when its last process does: the driver kills the run's processes first).

@@ -1,6 +1,6 @@
 /*
  * fuzz_shm_link.c — libFuzzer target: the memory of a same-host link as
- * the dialer finds it (transports/shm/link.c) and the link's byte stream
+ * the dialer finds it (transports/cpu/shm/link.c) and the link's byte stream
  * over it, against a hostile creator.
  *
  * Design notes
@@ -47,7 +47,7 @@
 #include "tests/fuzz/fuzz.h"
 
 #include "collie.h"
-#include "transports/shm/link.h"
+#include "transports/cpu/shm/link.h"
 
 #define FZ_CHECK(cond) FUZZ_CHECK(cond, "the link's contract")
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_shm_loan.c — libFuzzer target: single copy's loans
- * (transports/shm/loan.c, as transports/tcp/tcp_loan.c uses them) against
+ * (transports/cpu/shm/loan.c, as transports/cpu/tcp_loan.c uses them) against
  * a hostile same-host peer.
  *
  * Design notes
@@ -47,7 +47,7 @@
 
 #include "collie.h"
 #include "engine/common.h"
-#include "transports/shm/loan.h"
+#include "transports/cpu/shm/loan.h"
 
 #define FZ_CHECK(cond) FUZZ_CHECK(cond, "the loans' contract")
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_shm_ring.c — libFuzzer target: the shared-memory byte ring
- * (transports/shm/ring.c) against a hostile same-host peer.
+ * (transports/cpu/shm/ring.c) against a hostile same-host peer.
  *
  * Design notes
  *  - What it feeds: two rings in one allocation of exactly their size (so
@@ -47,7 +47,7 @@
 #include "tests/fuzz/fuzz.h"
 
 #include "collie.h"
-#include "transports/shm/ring.h"
+#include "transports/cpu/shm/ring.h"
 
 #define FZ_CHECK(cond) FUZZ_CHECK(cond, "the ring's contract")
 

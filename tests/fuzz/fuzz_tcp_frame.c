@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp_frame.c — the TCP frame header as a receiver judges it
- * (transports/tcp/frame.c, called by tcp_conn.c on every header it reads)
+ * (transports/cpu/frame.c, called by tcp_conn.c on every header it reads)
  * and the words of a peer's ABORT.
  *
  * Design notes
@@ -27,8 +27,8 @@
 
 #include "collie.h"
 #include "collie_backend.h"
-#include "transports/tcp/frame.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/frame.h"
+#include "transports/cpu/cpu.h"
 
 #define FUZZ_GEN 7u
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp_handshake.c — the TCP handshake's parser and verdicts
- * (transports/tcp/handshake.c), the first bytes an unauthenticated peer
+ * (transports/cpu/handshake.c), the first bytes an unauthenticated peer
  * reaches: the acceptor judging a HELLO, the dialer a CHALLENGE and an
  * ACCEPT. tcp_setup.c calls exactly these functions.
  *
@@ -31,7 +31,7 @@
 #include <openssl/hmac.h>
 
 #include "collie.h"
-#include "transports/tcp/handshake.h"
+#include "transports/cpu/handshake.h"
 
 #define FUZZ_COMM 0x1122334455667788ull
 #define FUZZ_GEN  3ull

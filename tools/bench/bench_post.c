@@ -5,7 +5,7 @@
  *
  * Design notes
  *  - Receive buffers: collie runs a comm's works concurrently, each on its
- *    own schedule step (transports/tcp/tcp_exec.c), so works in flight must
+ *    own schedule step (transports/cpu/tcp_exec.c), so works in flight must
  *    not share a receive buffer: two reduces accumulating into one buffer
  *    double-count (a CUDA stream would serialise them; collie does not).
  *    Work i of a loop of depth d receives into slot i % d of one arena of at

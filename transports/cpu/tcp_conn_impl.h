@@ -1,7 +1,7 @@
 /*
  * tcp_conn_impl.h — what tcp_conn.c (the data path: lifecycle, sending,
  * receiving) and tcp_setup.c (handshake, connecting, listening) share.
- * Private to transports/tcp/.
+ * Private to transports/cpu/.
  */
 #ifndef CL_TCP_CONN_IMPL_H
 #define CL_TCP_CONN_IMPL_H
@@ -13,9 +13,9 @@
 #include <sys/uio.h>
 
 #include "engine/engine.h"
-#include "transports/tcp/frame.h"
-#include "transports/tcp/handshake.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/frame.h"
+#include "transports/cpu/handshake.h"
+#include "transports/cpu/cpu.h"
 
 #define HS_CHALLENGE_LEN CL_TCP_HS_CHALLENGE_LEN
 #define HS_HELLO_LEN     CL_TCP_HS_HELLO_LEN
@@ -33,7 +33,7 @@ static inline uint64_t get64(const uint8_t *p) { return cl_get64le(p); }
 /* ---- the link: the byte stream under the framing ---------------------------------- */
 /* Every frame byte of a connection moves through these two; the handshake
  * talks to the socket itself. The link is the TCP socket, or for a
- * same-host peer the shared-memory rings (transports/shm/link.h: EAGAIN
+ * same-host peer the shared-memory rings (transports/cpu/shm/link.h: EAGAIN
  * there means this side parked and the peer will ring its doorbell, the
  * Unix socket c->fd). Both return the bytes moved, or -1 with errno
  * (EAGAIN/EINTR: nothing now). Writing never raises SIGPIPE; `nowait` also

@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "transports/reduce.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
 /* The address of byte `off` of one of the work's buffers (NULL stays NULL:
  * zero-length messages may name an absent buffer). */

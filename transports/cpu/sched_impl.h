@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "transports/tcp/sched.h"
+#include "transports/cpu/sched.h"
 
 /* cl_sched_b: one build in progress. `err` latches the first failure of a
  * push (a capacity bound that was too small); later pushes are ignored. */
@@ -22,7 +22,7 @@ typedef struct cl_sched_b {
     uint64_t bytes; /* count * esize: one block */
     /* the v collectives: an empty block is still a message (zero-length),
      * so every pair that should talk does and a disagreement on the
-     * counts is seen at once (the frame's check word, tcp.h) */
+     * counts is seen at once (the frame's check word, cpu.h) */
     bool empty_msgs;
 } cl_sched_b;
 

@@ -1,6 +1,6 @@
 /*
  * frame.c — the TCP frame header: encoding, decoding, the receiver's checks,
- * an ABORT's words (contracts in frame.h, layout in tcp.h).
+ * an ABORT's words (contracts in frame.h, layout in cpu.h).
  *
  * Design notes
  *  - Pure: no connection, no I/O. tcp_conn.c hands every header it reads
@@ -16,7 +16,7 @@
  *    link that requires tags is refused as EAUTH before anything else is
  *    judged), then flags, kind and fields.
  */
-#include "transports/tcp/frame.h"
+#include "transports/cpu/frame.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -24,7 +24,7 @@
 #include "collie.h"
 #include "collie_backend.h"
 #include "engine/engine.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
 void cl_tcp_frame_encode(uint8_t h[CL_TCP_FRAME_HDR], const cl_tcp_frame *f) {
     cl_put32le(h, TCP_FRAME_MAGIC);

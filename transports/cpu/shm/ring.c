@@ -23,7 +23,7 @@
  *    the ring; the bytes between sane counters are the peer's to choose,
  *    as over TCP (the framing above checks them).
  */
-#include "transports/shm/ring.h"
+#include "transports/cpu/shm/ring.h"
 
 #include <errno.h>
 #include <string.h>

@@ -22,7 +22,7 @@
  *  - Chunks are element aligned (cl_sched_chunk); empty chunks (count <
  *    size) are skipped identically at both ends.
  */
-#include "transports/tcp/sched_impl.h"
+#include "transports/cpu/sched_impl.h"
 
 void cl_sched_allreduce_ring(cl_sched_b *b) {
     int n = b->size, r = b->rank, next = (r + 1) % n, prev = cl_sched_mod(r - 1, n);

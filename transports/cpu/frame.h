@@ -1,5 +1,5 @@
 /*
- * frame.h — the TCP transport's frame header (its layout is in tcp.h):
+ * frame.h — the TCP transport's frame header (its layout is in cpu.h):
  * encoding, decoding and the checks a receiver makes of a header before it
  * acts on it, and the words of a peer's ABORT, as pure functions.
  * tcp_conn.c calls them on every header it reads;
@@ -15,7 +15,7 @@
 #define CL_TCP_FRAME_HDR 48
 #define CL_TCP_NO_ROOT   0xffffffffu /* the root field of kinds without one */
 
-/* A header, decoded (tcp.h: offsets). */
+/* A header, decoded (cpu.h: offsets). */
 typedef struct cl_tcp_frame {
     uint8_t kind, dtype, op, flags;
     uint32_t step, generation;

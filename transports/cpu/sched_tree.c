@@ -20,7 +20,7 @@
  *    Non-root reduce ranks accumulate in SCRATCH (their RECV is unused),
  *    the root in RECV; leaves send straight from SEND.
  */
-#include "transports/tcp/sched_impl.h"
+#include "transports/cpu/sched_impl.h"
 
 /* sched_rd_peer: comm rank of the rank whose post-fold rank is v. */
 static int sched_rd_peer(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }

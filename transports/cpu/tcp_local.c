@@ -9,7 +9,7 @@
  *    nothing on the file system) and publishes "ip:port|host-id|name" where
  *    TCP alone publishes "ip:port". The dialer (the lower rank, as for TCP)
  *    uses the Unix socket when both allow it and the host identities agree
- *    (boot id, network namespace, uid: transports/shm/host_id.h), TCP
+ *    (boot id, network namespace, uid: transports/cpu/shm/host_id.h), TCP
  *    otherwise; forcing shm with a peer it cannot use is COLLIE_EINVAL
  *    naming the peer and why.
  *  - Over the Unix socket runs the same authenticated handshake as over
@@ -17,7 +17,7 @@
  *    accepts the HELLO and sends the memfd with its ACCEPT (SCM_RIGHTS);
  *    the dialer checks it before the connection is ready. From then on the
  *    frames go through the rings and the socket carries only doorbells and,
- *    by its end, the peer's death (transports/shm/link.h).
+ *    by its end, the peer's death (transports/cpu/shm/link.h).
  *  - An accepted Unix connection from another user (effective uids
  *    compared: SO_PEERCRED's is the peer's effective one) is refused before
  *    any handshake: an abstract name is visible to every process in the
@@ -35,7 +35,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 /* ---- the link's memory in the handshake ------------------------------------------------ */
 

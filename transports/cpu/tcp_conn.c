@@ -7,7 +7,7 @@
  * Design notes
  *  - Links: the frames travel over the TCP socket, or for a same-host
  *    peer over shared-memory rings with the Unix socket beside them as
- *    doorbell and liveness (tcp_local.c, transports/shm/link.h). Every byte
+ *    doorbell and liveness (tcp_local.c, transports/cpu/shm/link.h). Every byte
  *    moves through cl_tcp_link_recv/writev; the ring's EAGAIN means "parked:
  *    the peer's doorbell will wake the read watch", so a shm link never uses
  *    the write watch to wait (a Unix socket is always writable).
@@ -39,7 +39,7 @@
  *    with no allocation or copy; past that it is parked.
  *  - Mismatches fail within a round trip, never at the deadline: a frame
  *    is compared with this rank's post of its seq (every argument that must
- *    agree, and the v collectives' counts check: tcp.h) when it fills its
+ *    agree, and the v collectives' counts check: cpu.h) when it fills its
  *    slot, and also when it has none yet but its collective runs here —
  *    as it arrives, or as the collective starts with it parked
  *    (cl_tcp_frame_agrees, cl_tcp_conn_check_early). A rank that disagrees
@@ -86,7 +86,7 @@
  *    from the store. It closes with the comm's delayed close (the backend's
  *    abort), at destroy, or when a later op needs that peer (policy NONE,
  *    where nothing else closes it): that op fails with EPEER naming the cut.
- *  - Frame MAC (issue 28; frame_mac.h, tcp.h): a connection uses it iff
+ *  - Frame MAC (issue 28; frame_mac.h, cpu.h): a connection uses it iff
  *    it is a TCP link (never shared memory: only the same user reaches
  *    that, who could read the memory anyway), the handshake gave it a
  *    session key (the job has a secret), and COLLIE_FRAME_MAC is not 0
@@ -137,9 +137,9 @@
 #include <unistd.h>
 
 #include "transports/reduce.h"
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 void cl_tcp_frame_header(uint8_t *h, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len) {

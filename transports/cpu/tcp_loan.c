@@ -1,7 +1,7 @@
 /*
  * tcp_loan.c — single copy over a same-host link: a large payload is lent
  * (its address travels in the frame instead of its bytes) and the receiver
- * reads it out of the sender's memory (transports/shm/loan.h has the
+ * reads it out of the sender's memory (transports/cpu/shm/loan.h has the
  * protocol and why it is safe).
  *
  * Design notes
@@ -65,9 +65,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 /* bytes pulled per call: measured best of 256 KiB, 1 and 4 MiB (2-rank
  * broadcast of 1-64 MiB: 6.8-7.8 GB/s against 5.4-6.2 with 1 MiB) */

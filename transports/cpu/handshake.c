@@ -12,7 +12,7 @@
  *  - Order of the HELLO checks: the proof first, so that with a secret
  *    nothing else about the comm is revealed to a sender without it.
  */
-#include "transports/tcp/handshake.h"
+#include "transports/cpu/handshake.h"
 
 #include <stdio.h>
 #include <string.h>

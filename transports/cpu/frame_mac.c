@@ -18,7 +18,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "transports/tcp/frame_mac.h"
+#include "transports/cpu/frame_mac.h"
 
 bool cl_frame_mac_init(cl_frame_mac *m, const uint8_t session_key[32], bool from_dialer) {
     static const char d2a[] = "collie frame mac: dialer to acceptor";

@@ -21,7 +21,7 @@
  *    side has unread bytes waiting already. The socket's EOF is the peer's
  *    death or close, seen by the progress loop as soon as over TCP.
  */
-#include "transports/shm/link.h"
+#include "transports/cpu/shm/link.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * tcp_backend.c — the CPU transport's backend ops: init (listen and
+ * cpu_backend.c — the CPU transport's backend ops: init (listen and
  * publish the address), start, detach, abort, destroy. Three backends share
  * them: "auto" (the default: shared memory for same-host peers, TCP for the
  * rest), "tcp" and "shm" (that link only); tcp_local.c chooses per peer.
@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "transports/tcp/tcp.h"
+#include "transports/cpu/cpu.h"
 
 static void tcp_on_published(collie_work *w, void *arg) {
     tcp_req_ctx *ctx = arg;

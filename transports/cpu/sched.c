@@ -23,7 +23,7 @@
  *    ranks that disagree on the counts disagree about, and a skipped
  *    message leaves the other side waiting for it until the deadline. With
  *    every pair of the ring (allgatherv) or of the pairwise exchange
- *    (alltoallv) talking, the counts check in each frame (tcp.h) finds a
+ *    (alltoallv) talking, the counts check in each frame (cpu.h) finds a
  *    disagreement within a round trip.
  *  - Capacity is reserved up front from a per-algorithm bound, before s is
  *    touched: a rejected call leaves s as it was, and arrays only grow, so
@@ -31,14 +31,14 @@
  *  - Size 1 is one local copy (or nothing when in place) for every kind;
  *    count 0 is an empty schedule.
  */
-#include "transports/tcp/sched.h"
+#include "transports/cpu/sched.h"
 
 #include <assert.h>
 #include <stdlib.h>
 
 #include "base/dtype.h"
 #include "transports/reduce.h"
-#include "transports/tcp/sched_impl.h"
+#include "transports/cpu/sched_impl.h"
 
 static int sched_ceil_log2(int n) {
     int l = 0;

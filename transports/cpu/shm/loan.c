@@ -28,7 +28,7 @@
  *    again, not taken for the peer's exit (a read, claimed loan would fail
  *    its receive, or be dropped unexpected, while its send completed OK).
  */
-#include "transports/shm/loan.h"
+#include "transports/cpu/shm/loan.h"
 
 #include <errno.h>
 #include <openssl/rand.h>

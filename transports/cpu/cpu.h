@@ -1,5 +1,5 @@
 /*
- * tcp.h — the TCP transport's internal state, shared by the files of transports/tcp.
+ * cpu.h — the CPU backend's internal state, shared by the files of transports/cpu.
  *
  * Objects, all owned by the progress thread:
  *   tcp_comm   one per communicator: listener, connections by peer rank,
@@ -11,8 +11,8 @@
  *              its schedule, current step, and the messages and receive
  *              slots of that step.
  */
-#ifndef CL_TCP_H
-#define CL_TCP_H
+#ifndef CL_CPU_H
+#define CL_CPU_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,10 +21,10 @@
 #include "base/dtype.h"
 #include "base/idmap.h"
 #include "base/list.h"
-#include "transports/shm/host_id.h"
-#include "transports/shm/link.h"
-#include "transports/tcp/frame_mac.h"
-#include "transports/tcp/sched.h"
+#include "transports/cpu/shm/host_id.h"
+#include "transports/cpu/shm/link.h"
+#include "transports/cpu/frame_mac.h"
+#include "transports/cpu/sched.h"
 
 /* cl_tcp_backend_ops: the TCP backend's ops table (transports/builtin.c
  * lists it among the built-in backends). */
@@ -123,7 +123,7 @@ typedef struct tcp_msg {
     uint64_t sent;   /* bytes of the frame written: hdr, then payload (or loan), then tag */
     uint64_t charge; /* credit it took (queued, not yet written); 0 if none */
     uint8_t ctl;     /* TCP_CTL_*: a control frame (CTS: malloc'ed, freed once written) */
-    /* shm single copy: the payload is lent (transports/shm/loan.h), the
+    /* shm single copy: the payload is lent (transports/cpu/shm/loan.h), the
      * frame carries `loan` instead of it. Lent iff loan_ticket != 0;
      * loan_rec is then its record in the owner's tcp_work.loans */
     uint64_t loan_ticket;
@@ -420,7 +420,7 @@ void cl_tcp_local_close(tcp_comm *tc);
 void cl_tcp_frame_header(uint8_t *hdr, const tcp_comm *tc, const collie_coll_args *a, uint64_t seq,
                          uint32_t step, uint64_t len);
 
-/* tcp_loan.c: single copy to and from same-host peers (transports/shm/loan.h) */
+/* tcp_loan.c: single copy to and from same-host peers (transports/cpu/shm/loan.h) */
 #define TCP_FRAME_LOAN 1 /* header byte 7: the payload is lent, a loan descriptor follows */
 /* the bytes of m's frame after the header: its payload, or the loan */
 static inline uint64_t tcp_msg_body_len(const tcp_msg *m) {

@@ -2,7 +2,7 @@
  * link.h — the same-host link: a pair of shared-memory byte rings in one
  * memfd, with a connected Unix socket beside it as the doorbell and the
  * liveness signal (docs/shm.md §2-3). The TCP transport's framing runs on
- * top of it unchanged (transports/tcp/tcp_conn_impl.h picks the link).
+ * top of it unchanged (transports/cpu/tcp_conn_impl.h picks the link).
  *
  * One link per connected pair of ranks. The side that accepted the Unix
  * connection makes the memory (cl_shm_link_create) and hands its fd to the
@@ -28,8 +28,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "transports/shm/loan.h"
-#include "transports/shm/ring.h"
+#include "transports/cpu/shm/loan.h"
+#include "transports/cpu/shm/ring.h"
 
 #define CL_SHM_LINK_DEFAULT_RING   (512u * 1024u)
 #define CL_SHM_SINGLE_COPY_DEFAULT (512u * 1024u) /* payloads from this size are lent (loan.h) */

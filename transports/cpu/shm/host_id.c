@@ -11,7 +11,7 @@
  *    36 characters of boot id in the UUID shape, then two decimal numbers,
  *    nothing else.
  */
-#include "transports/shm/host_id.h"
+#include "transports/cpu/shm/host_id.h"
 
 #include <ctype.h>
 #include <errno.h>

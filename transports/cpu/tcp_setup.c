@@ -14,7 +14,7 @@
  *    fails: a guessable nonce would let a recorded HELLO be replayed). A
  *    wrong comm id or generation (a stale process of an earlier
  *    incarnation) is refused and logged with the reason. With a secret both
- *    ends then derive the connection's session key (tcp.h) from it, both
+ *    ends then derive the connection's session key (cpu.h) from it, both
  *    nonces, the comm and both ranks. The messages are encoded, parsed and
  *    judged by handshake.c (pure: the fuzz target runs that code); this
  *    file computes the MACs and runs the exchange.
@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "transports/tcp/tcp_conn_impl.h"
+#include "transports/cpu/tcp_conn_impl.h"
 
 /* Sockets are made non-blocking and close-on-exec where they are created
  * (SOCK_NONBLOCK | SOCK_CLOEXEC, accept4). */
@@ -122,7 +122,7 @@ static void hs_queue(tcp_conn *c, const uint8_t *buf, size_t len) {
     c->tc->core->watch_start(c->wev, -1);
 }
 
-/* The connection's session key (tcp.h), once both nonces are known and the
+/* The connection's session key (cpu.h), once both nonces are known and the
  * peer has proved the secret; nothing without a secret. */
 static void hs_session_key(tcp_conn *c, int dialer, int acceptor, const uint8_t *nonce_acceptor,
                            const uint8_t *nonce_dialer) {

@@ -20,7 +20,7 @@
  * the rank really has (a non-root never refers to a NULL buffer). Barrier
  * messages are zero-length (buf RECV, off 0: never dereferenced), and so
  * are the v collectives' messages of an empty block (never dereferenced;
- * they carry the counts check, tcp.h). Local
+ * they carry the counts check, cpu.h). Local
  * ops have peer -1. Steps are numbered alike on all ranks, so a rank may
  * have empty steps before or between its messages (never trailing ones).
  */
