@@ -1,7 +1,7 @@
 /*
  * common.h — small helpers every module uses: the monotonic clock, the
- * error-check macros, container_of, the thread-local last-error slot, the
- * little-endian byte order of the wire formats.
+ * error-check macros, container_of, the thread-local last-error slot (the
+ * little-endian helpers of the wire formats come from base/endian.h).
  */
 #ifndef CL_COMMON_H
 #define CL_COMMON_H
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "collie.h"
+#include "base/endian.h" /* cl_put32le and friends (the wire formats) */
 
 #define CL_NS_PER_MS 1000000LL
 
@@ -58,23 +59,5 @@ void *cl_memdup(const void *p, size_t n);
  * the struct is NULL or too old to have the field. */
 #define cl_opt(o, f, dflt)                                                                         \
     (((o) != NULL && (o)->size >= offsetof(__typeof__(*(o)), f) + sizeof((o)->f)) ? (o)->f : (dflt))
-
-/* cl_put32le / cl_put64le / cl_get32le / cl_get64le: an integer stored at
- * p in little-endian byte order (the wire formats: frames, handshakes,
- * loan descriptors), whatever the host's order and p's alignment. */
-static inline void cl_put32le(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void cl_put64le(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint32_t cl_get32le(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t cl_get64le(const uint8_t *p) {
-    return cl_get32le(p) | (uint64_t)cl_get32le(p + 4) << 32;
-}
 
 #endif

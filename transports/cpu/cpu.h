@@ -102,9 +102,11 @@ struct tcp_xbuf;
 
 /* The context of a store request whose callback may run after its target
  * (a connection, the comm) is freed: freeing clears `target`, the callback
- * then only releases the request and frees the context. */
+ * then only releases the request (through `core`, which outlives every
+ * comm) and frees the context. */
 typedef struct tcp_req_ctx {
     void *target;
+    const collie_core_services *core;
 } tcp_req_ctx;
 
 /* tcp_msg.ctl: what a message without an owner is */

@@ -17,6 +17,10 @@
  *    find them closed.
  *  - A work's transport state lives inside the core's work (work_data_size)
  *    so starting a work allocates only what its schedule needs.
+ *  - A client of collie_backend.h alone, as a plugin is: every call into
+ *    the core goes through the services table (tc->core; a store
+ *    request's context keeps it too, for a callback that runs after its
+ *    comm is gone), and the helpers it shares are header-only (base/).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,10 +32,11 @@
 static void tcp_on_published(collie_work *w, void *arg) {
     tcp_req_ctx *ctx = arg;
     tcp_comm *tc = ctx->target;
+    const collie_core_services *core = ctx->core;
     free(ctx);
-    int st = collie_work_result(w);
+    int st = core->work_result(w);
     if (!tc) { /* destroyed meanwhile */
-        collie_work_release(w);
+        core->work_release(w);
         return;
     }
     tc->publish_req = NULL;
@@ -40,8 +45,8 @@ static void tcp_on_published(collie_work *w, void *arg) {
         tc->core->init_done(tc->bc, COLLIE_OK, NULL);
     else if (st != COLLIE_ECANCELED)
         tc->core->init_done(tc->bc, st, "publishing the TCP address failed: %s",
-                            collie_work_error_message(w));
-    collie_work_release(w);
+                            core->work_error_message(w));
+    core->work_release(w);
 }
 
 static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **state, int mode) {
@@ -83,6 +88,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     tc->publish_ctx = malloc(sizeof *tc->publish_ctx);
     if (!tc->publish_ctx) return COLLIE_ENOMEM;
     tc->publish_ctx->target = tc;
+    tc->publish_ctx->core = core;
     r = core->store_set(bc, key, published, strlen(published), tcp_on_published, tc->publish_ctx,
                         &tc->publish_req);
     if (r != COLLIE_OK) {
@@ -172,7 +178,7 @@ static void tcp_abort(void *state, int status, const char *reason) {
      * may still lend: destroy follows, after which its publication skips
      * the unlend hook (collie_backend.h), so every loan goes now */
     cl_list_foreach(&tc->works, tw, tcp_work, node) cl_tcp_work_unlend(tw);
-    if (tc->publish_req) collie_work_cancel(tc->publish_req);
+    if (tc->publish_req) tc->core->work_cancel(tc->publish_req);
 }
 
 static void tcp_destroy(void *state) {
@@ -184,7 +190,7 @@ static void tcp_destroy(void *state) {
     if (tc->lost_ev) tc->core->watch_free(tc->lost_ev);
     if (tc->publish_ctx) { /* its callback frees the context and the request */
         tc->publish_ctx->target = NULL;
-        collie_work_cancel(tc->publish_req);
+        tc->core->work_cancel(tc->publish_req);
     }
     if (tc->listen_ev) tc->core->watch_free(tc->listen_ev);
     if (tc->listen_fd >= 0) close(tc->listen_fd);

@@ -23,7 +23,7 @@
 
 #include "collie.h"
 #include "collie_backend.h"
-#include "engine/engine.h"
+#include "base/endian.h"
 #include "transports/cpu/cpu.h"
 
 void cl_tcp_frame_encode(uint8_t h[CL_TCP_FRAME_HDR], const cl_tcp_frame *f) {

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "collie.h"
-#include "engine/engine.h"
+#include "base/endian.h"
 
 static const char *const hs_kind_names[] = {"challenge", "hello", "accept"};
 

@@ -231,7 +231,7 @@ void cl_tcp_conn_free(tcp_conn *c) {
     cl_list_remove(&c->shm_node);
     if (c->addr_ctx) { /* its callback frees the context and the request */
         c->addr_ctx->target = NULL;
-        collie_work_cancel(c->addr_req);
+        c->tc->core->work_cancel(c->addr_req);
     }
     tcp_unexpected *u;
     while ((u = cl_list_first(&c->unexpected, tcp_unexpected, node))) {
@@ -1236,7 +1236,7 @@ bool cl_tcp_frame_agrees(tcp_conn *c, const uint8_t *h, tcp_work *tw) {
 }
 
 void cl_tcp_conn_check_early(tcp_conn *c, tcp_work *tw) {
-    uint64_t seq = collie_work_seq(tw->w);
+    uint64_t seq = c->tc->core->work_seq(tw->w);
     if (c->state == TCP_CONN_READY && conn_read_paused(c) && get32(c->hdr + 8) != TCP_P2P_STEP &&
         get64(c->hdr + 16) == seq && !cl_tcp_frame_agrees(c, c->hdr, tw))
         return;

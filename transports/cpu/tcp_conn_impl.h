@@ -12,7 +12,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "engine/engine.h"
+#include "base/endian.h"
 #include "transports/cpu/frame.h"
 #include "transports/cpu/handshake.h"
 #include "transports/cpu/cpu.h"

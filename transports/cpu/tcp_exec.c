@@ -117,7 +117,7 @@ static void work_post_step(tcp_work *tw) {
          * sent before is still ours to take */
         if (c->state == TCP_CONN_CLOSED &&
             !(op->kind != CL_SOP_SEND &&
-              cl_tcp_conn_has_parked(c, collie_work_seq(tw->w), tw->step))) {
+              cl_tcp_conn_has_parked(c, tc->core->work_seq(tw->w), tw->step))) {
             cl_tcp_work_fault(tw,
                               c->closed_status == COLLIE_ECLOSED ? COLLIE_ECLOSED : COLLIE_EPEER,
                               c->closed_why);
@@ -130,7 +130,8 @@ static void work_post_step(tcp_work *tw) {
             m->owner = tw;
             m->payload = work_buf_at(tw, op->buf, op->off);
             m->len = op->len;
-            cl_tcp_frame_header(m->hdr, tc, &tw->args, collie_work_seq(tw->w), tw->step, op->len);
+            cl_tcp_frame_header(m->hdr, tc, &tw->args, tc->core->work_seq(tw->w), tw->step,
+                                op->len);
             cl_tcp_frame_set_vcheck(m->hdr, cl_tcp_vcheck(tw, op->peer, true));
             tw->nposted = k + 1;
             if (touched) { /* sends read user memory under their own bracket */
@@ -142,7 +143,7 @@ static void work_post_step(tcp_work *tw) {
             tcp_slot *sl = &tw->xb->slots[k];
             memset(sl, 0, sizeof *sl);
             sl->owner = tw;
-            sl->seq = collie_work_seq(tw->w);
+            sl->seq = tc->core->work_seq(tw->w);
             sl->step = tw->step;
             sl->kind = op->kind;
             sl->dst = work_buf_at(tw, op->buf, op->off);

@@ -298,24 +298,24 @@ void cl_tcp_conn_install(tcp_conn *c, int peer) {
 static void conn_on_addr(collie_work *w, void *arg) {
     tcp_req_ctx *ctx = arg;
     tcp_conn *c = ctx->target;
+    const collie_core_services *core = ctx->core;
     free(ctx);
     if (!c) { /* the connection was freed meanwhile */
-        collie_work_release(w);
+        core->work_release(w);
         return;
     }
-    const collie_core_services *core = c->tc->core;
     c->addr_req = NULL;
     c->addr_ctx = NULL;
-    int st = collie_work_result(w);
+    int st = core->work_result(w);
     if (c->state == TCP_CONN_CLOSED) {
-        collie_work_release(w);
+        core->work_release(w);
         return;
     }
     if (st != COLLIE_OK) {
         if (st != COLLIE_ECANCELED)
             cl_tcp_conn_lost(c, st, "cannot find the address of rank %d in the store: %s", c->peer,
-                             collie_work_error_message(w));
-        collie_work_release(w);
+                             core->work_error_message(w));
+        core->work_release(w);
         return;
     }
     const void *val;
@@ -323,7 +323,7 @@ static void conn_on_addr(collie_work *w, void *arg) {
     core->store_value(w, &val, &len);
     char value[256], addr[80];
     snprintf(value, sizeof value, "%.*s", (int)len, (const char *)val);
-    collie_work_release(w);
+    core->work_release(w);
     int route = cl_tcp_local_route(c, value, addr, sizeof addr);
     if (route != 0) return; /* dialing the same-host socket, or failed */
     char *colon = strrchr(addr, ':');
@@ -373,6 +373,7 @@ tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer) {
         return c;
     }
     c->addr_ctx->target = c;
+    c->addr_ctx->core = tc->core;
     int r = tc->core->store_get(tc->bc, key, 30000, conn_on_addr, c->addr_ctx, &c->addr_req);
     if (r != COLLIE_OK) {
         free(c->addr_ctx);

@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "collie.h"
-#include "engine/engine.h"
+#include "base/endian.h"
 
 #define LOAN_DONE ((uint64_t)1 << 63) /* a slot's ticket the borrower claimed */
 
