@@ -905,8 +905,8 @@ static void test_cut_message_keeps_connection_until_told(void **state) {
 /* The same cut under policy NONE, where no delayed close comes: the next
  * op that needs the peer closes the broken connection and fails at once,
  * naming the cut, instead of waiting out its deadline. A sender streams a
- * large frame only once the receive is posted (tcp_conn.c: credit, RTS/CTS),
- * or the window has room for it (tcp_conn.c: credit, RTS/CTS), so the cut
+ * large frame only once the receive is posted (tcp_conn_write.c: credit, RTS/CTS),
+ * or the window has room for it (tcp_conn_write.c: credit, RTS/CTS), so the cut
  * needs a window as large as the frame and a receiver that stops reading:
  * two engines, rank 1's loop held while rank 0 writes. (Over shared memory a large
  * message is lent, not streamed, and cannot be cut: single copy off here;

@@ -5,7 +5,7 @@
  * frame under another number (dropped, replayed or reordered), in the other
  * direction, or under another connection's key; a truncated payload.
  *
- * Then the transport (tcp_conn.c): a man in the middle between two ranks
+ * Then the transport (tcp_conn_write.c, tcp_conn_read.c): a man in the middle between two ranks
  * (a proxy thread; rank 1's published address in the store is replaced by
  * the proxy's, as anyone who can write the store or the network could)
  * alters the stream from rank 0 to rank 1. Without a secret, or with

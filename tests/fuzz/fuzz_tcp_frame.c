@@ -1,11 +1,11 @@
 /*
  * fuzz_tcp_frame.c — the TCP frame header as a receiver judges it
- * (transports/cpu/frame.c, called by tcp_conn.c on every header it reads)
+ * (transports/cpu/frame.c, called by tcp_conn_read.c on every header it reads)
  * and the words of a peer's ABORT.
  *
  * Design notes
  *  - Input: byte 0 = the link (bit 0: shared memory, bit 1: keyed, bit 2:
- *    the MAC required here; required implies keyed, as in tcp_conn.c;
+ *    the MAC required here; required implies keyed, as in tcp_conn_read.c;
  *    bit 3: put this comm's generation into the header, so the checks
  *    behind it are reached), byte 1 = the sender's rank; then a 48-byte
  *    header; what follows is an ABORT's reason (the frame's length of it,

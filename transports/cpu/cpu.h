@@ -60,7 +60,7 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
  * then `length` payload bytes (none for RTS and control frames; a lent
  * frame carries its loan descriptor instead, tcp_loan.c). Every argument
  * that must agree across ranks travels, and the receiver compares them all
- * (tcp_conn.c): with the slot the frame fills, or as soon as it arrives for
+ * (tcp_conn_match.c): with the slot the frame fills, or as soon as it arrives for
  * a collective running here that has no slot for it yet (a frame that can
  * never be consumed fails within a round trip, not at the deadline).
  * The counts check (bytes 44-47, cl_tcp_vcheck) covers what the count
@@ -83,7 +83,7 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 #define TCP_P2P_STEP   0xffffffffu /* step value of point-to-point frames */
 #define TCP_KIND_BYE   0xfe        /* frame kind: the sender destroyed its comm */
 #define TCP_KIND_ABORT 0xfd        /* frame kind: the sender's comm failed; payload: why */
-/* flow control of collective frames (tcp_conn.c, design notes): */
+/* flow control of collective frames (tcp_conn_write.c, design notes): */
 #define TCP_KIND_CREDIT 0xfc /* the receiver returns `count` bytes of credit; root = its window */
 #define TCP_KIND_CTS    0xfb /* the receiver posted (seq, step): send the frame announced */
 #define TCP_KIND_GONE   0xfa /* answers a CTS: that frame's work ended, it never comes */
@@ -157,7 +157,7 @@ typedef struct tcp_slot {
 
 /* A collective frame that arrived before its receive slot was posted (the
  * peer is ahead): its payload is parked here, within the connection's
- * budget, until the slot is posted (tcp_conn.c). */
+ * budget, until the slot is posted (tcp_conn_match.c). */
 typedef struct tcp_parked {
     cl_idnode by_seq;  /* its connection's parked (key = seq) */
     cl_list_node node; /* its connection's parked_list */
@@ -228,7 +228,7 @@ typedef struct tcp_conn {
     cl_list doomed;        /* tcp_work: a loan it received was withdrawn (tcp_loan.c) */
     collie_watch *doom_ev; /* the grace timer of `doomed` */
     bool flush_scheduled;  /* wev activated to flush after the current callback */
-    /* flow control of collective frames we send (tcp_conn.c) */
+    /* flow control of collective frames we send (tcp_conn_write.c) */
     uint64_t credit;      /* bytes of charged frames the peer will still take */
     uint64_t window;      /* the peer's budget (COLLIE_EARLY_BYTES there); 0 until it said */
     cl_list held;         /* tcp_msg: collective frames waiting for credit, in post order */
@@ -371,7 +371,7 @@ typedef struct tcp_work {
     tcp_loan_rec loans[TCP_WORK_LOANS];
 } tcp_work;
 
-/* tcp_conn.c */
+/* tcp_conn*.c, the connection's files (cl_tcp_conn_get: tcp_setup.c) */
 /* creates and connects lazily; closes a connection whose sending broke */
 tcp_conn *cl_tcp_conn_get(tcp_comm *tc, int peer);
 /* one polling step of a ready shm connection (tcp_progress) */
@@ -382,7 +382,8 @@ void cl_tcp_conn_abort(tcp_conn *c, int status, const char *why);
 void cl_tcp_conn_free(tcp_conn *c);
 void cl_tcp_conn_send(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_expect(tcp_conn *c, tcp_slot *s);
-/* drop one message / slot of an ending work (O(1); see tcp_conn.c) */
+/* drop one message / slot of an ending work (O(1); tcp_conn_write.c,
+ * tcp_conn_read.c) */
 void cl_tcp_conn_forget_msg(tcp_conn *c, tcp_msg *m);
 void cl_tcp_conn_forget_slot(tcp_conn *c, tcp_slot *s);
 /* the unfinished works with a message or a receive on c, each once, onto

@@ -141,8 +141,9 @@ static void tcp_detach(void *state, collie_work *w) {
 
 /* A posted receive is unmatched while its slot waits in a list (its peer's
  * p2p_expected or the comm's any_expected): matching a frame unlinks it
- * (tcp_conn.c p2p_slot_take), as does taking an unexpected message (which
- * ends it at once). Unlinked here, no later frame can reach it. */
+ * (tcp_conn_match.c, cl_tcp_conn_p2p_slot_take), as does taking an
+ * unexpected message (which ends it at once). Unlinked here, no later
+ * frame can reach it. */
 static bool tcp_recv_withdraw(void *state, collie_work *w) {
     tcp_comm *tc = state;
     tcp_work *tw = tc->core->work_backend_data(w);

@@ -3,7 +3,7 @@
  * an ABORT's words (contracts in frame.h, layout in cpu.h).
  *
  * Design notes
- *  - Pure: no connection, no I/O. tcp_conn.c hands every header it reads
+ *  - Pure: no connection, no I/O. tcp_conn_read.c hands every header it reads
  *    to cl_tcp_frame_check before it matches, parks or acts on it, so what a
  *    peer controls in a header is judged by code the fuzzer runs
  *    (tests/fuzz/fuzz_tcp_frame.c).
@@ -11,7 +11,7 @@
  *    every sender writes the same way for a kind (cl_tcp_frame_header,
  *    tcp_exec.c). What needs this rank's post (the arguments, the counts
  *    check's value, the frame's length against the slot) stays with the
- *    matching in tcp_conn.c.
+ *    matching in tcp_conn_match.c.
  *  - Order: magic and generation, then the MAC flag (an untagged frame on a
  *    link that requires tags is refused as EAUTH before anything else is
  *    judged), then flags, kind and fields.

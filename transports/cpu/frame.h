@@ -2,7 +2,7 @@
  * frame.h — the TCP transport's frame header (its layout is in cpu.h):
  * encoding, decoding and the checks a receiver makes of a header before it
  * acts on it, and the words of a peer's ABORT, as pure functions.
- * tcp_conn.c calls them on every header it reads;
+ * tcp_conn_read.c calls them on every header it reads;
  * tests/fuzz/fuzz_tcp_frame.c feeds them.
  */
 #ifndef CL_TCP_FRAME_H

@@ -1,7 +1,8 @@
 /*
- * tcp_conn_impl.h — what tcp_conn.c (the data path: lifecycle, sending,
- * receiving) and tcp_setup.c (handshake, connecting, listening) share.
- * Private to transports/cpu/.
+ * tcp_conn_impl.h — what the files of a connection share: its data path
+ * (tcp_conn.c: lifecycle, tcp_conn_write.c: sending, tcp_conn_read.c:
+ * reading, tcp_conn_match.c: matching and parking) and tcp_setup.c
+ * (handshake, connecting, listening). Private to transports/cpu/.
  */
 #ifndef CL_TCP_CONN_IMPL_H
 #define CL_TCP_CONN_IMPL_H
@@ -51,21 +52,63 @@ static inline ssize_t cl_tcp_link_writev(tcp_conn *c, struct iovec *iov, int nio
     return sendmsg(c->fd, &mh, MSG_NOSIGNAL | (nowait ? MSG_DONTWAIT : 0));
 }
 
-/* tcp_conn.c */
-tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 /* the frame's root field for kinds without one */
 #define TCP_NO_ROOT CL_TCP_NO_ROOT
 
+/* tcp_conn.c */
+tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
-void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);
-void cl_tcp_conn_on_write(int fd, unsigned what, void *arg);
 /* the connection is ready: flush what waits to be sent */
 void cl_tcp_conn_ready(tcp_conn *c);
-void cl_tcp_conn_flush(tcp_conn *c);
-void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut);
 /* the connection failed: close it, fail its works, fault the comm */
 void cl_tcp_conn_lost(tcp_conn *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Refuse the peer's stream (a frame MAC that is missing or wrong): as
+ * cl_tcp_conn_lost, after telling the peer why in an ABORT frame. */
+void cl_tcp_conn_refuse(tcp_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Reading or writing the link failed with err (not EAGAIN/EINTR); `dir`:
+ * "receive from" or "send to". */
+void cl_tcp_conn_link_failed(tcp_conn *c, int err, const char *dir);
+
+/* tcp_conn_write.c */
+void cl_tcp_conn_on_write(int fd, unsigned what, void *arg);
+void cl_tcp_conn_flush(tcp_conn *c);
+void cl_tcp_conn_break_send(tcp_conn *c, const tcp_msg *cut);
+/* does the send side hold a work's message not written whole yet? */
+bool cl_tcp_conn_sends_pending(const tcp_conn *c);
+/* return the credit owed to the peer (a quarter of the window at a time,
+ * or all of it `now`) */
+void cl_tcp_conn_send_credit(tcp_conn *c, bool now);
+/* a charged frame was taken (into its slot or out of the park): its
+ * charge goes back to the peer */
+void cl_tcp_conn_consumed(tcp_conn *c, uint64_t charge);
+/* ask for the frame announced for (seq, step): its slot is posted */
+void cl_tcp_conn_send_cts(tcp_conn *c, uint64_t seq, uint32_t step);
+/* the peer's control frames (the header in c->hdr): CREDIT, CTS */
+void cl_tcp_conn_on_credit(tcp_conn *c);
+void cl_tcp_conn_on_cts(tcp_conn *c);
+
+/* tcp_conn_read.c */
+void cl_tcp_conn_on_read(int fd, unsigned what, void *arg);
+/* read the rest of the current frame into the void (s: its slot) */
+void cl_tcp_conn_drain(tcp_conn *c, const tcp_slot *s);
+/* sending failed: read what the peer said last before blaming it */
+void cl_tcp_conn_read_last_words(tcp_conn *c);
+/* Reading waits for a receive to be posted (the peer is ahead). */
+static inline bool cl_tcp_conn_read_paused(const tcp_conn *c) {
+    return c->have_hdr && !c->cur && !c->cur_unx && !c->cur_park && !c->reading_abort;
+}
+
+/* tcp_conn_match.c */
+/* Match the complete header in c->hdr. Returns false to pause reading. */
+bool cl_tcp_conn_match(tcp_conn *c);
+/* the posted receive a p2p frame with this tag matches, taken (or NULL) */
+tcp_slot *cl_tcp_conn_p2p_slot_take(tcp_conn *c, uint64_t tag);
+/* parked frame p is complete: deliver it if its slot is posted */
+void cl_tcp_conn_park_settle(tcp_conn *c, tcp_parked *p);
+/* the peer's GONE (the header in c->hdr): the frame asked for never comes */
+void cl_tcp_conn_on_gone(tcp_conn *c);
 
 /* tcp_setup.c */
 /* false if c was closed (no nonce) */

@@ -16,7 +16,7 @@
  *    still being posted. A guard count during posting and the `running`
  *    flag keep that from advancing the schedule underneath the poster.
  *  - Several works of a comm run at the same time, each on its own step;
- *    messages carry (seq, step), so they never mix (see tcp_conn.c).
+ *    messages carry (seq, step), so they never mix (see tcp_conn_match.c).
  *  - Local operations touch user buffers inside work_busy_enter/exit.
  *  - A peer's connection lost (cl_tcp_peer_lost) fails the works that need
  *    that peer: those with a message or a receive on its connection, and
@@ -255,7 +255,7 @@ static bool p2p_take_unexpected(tcp_comm *tc, tcp_work *tw) {
 /* A receive from any source: a message that came already, or a slot in the
  * comm's any-source list, which every peer's next message with its tag
  * meets in post order beside the receives posted for that peer
- * (tcp_conn.c). Every peer must be able to reach us: connect to those that
+ * (tcp_conn_match.c). Every peer must be able to reach us: connect to those that
  * wait for us to dial. */
 static int work_start_any(tcp_comm *tc, tcp_work *tw, uint64_t len) {
     if (p2p_take_unexpected(tc, tw)) return COLLIE_OK;

@@ -32,7 +32,7 @@
  *    have rewritten. Nothing waits for the peer: a stopped peer cannot
  *    hold up a deadline. The stream stays whole (the frame was complete).
  *  - Collective frames are lent only once the receive is posted: a frame
- *    that may be lent is announced first (RTS, tcp_conn.c), lent after the
+ *    that may be lent is announced first (RTS, tcp_conn_write.c), lent after the
  *    CTS. So a receiver never copies a lent payload into its park of early
  *    frames, never reads one before checking the arguments, and a root
  *    whose peer has not posted yet still holds its buffer (and withdraws
