@@ -325,105 +325,133 @@ static bool conn_shm_doorbell(tcp_conn *c) {
     return false;
 }
 
+/* What a step of reading says: go on with this frame, read again (bytes
+ * missing), stop (nothing more now, paused, or c failed), or a control
+ * frame's header is in (no payload: its tag, then act on it). */
+enum { READ_ON, READ_AGAIN, READ_STOP, READ_CTL };
+
+/* A complete header, judged by frame.c (everything the header alone
+ * says); the frame MAC starts with it. False if c failed. */
+static bool read_header_judged(tcp_conn *c, bool shm, cl_tcp_frame *f) {
+    cl_tcp_frame_rx rx = {.peer = c->peer,
+                          .generation = (uint32_t)c->tc->generation,
+                          .shm = shm,
+                          .mac_keyed = c->mac_keyed,
+                          .mac_required = c->mac_keyed && c->tc->frame_mac};
+    char why[400];
+    int rc = cl_tcp_frame_check(c->hdr, &rx, f, why, sizeof why);
+    if (rc == COLLIE_EAUTH) { /* refused: the peer is told why */
+        cl_tcp_conn_refuse(c, COLLIE_EAUTH, "%s", why);
+        return false;
+    }
+    if (rc != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
+        return false;
+    }
+    return conn_mac_begin(c);
+}
+
+/* Read the header; once whole, judge it and say where its payload goes:
+ * an ABORT's reason, or what matching gives it (tcp_conn_match.c). */
+static int read_header(tcp_conn *c, bool shm) {
+    ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
+    if (n == 0) {
+        cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+        return READ_STOP;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EINTR) cl_tcp_conn_link_failed(c, errno, "receive from");
+        return READ_STOP;
+    }
+    c->hdr_got += (size_t)n;
+    if (c->hdr_got < TCP_FRAME_HDR) return READ_AGAIN;
+    cl_tcp_frame f;
+    if (!read_header_judged(c, shm, &f)) return READ_STOP;
+    if (cl_tcp_frame_kind_ctl(c->hdr[4])) {
+        c->rx_ctl = true; /* acted on once its tag is checked */
+        return READ_CTL;
+    }
+    if (c->hdr[7] & TCP_FRAME_LOAN) cl_tcp_loan_begin(c);
+    c->have_hdr = true;
+    if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
+        c->reading_abort = true;
+        c->payload_len = f.length; /* at most TCP_ABORT_MAX (checked) */
+        c->payload_got = 0;
+        if (!c->peer_abort && !(c->peer_abort = malloc(TCP_ABORT_MAX + 1))) {
+            cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for rank %d's last words", c->peer);
+            return READ_STOP;
+        }
+        return READ_ON;
+    }
+    if (cl_tcp_conn_match(c)) return READ_ON;
+    /* paused; a shm link keeps its doorbell watched (a parked writer) */
+    if (c->state == TCP_CONN_READY && !shm) c->tc->core->watch_stop(c->rev);
+    return READ_STOP;
+}
+
+/* Read payload bytes of the current frame. A MiB pulled from a lent
+ * payload counts as one more read (*iter). */
+static int read_payload_step(tcp_conn *c, int *iter) {
+    ssize_t n = conn_read_payload(c);
+    if (n == 0) {
+        cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
+        return READ_STOP;
+    }
+    if (n < 0) {
+        if (n == -EAGAIN || n == -EINTR) return READ_STOP;
+        if (n == -EPROTO && !c->shm.rx.corrupt)
+            cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed loan", c->peer);
+        else if (n == -EPROTO)
+            cl_tcp_conn_link_failed(c, EPROTO, "receive from");
+        else
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s%s", c->peer,
+                             strerror((int)-n),
+                             c->loan_frame ? " (reading its memory: single copy)" : "");
+        return READ_STOP;
+    }
+    if (c->loan_frame) *iter += (int)(n >> 20); /* a MiB pulled counts as a read */
+    return c->payload_got < c->payload_len ? READ_AGAIN : READ_ON;
+}
+
+/* The frame is all read: its tag checked (a tagged frame), it is acted on.
+ * False to stop reading (no bytes of the tag now, or c ended). */
+static bool read_frame_end(tcp_conn *c) {
+    if (c->rx_mac && !conn_read_tag(c)) return false;
+    if (!c->rx_ctl) {
+        conn_message_done(c);
+        return true;
+    }
+    c->rx_ctl = false;
+    c->hdr_got = 0;
+    c->frames_read++;
+    uint8_t kind = c->hdr[4];
+    if (kind == TCP_KIND_BYE) {
+        conn_goodbye(c);
+        return false;
+    }
+    if (kind == TCP_KIND_CREDIT)
+        cl_tcp_conn_on_credit(c);
+    else if (kind == TCP_KIND_CTS)
+        cl_tcp_conn_on_cts(c);
+    else
+        cl_tcp_conn_on_gone(c);
+    return true;
+}
+
 /* Read and handle frames while there are bytes, at most 64 reads, so one
  * busy peer cannot starve the others. */
 static void conn_read_frames(tcp_conn *c, bool shm) {
     int iter;
     for (iter = 0; iter < 64 && c->state == TCP_CONN_READY; iter++) {
-        if (c->rx_ctl) goto frame_end; /* its tag was not all there */
-        if (!c->have_hdr) {
-            ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
-            if (n == 0) {
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
-                return;
-            }
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EINTR) return;
-                cl_tcp_conn_link_failed(c, errno, "receive from");
-                return;
-            }
-            c->hdr_got += (size_t)n;
-            if (c->hdr_got < TCP_FRAME_HDR) continue;
-            /* everything the header alone says is judged in frame.c */
-            cl_tcp_frame_rx rx = {.peer = c->peer,
-                                  .generation = (uint32_t)c->tc->generation,
-                                  .shm = shm,
-                                  .mac_keyed = c->mac_keyed,
-                                  .mac_required = c->mac_keyed && c->tc->frame_mac};
-            cl_tcp_frame f;
-            char why[400];
-            int rc = cl_tcp_frame_check(c->hdr, &rx, &f, why, sizeof why);
-            if (rc == COLLIE_EAUTH) { /* refused: the peer is told why */
-                cl_tcp_conn_refuse(c, COLLIE_EAUTH, "%s", why);
-                return;
-            }
-            if (rc != COLLIE_OK) {
-                cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
-                return;
-            }
-            if (!conn_mac_begin(c)) return;
-            if (cl_tcp_frame_kind_ctl(c->hdr[4])) {
-                c->rx_ctl = true; /* acted on once its tag is checked */
-                goto frame_end;
-            }
-            if (c->hdr[7] & TCP_FRAME_LOAN) cl_tcp_loan_begin(c);
-            c->have_hdr = true;
-            if (c->hdr[4] == TCP_KIND_ABORT) { /* its reason follows */
-                c->reading_abort = true;
-                c->payload_len = f.length; /* at most TCP_ABORT_MAX (checked) */
-                c->payload_got = 0;
-                if (!c->peer_abort && !(c->peer_abort = malloc(TCP_ABORT_MAX + 1))) {
-                    cl_tcp_conn_lost(c, COLLIE_ENOMEM, "no memory for rank %d's last words",
-                                     c->peer);
-                    return;
-                }
-            } else if (!cl_tcp_conn_match(c)) {
-                /* paused; a shm link keeps its doorbell watched (a parked writer) */
-                if (c->state == TCP_CONN_READY && !shm) c->tc->core->watch_stop(c->rev);
-                return;
-            }
-        }
-        if (c->payload_got < c->payload_len) {
-            ssize_t n = conn_read_payload(c);
-            if (n == 0) {
-                cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
-                return;
-            }
-            if (n < 0) {
-                if (n == -EAGAIN || n == -EINTR) return;
-                if (n == -EPROTO && !c->shm.rx.corrupt)
-                    cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed loan", c->peer);
-                else if (n == -EPROTO)
-                    cl_tcp_conn_link_failed(c, EPROTO, "receive from");
-                else
-                    cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s%s", c->peer,
-                                     strerror((int)-n),
-                                     c->loan_frame ? " (reading its memory: single copy)" : "");
-                return;
-            }
-            if (c->loan_frame) iter += (int)(n >> 20); /* a MiB pulled counts as a read */
-            if (c->payload_got < c->payload_len) continue;
-        }
-    frame_end:
-        if (c->rx_mac && !conn_read_tag(c)) return;
-        if (c->rx_ctl) {
-            c->rx_ctl = false;
-            c->hdr_got = 0;
-            c->frames_read++;
-            uint8_t kind = c->hdr[4];
-            if (kind == TCP_KIND_BYE) {
-                conn_goodbye(c);
-                return;
-            }
-            if (kind == TCP_KIND_CREDIT)
-                cl_tcp_conn_on_credit(c);
-            else if (kind == TCP_KIND_CTS)
-                cl_tcp_conn_on_cts(c);
-            else
-                cl_tcp_conn_on_gone(c);
-            continue;
-        }
-        conn_message_done(c);
+        int st = READ_ON;
+        if (c->rx_ctl)
+            st = READ_CTL; /* its tag was not all there */
+        else if (!c->have_hdr)
+            st = read_header(c, shm);
+        if (st == READ_ON && c->payload_got < c->payload_len) st = read_payload_step(c, &iter);
+        if (st == READ_STOP) return;
+        if (st == READ_AGAIN) continue;
+        if (!read_frame_end(c)) return;
     }
     /* the bound cut a shm link short: no doorbell comes for bytes already
      * there, so come back on the next turn of the loop */

@@ -343,164 +343,225 @@ static bool conn_tag(tcp_conn *c, tcp_msg *m, uint64_t n) {
     return true;
 }
 
+/* What a step of the flush says: go on, wait for the link to take more
+ * (the write watch, or a shm peer's doorbell), or stop (c failed or its
+ * sending broke); flush_enter also ends a batch early. */
+enum { FLUSH_ON, FLUSH_WANT_WRITE, FLUSH_STOP, FLUSH_END_BATCH };
+
+/* One sendmsg's worth of the queue's head: the messages, the works whose
+ * memory it reads (each inside its BUSY bracket once) and the iovecs. */
+typedef struct flush_batch {
+    tcp_msg *msgs[FLUSH_BATCH];
+    collie_work *entered[FLUSH_BATCH];
+    struct iovec iov[3 * FLUSH_BATCH];
+    int nb, ne, niov;
+} flush_batch;
+
+static void flush_exit_all(tcp_conn *c, flush_batch *b) {
+    for (int i = 0; i < b->ne; i++)
+        c->tc->core->work_busy_exit(b->entered[i]);
+}
+
+/* The handshake bytes go first. */
+static int flush_handshake(tcp_conn *c) {
+    while (c->hs_out_sent < c->hs_out_len) {
+        ssize_t n = cl_tcp_hs_send(c, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) return FLUSH_WANT_WRITE;
+            cl_tcp_conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer,
+                             strerror(errno));
+            return FLUSH_STOP;
+        }
+        c->hs_out_sent += (size_t)n;
+    }
+    return FLUSH_ON;
+}
+
+/* m has a payload, the work's memory: bracket it (once per work and
+ * batch). FLUSH_ON if m may go; FLUSH_END_BATCH to end the batch here
+ * (send what it has, m next time; or m was dropped: its work is being
+ * finished, by deadline or cancel, and its detach frees it); FLUSH_STOP if
+ * m was cut mid-way (the stream is broken). */
+static int flush_enter(tcp_conn *c, flush_batch *b, tcp_msg *m) {
+    collie_work *w = m->owner->w;
+    for (int i = 0; i < b->ne; i++)
+        if (b->entered[i] == w) return FLUSH_ON;
+    if (c->tc->core->work_busy_enter(w)) {
+        b->entered[b->ne++] = w;
+        return FLUSH_ON;
+    }
+    if (b->nb > 0) return FLUSH_END_BATCH; /* send what we have; this one next time */
+    /* the work is being finished (deadline, cancel): its detach will drop
+     * this message; do not touch it */
+    if (m->sent > 0) {
+        cl_tcp_conn_break_send(c, m);
+        return FLUSH_STOP;
+    }
+    cl_list_remove(&m->node);
+    conn_refund(c, m);
+    return FLUSH_END_BATCH;
+}
+
+/* A large payload to a same-host peer: lend it instead (under the bracket:
+ * the unlend hook sees the loan). Tickets must reach the peer in order:
+ * one that may be lent but was not (no slot now) may be lent by a later
+ * batch, so none after it is lent in this one (a batch is always the head
+ * of the queue: it comes first again). */
+static void flush_lend(tcp_conn *c, tcp_msg *m, bool *lend_stop, int *lent) {
+    if (m->sent == 0 && !m->loan_ticket && !(m->hdr[7] & TCP_FRAME_RTS) &&
+        (!conn_is_coll_frame(m) || (m->hdr[7] & TCP_FRAME_CLEARED)) && cl_tcp_loan_may(c, m) &&
+        !*lend_stop) {
+        if (cl_tcp_loan_open(c, m))
+            (*lent)++;
+        else
+            *lend_stop = true;
+    }
+}
+
+/* m's unwritten rest as iovecs: header, body (payload or loan
+ * descriptor), MAC tag. */
+static void flush_iov(flush_batch *b, tcp_msg *m) {
+    if (m->sent < TCP_FRAME_HDR) {
+        b->iov[b->niov].iov_base = m->hdr + m->sent;
+        b->iov[b->niov++].iov_len = TCP_FRAME_HDR - m->sent;
+    }
+    const uint8_t *body = m->loan_ticket ? m->loan : m->payload;
+    uint64_t blen = tcp_msg_body_len(m);
+    uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
+    if (blen > poff) {
+        b->iov[b->niov].iov_base = (void *)(body + poff);
+        b->iov[b->niov++].iov_len = blen - poff;
+    }
+    uint64_t toff = m->sent > TCP_FRAME_HDR + blen ? m->sent - TCP_FRAME_HDR - blen : 0;
+    if ((m->hdr[7] & TCP_FRAME_MAC) && toff < CL_FRAME_MAC_TAG) {
+        b->iov[b->niov].iov_base = m->tag + toff;
+        b->iov[b->niov++].iov_len = CL_FRAME_MAC_TAG - toff;
+    }
+}
+
+/* Gather the head of the queue into b: up to FLUSH_BATCH messages, each
+ * bracketed, lent or tagged as it needs. FLUSH_STOP if c failed (b's
+ * brackets are then closed). */
+static int flush_gather(tcp_conn *c, flush_batch *b, int *lent) {
+    uint64_t number = c->tx_next, tagged_bytes = 0; /* frames started get numbers in order */
+    bool lend_stop = false; /* a message that may be lent was not: lend none after it */
+    tcp_msg *m;
+    cl_list_foreach(&c->sendq, m, tcp_msg, node) {
+        if (b->nb == FLUSH_BATCH) break;
+        if (c->mac_tx_on && b->nb > 0 && tagged_bytes >= FLUSH_MAC_BYTES) break;
+        if (m->len > 0) {
+            int st = flush_enter(c, b, m);
+            if (st == FLUSH_STOP) return FLUSH_STOP;
+            if (st == FLUSH_END_BATCH) break;
+            flush_lend(c, m, &lend_stop, lent);
+        }
+        if (c->mac_tx_on && m->sent == 0) {
+            if (!conn_tag(c, m, number++)) {
+                flush_exit_all(c, b);
+                cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "no frame MAC for rank %d (libcrypto)",
+                                 c->peer);
+                return FLUSH_STOP;
+            }
+            tagged_bytes += tcp_msg_body_len(m);
+        }
+        flush_iov(b, m);
+        b->msgs[b->nb++] = m;
+    }
+    return FLUSH_ON;
+}
+
+/* n bytes of batch b went out: account them in order; unlink the finished
+ * messages first, then report them (reporting may queue more or close c). */
+static int flush_account(tcp_conn *c, flush_batch *b, uint64_t left) {
+    tcp_work *done[FLUSH_BATCH];
+    int nd = 0, nfull = 0;
+    bool credit_sent = false;
+    for (int i = 0; i < b->nb; i++) {
+        tcp_msg *m = b->msgs[i];
+        uint64_t want = tcp_msg_frame_len(m) - m->sent;
+        uint64_t take = left < want ? left : want;
+        if (take > 0 && m->sent == 0 && (m->hdr[7] & TCP_FRAME_MAC))
+            c->tx_next++; /* its first byte is out: the number is spent */
+        m->sent += take;
+        left -= take;
+        if (take < want) break;
+        nfull++;
+        cl_list_remove(&m->node);
+        m->charge = 0;
+        if (m->ctl == TCP_CTL_CTS)
+            free(m);
+        else if (m->ctl == TCP_CTL_CREDIT)
+            credit_sent = true;
+        else if (m->hdr[7] & TCP_FRAME_RTS) /* its data goes on the peer's CTS */
+            cl_list_push_back(&c->rts_wait, &m->node);
+        else if (m->loan_ticket) /* done when the peer has read it */
+            cl_list_push_back(&c->lent, &m->node);
+        else
+            done[nd++] = m->owner;
+    }
+    bool partial = nfull < b->nb;
+    if (credit_sent) cl_tcp_conn_send_credit(c, false); /* owed meanwhile */
+    for (int i = 0; i < nd; i++)
+        cl_tcp_op_done(done[i]);
+    if (c->state != TCP_CONN_READY) return FLUSH_STOP; /* closed by a fault */
+    return partial ? FLUSH_WANT_WRITE : FLUSH_ON;
+}
+
+/* One batch: gather, write in one sendmsg, account. */
+static int flush_batch_once(tcp_conn *c, int *lent) {
+    flush_batch b;
+    b.nb = b.ne = b.niov = 0;
+    int st = flush_gather(c, &b, lent);
+    if (st != FLUSH_ON || b.nb == 0) return st; /* none: a dropped message, look again */
+    ssize_t n = cl_tcp_link_writev(c, b.iov, b.niov, false);
+    flush_exit_all(c, &b);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return FLUSH_WANT_WRITE;
+        int err = errno;
+        cl_tcp_conn_read_last_words(c);
+        if (c->state == TCP_CONN_READY) cl_tcp_conn_link_failed(c, err, "send to");
+        return FLUSH_STOP;
+    }
+    return flush_account(c, &b, (uint64_t)n);
+}
+
+/* The link is full: wait for it. A full ring parked the writer: the
+ * reader's doorbell, on the read watch, resumes it (the Unix socket is
+ * always writable: watching for that would spin). */
+static void flush_want_write(tcp_conn *c) {
+    if (!cl_tcp_link_is_shm(c))
+        c->tc->core->watch_start(c->wev, -1);
+    else if (!c->shm.writer_wait) /* room came as it parked: go on next turn */
+        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
+    c->flush_scheduled = false;
+}
+
 /* Write the handshake bytes, then queued messages, until the socket is
  * full. Up to FLUSH_BATCH messages go out in one sendmsg (header and
  * payload straight from the user's memory). Completing a message may make
  * its work post more messages to this connection: they are appended and
  * picked up by this same loop. */
 void cl_tcp_conn_flush(tcp_conn *c) {
-    const collie_core_services *core = c->tc->core;
     int lent = 0; /* messages lent now */
     c->flush_scheduled = false;
     c->shm.writer_wait = false;
-    while (c->hs_out_sent < c->hs_out_len) {
-        ssize_t n = cl_tcp_hs_send(c, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) goto want_write;
-            cl_tcp_conn_lost(c, COLLIE_EPEER, "handshake send to rank %d: %s", c->peer,
-                             strerror(errno));
-            return;
-        }
-        c->hs_out_sent += (size_t)n;
-    }
-    if (c->state != TCP_CONN_READY || c->send_broken) {
+    int st = flush_handshake(c);
+    if (st == FLUSH_STOP) return;
+    if (st == FLUSH_ON && (c->state != TCP_CONN_READY || c->send_broken)) {
         c->tc->core->watch_stop(c->wev);
         if (c->send_broken) conn_fail_queued(c); /* the next slice, if any */
         return;
     }
-    while (!cl_list_empty(&c->sendq)) {
-        tcp_msg *batch[FLUSH_BATCH];
-        collie_work *entered[FLUSH_BATCH];
-        struct iovec iov[3 * FLUSH_BATCH];
-        int nb = 0, ne = 0, niov = 0;
-        uint64_t number = c->tx_next, tagged_bytes = 0; /* frames started get numbers in order */
-        bool lend_stop = false; /* a message that may be lent was not: lend none after it */
-        tcp_msg *m;
-        cl_list_foreach(&c->sendq, m, tcp_msg, node) {
-            if (nb == FLUSH_BATCH) break;
-            if (c->mac_tx_on && nb > 0 && tagged_bytes >= FLUSH_MAC_BYTES) break;
-            if (m->len > 0) { /* the payload is the work's memory: bracket it */
-                collie_work *w = m->owner->w;
-                bool have = false;
-                for (int i = 0; i < ne && !have; i++)
-                    have = entered[i] == w;
-                if (!have && !core->work_busy_enter(w)) {
-                    if (nb > 0) break; /* send what we have; this one next time */
-                    /* the work is being finished (deadline, cancel): its
-                     * detach will drop this message; do not touch it */
-                    if (m->sent > 0) {
-                        cl_tcp_conn_break_send(c, m);
-                        return;
-                    }
-                    cl_list_remove(&m->node);
-                    conn_refund(c, m);
-                    break;
-                }
-                if (!have) entered[ne++] = w;
-                /* a large payload to a same-host peer: lend it instead
-                 * (under the bracket: the unlend hook sees the loan).
-                 * Tickets must reach the peer in order: one that may be
-                 * lent but was not (no slot now) may be lent by a later
-                 * batch, so none after it is lent in this one (a batch is
-                 * always the head of the queue: it comes first again) */
-                if (m->sent == 0 && !m->loan_ticket && !(m->hdr[7] & TCP_FRAME_RTS) &&
-                    (!conn_is_coll_frame(m) || (m->hdr[7] & TCP_FRAME_CLEARED)) &&
-                    cl_tcp_loan_may(c, m) && !lend_stop) {
-                    if (cl_tcp_loan_open(c, m))
-                        lent++;
-                    else
-                        lend_stop = true;
-                }
-            }
-            if (c->mac_tx_on && m->sent == 0) {
-                if (!conn_tag(c, m, number++)) {
-                    for (int i = 0; i < ne; i++)
-                        core->work_busy_exit(entered[i]);
-                    cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "no frame MAC for rank %d (libcrypto)",
-                                     c->peer);
-                    return;
-                }
-                tagged_bytes += tcp_msg_body_len(m);
-            }
-            if (m->sent < TCP_FRAME_HDR) {
-                iov[niov].iov_base = m->hdr + m->sent;
-                iov[niov++].iov_len = TCP_FRAME_HDR - m->sent;
-            }
-            const uint8_t *body = m->loan_ticket ? m->loan : m->payload;
-            uint64_t blen = tcp_msg_body_len(m);
-            uint64_t poff = m->sent > TCP_FRAME_HDR ? m->sent - TCP_FRAME_HDR : 0;
-            if (blen > poff) {
-                iov[niov].iov_base = (void *)(body + poff);
-                iov[niov++].iov_len = blen - poff;
-            }
-            uint64_t toff = m->sent > TCP_FRAME_HDR + blen ? m->sent - TCP_FRAME_HDR - blen : 0;
-            if ((m->hdr[7] & TCP_FRAME_MAC) && toff < CL_FRAME_MAC_TAG) {
-                iov[niov].iov_base = m->tag + toff;
-                iov[niov++].iov_len = CL_FRAME_MAC_TAG - toff;
-            }
-            batch[nb++] = m;
-        }
-        if (nb == 0) continue; /* a dropped message: look again */
-        ssize_t n = cl_tcp_link_writev(c, iov, niov, false);
-        for (int i = 0; i < ne; i++)
-            core->work_busy_exit(entered[i]);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) goto want_write;
-            int err = errno;
-            cl_tcp_conn_read_last_words(c);
-            if (c->state == TCP_CONN_READY) cl_tcp_conn_link_failed(c, err, "send to");
-            return;
-        }
-        /* account the bytes in order; unlink the finished messages first,
-         * then report them (reporting may queue more or close c) */
-        tcp_work *done[FLUSH_BATCH];
-        int nd = 0, nfull = 0;
-        bool credit_sent = false;
-        uint64_t left = (uint64_t)n;
-        for (int i = 0; i < nb; i++) {
-            tcp_msg *m = batch[i];
-            uint64_t want = tcp_msg_frame_len(m) - m->sent;
-            uint64_t take = left < want ? left : want;
-            if (take > 0 && m->sent == 0 && (m->hdr[7] & TCP_FRAME_MAC))
-                c->tx_next++; /* its first byte is out: the number is spent */
-            m->sent += take;
-            left -= take;
-            if (take < want) break;
-            nfull++;
-            cl_list_remove(&m->node);
-            m->charge = 0;
-            if (m->ctl == TCP_CTL_CTS)
-                free(m);
-            else if (m->ctl == TCP_CTL_CREDIT)
-                credit_sent = true;
-            else if (m->hdr[7] & TCP_FRAME_RTS) /* its data goes on the peer's CTS */
-                cl_list_push_back(&c->rts_wait, &m->node);
-            else if (m->loan_ticket) /* done when the peer has read it */
-                cl_list_push_back(&c->lent, &m->node);
-            else
-                done[nd++] = m->owner;
-        }
-        bool partial = nfull < nb;
-        if (credit_sent) cl_tcp_conn_send_credit(c, false); /* owed meanwhile */
-        for (int i = 0; i < nd; i++)
-            cl_tcp_op_done(done[i]);
-        if (c->state != TCP_CONN_READY) return; /* closed by a fault */
-        if (partial) goto want_write;
+    while (st == FLUSH_ON && !cl_list_empty(&c->sendq))
+        st = flush_batch_once(c, &lent);
+    if (st == FLUSH_STOP) return;
+    if (st == FLUSH_ON) {
+        c->tc->core->watch_stop(c->wev); /* also cancels an activation made meanwhile: */
+        c->flush_scheduled = false;      /* this flush covered it */
+    } else {
+        flush_want_write(c);
     }
-    c->tc->core->watch_stop(c->wev); /* also cancels an activation made meanwhile: */
-    c->flush_scheduled = false;      /* this flush covered it */
     if (lent) cl_tcp_loans_settle(c, !c->tc->polled); /* a loop that may sleep hears returns */
-    return;
-want_write:
-    /* a full ring parked the writer: the reader's doorbell, on the read
-     * watch, resumes it (the Unix socket is always writable: watching for
-     * that would spin) */
-    if (!cl_tcp_link_is_shm(c))
-        c->tc->core->watch_start(c->wev, -1);
-    else if (!c->shm.writer_wait) /* room came as it parked: go on next turn */
-        c->tc->core->watch_activate(c->wev, COLLIE_WATCH_WRITE);
-    c->flush_scheduled = false;
-    if (lent) cl_tcp_loans_settle(c, !c->tc->polled);
 }
 
 void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {

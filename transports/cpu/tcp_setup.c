@@ -159,12 +159,103 @@ bool cl_tcp_hs_start_acceptor(tcp_conn *c) {
     return true;
 }
 
+/* The dialer has the acceptor's CHALLENGE: check it, answer HELLO (its
+ * nonce, ours, and the MAC that proves we hold the secret). */
+static bool hs_on_challenge(tcp_conn *c, const cl_tcp_hs_self *me, const cl_tcp_hs_msg *m,
+                            char *why, size_t whylen) {
+    tcp_comm *tc = c->tc;
+    if (cl_tcp_hs_check_challenge(me, m, c->peer, why, whylen) != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
+        return false;
+    }
+    memcpy(c->nonce_peer, m->nonce, 16);
+    if (RAND_bytes(c->nonce_mine, 16) != 1) {
+        cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for rank %d", c->peer);
+        return false;
+    }
+    cl_tcp_hs_msg hello = {.version = TCP_PROTO_VERSION,
+                           .comm_id = tc->comm_id,
+                           .generation = tc->generation,
+                           .rank = (uint32_t)tc->rank,
+                           .size = (uint32_t)tc->size};
+    memcpy(hello.nonce, c->nonce_mine, 16);
+    hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, hello.mac);
+    uint8_t h[HS_HELLO_LEN];
+    cl_tcp_hs_encode(CL_TCP_HS_HELLO, &hello, h);
+    c->hs_phase = HS_D_WAIT_ACCEPT;
+    c->hs_in_want = HS_ACCEPT_LEN;
+    c->hs_in_len = 0;
+    hs_queue(c, h, sizeof h);
+    return true;
+}
+
+/* The dialer has the acceptor's ACCEPT: check its proof, derive the
+ * session key, map a same-host link's memory; the connection is ready. */
+static bool hs_on_accept(tcp_conn *c, const cl_tcp_hs_msg *m, char *why, size_t whylen) {
+    uint8_t want[32];
+    hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
+    int rc = cl_tcp_hs_check_accept(m, want, c->peer, why, whylen);
+    if (rc != COLLIE_OK) {
+        cl_tcp_conn_lost(c, rc, "%s", why);
+        return false;
+    }
+    hs_session_key(c, c->tc->rank, c->peer, c->nonce_peer, c->nonce_mine);
+    if (c->local && cl_tcp_local_attach(c, why, whylen) != COLLIE_OK) {
+        cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d: %s", c->peer, why);
+        return false;
+    }
+    cl_tcp_conn_ready(c);
+    return true;
+}
+
+/* The acceptor has a dialer's HELLO: judge it (handshake.c), make a
+ * same-host link's memory, then answer ACCEPT and install the connection,
+ * or refuse it: tell the dialer (best effort) and close. Returns false:
+ * c may have been merged into another struct or closed. */
+static bool hs_on_hello(tcp_conn *c, const cl_tcp_hs_self *me, const cl_tcp_hs_msg *m, char *why,
+                        size_t whylen) {
+    tcp_comm *tc = c->tc;
+    memcpy(c->nonce_peer, m->nonce, 16);
+    uint8_t want[32], claimed[32];
+    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m->rank, want);
+    hs_mac_for(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m->comm_id, m->generation,
+               m->rank, m->size, claimed);
+    uint32_t refuse = cl_tcp_hs_judge_hello(me, m, claimed, want, why, whylen);
+    if (!refuse && c->local) { /* the same-host link: its memory goes out with the ACCEPT */
+        c->peer = (int)m->rank;
+        char mem[160];
+        if (cl_tcp_local_make(c, mem, sizeof mem) != COLLIE_OK) {
+            refuse = CL_TCP_HS_REFUSE_SHM;
+            snprintf(why, whylen, "no shared memory for the link: %s", mem);
+        }
+    }
+    cl_tcp_hs_msg acc = {.status = refuse};
+    uint8_t a[HS_ACCEPT_LEN];
+    if (refuse) {
+        cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
+        cl_tcp_log_refusal(tc, "refused a connection claiming rank %u: %s", m->rank, why);
+        /* best effort: tell the dialer, then close */
+        ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;
+        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
+        return false;
+    }
+    c->peer = (int)m->rank;
+    hs_session_key(c, (int)m->rank, tc->rank, c->nonce_mine, c->nonce_peer);
+    /* the answer proves the acceptor: its own rank, as the dialer checks it */
+    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, acc.mac);
+    cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
+    hs_queue(c, a, sizeof a);
+    cl_tcp_conn_install(c, (int)m->rank);
+    return false; /* c may have been merged into another struct: stop using it */
+}
+
 /* A complete handshake message is in hs_in (hs_in_len bytes: the length of
  * the message this phase expects). It is parsed and judged by handshake.c;
- * what is left here is the exchange. Returns false if c was closed. */
+ * what is left here is the exchange, a step per message. Returns false if
+ * c was closed. */
 bool cl_tcp_hs_process(tcp_conn *c) {
-    tcp_comm *tc = c->tc;
-    cl_tcp_hs_self me = hs_self(tc);
+    cl_tcp_hs_self me = hs_self(c->tc);
     cl_tcp_hs_kind kind = c->hs_phase == HS_D_WAIT_CHALLENGE ? CL_TCP_HS_CHALLENGE
                           : c->hs_phase == HS_D_WAIT_ACCEPT  ? CL_TCP_HS_ACCEPT
                                                              : CL_TCP_HS_HELLO;
@@ -174,81 +265,9 @@ bool cl_tcp_hs_process(tcp_conn *c) {
         cl_tcp_conn_close(c, COLLIE_EPROTO, why);
         return false;
     }
-    if (kind == CL_TCP_HS_CHALLENGE) {
-        if (cl_tcp_hs_check_challenge(&me, &m, c->peer, why, sizeof why) != COLLIE_OK) {
-            cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
-            return false;
-        }
-        memcpy(c->nonce_peer, m.nonce, 16);
-        if (RAND_bytes(c->nonce_mine, 16) != 1) {
-            cl_tcp_conn_lost(c, COLLIE_ESYSTEM, "RAND_bytes failed: no nonce for rank %d", c->peer);
-            return false;
-        }
-        cl_tcp_hs_msg hello = {.version = TCP_PROTO_VERSION,
-                               .comm_id = tc->comm_id,
-                               .generation = tc->generation,
-                               .rank = (uint32_t)tc->rank,
-                               .size = (uint32_t)tc->size};
-        memcpy(hello.nonce, c->nonce_mine, 16);
-        hs_mac(c, "collie-tcp hello", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, hello.mac);
-        uint8_t h[HS_HELLO_LEN];
-        cl_tcp_hs_encode(CL_TCP_HS_HELLO, &hello, h);
-        c->hs_phase = HS_D_WAIT_ACCEPT;
-        c->hs_in_want = HS_ACCEPT_LEN;
-        c->hs_in_len = 0;
-        hs_queue(c, h, sizeof h);
-        return true;
-    }
-    if (kind == CL_TCP_HS_ACCEPT) {
-        uint8_t want[32];
-        hs_mac(c, "collie-tcp accept", c->nonce_mine, c->nonce_peer, (uint32_t)c->peer, want);
-        int rc = cl_tcp_hs_check_accept(&m, want, c->peer, why, sizeof why);
-        if (rc != COLLIE_OK) {
-            cl_tcp_conn_lost(c, rc, "%s", why);
-            return false;
-        }
-        hs_session_key(c, tc->rank, c->peer, c->nonce_peer, c->nonce_mine);
-        if (c->local && cl_tcp_local_attach(c, why, sizeof why) != COLLIE_OK) {
-            cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d: %s", c->peer, why);
-            return false;
-        }
-        cl_tcp_conn_ready(c);
-        return true;
-    }
-    /* acceptor: HELLO */
-    memcpy(c->nonce_peer, m.nonce, 16);
-    uint8_t want[32], claimed[32];
-    hs_mac(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m.rank, want);
-    hs_mac_for(c, "collie-tcp hello", c->nonce_mine, c->nonce_peer, m.comm_id, m.generation, m.rank,
-               m.size, claimed);
-    uint32_t refuse = cl_tcp_hs_judge_hello(&me, &m, claimed, want, why, sizeof why);
-    if (!refuse && c->local) { /* the same-host link: its memory goes out with the ACCEPT */
-        c->peer = (int)m.rank;
-        char mem[160];
-        if (cl_tcp_local_make(c, mem, sizeof mem) != COLLIE_OK) {
-            refuse = CL_TCP_HS_REFUSE_SHM;
-            snprintf(why, sizeof why, "no shared memory for the link: %s", mem);
-        }
-    }
-    cl_tcp_hs_msg acc = {.status = refuse};
-    uint8_t a[HS_ACCEPT_LEN];
-    if (refuse) {
-        cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
-        cl_tcp_log_refusal(tc, "refused a connection claiming rank %u: %s", m.rank, why);
-        /* best effort: tell the dialer, then close */
-        ssize_t n = send(c->fd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)n;
-        cl_tcp_conn_close(c, COLLIE_EPROTO, why);
-        return false;
-    }
-    c->peer = (int)m.rank;
-    hs_session_key(c, (int)m.rank, tc->rank, c->nonce_mine, c->nonce_peer);
-    /* the answer proves the acceptor: its own rank, as the dialer checks it */
-    hs_mac(c, "collie-tcp accept", c->nonce_peer, c->nonce_mine, (uint32_t)tc->rank, acc.mac);
-    cl_tcp_hs_encode(CL_TCP_HS_ACCEPT, &acc, a);
-    hs_queue(c, a, sizeof a);
-    cl_tcp_conn_install(c, (int)m.rank);
-    return false; /* c may have been merged into another struct: stop using it */
+    if (kind == CL_TCP_HS_CHALLENGE) return hs_on_challenge(c, &me, &m, why, sizeof why);
+    if (kind == CL_TCP_HS_ACCEPT) return hs_on_accept(c, &m, why, sizeof why);
+    return hs_on_hello(c, &me, &m, why, sizeof why);
 }
 
 /* ---- identification of accepted connections --------------------------------------- */
