@@ -30,8 +30,10 @@
  *    after its GPU work ended), it is published at once, with the overrun
  *    note if not quiesced.
  *  - Exactly one of helper, poll hook and destroy takes the batch
- *    (batch_taken, under mu); batch_published is set once its works are
- *    published. Once destroy has begun (it may come right after abort,
+ *    (batch_taken, under mu): it moves the list (cl_list, batch_node) out
+ *    of nc->batch under mu and then owns it, unlinking each work before it
+ *    publishes it (a published work may retire at once); batch_published
+ *    is set once its works are published. Once destroy has begun (it may come right after abort,
  *    when the engine shuts down) the helper leaves the batch to it: destroy
  *    waits, bounded, for the quiesce and publishes on the loop, so no core
  *    call is made from a helper after destroy returns.
@@ -54,12 +56,13 @@ static const char *const nccl_overrun_note =
     " (ncclCommAbort did not finish within the abort bound: the GPU may still be using this "
     "work's buffers)";
 
-/* Publish a batch taken under mu. `root` (the fault's root, or NULL) gets
- * its own status; abort_status/abort_reason never change once set. */
-static void nccl_publish(cl_nccl_comm *nc, cl_nccl_work *batch, const cl_nccl_work *root,
-                         bool overrun) {
-    for (cl_nccl_work *nw = batch, *next; nw; nw = next) {
-        next = nw->batch_next; /* nw may retire (and be freed) once published */
+/* Publish a batch taken under mu (emptying it). `root` (the fault's root,
+ * or NULL) gets its own status; abort_status/abort_reason never change
+ * once set. */
+static void nccl_publish(cl_nccl_comm *nc, cl_list *batch, const cl_nccl_work *root, bool overrun) {
+    cl_nccl_work *nw;
+    while ((nw = cl_list_first(batch, cl_nccl_work, batch_node))) {
+        cl_list_remove(&nw->batch_node); /* nw may retire (and be freed) once published */
         bool is_root = nw == root;
         int status = nw->canceled ? nw->cancel_status
                      : is_root    ? nc->root_status
@@ -77,15 +80,15 @@ static bool nccl_gpu_done_locked(const cl_nccl_comm *nc, cl_nccl_work *nw) {
     return nw->gpu_done;
 }
 
-/* Take the batch (mu); *root is the fault's root among it. */
-static cl_nccl_work *nccl_take_batch_locked(cl_nccl_comm *nc, const cl_nccl_work **root) {
+/* Take the batch (mu) into `out` (left empty if it was taken already);
+ * *root is the fault's root among it. */
+static void nccl_take_batch_locked(cl_nccl_comm *nc, cl_list *out, const cl_nccl_work **root) {
+    cl_list_init(out);
     *root = NULL;
-    if (nc->batch_taken) return NULL;
+    if (nc->batch_taken) return;
     nc->batch_taken = true;
-    cl_nccl_work *b = nc->batch;
-    nc->batch = NULL;
+    cl_list_move_all(out, &nc->batch);
     *root = nc->root;
-    return b;
 }
 
 static void nccl_published(cl_nccl_comm *nc) {
@@ -133,10 +136,12 @@ static void *nccl_abort_main(void *arg) {
         pthread_cond_broadcast(&nc->cv);
         bool mine = !nc->batch_taken && !nc->destroying; /* destroy publishes on the loop */
         const cl_nccl_work *root = NULL;
-        cl_nccl_work *batch = mine ? nccl_take_batch_locked(nc, &root) : NULL;
+        cl_list batch;
+        cl_list_init(&batch);
+        if (mine) nccl_take_batch_locked(nc, &batch, &root);
         pthread_mutex_unlock(&nc->mu);
         if (mine) {
-            nccl_publish(nc, batch, root, false);
+            nccl_publish(nc, &batch, root, false);
             nccl_published(nc);
         }
     }
@@ -177,20 +182,14 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     snprintf(nc->abort_reason, sizeof nc->abort_reason, "%s", reason ? reason : "aborted");
     nc->abort_start_ns = cl_nccl_now_ns();
     nc->phase = NCCL_DEAD;
-    cl_nccl_work **tail = &nc->batch;
-    if (nc->root && nc->root->claimed) {
-        *tail = nc->root;
-        tail = &nc->root->batch_next;
-    }
+    if (nc->root && nc->root->claimed) cl_list_push_back(&nc->batch, &nc->root->batch_node);
     size_t claimed = 0, ndone = 0;
     collie_work *done[64];
     cl_nccl_work *nw;
     cl_list_foreach(&nc->pending, nw, cl_nccl_work, node) {
         if (nw->canceled) { /* canceled: quiesced with the others */
             if (nw != nc->root) {
-                nw->batch_next = NULL;
-                *tail = nw;
-                tail = &nw->batch_next;
+                cl_list_push_back(&nc->batch, &nw->batch_node);
                 claimed++;
             }
             continue;
@@ -202,9 +201,7 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
             done[ndone++] = nw->w;
         } else if (active && nc->core->work_claim(nw->w)) {
             nw->claimed = nw->finished = true;
-            nw->batch_next = NULL;
-            *tail = nw;
-            tail = &nw->batch_next;
+            cl_list_push_back(&nc->batch, &nw->batch_node);
             claimed++;
         } else if (nc->core->work_test(nw->w)) {
             nw->finished = true; /* ended already (deadline, cancel) */
@@ -233,10 +230,11 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
         nc->core->log(0, NCCL_MOD, "rank %d: cannot start the NCCL abort thread: %s", nc->rank,
                       strerror(e));
         const cl_nccl_work *root;
+        cl_list batch;
         pthread_mutex_lock(&nc->mu);
-        cl_nccl_work *batch = nccl_take_batch_locked(nc, &root);
+        nccl_take_batch_locked(nc, &batch, &root);
         pthread_mutex_unlock(&nc->mu);
-        nccl_publish(nc, batch, root, true);
+        nccl_publish(nc, &batch, root, true);
         nccl_published(nc);
     }
     nc->core->want_poll(nc->bc, true, nc->poll_us); /* watch the bound */
@@ -262,8 +260,7 @@ void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg) {
         now = true; /* the GPU is done with it: nothing to wait for */
     } else if (nc->aborting && !nc->batch_taken) {
         nw->canceled = true; /* the abort is quiescing: join its batch */
-        nw->batch_next = nc->batch;
-        nc->batch = nw;
+        cl_list_push_front(&nc->batch, &nw->batch_node);
     } else if (nc->aborting) {
         now = true; /* the batch is out: quiesced, or past the bound */
         overrun = !nc->abort_done;
@@ -276,7 +273,9 @@ void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg) {
 }
 
 void cl_nccl_abort_poll(cl_nccl_comm *nc) {
-    cl_nccl_work *late = NULL, **late_tail = &late, *overrun = NULL;
+    cl_list late, overrun; /* claimed after the batch was taken; the batch, past the bound */
+    cl_list_init(&late);
+    cl_list_init(&overrun);
     const cl_nccl_work *root = NULL, *late_root;
     collie_work *done[64];
     size_t ndone = 0;
@@ -302,20 +301,16 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
         nw->finished = true;
         if (!nc->core->work_claim(nw->w)) continue;
         nw->claimed = true;
-        nw->batch_next = NULL;
-        if (!nc->batch_taken) { /* it waits for the quiesce with the others */
-            nw->batch_next = nc->batch;
-            nc->batch = nw;
-        } else {
-            *late_tail = nw;
-            late_tail = &nw->batch_next;
-        }
+        if (!nc->batch_taken) /* it waits for the quiesce with the others */
+            cl_list_push_front(&nc->batch, &nw->batch_node);
+        else
+            cl_list_push_back(&late, &nw->batch_node);
     }
     late_root = nc->root;
     if (!nc->batch_taken &&
         cl_nccl_now_ns() - nc->abort_start_ns > (int64_t)nc->abort_timeout_ms * 1000000) {
         overran = true;
-        overrun = nccl_take_batch_locked(nc, &root);
+        nccl_take_batch_locked(nc, &overrun, &root);
     }
     bool need = cl_nccl_poll_needed_locked(nc);
     if (!need) nc->poll_hint = false;
@@ -329,10 +324,10 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
                  "ncclCommAbort has not finished after %d ms; failing "
                  "the works anyway (their buffers may still be in use by the GPU)",
                  (int)nc->abort_timeout_ms);
-        nccl_publish(nc, overrun, root, true);
+        nccl_publish(nc, &overrun, root, true);
         nccl_published(nc);
     }
-    nccl_publish(nc, late, late_root, !quiesced);
+    nccl_publish(nc, &late, late_root, !quiesced);
     if (!need) nc->core->want_poll(nc->bc, false, 0);
 }
 
@@ -354,11 +349,12 @@ void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc) {
         pthread_cond_timedwait(&nc->cv, &nc->mu, &ts);
     bool mine = !nc->batch_taken, overran = !nc->abort_done;
     const cl_nccl_work *root;
-    cl_nccl_work *batch = nccl_take_batch_locked(nc, &root);
+    cl_list batch;
+    nccl_take_batch_locked(nc, &batch, &root);
     pthread_mutex_unlock(&nc->mu);
     if (!mine) return;
     if (overran) NCCL_LOG(nc, 0, "destroyed while ncclCommAbort is still running");
-    nccl_publish(nc, batch, root, overran);
+    nccl_publish(nc, &batch, root, overran);
     nccl_published(nc);
 }
 

@@ -398,6 +398,7 @@ int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nc
     atomic_init(&nc->refs, 1);
     pthread_mutex_init(&nc->mu, NULL);
     cl_list_init(&nc->pending);
+    cl_list_init(&nc->batch);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

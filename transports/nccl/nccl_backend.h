@@ -68,11 +68,11 @@ struct cl_nccl_work {
     bool late;         /* the abort found it not yet started by the core (mu) */
     bool canceled;     /* canceled (ops->cancel) while the GPU may use it: an abort publishes it */
     int cancel_status; /* the status the cancel gave it */
-    char cancel_msg[192];   /* ... and its message */
-    cudaError_t record_err; /* cudaEventRecord of end_ev failed (mu) */
-    ncclResult_t issue_err; /* NCCL refused it when the poll hook issued it (mu) */
-    cl_list_node node;      /* nc's pending list, post order (mu) */
-    cl_nccl_work *batch_next;
+    char cancel_msg[192];    /* ... and its message */
+    cudaError_t record_err;  /* cudaEventRecord of end_ev failed (mu) */
+    ncclResult_t issue_err;  /* NCCL refused it when the poll hook issued it (mu) */
+    cl_list_node node;       /* nc's pending list, post order (mu) */
+    cl_list_node batch_node; /* nc's batch (mu), or a batch taken from it */
 };
 
 struct cl_nccl_comm {
@@ -117,7 +117,7 @@ struct cl_nccl_comm {
     int abort_status;
     char abort_reason[512];
     int64_t abort_start_ns;
-    cl_nccl_work *batch;
+    cl_list batch;      /* cl_nccl_work.batch_node: the works the quiesce publishes */
     cl_nccl_work *root; /* claimed by a fault before the abort (async error) */
     int root_status;
     char root_msg[512];
