@@ -1,46 +1,113 @@
 #!/usr/bin/env bash
-# check-layers.sh — list #include lines that cross folders the wrong way.
+# check-layers.sh — enforce the README's "Layers" table on every #include.
 #
-# The layers, bottom to top: base < engine < work < store < comm < transports.
-# A file may include, from a folder other than its own, only that folder's
-# public header (engine/engine.h, work/work.h, store/store.h, comm/comm.h),
-# and only from a folder below it; base/ (header-only helpers: the intrusive
-# list, hash map, dtype sizes and names) is open to every layer and includes
-# no other folder (the public API in include/ aside).
-# include/ (the public API) is open to all;
-# tests/, tools/, bench/ and examples/ sit on top and may include anything.
-# Prints each offending line and exits 1 if there is one.
+# The rule lives in one place, the README: its Layers section holds a table,
+# one row per library folder from top to bottom, whose last column lists what
+# a file of that folder may include from outside its own folder: a header
+# (`engine/engine.h`) or a whole folder (`include/`, `base/`). This script
+# reads that table and checks every .c and .h under each folder, at any
+# depth, against its row:
+#   - an include is resolved the way the compiler does here (the including
+#     file's folder, then -I . and -I include), for "..." and <...> alike, so
+#     a relative "engine.h" cannot hide where it points; one that names a file
+#     of the source tree that does not exist is reported too;
+#   - a file of the folder itself is always allowed; anything else must be
+#     listed in the folder's row;
+#   - the table itself must point only downwards: a row may list only folders
+#     (or their headers) that stand below it.
+# tests/, tools/, bench/, examples/ and python/ sit on top and are not checked.
+# Usage: check-layers.sh [ROOT] (default: this source tree; tests/layers/
+# self_test.sh gives it small trees that break each rule). Prints each
+# offending line and exits 1 if there is one.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-layers=(base engine work store comm transports)
-rank() {
+cd "${1:-$(dirname "$0")/..}"
+
+# ---- the table -------------------------------------------------------------
+# rows between the "## Layers" heading and the next heading, of the shape
+#   | `folder/` | what it holds | `a/b.h`, `c/` |
+folders=()
+declare -A allowed
+while IFS= read -r row; do
+    IFS='|' read -r _ col_folder _ col_allowed _ <<<"$row"
+    folder=$(grep -oE '`[a-z_]+/`' <<<"$col_folder" | tr -d '`' || true)
+    [ -n "$folder" ] || continue
+    folder=${folder%/}
+    folders+=("$folder")
+    allowed[$folder]=$(grep -oE '`[a-z_]+/[^`]*`' <<<"$col_allowed" | tr -d '`' | tr '\n' ' ' || true)
+done < <(awk '/^## Layers/ {on = 1; next} on && /^## / {exit} on && /^\|/' README.md)
+if [ "${#folders[@]}" -lt 2 ]; then
+    echo "check-layers: README.md has no Layers table (| \`folder/\` | holds | may include |)"
+    exit 1
+fi
+
+bad=0
+position() { # row index of a folder in the table (0 = top), -1 if absent
     local i
-    for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done
+    for i in "${!folders[@]}"; do [ "${folders[$i]}" = "$1" ] && { echo "$i"; return; }; done
     echo -1
 }
-bad=0
-for dir in "${layers[@]}"; do
-    from=$(rank "$dir")
-    while IFS= read -r hit; do
-        file=${hit%%:*}
-        rest=${hit#*:}; line=${rest%%:*}
-        inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"${rest#*:}")
-        top=${inc%%/*}
-        [ "$inc" = "$top" ] && continue # include/*.h: the public API
-        [ "$top" = "$dir" ] && continue # inside its own folder
-        [ "$top" = base ] && continue   # header-only helpers, below every layer
-        to=$(rank "$top")
-        if [ "$to" -lt 0 ]; then
-            echo "$file:$line: includes $inc, outside the library's layers"
-            bad=1
-        elif [ "$to" -ge "$from" ]; then
-            echo "$file:$line: includes $inc: $top is not below $dir"
-            bad=1
-        elif [ "$inc" != "$top/$top.h" ]; then
-            echo "$file:$line: includes $inc: only $top/$top.h is public outside $top/"
+
+# the table points downwards only
+for i in "${!folders[@]}"; do
+    for a in ${allowed[${folders[$i]}]}; do
+        j=$(position "${a%%/*}")
+        if [ "$j" -le "$i" ]; then
+            echo "README.md Layers: ${folders[$i]}/ may include $a, which is not a folder below it"
             bad=1
         fi
-    done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include "' "$dir" --include='*.c' --include='*.h' || true)
+    done
 done
-[ "$bad" -eq 0 ] && echo "check-layers: ok (${layers[*]})"
+
+# where an include resolves, relative to the source root ("" if nowhere in the tree)
+resolve() {
+    local from_dir=$1 inc=$2 p
+    for p in "$from_dir/$inc" "$inc" "include/$inc"; do
+        if [ -f "$p" ]; then
+            realpath -m --relative-to=. "$p"
+            return
+        fi
+    done
+    echo ""
+}
+
+permitted() { # permitted FOLDER PATH: is PATH in FOLDER's allowed list?
+    local a
+    for a in ${allowed[$1]}; do
+        case "$a" in
+        */) [[ "$2" == "$a"* ]] && return 0 ;;
+        *) [ "$2" = "$a" ] && return 0 ;;
+        esac
+    done
+    return 1
+}
+
+checked=0
+for folder in "${folders[@]}"; do
+    [ -d "$folder" ] || { echo "README.md Layers: $folder/ is not a folder"; bad=1; continue; }
+    while IFS= read -r -d '' file; do
+        checked=$((checked + 1))
+        n=0
+        while IFS= read -r line; do
+            n=$((n + 1))
+            [[ "$line" =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] || continue
+            inc=${BASH_REMATCH[1]}
+            path=$(resolve "$(dirname "$file")" "$inc")
+            if [ -z "$path" ]; then
+                # not a file of the tree: a system header, unless it names one of ours
+                if [ "$(position "${inc%%/*}")" -ge 0 ] && [[ "$inc" == */* ]]; then
+                    echo "$file:$n: includes $inc, which does not exist"
+                    bad=1
+                fi
+                continue
+            fi
+            [[ "$path" == "$folder/"* ]] && continue # its own folder
+            if ! permitted "$folder" "$path"; then
+                echo "$file:$n: includes $path: $folder/ may include only ${allowed[$folder]:-nothing} from outside itself (README.md, Layers)"
+                bad=1
+            fi
+        done <"$file"
+    done < <(find "$folder" -type f \( -name '*.c' -o -name '*.h' \) -print0)
+done
+
+[ "$bad" -eq 0 ] && echo "check-layers: ok ($checked files; ${folders[*]})"
 exit "$bad"
