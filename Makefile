@@ -81,7 +81,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
-        check-layers check-size gpu-kit install uninstall python test-python test-torch \
+        check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -252,6 +252,7 @@ test:
 	$(MAKE) --no-print-directory format-check
 	$(MAKE) --no-print-directory check-layers
 	@tools/check-size.sh
+	$(MAKE) --no-print-directory check-backends
 	$(MAKE) --no-print-directory test-normal
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-fuzz
@@ -386,6 +387,10 @@ format:
 check-layers:
 	@tests/layers/self_test.sh
 	@tools/check-layers.sh
+# the backends (built-in and plugins) leave no symbol of the core undefined:
+# they call it through the services table only
+check-backends: lib plugins
+	@tools/check-backend-symbols.sh $(BUILD)
 # the size budget: files <= 700 lines, functions <= 80 (tools/size-budget.txt
 # lists today's overruns, which may only shrink)
 check-size: $(DEPS_TEST_STAMP)
