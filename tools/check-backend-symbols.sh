@@ -7,12 +7,20 @@
 # call into the core would. Complements tools/check-layers.sh, which looks
 # at #include lines; this looks at what the compiler actually emitted.
 #
-#   tools/check-backend-symbols.sh [BUILD]   (default build; after `make lib plugins`)
+#   tools/check-backend-symbols.sh [BUILD [OBJECTS...]]
+# (default build, and every transports/ object under it but nccl's; `make
+# check-backends` names the objects the library is linked from, so a stale
+# object of a renamed file cannot count)
 # Prints each offending symbol and exits 1 if there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-objs=$(find "$build/obj/transports" -name '*.o' -not -path '*/nccl/*' | sort)
+shift || true
+if [ $# -gt 0 ]; then
+    objs="$*"
+else
+    objs=$(find "$build/obj/transports" -name '*.o' -not -path '*/nccl/*' | sort)
+fi
 [ -n "$objs" ] || { echo "check-backend-symbols: no objects under $build/obj/transports (make lib first)"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
