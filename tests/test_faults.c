@@ -909,6 +909,7 @@ static proc *store_start(const char *bind, const char *host, const char *netns, 
         snprintf(token_file, sizeof token_file, "%s/store-token", tmp_dir);
         FILE *tf = fopen(token_file, "w");
         CHECK(tf, "cannot write %s\n", token_file);
+        CHECK(fchmod(fileno(tf), 0600) == 0, "chmod %s\n", token_file); /* a secret, its owner's */
         fputs(FT_SECRET "\n", tf);
         fclose(tf);
     }
