@@ -71,6 +71,33 @@ tree # base/ includes a layer
 echo '#include "engine/engine.h"' >>"$tmp/t/base/list.h"
 expect_refused "base includes a layer" "base/list.h:2: includes engine/engine.h"
 
+# Ways to spell an include that the compiler reads but a line-by-line
+# match of `#include "..."` does not (each compiles with the project's flags):
+tree # the last line without its newline
+printf '#include "engine/engine.h"' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "no newline at the end" "transports/cpu/deep/y.c:4: includes engine/engine.h"
+
+tree # a line continuation between the directive and its header
+printf '#include \\\n"engine/engine.h"\n' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "line continuation" "transports/cpu/deep/y.c:4: includes engine/engine.h"
+
+tree # a comment between # and include
+echo '#/**/include "engine/engine.h"' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "comment in the directive" "transports/cpu/deep/y.c:4: includes engine/engine.h"
+
+tree # the digraph for #
+echo '%:include "engine/engine.h"' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "digraph" "transports/cpu/deep/y.c:4: includes engine/engine.h"
+
+tree # a computed include: the header named by a macro
+printf '#define H "engine/engine.h"\n#include H\n' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "computed include" "transports/cpu/deep/y.c:5: includes H"
+
+tree # a file of another extension, included by a .c of the folder
+echo '#include "engine/engine.h"' >"$tmp/t/transports/cpu/z.inc"
+echo '#include "z.inc"' >>"$tmp/t/transports/cpu/x.h"
+expect_refused "another extension" "transports/cpu/z.inc:1: includes engine/engine.h"
+
 tree # a missing file of the tree
 echo '#include "engine/nowhere.h"' >>"$tmp/t/comm/comm.h"
 expect_refused "missing header" "includes engine/nowhere.h, which does not exist"
@@ -83,4 +110,4 @@ tree # no table
 printf '# x\n## Layers\nprose only\n' >"$tmp/t/README.md"
 expect_refused "no table" "has no Layers table"
 
-echo "check-layers self-test: ok (10 cases)"
+echo "check-layers self-test: ok (16 cases)"
