@@ -7,6 +7,11 @@
 # (`engine/engine.h`) or a whole folder (`include/`, `base/`). This script
 # reads that table and checks every .c and .h under each folder, at any
 # depth, against its row:
+#   - directives are read as the compiler reads them: backslash-newlines
+#     joined, comments dropped (also "#/**/include"), the digraph %: taken
+#     for #, a last line without its newline kept; every file of a folder is
+#     read, whatever its extension (a .inc may be included); a computed
+#     include ("#include MACRO") is refused, as the check cannot follow it;
 #   - an include is resolved the way the compiler does here (the including
 #     file's folder, then -I . and -I include), for "..." and <...> alike, so
 #     a relative "engine.h" cannot hide where it points; one that names a file
@@ -81,15 +86,57 @@ permitted() { # permitted FOLDER PATH: is PATH in FOLDER's allowed list?
     return 1
 }
 
+# The directives of a file as the compiler sees them, one per output line
+# "LINE<TAB>DIRECTIVE" (LINE: where it starts): backslash-newlines joined,
+# comments gone (also between # and include, and across lines), the digraph
+# %: read as #, and a last line without its newline kept.
+directives() {
+    awk '
+    function flush() {
+        if (buf ~ /^[ \t]*(#|%:)/) { sub(/^[ \t]*%:/, "#", buf); printf "%d\t%s\n", start, buf }
+        buf = ""; start = 0
+    }
+    {
+        line = $0; sub(/\r$/, "", line)
+        if (start == 0) start = NR
+        out = ""; len = length(line)
+        for (k = 1; k <= len; k++) { # string and character literals kept whole
+            c = substr(line, k, 1); c2 = substr(line, k, 2)
+            if (incomment) { if (c2 == "*/") { incomment = 0; k++; out = out " " } continue }
+            if (quote != "") {
+                out = out c
+                if (c == "\\") { k++; out = out substr(line, k, 1) } else if (c == quote) quote = ""
+                continue
+            }
+            if (c2 == "/*") { incomment = 1; k++; continue }
+            if (c2 == "//") break
+            if (c == "\"" || c == "\047") quote = c
+            out = out c
+        }
+        quote = "" # a literal never spans lines (but through a backslash-newline: rare)
+        if (out ~ /\\$/) { buf = buf substr(out, 1, length(out) - 1); next }
+        buf = buf out
+        flush()
+    }
+    END { if (start) flush() }' "$1"
+}
+
 checked=0
 for folder in "${folders[@]}"; do
     [ -d "$folder" ] || { echo "README.md Layers: $folder/ is not a folder"; bad=1; continue; }
+    # every file, whatever its name: any of them may be #included
     while IFS= read -r -d '' file; do
         checked=$((checked + 1))
-        n=0
-        while IFS= read -r line; do
-            n=$((n + 1))
-            [[ "$line" =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] || continue
+        while IFS=$'\t' read -r n line; do
+            [[ "$line" =~ ^[[:space:]]*#[[:space:]]*(include_next|include|import)(.*)$ ]] || continue
+            rest=${BASH_REMATCH[2]}
+            [[ "$rest" =~ ^[[:alnum:]_] ]] && continue # another directive (#include_x)
+            if ! [[ "$rest" =~ ^[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]]; then
+                rest=${rest#"${rest%%[![:space:]]*}"}
+                echo "$file:$n: includes $rest, which names no header the check can follow (a computed include): name the header"
+                bad=1
+                continue
+            fi
             inc=${BASH_REMATCH[1]}
             path=$(resolve "$(dirname "$file")" "$inc")
             if [ -z "$path" ]; then
@@ -105,8 +152,8 @@ for folder in "${folders[@]}"; do
                 echo "$file:$n: includes $path: $folder/ may include only ${allowed[$folder]:-nothing} from outside itself (README.md, Layers)"
                 bad=1
             fi
-        done <"$file"
-    done < <(find "$folder" -type f \( -name '*.c' -o -name '*.h' \) -print0)
+        done < <(directives "$file")
+    done < <(find "$folder" -type f -print0)
 done
 
 [ "$bad" -eq 0 ] && echo "check-layers: ok ($checked files; ${folders[*]})"

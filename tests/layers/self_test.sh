@@ -98,6 +98,10 @@ echo '#include "engine/engine.h"' >"$tmp/t/transports/cpu/z.inc"
 echo '#include "z.inc"' >>"$tmp/t/transports/cpu/x.h"
 expect_refused "another extension" "transports/cpu/z.inc:1: includes engine/engine.h"
 
+tree # a comment opener inside a string does not hide what follows
+printf 'static const char *s = "/*";\n#include "engine/engine.h"\n' >>"$tmp/t/transports/cpu/deep/y.c"
+expect_refused "comment opener in a string" "transports/cpu/deep/y.c:5: includes engine/engine.h"
+
 tree # a missing file of the tree
 echo '#include "engine/nowhere.h"' >>"$tmp/t/comm/comm.h"
 expect_refused "missing header" "includes engine/nowhere.h, which does not exist"
@@ -110,4 +114,4 @@ tree # no table
 printf '# x\n## Layers\nprose only\n' >"$tmp/t/README.md"
 expect_refused "no table" "has no Layers table"
 
-echo "check-layers self-test: ok (16 cases)"
+echo "check-layers self-test: ok (17 cases)"
