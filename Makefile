@@ -394,6 +394,7 @@ check-backends: lib plugins
 # the size budget: files <= 700 lines, functions <= 80 (tools/size-budget.txt
 # lists today's overruns, which may only shrink)
 check-size: $(DEPS_TEST_STAMP)
+	@tests/size/self_test.sh
 	@tools/check-size.sh
 
 format-check: $(DEPS_TEST_STAMP)
