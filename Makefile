@@ -529,7 +529,9 @@ PC_BACKEND := $(BUILD)/lib/pkgconfig/collie-backend.pc
 PYDIR    ?= $(PREFIX)/lib/python3/dist-packages
 PY_FILES := $(wildcard python/collie/*.py)
 
-$(PC_FILE): Makefile include/collie.h
+# written on every install (FORCE): they carry PREFIX and the other paths,
+# which change from one `make install` to the next without any file changing
+$(PC_FILE): FORCE
 	@mkdir -p $(@D)
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
 	  'plugindir=$(PLUGINDIR)' '' 'Name: collie' \
@@ -539,7 +541,7 @@ $(PC_FILE): Makefile include/collie.h
 	  'Cflags: -I$${includedir}' > $@
 
 # a plugin links no symbol of the core: no -lcollie
-$(PC_BACKEND): Makefile include/collie.h
+$(PC_BACKEND): FORCE
 	@mkdir -p $(@D)
 	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$(INCLUDEDIR)' 'plugindir=$(PLUGINDIR)' '' \
 	  'Name: collie-backend' \
@@ -565,6 +567,9 @@ install: lib tools plugins $(PC_FILE) $(PC_BACKEND)
 	install -m 644 $(PY_FILES) $(DESTDIR)$(PYDIR)/collie/
 	install -m 644 python/collie/torch/__init__.py $(DESTDIR)$(PYDIR)/collie/torch/
 	$(if $(wildcard $(TORCH_EXT)),install -m 755 $(TORCH_EXT) $(DESTDIR)$(PYDIR)/collie/torch/_C.so)
+
+.PHONY: FORCE
+FORCE:
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcollie.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcollie.so.$(SOVERSION) \

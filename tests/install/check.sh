@@ -64,6 +64,14 @@ mv "$root" "$tmp/moved"
 LD_LIBRARY_PATH=$tmp/moved/lib "$tmp/app/host_shared" relocated || die "the relocated install"
 mv "$tmp/moved" "$root"
 
+step "make install PREFIX=/opt/other: the .pc files follow the new prefix"
+make -s --no-print-directory install DESTDIR="$tmp/other" PREFIX=/opt/other > "$tmp/log" 2>&1 ||
+  { cat "$tmp/log" >&2; die "make install PREFIX=/opt/other"; }
+for pc in collie collie-backend; do
+  grep -qx 'prefix=/opt/other' "$tmp/other/opt/other/lib/pkgconfig/$pc.pc" ||
+    die "$pc.pc kept an earlier install's prefix: $(head -n 1 "$tmp/other/opt/other/lib/pkgconfig/$pc.pc")"
+done
+
 step "make uninstall"
 make -s --no-print-directory uninstall DESTDIR="$tmp/root" PREFIX=/usr/local > "$tmp/log" 2>&1 ||
   { cat "$tmp/log" >&2; die "make uninstall"; }
