@@ -48,15 +48,14 @@ coll() { # coll TREE LABEL RANKS BACKEND: appends "key value" lines to $tmp/LABE
       print be " " r " " $1 " " $2 " ops_per_s " $7 }' >> "$tmp/$2"
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-cc -std=c11 -D_GNU_SOURCE -O2 -I "$B/include" -I "$B" "$B/bench/store_load.c" "$B/build/lib/libcollie.a" \
-  -levent -lcrypto -pthread -o "$tmp/store_load"
+. "$(dirname "$0")/store_lib.sh"
+build_store_load "$B" "$tmp/store_load"
 store() { # store TREE LABEL
   local port line op
   port=$(free_port)
   COLLIE_LOG=warn "$1/build/bin/collie-store" --port "$port" --bind 127.0.0.1 > "$tmp/store.log" 2>&1 &
   spid=$!
-  for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
+  wait_listening "$port" || { echo "side_by_side.sh: collie-store of $1 did not start" >&2; exit 1; }
   for op in get add; do
     line=$(timeout $((SECS + 30)) "$tmp/store_load" collie 127.0.0.1 "$port" "$op" "$SECS" 64) ||
       { echo "side_by_side.sh: store $op on $1 failed" >&2; exit 1; }

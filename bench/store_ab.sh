@@ -43,10 +43,8 @@ for b in "$BEFORE" "$AFTER"; do
 done
 [ -f build/lib/libcollie.a ] || { echo "store_ab.sh: build first (make)" >&2; exit 2; }
 mkdir -p build/bench
-cc -std=c11 -D_GNU_SOURCE -O2 -I include -I . bench/store_load.c build/lib/libcollie.a \
-  -levent -lcrypto -pthread -o build/bench/store_load
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/store_lib.sh
+build_store_load . build/bench/store_load
 PB=$(free_port)
 PA=$(free_port)
 tmp=$(mktemp -d)
@@ -60,15 +58,7 @@ COLLIE_LOG=warn "$BEFORE" --port "$PB" --bind 127.0.0.1 > "$tmp/before.log" 2>&1
 pb=$!
 COLLIE_LOG=warn "$AFTER" --port "$PA" --bind 127.0.0.1 > "$tmp/after.log" 2>&1 &
 pa=$!
-up=0
-for _ in $(seq 1 100); do  # both listening (bounded: 10 s)
-  if (exec 3<>/dev/tcp/127.0.0.1/"$PB") 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/"$PA") 2>/dev/null; then
-    up=1
-    break
-  fi
-  sleep 0.1
-done
-[ "$up" = 1 ] || { echo "store_ab.sh: the servers did not start" >&2; cat "$tmp"/*.log >&2; exit 1; }
+wait_listening "$PB" "$PA" || { echo "store_ab.sh: the servers did not start" >&2; cat "$tmp"/*.log >&2; exit 1; }
 
 hz=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }

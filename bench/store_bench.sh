@@ -47,10 +47,8 @@ if ! command -v redis-server >/dev/null; then
   fi
 fi
 mkdir -p build/bench
-cc -std=c11 -D_GNU_SOURCE -O2 -I include -I . bench/store_load.c build/lib/libcollie.a \
-  -levent -lcrypto -pthread -o build/bench/store_load
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/store_lib.sh
+build_store_load . build/bench/store_load
 CPORT=$(free_port)
 RPORT=$(free_port)
 tmp=$(mktemp -d)
@@ -66,10 +64,7 @@ redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --daemon
   > "$tmp/redis.log" 2>&1 &
 rpid=$!
 rver=$(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p')
-for _ in $(seq 1 100); do  # both listening (bounded: 10 s)
-  (exec 3<>/dev/tcp/127.0.0.1/"$CPORT") 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/"$RPORT") 2>/dev/null && break
-  sleep 0.1
-done
+wait_listening "$CPORT" "$RPORT" || { echo "store_bench.sh: the servers did not start" >&2; exit 1; }
 
 run() {  # run PROTO PORT OP -> appends "ops cpu" to $tmp/PROTO-OP
   local line
