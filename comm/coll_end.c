@@ -99,8 +99,8 @@ static void coll_end_record_fault(cl_coll_work *cw) {
 /* CLAIMED → VISIBLE (the ender's thread, after a won claim) */
 static void coll_end_vpublish(cl_coll_work *cw, int status, const char *fmt, va_list ap) {
     collie_work *w = &cw->base;
-    char ctx[192];
-    coll_end_describe(cw, ctx, sizeof ctx);
+    char ctx[192] = "";
+    if (status != COLLIE_OK) coll_end_describe(cw, ctx, sizeof ctx); /* for the message only */
     cl_work_fill(w, status, ctx, fmt, ap);
     coll_end_unlend(cw);
     cl_stats_ended(cw->comm, cw); /* counted before it is seen */

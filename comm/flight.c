@@ -110,8 +110,10 @@ void cl_flight_end(collie_comm *c, cl_coll_work *cw) {
     if (e) {
         e->end_ns = cw->base.end_ns ? cw->base.end_ns : cl_now_ns();
         e->status = cw->base.status;
-        snprintf(e->error, sizeof e->error, "%s",
-                 cw->base.errmsg && cw->base.status != COLLIE_OK ? cw->base.errmsg : "");
+        if (cw->base.errmsg && cw->base.status != COLLIE_OK)
+            snprintf(e->error, sizeof e->error, "%s", cw->base.errmsg);
+        else
+            e->error[0] = '\0'; /* the common case, on the ender's path to DONE: no formatting */
     }
     pthread_mutex_unlock(&c->fr.mu);
 }
