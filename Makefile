@@ -17,6 +17,7 @@
 #   make python          the torch backend's extension (when torch's headers are there)
 #   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
 #   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long)
+#   make torch2-venv     build/torch2-venv: torch 2.x from PyPI, pinned (docs/torch2.md)
 #
 # Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
 # build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
@@ -82,6 +83,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
         check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
+        torch2-venv \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -231,6 +233,22 @@ $(TORCH_EXT): $(TORCH_SRC) $(wildcard include/collie*.h) tools/torch_flags.py $(
 	  "the torch extension cannot be built (see its error above)" >&2; exit 1; }; \
 	$(CXX) -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
 	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
+
+# ---- torch 2.x ----------------------------------------------------------------
+# A virtual environment with torch 2.x from PyPI beside Debian's torch 1.13
+# (docs/torch2.md): build/torch2-venv, made with Debian's /usr/bin/python3,
+# every package pinned with its hash in tools/torch2-requirements.txt (a
+# CUDA build, about 3 GB of wheels, 5 GB installed; it runs on the CPU).
+# The wheels are kept in ~/.cache/collie/wheels (COLLIE_WHEELS), outside the
+# tree, so another clone or a rebuild installs them without downloading;
+# pip's own cache (~/.cache/pip) stays empty behind a proxy that strips
+# cache headers, as this machine's does.
+TORCH2_VENV := build/torch2-venv
+TORCH2_REQ  := tools/torch2-requirements.txt
+
+torch2-venv: $(TORCH2_VENV)/.ok
+$(TORCH2_VENV)/.ok: $(TORCH2_REQ) tools/torch2-venv.sh | $(DEPS_TEST_STAMP)
+	tools/torch2-venv.sh $(TORCH2_VENV) $(TORCH2_REQ)
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4

@@ -39,6 +39,8 @@ case "$profile" in
       "/usr/lib/python3/dist-packages/torch/__init__.py:python3-torch"
       "/usr/include/torch/csrc/distributed/c10d/ProcessGroup.hpp:libtorch-dev"
       "/usr/include/pybind11/pybind11.h:pybind11-dev"
+      # make torch2-venv: a virtual environment for torch 2.x from PyPI
+      "/usr/lib/python3.11/ensurepip/__init__.py:python3-venv"
       "${torch_ext[@]}"
     ) ;;
   *) echo "deps.sh: unknown profile '$profile' (build or test)" >&2; exit 2 ;;
