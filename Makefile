@@ -18,6 +18,8 @@
 #   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
 #   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long)
 #   make torch2-venv     build/torch2-venv: torch 2.x from PyPI, pinned (docs/torch2.md)
+#   make torch2          the torch backend's extension for that torch 2.x (build/torch2/_C.so)
+#   make test-torch2     its check on torch 2.x (tests/python/test_torch2.py; not in make test)
 #
 # Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
 # build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
@@ -83,7 +85,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
         check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
-        torch2-venv \
+        torch2-venv torch2 test-torch2 \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -226,7 +228,8 @@ python:
 	@echo "collie: the torch backend is not built (needs python3-torch, libtorch-dev, pybind11-dev)"
 endif
 
-$(TORCH_EXT): $(TORCH_SRC) $(wildcard include/collie*.h) tools/torch_flags.py $(LIB_SO)
+$(TORCH_EXT): $(TORCH_SRC) python/collie/torch/compat.h $(wildcard include/collie*.h) \
+              tools/torch_flags.py $(LIB_SO)
 	@mkdir -p $(@D)
 	@# a failing helper stops the build with its own message
 	flags=$$($(PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed:" \
@@ -249,6 +252,28 @@ TORCH2_REQ  := tools/torch2-requirements.txt
 torch2-venv: $(TORCH2_VENV)/.ok
 $(TORCH2_VENV)/.ok: $(TORCH2_REQ) tools/torch2-venv.sh | $(DEPS_TEST_STAMP)
 	tools/torch2-venv.sh $(TORCH2_VENV) $(TORCH2_REQ)
+
+# collie.torch's extension for that torch: the same source as the 1.13 one
+# (python/collie/torch/compat.h holds the differences), into build/torch2/_C.so;
+# collie.torch picks it when the importing torch is 2.x. TORCH2_PYTHON may
+# name another Python whose torch is 2.x (a GPU machine's, without the venv).
+# C++20: torch 2.15's headers require it (2.11's take C++17 or later).
+TORCH2_PYTHON ?= $(TORCH2_VENV)/bin/python
+TORCH2_EXT    := build/torch2/_C.so
+torch2: $(TORCH2_EXT)
+$(TORCH2_EXT): $(TORCH_SRC) python/collie/torch/compat.h $(wildcard include/collie*.h) \
+               tools/torch_flags.py $(LIB_SO) $(if $(filter $(TORCH2_VENV)/%,$(TORCH2_PYTHON)),$(TORCH2_VENV)/.ok)
+	@mkdir -p $(@D)
+	flags=$$($(TORCH2_PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed" \
+	  "under $(TORCH2_PYTHON): the torch 2.x extension cannot be built (see its error above)" >&2; \
+	  exit 1; }; \
+	$(CXX) -std=c++20 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
+	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
+
+# The torch 2.x backend's check (tests/python/test_torch2.py, run by Debian's
+# pytest; the ranks run under the venv's Python). Not part of make test yet.
+test-torch2: all $(TORCH2_EXT) $(DEPS_TEST_STAMP)
+	@tools/run-pytest.sh torch2 tests/python/test_torch2.py
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4

@@ -1,4 +1,4 @@
-"""collie as a torch.distributed backend (torch 1.13, CPU tensors).
+"""collie as a torch.distributed backend (torch 1.13 and torch 2.x, CPU tensors).
 
     import collie.torch               # registers the backend "collie"
     dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
@@ -22,6 +22,11 @@ Design notes
   (COLLIE_BLOCKING_WAIT, COLLIE_ASYNC_ERROR_HANDLING): unknown keys, bad
   values and a pg_options policy that contradicts the environment are
   errors, never silently resolved.
+- One extension source for both torch versions, built twice: against
+  Debian's torch 1.13 into build/python/_C.so, against a torch 2.x
+  (make torch2) into build/torch2/_C.so; the build tree's copy is picked by
+  the importing torch's major version. On torch 2.x the backend registers
+  for devices=["cpu"] (docs/torch2.md).
 - The host published for rank 0's server: $COLLIE_TORCH_HOST, else
   MASTER_ADDR when this process is global rank 0, else this host's
   resolved name.
@@ -41,6 +46,7 @@ import torch.distributed as dist
 import collie
 from collie.comm import POLICIES
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 _lock = threading.Lock()
 _state = {"engine": None, "server": None, "token": None, "clients": {}, "ext": None, "count": 0}
 
@@ -50,10 +56,11 @@ def _load_ext():
     import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.join("torch2", "_C.so") if TORCH2 else os.path.join("python", "_C.so")
     candidates = [
         os.environ.get("COLLIE_TORCH_EXT"),
         os.path.join(here, "_C.so"),  # installed beside this file
-        os.path.join(here, "..", "..", "..", "build", "python", "_C.so"),  # the build tree
+        os.path.join(here, "..", "..", "..", "build", built),  # the build tree
     ]
     for path in candidates:
         if path and os.path.exists(path):
@@ -62,6 +69,11 @@ def _load_ext():
             mod = importlib.util.module_from_spec(spec)
             loader.exec_module(mod)
             return mod
+    if TORCH2:
+        raise ImportError(
+            f"collie.torch: the extension for torch {torch.__version__} is not built "
+            "(run `make torch2`, or set COLLIE_TORCH_EXT)"
+        )
     raise ImportError(
         "collie.torch: the extension _C.so is not built (run `make` with python3-torch, "
         "libtorch-dev and pybind11-dev installed, or set COLLIE_TORCH_EXT)"
@@ -261,7 +273,14 @@ def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_optio
 
 
 def _register():
-    if "COLLIE" not in dist.Backend._plugins:
+    if "COLLIE" in dist.Backend._plugins:
+        return
+    if TORCH2:
+        # torch 2.x maps devices to backends: collie serves CPU tensors
+        dist.Backend.register_backend(
+            "collie", create_process_group, extended_api=True, devices=["cpu"]
+        )
+    else:
         dist.Backend.register_backend("collie", create_process_group, extended_api=True)
 
 

@@ -1,10 +1,12 @@
-// process_group_collie.cpp — torch 1.13's c10d::ProcessGroup over a collie comm.
+// process_group_collie.cpp — torch's c10d backend over a collie comm: a
+// c10d::ProcessGroup on torch 1.13, a c10d::Backend on torch 2.x.
 //
 // Design notes
 // - The only C++ in collie's torch backend: what torch demands (a
-//   ProcessGroup subclass and its Work). Rendezvous, options and policy are
-//   Python (collie/torch/__init__.py), collectives are libcollie. A torch 2.x
-//   c10d::Backend variant would be a sibling file with the same helpers.
+//   ProcessGroup or Backend subclass and its Work). Rendezvous, options and
+//   policy are Python (collie/torch/__init__.py), collectives are libcollie.
+// - One source for both torch versions: what differs is in compat.h
+//   (the base class, COLLIE_TORCH2 for the members only 2.x declares).
 // - Each torch call posts one collie collective on the caller's thread and
 //   returns a CollieWork. Collectives whose torch shape is a tensor list
 //   (allgather, gather, scatter, reduce_scatter, alltoall, the coalesced
@@ -31,8 +33,6 @@
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <pthread.h>
 
@@ -44,6 +44,7 @@
 #include <unordered_map>
 
 #include "collie.h"
+#include "compat.h"
 
 namespace collie_torch {
 
@@ -325,11 +326,11 @@ std::function<void()> unpack(at::Tensor flat, Tensors outs) {
     };
 }
 
-class ProcessGroupCollie : public c10d::ProcessGroup {
+class ProcessGroupCollie : public BackendBase {
   public:
     // Takes ownership of `comm` (made by collie.torch from the torch store).
     ProcessGroupCollie(int rank, int size, uintptr_t comm)
-        : c10d::ProcessGroup(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
+        : BackendBase(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
           completer_(Completer::acquire()) {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
@@ -713,8 +714,8 @@ class ProcessGroupCollie : public c10d::ProcessGroup {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using collie_torch::ProcessGroupCollie;
-    py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>, c10d::ProcessGroup>(
-        m, "ProcessGroupCollie")
+    py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>,
+               collie_torch::BackendBase>(m, "ProcessGroupCollie")
         .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
         .def("comm_handle", &ProcessGroupCollie::comm_handle)
         .def("abort", &ProcessGroupCollie::abort, py::arg("reason"),

@@ -1,0 +1,81 @@
+"""collie.torch on torch 2.x (docs/torch2.md): the torch 2.x venv's Python
+(make torch2-venv) with the extension built against it (make torch2) runs
+init_process_group with collie named as a backend or in a device map,
+allreduce, broadcast, barrier and destroy_process_group at world size 2,
+each rank a process (tests/python/torch2_worker.py). The test itself runs
+under any Python (Debian's in make test-python); it skips, saying what to
+build, where the venv or the extension is missing. make test-torch2 runs it."""
+
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+PYTHON = os.environ.get("COLLIE_TORCH2_PYTHON",
+                        os.path.join(ROOT, "build", "torch2-venv", "bin", "python"))
+EXT = os.path.join(ROOT, "build", "torch2", "_C.so")
+
+if not os.path.exists(PYTHON):
+    pytest.skip(f"no torch 2.x Python at {PYTHON} (make torch2-venv)", allow_module_level=True)
+if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
+    pytest.skip(f"the torch 2.x extension {EXT} is not built (make torch2)",
+                allow_module_level=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(backend, world=2, timeout=120):
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r), str(world), port],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(world)
+    ]
+    results = []
+    try:
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"{backend} rank {r} exit {p.returncode}:\n{err[-3000:]}"
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    return results
+
+
+# collie alone, in a device map, named in any case; with gloo on the CPU and
+# collie for CUDA, CPU tensors go through gloo (collie is made, never used)
+@pytest.mark.parametrize("backend,cpu", [
+    ("collie", "ProcessGroupCollie"),
+    ("cpu:collie", "ProcessGroupCollie"),
+    ("CPU:Collie", "ProcessGroupCollie"),
+    ("cpu:gloo,cuda:collie", "ProcessGroupGloo"),
+])
+def test_init_allreduce_broadcast_barrier_destroy(backend, cpu):
+    world = 2
+    res = run_world(backend, world)
+    for r, out in enumerate(res):
+        assert out["torch"].startswith("2."), out["torch"]
+        # registered for the CPU only; the CPU's default stays gloo
+        assert out["capability"] == ["cpu"], out
+        assert out["cpu_default"] == "gloo", out
+        assert out["cpu_backend"] == cpu, (r, out)
+        assert out["allreduce"] == [sum(x + r2 for r2 in range(world)) for x in range(4)]
+        assert out["allreduce_max"] == [world]
+        assert out["broadcast"] == [float(world - 1)] * 3
+        assert out["destroyed"] is True
+        # torch 2.15 picks the device map's backend as the group's default
+        # type (pytorch#178756 fixed): collie's type is CUSTOM
+        assert out["default_type"] == "custom", out
