@@ -5,6 +5,7 @@
  * usage errors. Ranks are small /bin/sh scripts; every wait is bounded.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
@@ -498,35 +499,86 @@ static void test_usage_errors(void **state) {
 /* ---- conventions of mpirun and torchrun ----------------------------------- */
 
 /* -np N as mpirun; torchrun's variables beside collie's, consistent with
- * them: MASTER_ADDR:MASTER_PORT is the store. */
+ * them; MASTER_ADDR:MASTER_PORT is torch's rendezvous on this host, not the
+ * store (torch's env:// would listen there, or speak its protocol to it). */
 static void test_torchrun_env(void **state) {
     (void)state;
     const char *sh = "echo \"t $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
-                     "$MASTER_ADDR:$MASTER_PORT $COLLIE_RANK $COLLIE_LOCAL_RANK "
+                     "$MASTER_ADDR $MASTER_PORT $COLLIE_RANK $COLLIE_LOCAL_RANK "
                      "$COLLIE_NODE_RANK $COLLIE_STORE_ADDR\"";
     spawn_proc *l = launch_run(ARGS("-np", "3", "--", "/bin/sh", "-c", sh));
     assert_spawn(l, l->status == 0);
+    char port0[16] = "";
     for (int r = 0; r < 3; r++) {
-        char want[80], master[64], store[64];
+        char want[80], master[64], port[16], store[64];
         snprintf(want, sizeof want, "[%d] t %d 3 %d 3 0 ", r, r, r);
         const char *p = strstr(l->text[0], want);
         assert_spawn(l, p);
         int rank, local, node;
-        assert_spawn(l, sscanf(p + strlen(want), "%63s %d %d %d %63s", master, &rank, &local, &node,
-                               store) == 5);
+        assert_spawn(l, sscanf(p + strlen(want), "%63s %15s %d %d %d %63s", master, port, &rank,
+                               &local, &node, store) == 6);
         assert_spawn(l, rank == r && local == r && node == 0);
-        assert_string_equal(master, store);
+        assert_string_equal(master, "127.0.0.1");
+        assert_spawn(l, strncmp(store, "127.0.0.1:", 10) == 0 && atoi(port) > 0);
+        assert_string_not_equal(port, strchr(store, ':') + 1);
+        if (r == 0) snprintf(port0, sizeof port0, "%s", port);
+        assert_string_equal(port, port0); /* one rendezvous for the job */
     }
 }
 
-/* An IPv6 store address reaches the ranks whole in COLLIE_STORE_ADDR, and
- * without its brackets in MASTER_ADDR (as torch wants a host). */
+/* Bind 0.0.0.0:port, with SO_REUSEADDR and listening (as torch's TCPStore)
+ * or plainly; 0 or errno. */
+static int bind_port(int port, bool reuse) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    int one = 1;
+    if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int rc = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && (!reuse || listen(fd, 1) == 0);
+    int err = rc ? 0 : errno;
+    close(fd);
+    return err;
+}
+
+/* -n 2: MASTER_PORT is held for the job (the race of a free port): a plain
+ * bind there is refused while torch's way (SO_REUSEADDR, listen) works;
+ * --master-addr/--master-port are passed on as given. */
+static void test_torch_master_port_held(void **state) {
+    (void)state;
+    char sh[640];
+    snprintf(sh, sizeof sh, "echo \"m $MASTER_ADDR $MASTER_PORT ${COLLIE_STORE_ADDR#*:}\"; %s",
+             wait_file_sh(tmp_path("master-done")));
+    spawn_proc *l = launch_start(ARGS("-n", "2", "--", "/bin/sh", "-c", sh), NULL);
+    assert_spawn(l, spawn_wait_for(l, 0, " m 127.0.0.1 ", 2, 5000));
+    const char *p = strstr(l->text[0], "[0] m 127.0.0.1 ");
+    assert_spawn(l, p);
+    int port = 0, store = 0;
+    assert_spawn(l, sscanf(p, "[0] m 127.0.0.1 %d %d", &port, &store) == 2);
+    assert_spawn(l, port > 0 && store > 0 && port != store);
+    assert_int_equal(bind_port(port, false), EADDRINUSE);
+    assert_int_equal(bind_port(port, true), 0);
+    touch(tmp_path("master-done"));
+    spawn_finish(l);
+    assert_spawn(l, l->status == 0);
+    spawn_free(l);
+
+    l = launch_run(ARGS("-n", "1", "--master-addr", "10.1.2.3", "--master-port", "29400", "--",
+                        "/bin/sh", "-c", "echo \"given $MASTER_ADDR $MASTER_PORT\""));
+    assert_spawn(l, l->status == 0 && strstr(l->text[0], "[0] given 10.1.2.3 29400\n"));
+}
+
+/* An IPv6 store address reaches the ranks whole in COLLIE_STORE_ADDR; on
+ * node 1 of a multi-node job MASTER_ADDR is node 0's host without its
+ * brackets (as torch wants a host) and MASTER_PORT the store's port + 1. */
 static void test_ipv6_store_env(void **state) {
     (void)state;
-    spawn_proc *l = launch_run(ARGS("-n", "1", "--store", "[::1]:29999", "--", "/bin/sh", "-c",
-                                    "echo \"v6 $COLLIE_STORE_ADDR $MASTER_ADDR $MASTER_PORT\""));
+    spawn_proc *l = launch_start(ARGS("--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+                                      "--store", "[::1]:29999", "--", "/bin/sh", "-c",
+                                      "echo \"v6 $COLLIE_STORE_ADDR $MASTER_ADDR $MASTER_PORT\""),
+                                 ARGS("COLLIE_STORE_TOKEN=v6-secret"));
+    spawn_finish(l);
     assert_spawn(l, l->status == 0);
-    assert_spawn(l, strstr(l->text[0], "[0] v6 [::1]:29999 ::1 29999\n"));
+    assert_spawn(l, strstr(l->text[0], "[1] v6 [::1]:29999 ::1 30000\n"));
 }
 
 static uint16_t free_port(void) {
@@ -732,6 +784,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_cannot_exec, spawn_teardown),
         cmocka_unit_test_teardown(test_usage_errors, spawn_teardown),
         cmocka_unit_test_teardown(test_torchrun_env, spawn_teardown),
+        cmocka_unit_test_teardown(test_torch_master_port_held, spawn_teardown),
         cmocka_unit_test_teardown(test_ipv6_store_env, spawn_teardown),
         cmocka_unit_test_teardown(test_two_nodes, spawn_teardown),
         cmocka_unit_test_teardown(test_stats, spawn_teardown),

@@ -6,6 +6,7 @@
  *   collie-run -n N | -np N | --nproc-per-node M [--nnodes K --node-rank R]
  *              [--timeout S] [--grace S] [--keep-going] [--restarts K]
  *              [--store HOST:PORT [--store-external]] [--token-file F] [--stats]
+ *              [--master-addr HOST] [--master-port P]
  *              [--] program [args...]
  *
  * Design notes
@@ -19,15 +20,16 @@
  *    restarted rank finds it and peers still see abort keys. With --store the
  *    ranks use an external server and no engine is created — except on node
  *    0 of a multi-node job (--nnodes > 1), which serves the store at the
- *    port of --store (as torchrun's node 0 serves MASTER_PORT) unless
- *    --store-external says a server runs there already.
+ *    port of --store unless --store-external says a server runs there
+ *    already.
  *  - A multi-node job runs one collie-run per node with the same -np (or
  *    --nproc-per-node and --nnodes) and --store, and its own --node-rank:
  *    node R runs global ranks R*M .. R*M+M-1. Each rank gets the COLLIE_*
  *    variables and torchrun's names (RANK, WORLD_SIZE, LOCAL_RANK,
- *    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/MASTER_PORT = the store,
- *    TORCHELASTIC_RESTART_COUNT), so programs written for either launcher
- *    find what they look for.
+ *    LOCAL_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT, and
+ *    MASTER_ADDR/MASTER_PORT: a port of torch's own, not the store, so
+ *    torch's env:// works; run_master.c), so programs written for either
+ *    launcher find what they look for.
  *  - States: RUNNING → STOPPING (SIGTERM, or the forwarded signal, to every
  *    live rank; SIGKILL at the grace deadline; give up RUN_REAP_MS after
  *    SIGKILL) → done when every rank is reaped. The first cause of a stop

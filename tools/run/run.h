@@ -10,6 +10,7 @@
  *   tools/run/run_spawn.c   starting a rank: pipes, the descriptor reserve, fork
  *   tools/run/run_out.c     the ranks' output, cut into prefixed lines
  *   tools/run/run_setup.c   setup and teardown: limits, signals, secret, store
+ *   tools/run/run_master.c  torch's MASTER_ADDR/MASTER_PORT, apart from the store
  *   tools/run/run_stats.c   --stats: the table printed after the job
  */
 #ifndef COLLIE_RUN_H
@@ -84,9 +85,11 @@ typedef struct run_opts {
     int64_t grace_ms;
     bool keep_going;
     int restarts;
-    const char *store_addr; /* external store, or NULL: host one */
-    const char *token_file; /* --token-file, or NULL */
-    char **argv;            /* the program and its arguments */
+    const char *store_addr;  /* external store, or NULL: host one */
+    const char *token_file;  /* --token-file, or NULL */
+    const char *master_addr; /* --master-addr (torch's MASTER_ADDR), or NULL */
+    int master_port;         /* --master-port (torch's MASTER_PORT), or 0 */
+    char **argv;             /* the program and its arguments */
 } run_opts;
 
 /* One of a rank's output pipes. */
@@ -132,9 +135,12 @@ typedef struct run_job {
     sigset_t old_mask;
     struct rlimit old_nofile;
     int reserve[RUN_FD_RESERVE]; /* held back for run_spawn; -1: not held */
-    char store_addr[264];        /* the store's host:port, and apart (MASTER_ADDR, MASTER_PORT) */
+    char store_addr[264];        /* the store's host:port, and apart */
     char store_host[256];
     char store_port[8];
+    char master_host[256]; /* torch's MASTER_ADDR and MASTER_PORT (run_master.c) */
+    char master_port[8];
+    int master_fd;          /* holds MASTER_PORT on node 0, or -1 */
     char *token_env;        /* "COLLIE_STORE_TOKEN=<secret>" for the ranks, or NULL: none */
     char stats_dir[64];     /* --stats: where the ranks write, "" if not ours */
     const char *stats_from; /* the directory read after the job, or NULL */
@@ -178,6 +184,10 @@ void run_rank_drain(run_job *job, run_rank *r);
 void run_fix_std_fds(void);
 int run_job_init(run_job *job);
 void run_job_fini(run_job *job);
+
+/* run_master.c: torch's MASTER_ADDR/MASTER_PORT after the store's address
+ * is known; on node 0 its port is held (0, or -1 after saying why). */
+int run_master_init(run_job *job);
 
 /* run_stats.c: the table of the stats files in dir; remove what --stats
  * made. */

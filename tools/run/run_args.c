@@ -34,6 +34,10 @@ static void run_usage(FILE *f) {
           "  --store ADDR          the store at host:port: used instead of hosting one;\n"
           "                        with --nnodes > 1 node 0 serves it at that port\n"
           "  --store-external      node 0 too uses a store server already running\n"
+          "  --master-addr HOST    torch's MASTER_ADDR (default: --store's host with\n"
+          "                        --nnodes > 1, else 127.0.0.1)\n"
+          "  --master-port P       torch's MASTER_PORT (default: --store's port + 1 with\n"
+          "                        --nnodes > 1, else a free port held for the job)\n"
           "  --token-file FILE     the job's secret (default: COLLIE_STORE_TOKEN, else a\n"
           "                        random one per job); --nnodes > 1 needs one, the same\n"
           "                        on every node\n"
@@ -139,6 +143,8 @@ enum {
     OPT_NODE_RANK,
     OPT_STATS,
     OPT_TOKEN_FILE,
+    OPT_MASTER_ADDR,
+    OPT_MASTER_PORT,
 };
 
 static const struct option run_longopts[] = {
@@ -153,6 +159,8 @@ static const struct option run_longopts[] = {
     {"restarts", required_argument, NULL, OPT_RESTARTS},
     {"store", required_argument, NULL, OPT_STORE},
     {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
+    {"master-addr", required_argument, NULL, OPT_MASTER_ADDR},
+    {"master-port", required_argument, NULL, OPT_MASTER_PORT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -204,6 +212,16 @@ static int run_parse_opt(int c, int argc, char **argv, run_opts *o, int *world, 
         o->store_addr = optarg;
         break;
     case OPT_TOKEN_FILE: o->token_file = optarg; break;
+    case OPT_MASTER_ADDR:
+        if (!*optarg || strlen(optarg) > 255 || strpbrk(optarg, "[] \t\n"))
+            return run_usage_error("--master-addr needs a host (no port, no brackets), not '%s'",
+                                   optarg);
+        o->master_addr = optarg;
+        break;
+    case OPT_MASTER_PORT:
+        if (!run_parse_int(optarg, 1, 65535, &o->master_port))
+            return run_usage_error("--master-port needs a port from 1 to 65535, not '%s'", optarg);
+        break;
     case 'h': run_usage(stdout); return 0;
     case ':': return run_usage_error("option '%s' needs a value", argv[optind - 1]);
     default:

@@ -6,8 +6,9 @@
  *  - A rank's environment is ours without the names collie-run sets (and
  *    without COLLIE_STORE_TOKEN), then those names: collie's COLLIE_* and
  *    torchrun's (RUN_ENV_MAP in run.h), then the job's secret if there is
- *    one. It is built before fork (the child only calls execvpe) and
- *    rewritten before a restart, whose count it carries.
+ *    one. MASTER_ADDR/MASTER_PORT are torch's rendezvous (run_master.c),
+ *    not collie's store: that is COLLIE_STORE_ADDR. It is built before fork (the child only calls
+ * execvpe) and rewritten before a restart, whose count it carries.
  *  - NCCL's and PyTorch's settings that collie reads under a name of its
  *    own are named on stderr at start, once each, with collie's name: the
  *    job runs anyway.
@@ -63,8 +64,8 @@ void run_rank_env_fill(const run_job *job, run_rank *r) {
     run_env_set(r, RUN_ENV_COLLIE_RESTART_COUNT, "%d", r->restarts);
     run_env_set(r, RUN_ENV_TORCHELASTIC_RESTART_COUNT, "%d", r->restarts);
     run_env_set(r, RUN_ENV_COLLIE_STORE_ADDR, "%s", job->store_addr);
-    run_env_set(r, RUN_ENV_MASTER_ADDR, "%s", job->store_host);
-    run_env_set(r, RUN_ENV_MASTER_PORT, "%s", job->store_port);
+    run_env_set(r, RUN_ENV_MASTER_ADDR, "%s", job->master_host);
+    run_env_set(r, RUN_ENV_MASTER_PORT, "%s", job->master_port);
     if (job->stats_from)
         run_env_set(r, RUN_ENV_COLLIE_STATS_DIR, "%s", job->stats_from);
     else

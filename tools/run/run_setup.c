@@ -149,7 +149,7 @@ static int run_store_init(run_job *job) {
 int run_job_init(run_job *job) {
     job->self = getpid();
     job->exit_code = -1;
-    job->sigfd = job->devnull = -1;
+    job->sigfd = job->devnull = job->master_fd = -1;
     for (int i = 0; i < RUN_FD_RESERVE; i++)
         job->reserve[i] = -1;
     job->out_fd = 1;
@@ -168,7 +168,8 @@ int run_job_init(run_job *job) {
         fprintf(stderr, "collie-run: setup: %s\n", strerror(errno));
         return -1;
     }
-    if (run_token_init(job) != 0 || run_store_init(job) != 0) return -1;
+    if (run_token_init(job) != 0 || run_store_init(job) != 0 || run_master_init(job) != 0)
+        return -1;
     job->stats_from = getenv("COLLIE_STATS_DIR"); /* the user's: kept, passed on */
     if (job->opts.stats && !job->stats_from) {
         snprintf(job->stats_dir, sizeof job->stats_dir, "/tmp/collie-stats-XXXXXX");
@@ -213,5 +214,6 @@ void run_job_fini(run_job *job) {
     collie_engine_destroy(job->engine);
     run_reserve_release(job);
     if (job->devnull >= 0) close(job->devnull);
+    if (job->master_fd >= 0) close(job->master_fd);
     if (job->sigfd >= 0) close(job->sigfd);
 }
