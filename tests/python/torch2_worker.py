@@ -1,7 +1,8 @@
-"""One rank of test_torch2.py's scenario, run by the torch 2.x venv's Python:
-    torch2_worker.py BACKEND RANK WORLD PORT
-init_process_group(BACKEND), allreduce, broadcast, barrier,
-destroy_process_group; prints one JSON line (what it saw) last."""
+"""One rank of a test_torch2.py scenario, run by the torch 2.x venv's Python:
+    torch2_worker.py BACKEND RANK WORLD PORT [SCENARIO]
+SCENARIO (default "basic"): init_process_group(BACKEND), allreduce,
+broadcast, barrier, destroy_process_group. The others are in SCENARIOS
+below. Prints one JSON line (what it saw) last."""
 
 import json
 import os
@@ -17,28 +18,112 @@ import torch.distributed as dist  # noqa: E402
 import collie.torch  # noqa: E402,F401
 
 backend, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+scenario = sys.argv[5] if len(sys.argv) > 5 else "basic"
 
-out = {
-    "torch": torch.__version__,
-    "capability": dist.Backend.backend_capability.get("collie"),
-    "cpu_default": dist.Backend.default_device_backend_map.get("cpu"),
+
+def basic():
+    out = {
+        "torch": torch.__version__,
+        "capability": dist.Backend.backend_capability.get("collie"),
+        "cpu_default": dist.Backend.default_device_backend_map.get("cpu"),
+    }
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    pg = dist.group.WORLD
+    out["backend"] = dist.get_backend()
+    out["default_type"] = str(pg._get_backend_name())
+    out["cpu_backend"] = type(pg._get_backend(torch.device("cpu"))).__name__
+    t = torch.arange(4, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    out["allreduce"] = t.tolist()
+    i = torch.tensor([rank + 1], dtype=torch.int64)
+    dist.all_reduce(i, op=dist.ReduceOp.MAX)
+    out["allreduce_max"] = i.tolist()
+    b = torch.full((3,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    out["broadcast"] = b.tolist()
+    dist.barrier()
+    dist.destroy_process_group()
+    out["destroyed"] = not dist.is_initialized()
+    return out
+
+
+def counts():
+    """Open fds and threads of this process."""
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+def cycles():
+    """10 init_process_group / destroy_process_group cycles in one process,
+    each on its own prefix of one TCPStore: every cycle's allreduce is
+    right; fds and threads do not grow after the first cycle."""
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    res = {"sums": [], "counts": []}
+    for c in range(10):
+        dist.init_process_group(backend, store=dist.PrefixStore(f"cycle{c}", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=30))
+        t = torch.full((4,), float(rank + c))
+        dist.all_reduce(t)
+        res["sums"].append(t.tolist())
+        pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+        res.setdefault("names", []).append(pg.name())
+        dist.destroy_process_group()
+        res["counts"].append(counts())
+    res["initialized"] = dist.is_initialized()
+    return res
+
+
+def pending(how):
+    """A receive no one sends to is pending when the group is torn down
+    (destroy_process_group, or torch's abort): its wait fails at once naming
+    why; a second shutdown/abort is a no-op; a new group works after."""
+    import time
+
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(backend, store=dist.PrefixStore("a", store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    res = {}
+    pg = dist.group.WORLD
+    be = pg._get_backend(torch.device("cpu"))
+    res["name"] = be.name()
+    dist.barrier()
+    res["seq"] = pg._get_sequence_number_for_group()
+    work = dist.irecv(torch.zeros(2), src=(rank + 1) % world, tag=77)
+    t0 = time.monotonic()
+    if how == "abort":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+    try:
+        work.wait()
+        res["wait"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["wait"] = str(e)
+    res["wait_s"] = time.monotonic() - t0
+    be.shutdown()  # idempotent, also after an abort
+    be.abort()
+    try:
+        be.allreduce([torch.ones(1)]).wait()
+        res["post_after"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["post_after"] = str(e)
+    store.set(f"done{rank}", "1")  # no rank tears its next group down early
+    store.wait([f"done{r}" for r in range(world)], timedelta(seconds=30))
+    dist.init_process_group(backend, store=dist.PrefixStore("b", store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=30))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+SCENARIOS = {
+    "basic": basic,
+    "cycles": cycles,
+    "destroy_pending": lambda: pending("destroy"),
+    "abort_pending": lambda: pending("abort"),
 }
-dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=30))
-pg = dist.group.WORLD
-out["backend"] = dist.get_backend()
-out["default_type"] = str(pg._get_backend_name())
-out["cpu_backend"] = type(pg._get_backend(torch.device("cpu"))).__name__
-t = torch.arange(4, dtype=torch.float32) + rank
-dist.all_reduce(t)
-out["allreduce"] = t.tolist()
-i = torch.tensor([rank + 1], dtype=torch.int64)
-dist.all_reduce(i, op=dist.ReduceOp.MAX)
-out["allreduce_max"] = i.tolist()
-b = torch.full((3,), float(rank))
-dist.broadcast(b, src=world - 1)
-out["broadcast"] = b.tolist()
-dist.barrier()
-dist.destroy_process_group()
-out["destroyed"] = not dist.is_initialized()
-print(json.dumps(out), flush=True)
+
+if scenario == "basic":
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+print(json.dumps(SCENARIOS[scenario]()), flush=True)

@@ -40,6 +40,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -334,15 +335,18 @@ class ProcessGroupCollie : public BackendBase {
           completer_(Completer::acquire()) {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
-    ~ProcessGroupCollie() override {
-        // A process group dropped with works of its own still in flight
-        // aborts them rather than waiting out their deadlines.
-        collie_comm_stats st{};
-        st.size = sizeof st;
-        if (collie_comm_get_stats(comm_, &st) == COLLIE_OK && st.in_flight > 0)
-            collie_comm_abort(comm_, "the process group was destroyed");
-        collie_comm_destroy(comm_);
+    ~ProcessGroupCollie() override { teardown("the process group was destroyed", false); }
+
+#if COLLIE_TORCH2
+    // torch 2.x's destroy_process_group: the comm goes now, not when torch
+    // lets go of the Backend. Works still in flight fail (EABORTED, naming
+    // the shutdown) rather than waiting out their deadlines.
+    void shutdown() override {
+        teardown("the process group was shut down (destroy_process_group)", false);
     }
+    // torch 2.x's abort (_abort_process_group): every pending work fails now.
+    void abort() override { teardown("the process group was aborted (torch's abort)", true); }
+#endif
 
     const std::string getBackendName() const override { return "collie"; }
 
@@ -350,7 +354,11 @@ class ProcessGroupCollie : public BackendBase {
     // of a new group starts at 0, so there is nothing to agree on.
     void setSequenceNumberForGroup() override { seq_ = 0; }
     uint64_t getSequenceNumberForGroup() override { return seq_; }
-    uintptr_t comm_handle() const { return reinterpret_cast<uintptr_t>(comm_); }
+    // 0 once the comm was torn down (shutdown, abort)
+    uintptr_t comm_handle() {
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        return reinterpret_cast<uintptr_t>(comm_);
+    }
 
     using PostFn = std::function<int(const collie_post_opts *, collie_work **)>;
 
@@ -358,6 +366,8 @@ class ProcessGroupCollie : public BackendBase {
                                         std::vector<at::Tensor> keep, std::chrono::milliseconds t,
                                         const PostFn &fn,
                                         std::function<void()> finalize = nullptr) {
+        std::shared_lock<std::shared_mutex> live(comm_mu_);
+        TORCH_CHECK(comm_ != nullptr, "collie: ", what, ": ", closed_);
         auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
                                                     std::move(keep), std::move(finalize));
         auto &cs = completer_->state();
@@ -702,10 +712,32 @@ class ProcessGroupCollie : public BackendBase {
                     [&](auto o, auto w) { return collie_barrier(comm_, o, w); });
     }
 
-    void abort(const std::string &reason) { collie_comm_abort(comm_, reason.c_str()); }
+    // collie's own abort(reason) (Python); a no-op once the comm is gone
+    void abort(const std::string &reason) {
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        if (comm_) collie_comm_abort(comm_, reason.c_str());
+    }
 
   private:
+    // Tears the comm down once (shutdown, abort, the destructor; idempotent):
+    // aborts the works in flight (all of them with `always_abort`) naming
+    // `reason`, destroys the comm (bounded: nothing is left pending), and
+    // makes later posts fail naming `reason`. Exclusive against post().
+    void teardown(const char *reason, bool always_abort) {
+        std::unique_lock<std::shared_mutex> g(comm_mu_);
+        if (!comm_) return;
+        collie_comm_stats st{};
+        st.size = sizeof st;
+        if (always_abort || (collie_comm_get_stats(comm_, &st) == COLLIE_OK && st.in_flight > 0))
+            collie_comm_abort(comm_, reason);
+        collie_comm_destroy(comm_);
+        comm_ = nullptr;
+        closed_ = reason;
+    }
+
+    std::shared_mutex comm_mu_; // comm_'s lifetime: shared by posts, exclusive by teardown
     collie_comm *comm_;
+    std::string closed_; // why comm_ is gone
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
 };
@@ -714,11 +746,22 @@ class ProcessGroupCollie : public BackendBase {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     using collie_torch::ProcessGroupCollie;
-    py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>,
-               collie_torch::BackendBase>(m, "ProcessGroupCollie")
-        .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
-        .def("comm_handle", &ProcessGroupCollie::comm_handle)
-        .def("abort", &ProcessGroupCollie::abort, py::arg("reason"),
-             py::call_guard<py::gil_scoped_release>());
+    auto pg_class =
+        py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>,
+                   collie_torch::BackendBase>(m, "ProcessGroupCollie")
+            .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
+            .def("comm_handle", &ProcessGroupCollie::comm_handle)
+            .def(
+                "abort",
+                [](ProcessGroupCollie &pg, const std::string &reason) { pg.abort(reason); },
+                py::arg("reason"), py::call_guard<py::gil_scoped_release>());
+#if COLLIE_TORCH2
+    // torch's abort() (no reason) is the teardown; the binding above would hide it
+    pg_class.def(
+        "abort", [](ProcessGroupCollie &pg) { pg.abort(); },
+        py::call_guard<py::gil_scoped_release>());
+#else
+    (void)pg_class;
+#endif
     m.def("at_exit", &collie_torch::Completer::at_exit, py::call_guard<py::gil_scoped_release>());
 }
