@@ -115,3 +115,21 @@ def test_teardown_fails_pending(scenario, why):
         assert out["wait_s"] < 10, (r, out)
         assert out["post_after"] == "collie: allreduce: " + why, (r, out)
         assert out["after"] == [float(world)] * 3
+
+
+# torch's _coalescing_manager on a collie group: all_gather_into_tensor and
+# reduce_scatter_tensor through collie's *_into_tensor_coalesced (results
+# checked), all_reduce through allreduce_coalesced; startCoalescing (torch
+# calls it when given a device) is not implemented: torch's error names collie
+def test_coalescing_manager():
+    world = 2
+    for r, out in enumerate(run_world("cpu:collie", world, scenario="coalesced")):
+        assert out["allgather"] == [
+            [float(10 * r2 + x) for r2 in range(world) for x in range(n)] for n in (1, 3)
+        ]
+        sums = [[float(x * sum(r2 + 1 for r2 in range(world))) for x in range(world * n)]
+                for n in (2, 1)]
+        assert out["reduce_scatter"] == [s[r * len(s) // world:(r + 1) * len(s) // world]
+                                         for s in sums], (r, out)
+        assert out["allreduce"] == [[float(sum(range(world)))] * 2, [float(world)]]
+        assert out["start"] == "Backend collie does not implement startCoalescing"

@@ -117,7 +117,48 @@ def pending(how):
     return res
 
 
+def coalesced():
+    """torch's _coalescing_manager: all_gather_into_tensor and
+    reduce_scatter_tensor go to collie's *_into_tensor_coalesced forms (one
+    collie op each), all_reduce to allreduce_coalesced; with a device, torch
+    calls startCoalescing, which collie does not implement (the error)."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    res = {}
+    ins = [torch.arange(n, dtype=torch.float32) + 10 * rank for n in (1, 3)]
+    outs = [torch.zeros(world * t.numel()) for t in ins]
+    with _coalescing_manager():
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    res["allgather"] = [o.tolist() for o in outs]
+    rins = [torch.arange(world * n, dtype=torch.float32) * (rank + 1) for n in (2, 1)]
+    routs = [torch.zeros(t.numel() // world) for t in rins]
+    with _coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(routs, rins):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    res["reduce_scatter"] = [o.tolist() for o in routs]
+    ars = [torch.full((2,), float(rank)), torch.full((1,), 1.0)]
+    with _coalescing_manager():
+        for t in ars:
+            dist.all_reduce(t)
+    res["allreduce"] = [t.tolist() for t in ars]
+    try:
+        with _coalescing_manager(device=torch.device("cpu")):
+            dist.broadcast(torch.zeros(1), src=0)
+        res["start"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["start"] = str(e).splitlines()[0]
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
+    "coalesced": coalesced,
     "basic": basic,
     "cycles": cycles,
     "destroy_pending": lambda: pending("destroy"),

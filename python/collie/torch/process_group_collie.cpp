@@ -521,6 +521,81 @@ class ProcessGroupCollie : public BackendBase {
             unpack(flat, flat_outs));
     }
 
+#if COLLIE_TORCH2
+    // Checks the pairs of a *_coalesced call: same count, one dtype, output i
+    // holding `out_per_in` times input i's elements.
+    void check_pairs(const Tensors &outs, const Tensors &ins, int64_t out_per_in, bool outer,
+                     const char *op) {
+        TORCH_CHECK(!ins.empty() && outs.size() == ins.size(), "collie: ", op, ": ", ins.size(),
+                    " inputs and ", outs.size(), " outputs (one output per input, at least one)");
+        for (size_t i = 0; i < ins.size(); i++) {
+            check_tensor(ins[i], op);
+            check_tensor(outs[i], op);
+            same_kind(ins[0], ins[i], op);
+            same_kind(ins[0], outs[i], op);
+            int64_t big = outer ? outs[i].numel() : ins[i].numel();
+            int64_t small = outer ? ins[i].numel() : outs[i].numel();
+            TORCH_CHECK(big == out_per_in * small, "collie: ", op, ": pair ", i, " holds ", small,
+                        " and ", big, " elements, expected a factor of the group size ", size_);
+        }
+    }
+
+    // torch 2.x's _coalescing_manager for all_gather_into_tensor: one
+    // collie allgather of the inputs packed one after the other; rank r's
+    // part of output i is unpacked from rank r's block.
+    c10::intrusive_ptr<c10d::Work>
+    allgather_into_tensor_coalesced(Tensors &outs, Tensors &ins,
+                                    const c10d::AllgatherOptions &opts) override {
+        const char *op = "allgather_into_tensor_coalesced";
+        check_pairs(outs, ins, size_, true, op);
+        auto dt = to_dtype(ins[0], op, false);
+        auto in = flatten(ins);
+        int64_t n = in.numel();
+        auto flat = at::empty({(int64_t)size_ * n}, in.options());
+        int size = size_;
+        Tensors list = outs;
+        return post(
+            OpType::COALESCED, op, outs, {in, flat}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), n, dt, o, w);
+            },
+            [flat, list, n, size]() mutable {
+                int64_t off = 0;
+                for (auto &t : list) {
+                    auto dst = t.view({size, -1});
+                    int64_t k = t.numel() / size;
+                    for (int r = 0; r < size; r++)
+                        dst[r].copy_(flat.narrow(0, r * n + off, k));
+                    off += k;
+                }
+            });
+    }
+
+    // torch 2.x's _coalescing_manager for reduce_scatter_tensor: one collie
+    // reduce_scatter of a buffer whose block r holds every input's part r.
+    c10::intrusive_ptr<c10d::Work>
+    reduce_scatter_tensor_coalesced(Tensors &outs, Tensors &ins,
+                                    const c10d::ReduceScatterOptions &opts) override {
+        const char *op = "reduce_scatter_tensor_coalesced";
+        check_pairs(outs, ins, size_, false, op);
+        auto dt = to_dtype(outs[0], op, outs[0].scalar_type() != at::kBool);
+        auto rop = to_redop(opts.reduceOp, outs[0], op);
+        Tensors blocks;
+        for (int r = 0; r < size_; r++)
+            for (auto &t : ins)
+                blocks.push_back(t.reshape({size_, -1})[r]);
+        auto flat = at::cat(blocks);
+        auto res = at::empty({flat.numel() / size_}, flat.options());
+        return post(
+            OpType::COALESCED, op, outs, {flat, res}, opts.timeout,
+            [&](auto o, auto w) {
+                return collie_reduce_scatter(comm_, flat.data_ptr(), res.data_ptr(), res.numel(),
+                                             dt, rop, o, w);
+            },
+            unpack(res, outs));
+    }
+#endif
+
     c10::intrusive_ptr<c10d::Work> gather(std::vector<Tensors> &outs, Tensors &ins,
                                           const c10d::GatherOptions &opts) override {
         auto &in = single(ins, "gather");
