@@ -26,6 +26,9 @@
 //   destructor: std::terminate). collie.torch's atexit hook stops it first;
 //   whatever completes later (groups garbage-collected at exit abort their
 //   works) is finished on the thread that drops the last group.
+// - The comm's lifetime: torch 2.x's shutdown()/abort() or the destructor
+//   tear it down once (teardown()); posts hold comm_mu_ shared, so a post
+//   after the teardown fails naming why, never touching a freed comm.
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
 //   that passes throws "Operation timed out!" and the operation goes on; with
 //   no timeout the wait is still bounded by the collective's own deadline
