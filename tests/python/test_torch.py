@@ -6,14 +6,12 @@ a work in flight (aborted at once), exit without destroy, and DDP: parameters
 equal gloo's bit for bit at world size 2, allclose at 3. Each scenario
 runs its ranks as processes (tests/python/torch_worker.py)."""
 
-import json
 import math
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
+from rank_procs import run_ranks
 
 torch = pytest.importorskip("torch", reason="python3-torch is not installed")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,35 +20,11 @@ if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
     pytest.skip("the torch extension is not built (make python)", allow_module_level=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scenario(name, backend="collie", world=2, timeout=120, env=None):
-    port = str(free_port())
-    e = dict(os.environ, **(env or {}))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "torch_worker.py"), name, backend, str(r),
-             str(world), port],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
-        )
-        for r in range(world)
-    ]
-    results = []
-    try:
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{name}/{backend} rank {r} exit {p.returncode}:\n{err[-3000:]}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    return results
+    return run_ranks(
+        lambda r, port: [sys.executable, os.path.join(HERE, "torch_worker.py"), name, backend,
+                         str(r), str(world), port],
+        world, f"{name}/{backend}", timeout, dict(os.environ, **(env or {})))
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -7,12 +7,10 @@ each rank a process (tests/python/torch2_worker.py). The test itself runs
 under any Python (Debian's in make test-python); it skips, saying what to
 build, where the venv or the extension is missing. make test-torch2 runs it."""
 
-import json
 import os
-import socket
-import subprocess
 
 import pytest
+from rank_procs import run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -27,34 +25,11 @@ if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
                 allow_module_level=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(backend, world=2, timeout=120, scenario="basic"):
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r), str(world), port,
-             scenario],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for r in range(world)
-    ]
-    results = []
-    try:
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{backend} rank {r} exit {p.returncode}:\n{err[-3000:]}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    return results
+    return run_ranks(
+        lambda r, port: [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r),
+                         str(world), port, scenario],
+        world, backend, timeout)
 
 
 # collie alone, in a device map, named in any case; with gloo on the CPU and

@@ -88,6 +88,12 @@ def pending(how):
     dist.barrier()
     res["seq"] = pg._get_sequence_number_for_group()
     work = dist.irecv(torch.zeros(2), src=(rank + 1) % world, tag=77)
+    # every rank's receive is posted before any rank tears down: a rank
+    # that posts after a peer's abort reached it is refused at the post
+    # (abort propagation), not left pending (synced on torch's store, not
+    # on the comm being torn down)
+    store.set(f"posted{rank}", "1")
+    store.wait([f"posted{r}" for r in range(world)], timedelta(seconds=30))
     t0 = time.monotonic()
     if how == "abort":
         dist.distributed_c10d._abort_process_group()
