@@ -37,7 +37,7 @@ if [ "${1:-}" = lock ]; then
   echo "# torch 2.x for collie's torch2 backend (make torch2-venv): Python 3.11, Linux x86_64."
   echo "# Made by: tools/torch2-venv.sh lock $version $*"
   # the wheels pip saved or found: name-version-....whl -> name==version --hash
-  echo "$log" | sed -nE 's/^(Saved|File was already downloaded) //p' | sort -f |
+  echo "$log" | sed -nE 's/^ *(Saved|File was already downloaded) //p' | sort -f |
     while read -r whl; do
       base=$(basename "$whl")
       IFS=- read -r name ver _ <<<"$base"
