@@ -19,7 +19,8 @@
 #   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long)
 #   make torch2-venv     build/torch2-venv: torch 2.x from PyPI, pinned (docs/torch2.md)
 #   make torch2          the torch backend's extension for that torch 2.x (build/torch2/_C.so)
-#   make test-torch2     its check on torch 2.x (tests/python/test_torch2.py; not in make test)
+#   make test-torch2     the torch 2.x stage of make test: builds the venv and the extension
+#                        when missing, runs tests/python/test_torch2*.py and a curated torch 2.x suite
 #
 # Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
 # build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
@@ -270,10 +271,13 @@ $(TORCH2_EXT): $(TORCH_SRC) python/collie/torch/compat.h $(wildcard include/coll
 	$(CXX) -std=c++20 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
 	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
 
-# The torch 2.x backend's check (tests/python/test_torch2.py, run by Debian's
-# pytest; the ranks run under the venv's Python). Not part of make test yet.
-test-torch2: all $(TORCH2_EXT) $(DEPS_TEST_STAMP)
-	@tools/run-pytest.sh torch2 tests/python/test_torch2.py
+# make test's torch 2.x stage (tools/torch2-stage.sh): the venv and the
+# extension built when missing (a venv that cannot be had is one skip that
+# says why; COLLIE_TORCH2=0 skips it), tests/python/test_torch2*.py (Debian's
+# pytest, ranks under the venv's Python), then tests/torch_suite/curated2.txt
+# of torch 2.x's own suite under the venv's Python.
+test-torch2: all $(DEPS_TEST_STAMP)
+	@tools/torch2-stage.sh
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4
@@ -303,6 +307,7 @@ test:
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory test-torch2
 	@tools/test-summary.sh build/test-results
 
 # The default CPU backend puts same-host peers on shared memory, so the
@@ -334,7 +339,7 @@ chaos: $(CHAOS_DEPS)
 # test_c10d_common.py's plugin tests (fetched from the source package; they
 # skip, saying why, where that cannot be had).
 test-python: all $(DEPS_TEST_STAMP)
-	@tools/run-pytest.sh python tests/python
+	@tools/run-pytest.sh python tests/python --ignore-glob='tests/python/test_torch2*'
 	@tools/torch-src.sh build/torch-src test/distributed/test_c10d_common.py || true
 	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
 	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
