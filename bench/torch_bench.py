@@ -2,7 +2,7 @@
 alone: the same loop of `op(t, async_op=True).wait()` per size, ranks as
 processes on this host, medians of single ops (as collie-bench's lat_us).
 
-    /usr/bin/python3 bench/torch_bench.py [--ranks 2,4] [--ops allreduce,broadcast,allgather]
+    /usr/bin/python3 bench/torch_bench.py [--ranks 2,4] [--ops allreduce,broadcast,...]
         [--min 4] [--max 64M] [--iters 200] [--out FILE]
 
 Prints a markdown table (median microseconds per op, collie/gloo ratio) and
@@ -21,6 +21,10 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+OPS = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+       "scatter"]
 
 
 def parse_size(s):
@@ -58,13 +62,27 @@ def worker(args):
         comm = collie.Comm(eng, st, rank, world, name="bench", timeout=120)
 
         def run(op, n):
+            # n bytes per rank's chunk: the input, or each peer's part
             x = np.ones(n // 4, np.float32)
+            big = np.ones(n // 4 * world, np.float32)
             if op == "allreduce":
                 return lambda: comm.allreduce(x).wait()
             if op == "broadcast":
                 return lambda: comm.broadcast(x, root=0).wait()
-            out = np.empty(n // 4 * world, np.float32)
-            return lambda: comm.allgather(x, out).wait()
+            if op == "reduce":
+                return lambda: comm.reduce(x, root=0).wait()
+            if op == "allgather":
+                return lambda: comm.allgather(x, big).wait()
+            if op == "reduce_scatter":
+                return lambda: comm.reduce_scatter(big, x).wait()
+            if op == "alltoall":
+                out = np.empty_like(big)
+                return lambda: comm.alltoall(big, out).wait()
+            if op == "gather":
+                return lambda: comm.gather(x, big if rank == 0 else None, root=0).wait()
+            if op == "scatter":
+                return lambda: comm.scatter(big if rank == 0 else None, x, root=0).wait()
+            raise SystemExit(f"unknown op {op}")
 
         barrier = lambda: comm.barrier().wait()  # noqa: E731
     else:
@@ -78,17 +96,37 @@ def worker(args):
 
         def run(op, n):
             t = torch.ones(n // 4, dtype=torch.float32)
+            big = torch.ones(n // 4 * world, dtype=torch.float32)
+            parts = [torch.ones_like(t) for _ in range(world)]
             if op == "allreduce":
                 return lambda: dist.all_reduce(t, async_op=True).wait()
             if op == "broadcast":
                 return lambda: dist.broadcast(t, 0, async_op=True).wait()
-            outs = [torch.empty_like(t) for _ in range(world)]
-            return lambda: dist.all_gather(outs, t, async_op=True).wait()
+            if op == "reduce":
+                return lambda: dist.reduce(t, 0, async_op=True).wait()
+            if op == "allgather":
+                return lambda: dist.all_gather(parts, t, async_op=True).wait()
+            if op == "reduce_scatter":
+                return lambda: dist.reduce_scatter_tensor(t, big, async_op=True).wait()
+            if op == "alltoall":
+                out = torch.empty_like(big)
+                return lambda: dist.all_to_all_single(out, big, async_op=True).wait()
+            if op == "gather":
+                return lambda: dist.gather(t, parts if rank == 0 else None, 0, async_op=True).wait()
+            if op == "scatter":
+                return lambda: dist.scatter(t, parts if rank == 0 else None, 0, async_op=True).wait()
+            raise SystemExit(f"unknown op {op}")
 
         barrier = dist.barrier
     for op in args.ops.split(","):
         for n in sizes(args.min, args.max):
             fn = run(op, n)
+            try:  # an op the backend lacks raises on every rank alike (gloo's checks are local)
+                fn()
+            except RuntimeError as e:
+                print(f"{args.backend}: {op} unsupported: {str(e).splitlines()[0]}", file=sys.stderr)
+                results.update({f"{op}:{m}": None for m in sizes(args.min, args.max)})
+                break
             it = iters_for(n, args.iters)
             for _ in range(max(3, it // 10)):
                 fn()
@@ -162,6 +200,10 @@ def collie_bench_4b():
     raise SystemExit("collie-bench printed no 4-byte allreduce row")
 
 
+def fmt(us):
+    return "unsupported" if us is None else f"{us:.1f}"
+
+
 def human(n):
     for unit, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= s:
@@ -178,7 +220,7 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--store", default=None)
     ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--ops", default="allreduce,broadcast,allgather")
+    ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--min", type=parse_size, default=4)
     ap.add_argument("--max", type=parse_size, default=64 << 20)
     ap.add_argument("--iters", type=int, default=200)
@@ -194,7 +236,8 @@ def main():
         for key in res["gloo"]:
             op, n = key.split(":")
             g, c, p = res["gloo"][key], res["collie"][key], res["package"][key]
-            lines.append(f"| {op} | {human(int(n))} | {world} | {g:.1f} | {c:.1f} | {p:.1f} | {c / g:.2f} |")
+            ratio = f"{c / g:.2f}" if g and c else "-"
+            lines.append(f"| {op} | {human(int(n))} | {world} | {fmt(g)} | {fmt(c)} | {fmt(p)} | {ratio} |")
         if world == 2 and "allreduce:4" in res["collie"]:
             lat = collie_bench_4b()
             glue = (res["collie"]["allreduce:4"], res["package"]["allreduce:4"], lat)
