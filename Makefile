@@ -339,7 +339,7 @@ chaos: $(CHAOS_DEPS)
 # test_c10d_common.py's plugin tests (fetched from the source package; they
 # skip, saying why, where that cannot be had).
 test-python: all $(DEPS_TEST_STAMP)
-	@tools/run-pytest.sh python tests/python --ignore-glob='tests/python/test_torch2*'
+	@tools/run-pytest.sh python tests/python --ignore-glob='tests/python/test_torch2*' -k 'not torch2'
 	@tools/torch-src.sh build/torch-src test/distributed/test_c10d_common.py || true
 	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
 	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\

@@ -3,7 +3,8 @@
 # the torch 2.x venv when it is missing (make torch2-venv: from the
 # wheelhouse, ~/.cache/collie/wheels, when the pinned wheels are there,
 # else downloaded from PyPI), the extension against it (make torch2), then
-# run collie.torch's torch 2.x tests (tests/python/test_torch2*.py) and the
+# run collie.torch's torch 2.x tests (tests/python/test_torch2*.py, and
+# test_torch.py's scenarios and assertions again under torch 2.x) and the
 # curated part of torch 2.x's own distributed suite
 # (tests/torch_suite/curated2.txt) under the venv's Python.
 #
@@ -34,7 +35,7 @@ if ! make --no-print-directory torch2 > build/test-logs/torch2-build.log 2>&1; t
   exit 1
 fi
 status=0
-tools/run-pytest.sh torch2 tests/python/test_torch2*.py || status=1
+tools/run-pytest.sh torch2 tests/python/test_torch2*.py tests/python/test_torch.py -k torch2 || status=1
 curated=tests/torch_suite/curated2.txt
 if [ -f "$curated" ]; then
   PYTHON=$venv/bin/python TORCH_SUITE_TORCH2=1 tools/run-pytest.sh torch2-suite \

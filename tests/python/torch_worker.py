@@ -165,9 +165,12 @@ def future():
 
 
 def names():
+    # a rendezvous file per name: with env:// on one port, a rank that
+    # re-inits first can reach its peer's previous TCPStore (torch 2.x, gloo
+    # too: "1/2 clients joined")
     res = {}
     for n in ("COLLIE", "Collie", "collie"):
-        init(n)
+        init(n, init_method=f"file:///tmp/collie-names-{port}-{n}")
         t = torch.ones(1)
         dist.all_reduce(t)
         res[n] = [dist.get_backend(), t.item()]
