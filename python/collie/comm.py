@@ -13,13 +13,16 @@ Design notes
   cuda_* forms take device buffers and a stream (an int cudaStream_t, an
   object with .cuda_stream such as torch.cuda.Stream, or None/0 for the
   default stream) and run on the comm's cuda backend (collie_cuda.h).
+- broadcast_object / send_object / recv_object move pickled Python objects
+  (blocking, with _async forms); their wire format and trust are in
+  _objects.py.
 - The comm owns nothing it did not create: the store passed in stays the
   caller's (kept alive by the comm); from_env's store is the comm's own.
 """
 
 from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 
-from . import _lib
+from . import _lib, _objects
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
 from ._engine import Closable, Engine, timeout_ms
 from .errors import OK, CollieNotMember, check, error_for
@@ -496,6 +499,34 @@ class Comm(Closable):
         (COLLIE_ANY_SOURCE): the work's `source` then says which."""
         peer = -1 if peer is None else peer
         return self._p2p(False, False, buf, peer, tag, timeout, None, None, None)
+
+    # ---- Python objects (pickle; _objects.py) --------------------------------
+    # Unpickling runs code the sender chose: these calls are as trusted as the
+    # comm's other ranks (collie takes messages only from members of the comm).
+
+    def broadcast_object(self, obj, root=0, timeout=None, first_bytes=_objects.FIRST_BYTES):
+        """Every rank returns the root's `obj` (others pass anything, e.g.
+        None). One broadcast when the pickle fits `first_bytes` (the same on
+        every rank), two otherwise; no size cap. `timeout`: each broadcast's."""
+        return _objects.run(_objects.broadcast_steps(self, obj, root, timeout, first_bytes))
+
+    async def broadcast_object_async(self, obj, root=0, timeout=None, first_bytes=_objects.FIRST_BYTES):
+        return await _objects.arun(_objects.broadcast_steps(self, obj, root, timeout, first_bytes))
+
+    def send_object(self, obj, dst, tag=0, timeout=None):
+        """Send `obj` to rank `dst` (tag in [0, 2^32)); returns once sent."""
+        return _objects.run(_objects.send_steps(self, obj, dst, tag, timeout))
+
+    async def send_object_async(self, obj, dst, tag=0, timeout=None):
+        return await _objects.arun(_objects.send_steps(self, obj, dst, tag, timeout))
+
+    def recv_object(self, src=None, tag=0, timeout=None):
+        """Receive an object sent with send_object: returns (obj, sender).
+        src=None takes it from any rank (COLLIE_ANY_SOURCE)."""
+        return _objects.run(_objects.recv_steps(self, src, tag, timeout))
+
+    async def recv_object_async(self, src=None, tag=0, timeout=None):
+        return await _objects.arun(_objects.recv_steps(self, src, tag, timeout))
 
     # ---- CUDA collectives (collie_cuda.h): device buffers on a stream -----------
     # A buffer is a CUDA array object or an int device pointer with count= and
