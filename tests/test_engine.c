@@ -568,7 +568,7 @@ static void test_log_queue_lines_fields_overflow_timeout(void **state) {
     assert_int_equal(strlen(r.message), 1023);
     for (int i = 0; i < 2; i++) { /* the ring held 4: two more lines, six dropped */
         assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_OK);
-        char want[16];
+        char want[24];
         snprintf(want, sizeof want, "line %d", i);
         assert_string_equal(r.message, want);
     }

@@ -37,6 +37,7 @@ Design notes
 """
 
 import itertools
+import operator
 import pickle
 import struct
 from ctypes import c_char_p, c_void_p, cast
@@ -92,10 +93,15 @@ def _bytes_buffer(data, offset):
 
 
 def _check_root(comm, root, what):
-    if not isinstance(root, int) or isinstance(root, bool):
-        raise TypeError(f"{what}: root must be an int, got {type(root).__name__}")
+    if isinstance(root, bool):
+        raise TypeError(f"{what}: root must be an int, got bool")
+    try:
+        root = operator.index(root)  # ints, numpy integers
+    except TypeError:
+        raise TypeError(f"{what}: root must be an int, got {type(root).__name__}") from None
     if not 0 <= root < comm.size:
         raise ValueError(f"{what}: root {root} is not a rank of this {comm.size}-rank comm")
+    return root
 
 
 def _check_tag(tag, what):
@@ -112,7 +118,7 @@ def _bcast(comm, buf, root, timeout):
 
 def broadcast_steps(comm, obj, root, timeout, first_bytes):
     what = "broadcast_object"
-    _check_root(comm, root, what)
+    root = _check_root(comm, root, what)
     if not isinstance(first_bytes, int) or first_bytes < _BHDR.size + 1:
         raise ValueError(f"{what}: first_bytes {first_bytes!r} (at least {_BHDR.size + 1})")
     room = first_bytes - _BHDR.size
