@@ -404,6 +404,33 @@ COLLIE_API void collie_set_log_handler(collie_log_fn fn, void *ctx);
  * COLLIE_LOG); collie_log_level_get: the level in force. */
 COLLIE_API void collie_set_log_level(collie_log_level level);
 COLLIE_API collie_log_level collie_log_level_get(void);
+/* collie_log_queue: log lines kept for a reader on a thread of its own,
+ * for a program that must not run its code on collie's threads (a language
+ * runtime: Python's logging would need the GIL on the progress thread).
+ * Install it with collie_set_log_handler(collie_log_queue_handler, q). */
+typedef struct collie_log_queue collie_log_queue;
+/* collie_log_queue_create: a queue holding up to `capacity` lines (1 to
+ * 2^20); a line arriving while it is full is dropped and counted. Errors:
+ * EINVAL, ENOMEM. */
+COLLIE_API int collie_log_queue_create(size_t capacity, collie_log_queue **out);
+/* collie_log_queue_handler: a collie_log_fn whose ctx is a queue: copies
+ * the line in (module, comm and message truncated to 31, 127 and 1023
+ * bytes) and never blocks beyond a short lock. Any thread. */
+COLLIE_API void collie_log_queue_handler(const collie_log_record *r, void *queue);
+/* collie_log_queue_pop: take the oldest line into *out (out->size set by
+ * the caller), waiting up to timeout_ms (0: poll; COLLIE_TIMEOUT_INFINITE:
+ * until one comes). Its strings stay valid until the next pop on this
+ * queue: one reader at a time. Returns OK, INPROGRESS (none in time), or
+ * EINVAL. */
+COLLIE_API int collie_log_queue_pop(collie_log_queue *q, int32_t timeout_ms,
+                                    collie_log_record *out);
+/* collie_log_queue_dropped: lines dropped so far because the queue was
+ * full. */
+COLLIE_API uint64_t collie_log_queue_dropped(collie_log_queue *q);
+/* collie_log_queue_destroy: free the queue. Detach it first
+ * (collie_set_log_handler with another handler or NULL, which returns
+ * once no call of the handler runs) and let no pop run. NULL is a no-op. */
+COLLIE_API void collie_log_queue_destroy(collie_log_queue *q);
 /* collie_log_route_libevent: pass libevent's own warnings and errors on as
  * collie log lines (module "libevent"). Off by default: libevent's log
  * callback is process-wide and this replaces any the program set. */

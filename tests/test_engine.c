@@ -511,6 +511,113 @@ static void test_create_fails_when_monitor_cannot_start(void **state) {
     assert_int_equal(cl_engines_live(), live);
 }
 
+/* ---- collie_log_queue ------------------------------------------------------------- */
+
+#include "engine/log.h"
+
+static void test_log_queue_rejects_bad_args(void **state) {
+    (void)state;
+    collie_log_queue *q = (collie_log_queue *)1;
+    assert_int_equal(collie_log_queue_create(0, &q), COLLIE_EINVAL);
+    assert_null(q);
+    assert_non_null(strstr(collie_last_error(), "capacity"));
+    assert_int_equal(collie_log_queue_create((1u << 20) + 1, &q), COLLIE_EINVAL);
+    assert_int_equal(collie_log_queue_create(4, NULL), COLLIE_EINVAL);
+    assert_int_equal(collie_log_queue_create(4, &q), COLLIE_OK);
+    collie_log_record r = {0}; /* size not set */
+    assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_EINVAL);
+    r.size = sizeof r;
+    assert_int_equal(collie_log_queue_pop(q, -2, &r), COLLIE_EINVAL);
+    assert_int_equal(collie_log_queue_pop(NULL, 0, &r), COLLIE_EINVAL);
+    assert_int_equal(collie_log_queue_dropped(NULL), 0);
+    collie_log_queue_destroy(q);
+    collie_log_queue_destroy(NULL);
+}
+
+/* Lines logged through the library come out whole and in order, with their
+ * fields; long strings are truncated; a full queue drops and counts; an
+ * empty one times out after the timeout, not before. */
+static void test_log_queue_lines_fields_overflow_timeout(void **state) {
+    (void)state;
+    collie_log_queue *q;
+    assert_int_equal(collie_log_queue_create(4, &q), COLLIE_OK);
+    collie_set_log_handler(collie_log_queue_handler, q);
+    collie_set_log_level(COLLIE_LOG_DEBUG);
+    char longmsg[2001];
+    memset(longmsg, 'm', 2000);
+    longmsg[2000] = '\0';
+    cl_log_comm(CL_LOG_WARN, "test", "cm", 3, "hello %d", 7);
+    cl_log(CL_LOG_DEBUG, "a-module-name-longer-than-31-bytes-here", "%s", longmsg);
+    for (int i = 0; i < 8; i++)
+        cl_log(CL_LOG_ERROR, "test", "line %d", i);
+    collie_set_log_handler(NULL, NULL);
+    collie_set_log_level(COLLIE_LOG_WARN);
+    collie_log_record r = {.size = sizeof r};
+    assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_OK);
+    assert_int_equal(r.level, COLLIE_LOG_WARN);
+    assert_string_equal(r.module, "test");
+    assert_string_equal(r.comm, "cm");
+    assert_int_equal(r.rank, 3);
+    assert_string_equal(r.message, "hello 7");
+    assert_true(r.time_ns > 0);
+    assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_OK);
+    assert_int_equal(r.level, COLLIE_LOG_DEBUG);
+    assert_null(r.comm);
+    assert_int_equal(r.rank, -1);
+    assert_int_equal(strlen(r.module), 31);
+    assert_int_equal(strlen(r.message), 1023);
+    for (int i = 0; i < 2; i++) { /* the ring held 4: two more lines, six dropped */
+        assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_OK);
+        char want[24];
+        snprintf(want, sizeof want, "line %d", i);
+        assert_string_equal(r.message, want);
+    }
+    assert_int_equal(collie_log_queue_dropped(q), 6);
+    int64_t t0 = cl_now_ns();
+    assert_int_equal(collie_log_queue_pop(q, 50, &r), COLLIE_INPROGRESS);
+    int64_t waited = cl_now_ns() - t0;
+    assert_true(waited >= 49 * CL_NS_PER_MS && waited < 5000 * CL_NS_PER_MS);
+    collie_log_queue_destroy(q);
+}
+
+#define LQ_PRODUCERS 4
+#define LQ_LINES     2000
+
+static void *lq_produce(void *arg) {
+    int id = (int)(intptr_t)arg;
+    for (int i = 0; i < LQ_LINES; i++)
+        cl_log(CL_LOG_WARN, "p", "%d %d", id, i);
+    return NULL;
+}
+
+/* Four threads log at once while a reader blocks in pop: every line
+ * arrives once, each thread's in its order, none dropped (room for all). */
+static void test_log_queue_four_producers_one_reader(void **state) {
+    (void)state;
+    collie_log_queue *q;
+    assert_int_equal(collie_log_queue_create(LQ_PRODUCERS * LQ_LINES, &q), COLLIE_OK);
+    collie_set_log_handler(collie_log_queue_handler, q);
+    pthread_t t[LQ_PRODUCERS];
+    for (int i = 0; i < LQ_PRODUCERS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, lq_produce, (void *)(intptr_t)i), 0);
+    int next[LQ_PRODUCERS] = {0};
+    for (int got = 0; got < LQ_PRODUCERS * LQ_LINES; got++) {
+        collie_log_record r = {.size = sizeof r};
+        assert_int_equal(collie_log_queue_pop(q, 10000, &r), COLLIE_OK);
+        int id, i;
+        assert_int_equal(sscanf(r.message, "%d %d", &id, &i), 2);
+        assert_true(id >= 0 && id < LQ_PRODUCERS);
+        assert_int_equal(i, next[id]++);
+    }
+    for (int i = 0; i < LQ_PRODUCERS; i++)
+        pthread_join(t[i], NULL);
+    collie_set_log_handler(NULL, NULL);
+    assert_int_equal(collie_log_queue_dropped(q), 0);
+    collie_log_record r = {.size = sizeof r};
+    assert_int_equal(collie_log_queue_pop(q, 0, &r), COLLIE_INPROGRESS);
+    collie_log_queue_destroy(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_args),
@@ -527,6 +634,9 @@ int main(void) {
         cmocka_unit_test(test_readme_documents_every_setting),
         cmocka_unit_test(test_strerror_covers_every_code),
         cmocka_unit_test(test_list),
+        cmocka_unit_test(test_log_queue_rejects_bad_args),
+        cmocka_unit_test(test_log_queue_lines_fields_overflow_timeout),
+        cmocka_unit_test(test_log_queue_four_producers_one_reader),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@ registers the torch.distributed backend "collie".
 from ._buffers import DTYPES
 from ._engine import Engine, Work
 from ._lib import path as library_path
+from ._log import log_to_python
 from .comm import POLICIES, REDOPS, Comm
 from .errors import (
     CollieAborted,
@@ -57,6 +58,7 @@ __all__ = [
     "REDOPS",
     "POLICIES",
     "version",
+    "log_to_python",
     "library_path",
     "CollieError",
     "CollieInvalidArgument",

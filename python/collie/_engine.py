@@ -2,7 +2,8 @@
 
 Design notes
 - No Python code ever runs on collie's progress thread: the package sets no
-  C callbacks. Instead every work is posted with the engine's completion
+  Python callbacks (log_to_python installs libcollie's own queue handler,
+  _log.py). Instead every work is posted with the engine's completion
   queue (collie_cq); completions are taken from it ("reaped") by whichever
   Python thread next posts, tests or waits, and by an asyncio loop watching
   the queue's fd with loop.add_reader.

@@ -141,6 +141,18 @@ class CommStats(ctypes.Structure):
     ]
 
 
+class LogRecord(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("level", c_int),
+        ("module", c_char_p),
+        ("comm", c_char_p),
+        ("rank", c_int),
+        ("message", c_char_p),
+        ("time_ns", c_int64),
+    ]
+
+
 class EngineStats(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
@@ -290,6 +302,15 @@ SIGNATURES = {
         [p, c_void_p, c_size_t, c_int, c_int, c_uint64] + _stream + _post,
     ),
     "collie_work_wait_stream": (c_int, [p, c_void_p]),
+    # logging (collie.h); a collie_log_fn is passed as a C function's address
+    "collie_set_log_handler": (None, [c_void_p, c_void_p]),
+    "collie_set_log_level": (None, [c_int]),
+    "collie_log_level_get": (c_int, []),
+    "collie_log_queue_create": (c_int, [c_size_t, pp]),
+    "collie_log_queue_handler": (None, [POINTER(LogRecord), c_void_p]),
+    "collie_log_queue_pop": (c_int, [p, c_int32, POINTER(LogRecord)]),
+    "collie_log_queue_dropped": (c_uint64, [p]),
+    "collie_log_queue_destroy": (None, [p]),
 }
 
 

@@ -55,6 +55,8 @@ def c_type_of(decl):
     t = re.sub(r"\s+", "", t)
     stars = t.count("*")
     base = t.replace("*", "")
+    if stars == 0 and base.startswith("collie_") and base.endswith("_fn"):
+        return {ctypes.c_void_p}  # a callback: passed as a C function's address
     if stars == 0:
         if base in ENUMS:
             return {ctypes.c_int}
@@ -73,7 +75,7 @@ def c_type_of(decl):
         return {ctypes.POINTER(INTS[base])}
     if base in ENUMS and stars == 1:
         return {ctypes.POINTER(ctypes.c_int)}
-    if base.startswith("collie_") and base.endswith(("_opts", "_stats", "_details")):
+    if base.startswith("collie_") and base.endswith(("_opts", "_stats", "_details", "_record")):
         struct = {
             "collie_engine_opts": _lib.EngineOpts,
             "collie_post_opts": _lib.PostOpts,
@@ -83,6 +85,7 @@ def c_type_of(decl):
             "collie_comm_opts": _lib.CommOpts,
             "collie_comm_stats": _lib.CommStats,
             "collie_engine_stats": _lib.EngineStats,
+            "collie_log_record": _lib.LogRecord,
         }[base]
         return {ctypes.POINTER(struct)}
     if stars == 1:  # an opaque object (collie_comm *, cudaStream_t is below)
@@ -128,6 +131,7 @@ def header_struct_fields(name):
         ("collie_comm_stats", _lib.CommStats),
         ("collie_engine_stats", _lib.EngineStats),
         ("collie_latency_histogram", _lib.LatencyHistogram),
+        ("collie_log_record", _lib.LogRecord),
     ],
 )
 def test_structures_match_the_header(cname, struct):

@@ -1,0 +1,222 @@
+"""Python objects over a Comm: broadcast_object, send_object, recv_object.
+
+Design notes
+- Objects travel pickled (highest protocol). Unpickling runs code the
+  sender chose, so these calls are exactly as trusted as the comm's other
+  ranks: collie only takes messages from members of the comm (a job under
+  collie-run proves its secret on every connection; docs/security.md), and
+  nothing else is ever unpickled. Do not use them on a comm whose peers you
+  would not let run code in this process.
+- broadcast_object: one broadcast of a fixed first block of `first_bytes`
+  (default FIRST_BYTES, the same on every rank) carrying a 16-byte header
+  (magic, flags, payload length) and as much of the payload as fits; only a
+  larger object takes a second broadcast of the rest, which the other ranks
+  post once the header told them its length. So a small object costs one
+  collective, and there is no cap on the size.
+- A root whose object cannot be pickled still sends the first block, with
+  the error flag and pickle's message: every rank raises PicklingError
+  naming the root instead of waiting for its timeout.
+- A rank that cannot allocate the announced length has fallen out of the
+  collective order (the root's second broadcast has no partner here): it
+  aborts the comm naming itself and raises CollieNoMemory, so the peers see
+  CollieAborted/ColliePeerError at once instead of a mismatched collective.
+- send_object/recv_object: a 24-byte header message (magic, flags, length,
+  sequence number) on tag HDR | tag, then the payload on a tag made unique by
+  the sender's sequence number (PAYLOAD | seq << 32 | tag). The receiver
+  posts the payload's receive from the header's sender and that exact tag,
+  so concurrent recv_object calls (threads, asyncio, any source) can never
+  take each other's payload, whatever order they post in. Object tags live
+  above bit 62 (user tags are < 2^32): a plain recv with a tag below 2^62
+  never takes an object message.
+- An object is returned only once every message of it arrived whole: a
+  failure of any of them (peer died, timeout, abort) raises that collie
+  error, never a partial object.
+- Each operation is a generator yielding the works it waits for; _run waits
+  for them on this thread (Work.wait: bounded by each work's deadline) and
+  _arun awaits them on the running asyncio loop.
+"""
+
+import itertools
+import operator
+import pickle
+import struct
+from ctypes import c_char_p, c_void_p, cast
+
+from . import _lib
+from ._buffers import DTYPES, Buffer, host_buffer
+from .errors import CollieNoMemory, CollieProtocolError
+
+lib = _lib.lib
+
+FIRST_BYTES = 16384  # broadcast_object's first block: header + the start of the payload
+MAGIC = b"CLOB"
+_BHDR = struct.Struct("<4sIQ")  # magic, flags, payload length
+_PHDR = struct.Struct("<4sIQQ")  # magic, flags, payload length, sender's sequence number
+_F_PICKLE_ERROR = 1  # the payload is the root's pickle error message (utf-8)
+_U8 = DTYPES["uint8"]
+OBJ_TAG = 1 << 63
+PAYLOAD_TAG = 1 << 62
+TAG_LIMIT = 1 << 32
+_SEQ_MASK = (1 << 30) - 1
+_seq = itertools.count()  # next() is atomic under the GIL
+
+
+def _dumps(obj, what):
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # pickle raises PicklingError, TypeError, AttributeError, ...
+        raise pickle.PicklingError(f"{what}: a {type(obj).__name__} cannot be pickled: {e}") from e
+
+
+def _loads(view, what, src):
+    try:
+        return pickle.loads(view)
+    except Exception as e:
+        raise pickle.UnpicklingError(
+            f"{what}: the object from rank {src} cannot be unpickled here: {e}"
+        ) from e
+
+
+def _alloc(n, comm, what, src):
+    try:
+        return bytearray(n)
+    except (MemoryError, OverflowError):
+        raise CollieNoMemory(
+            -2, f"{what}: rank {src} sends a {n}-byte object, which rank {comm.rank} cannot hold"
+        ) from None
+
+
+def _bytes_buffer(data, offset):
+    """A read-only Buffer on bytes `data` from `offset` (no copy)."""
+    base = cast(c_char_p(data), c_void_p).value
+    return Buffer(data, base + offset, len(data) - offset, _U8)
+
+
+def _check_root(comm, root, what):
+    if isinstance(root, bool):
+        raise TypeError(f"{what}: root must be an int, got bool")
+    try:
+        root = operator.index(root)  # ints, numpy integers
+    except TypeError:
+        raise TypeError(f"{what}: root must be an int, got {type(root).__name__}") from None
+    if not 0 <= root < comm.size:
+        raise ValueError(f"{what}: root {root} is not a rank of this {comm.size}-rank comm")
+    return root
+
+
+def _check_tag(tag, what):
+    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < TAG_LIMIT:
+        raise ValueError(f"{what}: tag {tag!r} (object tags are ints in [0, 2^32))")
+
+
+def _bcast(comm, buf, root, timeout):
+    return comm._engine.post(
+        "broadcast_object", lib.collie_broadcast,
+        (comm.handle, buf.ptr, buf.count, _U8, root), (buf,), timeout, owner=comm,
+    )
+
+
+def broadcast_steps(comm, obj, root, timeout, first_bytes):
+    what = "broadcast_object"
+    root = _check_root(comm, root, what)
+    if not isinstance(first_bytes, int) or first_bytes < _BHDR.size + 1:
+        raise ValueError(f"{what}: first_bytes {first_bytes!r} (at least {_BHDR.size + 1})")
+    room = first_bytes - _BHDR.size
+    first = bytearray(first_bytes)
+    if comm.rank == root:
+        flags = 0
+        try:
+            data = _dumps(obj, what)
+        except pickle.PicklingError as e:
+            flags, data, err = _F_PICKLE_ERROR, str(e).encode()[:room], e
+        _BHDR.pack_into(first, 0, MAGIC, flags, len(data))
+        first[_BHDR.size : _BHDR.size + min(room, len(data))] = data[:room]
+        works = [_bcast(comm, host_buffer(first, "first", True, _U8), root, timeout)]
+        if len(data) > room:
+            works.append(_bcast(comm, _bytes_buffer(data, room), root, timeout))
+        yield works
+        if flags:
+            raise err
+        return obj
+    yield [_bcast(comm, host_buffer(first, "first", True, _U8), root, timeout)]
+    magic, flags, n = _BHDR.unpack_from(first, 0)
+    if magic != MAGIC:
+        raise CollieProtocolError(
+            -10, f"{what}: rank {root}'s broadcast is no collie object (did every rank call "
+            "broadcast_object with the same root and first_bytes?)"
+        )
+    if flags & _F_PICKLE_ERROR:
+        msg = bytes(first[_BHDR.size : _BHDR.size + min(n, room)]).decode(errors="replace")
+        raise pickle.PicklingError(f"{what}: the root (rank {root}) could not pickle its object: {msg}")
+    if n <= room:
+        return _loads(memoryview(first)[_BHDR.size : _BHDR.size + n], what, root)
+    try:
+        payload = _alloc(n, comm, what, root)
+    except CollieNoMemory as e:
+        comm.abort(str(e))  # out of the collective order: fail the peers now
+        raise
+    payload[:room] = memoryview(first)[_BHDR.size :]
+    rest = host_buffer(memoryview(payload)[room:], "payload", True, _U8)
+    yield [_bcast(comm, rest, root, timeout)]
+    return _loads(payload, what, root)
+
+
+def send_steps(comm, obj, dst, tag, timeout):
+    what = "send_object"
+    _check_tag(tag, what)
+    data = _dumps(obj, what)
+    seq = next(_seq) & _SEQ_MASK
+    hdr = _PHDR.pack(MAGIC, 0, len(data), seq)
+    post = comm._engine.post
+    works = []
+    for buf, t in ((hdr, OBJ_TAG | tag), (data, OBJ_TAG | PAYLOAD_TAG | (seq << 32) | tag)):
+        b = host_buffer(buf, "obj", False, _U8)
+        works.append(post(what, lib.collie_send, (comm.handle, b.ptr, b.count, _U8, dst, t), (b,),
+                          timeout, owner=comm))
+    yield works
+
+
+def recv_steps(comm, src, tag, timeout):
+    what = "recv_object"
+    _check_tag(tag, what)
+    peer = -1 if src is None else int(src)
+    hdr = bytearray(_PHDR.size)
+    hb = host_buffer(hdr, "header", True, _U8)
+    post = comm._engine.post
+    w = post(what, lib.collie_recv, (comm.handle, hb.ptr, hb.count, _U8, peer, OBJ_TAG | tag), (hb,),
+             timeout, owner=comm, output=hdr)
+    yield [w]
+    sender = w.source if src is None else peer
+    magic, flags, n, seq = _PHDR.unpack(hdr)
+    if magic != MAGIC:
+        raise CollieProtocolError(-10, f"{what}: rank {sender}'s header is no collie object header")
+    payload = _alloc(n, comm, what, sender)
+    pb = host_buffer(payload, "payload", True, _U8)
+    ptag = OBJ_TAG | PAYLOAD_TAG | (seq << 32) | tag
+    yield [post(what, lib.collie_recv, (comm.handle, pb.ptr, pb.count, _U8, sender, ptag), (pb,),
+                timeout, owner=comm)]
+    return _loads(payload, what, sender), sender
+
+
+def run(gen):
+    """Drive an operation on this thread."""
+    try:
+        works = next(gen)
+        while True:
+            for w in works:
+                w.wait()
+            works = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def arun(gen):
+    """Drive an operation on the running asyncio loop."""
+    try:
+        works = next(gen)
+        while True:
+            for w in works:
+                await w
+            works = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
