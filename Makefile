@@ -229,7 +229,7 @@ python:
 	@echo "collie: the torch backend is not built (needs python3-torch, libtorch-dev, pybind11-dev)"
 endif
 
-$(TORCH_EXT): $(TORCH_SRC) python/collie/torch/compat.h $(wildcard include/collie*.h) \
+$(TORCH_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard include/collie*.h) \
               tools/torch_flags.py $(LIB_SO)
 	@mkdir -p $(@D)
 	@# a failing helper stops the build with its own message
@@ -262,7 +262,7 @@ $(TORCH2_VENV)/.ok: $(TORCH2_REQ) tools/torch2-venv.sh | $(DEPS_TEST_STAMP)
 TORCH2_PYTHON ?= $(TORCH2_VENV)/bin/python
 TORCH2_EXT    := build/torch2/_C.so
 torch2: $(TORCH2_EXT)
-$(TORCH2_EXT): $(TORCH_SRC) python/collie/torch/compat.h $(wildcard include/collie*.h) \
+$(TORCH2_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard include/collie*.h) \
                tools/torch_flags.py $(LIB_SO) $(if $(filter $(TORCH2_VENV)/%,$(TORCH2_PYTHON)),$(TORCH2_VENV)/.ok)
 	@mkdir -p $(@D)
 	flags=$$($(TORCH2_PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed" \

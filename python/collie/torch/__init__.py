@@ -1,4 +1,4 @@
-"""collie as a torch.distributed backend (torch 1.13 and torch 2.x, CPU tensors).
+"""collie as a torch.distributed backend (torch 1.13 and torch 2.x: CPU tensors; CUDA tensors on 2.x).
 
     import collie.torch               # registers the backend "collie"
     dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
@@ -26,7 +26,14 @@ Design notes
   Debian's torch 1.13 into build/python/_C.so, against a torch 2.x
   (make torch2) into build/torch2/_C.so; the build tree's copy is picked by
   the importing torch's major version. On torch 2.x the backend registers
-  for devices=["cpu"] (docs/torch2.md).
+  for devices=["cpu"], plus "cuda" when collie's NCCL plugin is present
+  (nccl_plugin(); docs/torch2.md).
+- CUDA tensors (torch 2.x): each group gets a factory (_cuda_factory) that
+  its C++ side (cuda_side.h) calls at the group's first CUDA op: a second
+  comm over the same collie store, named after the group's comm + "cuda",
+  on the backend "nccl", on the tensor's device. It is made after torch
+  loaded libnccl.so.2, so the plugin binds torch's copy; the factory checks
+  that one libnccl.so.2 is mapped (nccl_libraries()).
 - The host published for rank 0's server: $COLLIE_TORCH_HOST, else
   MASTER_ADDR when this process is global rank 0, else this host's
   resolved name.
@@ -35,6 +42,7 @@ Design notes
 import atexit
 import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -255,7 +263,77 @@ def create_process_group(dist_opts, pg_options=None):
     )
     handle, comm._h = comm._h, None  # the process group owns the comm now
     # the cached store client outlives the comm (collie_comm_create's rule)
-    return ProcessGroupCollie(rank, size, handle)
+    pg = ProcessGroupCollie(rank, size, handle)
+    if TORCH2:
+        pg._set_cuda_factory(
+            _cuda_factory(cstore, rank, size, info["name"] + "cuda", timeout, opts, policy)
+        )
+    return pg
+
+
+def nccl_plugin():
+    """The path of collie's NCCL plugin (libcollie_nccl.so) that a comm on
+    the backend "nccl" would load, or None: looked for as comm/backend.c does
+    - the COLLIE_PLUGIN_PATH directories, else beside libcollie (collie/,
+    then its own directory) - and in LD_LIBRARY_PATH's directories (of the
+    loader's default search, only those). Only the file is looked for:
+    whether it loads (libnccl.so.2, libcudart) shows at the first CUDA op."""
+    from collie import _lib
+
+    env = os.environ.get("COLLIE_PLUGIN_PATH")
+    if env is not None:
+        dirs = env.split(":")
+    else:
+        here = os.path.dirname(os.path.realpath(_lib.path)) if os.sep in _lib.path else None
+        dirs = [os.path.join(here, "collie"), here] if here else []
+    dirs += os.environ.get("LD_LIBRARY_PATH", "").split(":")
+    for d in dirs:
+        path = os.path.join(d, "libcollie_nccl.so") if d else None
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+def nccl_libraries():
+    """The distinct files of libnccl.so* mapped into this process (/proc/self/maps)."""
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            m = re.search(r"(/\S*/libnccl\.so[.0-9]*)$", line.strip())
+            if m:
+                found.add(os.path.realpath(m.group(1)))
+    return sorted(found)
+
+
+def _cuda_factory(cstore, rank, size, name, timeout, opts, policy):
+    """The group's CUDA side, made at its first CUDA op (cuda_side.h calls
+    it with the GIL): returns the comm's handle, owned by the group."""
+
+    def start(device):
+        comm = collie.Comm(
+            _state["engine"],
+            cstore,
+            rank,
+            size,
+            name=name,
+            backend="nccl",
+            device=device,
+            timeout=timeout,
+            create_timeout=opts.create_timeout,
+            policy=policy,
+        )
+        libs = nccl_libraries()
+        if len(libs) > 1:
+            comm.close()
+            raise RuntimeError(
+                f"collie: two copies of libnccl.so.2 are loaded ({', '.join(libs)}): collie's "
+                "NCCL plugin must be loaded after torch (import torch before making any "
+                "collie comm on 'nccl'; docs/torch2.md)"
+            )
+        handle, comm._h = comm._h, None
+        return handle
+
+    return start
 
 
 def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_options=None):
@@ -276,9 +354,13 @@ def _register():
     if "COLLIE" in dist.Backend._plugins:
         return
     if TORCH2:
-        # torch 2.x maps devices to backends: collie serves CPU tensors
+        # torch 2.x maps devices to backends: collie serves CPU tensors, and
+        # CUDA tensors where its NCCL plugin is (started at the first CUDA op)
         dist.Backend.register_backend(
-            "collie", create_process_group, extended_api=True, devices=["cpu"]
+            "collie",
+            create_process_group,
+            extended_api=True,
+            devices=["cpu", "cuda"] if nccl_plugin() else ["cpu"],
         )
     else:
         dist.Backend.register_backend("collie", create_process_group, extended_api=True)

@@ -11,7 +11,15 @@
 //   with `override` so a signature torch changes breaks the build here.
 // - collie_torch::BackendBase names the base class (also for pybind: the
 //   base's Python class is torch's own, registered by torch).
+// - current_stream(device): torch's current stream of a CUDA device and its
+//   cudaStream_t, through c10's device-guard registry (no CUDA headers:
+//   c10::Stream::native_handle(), in libc10 since torch 2.2, asks the
+//   device's DeviceGuardImpl). torch 1.13 has no native_handle(); its
+//   backend takes CPU tensors only, so the CUDA side never runs there.
 #pragma once
+
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
@@ -31,5 +39,20 @@ using BackendBase = c10d::Backend;
 #else
 using BackendBase = c10d::ProcessGroup;
 #endif
+
+// torch's current stream on CUDA device `d` (the caller's thread)
+inline c10::Stream current_stream(const c10::Device &d) {
+    return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
+}
+
+// its native handle, a cudaStream_t
+inline void *native_stream(const c10::Stream &s) {
+#if COLLIE_TORCH2
+    return s.native_handle();
+#else
+    (void)s;
+    TORCH_CHECK(false, "collie: CUDA streams need torch 2.x");
+#endif
+}
 
 } // namespace collie_torch

@@ -108,10 +108,15 @@ collie_redop to_redop(const c10d::ReduceOp &op, const at::Tensor &t, const char 
 void check_tensor(const at::Tensor &t, const char *op) {
     if (t.is_sparse()) unsupported(std::string(op) + " of sparse tensors");
     if (t.is_complex()) unsupported(std::string(op) + " of complex tensors");
+#if COLLIE_TORCH2
+    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "collie: ", op,
+                ": the torch backend takes CPU and CUDA tensors, got a tensor on ", t.device());
+#else
     TORCH_CHECK(t.device().is_cpu(), "collie: ", op,
                 ": the torch backend takes CPU tensors (CUDA tensors go through the collie "
                 "package's cuda_* calls), got a tensor on ",
                 t.device());
+#endif
     TORCH_CHECK(t.is_contiguous(), "collie: ", op, ": tensors must be contiguous");
 }
 
@@ -141,6 +146,7 @@ int32_t timeout_ms(std::chrono::milliseconds t) {
 }
 
 class CollieWork;
+struct StreamCopies; // cuda_side.h
 
 // One per process: takes completions off a collie queue (see the notes).
 // The thread owns the queue and the in-flight map (CompleterState), so the
@@ -274,6 +280,7 @@ class CollieWork : public c10d::Work {
     }
 
     bool wait(std::chrono::milliseconds timeout) override {
+        if (device_.is_cuda()) return wait_on_stream();
         int32_t ms = COLLIE_TIMEOUT_INFINITE;
         if (timeout != kNoTimeout)
             ms = timeout.count() > INT32_MAX ? INT32_MAX
@@ -287,6 +294,9 @@ class CollieWork : public c10d::Work {
     }
 
     void abort() override { collie_work_cancel(w_); }
+    // CUDA works (cuda_side.h): wait() makes the current stream wait
+    void on_stream(c10::Device dev, std::shared_ptr<StreamCopies> copies);
+    bool wait_on_stream();
     // the sender of a receive (recv without src: recvAnysource)
     int sourceRank() const override { return collie_work_source(w_); }
     std::vector<at::Tensor> result() override { return outputs_; }
@@ -299,6 +309,8 @@ class CollieWork : public c10d::Work {
     std::function<void()> finalize_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::once_flag once_;
+    c10::Device device_{c10::DeviceType::CPU};
+    std::shared_ptr<StreamCopies> copies_;
 };
 
 // Completes one work from the queue (waiting up to `ms`); false if none.
@@ -329,6 +341,12 @@ std::function<void()> unpack(at::Tensor flat, Tensors outs) {
         }
     };
 }
+
+} // namespace collie_torch
+
+#include "cuda_side.h"
+
+namespace collie_torch {
 
 class ProcessGroupCollie : public BackendBase {
   public:
@@ -371,6 +389,7 @@ class ProcessGroupCollie : public BackendBase {
                                         std::function<void()> finalize = nullptr) {
         std::shared_lock<std::shared_mutex> live(comm_mu_);
         TORCH_CHECK(comm_ != nullptr, "collie: ", what, ": ", closed_);
+        check_devices(outputs, keep, c10::Device(c10::DeviceType::CPU), what);
         auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
                                                     std::move(keep), std::move(finalize));
         auto &cs = completer_->state();
@@ -394,11 +413,50 @@ class ProcessGroupCollie : public BackendBase {
         return work;
     }
 
+    // An op on CUDA tensors (cuda_side.h): posted on the CUDA side's comm,
+    // started by the group's first CUDA op, on torch's current stream of
+    // `on`'s device; `unpack` copies a flat buffer out on that stream.
+    c10::intrusive_ptr<c10d::Work> post_cuda(OpType type, const char *what, const c10::Device &on,
+                                             Tensors outputs, std::vector<at::Tensor> keep,
+                                             std::chrono::milliseconds t, const CudaFn &fn,
+                                             std::function<void()> unpack = nullptr) {
+        std::shared_lock<std::shared_mutex> live(comm_mu_);
+        TORCH_CHECK(comm_ != nullptr, "collie: ", what, ": ", closed_);
+        collie_comm *c = cuda_.comm_for(on, what);
+        auto work = post_cuda_work(completer_->state(), rank_, c, type, what, on,
+                                   std::move(outputs), std::move(keep), t, fn, std::move(unpack));
+        ++seq_;
+        return work;
+    }
+    c10::intrusive_ptr<c10d::Work> post_cuda(OpType type, const char *what, const at::Tensor &on,
+                                             Tensors outputs, std::vector<at::Tensor> keep,
+                                             std::chrono::milliseconds t, const CudaFn &fn,
+                                             std::function<void()> unpack = nullptr) {
+        return post_cuda(type, what, on.device(), std::move(outputs), std::move(keep), t, fn,
+                         std::move(unpack));
+    }
+    // collie.torch's factory of the CUDA side (Python: makes the comm)
+    void set_cuda_factory(py::object f) { cuda_.set_factory(std::move(f)); }
+    // the CUDA side's comm, 0 until a CUDA op started it
+    uintptr_t cuda_comm_handle() { return cuda_.handle(); }
+    // starts the CUDA side on cuda:`device` as the first CUDA op would
+    void start_cuda(int device) {
+        std::shared_lock<std::shared_mutex> live(comm_mu_);
+        TORCH_CHECK(comm_ != nullptr, "collie: CUDA side: ", closed_);
+        cuda_.comm_for(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)device), "CUDA side");
+    }
+
     c10::intrusive_ptr<c10d::Work> broadcast(Tensors &ts,
                                              const c10d::BroadcastOptions &opts) override {
         auto &t = single(ts, "broadcast");
         TORCH_CHECK(opts.rootTensor == 0, "collie: broadcast: rootTensor must be 0");
         auto dt = to_dtype(t, "broadcast", false);
+        if (on_cuda(t))
+            return post_cuda(OpType::BROADCAST, "broadcast", t, ts, {}, opts.timeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_broadcast(c, t.data_ptr(), t.numel(), dt,
+                                                              (int)opts.rootRank, s, o, w);
+                             });
         return post(OpType::BROADCAST, "broadcast", ts, {}, opts.timeout, [&](auto o, auto w) {
             return collie_broadcast(comm_, t.data_ptr(), t.numel(), dt, (int)opts.rootRank, o, w);
         });
@@ -409,6 +467,12 @@ class ProcessGroupCollie : public BackendBase {
         auto &t = single(ts, "allreduce");
         auto dt = to_dtype(t, "allreduce", t.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, t, "allreduce");
+        if (on_cuda(t))
+            return post_cuda(OpType::ALLREDUCE, "allreduce", t, ts, {}, opts.timeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_allreduce(c, t.data_ptr(), t.data_ptr(),
+                                                              t.numel(), dt, op, s, o, w);
+                             });
         return post(OpType::ALLREDUCE, "allreduce", ts, {}, opts.timeout, [&](auto o, auto w) {
             return collie_allreduce(comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op, o, w);
         });
@@ -425,6 +489,14 @@ class ProcessGroupCollie : public BackendBase {
         auto op = to_redop(opts.reduceOp, ts[0], "allreduce_coalesced");
         auto flat = flatten(ts);
         Tensors outs = ts;
+        if (on_cuda(flat))
+            return post_cuda(
+                OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", flat, ts, {flat}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_allreduce(c, flat.data_ptr(), flat.data_ptr(), flat.numel(),
+                                                 dt, op, s, o, w);
+                },
+                unpack(flat, outs));
         return post(
             OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts, {flat}, opts.timeout,
             [&](auto o, auto w) {
@@ -439,6 +511,12 @@ class ProcessGroupCollie : public BackendBase {
         TORCH_CHECK(opts.rootTensor == 0, "collie: reduce: rootTensor must be 0");
         auto dt = to_dtype(t, "reduce", t.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, t, "reduce");
+        if (on_cuda(t))
+            return post_cuda(OpType::REDUCE, "reduce", t, ts, {}, opts.timeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_reduce(c, t.data_ptr(), t.data_ptr(), t.numel(),
+                                                           dt, op, (int)opts.rootRank, s, o, w);
+                             });
         return post(OpType::REDUCE, "reduce", ts, {}, opts.timeout, [&](auto o, auto w) {
             return collie_reduce(comm_, t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
                                  (int)opts.rootRank, o, w);
@@ -464,6 +542,14 @@ class ProcessGroupCollie : public BackendBase {
         check_list(outs[0], in, "allgather");
         auto dt = to_dtype(in, "allgather", false);
         auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        if (on_cuda(in))
+            return post_cuda(
+                OpType::ALLGATHER, "allgather", in, outs[0], {in, flat}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_allgather(c, in.data_ptr(), flat.data_ptr(), in.numel(), dt,
+                                                 s, o, w);
+                },
+                unpack(flat, outs[0]));
         return post(
             OpType::ALLGATHER, "allgather", outs[0], {in, flat}, opts.timeout,
             [&](auto o, auto w) {
@@ -481,6 +567,12 @@ class ProcessGroupCollie : public BackendBase {
         TORCH_CHECK(out.numel() == size_ * in.numel(), "collie: _allgather_base: the output holds ",
                     out.numel(), " elements, expected ", size_ * in.numel());
         auto dt = to_dtype(in, "_allgather_base", false);
+        if (on_cuda(in))
+            return post_cuda(OpType::_ALLGATHER_BASE, "_allgather_base", in, {out}, {in},
+                             opts.timeout, [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_allgather(c, in.data_ptr(), out.data_ptr(),
+                                                              in.numel(), dt, s, o, w);
+                             });
         return post(OpType::_ALLGATHER_BASE, "_allgather_base", {out}, {in}, opts.timeout,
                     [&](auto o, auto w) {
                         return collie_allgather(comm_, in.data_ptr(), out.data_ptr(), in.numel(),
@@ -515,6 +607,15 @@ class ProcessGroupCollie : public BackendBase {
         auto dt = to_dtype(ins[0], "allgather_coalesced", false);
         auto in = flatten(ins);
         auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        if (on_cuda(in))
+            return post_cuda(
+                OpType::ALLGATHER_COALESCED, "allgather_coalesced", in, flat_outs, {in, flat},
+                opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_allgather(c, in.data_ptr(), flat.data_ptr(), in.numel(), dt,
+                                                 s, o, w);
+                },
+                unpack(flat, flat_outs));
         return post(
             OpType::ALLGATHER_COALESCED, "allgather_coalesced", flat_outs, {in, flat}, opts.timeout,
             [&](auto o, auto w) {
@@ -557,21 +658,29 @@ class ProcessGroupCollie : public BackendBase {
         auto flat = at::empty({(int64_t)size_ * n}, in.options());
         int size = size_;
         Tensors list = outs;
+        std::function<void()> out_fn = [flat, list, n, size]() mutable {
+            int64_t off = 0;
+            for (auto &t : list) {
+                auto dst = t.view({size, -1});
+                int64_t k = t.numel() / size;
+                for (int r = 0; r < size; r++)
+                    dst[r].copy_(flat.narrow(0, r * n + off, k));
+                off += k;
+            }
+        };
+        if (on_cuda(in))
+            return post_cuda(
+                OpType::COALESCED, op, in, outs, {in, flat}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_allgather(c, in.data_ptr(), flat.data_ptr(), n, dt, s, o, w);
+                },
+                out_fn);
         return post(
             OpType::COALESCED, op, outs, {in, flat}, opts.timeout,
             [&](auto o, auto w) {
                 return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), n, dt, o, w);
             },
-            [flat, list, n, size]() mutable {
-                int64_t off = 0;
-                for (auto &t : list) {
-                    auto dst = t.view({size, -1});
-                    int64_t k = t.numel() / size;
-                    for (int r = 0; r < size; r++)
-                        dst[r].copy_(flat.narrow(0, r * n + off, k));
-                    off += k;
-                }
-            });
+            out_fn);
     }
 
     // torch 2.x's _coalescing_manager for reduce_scatter_tensor: one collie
@@ -589,6 +698,14 @@ class ProcessGroupCollie : public BackendBase {
                 blocks.push_back(t.reshape({size_, -1})[r]);
         auto flat = at::cat(blocks);
         auto res = at::empty({flat.numel() / size_}, flat.options());
+        if (on_cuda(flat))
+            return post_cuda(
+                OpType::COALESCED, op, flat, outs, {flat, res}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_reduce_scatter(c, flat.data_ptr(), res.data_ptr(),
+                                                      res.numel(), dt, rop, s, o, w);
+                },
+                unpack(res, outs));
         return post(
             OpType::COALESCED, op, outs, {flat, res}, opts.timeout,
             [&](auto o, auto w) {
@@ -614,6 +731,15 @@ class ProcessGroupCollie : public BackendBase {
         } else {
             TORCH_CHECK(outs.empty(), "collie: gather: only the root passes output tensors");
         }
+        if (on_cuda(in))
+            return post_cuda(
+                OpType::GATHER, "gather", in, list, {in, flat}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_gather(c, in.data_ptr(),
+                                              flat.defined() ? flat.data_ptr() : nullptr,
+                                              in.numel(), dt, root, s, o, w);
+                },
+                flat.defined() ? unpack(flat, list) : nullptr);
         return post(
             OpType::GATHER, "gather", list, {in, flat}, opts.timeout,
             [&](auto o, auto w) {
@@ -637,6 +763,13 @@ class ProcessGroupCollie : public BackendBase {
         } else {
             TORCH_CHECK(ins.empty(), "collie: scatter: only the root passes input tensors");
         }
+        if (on_cuda(out))
+            return post_cuda(OpType::SCATTER, "scatter", out, outs, {flat}, opts.timeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_scatter(
+                                     c, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                     out.numel(), dt, root, s, o, w);
+                             });
         return post(OpType::SCATTER, "scatter", outs, {flat}, opts.timeout, [&](auto o, auto w) {
             return collie_scatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
                                   out.numel(), dt, root, o, w);
@@ -651,6 +784,13 @@ class ProcessGroupCollie : public BackendBase {
         auto dt = to_dtype(out, "reduce_scatter", out.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, out, "reduce_scatter");
         auto flat = flatten(ins[0]);
+        if (on_cuda(out))
+            return post_cuda(OpType::REDUCE_SCATTER, "reduce_scatter", out, outs, {flat},
+                             opts.timeout, [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_reduce_scatter(c, flat.data_ptr(),
+                                                                   out.data_ptr(), out.numel(), dt,
+                                                                   op, s, o, w);
+                             });
         return post(OpType::REDUCE_SCATTER, "reduce_scatter", outs, {flat}, opts.timeout,
                     [&](auto o, auto w) {
                         return collie_reduce_scatter(comm_, flat.data_ptr(), out.data_ptr(),
@@ -670,6 +810,12 @@ class ProcessGroupCollie : public BackendBase {
                     in.numel(), " elements, expected ", size_ * out.numel());
         auto dt = to_dtype(out, "_reduce_scatter_base", out.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, out, "_reduce_scatter_base");
+        if (on_cuda(out))
+            return post_cuda(OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", out, {out}, {in},
+                             opts.timeout, [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_reduce_scatter(c, in.data_ptr(), out.data_ptr(),
+                                                                   out.numel(), dt, op, s, o, w);
+                             });
         return post(OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {out}, {in}, opts.timeout,
                     [&](auto o, auto w) {
                         return collie_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(),
@@ -715,6 +861,12 @@ class ProcessGroupCollie : public BackendBase {
             TORCH_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0,
                         "collie: alltoall_base: input and output must hold the same number of "
                         "elements, a multiple of the group size");
+            if (on_cuda(in))
+                return post_cuda(OpType::ALLTOALL_BASE, "alltoall_base", in, {out}, {in},
+                                 opts.timeout, [&](auto c, auto s, auto o, auto w) {
+                                     return collie_cuda_alltoall(c, in.data_ptr(), out.data_ptr(),
+                                                                 in.numel() / size_, dt, s, o, w);
+                                 });
             return post(OpType::ALLTOALL_BASE, "alltoall_base", {out}, {in}, opts.timeout,
                         [&](auto o, auto w) {
                             return collie_alltoall(comm_, in.data_ptr(), out.data_ptr(),
@@ -723,6 +875,13 @@ class ProcessGroupCollie : public BackendBase {
         }
         auto sc = split_counts(in, in_split, "input");
         auto rc = split_counts(out, out_split, "output");
+        if (on_cuda(in))
+            return post_cuda(OpType::ALLTOALL_BASE, "alltoall_base", in, {out}, {in}, opts.timeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_alltoallv(c, in.data_ptr(), sc.data(), nullptr,
+                                                              out.data_ptr(), rc.data(), nullptr,
+                                                              dt, s, o, w);
+                             });
         return post(OpType::ALLTOALL_BASE, "alltoall_base", {out}, {in}, opts.timeout,
                     [&](auto o, auto w) {
                         return collie_alltoallv(comm_, in.data_ptr(), sc.data(), nullptr,
@@ -747,6 +906,14 @@ class ProcessGroupCollie : public BackendBase {
         auto dt = to_dtype(ins[0], "alltoall", false);
         auto in = flatten(ins);
         auto flat = flatten(outs);
+        if (on_cuda(in))
+            return post_cuda(
+                OpType::ALLTOALL, "alltoall", in, outs, {in, flat}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) {
+                    return collie_cuda_alltoallv(c, in.data_ptr(), sc.data(), nullptr,
+                                                 flat.data_ptr(), rc.data(), nullptr, dt, s, o, w);
+                },
+                unpack(flat, outs));
         return post(
             OpType::ALLTOALL, "alltoall", outs, {in, flat}, opts.timeout,
             [&](auto o, auto w) {
@@ -760,6 +927,12 @@ class ProcessGroupCollie : public BackendBase {
         auto &t = single(ts, "send");
         auto dt = to_dtype(t, "send", false);
         TORCH_CHECK(tag >= 0, "collie: send: tag ", tag, " must be >= 0");
+        if (on_cuda(t))
+            return post_cuda(OpType::SEND, "send", t, {}, {t}, c10d::kUnsetTimeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_send(c, t.data_ptr(), t.numel(), dt, dst,
+                                                         (uint64_t)tag, s, o, w);
+                             });
         return post(OpType::SEND, "send", {}, {t}, c10d::kUnsetTimeout, [&](auto o, auto w) {
             return collie_send(comm_, t.data_ptr(), t.numel(), dt, dst, (uint64_t)tag, o, w);
         });
@@ -769,6 +942,12 @@ class ProcessGroupCollie : public BackendBase {
         auto &t = single(ts, "recv");
         auto dt = to_dtype(t, "recv", false);
         TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
+        if (on_cuda(t))
+            return post_cuda(OpType::RECV, "recv", t, ts, {}, c10d::kUnsetTimeout,
+                             [&](auto c, auto s, auto o, auto w) {
+                                 return collie_cuda_recv(c, t.data_ptr(), t.numel(), dt, src,
+                                                         (uint64_t)tag, s, o, w);
+                             });
         return post(OpType::RECV, "recv", ts, {}, c10d::kUnsetTimeout, [&](auto o, auto w) {
             return collie_recv(comm_, t.data_ptr(), t.numel(), dt, src, (uint64_t)tag, o, w);
         });
@@ -778,6 +957,7 @@ class ProcessGroupCollie : public BackendBase {
         auto &t = single(ts, "recv");
         auto dt = to_dtype(t, "recv", false);
         TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
+        if (on_cuda(t)) unsupported("recv from any source of CUDA tensors (NCCL has none)");
         return post(OpType::RECVANYSOURCE, "recv", ts, {}, c10d::kUnsetTimeout,
                     [&](auto o, auto w) {
                         return collie_recv(comm_, t.data_ptr(), t.numel(), dt, COLLIE_ANY_SOURCE,
@@ -786,6 +966,14 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
+        // with device_ids (torch's barrier(device_ids=[...])): on that CUDA
+        // device's stream, through the CUDA side; else on the CPU comm
+        if (COLLIE_TORCH2 && !opts.device_ids.empty()) {
+            c10::Device on(c10::DeviceType::CUDA, (c10::DeviceIndex)opts.device_ids[0]);
+            return post_cuda(
+                OpType::BARRIER, "barrier", on, {}, {}, opts.timeout,
+                [&](auto c, auto s, auto o, auto w) { return collie_cuda_barrier(c, s, o, w); });
+        }
         return post(OpType::BARRIER, "barrier", {}, {}, opts.timeout,
                     [&](auto o, auto w) { return collie_barrier(comm_, o, w); });
     }
@@ -811,6 +999,7 @@ class ProcessGroupCollie : public BackendBase {
         collie_comm_destroy(comm_);
         comm_ = nullptr;
         closed_ = reason;
+        cuda_.teardown(reason, always_abort);
     }
 
     std::shared_mutex comm_mu_; // comm_'s lifetime: shared by posts, exclusive by teardown
@@ -818,6 +1007,7 @@ class ProcessGroupCollie : public BackendBase {
     std::string closed_; // why comm_ is gone
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
+    CudaSide cuda_; // the CUDA tensors' comm (cuda_side.h)
 };
 
 } // namespace collie_torch
@@ -829,6 +1019,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                    collie_torch::BackendBase>(m, "ProcessGroupCollie")
             .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
             .def("comm_handle", &ProcessGroupCollie::comm_handle)
+            .def("_set_cuda_factory", &ProcessGroupCollie::set_cuda_factory)
+            .def("cuda_comm_handle", &ProcessGroupCollie::cuda_comm_handle)
+            .def("_cuda_start", &ProcessGroupCollie::start_cuda, py::arg("device"),
+                 py::call_guard<py::gil_scoped_release>())
             .def(
                 "abort",
                 [](ProcessGroupCollie &pg, const std::string &reason) { pg.abort(reason); },
