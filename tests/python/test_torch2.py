@@ -17,6 +17,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 PYTHON = os.environ.get("COLLIE_TORCH2_PYTHON",
                         os.path.join(ROOT, "build", "torch2-venv", "bin", "python"))
 EXT = os.path.join(ROOT, "build", "torch2", "_C.so")
+# collie registers "cuda" too where its NCCL plugin is (collie.torch.nccl_plugin)
+NCCL = os.path.exists(os.path.join(ROOT, "build", "lib", "libcollie_nccl.so"))
 
 if not os.path.exists(PYTHON):
     pytest.skip(f"no torch 2.x Python at {PYTHON} (make torch2-venv)", allow_module_level=True)
@@ -45,8 +47,9 @@ def test_init_allreduce_broadcast_barrier_destroy(backend, cpu):
     res = run_world(backend, world)
     for r, out in enumerate(res):
         assert out["torch"].startswith("2."), out["torch"]
-        # registered for the CPU only; the CPU's default stays gloo
-        assert out["capability"] == ["cpu"], out
+        # registered for the CPU (and CUDA with the NCCL plugin); the CPU's
+        # default stays gloo
+        assert out["capability"] == (["cpu", "cuda"] if NCCL else ["cpu"]), out
         assert out["cpu_default"] == "gloo", out
         assert out["cpu_backend"] == cpu, (r, out)
         assert out["allreduce"] == [sum(x + r2 for r2 in range(world)) for x in range(4)]

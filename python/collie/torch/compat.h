@@ -16,6 +16,8 @@
 //   c10::Stream::native_handle(), in libc10 since torch 2.2, asks the
 //   device's DeviceGuardImpl). torch 1.13 has no native_handle(); its
 //   backend takes CPU tensors only, so the CUDA side never runs there.
+// - barrier_device(opts): BarrierOptions::device exists from torch 2.4 on
+//   (by version, not checked on each minor).
 #pragma once
 
 #include <c10/core/Stream.h>
@@ -43,6 +45,18 @@ using BackendBase = c10d::ProcessGroup;
 // torch's current stream on CUDA device `d` (the caller's thread)
 inline c10::Stream current_stream(const c10::Device &d) {
     return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
+}
+
+// The CUDA device a barrier is for: device_ids[0], else BarrierOptions'
+// device (torch >= 2.4 fills it: the bound device or the current
+// accelerator's); none: a barrier on the CPU.
+inline std::optional<c10::Device> barrier_device(const c10d::BarrierOptions &opts) {
+    if (COLLIE_TORCH2 && !opts.device_ids.empty())
+        return c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)opts.device_ids[0]);
+#if COLLIE_TORCH2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 4)
+    if (opts.device && opts.device->is_cuda()) return *opts.device;
+#endif
+    return std::nullopt;
 }
 
 // its native handle, a cudaStream_t

@@ -24,6 +24,11 @@
 //   a work that already failed; isCompleted() and the future complete when
 //   the GPU has finished. The work holds its tensors until then, so the
 //   caching allocator cannot reuse them while NCCL reads or writes them.
+// - A barrier on a CUDA device (device_ids, or the device torch 2.x puts in
+//   BarrierOptions: compat.h's barrier_device) runs on the CUDA side after
+//   the collectives posted there, and its wait() blocks the host until the
+//   GPU has passed it, as ProcessGroupNCCL's does; any other barrier is the
+//   CPU comm's.
 // - List-shaped ops (allgather into a list, gather, alltoall, the coalesced
 //   forms) unpack their flat buffer on the posting stream right after the
 //   collective: the stream waits for the work (no overlap of that stream's

@@ -280,7 +280,7 @@ class CollieWork : public c10d::Work {
     }
 
     bool wait(std::chrono::milliseconds timeout) override {
-        if (device_.is_cuda()) return wait_on_stream();
+        if (device_.is_cuda() && retrieveOpType() != OpType::BARRIER) return wait_on_stream();
         int32_t ms = COLLIE_TIMEOUT_INFINITE;
         if (timeout != kNoTimeout)
             ms = timeout.count() > INT32_MAX ? INT32_MAX
@@ -966,10 +966,11 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
-        // with device_ids (torch's barrier(device_ids=[...])): on that CUDA
-        // device's stream, through the CUDA side; else on the CPU comm
-        if (COLLIE_TORCH2 && !opts.device_ids.empty()) {
-            c10::Device on(c10::DeviceType::CUDA, (c10::DeviceIndex)opts.device_ids[0]);
+        // on a CUDA device (torch's barrier(device_ids=[...]), or the device
+        // torch 2.x picks): through the CUDA side, after the collectives
+        // posted there; wait() blocks the host (cuda_side.h); else the CPU comm
+        if (auto dev = barrier_device(opts)) {
+            c10::Device on = *dev;
             return post_cuda(
                 OpType::BARRIER, "barrier", on, {}, {}, opts.timeout,
                 [&](auto c, auto s, auto o, auto w) { return collie_cuda_barrier(c, s, o, w); });
