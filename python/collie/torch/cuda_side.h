@@ -172,6 +172,11 @@ class CudaSide {
         return comm_.load();
     }
 
+    // collie's abort(reason) (Python), under the group's comm_mu_ (shared)
+    void abort(const char *reason) {
+        if (collie_comm *c = comm_.load()) collie_comm_abort(c, reason);
+    }
+
     // As ProcessGroupCollie::teardown, for the CUDA comm (if it was started).
     void teardown(const char *reason, bool always_abort) {
         std::lock_guard<std::mutex> g(mu_);

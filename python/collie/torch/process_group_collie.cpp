@@ -983,6 +983,7 @@ class ProcessGroupCollie : public BackendBase {
     void abort(const std::string &reason) {
         std::shared_lock<std::shared_mutex> g(comm_mu_);
         if (comm_) collie_comm_abort(comm_, reason.c_str());
+        cuda_.abort(reason.c_str());
     }
 
   private:
