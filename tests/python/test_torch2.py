@@ -108,3 +108,64 @@ def test_coalescing_manager():
                                          for s in sums], (r, out)
         assert out["allreduce"] == [[float(sum(range(world)))] * 2, [float(world)]]
         assert out["start"] == "Backend collie does not implement startCoalescing"
+
+
+# dist.monitored_barrier on a collie group, with gloo's messages (torch's
+# test_monitored_barrier_* match them): rank 0 names the rank that did not
+# come (the first in order, or all of them with wait_all_ranks), a rank that
+# came raises naming rank 0 (at once: rank 0 tells it), rank 0's timeout of
+# 0 is its own; the group's comm stays healthy (values after checked)
+def test_monitored_barrier():
+    world = 3
+    res = run_world("cpu:collie", world, scenario="monitored")
+    for r, out in enumerate(res):
+        assert out["pass"] == "ok" and out["pass_all"] == "ok", (r, out)
+        assert out["after"] == [float(sum(range(1, world + 1)))] * 3, (r, out)
+    r0, r1, r2 = res
+    msg, secs = r0["missing"]
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    assert 0.9 <= secs < 10, secs
+    msg, secs = r2["missing"]
+    assert ("Rank 2 successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0") in msg, msg
+    assert "Rank 1 failed to pass monitoredBarrier" in msg, msg  # rank 0's report
+    assert secs < 10, secs
+    assert "missing" not in r1
+    msg, secs = r0["wait_all"]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 500 ms" in msg, msg
+    assert 0.4 <= secs < 10, secs
+    msg, _ = r0["order"]
+    assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    msg, _ = r1["order"]
+    assert ("Rank 1 successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0") in msg, msg
+    assert "Rank 0 timed out in monitoredBarrier" in r0["zero"], r0["zero"]
+    assert "Rank 1 failed to pass monitoredBarrier" in r0["sub"], r0["sub"]
+    assert r2["sub"] == "ok"  # not a member of the subgroup: a no-op
+
+
+# a barrier that times out raises naming "Timed out" as torch's suite
+# expects (" (Timed out|closed|timeout) "), not before the group's timeout
+def test_barrier_timeout_says_timed_out():
+    import re
+
+    world = 2
+    res = run_world("cpu:collie", world, scenario="barrier_timeout")
+    msg, secs = res[0]["barrier"]
+    assert re.search(" (Timed out|closed|timeout) ", msg), msg
+    assert "Timed out waiting 1000ms for barrier" in msg, msg
+    assert 0.9 <= secs < 10, secs
+    assert res[0]["allreduce"] != "ok"  # the group's comm failed with its barrier
+    for r, out in enumerate(res):
+        assert out["after"] == [float(sum(range(world)))] * 2, (r, out)
+
+
+# dist.recv / dist.irecv without src on a collie group: the sender's rank
+# comes back and the bytes are that sender's
+def test_recv_any_source():
+    world = 3
+    got = run_world("cpu:collie", world, scenario="anysource")[0]["got"]
+    assert len(got) == 2 * (world - 1)
+    for src, vals in got:
+        assert vals == [src] * 5, got
+    assert sorted(src for src, _ in got) == sorted(list(range(1, world)) * 2), got

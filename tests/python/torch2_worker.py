@@ -163,12 +163,128 @@ def coalesced():
     return res
 
 
+def _err(fn):
+    """fn()'s error message ("ok" when it returns), and its seconds."""
+    import time
+
+    t0 = time.monotonic()
+    try:
+        fn()
+        msg = "ok"
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+    return msg, time.monotonic() - t0
+
+
+def _store_world():
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    return store
+
+
+def _sync(store, what):
+    store.set(f"{what}{rank}", "1")
+    store.wait([f"{what}{r}" for r in range(world)], timedelta(seconds=60))
+
+
+def monitored():
+    """dist.monitored_barrier on a collie group (gloo's semantics, world
+    size 3): all ranks pass (also wait_all_ranks); rank 1 missing: rank 0
+    names it, rank 2 raises naming rank 0; wait_all_ranks names every
+    missing rank; the first missing rank in order; rank 0's own timeout of
+    0; a subgroup; then the world group still computes right. Each failure
+    case on a fresh group (a rank that skipped a monitored barrier is out
+    of step with its peers on that group, as with gloo)."""
+    store = _store_world()
+    res = {}
+    ones = torch.ones(10) * rank
+    for _ in range(3):
+        dist.all_reduce(ones)
+    res["pass"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10)))[0]
+    res["pass_all"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10),
+                                                           wait_all_ranks=True))[0]
+    g = dist.new_group(list(range(world)))
+    if rank != 1:
+        res["missing"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=1)))
+    _sync(store, "a")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        res["wait_all"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=0.5),
+                                                               wait_all_ranks=True))
+    _sync(store, "b")
+    g = dist.new_group(list(range(world)))
+    if rank != 2:
+        res["order"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=1)))
+    _sync(store, "c")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        res["zero"] = _err(lambda: g.monitored_barrier(timedelta(seconds=0)))[0]
+    _sync(store, "d")
+    sub = dist.new_group([0, 1])
+    if rank != 1:
+        res["sub"] = _err(lambda: dist.monitored_barrier(sub, timedelta(seconds=0.5)))[0]
+    _sync(store, "e")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def barrier_timeout():
+    """A barrier only rank 0 joins, on a group whose timeout is 1 s: its
+    error says "Timed out" (torch's suite matches " (Timed out|closed|
+    timeout) "), no sooner than the timeout; an allreduce on the world
+    group still computes right."""
+    store = _store_world()
+    res = {}
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    if rank == 0:
+        res["barrier"] = _err(lambda: dist.barrier(g))
+        res["allreduce"] = _err(lambda: dist.all_reduce(torch.ones(2), group=g))[0]
+    _sync(store, "t")
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def anysource():
+    """dist.recv / dist.irecv without src (recvAnysource): every other rank
+    sends rank 0 two tensors filled with its rank; rank 0 receives them from
+    any source and gets each sender's rank, the values matching it."""
+    _store_world()
+    res = {}
+    if rank == 0:
+        got = []
+        for _ in range(world - 1):
+            t = torch.full((5,), -1, dtype=torch.int64)
+            src = dist.recv(t, tag=3)
+            got.append([src, t.tolist()])
+            t = torch.full((5,), -1, dtype=torch.int64)
+            w = dist.irecv(t, tag=3)
+            w.wait()
+            got.append([w._source_rank(), t.tolist()])
+        res["got"] = got
+    else:
+        dist.send(torch.full((5,), rank, dtype=torch.int64), dst=0, tag=3)
+        dist.send(torch.full((5,), rank, dtype=torch.int64), dst=0, tag=3)
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
     "coalesced": coalesced,
     "basic": basic,
     "cycles": cycles,
     "destroy_pending": lambda: pending("destroy"),
     "abort_pending": lambda: pending("abort"),
+    "monitored": monitored,
+    "barrier_timeout": barrier_timeout,
+    "anysource": anysource,
 }
 
 if scenario == "basic":

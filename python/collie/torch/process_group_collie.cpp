@@ -39,6 +39,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -138,6 +140,19 @@ int32_t timeout_ms(std::chrono::milliseconds t) {
     if (t == c10d::kUnsetTimeout) return COLLIE_TIMEOUT_DEFAULT;
     if (t.count() <= 0) return 1;
     return t.count() > INT32_MAX ? COLLIE_TIMEOUT_INFINITE : (int32_t)t.count();
+}
+
+// A failed work's error: collie's sentence and status name; a deadline
+// that passed reads as gloo's ("Timed out waiting 1000ms for barrier: ..."),
+// which torch's suite matches (" (Timed out|closed|timeout) ").
+std::string work_error(const collie_work *w, int st) {
+    std::string msg = collie_work_error_message(w);
+    std::string head = "collie: ";
+    collie_work_details d{};
+    if (st == COLLIE_ETIMEDOUT && collie_work_info(w, &d) == COLLIE_OK)
+        head += "Timed out waiting " + std::to_string(d.timeout_ms) + "ms for " +
+                (d.op ? d.op : "the operation") + ": ";
+    return head + msg + " (" + collie_status_name(st) + ")";
 }
 
 class CollieWork;
@@ -252,9 +267,7 @@ class CollieWork : public c10d::Work {
                     err = std::current_exception();
                 }
             } else {
-                std::string msg = collie_work_error_message(w);
-                err = std::make_exception_ptr(
-                    std::runtime_error("collie: " + msg + " (" + collie_status_name(st) + ")"));
+                err = std::make_exception_ptr(std::runtime_error(work_error(w, st)));
             }
             finalize_ = nullptr;
             keep_.clear();
@@ -790,6 +803,97 @@ class ProcessGroupCollie : public BackendBase {
                     [&](auto o, auto w) { return collie_barrier(comm_, o, w); });
     }
 
+    // c10d's straggler report, gloo's monitoredBarrier and its messages
+    // (torch's test_monitored_barrier_* match them): every rank but 0 sends
+    // rank 0 a token and waits for its reply; rank 0 waits up to the timeout
+    // for each token (all its receives run at once, so wait_all_ranks costs
+    // one timeout, not one per rank) and names the first rank, or with
+    // wait_all_ranks every rank, whose token did not come. Unlike gloo, rank
+    // 0 replies also on failure, with its report: the ranks that came raise
+    // at once naming rank 0 and what it saw, not at their own deadline.
+    // Point-to-point works on tags no torch tag reaches (>= 2^62), two per
+    // call; a receive that timed out unmatched leaves the comm healthy.
+    void monitoredBarrier(const c10d::BarrierOptions &opts, bool wait_all) override {
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
+        uint64_t tag = kMonitoredTag + 2 * monitored_++;
+        if (rank_ != 0) {
+            monitored_peer(tag);
+            return;
+        }
+        int32_t ms = timeout_ms(opts.timeout);
+        bool zero = opts.timeout != c10d::kUnsetTimeout && opts.timeout.count() <= 0;
+        std::vector<int32_t> tokens(size_);
+        std::vector<collie_work *> recvs(size_, nullptr);
+        std::string report, first_error;
+        std::vector<int> failed;
+        for (int r = 1; r < size_ && (wait_all || !zero); r++) {
+            collie_post_opts o = COLLIE_POST_OPTS_INIT;
+            o.timeout_ms = ms;
+            int st = collie_recv(comm_, &tokens[r], 1, COLLIE_INT32, r, tag, &o, &recvs[r]);
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = collie_error(st, "recv");
+            }
+        }
+        // the timeout the receives run under (the comm's when opts have none)
+        collie_work_details d{};
+        if (opts.timeout != c10d::kUnsetTimeout || !recvs[1 % size_] ||
+            collie_work_info(recvs[1 % size_], &d) != COLLIE_OK)
+            d.timeout_ms = (int32_t)std::max<int64_t>(0, opts.timeout.count());
+        std::string in =
+            " failed to pass monitoredBarrier in " + std::to_string(d.timeout_ms) + " ms";
+        for (int r = 1; r < size_; r++) {
+            if (!recvs[r]) continue;
+            int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = work_error(recvs[r], st);
+            }
+            collie_work_release(recvs[r]);
+        }
+        std::sort(failed.begin(), failed.end());
+        if (size_ > 1 && !wait_all && zero) {
+            report = "Rank 0 timed out in monitoredBarrier after " + std::to_string(d.timeout_ms) +
+                     " ms.\nNo ranks successfully processed in monitoredBarrier.";
+        } else if (!failed.empty() && !wait_all) {
+            report = "[Rank 0]: Rank " + std::to_string(failed[0]) + in +
+                     "\n Original exception: \n" + first_error;
+        } else if (!failed.empty()) {
+            std::string list;
+            for (int r : failed)
+                list += (list.empty() ? "" : ", ") + std::to_string(r);
+            report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
+        }
+        // what collie knows of the comm's health (a dead peer, an abort)
+        int cst = COLLIE_OK;
+        const char *cmsg = nullptr;
+        if (!report.empty() && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
+            cst != COLLIE_OK)
+            report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
+                      collie_status_name(cst) + ")";
+        // the reply: "" lets the others through, else rank 0's report
+        std::vector<std::array<char, kNote>> notes(size_);
+        std::vector<collie_work *> sends(size_, nullptr);
+        for (int r = 1; r < size_; r++) {
+            snprintf(notes[r].data(), kNote, "%s", report.c_str());
+            if (collie_send(comm_, notes[r].data(), kNote, COLLIE_UINT8, r, tag + 1, nullptr,
+                            &sends[r]) != COLLIE_OK &&
+                report.empty())
+                report = "[Rank 0]: Rank " + std::to_string(r) + in + "\n Original exception: \n" +
+                         collie_error(COLLIE_EPEER, "send");
+        }
+        for (int r = 1; r < size_; r++) {
+            if (!sends[r]) continue;
+            int st = collie_work_wait(sends[r], COLLIE_TIMEOUT_INFINITE);
+            if (st != COLLIE_OK && report.empty())
+                report = "[Rank 0]: Rank " + std::to_string(r) + in + "\n Original exception: \n" +
+                         work_error(sends[r], st);
+            collie_work_release(sends[r]);
+        }
+        TORCH_CHECK(report.empty(), report);
+    }
+
     // collie's own abort(reason) (Python); a no-op once the comm is gone
     void abort(const std::string &reason) {
         std::shared_lock<std::shared_mutex> g(comm_mu_);
@@ -797,6 +901,41 @@ class ProcessGroupCollie : public BackendBase {
     }
 
   private:
+    static constexpr uint64_t kMonitoredTag = 1ull << 62; // above every torch tag
+    static constexpr size_t kNote = 512;                  // rank 0's reply (its report)
+
+    // monitoredBarrier on a rank other than 0: its token to rank 0, then
+    // rank 0's reply; both under the comm's own timeout (gloo's: only rank
+    // 0 applies the barrier's). Called with comm_mu_ held shared.
+    void monitored_peer(uint64_t tag) {
+        int32_t token = rank_;
+        std::array<char, kNote> note{};
+        collie_work *send = nullptr, *recv = nullptr;
+        std::string err;
+        int st = collie_send(comm_, &token, 1, COLLIE_INT32, 0, tag, nullptr, &send);
+        if (st != COLLIE_OK) err = collie_error(st, "send");
+        st = collie_recv(comm_, note.data(), kNote, COLLIE_UINT8, 0, tag + 1, nullptr, &recv);
+        if (st != COLLIE_OK && err.empty()) err = collie_error(st, "recv");
+        if (send) {
+            st = collie_work_wait(send, COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK && err.empty()) err = work_error(send, st);
+            if (st != COLLIE_OK && recv) collie_work_cancel(recv); // no reply will come
+        }
+        if (recv) {
+            st = collie_work_wait(recv, COLLIE_TIMEOUT_INFINITE);
+            if (st != COLLIE_OK && err.empty()) err = work_error(recv, st);
+        }
+        collie_work_release(send);
+        collie_work_release(recv);
+        note[kNote - 1] = 0;
+        if (err.empty() && note[0]) err = std::string("rank 0 reports: ") + note.data();
+        TORCH_CHECK(err.empty(), "Rank ", rank_,
+                    " successfully reached monitoredBarrier, but received errors while waiting "
+                    "for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n "
+                    "Original exception: \n",
+                    err);
+    }
+
     // Tears the comm down once (shutdown, abort, the destructor; idempotent):
     // aborts the works in flight (all of them with `always_abort`) naming
     // `reason`, destroys the comm (bounded: nothing is left pending), and
@@ -818,6 +957,7 @@ class ProcessGroupCollie : public BackendBase {
     std::string closed_; // why comm_ is gone
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
+    std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
 };
 
 } // namespace collie_torch
