@@ -94,8 +94,8 @@ def test_teardown_fails_pending(scenario, why):
 
 # torch's _coalescing_manager on a collie group: all_gather_into_tensor and
 # reduce_scatter_tensor through collie's *_into_tensor_coalesced (results
-# checked), all_reduce through allreduce_coalesced; startCoalescing (torch
-# calls it when given a device) is not implemented: torch's error names collie
+# checked), all_reduce through allreduce_coalesced; with a device torch calls
+# startCoalescing/endCoalescing, which collie serves (test_backend_extras)
 def test_coalescing_manager():
     world = 2
     for r, out in enumerate(run_world("cpu:collie", world, scenario="coalesced")):
@@ -107,7 +107,7 @@ def test_coalescing_manager():
         assert out["reduce_scatter"] == [s[r * len(s) // world:(r + 1) * len(s) // world]
                                          for s in sums], (r, out)
         assert out["allreduce"] == [[float(sum(range(world)))] * 2, [float(world)]]
-        assert out["start"] == "Backend collie does not implement startCoalescing"
+        assert out["start"] == [0.0], out
 
 
 # dist.monitored_barrier on a collie group, with gloo's messages (torch's
@@ -169,3 +169,34 @@ def test_recv_any_source():
     for src, vals in got:
         assert vals == [src] * 5, got
     assert sorted(src for src, _ in got) == sorted(list(range(1, world)) * 2), got
+
+
+# torch 2.x's Backend extras: getBackendOptions (name, the group's timeout),
+# split_group over collie_comm_split (torch's order kept: global rank 2 is
+# group rank 0), gather_single (gather_into_tensor), real coalescing
+# (startCoalescing/endCoalescing: one Work completing with every op posted
+# in between; batch_isend_irecv through it), misuse named
+def test_backend_extras():
+    world = 3
+    res = run_world("cpu:collie", world, scenario="extras")
+    for r, out in enumerate(res):
+        assert out["options"] == ["collie", 30.0], (r, out)
+        assert out["supports"] == [True, True], (r, out)
+        if r == 1:
+            assert out["split_rank"] == [0, 0, 1, "collie"], out
+            assert out["split_allreduce"] == [2.0, 2.0]
+            assert out["split_broadcast"] == [1.0, 1.0]
+        else:
+            assert out["split_rank"] == [1 - r // 2, 1 - r // 2, 2, "collie"], (r, out)
+            assert out["split_allreduce"] == [4.0, 4.0], (r, out)
+            assert out["split_broadcast"] == [2.0, 2.0], (r, out)
+        assert out["split_options"] == 20.0, (r, out)
+        if r == 1:
+            assert out["gather_single"] == [v for p in range(world) for v in (p, 10.0 * p)]
+        else:
+            assert out["gather_single"] is None
+        assert out["coalesced_broadcast"] == [[1.0] * 3, [2.5]], (r, out)
+        assert out["coalesced_async"] == [[6.0, 6.0], [6.0]], (r, out)
+        assert out["batch"] == [1, [100.0 + (r - 1) % world] * 4], (r, out)
+        assert "collie: startCoalescing: already coalescing" in out["nested"], out
+        assert "collie: endCoalescing without startCoalescing" in out["end_alone"], out

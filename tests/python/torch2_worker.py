@@ -127,7 +127,7 @@ def coalesced():
     """torch's _coalescing_manager: all_gather_into_tensor and
     reduce_scatter_tensor go to collie's *_into_tensor_coalesced forms (one
     collie op each), all_reduce to allreduce_coalesced; with a device, torch
-    calls startCoalescing, which collie does not implement (the error)."""
+    calls startCoalescing/endCoalescing around a broadcast."""
     from torch.distributed.distributed_c10d import _coalescing_manager
 
     store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
@@ -152,12 +152,10 @@ def coalesced():
         for t in ars:
             dist.all_reduce(t)
     res["allreduce"] = [t.tolist() for t in ars]
-    try:
-        with _coalescing_manager(device=torch.device("cpu")):
-            dist.broadcast(torch.zeros(1), src=0)
-        res["start"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        res["start"] = str(e).splitlines()[0]
+    b = torch.full((1,), float(rank))
+    with _coalescing_manager(device=torch.device("cpu")):
+        dist.broadcast(b, src=0)
+    res["start"] = b.tolist()
     dist.barrier()
     dist.destroy_process_group()
     return res
@@ -276,6 +274,66 @@ def anysource():
     return res
 
 
+def extras():
+    """torch 2.x's Backend extras on a collie group, world size 3: the
+    backend's options (name, timeout); split_group (collie_comm_split; the
+    group's order given, rank 1 alone); gather_single (gather_into_tensor);
+    _coalescing_manager with a device (startCoalescing/endCoalescing: one
+    Work for every op in between) and batch_isend_irecv through it."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    store = _store_world()
+    res = {}
+    cpu = torch.device("cpu")
+    pg = dist.group.WORLD
+    be = pg._get_backend(cpu)
+    dist.barrier()
+    opts = be.options
+    res["options"] = [opts.backend, opts._timeout.total_seconds()]
+    res["supports"] = [be.supports_splitting, be.supports_coalescing]
+    # split_group: [2, 0] (group rank 0 is global rank 2) and [1]
+    sub = dist.split_group(split_ranks=[[2, 0], [1]], timeout=timedelta(seconds=20))
+    sbe = sub._get_backend(cpu)
+    res["split_rank"] = [dist.get_rank(sub), sub.rank(), sub.size(), sbe.name()]
+    res["split_options"] = sbe.options._timeout.total_seconds()
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=sub)
+    res["split_allreduce"] = t.tolist()
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, group=sub, group_src=0)
+    res["split_broadcast"] = b.tolist()
+    # gather_single into one tensor on rank 1
+    out = torch.full((world * 2,), -1.0) if rank == 1 else None
+    dist.gather_single(torch.tensor([rank, 10.0 * rank]), out, dst=1)
+    res["gather_single"] = out.tolist() if out is not None else None
+    # startCoalescing/endCoalescing: two broadcasts from different roots
+    bs = [torch.full((3,), float(rank)), torch.full((1,), float(rank) + 0.5)]
+    with _coalescing_manager(device=cpu):
+        dist.broadcast(bs[0], src=1)
+        dist.broadcast(bs[1], src=2)
+    res["coalesced_broadcast"] = [x.tolist() for x in bs]
+    ts = [torch.full((2,), float(rank + 1)), torch.full((1,), 2.0 * rank)]
+    with _coalescing_manager(device=cpu, async_ops=True) as cm:
+        for x in ts:
+            dist.all_reduce(x, async_op=True)
+    cm.wait()
+    res["coalesced_async"] = [x.tolist() for x in ts]
+    # batch_isend_irecv (supports_coalescing: one Work for the batch)
+    recv = torch.full((4,), -1.0)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), 100.0 + rank), (rank + 1) % world),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    reqs = dist.batch_isend_irecv(ops)
+    for q in reqs:
+        q.wait()
+    res["batch"] = [len(reqs), recv.tolist()]
+    res["nested"] = _err(lambda: [pg._start_coalescing(cpu), pg._start_coalescing(cpu)])[0]
+    pg._end_coalescing(cpu).wait()
+    res["end_alone"] = _err(lambda: pg._end_coalescing(cpu))[0]
+    _sync(store, "x")
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
     "coalesced": coalesced,
     "basic": basic,
@@ -285,6 +343,7 @@ SCENARIOS = {
     "monitored": monitored,
     "barrier_timeout": barrier_timeout,
     "anysource": anysource,
+    "extras": extras,
 }
 
 if scenario == "basic":

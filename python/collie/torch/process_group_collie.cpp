@@ -332,6 +332,73 @@ bool Completer::pop_one(CompleterState &s, int32_t ms) {
     return true;
 }
 
+#if COLLIE_TORCH2
+// endCoalescing's Work: the works posted between startCoalescing and
+// endCoalescing, as one. Done when every part is; fails with the first
+// failing part's error (in post order); its future completes with every
+// part's outputs once all parts' futures have.
+class CoalescedWork : public c10d::Work {
+  public:
+    CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+        : c10d::Work(rank, OpType::COALESCED), parts_(std::move(parts)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()))) {
+        for (auto &p : parts_)
+            for (auto &t : p->result())
+                outputs_.push_back(t);
+        auto left = std::make_shared<std::atomic<size_t>>(parts_.size() + 1);
+        auto futs = std::make_shared<std::vector<c10::intrusive_ptr<c10::ivalue::Future>>>();
+        for (auto &p : parts_)
+            futs->push_back(p->getFuture());
+        // the last part's callback (or this constructor) completes the whole
+        auto done = [left, futs, fut = future_, outs = outputs_]() {
+            if (left->fetch_sub(1) != 1) return;
+            for (auto &f : *futs)
+                if (f->hasError()) return fut->setError(f->exception_ptr());
+            fut->markCompleted(c10::IValue(outs));
+        };
+        for (auto &f : *futs)
+            f->addCallback([done](c10::ivalue::Future &) { done(); });
+        done();
+    }
+
+    bool isCompleted() override {
+        for (auto &p : parts_)
+            if (!p->isCompleted()) return false;
+        return true;
+    }
+
+    // each part in post order, within what is left of `timeout`; the first
+    // part's error is thrown
+    bool wait(std::chrono::milliseconds timeout) override {
+        auto end = std::chrono::steady_clock::now() + timeout;
+        for (auto &p : parts_) {
+            if (timeout == kNoTimeout) {
+                p->wait(kNoTimeout);
+                continue;
+            }
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                end - std::chrono::steady_clock::now());
+            TORCH_CHECK(left.count() > 0 || p->isCompleted(), "Operation timed out!");
+            p->wait(std::max(left, std::chrono::milliseconds(1)));
+        }
+        return true;
+    }
+
+    void abort() override {
+        for (auto &p : parts_)
+            p->abort();
+    }
+    std::vector<at::Tensor> result() override { return outputs_; }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  private:
+    std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+    Tensors outputs_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+#endif
+
 // Copies a flat buffer back into the tensors it was packed from.
 std::function<void()> unpack(at::Tensor flat, Tensors outs) {
     return [flat, outs]() mutable {
@@ -346,9 +413,13 @@ std::function<void()> unpack(at::Tensor flat, Tensors outs) {
 class ProcessGroupCollie : public BackendBase {
   public:
     // Takes ownership of `comm` (made by collie.torch from the torch store).
-    ProcessGroupCollie(int rank, int size, uintptr_t comm)
+    // `timeout`: the comm's default op timeout, for getBackendOptions (unset:
+    // learned from the first post that takes the default).
+    ProcessGroupCollie(int rank, int size, uintptr_t comm,
+                       std::chrono::milliseconds timeout = c10d::kUnsetTimeout)
         : BackendBase(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
-          completer_(Completer::acquire()) {
+          completer_(Completer::acquire()),
+          default_timeout_ms_(timeout == c10d::kUnsetTimeout ? -2 : timeout.count()) {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
     ~ProcessGroupCollie() override { teardown("the process group was destroyed", false); }
@@ -362,6 +433,101 @@ class ProcessGroupCollie : public BackendBase {
     }
     // torch 2.x's abort (_abort_process_group): every pending work fails now.
     void abort() override { teardown("the process group was aborted (torch's abort)", true); }
+
+    // The backend's options: its name and the group's timeout (torch's
+    // split_group starts a child's options from them).
+    c10::intrusive_ptr<Options> getBackendOptions() override {
+        int64_t ms = default_timeout_ms_.load();
+        auto t =
+            ms == -2 ? kBackendDefaultTimeout : std::chrono::milliseconds(ms < 0 ? INT32_MAX : ms);
+        auto o = c10::make_intrusive<Options>("collie", t);
+        o->group_name = getGroupUid();
+        return o;
+    }
+
+    // split_group: every rank of the group calls it with the ranks of its
+    // own new group in the new group's order (a rank in none: some other
+    // group's); one collie_comm_split makes every new group at once, the
+    // colour being the group's lowest rank, the key a rank's position.
+    // Blocks (bounded by the comm's creation timeout); nullptr for a rank
+    // in no group.
+    bool supportsSplitting() const override { return true; }
+    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,
+                                            const std::vector<int> &ranks,
+                                            const c10::intrusive_ptr<Options> &opts) override {
+        auto me = std::find(ranks.begin(), ranks.end(), rank_);
+        int color = COLLIE_UNDEFINED, key = 0;
+        if (me != ranks.end()) {
+            color = *std::min_element(ranks.begin(), ranks.end());
+            key = (int)(me - ranks.begin());
+        }
+        for (int r : ranks)
+            TORCH_CHECK(r >= 0 && r < size_, "collie: split: rank ", r, " is not in the group of ",
+                        size_);
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        auto t = opts ? opts->timeout : c10d::kUnsetTimeout;
+        if (t != c10d::kUnsetTimeout) o.timeout_ms = timeout_ms(t);
+        collie_comm *child = nullptr;
+        int st;
+        {
+            std::shared_lock<std::shared_mutex> g(comm_mu_);
+            TORCH_CHECK(comm_, "collie: split: ", closed_);
+            st = collie_comm_split(comm_, color, key, &o, &child);
+        }
+        if (st == COLLIE_ENOTMEMBER) return nullptr;
+        TORCH_CHECK(st == COLLIE_OK, collie_error(st, "split"));
+        return c10::make_intrusive<ProcessGroupCollie>(collie_comm_rank(child),
+                                                       collie_comm_size(child),
+                                                       reinterpret_cast<uintptr_t>(child), t);
+    }
+
+    // Coalescing (torch's _coalescing_manager with a device,
+    // batch_isend_irecv): the ops between startCoalescing and endCoalescing
+    // are posted as they come (collie's posts never block, and its
+    // send/recv match outside the collective order, so posting at once
+    // cannot deadlock; torch also waits on a synchronous op's own Work
+    // inside the manager); endCoalescing returns one Work for all of them.
+    bool supportsCoalescing() const override { return true; }
+    void startCoalescing() override {
+        std::lock_guard<std::mutex> g(coalesce_mu_);
+        TORCH_CHECK(!coalescing_.load(),
+                    "collie: startCoalescing: already coalescing (endCoalescing first)");
+        coalesced_.clear();
+        coalescing_ = true;
+    }
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        {
+            std::lock_guard<std::mutex> g(coalesce_mu_);
+            TORCH_CHECK(coalescing_.load(), "collie: endCoalescing without startCoalescing");
+            coalescing_ = false;
+            parts.swap(coalesced_);
+        }
+        return c10::make_intrusive<CoalescedWork>(rank_, std::move(parts));
+    }
+
+    // gather_single / gather_into_tensor: rank r's input lands at block r of
+    // the root's one output tensor (other ranks pass an empty one).
+    c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor &out, at::Tensor &in,
+                                                      const c10d::GatherOptions &opts) override {
+        const char *op = "gather_into_tensor";
+        check_tensor(in, op);
+        auto dt = to_dtype(in, op, false);
+        int root = (int)opts.rootRank;
+        bool is_root = rank_ == root;
+        if (is_root) {
+            check_tensor(out, op);
+            same_kind(in, out, op);
+            TORCH_CHECK(out.numel() == size_ * in.numel(), "collie: ", op, ": the output holds ",
+                        out.numel(), " elements, expected ", size_ * in.numel());
+        }
+        return post(OpType::GATHER, op, is_root ? Tensors{out} : Tensors{}, {in}, opts.timeout,
+                    [&](auto o, auto w) {
+                        return collie_gather(comm_, in.data_ptr(),
+                                             is_root ? out.data_ptr() : nullptr, in.numel(), dt,
+                                             root, o, w);
+                    });
+    }
 #endif
 
     const std::string getBackendName() const override { return "collie"; }
@@ -404,6 +570,14 @@ class ProcessGroupCollie : public BackendBase {
         }
         ++seq_;
         work->attach(w);
+        if (coalescing_.load()) {
+            std::lock_guard<std::mutex> g(coalesce_mu_);
+            if (coalescing_.load()) coalesced_.push_back(work);
+        }
+        collie_work_details d{};
+        if (t == c10d::kUnsetTimeout && default_timeout_ms_.load() == -2 &&
+            collie_work_info(w, &d) == COLLIE_OK)
+            default_timeout_ms_ = d.timeout_ms;
         return work;
     }
 
@@ -958,6 +1132,12 @@ class ProcessGroupCollie : public BackendBase {
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
     std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
+    // the comm's default op timeout in ms (-1: none; -2: not known yet)
+    std::atomic<int64_t> default_timeout_ms_;
+    // between startCoalescing and endCoalescing (torch 2.x): the works posted
+    std::atomic<bool> coalescing_{false};
+    std::mutex coalesce_mu_;
+    std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };
 
 } // namespace collie_torch
@@ -967,7 +1147,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto pg_class =
         py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>,
                    collie_torch::BackendBase>(m, "ProcessGroupCollie")
-            .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
+            .def(py::init<int, int, uintptr_t, std::chrono::milliseconds>(), py::arg("rank"),
+                 py::arg("size"), py::arg("comm"), py::arg("timeout") = c10d::kUnsetTimeout)
             .def("comm_handle", &ProcessGroupCollie::comm_handle)
             .def(
                 "abort",
