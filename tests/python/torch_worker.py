@@ -303,13 +303,18 @@ def _sync(what):
 
 
 def monitored():
-    # the group's monitored_barrier (torch 1.13's dist.monitored_barrier
-    # lets only gloo through, by name; the process group itself is called
-    # as torch's suite does for rank 0's timeout): gloo's messages, at
-    # world size 3 as test_torch2.py's scenario
+    # the group's monitored_barrier, gloo's messages, at world size 3 as
+    # test_torch2.py's scenario; torch 1.13's dist.monitored_barrier lets
+    # only gloo through (by name) until collie.torch opens it
+    from collie.torch._torch113 import allow_monitored_barrier
+
     out = {}
     world_pg = dist.distributed_c10d._get_default_group()
     long = timedelta(seconds=10)
+    out["gate"] = _err(lambda: dist.monitored_barrier(timeout=long))[0]
+    allow_monitored_barrier()
+    allow_monitored_barrier()  # idempotent
+    out["dist"] = _err(lambda: dist.monitored_barrier(timeout=long, wait_all_ranks=True))[0]
     out["pass"] = _err(lambda: world_pg.monitored_barrier(long))[0]
     out["pass_all"] = _err(lambda: world_pg.monitored_barrier(long, wait_all_ranks=True))[0]
     g = dist.new_group(list(range(world)))
