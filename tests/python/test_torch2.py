@@ -120,6 +120,7 @@ def test_monitored_barrier():
     res = run_world("cpu:collie", world, scenario="monitored")
     for r, out in enumerate(res):
         assert out["pass"] == "ok" and out["pass_all"] == "ok", (r, out)
+        assert out["pass_default"] == "ok", (r, out)
         assert out["after"] == [float(sum(range(1, world + 1)))] * 3, (r, out)
     r0, r1, r2 = res
     msg, secs = r0["missing"]

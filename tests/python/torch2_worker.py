@@ -199,9 +199,12 @@ def monitored():
     ones = torch.ones(10) * rank
     for _ in range(3):
         dist.all_reduce(ones)
+    pg_cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
     res["pass"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10)))[0]
     res["pass_all"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10),
                                                            wait_all_ranks=True))[0]
+    # the group's own call without a timeout: the comm's
+    res["pass_default"] = _err(lambda: pg_cpu.monitored_barrier())[0]
     g = dist.new_group(list(range(world)))
     if rank != 1:
         res["missing"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=1)))

@@ -32,7 +32,16 @@
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
 //   that passes throws "Operation timed out!" and the operation goes on; with
 //   no timeout the wait is still bounded by the collective's own deadline
-//   (the process group's timeout, or the op's).
+//   (the process group's timeout, or the op's). A work whose deadline passed
+//   fails as gloo's does: "Timed out waiting <ms>ms for <op>: <collie's
+//   report>" (torch's suite matches "Timed out").
+// - monitoredBarrier is gloo's protocol (tokens to rank 0, its reply) on
+//   collie send/recv with tags above every torch tag; it blocks the caller
+//   (as gloo's), so its works skip the completer. Rank 0's reply carries its
+//   report, so no rank waits out its own deadline after rank 0 has failed.
+// - Coalescing (torch 2.x) posts each op as it comes and returns one Work
+//   for them at endCoalescing (posting at once cannot deadlock in collie);
+//   split is one collie_comm_split for every new group.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
@@ -995,76 +1004,7 @@ class ProcessGroupCollie : public BackendBase {
             monitored_peer(tag);
             return;
         }
-        int32_t ms = timeout_ms(opts.timeout);
-        bool zero = opts.timeout != c10d::kUnsetTimeout && opts.timeout.count() <= 0;
-        std::vector<int32_t> tokens(size_);
-        std::vector<collie_work *> recvs(size_, nullptr);
-        std::string report, first_error;
-        std::vector<int> failed;
-        for (int r = 1; r < size_ && (wait_all || !zero); r++) {
-            collie_post_opts o = COLLIE_POST_OPTS_INIT;
-            o.timeout_ms = ms;
-            int st = collie_recv(comm_, &tokens[r], 1, COLLIE_INT32, r, tag, &o, &recvs[r]);
-            if (st != COLLIE_OK) {
-                failed.push_back(r);
-                if (first_error.empty()) first_error = collie_error(st, "recv");
-            }
-        }
-        // the timeout the receives run under (the comm's when opts have none)
-        collie_work_details d{};
-        if (opts.timeout != c10d::kUnsetTimeout || !recvs[1 % size_] ||
-            collie_work_info(recvs[1 % size_], &d) != COLLIE_OK)
-            d.timeout_ms = (int32_t)std::max<int64_t>(0, opts.timeout.count());
-        std::string in =
-            " failed to pass monitoredBarrier in " + std::to_string(d.timeout_ms) + " ms";
-        for (int r = 1; r < size_; r++) {
-            if (!recvs[r]) continue;
-            int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
-            if (st != COLLIE_OK) {
-                failed.push_back(r);
-                if (first_error.empty()) first_error = work_error(recvs[r], st);
-            }
-            collie_work_release(recvs[r]);
-        }
-        std::sort(failed.begin(), failed.end());
-        if (size_ > 1 && !wait_all && zero) {
-            report = "Rank 0 timed out in monitoredBarrier after " + std::to_string(d.timeout_ms) +
-                     " ms.\nNo ranks successfully processed in monitoredBarrier.";
-        } else if (!failed.empty() && !wait_all) {
-            report = "[Rank 0]: Rank " + std::to_string(failed[0]) + in +
-                     "\n Original exception: \n" + first_error;
-        } else if (!failed.empty()) {
-            std::string list;
-            for (int r : failed)
-                list += (list.empty() ? "" : ", ") + std::to_string(r);
-            report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
-        }
-        // what collie knows of the comm's health (a dead peer, an abort)
-        int cst = COLLIE_OK;
-        const char *cmsg = nullptr;
-        if (!report.empty() && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
-            cst != COLLIE_OK)
-            report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
-                      collie_status_name(cst) + ")";
-        // the reply: "" lets the others through, else rank 0's report
-        std::vector<std::array<char, kNote>> notes(size_);
-        std::vector<collie_work *> sends(size_, nullptr);
-        for (int r = 1; r < size_; r++) {
-            snprintf(notes[r].data(), kNote, "%s", report.c_str());
-            if (collie_send(comm_, notes[r].data(), kNote, COLLIE_UINT8, r, tag + 1, nullptr,
-                            &sends[r]) != COLLIE_OK &&
-                report.empty())
-                report = "[Rank 0]: Rank " + std::to_string(r) + in + "\n Original exception: \n" +
-                         collie_error(COLLIE_EPEER, "send");
-        }
-        for (int r = 1; r < size_; r++) {
-            if (!sends[r]) continue;
-            int st = collie_work_wait(sends[r], COLLIE_TIMEOUT_INFINITE);
-            if (st != COLLIE_OK && report.empty())
-                report = "[Rank 0]: Rank " + std::to_string(r) + in + "\n Original exception: \n" +
-                         work_error(sends[r], st);
-            collie_work_release(sends[r]);
-        }
+        std::string report = monitored_root(tag, opts.timeout, wait_all);
         TORCH_CHECK(report.empty(), report);
     }
 
@@ -1108,6 +1048,91 @@ class ProcessGroupCollie : public BackendBase {
                     "for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n "
                     "Original exception: \n",
                     err);
+    }
+
+    // monitoredBarrier on rank 0: every other rank's token (each receive
+    // under the barrier's timeout, all at once), then the reply to each;
+    // returns the report ("" when every rank came). comm_mu_ held shared.
+    std::string monitored_root(uint64_t tag, std::chrono::milliseconds timeout, bool wait_all) {
+        bool zero = timeout != c10d::kUnsetTimeout && timeout.count() <= 0;
+        std::vector<int32_t> tokens(size_);
+        std::vector<collie_work *> recvs(size_, nullptr);
+        std::vector<int> failed;
+        std::string first_error;
+        int32_t shown_ms = (int32_t)std::max<int64_t>(0, timeout.count()); // for the messages
+        for (int r = 1; r < size_ && (wait_all || !zero); r++) {
+            collie_post_opts o = COLLIE_POST_OPTS_INIT;
+            o.timeout_ms = timeout_ms(timeout);
+            int st = collie_recv(comm_, &tokens[r], 1, COLLIE_INT32, r, tag, &o, &recvs[r]);
+            collie_work_details d{};
+            if (st == COLLIE_OK && timeout == c10d::kUnsetTimeout &&
+                collie_work_info(recvs[r], &d) == COLLIE_OK)
+                shown_ms = d.timeout_ms; // the comm's own
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = collie_error(st, "recv");
+            }
+        }
+        for (int r = 1; r < size_; r++) {
+            if (!recvs[r]) continue;
+            int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = work_error(recvs[r], st);
+            }
+            collie_work_release(recvs[r]);
+        }
+        std::sort(failed.begin(), failed.end());
+        std::string in = " failed to pass monitoredBarrier in " + std::to_string(shown_ms) + " ms";
+        std::string report;
+        if (size_ > 1 && !wait_all && zero) {
+            report = "Rank 0 timed out in monitoredBarrier after " + std::to_string(shown_ms) +
+                     " ms.\nNo ranks successfully processed in monitoredBarrier.";
+        } else if (!failed.empty() && !wait_all) {
+            report = "[Rank 0]: Rank " + std::to_string(failed[0]) + in +
+                     "\n Original exception: \n" + first_error;
+        } else if (!failed.empty()) {
+            std::string list;
+            for (int r : failed)
+                list += (list.empty() ? "" : ", ") + std::to_string(r);
+            report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
+        }
+        // what collie knows of the comm's health (a dead peer, an abort)
+        int cst = COLLIE_OK;
+        const char *cmsg = nullptr;
+        if (!report.empty() && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
+            cst != COLLIE_OK)
+            report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
+                      collie_status_name(cst) + ")";
+        std::string reply_error = monitored_reply(tag + 1, report);
+        if (report.empty() && !reply_error.empty())
+            report = "[Rank 0]: " + reply_error.substr(0, reply_error.find(':')) + in +
+                     "\n Original exception: \n" + reply_error.substr(reply_error.find(':') + 2);
+        return report;
+    }
+
+    // Rank 0's reply to every other rank: "" lets them through, else its
+    // report (cut to kNote - 1 bytes). Returns "Rank R: <error>" for the
+    // first reply that failed, else "".
+    std::string monitored_reply(uint64_t tag, const std::string &report) {
+        std::vector<std::array<char, kNote>> notes(size_);
+        std::vector<collie_work *> sends(size_, nullptr);
+        std::string err;
+        for (int r = 1; r < size_; r++) {
+            snprintf(notes[r].data(), kNote, "%s", report.c_str());
+            int st = collie_send(comm_, notes[r].data(), kNote, COLLIE_UINT8, r, tag, nullptr,
+                                 &sends[r]);
+            if (st != COLLIE_OK && err.empty())
+                err = "Rank " + std::to_string(r) + ": " + collie_error(st, "send");
+        }
+        for (int r = 1; r < size_; r++) {
+            if (!sends[r]) continue;
+            int st = collie_work_wait(sends[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK && err.empty())
+                err = "Rank " + std::to_string(r) + ": " + work_error(sends[r], st);
+            collie_work_release(sends[r]);
+        }
+        return err;
     }
 
     // Tears the comm down once (shutdown, abort, the destructor; idempotent):
