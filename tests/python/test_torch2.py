@@ -143,6 +143,10 @@ def test_monitored_barrier():
     assert "Rank 0 timed out in monitoredBarrier" in r0["zero"], r0["zero"]
     assert "Rank 1 failed to pass monitoredBarrier" in r0["sub"], r0["sub"]
     assert r2["sub"] == "ok"  # not a member of the subgroup: a no-op
+    msg, secs = r1["aborted"]
+    assert "Rank 1 successfully reached monitoredBarrier" in msg, msg
+    assert "the process group was aborted (torch's abort)" in msg, msg
+    assert secs < 10, secs
 
 
 # a barrier that times out raises naming "Timed out" as torch's suite

@@ -226,6 +226,15 @@ def monitored():
     if rank != 1:
         res["sub"] = _err(lambda: dist.monitored_barrier(sub, timedelta(seconds=0.5)))[0]
     _sync(store, "e")
+    # torch's abort from another thread while rank 1 waits for rank 0's
+    # reply (rank 0 never comes): the barrier fails at once naming it
+    g = dist.new_group(list(range(world)))
+    if rank == 1:
+        import threading
+
+        threading.Timer(0.5, g._get_backend(torch.device("cpu")).abort).start()
+        res["aborted"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=20)))
+    _sync(store, "f")
     t = torch.full((3,), float(rank + 1))
     dist.all_reduce(t)
     res["after"] = t.tolist()

@@ -997,8 +997,6 @@ class ProcessGroupCollie : public BackendBase {
     // Point-to-point works on tags no torch tag reaches (>= 2^62), two per
     // call; a receive that timed out unmatched leaves the comm healthy.
     void monitoredBarrier(const c10d::BarrierOptions &opts, bool wait_all) override {
-        std::shared_lock<std::shared_mutex> g(comm_mu_);
-        TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
         uint64_t tag = kMonitoredTag + 2 * monitored_++;
         if (rank_ != 0) {
             monitored_peer(tag);
@@ -1020,16 +1018,22 @@ class ProcessGroupCollie : public BackendBase {
 
     // monitoredBarrier on a rank other than 0: its token to rank 0, then
     // rank 0's reply; both under the comm's own timeout (gloo's: only rank
-    // 0 applies the barrier's). Called with comm_mu_ held shared.
+    // 0 applies the barrier's). comm_mu_ is held for the posts only: a
+    // shutdown or abort meanwhile fails the waits at once (EABORTED).
     void monitored_peer(uint64_t tag) {
         int32_t token = rank_;
         std::array<char, kNote> note{};
         collie_work *send = nullptr, *recv = nullptr;
         std::string err;
-        int st = collie_send(comm_, &token, 1, COLLIE_INT32, 0, tag, nullptr, &send);
-        if (st != COLLIE_OK) err = collie_error(st, "send");
-        st = collie_recv(comm_, note.data(), kNote, COLLIE_UINT8, 0, tag + 1, nullptr, &recv);
-        if (st != COLLIE_OK && err.empty()) err = collie_error(st, "recv");
+        int st;
+        {
+            std::shared_lock<std::shared_mutex> g(comm_mu_);
+            TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
+            st = collie_send(comm_, &token, 1, COLLIE_INT32, 0, tag, nullptr, &send);
+            if (st != COLLIE_OK) err = collie_error(st, "send");
+            st = collie_recv(comm_, note.data(), kNote, COLLIE_UINT8, 0, tag + 1, nullptr, &recv);
+            if (st != COLLIE_OK && err.empty()) err = collie_error(st, "recv");
+        }
         if (send) {
             st = collie_work_wait(send, COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
             if (st != COLLIE_OK && err.empty()) err = work_error(send, st);
@@ -1052,7 +1056,8 @@ class ProcessGroupCollie : public BackendBase {
 
     // monitoredBarrier on rank 0: every other rank's token (each receive
     // under the barrier's timeout, all at once), then the reply to each;
-    // returns the report ("" when every rank came). comm_mu_ held shared.
+    // returns the report ("" when every rank came). comm_mu_ is held for
+    // the posts only, as in monitored_peer.
     std::string monitored_root(uint64_t tag, std::chrono::milliseconds timeout, bool wait_all) {
         bool zero = timeout != c10d::kUnsetTimeout && timeout.count() <= 0;
         std::vector<int32_t> tokens(size_);
@@ -1060,6 +1065,8 @@ class ProcessGroupCollie : public BackendBase {
         std::vector<int> failed;
         std::string first_error;
         int32_t shown_ms = (int32_t)std::max<int64_t>(0, timeout.count()); // for the messages
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
         for (int r = 1; r < size_ && (wait_all || !zero); r++) {
             collie_post_opts o = COLLIE_POST_OPTS_INIT;
             o.timeout_ms = timeout_ms(timeout);
@@ -1073,6 +1080,7 @@ class ProcessGroupCollie : public BackendBase {
                 if (first_error.empty()) first_error = collie_error(st, "recv");
             }
         }
+        g.unlock();
         for (int r = 1; r < size_; r++) {
             if (!recvs[r]) continue;
             int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
@@ -1098,12 +1106,14 @@ class ProcessGroupCollie : public BackendBase {
             report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
         }
         // what collie knows of the comm's health (a dead peer, an abort)
+        g.lock();
         int cst = COLLIE_OK;
         const char *cmsg = nullptr;
-        if (!report.empty() && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
+        if (!report.empty() && comm_ && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
             cst != COLLIE_OK)
             report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
                       collie_status_name(cst) + ")";
+        g.unlock();
         std::string reply_error = monitored_reply(tag + 1, report);
         if (report.empty() && !reply_error.empty())
             report = "[Rank 0]: " + reply_error.substr(0, reply_error.find(':')) + in +
@@ -1118,13 +1128,19 @@ class ProcessGroupCollie : public BackendBase {
         std::vector<std::array<char, kNote>> notes(size_);
         std::vector<collie_work *> sends(size_, nullptr);
         std::string err;
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
         for (int r = 1; r < size_; r++) {
             snprintf(notes[r].data(), kNote, "%s", report.c_str());
+            if (!comm_) {
+                err = "Rank " + std::to_string(r) + ": collie: send: " + closed_;
+                break;
+            }
             int st = collie_send(comm_, notes[r].data(), kNote, COLLIE_UINT8, r, tag, nullptr,
                                  &sends[r]);
             if (st != COLLIE_OK && err.empty())
                 err = "Rank " + std::to_string(r) + ": " + collie_error(st, "send");
         }
+        g.unlock();
         for (int r = 1; r < size_; r++) {
             if (!sends[r]) continue;
             int st = collie_work_wait(sends[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
