@@ -613,7 +613,7 @@ install: lib tools plugins $(PC_FILE) $(PC_BACKEND)
 	$(if $(MAN3),install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/)
 	install -d $(DESTDIR)$(PYDIR)/collie/torch
 	install -m 644 $(PY_FILES) $(DESTDIR)$(PYDIR)/collie/
-	install -m 644 python/collie/torch/__init__.py $(DESTDIR)$(PYDIR)/collie/torch/
+	install -m 644 $(wildcard python/collie/torch/*.py) $(DESTDIR)$(PYDIR)/collie/torch/
 	$(if $(wildcard $(TORCH_EXT)),install -m 755 $(TORCH_EXT) $(DESTDIR)$(PYDIR)/collie/torch/_C.so)
 
 .PHONY: FORCE

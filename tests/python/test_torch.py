@@ -151,3 +151,41 @@ def test_ddp_matches_gloo(world):
         else:
             for a, b in zip(g["params"], c["params"]):
                 assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-7)
+
+
+# the process group's monitored_barrier with gloo's messages (torch's
+# test_monitored_barrier_*), world size 3: the missing rank named by rank 0,
+# a rank that came told by rank 0, every missing rank with wait_all_ranks,
+# the first in order, rank 0's own timeout of 0; the comm stays healthy
+def test_monitored_barrier():
+    res = scenario("monitored", world=3)
+    for r, out in enumerate(res):
+        assert out["pass"] == "ok" and out["pass_all"] == "ok", (r, out)
+        assert out["after"] == [6.0] * 3, (r, out)
+        # torch 1.13's gate, opened by collie.torch._torch113 (or already open)
+        assert out["gate"] in ("ok", "monitored_barrier is only implemented for GLOO backend.")
+        assert out["dist"] == "ok", (r, out)
+    r0, r1, r2 = res
+    msg, secs = r0["missing"]
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    assert 0.9 <= secs < 10, secs
+    msg, secs = r2["missing"]
+    assert ("Rank 2 successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0") in msg, msg
+    assert secs < 10, secs
+    msg, secs = r0["wait_all"]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 500 ms" in msg, msg
+    assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in r0["order"][0]
+    assert "Rank 1 successfully reached monitoredBarrier" in r1["order"][0]
+    assert "Rank 0 timed out in monitoredBarrier" in r0["zero"], r0["zero"]
+
+
+# a barrier that times out says "Timed out" (torch's test_barrier_timeout_*)
+def test_barrier_timeout_says_timed_out():
+    import re
+
+    res = scenario("barrier_timeout")
+    msg, secs = res[0]["barrier"]
+    assert re.search(" (Timed out|closed|timeout) ", msg), msg
+    assert 0.9 <= secs < 10, secs
+    assert [out["after"] for out in res] == [[1.0, 1.0]] * 2

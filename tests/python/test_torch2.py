@@ -97,8 +97,8 @@ def test_teardown_fails_pending(scenario, why):
 
 # torch's _coalescing_manager on a collie group: all_gather_into_tensor and
 # reduce_scatter_tensor through collie's *_into_tensor_coalesced (results
-# checked), all_reduce through allreduce_coalesced; startCoalescing (torch
-# calls it when given a device) is not implemented: torch's error names collie
+# checked), all_reduce through allreduce_coalesced; with a device torch calls
+# startCoalescing/endCoalescing, which collie serves (test_backend_extras)
 def test_coalescing_manager():
     world = 2
     for r, out in enumerate(run_world("cpu:collie", world, scenario="coalesced")):
@@ -110,4 +110,101 @@ def test_coalescing_manager():
         assert out["reduce_scatter"] == [s[r * len(s) // world:(r + 1) * len(s) // world]
                                          for s in sums], (r, out)
         assert out["allreduce"] == [[float(sum(range(world)))] * 2, [float(world)]]
-        assert out["start"] == "Backend collie does not implement startCoalescing"
+        assert out["start"] == [0.0], out
+
+
+# dist.monitored_barrier on a collie group, with gloo's messages (torch's
+# test_monitored_barrier_* match them): rank 0 names the rank that did not
+# come (the first in order, or all of them with wait_all_ranks), a rank that
+# came raises naming rank 0 (at once: rank 0 tells it), rank 0's timeout of
+# 0 is its own; the group's comm stays healthy (values after checked)
+def test_monitored_barrier():
+    world = 3
+    res = run_world("cpu:collie", world, scenario="monitored")
+    for r, out in enumerate(res):
+        assert out["pass"] == "ok" and out["pass_all"] == "ok", (r, out)
+        assert out["pass_default"] == "ok", (r, out)
+        assert out["after"] == [float(sum(range(1, world + 1)))] * 3, (r, out)
+    r0, r1, r2 = res
+    msg, secs = r0["missing"]
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    assert 0.9 <= secs < 10, secs
+    msg, secs = r2["missing"]
+    assert ("Rank 2 successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0") in msg, msg
+    assert "Rank 1 failed to pass monitoredBarrier" in msg, msg  # rank 0's report
+    assert secs < 10, secs
+    assert "missing" not in r1
+    msg, secs = r0["wait_all"]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 500 ms" in msg, msg
+    assert 0.4 <= secs < 10, secs
+    msg, _ = r0["order"]
+    assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    msg, _ = r1["order"]
+    assert ("Rank 1 successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0") in msg, msg
+    assert "Rank 0 timed out in monitoredBarrier" in r0["zero"], r0["zero"]
+    assert "Rank 1 failed to pass monitoredBarrier" in r0["sub"], r0["sub"]
+    assert r2["sub"] == "ok"  # not a member of the subgroup: a no-op
+    msg, secs = r1["aborted"]
+    assert "Rank 1 successfully reached monitoredBarrier" in msg, msg
+    assert "the process group was aborted (torch's abort)" in msg, msg
+    assert secs < 10, secs
+
+
+# a barrier that times out raises naming "Timed out" as torch's suite
+# expects (" (Timed out|closed|timeout) "), not before the group's timeout
+def test_barrier_timeout_says_timed_out():
+    import re
+
+    world = 2
+    res = run_world("cpu:collie", world, scenario="barrier_timeout")
+    msg, secs = res[0]["barrier"]
+    assert re.search(" (Timed out|closed|timeout) ", msg), msg
+    assert "Timed out waiting 1000ms for barrier" in msg, msg
+    assert 0.9 <= secs < 10, secs
+    assert res[0]["allreduce"] != "ok"  # the group's comm failed with its barrier
+    for r, out in enumerate(res):
+        assert out["after"] == [float(sum(range(world)))] * 2, (r, out)
+
+
+# dist.recv / dist.irecv without src on a collie group: the sender's rank
+# comes back and the bytes are that sender's
+def test_recv_any_source():
+    world = 3
+    got = run_world("cpu:collie", world, scenario="anysource")[0]["got"]
+    assert len(got) == 2 * (world - 1)
+    for src, vals in got:
+        assert vals == [src] * 5, got
+    assert sorted(src for src, _ in got) == sorted(list(range(1, world)) * 2), got
+
+
+# torch 2.x's Backend extras: getBackendOptions (name, the group's timeout),
+# split_group over collie_comm_split (torch's order kept: global rank 2 is
+# group rank 0), gather_single (gather_into_tensor), real coalescing
+# (startCoalescing/endCoalescing: one Work completing with every op posted
+# in between; batch_isend_irecv through it), misuse named
+def test_backend_extras():
+    world = 3
+    res = run_world("cpu:collie", world, scenario="extras")
+    for r, out in enumerate(res):
+        assert out["options"] == ["collie", 30.0], (r, out)
+        assert out["supports"] == [True, True], (r, out)
+        if r == 1:
+            assert out["split_rank"] == [0, 0, 1, "collie"], out
+            assert out["split_allreduce"] == [2.0, 2.0]
+            assert out["split_broadcast"] == [1.0, 1.0]
+        else:
+            assert out["split_rank"] == [1 - r // 2, 1 - r // 2, 2, "collie"], (r, out)
+            assert out["split_allreduce"] == [4.0, 4.0], (r, out)
+            assert out["split_broadcast"] == [2.0, 2.0], (r, out)
+        assert out["split_options"] == 20.0, (r, out)
+        if r == 1:
+            assert out["gather_single"] == [v for p in range(world) for v in (p, 10.0 * p)]
+        else:
+            assert out["gather_single"] is None
+        assert out["coalesced_broadcast"] == [[1.0] * 3, [2.5]], (r, out)
+        assert out["coalesced_async"] == [[6.0, 6.0], [6.0]], (r, out)
+        assert out["batch"] == [1, [100.0 + (r - 1) % world] * 4], (r, out)
+        assert "collie: startCoalescing: already coalescing" in out["nested"], out
+        assert "collie: endCoalescing without startCoalescing" in out["end_alone"], out

@@ -127,7 +127,7 @@ def coalesced():
     """torch's _coalescing_manager: all_gather_into_tensor and
     reduce_scatter_tensor go to collie's *_into_tensor_coalesced forms (one
     collie op each), all_reduce to allreduce_coalesced; with a device, torch
-    calls startCoalescing, which collie does not implement (the error)."""
+    calls startCoalescing/endCoalescing around a broadcast."""
     from torch.distributed.distributed_c10d import _coalescing_manager
 
     store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
@@ -152,13 +152,196 @@ def coalesced():
         for t in ars:
             dist.all_reduce(t)
     res["allreduce"] = [t.tolist() for t in ars]
-    try:
-        with _coalescing_manager(device=torch.device("cpu")):
-            dist.broadcast(torch.zeros(1), src=0)
-        res["start"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        res["start"] = str(e).splitlines()[0]
+    b = torch.full((1,), float(rank))
+    with _coalescing_manager(device=torch.device("cpu")):
+        dist.broadcast(b, src=0)
+    res["start"] = b.tolist()
     dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
+def _err(fn):
+    """fn()'s error message ("ok" when it returns), and its seconds."""
+    import time
+
+    t0 = time.monotonic()
+    try:
+        fn()
+        msg = "ok"
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+    return msg, time.monotonic() - t0
+
+
+def _store_world():
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    return store
+
+
+def _sync(store, what):
+    store.set(f"{what}{rank}", "1")
+    store.wait([f"{what}{r}" for r in range(world)], timedelta(seconds=60))
+
+
+def monitored():
+    """dist.monitored_barrier on a collie group (gloo's semantics, world
+    size 3): all ranks pass (also wait_all_ranks); rank 1 missing: rank 0
+    names it, rank 2 raises naming rank 0; wait_all_ranks names every
+    missing rank; the first missing rank in order; rank 0's own timeout of
+    0; a subgroup; then the world group still computes right. Each failure
+    case on a fresh group (a rank that skipped a monitored barrier is out
+    of step with its peers on that group, as with gloo)."""
+    store = _store_world()
+    res = {}
+    ones = torch.ones(10) * rank
+    for _ in range(3):
+        dist.all_reduce(ones)
+    pg_cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
+    res["pass"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10)))[0]
+    res["pass_all"] = _err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=10),
+                                                           wait_all_ranks=True))[0]
+    # the group's own call without a timeout: the comm's
+    res["pass_default"] = _err(lambda: pg_cpu.monitored_barrier())[0]
+    g = dist.new_group(list(range(world)))
+    if rank != 1:
+        res["missing"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=1)))
+    _sync(store, "a")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        res["wait_all"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=0.5),
+                                                               wait_all_ranks=True))
+    _sync(store, "b")
+    g = dist.new_group(list(range(world)))
+    if rank != 2:
+        res["order"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=1)))
+    _sync(store, "c")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        res["zero"] = _err(lambda: g.monitored_barrier(timedelta(seconds=0)))[0]
+    _sync(store, "d")
+    sub = dist.new_group([0, 1])
+    if rank != 1:
+        res["sub"] = _err(lambda: dist.monitored_barrier(sub, timedelta(seconds=0.5)))[0]
+    _sync(store, "e")
+    # torch's abort from another thread while rank 1 waits for rank 0's
+    # reply (rank 0 never comes): the barrier fails at once naming it
+    g = dist.new_group(list(range(world)))
+    if rank == 1:
+        import threading
+
+        threading.Timer(0.5, g._get_backend(torch.device("cpu")).abort).start()
+        res["aborted"] = _err(lambda: dist.monitored_barrier(g, timedelta(seconds=20)))
+    _sync(store, "f")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def barrier_timeout():
+    """A barrier only rank 0 joins, on a group whose timeout is 1 s: its
+    error says "Timed out" (torch's suite matches " (Timed out|closed|
+    timeout) "), no sooner than the timeout; an allreduce on the world
+    group still computes right."""
+    store = _store_world()
+    res = {}
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    if rank == 0:
+        res["barrier"] = _err(lambda: dist.barrier(g))
+        res["allreduce"] = _err(lambda: dist.all_reduce(torch.ones(2), group=g))[0]
+    _sync(store, "t")
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def anysource():
+    """dist.recv / dist.irecv without src (recvAnysource): every other rank
+    sends rank 0 two tensors filled with its rank; rank 0 receives them from
+    any source and gets each sender's rank, the values matching it."""
+    _store_world()
+    res = {}
+    if rank == 0:
+        got = []
+        for _ in range(world - 1):
+            t = torch.full((5,), -1, dtype=torch.int64)
+            src = dist.recv(t, tag=3)
+            got.append([src, t.tolist()])
+            t = torch.full((5,), -1, dtype=torch.int64)
+            w = dist.irecv(t, tag=3)
+            w.wait()
+            got.append([w._source_rank(), t.tolist()])
+        res["got"] = got
+    else:
+        dist.send(torch.full((5,), rank, dtype=torch.int64), dst=0, tag=3)
+        dist.send(torch.full((5,), rank, dtype=torch.int64), dst=0, tag=3)
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
+def extras():
+    """torch 2.x's Backend extras on a collie group, world size 3: the
+    backend's options (name, timeout); split_group (collie_comm_split; the
+    group's order given, rank 1 alone); gather_single (gather_into_tensor);
+    _coalescing_manager with a device (startCoalescing/endCoalescing: one
+    Work for every op in between) and batch_isend_irecv through it."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    store = _store_world()
+    res = {}
+    cpu = torch.device("cpu")
+    pg = dist.group.WORLD
+    be = pg._get_backend(cpu)
+    dist.barrier()
+    opts = be.options
+    res["options"] = [opts.backend, opts._timeout.total_seconds()]
+    res["supports"] = [be.supports_splitting, be.supports_coalescing]
+    # split_group: [2, 0] (group rank 0 is global rank 2) and [1]
+    sub = dist.split_group(split_ranks=[[2, 0], [1]], timeout=timedelta(seconds=20))
+    sbe = sub._get_backend(cpu)
+    res["split_rank"] = [dist.get_rank(sub), sub.rank(), sub.size(), sbe.name()]
+    res["split_options"] = sbe.options._timeout.total_seconds()
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=sub)
+    res["split_allreduce"] = t.tolist()
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, group=sub, group_src=0)
+    res["split_broadcast"] = b.tolist()
+    # gather_single into one tensor on rank 1
+    out = torch.full((world * 2,), -1.0) if rank == 1 else None
+    dist.gather_single(torch.tensor([rank, 10.0 * rank]), out, dst=1)
+    res["gather_single"] = out.tolist() if out is not None else None
+    # startCoalescing/endCoalescing: two broadcasts from different roots
+    bs = [torch.full((3,), float(rank)), torch.full((1,), float(rank) + 0.5)]
+    with _coalescing_manager(device=cpu):
+        dist.broadcast(bs[0], src=1)
+        dist.broadcast(bs[1], src=2)
+    res["coalesced_broadcast"] = [x.tolist() for x in bs]
+    ts = [torch.full((2,), float(rank + 1)), torch.full((1,), 2.0 * rank)]
+    with _coalescing_manager(device=cpu, async_ops=True) as cm:
+        for x in ts:
+            dist.all_reduce(x, async_op=True)
+    cm.wait()
+    res["coalesced_async"] = [x.tolist() for x in ts]
+    # batch_isend_irecv (supports_coalescing: one Work for the batch)
+    recv = torch.full((4,), -1.0)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), 100.0 + rank), (rank + 1) % world),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    reqs = dist.batch_isend_irecv(ops)
+    for q in reqs:
+        q.wait()
+    res["batch"] = [len(reqs), recv.tolist()]
+    res["nested"] = _err(lambda: [pg._start_coalescing(cpu), pg._start_coalescing(cpu)])[0]
+    pg._end_coalescing(cpu).wait()
+    res["end_alone"] = _err(lambda: pg._end_coalescing(cpu))[0]
+    _sync(store, "x")
     dist.destroy_process_group()
     return res
 
@@ -169,6 +352,10 @@ SCENARIOS = {
     "cycles": cycles,
     "destroy_pending": lambda: pending("destroy"),
     "abort_pending": lambda: pending("abort"),
+    "monitored": monitored,
+    "barrier_timeout": barrier_timeout,
+    "anysource": anysource,
+    "extras": extras,
 }
 
 if scenario == "basic":

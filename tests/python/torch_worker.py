@@ -285,6 +285,74 @@ def exit_without_destroy():
     return {"done": True}
 
 
+def _err(fn):
+    """fn()'s error message ("ok" when it returns) and its seconds."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        msg = "ok"
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+    return msg, time.monotonic() - t0
+
+
+def _sync(what):
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"{what}{rank}", "1")
+    store.wait([f"{what}{r}" for r in range(world)], timedelta(seconds=60))
+
+
+def monitored():
+    # the group's monitored_barrier, gloo's messages, at world size 3 as
+    # test_torch2.py's scenario; torch 1.13's dist.monitored_barrier lets
+    # only gloo through (by name) until collie.torch opens it
+    from collie.torch._torch113 import allow_monitored_barrier
+
+    out = {}
+    world_pg = dist.distributed_c10d._get_default_group()
+    long = timedelta(seconds=10)
+    out["gate"] = _err(lambda: dist.monitored_barrier(timeout=long))[0]
+    allow_monitored_barrier()
+    allow_monitored_barrier()  # idempotent
+    out["dist"] = _err(lambda: dist.monitored_barrier(timeout=long, wait_all_ranks=True))[0]
+    out["pass"] = _err(lambda: world_pg.monitored_barrier(long))[0]
+    out["pass_all"] = _err(lambda: world_pg.monitored_barrier(long, wait_all_ranks=True))[0]
+    g = dist.new_group(list(range(world)))
+    if rank != 1:
+        out["missing"] = _err(lambda: g.monitored_barrier(timedelta(seconds=1)))
+    _sync("a")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        out["wait_all"] = _err(lambda: g.monitored_barrier(timedelta(seconds=0.5),
+                                                           wait_all_ranks=True))
+    _sync("b")
+    g = dist.new_group(list(range(world)))
+    if rank != 2:
+        out["order"] = _err(lambda: g.monitored_barrier(timedelta(seconds=1)))
+    _sync("c")
+    g = dist.new_group(list(range(world)))
+    if rank == 0:
+        out["zero"] = _err(lambda: g.monitored_barrier(timedelta(seconds=0)))[0]
+    _sync("d")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    return out
+
+
+def barrier_timeout():
+    # a barrier only rank 0 joins, on a group with a 1 s timeout
+    out = {}
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    if rank == 0:
+        out["barrier"] = _err(lambda: dist.barrier(g))
+    _sync("t")
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    return out
+
+
 def main():
     if scenario not in ("names", "options", "cycles"):
         init()

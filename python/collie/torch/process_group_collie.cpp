@@ -32,13 +32,24 @@
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
 //   that passes throws "Operation timed out!" and the operation goes on; with
 //   no timeout the wait is still bounded by the collective's own deadline
-//   (the process group's timeout, or the op's).
+//   (the process group's timeout, or the op's). A work whose deadline passed
+//   fails as gloo's does: "Timed out waiting <ms>ms for <op>: <collie's
+//   report>" (torch's suite matches "Timed out").
+// - monitoredBarrier is gloo's protocol (tokens to rank 0, its reply) on
+//   collie send/recv with tags above every torch tag; it blocks the caller
+//   (as gloo's), so its works skip the completer. Rank 0's reply carries its
+//   report, so no rank waits out its own deadline after rank 0 has failed.
+// - Coalescing (torch 2.x) posts each op as it comes and returns one Work
+//   for them at endCoalescing (posting at once cannot deadlock in collie);
+//   split is one collie_comm_split for every new group.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -143,6 +154,19 @@ int32_t timeout_ms(std::chrono::milliseconds t) {
     if (t == c10d::kUnsetTimeout) return COLLIE_TIMEOUT_DEFAULT;
     if (t.count() <= 0) return 1;
     return t.count() > INT32_MAX ? COLLIE_TIMEOUT_INFINITE : (int32_t)t.count();
+}
+
+// A failed work's error: collie's sentence and status name; a deadline
+// that passed reads as gloo's ("Timed out waiting 1000ms for barrier: ..."),
+// which torch's suite matches (" (Timed out|closed|timeout) ").
+std::string work_error(const collie_work *w, int st) {
+    std::string msg = collie_work_error_message(w);
+    std::string head = "collie: ";
+    collie_work_details d{};
+    if (st == COLLIE_ETIMEDOUT && collie_work_info(w, &d) == COLLIE_OK)
+        head += "Timed out waiting " + std::to_string(d.timeout_ms) + "ms for " +
+                (d.op ? d.op : "the operation") + ": ";
+    return head + msg + " (" + collie_status_name(st) + ")";
 }
 
 class CollieWork;
@@ -258,9 +282,7 @@ class CollieWork : public c10d::Work {
                     err = std::current_exception();
                 }
             } else {
-                std::string msg = collie_work_error_message(w);
-                err = std::make_exception_ptr(
-                    std::runtime_error("collie: " + msg + " (" + collie_status_name(st) + ")"));
+                err = std::make_exception_ptr(std::runtime_error(work_error(w, st)));
             }
             finalize_ = nullptr;
             keep_.clear();
@@ -331,6 +353,73 @@ bool Completer::pop_one(CompleterState &s, int32_t ms) {
     return true;
 }
 
+#if COLLIE_TORCH2
+// endCoalescing's Work: the works posted between startCoalescing and
+// endCoalescing, as one. Done when every part is; fails with the first
+// failing part's error (in post order); its future completes with every
+// part's outputs once all parts' futures have.
+class CoalescedWork : public c10d::Work {
+  public:
+    CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+        : c10d::Work(rank, OpType::COALESCED), parts_(std::move(parts)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()))) {
+        for (auto &p : parts_)
+            for (auto &t : p->result())
+                outputs_.push_back(t);
+        auto left = std::make_shared<std::atomic<size_t>>(parts_.size() + 1);
+        auto futs = std::make_shared<std::vector<c10::intrusive_ptr<c10::ivalue::Future>>>();
+        for (auto &p : parts_)
+            futs->push_back(p->getFuture());
+        // the last part's callback (or this constructor) completes the whole
+        auto done = [left, futs, fut = future_, outs = outputs_]() {
+            if (left->fetch_sub(1) != 1) return;
+            for (auto &f : *futs)
+                if (f->hasError()) return fut->setError(f->exception_ptr());
+            fut->markCompleted(c10::IValue(outs));
+        };
+        for (auto &f : *futs)
+            f->addCallback([done](c10::ivalue::Future &) { done(); });
+        done();
+    }
+
+    bool isCompleted() override {
+        for (auto &p : parts_)
+            if (!p->isCompleted()) return false;
+        return true;
+    }
+
+    // each part in post order, within what is left of `timeout`; the first
+    // part's error is thrown
+    bool wait(std::chrono::milliseconds timeout) override {
+        auto end = std::chrono::steady_clock::now() + timeout;
+        for (auto &p : parts_) {
+            if (timeout == kNoTimeout) {
+                p->wait(kNoTimeout);
+                continue;
+            }
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                end - std::chrono::steady_clock::now());
+            TORCH_CHECK(left.count() > 0 || p->isCompleted(), "Operation timed out!");
+            p->wait(std::max(left, std::chrono::milliseconds(1)));
+        }
+        return true;
+    }
+
+    void abort() override {
+        for (auto &p : parts_)
+            p->abort();
+    }
+    std::vector<at::Tensor> result() override { return outputs_; }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  private:
+    std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+    Tensors outputs_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+#endif
+
 // Copies a flat buffer back into the tensors it was packed from.
 std::function<void()> unpack(at::Tensor flat, Tensors outs) {
     return [flat, outs]() mutable {
@@ -351,9 +440,13 @@ namespace collie_torch {
 class ProcessGroupCollie : public BackendBase {
   public:
     // Takes ownership of `comm` (made by collie.torch from the torch store).
-    ProcessGroupCollie(int rank, int size, uintptr_t comm)
+    // `timeout`: the comm's default op timeout, for getBackendOptions (unset:
+    // learned from the first post that takes the default).
+    ProcessGroupCollie(int rank, int size, uintptr_t comm,
+                       std::chrono::milliseconds timeout = c10d::kUnsetTimeout)
         : BackendBase(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
-          completer_(Completer::acquire()) {
+          completer_(Completer::acquire()),
+          default_timeout_ms_(timeout == c10d::kUnsetTimeout ? -2 : timeout.count()) {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
     ~ProcessGroupCollie() override { teardown("the process group was destroyed", false); }
@@ -367,6 +460,101 @@ class ProcessGroupCollie : public BackendBase {
     }
     // torch 2.x's abort (_abort_process_group): every pending work fails now.
     void abort() override { teardown("the process group was aborted (torch's abort)", true); }
+
+    // The backend's options: its name and the group's timeout (torch's
+    // split_group starts a child's options from them).
+    c10::intrusive_ptr<Options> getBackendOptions() override {
+        int64_t ms = default_timeout_ms_.load();
+        auto t =
+            ms == -2 ? kBackendDefaultTimeout : std::chrono::milliseconds(ms < 0 ? INT32_MAX : ms);
+        auto o = c10::make_intrusive<Options>("collie", t);
+        o->group_name = getGroupUid();
+        return o;
+    }
+
+    // split_group: every rank of the group calls it with the ranks of its
+    // own new group in the new group's order (a rank in none: some other
+    // group's); one collie_comm_split makes every new group at once, the
+    // colour being the group's lowest rank, the key a rank's position.
+    // Blocks (bounded by the comm's creation timeout); nullptr for a rank
+    // in no group.
+    bool supportsSplitting() const override { return true; }
+    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,
+                                            const std::vector<int> &ranks,
+                                            const c10::intrusive_ptr<Options> &opts) override {
+        auto me = std::find(ranks.begin(), ranks.end(), rank_);
+        int color = COLLIE_UNDEFINED, key = 0;
+        if (me != ranks.end()) {
+            color = *std::min_element(ranks.begin(), ranks.end());
+            key = (int)(me - ranks.begin());
+        }
+        for (int r : ranks)
+            TORCH_CHECK(r >= 0 && r < size_, "collie: split: rank ", r, " is not in the group of ",
+                        size_);
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        auto t = opts ? opts->timeout : c10d::kUnsetTimeout;
+        if (t != c10d::kUnsetTimeout) o.timeout_ms = timeout_ms(t);
+        collie_comm *child = nullptr;
+        int st;
+        {
+            std::shared_lock<std::shared_mutex> g(comm_mu_);
+            TORCH_CHECK(comm_, "collie: split: ", closed_);
+            st = collie_comm_split(comm_, color, key, &o, &child);
+        }
+        if (st == COLLIE_ENOTMEMBER) return nullptr;
+        TORCH_CHECK(st == COLLIE_OK, collie_error(st, "split"));
+        return c10::make_intrusive<ProcessGroupCollie>(collie_comm_rank(child),
+                                                       collie_comm_size(child),
+                                                       reinterpret_cast<uintptr_t>(child), t);
+    }
+
+    // Coalescing (torch's _coalescing_manager with a device,
+    // batch_isend_irecv): the ops between startCoalescing and endCoalescing
+    // are posted as they come (collie's posts never block, and its
+    // send/recv match outside the collective order, so posting at once
+    // cannot deadlock; torch also waits on a synchronous op's own Work
+    // inside the manager); endCoalescing returns one Work for all of them.
+    bool supportsCoalescing() const override { return true; }
+    void startCoalescing() override {
+        std::lock_guard<std::mutex> g(coalesce_mu_);
+        TORCH_CHECK(!coalescing_.load(),
+                    "collie: startCoalescing: already coalescing (endCoalescing first)");
+        coalesced_.clear();
+        coalescing_ = true;
+    }
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        {
+            std::lock_guard<std::mutex> g(coalesce_mu_);
+            TORCH_CHECK(coalescing_.load(), "collie: endCoalescing without startCoalescing");
+            coalescing_ = false;
+            parts.swap(coalesced_);
+        }
+        return c10::make_intrusive<CoalescedWork>(rank_, std::move(parts));
+    }
+
+    // gather_single / gather_into_tensor: rank r's input lands at block r of
+    // the root's one output tensor (other ranks pass an empty one).
+    c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor &out, at::Tensor &in,
+                                                      const c10d::GatherOptions &opts) override {
+        const char *op = "gather_into_tensor";
+        check_tensor(in, op);
+        auto dt = to_dtype(in, op, false);
+        int root = (int)opts.rootRank;
+        bool is_root = rank_ == root;
+        if (is_root) {
+            check_tensor(out, op);
+            same_kind(in, out, op);
+            TORCH_CHECK(out.numel() == size_ * in.numel(), "collie: ", op, ": the output holds ",
+                        out.numel(), " elements, expected ", size_ * in.numel());
+        }
+        return post(OpType::GATHER, op, is_root ? Tensors{out} : Tensors{}, {in}, opts.timeout,
+                    [&](auto o, auto w) {
+                        return collie_gather(comm_, in.data_ptr(),
+                                             is_root ? out.data_ptr() : nullptr, in.numel(), dt,
+                                             root, o, w);
+                    });
+    }
 #endif
 
     const std::string getBackendName() const override { return "collie"; }
@@ -410,6 +598,11 @@ class ProcessGroupCollie : public BackendBase {
         }
         ++seq_;
         work->attach(w);
+        note_coalesced(work);
+        collie_work_details d{};
+        if (t == c10d::kUnsetTimeout && default_timeout_ms_.load() == -2 &&
+            collie_work_info(w, &d) == COLLIE_OK)
+            default_timeout_ms_ = d.timeout_ms;
         return work;
     }
 
@@ -426,7 +619,14 @@ class ProcessGroupCollie : public BackendBase {
         auto work = post_cuda_work(completer_->state(), rank_, c, type, what, on,
                                    std::move(outputs), std::move(keep), t, fn, std::move(unpack));
         ++seq_;
+        note_coalesced(work);
         return work;
+    }
+    // between startCoalescing and endCoalescing, endCoalescing's Work waits for `work` too
+    void note_coalesced(const c10::intrusive_ptr<c10d::Work> &work) {
+        if (!coalescing_.load()) return;
+        std::lock_guard<std::mutex> g(coalesce_mu_);
+        if (coalescing_.load()) coalesced_.push_back(work);
     }
     c10::intrusive_ptr<c10d::Work> post_cuda(OpType type, const char *what, const at::Tensor &on,
                                              Tensors outputs, std::vector<at::Tensor> keep,
@@ -979,6 +1179,26 @@ class ProcessGroupCollie : public BackendBase {
                     [&](auto o, auto w) { return collie_barrier(comm_, o, w); });
     }
 
+    // c10d's straggler report, gloo's monitoredBarrier and its messages
+    // (torch's test_monitored_barrier_* match them): every rank but 0 sends
+    // rank 0 a token and waits for its reply; rank 0 waits up to the timeout
+    // for each token (all its receives run at once, so wait_all_ranks costs
+    // one timeout, not one per rank) and names the first rank, or with
+    // wait_all_ranks every rank, whose token did not come. Unlike gloo, rank
+    // 0 replies also on failure, with its report: the ranks that came raise
+    // at once naming rank 0 and what it saw, not at their own deadline.
+    // Point-to-point works on tags no torch tag reaches (>= 2^62), two per
+    // call; a receive that timed out unmatched leaves the comm healthy.
+    void monitoredBarrier(const c10d::BarrierOptions &opts, bool wait_all) override {
+        uint64_t tag = kMonitoredTag + 2 * monitored_++;
+        if (rank_ != 0) {
+            monitored_peer(tag);
+            return;
+        }
+        std::string report = monitored_root(tag, opts.timeout, wait_all);
+        TORCH_CHECK(report.empty(), report);
+    }
+
     // collie's own abort(reason) (Python); a no-op once the comm is gone
     void abort(const std::string &reason) {
         std::shared_lock<std::shared_mutex> g(comm_mu_);
@@ -987,6 +1207,144 @@ class ProcessGroupCollie : public BackendBase {
     }
 
   private:
+    static constexpr uint64_t kMonitoredTag = 1ull << 62; // above every torch tag
+    static constexpr size_t kNote = 512;                  // rank 0's reply (its report)
+
+    // monitoredBarrier on a rank other than 0: its token to rank 0, then
+    // rank 0's reply; both under the comm's own timeout (gloo's: only rank
+    // 0 applies the barrier's). comm_mu_ is held for the posts only: a
+    // shutdown or abort meanwhile fails the waits at once (EABORTED).
+    void monitored_peer(uint64_t tag) {
+        int32_t token = rank_;
+        std::array<char, kNote> note{};
+        collie_work *send = nullptr, *recv = nullptr;
+        std::string err;
+        int st;
+        {
+            std::shared_lock<std::shared_mutex> g(comm_mu_);
+            TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
+            st = collie_send(comm_, &token, 1, COLLIE_INT32, 0, tag, nullptr, &send);
+            if (st != COLLIE_OK) err = collie_error(st, "send");
+            st = collie_recv(comm_, note.data(), kNote, COLLIE_UINT8, 0, tag + 1, nullptr, &recv);
+            if (st != COLLIE_OK && err.empty()) err = collie_error(st, "recv");
+        }
+        if (send) {
+            st = collie_work_wait(send, COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK && err.empty()) err = work_error(send, st);
+            if (st != COLLIE_OK && recv) collie_work_cancel(recv); // no reply will come
+        }
+        if (recv) {
+            st = collie_work_wait(recv, COLLIE_TIMEOUT_INFINITE);
+            if (st != COLLIE_OK && err.empty()) err = work_error(recv, st);
+        }
+        collie_work_release(send);
+        collie_work_release(recv);
+        note[kNote - 1] = 0;
+        if (err.empty() && note[0]) err = std::string("rank 0 reports: ") + note.data();
+        TORCH_CHECK(err.empty(), "Rank ", rank_,
+                    " successfully reached monitoredBarrier, but received errors while waiting "
+                    "for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n "
+                    "Original exception: \n",
+                    err);
+    }
+
+    // monitoredBarrier on rank 0: every other rank's token (each receive
+    // under the barrier's timeout, all at once), then the reply to each;
+    // returns the report ("" when every rank came). comm_mu_ is held for
+    // the posts only, as in monitored_peer.
+    std::string monitored_root(uint64_t tag, std::chrono::milliseconds timeout, bool wait_all) {
+        bool zero = timeout != c10d::kUnsetTimeout && timeout.count() <= 0;
+        std::vector<int32_t> tokens(size_);
+        std::vector<collie_work *> recvs(size_, nullptr);
+        std::vector<int> failed;
+        std::string first_error;
+        int32_t shown_ms = (int32_t)std::max<int64_t>(0, timeout.count()); // for the messages
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
+        for (int r = 1; r < size_ && (wait_all || !zero); r++) {
+            collie_post_opts o = COLLIE_POST_OPTS_INIT;
+            o.timeout_ms = timeout_ms(timeout);
+            int st = collie_recv(comm_, &tokens[r], 1, COLLIE_INT32, r, tag, &o, &recvs[r]);
+            collie_work_details d{};
+            if (st == COLLIE_OK && timeout == c10d::kUnsetTimeout &&
+                collie_work_info(recvs[r], &d) == COLLIE_OK)
+                shown_ms = d.timeout_ms; // the comm's own
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = collie_error(st, "recv");
+            }
+        }
+        g.unlock();
+        for (int r = 1; r < size_; r++) {
+            if (!recvs[r]) continue;
+            int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK) {
+                failed.push_back(r);
+                if (first_error.empty()) first_error = work_error(recvs[r], st);
+            }
+            collie_work_release(recvs[r]);
+        }
+        std::sort(failed.begin(), failed.end());
+        std::string in = " failed to pass monitoredBarrier in " + std::to_string(shown_ms) + " ms";
+        std::string report;
+        if (size_ > 1 && !wait_all && zero) {
+            report = "Rank 0 timed out in monitoredBarrier after " + std::to_string(shown_ms) +
+                     " ms.\nNo ranks successfully processed in monitoredBarrier.";
+        } else if (!failed.empty() && !wait_all) {
+            report = "[Rank 0]: Rank " + std::to_string(failed[0]) + in +
+                     "\n Original exception: \n" + first_error;
+        } else if (!failed.empty()) {
+            std::string list;
+            for (int r : failed)
+                list += (list.empty() ? "" : ", ") + std::to_string(r);
+            report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
+        }
+        // what collie knows of the comm's health (a dead peer, an abort)
+        g.lock();
+        int cst = COLLIE_OK;
+        const char *cmsg = nullptr;
+        if (!report.empty() && comm_ && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
+            cst != COLLIE_OK)
+            report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
+                      collie_status_name(cst) + ")";
+        g.unlock();
+        std::string reply_error = monitored_reply(tag + 1, report);
+        if (report.empty() && !reply_error.empty())
+            report = "[Rank 0]: " + reply_error.substr(0, reply_error.find(':')) + in +
+                     "\n Original exception: \n" + reply_error.substr(reply_error.find(':') + 2);
+        return report;
+    }
+
+    // Rank 0's reply to every other rank: "" lets them through, else its
+    // report (cut to kNote - 1 bytes). Returns "Rank R: <error>" for the
+    // first reply that failed, else "".
+    std::string monitored_reply(uint64_t tag, const std::string &report) {
+        std::vector<std::array<char, kNote>> notes(size_);
+        std::vector<collie_work *> sends(size_, nullptr);
+        std::string err;
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        for (int r = 1; r < size_; r++) {
+            snprintf(notes[r].data(), kNote, "%s", report.c_str());
+            if (!comm_) {
+                err = "Rank " + std::to_string(r) + ": collie: send: " + closed_;
+                break;
+            }
+            int st = collie_send(comm_, notes[r].data(), kNote, COLLIE_UINT8, r, tag, nullptr,
+                                 &sends[r]);
+            if (st != COLLIE_OK && err.empty())
+                err = "Rank " + std::to_string(r) + ": " + collie_error(st, "send");
+        }
+        g.unlock();
+        for (int r = 1; r < size_; r++) {
+            if (!sends[r]) continue;
+            int st = collie_work_wait(sends[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
+            if (st != COLLIE_OK && err.empty())
+                err = "Rank " + std::to_string(r) + ": " + work_error(sends[r], st);
+            collie_work_release(sends[r]);
+        }
+        return err;
+    }
+
     // Tears the comm down once (shutdown, abort, the destructor; idempotent):
     // aborts the works in flight (all of them with `always_abort`) naming
     // `reason`, destroys the comm (bounded: nothing is left pending), and
@@ -1009,7 +1367,14 @@ class ProcessGroupCollie : public BackendBase {
     std::string closed_; // why comm_ is gone
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
-    CudaSide cuda_; // the CUDA tensors' comm (cuda_side.h)
+    CudaSide cuda_;                      // the CUDA tensors' comm (cuda_side.h)
+    std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
+    // the comm's default op timeout in ms (-1: none; -2: not known yet)
+    std::atomic<int64_t> default_timeout_ms_;
+    // between startCoalescing and endCoalescing (torch 2.x): the works posted
+    std::atomic<bool> coalescing_{false};
+    std::mutex coalesce_mu_;
+    std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };
 
 } // namespace collie_torch
@@ -1019,7 +1384,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto pg_class =
         py::class_<ProcessGroupCollie, c10::intrusive_ptr<ProcessGroupCollie>,
                    collie_torch::BackendBase>(m, "ProcessGroupCollie")
-            .def(py::init<int, int, uintptr_t>(), py::arg("rank"), py::arg("size"), py::arg("comm"))
+            .def(py::init<int, int, uintptr_t, std::chrono::milliseconds>(), py::arg("rank"),
+                 py::arg("size"), py::arg("comm"), py::arg("timeout") = c10d::kUnsetTimeout)
             .def("comm_handle", &ProcessGroupCollie::comm_handle)
             .def("_set_cuda_factory", &ProcessGroupCollie::set_cuda_factory)
             .def("cuda_comm_handle", &ProcessGroupCollie::cuda_comm_handle)
