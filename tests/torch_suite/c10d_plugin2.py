@@ -19,9 +19,13 @@ collie, and the real results are asserted:
   destroy_process_group, a multi-device backend string.
 - CollieGroupTest: new_group(backend="collie") beside a gloo default
   group, get_backend of it; shutdown/abort as destroy_process_group and
-  _abort_process_group call them; Work and its future
-  (test_c10d_pypg.py's); sequence numbers; pg_options; DDP on a collie
-  group.
+  _abort_process_group call them; Work and its future; sequence numbers;
+  pg_options; DDP on a collie default group.
+- CollieDirectTest (test_c10d_pypg.py's, which drives a Python
+  ProcessGroup directly): DDP given the group (gradient_as_bucket_view
+  either way, init_sync off), batch_isend_irecv, the tensor forms
+  (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single),
+  shutdown/abort again after destroy.
 
 Run by the torch 2.x venv's Python (tests/python/test_torch2.py runs each
 class: `python c10d_plugin2.py CLASS`). expecttest, which torch's harness
@@ -313,6 +317,64 @@ class CollieGroupTest(_Spawned):
             grads.append(ref.weight.grad.clone())
         self.assertEqual(model.weight.grad, sum(grads) / self.world_size)
         dist.destroy_process_group()
+
+
+class CollieDirectTest(_Spawned):
+    """test_c10d_pypg.py's checks on a backend object used directly: DDP
+    given the process group (init_sync off too), batch_isend_irecv, the
+    tensor forms of allgather and reduce_scatter, abort/shutdown twice."""
+
+    def test_ddp_given_group(self):
+        self.init()
+        pg = c10d._get_default_group()
+        for as_view in (False, True):
+            torch.manual_seed(1)
+            model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+            ref = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+            ref.load_state_dict(model.state_dict())
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, process_group=pg, gradient_as_bucket_view=as_view)
+            x = torch.full((2,), float(self.rank + 1))
+            ddp(x).sum().backward()
+            grads = []
+            for r in range(self.world_size):
+                ref.zero_grad()
+                ref(torch.full((2,), float(r + 1))).sum().backward()
+                grads.append(ref[0].weight.grad.clone())
+            self.assertEqual(model[0].weight.grad, sum(grads) / self.world_size)
+        # init_sync=False: no broadcast of the parameters at construction
+        torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Linear(2, 2), process_group=pg, init_sync=False)
+        dist.destroy_process_group()
+
+    def test_batch_isend_irecv(self):
+        self.init()
+        n, r = self.world_size, self.rank
+        got = torch.zeros(3)
+        ops = [dist.P2POp(dist.isend, torch.full((3,), float(r)), (r + 1) % n),
+               dist.P2POp(dist.irecv, got, (r - 1) % n)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        self.assertEqual(got, torch.full((3,), float((r - 1) % n)))
+        dist.destroy_process_group()
+
+    def test_tensor_forms(self):
+        self.init()
+        n, r = self.world_size, self.rank
+        out = torch.zeros(2 * n)
+        dist.all_gather_into_tensor(out, torch.full((2,), float(r)))
+        self.assertEqual(out, torch.tensor([float(s) for s in range(n) for _ in range(2)]))
+        out = torch.zeros(2)
+        dist.reduce_scatter_tensor(out, torch.arange(2.0 * n) * (r + 1))
+        total = float(sum(s + 1 for s in range(n)))
+        self.assertEqual(out, torch.arange(2.0 * n)[2 * r:2 * r + 2] * total)
+        out = torch.zeros(n)
+        dist.all_to_all_single(out, torch.arange(float(n)) + 10 * r)
+        self.assertEqual(out, torch.tensor([float(r + 10 * s) for s in range(n)]))
+        be = c10d._get_default_group()._get_backend(CPU)
+        dist.destroy_process_group()
+        be.shutdown()  # again: a no-op, as abort after it
+        be.abort()
 
 
 if __name__ == "__main__":
