@@ -83,24 +83,15 @@ def counts():
     return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
 
 
-def cycles(how="store"):
+def cycles():
     """10 init_process_group / destroy_process_group cycles in one process,
-    how="store": each on its own prefix of one TCPStore; how="env": by
-    env:// (MASTER_ADDR/MASTER_PORT), torch making its TCPStore anew each
-    cycle on the same port. Every cycle's allreduce is right; fds and
-    threads do not grow after the first cycle."""
-    if how == "store":
-        store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
-    else:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    each on its own prefix of one TCPStore: every cycle's allreduce is
+    right; fds and threads do not grow after the first cycle."""
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
     res = {"sums": [], "counts": []}
     for c in range(10):
-        if how == "store":
-            dist.init_process_group(backend, store=dist.PrefixStore(f"cycle{c}", store),
-                                    rank=rank, world_size=world, timeout=timedelta(seconds=30))
-        else:
-            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=30))
+        dist.init_process_group(backend, store=dist.PrefixStore(f"cycle{c}", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=30))
         t = torch.full((4,), float(rank + c))
         dist.all_reduce(t)
         res["sums"].append(t.tolist())
@@ -402,7 +393,6 @@ SCENARIOS = {
     "coalesced": coalesced,
     "basic": basic,
     "cycles": cycles,
-    "cycles_env": lambda: cycles("env"),
     "destroy_pending": lambda: pending("destroy"),
     "abort_pending": lambda: pending("abort"),
 }
