@@ -7,7 +7,8 @@ backend whose collectives make up results. Here the same checks run with
 collie, and the real results are asserted:
 
 - CollieRegistrationTest (one process, no group): what register_backend
-  recorded (Backend.COLLIE, _plugins, extended API, capability ["cpu"],
+  recorded (Backend.COLLIE, _plugins, extended API, capability ["cpu"] or
+  ["cpu", "cuda"] with the NCCL plugin,
   CUSTOM type, the CPU's default left to gloo), is_backend_available,
   BackendConfig strings naming collie (valid ones and invalid ones),
   registering again is a no-op; pytorch#178756's alias first in _plugins.
@@ -63,6 +64,8 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import collie.torch  # noqa: E402
 
 CPU = torch.device("cpu")
+# collie registers for CUDA too where its NCCL plugin is found
+DEVICES = ["cpu", "cuda"] if collie.torch.nccl_plugin() else ["cpu"]
 
 
 class CollieRegistrationTest(TestCase):
@@ -74,7 +77,7 @@ class CollieRegistrationTest(TestCase):
         plugin = dist.Backend._plugins["COLLIE"]
         self.assertIs(plugin.creator_fn, collie.torch.create_process_group)
         self.assertTrue(plugin.extended_api)
-        self.assertEqual(dist.Backend.backend_capability["collie"], ["cpu"])
+        self.assertEqual(dist.Backend.backend_capability["collie"], DEVICES)
         self.assertEqual(dist.Backend.backend_type_map["collie"],
                          dist.ProcessGroup.BackendType.CUSTOM)
         # registered for the CPU beside gloo, not in its place
@@ -94,10 +97,11 @@ class CollieRegistrationTest(TestCase):
         self.assertEqual(list(dist.Backend._plugins.items()), before)
 
     def test_backend_config(self):
+        alone = ",".join(f"{d}:collie" for d in DEVICES)
         valid = [
-            (dist.Backend.COLLIE, "cpu:collie"),
-            ("COLLIE", "cpu:collie"),
-            ("collie", "cpu:collie"),
+            (dist.Backend.COLLIE, alone),
+            ("COLLIE", alone),
+            ("collie", alone),
             ("cpu:collie", "cpu:collie"),
             ("CPU:Collie", "cpu:collie"),
             ("cpu:collie,cuda:collie", "cpu:collie,cuda:collie"),

@@ -388,4 +388,5 @@ def _register():
     if TORCH2:
         _first_plugin()
 
+
 _register()
