@@ -8,6 +8,7 @@ under any Python (Debian's in make test-python); it skips, saying what to
 build, where the venv or the extension is missing. make test-torch2 runs it."""
 
 import os
+import re
 
 import pytest
 from rank_procs import run_ranks
@@ -27,11 +28,16 @@ if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
                 allow_module_level=True)
 
 
-def run_world(backend, world=2, timeout=120, scenario="basic"):
+def run_world(backend, world=2, timeout=120, scenario="basic", env=None):
     return run_ranks(
         lambda r, port: [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r),
                          str(world), port, scenario],
-        world, backend, timeout)
+        world, backend, timeout, env=None if env is None else {**os.environ, **env})
+
+
+# a GPU on this machine (the lent GPU machines): the device node, without
+# loading CUDA here
+HAS_GPU = os.path.exists("/dev/nvidia0")
 
 
 # collie alone, in a device map, named in any case; with gloo on the CPU and
@@ -111,6 +117,158 @@ def test_coalescing_manager():
                                          for s in sums], (r, out)
         assert out["allreduce"] == [[float(sum(range(world)))] * 2, [float(world)]]
         assert out["start"] == [0.0], out
+
+
+# pytorch#178756 (fixed by #178759 in torch 2.15, present in 2.11): for a
+# device map, torch 2.11 takes the group's default backend type from the
+# *first* key of Backend._plugins, upper case, compared with the map's
+# lower-case names: never equal, the type stays UNDEFINED and init fails
+# ("Could not find the default backend type 0"). collie.torch puts a
+# lower-case alias "collie" first (__init__.py, _first_plugin). Checked
+# with collie named in every case, alone and in device maps:
+# - on this torch (2.15, fixed), also with another plugin registered
+#   before collie;
+# - with 2.11's choice restated and substituted for 2.15's
+#   (_get_default_backend_type_for_backend_config; torch2_worker.py,
+#   torch211_default_type): only that choice is 2.11's, the rest of the
+#   init path is 2.15's. Without the alias, these runs fail at init.
+@pytest.mark.parametrize("env", [
+    {},
+    {"COLLIE_TEST_PLUGIN_FIRST": "1"},
+    {"COLLIE_TEST_TORCH211_DEFAULT": "1"},
+    {"COLLIE_TEST_TORCH211_DEFAULT": "1", "COLLIE_TEST_PLUGIN_FIRST": "1"},
+], ids=["torch", "plugin-first", "2.11-choice", "2.11-choice-plugin-first"])
+def test_spellings_default_type(env):
+    world = 2
+    for r, out in enumerate(run_world("collie", world, scenario="spellings", env=env)):
+        # the alias first, torch's own upper-case entry kept (and another
+        # plugin's, registered before collie)
+        assert out["plugins"][0] == "collie", out
+        assert "COLLIE" in out["plugins"], out
+        if env.get("COLLIE_TEST_PLUGIN_FIRST"):
+            assert "DUMMYFIRST" in out["plugins"], out
+        names = [g["name"] for g in out["groups"]]
+        assert names == ["collie", "COLLIE", "Collie", "cpu:collie", "cpu:Collie", "CPU:COLLIE",
+                         "cpu:gloo,cuda:Collie"]
+        for i, g in enumerate(out["groups"]):
+            assert "init" not in g, (r, g)
+            assert g["type"] == "custom", (r, g)
+            cpu = "ProcessGroupGloo" if "gloo" in g["name"] else "ProcessGroupCollie"
+            assert g["cpu"] == cpu, (r, g)
+            assert g["backend"] == g["name"].lower(), (r, g)
+            assert g["sum"] == [float(sum(r2 + i for r2 in range(world)))] * 3, (r, g)
+
+
+# "cpu:gloo,cuda:collie" on a machine without a GPU: the group inits
+# without touching CUDA (torch's CUDA state uninitialized, collie's NCCL
+# plugin not loaded), CPU collectives go through gloo with the right
+# values; a CUDA tensor fails with a clear error (here torch's own, where
+# the tensor is made) and the process goes on: a CPU collective after it,
+# destroy_process_group. On a GPU machine the CUDA allreduce goes through
+# collie's CUDA side, started then: its sum, or (two ranks on one GPU,
+# which NCCL refuses) collie's error naming the start.
+def test_gloo_cpu_collie_cuda_lazy():
+    world = 2
+    for r, out in enumerate(run_world("cpu:gloo,cuda:collie", world, scenario="lazy_cuda")):
+        assert out["type"] == "custom", out
+        assert out["cpu"] == "ProcessGroupGloo", out
+        assert out["cuda"] == "ProcessGroupCollie", out
+        assert out["cuda_initialized"] is False, out
+        assert out["cuda_initialized_after_cpu"] is False, out
+        assert out["plugin_loaded"] is False, out
+        assert out["allreduce"] == [float(sum(x + r2 for r2 in range(world))) for x in range(3)]
+        assert out["allgather"] == [[float(r2)] * 2 for r2 in range(world)]
+        assert out["broadcast"] == [float(world - 1)] * 2
+        if out["gpu"]:
+            assert (out["cuda_op"] == [float(sum(r2 + 1 for r2 in range(world)))] * 2
+                    or "collie" in out["cuda_op"]), out
+        else:
+            assert out["cuda_op"].startswith("RuntimeError: Found no NVIDIA driver"), out
+        assert out["after"] == [float(world)] * 2
+        assert out["destroyed"] is True
+
+
+# "cpu:collie,cuda:nccl" without a GPU: torch itself refuses NCCL (2.15:
+# its nccl2 plugin; older: ProcessGroupNCCL's "no GPUs found"); a collie
+# group made after the refusal in the same process works
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present: test_collie_cpu_nccl_cuda_gpu runs")
+def test_collie_cpu_nccl_cuda_refused_without_gpu():
+    world = 2
+    for out in run_world("cpu:collie,cuda:nccl", world, scenario="nccl_map"):
+        assert out["gpu"] is False
+        assert re.fullmatch(r"RuntimeError: (nccl2 requires at least one CUDA device"
+                            r"|ProcessGroupNCCL is only supported with GPUs, no GPUs found!)",
+                            out["init"]), out
+        assert out["after"] == [float(world)] * 2
+
+
+# "cpu:collie,cuda:nccl" on a GPU machine (one GPU per rank: world size 1
+# on the lent single-GPU machines): CPU tensors through collie, CUDA
+# tensors through NCCL, NCCL the group's default type
+@pytest.mark.skipif(not HAS_GPU, reason="no GPU on this machine (/dev/nvidia0): torch refuses "
+                    "NCCL here, test_collie_cpu_nccl_cuda_refused_without_gpu checks that")
+def test_collie_cpu_nccl_cuda_gpu():
+    world = int(os.environ.get("COLLIE_TEST_GPU_RANKS", "1"))
+    for r, out in enumerate(run_world("cpu:collie,cuda:nccl", world, scenario="nccl_map")):
+        assert out["init"] == "ok", out
+        assert out["type"] == "nccl", out
+        assert out["cpu"] == "ProcessGroupCollie", out
+        assert out["cuda"] == "ProcessGroupNCCL", out
+        total = float(sum(r2 + 1 for r2 in range(world)))
+        assert out["cpu_sum"] == [total] * 2, out
+        assert out["cuda_sum"] == [total] * 2, out
+        assert out["after"] == [float(world)] * 2
+
+
+# torch 2.x group features on a collie group, values checked:
+# new_group(use_local_synchronization=True) (a group each rank makes of
+# itself alone, and one of all), init_device_mesh("cpu", ...) 1-D and 2-D
+# (its groups are collie's), functional collectives on CPU tensors
+def test_groups_mesh_functional():
+    world = 2
+    for r, out in enumerate(run_world("cpu:collie", world, scenario="groups")):
+        total = float(sum(r2 + 1 for r2 in range(world)))
+        assert out["alone"] == [[float(r + 1)] * 2, 1, "collie"], out
+        assert out["both"] == [[total] * 2, world, "collie"], out
+        assert out["mesh1"] == [[total] * 2, "collie"], out
+        assert out["mesh2"] == {"pp": [[float(r)], "collie"],
+                                "tp": [[float(r2) for r2 in range(world)], "collie"]}, out
+        f = out["functional"]
+        assert f["all_reduce"] == [total] * 2
+        assert f["all_gather"] == [float(r2 + 1) for r2 in range(world) for _ in range(2)]
+        sums = [float(x * total) for x in range(2 * world)]
+        assert f["reduce_scatter"] == sums[2 * r:2 * r + 2], out
+        assert f["broadcast"] == [float(world)] * 2
+        assert f["all_to_all_single"] == [float(r + 10 * r2) for r2 in range(world)], out
+
+
+# torch's split_group on a collie group: torch asks the parent's backend to
+# split (c10d::Backend::split, one collie_comm_split), into groups of one
+def test_split_group():
+    world = 2
+    for r, out in enumerate(run_world("cpu:collie", world, scenario="split")):
+        if not out["has"]:
+            pytest.skip("this torch has no split_group")
+        assert out["split"] == [[float(r + 1)] * 2, 1, "collie"], out
+
+
+# torch 2.x's plugin tests (test_c10d_common.py's PythonProcessGroupExtensionTest
+# and registration tests, test_c10d_pypg.py's), not in the wheel, re-created
+# for collie on torch's MultiProcessTestCase: tests/torch_suite/c10d_plugin2.py
+# (its docstring lists what each class checks). All of them run and pass.
+def test_c10d_plugin_suite():
+    import subprocess
+
+    suite = os.path.join(ROOT, "tests", "torch_suite", "c10d_plugin2.py")
+    env = {**os.environ, "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "60"}
+    p = subprocess.run([PYTHON, suite, "-v"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-6000:]
+    ran = re.search(r"^Ran (\d+) tests? in", log, re.M)
+    assert ran and int(ran.group(1)) == 17, log[-3000:]
+    assert re.search(r"^OK$", log, re.M), log[-3000:]
+    assert " ... skipped" not in log, log[-3000:]
 
 
 # dist.monitored_barrier on a collie group, with gloo's messages (torch's

@@ -2,7 +2,13 @@
     torch2_worker.py BACKEND RANK WORLD PORT [SCENARIO]
 SCENARIO (default "basic"): init_process_group(BACKEND), allreduce,
 broadcast, barrier, destroy_process_group. The others are in SCENARIOS
-below. Prints one JSON line (what it saw) last."""
+below. Prints one JSON line (what it saw) last.
+
+Before collie.torch is imported, COLLIE_TEST_PLUGIN_FIRST=1 registers a
+dummy plugin (so collie is not the first of Backend._plugins), and
+COLLIE_TEST_TORCH211_DEFAULT=1 replaces torch's choice of a device map's
+default backend type (2.15's _get_default_backend_type_for_backend_config)
+with torch 2.11's, restated in torch211_default_type below (pytorch#178756)."""
 
 import json
 import os
@@ -14,6 +20,31 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+c10d = dist.distributed_c10d
+BackendType = dist.ProcessGroup.BackendType
+
+
+def torch211_default_type(backend_config, device_id=None):
+    """torch 2.11's default backend type for a device-map group
+    (_new_process_group_helper, restated; pytorch#178756): NCCL when the
+    map names nccl; else, when any plugin is registered, CUSTOM only when
+    the first key of Backend._plugins is one of the map's backend names
+    (the keys are upper case, the map's names lower case), else left
+    unset (UNDEFINED); GLOO when no plugin is registered at all."""
+    names = backend_config.device_backend_map.values()
+    if "nccl" in names:
+        return BackendType.NCCL
+    if dist.Backend._plugins:
+        first = next(iter(dist.Backend._plugins))
+        return BackendType.CUSTOM if first in names else BackendType.UNDEFINED
+    return BackendType.GLOO
+
+
+if os.environ.get("COLLIE_TEST_PLUGIN_FIRST") == "1":
+    dist.Backend.register_backend("dummyfirst", lambda *a: None, devices=["cpu"])
+if os.environ.get("COLLIE_TEST_TORCH211_DEFAULT") == "1":
+    c10d._get_default_backend_type_for_backend_config = torch211_default_type
 
 import collie.torch  # noqa: E402,F401
 
@@ -346,7 +377,202 @@ def extras():
     return res
 
 
+def tcp_store():
+    return dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+
+
+def init(name, store, prefix):
+    dist.init_process_group(name, store=dist.PrefixStore(prefix, store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=30))
+
+
+def first_line(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+SPELLINGS = ["collie", "COLLIE", "Collie", "cpu:collie", "cpu:Collie", "CPU:COLLIE",
+             "cpu:gloo,cuda:Collie"]
+
+
+def spellings():
+    """init_process_group with collie named in every case, alone and in a
+    device map, one after the other in this process: the group's default
+    backend type, the CPU's backend, an allreduce, get_backend."""
+    store = tcp_store()
+    res = {"plugins": list(dist.Backend._plugins), "groups": []}
+    cpu = torch.device("cpu")
+    for i, name in enumerate(SPELLINGS):
+        g = {"name": name}
+        try:
+            init(name, store, f"s{i}")
+        except Exception as e:  # noqa: BLE001
+            g["init"] = first_line(e)
+            res["groups"].append(g)
+            continue
+        pg = dist.group.WORLD
+        g["type"] = str(pg._get_backend_name())
+        g["cpu"] = type(pg._get_backend(cpu)).__name__
+        g["backend"] = str(dist.get_backend())
+        t = torch.full((3,), float(rank + i))
+        dist.all_reduce(t)
+        g["sum"] = t.tolist()
+        dist.barrier()
+        dist.destroy_process_group()
+        res["groups"].append(g)
+    return res
+
+
+def collie_nccl_mapped():
+    with open("/proc/self/maps") as f:
+        return any("libcollie_nccl" in line for line in f)
+
+
+def lazy_cuda():
+    """BACKEND "cpu:gloo,cuda:collie": the group inits without touching CUDA
+    (torch's CUDA state uninitialized, collie's NCCL plugin not loaded), CPU
+    collectives go through gloo; a CUDA tensor collective fails with a
+    clear error (no GPU here: torch's own, at the tensor) and the process
+    goes on: CPU collectives after it, destroy_process_group."""
+    store = tcp_store()
+    init(backend, store, "lazy")
+    pg = dist.group.WORLD
+    res = {"type": str(pg._get_backend_name()),
+           "cpu": type(pg._get_backend(torch.device("cpu"))).__name__,
+           "cuda": type(pg._get_backend(torch.device("cuda"))).__name__,
+           "cuda_initialized": torch.cuda.is_initialized()}
+    t = torch.arange(3, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    res["allreduce"] = t.tolist()
+    outs = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    res["allgather"] = [o.tolist() for o in outs]
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    res["broadcast"] = b.tolist()
+    res["cuda_initialized_after_cpu"] = torch.cuda.is_initialized()
+    res["plugin_loaded"] = collie_nccl_mapped()
+    res["gpu"] = torch.cuda.is_available()
+    try:
+        c = torch.full((2,), float(rank + 1), device="cuda")
+        dist.all_reduce(c)
+        res["cuda_op"] = c.tolist()
+    except Exception as e:  # noqa: BLE001
+        res["cuda_op"] = first_line(e)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.barrier()
+    dist.destroy_process_group()
+    res["destroyed"] = not dist.is_initialized()
+    return res
+
+
+def nccl_map():
+    """BACKEND "cpu:collie,cuda:nccl": without a GPU torch refuses NCCL (its
+    error, kept); with one (a GPU per rank), CPU tensors go through collie
+    and CUDA tensors through NCCL. Either way a collie group made after it
+    in this process works."""
+    store = tcp_store()
+    res = {"gpu": torch.cuda.is_available()}
+    try:
+        init(backend, store, "n")
+    except Exception as e:  # noqa: BLE001
+        res["init"] = first_line(e)
+    else:
+        pg = dist.group.WORLD
+        res["init"] = "ok"
+        res["type"] = str(pg._get_backend_name())
+        res["cpu"] = type(pg._get_backend(torch.device("cpu"))).__name__
+        res["cuda"] = type(pg._get_backend(torch.device("cuda"))).__name__
+        t = torch.full((2,), float(rank + 1))
+        dist.all_reduce(t)
+        res["cpu_sum"] = t.tolist()
+        c = torch.full((2,), float(rank + 1), device=f"cuda:{rank % torch.cuda.device_count()}")
+        dist.all_reduce(c)
+        res["cuda_sum"] = c.tolist()
+        dist.destroy_process_group()
+    init("cpu:collie", store, "after")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def groups():
+    """torch 2.x group features on a collie group: new_group with
+    use_local_synchronization (a group of each rank alone, made by that rank
+    only, and one of all), init_device_mesh("cpu", ...) in 1-D and 2-D,
+    functional collectives on CPU tensors."""
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+
+    store = tcp_store()
+    init(backend, store, "g")
+    cpu = torch.device("cpu")
+    res = {}
+    alone = dist.new_group([rank], use_local_synchronization=True)
+    both = dist.new_group(list(range(world)), use_local_synchronization=True)
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=alone)
+    res["alone"] = [t.tolist(), alone.size(), alone._get_backend(cpu).name()]
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=both)
+    res["both"] = [t.tolist(), both.size(), both._get_backend(cpu).name()]
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    g = mesh.get_group("dp")
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    res["mesh1"] = [t.tolist(), g._get_backend(cpu).name()]
+    mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("pp", "tp"))
+    res["mesh2"] = {}
+    for dim in ("pp", "tp"):
+        g = mesh2.get_group(dim)
+        outs = [torch.zeros(1) for _ in range(g.size())]
+        dist.all_gather(outs, torch.full((1,), float(rank)), group=g)
+        res["mesh2"][dim] = [[o.item() for o in outs], g._get_backend(cpu).name()]
+    w = dist.group.WORLD
+    x = torch.full((2,), float(rank + 1))
+    # 2.15 renamed the *_tensor forms *_single (the old names warn)
+    rs = getattr(fc, "reduce_scatter_single", None) or fc.reduce_scatter_tensor
+    ag = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+    res["functional"] = {
+        "all_reduce": fc.all_reduce(x, "sum", w).tolist(),
+        "all_gather": ag(x, 0, w).tolist(),
+        "reduce_scatter": rs(torch.arange(2.0 * world) * (rank + 1), "sum", 0, w).tolist(),
+        "broadcast": fc.broadcast(x, world - 1, w).tolist(),
+        "all_to_all_single": fc.all_to_all_single(
+            torch.arange(float(world)) + 10 * rank, None, None, w).tolist(),
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
+def split():
+    """torch's split_group (2.x, where it exists) of a collie group into
+    groups of one rank each, and an allreduce in the split."""
+    store = tcp_store()
+    init(backend, store, "sp")
+    res = {"has": hasattr(dist, "split_group")}
+    try:
+        g = dist.split_group(split_ranks=[[r] for r in range(world)])
+        t = torch.full((2,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        res["split"] = [t.tolist(), g.size(), g._get_backend(torch.device("cpu")).name()]
+    except Exception as e:  # noqa: BLE001
+        res["split"] = first_line(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
+    "spellings": spellings,
+    "lazy_cuda": lazy_cuda,
+    "nccl_map": nccl_map,
+    "groups": groups,
+    "split": split,
     "coalesced": coalesced,
     "basic": basic,
     "cycles": cycles,

@@ -350,20 +350,43 @@ def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_optio
     return create_process_group(opts, pg_options)
 
 
-def _register():
-    if "COLLIE" in dist.Backend._plugins:
+def _first_plugin():
+    """pytorch#178756 (torch 2.x before the fix #178759, 2.11 among them):
+    for a device map ("cpu:collie", "cpu:gloo,cuda:collie")
+    _new_process_group_helper takes the group's default backend type from
+    the *first* key of Backend._plugins only, and compares that upper-case
+    key ("COLLIE") with the map's lower-case names, so it never matches and
+    the default type stays UNDEFINED (init then fails: "Could not find the
+    default backend type 0"). A lower-case alias "collie", made the first
+    key, matches. torch looks plugins up by the upper-case name only
+    (`_plugins[name.upper()]`, checked in 2.15 and 2.11's sources), so the
+    alias is seen by that one iteration alone; torch 2.15 takes the type
+    from the map itself and is unaffected. Idempotent; a plugin registered
+    before collie keeps its entry, after the alias (docs/torch2.md)."""
+    plugins = dist.Backend._plugins
+    if next(iter(plugins), None) == "collie":
         return
+    rest = [(k, v) for k, v in plugins.items() if k != "collie"]
+    plugins.clear()  # in place: torch holds this dict on the class
+    plugins["collie"] = dict(rest)["COLLIE"]
+    plugins.update(rest)
+
+
+def _register():
+    if "COLLIE" not in dist.Backend._plugins:
+        if TORCH2:
+            # torch 2.x maps devices to backends: collie serves CPU tensors, and
+            # CUDA tensors where its NCCL plugin is (started at the first CUDA op)
+            dist.Backend.register_backend(
+                "collie",
+                create_process_group,
+                extended_api=True,
+                devices=["cpu", "cuda"] if nccl_plugin() else ["cpu"],
+            )
+        else:
+            dist.Backend.register_backend("collie", create_process_group, extended_api=True)
     if TORCH2:
-        # torch 2.x maps devices to backends: collie serves CPU tensors, and
-        # CUDA tensors where its NCCL plugin is (started at the first CUDA op)
-        dist.Backend.register_backend(
-            "collie",
-            create_process_group,
-            extended_api=True,
-            devices=["cpu", "cuda"] if nccl_plugin() else ["cpu"],
-        )
-    else:
-        dist.Backend.register_backend("collie", create_process_group, extended_api=True)
+        _first_plugin()
 
 
 _register()
