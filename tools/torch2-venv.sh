@@ -48,6 +48,12 @@ fi
 
 [ $# -eq 2 ] || { echo "usage: $0 VENV REQUIREMENTS" >&2; exit 2; }
 venv=$1; req=$2
+# a venv built from these very requirements (a checkout only made the file
+# newer) is kept
+if [ -x "$venv/bin/python" ] && cmp -s "$venv/.ok" "$req"; then
+  touch "$venv/.ok"
+  exit 0
+fi
 start=$(date +%s)
 rm -rf "$venv"
 $py -m venv "$venv"

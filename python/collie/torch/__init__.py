@@ -263,7 +263,7 @@ def create_process_group(dist_opts, pg_options=None):
     )
     handle, comm._h = comm._h, None  # the process group owns the comm now
     # the cached store client outlives the comm (collie_comm_create's rule)
-    pg = ProcessGroupCollie(rank, size, handle)
+    pg = ProcessGroupCollie(rank, size, handle, dist_opts.timeout)
     if TORCH2:
         pg._set_cuda_factory(
             _cuda_factory(cstore, rank, size, info["name"] + "cuda", timeout, opts, policy)
@@ -387,6 +387,11 @@ def _register():
             dist.Backend.register_backend("collie", create_process_group, extended_api=True)
     if TORCH2:
         _first_plugin()
+    else:
+        # torch 1.13's dist.monitored_barrier admits only gloo by name
+        from collie.torch._torch113 import allow_monitored_barrier
+
+        allow_monitored_barrier()
 
 
 _register()
