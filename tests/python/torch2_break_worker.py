@@ -106,7 +106,25 @@ def works_kept_after_failed_batch():
     return res
 
 
+def monitored_barrier_dead_rank():
+    """World size 3: rank 2 is SIGKILLed after a first allreduce; ranks 0
+    and 1 then enter dist.monitored_barrier (rank 1 on time). The point of
+    the barrier is to name the rank that did not come: rank 2."""
+    import signal
+
+    store = init(30)
+    dist.all_reduce(torch.ones(2))
+    sync(store, "a")
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)  # collie has seen rank 2 go
+    return {"mb": err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=20))),
+            "mb_all": err(lambda: dist.monitored_barrier(timeout=timedelta(seconds=20),
+                                                          wait_all_ranks=True))}
+
+
 SCENARIOS = {
+    "monitored_barrier_dead_rank": monitored_barrier_dead_rank,
     "batch_after_failed_batch": batch_after_failed_batch,
     "abort_after_failed_batch": abort_after_failed_batch,
     "works_kept_after_failed_batch": works_kept_after_failed_batch,
