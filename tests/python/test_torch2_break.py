@@ -94,3 +94,16 @@ def test_monitored_barrier_names_the_dead_rank_not_a_live_one():
     assert out0["mb"].startswith("RuntimeError: [Rank 0]: Rank 2 failed to pass"), out0
     # observed: "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier"
     assert out0["mb_all"].startswith("RuntimeError: [Rank 0]: Ranks 2 failed to pass"), out0
+
+
+@pytest.mark.xfail(strict=True, reason="split holds comm_mu_ shared across collie_comm_split "
+                   "(blocking up to the creation deadline), so torch's abort from another thread "
+                   "(teardown: comm_mu_ exclusive) waits the split out: ~9 s of a 10 s group "
+                   "timeout here, 30 min with torch's default; monitoredBarrier was fixed for "
+                   "the same (85cddfd)")
+def test_abort_from_another_thread_during_split_is_prompt():
+    out = run("abort_during_split", timeout=90)[0]
+    # observed: {'split': '...split: store.multi_get ... deadline of 10000 ms passed
+    # (COLLIE_ETIMEDOUT)', 'abort_s': ~9, 'split_s': ~10}
+    assert out["abort_s"] < 3, out
+    assert out["split_s"] < 4, out

@@ -123,7 +123,39 @@ def monitored_barrier_dead_rank():
                                                           wait_all_ranks=True))}
 
 
+def abort_during_split():
+    """Rank 0 enters split_group, rank 1 never does (it holds for 20 s);
+    1 s in, another thread of rank 0 calls torch's abort on the group's
+    backend. The group's timeout is 10 s."""
+    import threading
+
+    store = init(10)
+    dist.barrier()
+    res = {}
+    if rank == 0:
+        be = dist.group.WORLD._get_backend(cpu)
+        t0 = time.monotonic()
+
+        def abort_later():
+            time.sleep(1.0)
+            a0 = time.monotonic()
+            be.abort()
+            res["abort_s"] = round(time.monotonic() - a0, 2)
+
+        th = threading.Thread(target=abort_later, daemon=True)
+        th.start()
+        res["split"] = err(lambda: dist.split_group(split_ranks=[[0, 1]],
+                                                    timeout=timedelta(seconds=5)))
+        res["split_s"] = round(time.monotonic() - t0, 2)
+        th.join(60)
+    store.set(f"done{rank}", "1")
+    if rank == 1:
+        store.wait(["done0"], timedelta(seconds=60))
+    return res
+
+
 SCENARIOS = {
+    "abort_during_split": abort_during_split,
     "monitored_barrier_dead_rank": monitored_barrier_dead_rank,
     "batch_after_failed_batch": batch_after_failed_batch,
     "abort_after_failed_batch": abort_after_failed_batch,
