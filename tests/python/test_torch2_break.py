@@ -107,3 +107,20 @@ def test_abort_from_another_thread_during_split_is_prompt():
     # (COLLIE_ETIMEDOUT)', 'abort_s': ~9, 'split_s': ~10}
     assert out["abort_s"] < 3, out
     assert out["split_s"] < 4, out
+
+
+@pytest.mark.xfail(strict=True, reason="a coalescing region torch abandons (mixed op types) "
+                   "leaves collie coalescing; the next _coalescing_manager's startCoalescing "
+                   "raises 'already coalescing' after torch registered the group in "
+                   "pg_coalesce_state, which nothing removes: every later dist.all_reduce on "
+                   "the group is queued there and returns None - the tensor unreduced, no error")
+def test_allreduce_after_an_abandoned_coalescing_region_reduces():
+    for r, out in enumerate(run("mixed_coalescing_then_allreduce")):
+        assert out["mixed"].startswith("RuntimeError: Coalescing manager requires all "
+                                       "collectives to be the same type"), out
+        # observed: allreduce "ok" with sum [1.0, 1.0, 1.0]: a wrong result
+        # that says OK
+        assert out["allreduce"] != "ok" or out["sum"] == [2.0] * 3, (r, out)
+        # observed: "RuntimeError: collie: startCoalescing: already coalescing
+        # (endCoalescing first)"
+        assert out["again"] == "ok", (r, out)

@@ -154,7 +154,42 @@ def abort_during_split():
     return res
 
 
+def mixed_coalescing_then_allreduce():
+    """_coalescing_manager(device=cpu) around an all_reduce and an
+    all_gather_into_tensor: torch refuses the mix after the body (before
+    endCoalescing). Then a second manager around a broadcast, then a plain
+    dist.all_reduce of ones, whose sum must be the world size."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    store = init()
+    res = {}
+    a, o, i = torch.ones(2), torch.zeros(2 * world), torch.ones(2)
+
+    def mixed():
+        with _coalescing_manager(device=cpu):
+            dist.all_reduce(a)
+            dist.all_gather_into_tensor(o, i)
+
+    res["mixed"] = err(mixed)
+    sync(store, "a")
+    b = torch.full((2,), float(rank))
+
+    def again():
+        with _coalescing_manager(device=cpu):
+            dist.broadcast(b, src=0)
+
+    res["again"] = err(again)
+    sync(store, "b")
+    t = torch.ones(3)
+    res["allreduce"] = err(lambda: dist.all_reduce(t))
+    res["sum"] = t.tolist()
+    sync(store, "c")
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
+    "mixed_coalescing_then_allreduce": mixed_coalescing_then_allreduce,
     "abort_during_split": abort_during_split,
     "monitored_barrier_dead_rank": monitored_barrier_dead_rank,
     "batch_after_failed_batch": batch_after_failed_batch,
