@@ -69,3 +69,11 @@ def test_send_recv_object_bad_peer_type_names_the_argument(world2):
         c.send_object("a", "1", timeout=1)
     with pytest.raises((TypeError, ValueError), match="src"):
         c.recv_object(src="x", timeout=1)
+
+
+@pytest.mark.xfail(strict=True, reason="first_bytes has a lower bound only: 2^50 reaches "
+                   "bytearray() and raises a bare MemoryError on every rank, naming nothing")
+def test_broadcast_object_huge_first_bytes_is_a_clear_error(world2):
+    c = world2.comms[0]
+    with pytest.raises(ValueError, match="first_bytes"):
+        c.broadcast_object(1, root=0, timeout=5, first_bytes=1 << 50)
