@@ -12,7 +12,9 @@ Design notes
   (magic, flags, payload length) and as much of the payload as fits; only a
   larger object takes a second broadcast of the rest, which the other ranks
   post once the header told them its length. So a small object costs one
-  collective, and there is no cap on the size.
+  collective, and there is no cap on the size. first_bytes is at most
+  FIRST_BYTES_MAX (1 GiB): every rank allocates that block before anything
+  is sent, so a larger one is a ValueError naming it, not a MemoryError.
 - A root whose object cannot be pickled still sends the first block, with
   the error flag and pickle's message: every rank raises PicklingError
   naming the root instead of waiting for its timeout.
@@ -23,9 +25,12 @@ Design notes
 - send_object/recv_object: a 24-byte header message (magic, flags, length,
   sequence number) on tag HDR | tag, then the payload on a tag made unique by
   the sender's sequence number (PAYLOAD | seq << 32 | tag). The receiver
-  posts the payload's receive from the header's sender and that exact tag,
-  so concurrent recv_object calls (threads, asyncio, any source) can never
-  take each other's payload, whatever order they post in. Object tags live
+  posts the payload's receive from the header's actual sender (never from
+  any source) and that exact tag, so concurrent recv_object calls (threads,
+  asyncio, any source) can never take each other's payload, whatever order
+  they post in, nor another sender's payload with the same sequence number.
+  src None or -1 (COLLIE_ANY_SOURCE, as Comm.recv takes peer=-1) is any
+  source; dst/src are checked (type, range) before anything is posted. Object tags live
   above bit 62 (user tags are < 2^32): a plain recv with a tag below 2^62
   never takes an object message.
 - An object is returned only once every message of it arrived whole: a
@@ -49,6 +54,7 @@ from .errors import CollieNoMemory, CollieProtocolError
 lib = _lib.lib
 
 FIRST_BYTES = 16384  # broadcast_object's first block: header + the start of the payload
+FIRST_BYTES_MAX = 1 << 30  # first_bytes' bound: every rank allocates that block up front
 MAGIC = b"CLOB"
 _BHDR = struct.Struct("<4sIQ")  # magic, flags, payload length
 _PHDR = struct.Struct("<4sIQQ")  # magic, flags, payload length, sender's sequence number
@@ -104,6 +110,26 @@ def _check_root(comm, root, what):
     return root
 
 
+def _check_peer(comm, peer, name, what, any_ok):
+    """dst/src as a rank of the comm; for src (any_ok) None or -1
+    (COLLIE_ANY_SOURCE, as Comm.recv takes it) is any source: returns -1."""
+    if any_ok and peer is None:
+        return -1
+    kind = "an int" + (" or None (any source)" if any_ok else "")
+    if isinstance(peer, bool):
+        raise TypeError(f"{what}: {name} must be {kind}, got bool")
+    try:
+        peer = operator.index(peer)  # ints, numpy integers
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be {kind}, got {type(peer).__name__}") from None
+    if any_ok and peer == -1:
+        return -1
+    if not 0 <= peer < comm.size:
+        also = " (or None / -1: any source)" if any_ok else ""
+        raise ValueError(f"{what}: {name} {peer} is not a rank of this {comm.size}-rank comm{also}")
+    return peer
+
+
 def _check_tag(tag, what):
     if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < TAG_LIMIT:
         raise ValueError(f"{what}: tag {tag!r} (object tags are ints in [0, 2^32))")
@@ -119,8 +145,10 @@ def _bcast(comm, buf, root, timeout):
 def broadcast_steps(comm, obj, root, timeout, first_bytes):
     what = "broadcast_object"
     root = _check_root(comm, root, what)
-    if not isinstance(first_bytes, int) or first_bytes < _BHDR.size + 1:
-        raise ValueError(f"{what}: first_bytes {first_bytes!r} (at least {_BHDR.size + 1})")
+    if (not isinstance(first_bytes, int) or isinstance(first_bytes, bool)
+            or not _BHDR.size < first_bytes <= FIRST_BYTES_MAX):
+        raise ValueError(f"{what}: first_bytes {first_bytes!r} (an int in "
+                         f"[{_BHDR.size + 1}, 2^30]: every rank allocates it)")
     room = first_bytes - _BHDR.size
     first = bytearray(first_bytes)
     if comm.rank == root:
@@ -163,6 +191,7 @@ def broadcast_steps(comm, obj, root, timeout, first_bytes):
 
 def send_steps(comm, obj, dst, tag, timeout):
     what = "send_object"
+    dst = _check_peer(comm, dst, "dst", what, False)
     _check_tag(tag, what)
     data = _dumps(obj, what)
     seq = next(_seq) & _SEQ_MASK
@@ -178,15 +207,19 @@ def send_steps(comm, obj, dst, tag, timeout):
 
 def recv_steps(comm, src, tag, timeout):
     what = "recv_object"
+    peer = _check_peer(comm, src, "src", what, True)
     _check_tag(tag, what)
-    peer = -1 if src is None else int(src)
     hdr = bytearray(_PHDR.size)
     hb = host_buffer(hdr, "header", True, _U8)
     post = comm._engine.post
     w = post(what, lib.collie_recv, (comm.handle, hb.ptr, hb.count, _U8, peer, OBJ_TAG | tag), (hb,),
              timeout, owner=comm, output=hdr)
     yield [w]
-    sender = w.source if src is None else peer
+    # the payload's receive names the header's actual sender, never any
+    # source: another sender's payload with the same seq and tag must not match
+    sender = w.source if peer == -1 else peer
+    if not 0 <= sender < comm.size:
+        raise CollieProtocolError(-10, f"{what}: the header's sender is rank {sender}, not a rank")
     magic, flags, n, seq = _PHDR.unpack(hdr)
     if magic != MAGIC:
         raise CollieProtocolError(-10, f"{what}: rank {sender}'s header is no collie object header")

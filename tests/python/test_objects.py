@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -71,6 +72,12 @@ def test_broadcast_object_bad_arguments(world2):
         c.broadcast_object(1, root="0")
     with pytest.raises(ValueError, match="first_bytes"):
         c.broadcast_object(1, first_bytes=8)
+    # over the bound (2^30): a ValueError naming it, before any allocation
+    # (was a bare MemoryError on every rank)
+    for fb in (1 << 50, _objects.FIRST_BYTES_MAX + 1, True):
+        with pytest.raises(ValueError, match="first_bytes"):
+            c.broadcast_object(1, root=0, timeout=5, first_bytes=fb)
+    assert posted(c) == 0
 
 
 def test_send_recv_object_named_and_any_source(world3):
@@ -87,6 +94,48 @@ def test_send_recv_object_named_and_any_source(world3):
     named, anys = world3.each(body)[0]
     assert named == (("tag7", BIG), 2)
     assert anys == [({"to": 0, "from": 1, "tag": 0}, 1), ({"to": 0, "from": 2, "tag": 0}, 2)]
+
+
+def test_recv_object_src_minus_one_is_any_source_and_returns_the_real_sender(world2):
+    """src=-1 (COLLIE_ANY_SOURCE's value, as Comm.recv takes peer=-1) is any
+    source, like None (it returned ('hello', -1))."""
+
+    def body(r, c):
+        if r == 0:
+            c.send_object("hello", 1, timeout=10)
+            c.send_object("again", 1, timeout=10)
+            return None
+        return c.recv_object(src=-1, timeout=10), c.recv_object(src=None, timeout=10)
+
+    assert world2.each(body)[1] == (("hello", 0), ("again", 0))
+
+
+def test_recv_object_any_source_never_takes_another_senders_payload(world3):
+    """Rank 2's header (seq 5) arrives, its payload never; rank 1's payload
+    with the same seq and tag (rank 1's process counts its own seqs) is
+    there. recv_object (src -1 or None) must not return rank 1's object (it
+    did for src=-1: ('from 1', -1)): the payload's receive names rank 2."""
+    a, b = pickle.dumps("from 2", 5), pickle.dumps("from 1", 5)
+    assert len(a) == len(b)
+    seq = 5
+    ptag = _objects.OBJ_TAG | _objects.PAYLOAD_TAG | (seq << 32)
+
+    def body(r, c):
+        if r == 2:
+            hdr = bytearray(_objects._PHDR.pack(_objects.MAGIC, 0, len(a), seq))
+            c.send(hdr, 0, tag=_objects.OBJ_TAG, timeout=10).wait(10)
+            return None
+        if r == 1:
+            c.send(bytearray(b), 0, tag=ptag, timeout=10).wait(10)
+            return None
+        time.sleep(0.5)  # both messages are at rank 0
+        try:
+            return c.recv_object(src=-1, timeout=2)
+        except collie.CollieTimeout:
+            return "timeout"  # rank 2's payload never came: right
+
+    got = world3.each(body)[0]
+    assert got == "timeout", got
 
 
 def test_concurrent_any_source_receives_never_mix_payloads(world3):
@@ -159,6 +208,22 @@ def test_send_recv_object_bad_tags(world2):
             c.send_object(1, 1, tag=tag)
         with pytest.raises(ValueError, match="object tags are ints"):
             c.recv_object(tag=tag)
+
+
+def test_send_recv_object_bad_peers_name_the_argument(world2):
+    """dst/src of a wrong type or out of range: TypeError/ValueError naming
+    the argument, before anything is posted (were ctypes' 'ArgumentError:
+    argument 5: wrong type' and int()'s 'invalid literal')."""
+    c = world2.comms[0]
+    for dst, exc in ((None, TypeError), ("1", TypeError), (1.0, TypeError), (True, TypeError),
+                     (2, ValueError), (-1, ValueError)):
+        with pytest.raises(exc, match="send_object: dst"):
+            c.send_object("a", dst, timeout=1)
+    for src, exc in (("x", TypeError), (1.5, TypeError), (False, TypeError),
+                     (2, ValueError), (-2, ValueError)):
+        with pytest.raises(exc, match="recv_object: src"):
+            c.recv_object(src=src, timeout=1)
+    assert posted(c) == 0
 
 
 def test_plain_recv_never_takes_an_object_message(world2):
