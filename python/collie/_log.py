@@ -18,13 +18,17 @@ Design notes
   log_to_python(level=...) sets it from a logging level. The logger's own
   level and handlers then apply as usual.
 - Stop (log_to_python(False), and atexit at interpreter exit - registered
-  after logging's own, so it runs first): detach the handler
-  (collie_set_log_handler returns only once no call of it runs; lines go
-  to stderr again), stop and join the thread (bounded), emit what is
-  left, free the ring. Nothing of this package takes the GIL from a
-  foreign thread, and the thread is gone before Python finalizes. If the
-  thread does not end in time (a logging handler stuck), the ring is left
-  allocated rather than freed under it.
+  after logging's own, so it runs first): under _lock, clear _state,
+  detach the handler (collie_set_log_handler returns only once no call of
+  it runs; lines go to stderr again) and tell the thread to stop; then,
+  outside _lock, join it (bounded). The thread itself emits what is left
+  and frees the ring as it ends, so the ring is never freed under it (a
+  logging handler stuck past the join keeps it until it returns). A stop
+  from the collie-log thread (a logging handler calling
+  log_to_python(False)) does the same without the join: the thread ends
+  once the handler returns, and a later log_to_python(True) starts a new
+  ring and thread. Nothing of this package takes the GIL from a foreign
+  thread, and the thread is gone before Python finalizes.
 """
 
 import atexit
@@ -98,6 +102,16 @@ def _reader(q, stop):
                 reported = dropped
         except Exception:  # a failing logging handler must not end the routing
             pass
+    # stopped: the handler is detached, so nothing adds lines any more
+    for _ in range(1 << 20):  # bounded by the ring's largest capacity
+        rec.size = sizeof(rec)
+        if lib.collie_log_queue_pop(q, 0, byref(rec)) != OK:
+            break
+        try:
+            _emit(rec)
+        except Exception:
+            pass
+    lib.collie_log_queue_destroy(q)
 
 
 def log_to_python(on=True, level=None, capacity=4096):
@@ -105,10 +119,12 @@ def log_to_python(on=True, level=None, capacity=4096):
     back to stderr / COLLIE_LOG_FILE (on=False). `level` (a logging level or
     its name) also sets which lines collie makes (collie_set_log_level);
     None leaves COLLIE_LOG's. `capacity`: lines held while the reader
-    thread is behind (more are dropped and counted). Idempotent."""
+    thread is behind (more are dropped and counted). Idempotent; callable
+    from any thread, a logging handler (the collie-log thread) included."""
     global _state
     if level is not None:
         lib.collie_set_log_level(_collie_level(level))
+    old = None
     with _lock:
         if on and _state is None:
             q = c_void_p()
@@ -119,26 +135,12 @@ def log_to_python(on=True, level=None, capacity=4096):
             lib.collie_set_log_handler(cast(lib.collie_log_queue_handler, c_void_p), q.value)
             _state = (q.value, stop, t)
         elif not on and _state is not None:
-            _stop(*_state)
-            _state = None
-
-
-def _stop(q, stop, t):
-    lib.collie_set_log_handler(None, None)  # returns once no handler call runs
-    stop.set()
-    t.join(JOIN_S)
-    if t.is_alive():
-        return  # a stuck logging handler: leave the ring allocated
-    rec = _lib.LogRecord()
-    for _ in range(1 << 20):  # bounded by the ring's largest capacity
-        rec.size = sizeof(rec)
-        if lib.collie_log_queue_pop(q, 0, byref(rec)) != OK:
-            break
-        try:
-            _emit(rec)
-        except Exception:
-            pass
-    lib.collie_log_queue_destroy(q)
+            old, _state = _state, None
+            # returns once no handler call runs; lines go to stderr again
+            lib.collie_set_log_handler(None, None)
+            old[1].set()
+    if old is not None and old[2] is not threading.current_thread():
+        old[2].join(JOIN_S)  # outside _lock: a handler calling log_to_python must not wait on us
 
 
 @atexit.register

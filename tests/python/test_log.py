@@ -140,6 +140,43 @@ def test_off_again_lines_go_to_stderr(capture, capfd):
     assert not any(aborted_line(r) for r in capture.records)
 
 
+def test_stop_from_a_handler_then_on_again_routes(capture):
+    """log_to_python(False) from a logging handler (the collie-log thread
+    itself) stops the routing without joining itself (it raised 'cannot
+    join current thread' and left the routing recorded as on, so on again
+    was a no-op and the lines went to stderr); on again routes."""
+    stop_error, first, done = [], threading.Event(), []
+
+    class StopOnFirst(logging.Handler):
+        def emit(self, rec):
+            if not first.is_set():
+                first.set()
+                try:
+                    collie.log_to_python(False)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    stop_error.append(f"{type(e).__name__}: {e}")
+                done.append(threading.current_thread().name)
+
+    h = StopOnFirst()
+    log = logging.getLogger("collie")
+    log.addHandler(h)
+    w = None
+    try:
+        collie.log_to_python(True, level="INFO")
+        w = World(2, name="stopper")  # INFO lines: the handler stops routing on the first
+        assert first.wait(10)
+        collie.log_to_python(True)  # on again
+        n = len(capture.records)
+        w.comms[0].abort("test abort xyz")
+        capture.wait_for(lambda r: aborted_line(r) and capture.records.index(r) >= n)
+        assert not stop_error, stop_error
+        assert done == ["collie-log"]
+    finally:
+        if w is not None:
+            w.close()
+        log.removeHandler(h)
+
+
 EXITER = r"""
 import logging, os, sys, threading
 sys.path.insert(0, os.path.join(sys.argv[1], "python"))
