@@ -1,6 +1,7 @@
 """The torch.distributed backend "collie" (torch 1.13, CPU): every
 collective, unsupported calls, Work.wait(timeout) as gloo's, get_future off
 the progress thread, case-insensitive names, pg_options and policy errors,
+a timeout over collie's limit (no deadline, as gloo takes it),
 10 init/destroy cycles without fd or thread growth, a group destroyed with
 a work in flight (aborted at once), exit without destroy, and DDP: parameters
 equal gloo's bit for bit at world size 2, allclose at 3. Each scenario
@@ -116,6 +117,14 @@ def test_pg_options_and_policy_errors():
         assert "a collie.torch.Options or a dict" in out["bad_type"]
         assert "conflicts with the environment's 'blocking_wait'" in out["conflict"]
         assert out["agreeing"] == 2.0
+
+
+def test_timeout_over_collies_limit_means_no_deadline():
+    """init_process_group(timeout=timedelta(days=30)) (over 2^31-1 ms): gloo
+    takes it, and collie did not ("over collie's limit of 2^31-1 ms")."""
+    for backend in ("gloo", "collie"):
+        for out in scenario("long_timeout", backend=backend):
+            assert out == {"world": [3.0, 3.0], "group": [2.0]}, (backend, out)
 
 
 def test_ten_init_destroy_cycles_without_growth():

@@ -353,8 +353,27 @@ def barrier_timeout():
     return out
 
 
+def long_timeout():
+    # a timeout over collie's limit (2^31-1 ms): gloo takes it, and so does
+    # collie (no deadline), for the default group, a new group and
+    # create_timeout alike
+    out = {}
+    days30 = timedelta(days=30)
+    kw = {"pg_options": {"create_timeout": days30}} if backend == "collie" else {}
+    dist.init_process_group(backend, init_method=f"file:///tmp/collie-long-{port}", rank=rank,
+                            world_size=world, timeout=days30, **kw)
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    out["world"] = t.tolist()
+    g = dist.new_group(list(range(world)), timeout=days30)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=g)
+    out["group"] = t.tolist()
+    return out
+
+
 def main():
-    if scenario not in ("names", "options", "cycles"):
+    if scenario not in ("names", "options", "cycles", "long_timeout"):
         init()
     result = globals()[scenario]()
     if dist.is_initialized() and scenario not in ("destroy_pending", "exit_without_destroy"):

@@ -17,7 +17,11 @@ Design notes
 - One collie Engine per process serves every process group; one store
   client per server address.
 - The process group's timeout (init_process_group(timeout=...)) is the
-  comm's default op timeout: every collective's deadline. Settings come
+  comm's default op timeout: every collective's deadline. A timeout over
+  collie's limit (2^31-1 ms, about 24.8 days; gloo takes any) means no
+  deadline, as the extension does for a per-op timeout over it: so
+  timeout=timedelta(days=30) works as on gloo. The same for
+  Options.create_timeout. Settings come
   from pg_options (collie.torch.Options or a dict) or the environment
   (COLLIE_BLOCKING_WAIT, COLLIE_ASYNC_ERROR_HANDLING): unknown keys, bad
   values and a pg_options policy that contradicts the environment are
@@ -41,6 +45,7 @@ Design notes
 
 import atexit
 import json
+import math
 import os
 import re
 import secrets
@@ -96,6 +101,15 @@ ProcessGroupCollie = _C.ProcessGroupCollie
 atexit.register(_C.at_exit)
 
 OPTION_KEYS = ("policy", "create_timeout")
+LIMIT_MS = 2**31 - 1  # collie's longest finite timeout (int32 ms)
+
+
+def comm_seconds(timeout):
+    """A torch-side timeout (timedelta or seconds) as collie.Comm takes it:
+    over collie's limit (LIMIT_MS, about 24.8 days) is no deadline (math.inf),
+    as the extension makes a per-op timeout over it."""
+    t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return math.inf if round(t * 1000) > LIMIT_MS else t
 _ENV_ASYNC = {
     "0": "none",
     "none": "none",
@@ -126,6 +140,7 @@ class Options:
                 create_timeout = create_timeout.total_seconds()
             if not float(create_timeout) > 0:
                 raise ValueError(f"collie pg_options: create_timeout {create_timeout!r} must be > 0")
+            create_timeout = comm_seconds(create_timeout)
         self.policy = None if policy is None else str(policy).lower()
         self.create_timeout = create_timeout
 
@@ -224,19 +239,13 @@ def _advertised_host(global_ranks):
         return "127.0.0.1"
 
 
-def _seconds(timeout):
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
-
-
 def create_process_group(dist_opts, pg_options=None):
     """torch's creator function (extended_api=True)."""
     opts = Options.of(pg_options)
     policy = resolve_policy(opts)
     store = dist_opts.store
     rank, size = dist_opts.group_rank, dist_opts.group_size
-    timeout = _seconds(dist_opts.timeout)
+    timeout = comm_seconds(dist_opts.timeout)
     engine()
     arrival = store.add("collie/arrivals", 1)
     key = f"collie/{(arrival - 1) // size}/store"
