@@ -312,5 +312,9 @@ def test_peer_dies_between_header_and_payload():
                     p.wait(10)
     lines = outs[0].splitlines()
     assert lines[0] == "('whole', 1)", outs
-    assert lines[1].startswith("error ColliePeerError"), outs
+    # the payload's receive fails on the peer's death (ColliePeerError), or is
+    # refused because the comm already failed from it (CollieAborted): either
+    # names rank 1, and never returns a partial object
+    assert lines[1].startswith(("error ColliePeerError", "error CollieAborted")), outs
+    assert "rank 1" in lines[1], outs
     assert "header sent" in outs[1]
