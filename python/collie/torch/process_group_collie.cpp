@@ -11,7 +11,7 @@
 //   returns a CollieWork. Collectives whose torch shape is a tensor list
 //   (allgather, gather, scatter, reduce_scatter, alltoall, the coalesced
 //   forms) go through one flat buffer: packed at post, unpacked once the work
-//   has completed ("finalize").
+//   has completed ("finalize"); large CPU ones are reused (scratch.h).
 // - Completion is taken in exactly one place per work (std::call_once): by
 //   the caller in wait()/isCompleted() when it sees the work done, else by
 //   the process's one completer thread, which pops every work from a collie
@@ -60,6 +60,7 @@
 
 #include "collie.h"
 #include "compat.h"
+#include "scratch.h"
 
 namespace collie_torch {
 
@@ -140,14 +141,6 @@ const at::Tensor &single(const Tensors &ts, const char *op) {
 void same_kind(const at::Tensor &a, const at::Tensor &b, const char *op) {
     TORCH_CHECK(a.scalar_type() == b.scalar_type(), "collie: ", op,
                 ": tensors of different types (", a.scalar_type(), " and ", b.scalar_type(), ")");
-}
-
-// One flat 1-D tensor holding the tensors one after the other.
-at::Tensor flatten(const Tensors &ts) {
-    Tensors views;
-    for (auto &t : ts)
-        views.push_back(t.reshape({-1}));
-    return at::cat(views);
 }
 
 int32_t timeout_ms(std::chrono::milliseconds t) {
@@ -687,7 +680,7 @@ class ProcessGroupCollie : public BackendBase {
         }
         auto dt = to_dtype(ts[0], "allreduce_coalesced", ts[0].scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, ts[0], "allreduce_coalesced");
-        auto flat = flatten(ts);
+        auto flat = scratch_.flatten(ts);
         Tensors outs = ts;
         if (on_cuda(flat))
             return post_cuda(
@@ -741,7 +734,7 @@ class ProcessGroupCollie : public BackendBase {
         TORCH_CHECK(outs.size() == 1, "collie: allgather takes one output list per process");
         check_list(outs[0], in, "allgather");
         auto dt = to_dtype(in, "allgather", false);
-        auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        auto flat = scratch_.empty((int64_t)size_ * in.numel(), in.options());
         if (on_cuda(in))
             return post_cuda(
                 OpType::ALLGATHER, "allgather", in, outs[0], {in, flat}, opts.timeout,
@@ -805,8 +798,8 @@ class ProcessGroupCollie : public BackendBase {
             }
         }
         auto dt = to_dtype(ins[0], "allgather_coalesced", false);
-        auto in = flatten(ins);
-        auto flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+        auto in = scratch_.flatten(ins);
+        auto flat = scratch_.empty((int64_t)size_ * in.numel(), in.options());
         if (on_cuda(in))
             return post_cuda(
                 OpType::ALLGATHER_COALESCED, "allgather_coalesced", in, flat_outs, {in, flat},
@@ -853,9 +846,9 @@ class ProcessGroupCollie : public BackendBase {
         const char *op = "allgather_into_tensor_coalesced";
         check_pairs(outs, ins, size_, true, op);
         auto dt = to_dtype(ins[0], op, false);
-        auto in = flatten(ins);
+        auto in = scratch_.flatten(ins);
         int64_t n = in.numel();
-        auto flat = at::empty({(int64_t)size_ * n}, in.options());
+        auto flat = scratch_.empty((int64_t)size_ * n, in.options());
         int size = size_;
         Tensors list = outs;
         std::function<void()> out_fn = [flat, list, n, size]() mutable {
@@ -927,7 +920,7 @@ class ProcessGroupCollie : public BackendBase {
             TORCH_CHECK(outs.size() == 1, "collie: gather: the root takes one output list");
             check_list(outs[0], in, "gather");
             list = outs[0];
-            flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
+            flat = scratch_.empty((int64_t)size_ * in.numel(), in.options());
         } else {
             TORCH_CHECK(outs.empty(), "collie: gather: only the root passes output tensors");
         }
@@ -959,7 +952,7 @@ class ProcessGroupCollie : public BackendBase {
         if (rank_ == root) {
             TORCH_CHECK(ins.size() == 1, "collie: scatter: the root takes one input list");
             check_list(ins[0], out, "scatter");
-            flat = flatten(ins[0]);
+            flat = scratch_.flatten(ins[0]);
         } else {
             TORCH_CHECK(ins.empty(), "collie: scatter: only the root passes input tensors");
         }
@@ -983,7 +976,7 @@ class ProcessGroupCollie : public BackendBase {
         check_list(ins[0], out, "reduce_scatter");
         auto dt = to_dtype(out, "reduce_scatter", out.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, out, "reduce_scatter");
-        auto flat = flatten(ins[0]);
+        auto flat = scratch_.flatten(ins[0]);
         if (on_cuda(out))
             return post_cuda(OpType::REDUCE_SCATTER, "reduce_scatter", out, outs, {flat},
                              opts.timeout, [&](auto c, auto s, auto o, auto w) {
@@ -1104,8 +1097,8 @@ class ProcessGroupCollie : public BackendBase {
             rc[i] = outs[i].numel();
         }
         auto dt = to_dtype(ins[0], "alltoall", false);
-        auto in = flatten(ins);
-        auto flat = flatten(outs);
+        auto in = scratch_.flatten(ins);
+        auto flat = scratch_.flatten(outs);
         if (on_cuda(in))
             return post_cuda(
                 OpType::ALLTOALL, "alltoall", in, outs, {in, flat}, opts.timeout,
@@ -1368,6 +1361,7 @@ class ProcessGroupCollie : public BackendBase {
     std::shared_ptr<Completer> completer_;
     std::atomic<uint64_t> seq_{0};
     CudaSide cuda_;                      // the CUDA tensors' comm (cuda_side.h)
+    ScratchPool scratch_;                // flat buffers of the list-shaped ops (scratch.h)
     std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
     // the comm's default op timeout in ms (-1: none; -2: not known yet)
     std::atomic<int64_t> default_timeout_ms_;
