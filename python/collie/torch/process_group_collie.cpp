@@ -41,7 +41,10 @@
 //   report, so no rank waits out its own deadline after rank 0 has failed.
 // - Coalescing (torch 2.x) posts each op as it comes and returns one Work
 //   for them at endCoalescing (posting at once cannot deadlock in collie);
-//   split is one collie_comm_split for every new group.
+//   torch may leave a region without endCoalescing, so startCoalescing
+//   starts over and an op collie refuses ends its region. split is one
+//   collie_comm_split for every new group; teardown aborts the comm before
+//   taking comm_mu_ when a split is in flight, which ends the split.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
