@@ -19,7 +19,11 @@
  *    member of a generation to the same list as it holds them to the same
  *    size (comm_rendezvous.c): members given different lists fail with
  *    COLLIE_EINVAL naming both lists, never form a comm.
- *  - Both block, bounded by the parent's create timeout.
+ *  - Both block, bounded by the create timeout of their options, else the
+ *    parent's. Each wait of a split watches the parent: once it has failed
+ *    (an abort from another thread, a dead peer) the split ends at once
+ *    with the parent's fault rather than at its deadline (split_wait; the
+ *    child's rendezvous: comm_create.c).
  *  - A child inherits the parent's backends and device unless its options
  *    name others. A backend that can build children from the parent
  *    (ops->split: NCCL's ncclCommSplit, collective over the parent) does
@@ -171,6 +175,21 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
     return cl_comm_create_child(c, me, n, &co, 0, me, list, out);
 }
 
+/* Waits for w, a step of a split of c, in slices: once c has failed, w is
+ * cancelled and the split fails at once with c's fault (COLLIE_EABORTED). */
+static int split_wait(collie_comm *c, collie_work *w, const char *who) {
+    for (;;) { /* bounded by w's deadline */
+        int r = collie_work_wait(w, 20);
+        if (r != COLLIE_INPROGRESS) return r;
+        if (atomic_load(&c->err_status) != COLLIE_OK) {
+            collie_work_cancel(w);
+            collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
+            return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' failed during the split: %s",
+                                     who, c->name, c->err_msg);
+        }
+    }
+}
+
 typedef struct split_entry {
     int color, key, rank;
 } split_entry;
@@ -192,11 +211,10 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     int k = atomic_fetch_add(&c->groups_made, 1);
     int n = c->size;
     char **keys = calloc((size_t)n, sizeof *keys);
-    void **vals = calloc((size_t)n, sizeof *vals);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
     split_entry *all = calloc((size_t)n, sizeof *all);
+    collie_work *got = NULL;
     int res = COLLIE_ENOMEM;
-    if (!keys || !vals || !lens || !all) goto out;
+    if (!keys || !all) goto out;
     for (int i = 0; i < n; i++) {
         keys[i] = malloc(strlen(c->prefix) + 32);
         if (!keys[i]) goto out;
@@ -204,7 +222,7 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     }
     char mine[32];
     snprintf(mine, sizeof mine, "%d,%d", color, key);
-    int32_t t = c->create_timeout_ms;
+    int32_t t = cl_opt(o, create_timeout_ms, 0) ? o->create_timeout_ms : c->create_timeout_ms;
     CL_CHECK_GOTO(collie_store_set(c->store, keys[c->rank], mine, strlen(mine), t), res, out);
     if (color == COLLIE_UNDEFINED) { /* nothing to learn from the others' colours */
         res = split_skips(c, false, o, key, "collie_comm_split");
@@ -214,15 +232,25 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
                                     c->rank, c->name);
         goto out;
     }
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = t;
     CL_CHECK_GOTO(
-        collie_store_multi_get(c->store, (const char *const *)keys, (size_t)n, t, vals, lens), res,
+        collie_store_post_multi_get(c->store, (const char *const *)keys, (size_t)n, &po, &got), res,
         out);
+    if ((res = split_wait(c, got, "collie_comm_split")) != COLLIE_OK) {
+        if (res != COLLIE_EABORTED)
+            res = cl_set_last_error(res, "%s", collie_work_error_message(got));
+        goto out;
+    }
     int members = 0, me = -1;
     for (int i = 0; i < n; i++) {
         int col, ky;
-        if (sscanf(vals[i], "%d,%d", &col, &ky) != 2) {
+        const void *val = NULL;
+        size_t len;
+        if (collie_store_work_value_at(got, (size_t)i, &val, &len) != COLLIE_OK ||
+            sscanf(val, "%d,%d", &col, &ky) != 2) {
             res = cl_set_last_error(COLLIE_EPROTO, "collie_comm_split: rank %d sent '%s'", i,
-                                    (char *)vals[i]);
+                                    val ? (const char *)val : "");
             goto out;
         }
         if (col != color) continue;
@@ -239,13 +267,10 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
     collie_comm_opts co = child_opts(c, o, name);
     res = cl_comm_create_child(c, me, members, &co, color, key, NULL, out);
 out:
-    for (int i = 0; i < n; i++) {
-        if (keys) free(keys[i]);
-        if (vals) free(vals[i]);
-    }
+    for (int i = 0; keys && i < n; i++)
+        free(keys[i]);
     free(keys);
-    free(vals);
-    free(lens);
     free(all);
+    collie_work_release(got);
     return res;
 }

@@ -87,7 +87,9 @@ COLLIE_API int collie_comm_create_from_env(collie_engine *e, const collie_comm_o
  * (new_group: "<parent>.g<k>"). Options left unset (NULL opts, backend,
  * device, timeouts, policy) are the parent's; a backend that can (NCCL:
  * ncclCommSplit) builds the child from the parent's communicator. Blocks,
- * bounded by the parent's creation timeout. */
+ * bounded by o->create_timeout_ms when set, else the parent's creation
+ * timeout; once the parent fails (collie_comm_abort from another thread, a
+ * dead peer) it returns at once with the parent's fault (EABORTED). */
 COLLIE_API int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts *o,
                                  collie_comm **out);
 

@@ -709,6 +709,54 @@ static void test_split_undefined_does_not_wait(void **state) {
     world_destroy(&w);
 }
 
+/* A split waiting for a rank that never calls it ends at once when its
+ * parent is aborted from another thread (before: it waited out the
+ * parent's whole create timeout, 20 s here; collie.torch's abort of a group
+ * splitting on another thread waited with it, issue 31), and a create
+ * timeout in the split's options bounds the colour exchange (before: the
+ * parent's). */
+typedef struct split_wait_arg {
+    collie_comm *c;
+    int32_t create_timeout_ms;
+    int rc;
+    int64_t ms;
+    char msg[512];
+} split_wait_arg;
+static void *split_alone(void *p) {
+    split_wait_arg *a = p;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.create_timeout_ms = a->create_timeout_ms;
+    collie_comm *child = NULL;
+    int64_t t0 = now_ms();
+    a->rc = collie_comm_split(a->c, 0, 0, &o, &child);
+    a->ms = now_ms() - t0;
+    snprintf(a->msg, sizeof a->msg, "%s", collie_last_error());
+    collie_comm_destroy(child);
+    return NULL;
+}
+static void test_split_ends_on_abort_and_own_timeout(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.create_timeout_ms = 20000;
+    world w;
+    world_create(&w, 2, "splitwait", &o);
+    split_wait_arg a = {.c = w.c[0], .create_timeout_ms = 1000};
+    pthread_t th;
+    pthread_create(&th, NULL, split_alone, &a);
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, COLLIE_ETIMEDOUT);
+    assert_true(a.ms < 8000); /* its own 1 s, not the parent's 20 s */
+    a = (split_wait_arg){.c = w.c[0]};
+    pthread_create(&th, NULL, split_alone, &a);
+    usleep(300 * 1000);
+    assert_int_equal(collie_comm_abort(w.c[0], "test abort"), COLLIE_OK);
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, COLLIE_EABORTED);
+    assert_true(a.ms < 8000);
+    assert_non_null(strstr(a.msg, "test abort"));
+    world_destroy(&w);
+}
+
 /* new_group with member lists that disagree across ranks: rank 0 asks for
  * {0,1}, ranks 1 and 2 for {2,1}. Joined in the order 0, 1, 2, ranks 0 and
  * 1 made one comm and rank 1's allreduce returned OK with {0,1}'s sum
@@ -1185,6 +1233,7 @@ int main(void) {
         cmocka_unit_test(test_mismatched_posts_are_eproto),
         cmocka_unit_test(test_split_and_new_group),
         cmocka_unit_test(test_split_undefined_does_not_wait),
+        cmocka_unit_test(test_split_ends_on_abort_and_own_timeout),
         cmocka_unit_test(test_new_group_lists_must_agree),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_comm_stats),

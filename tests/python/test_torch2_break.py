@@ -1,6 +1,6 @@
 """Breakage reproducers for collie.torch on torch 2.x (a fresh-eyed
 tester's findings, issue 31): each test asserts the behaviour the docs or
-gloo/NCCL give and is marked xfail with what collie does instead. Ranks are
+gloo/NCCL give (fixed since: the comments say what collie did). Ranks are
 processes (tests/python/torch2_break_worker.py), every wait bounded."""
 
 import os
@@ -30,13 +30,7 @@ def run(scenario, world=2, timeout=90):
 
 BAD = "RuntimeError: not supported by collie: send of UInt32 tensors"
 
-STUCK = ("collie's startCoalescing set coalescing_ and a batch_isend_irecv whose op raised "
-         "never reached endCoalescing (torch's _coalescing_manager has no try/finally): "
-         "the group stays 'already coalescing' for good (ProcessGroupNCCL's startCoalescing "
-         "just starts again)")
 
-
-@pytest.mark.xfail(strict=True, reason=STUCK)
 def test_batch_isend_irecv_works_after_a_failed_batch():
     for r, out in enumerate(run("batch_after_failed_batch")):
         assert out["bad"] == BAD, out
@@ -46,8 +40,6 @@ def test_batch_isend_irecv_works_after_a_failed_batch():
         assert out["got"] == [float((r - 1) % 2)] * 4, (r, out)
 
 
-@pytest.mark.xfail(strict=True, reason=STUCK + "; torch's _abort_process_group opens a "
-                   "coalescing region around the aborts, so the abort itself fails")
 def test_abort_process_group_after_a_failed_batch():
     for r, out in enumerate(run("abort_after_failed_batch")):
         assert out["bad"] == BAD, out
@@ -57,8 +49,6 @@ def test_abort_process_group_after_a_failed_batch():
         assert out["initialized_after_abort"] is False, (r, out)
 
 
-@pytest.mark.xfail(strict=True, reason=STUCK + "; every later op's Work (and tensors) is "
-                   "appended to coalesced_ and never released until destroy")
 def test_works_not_kept_after_a_failed_batch():
     for r, out in enumerate(run("works_kept_after_failed_batch")):
         assert out["freed_before"] is True, out
@@ -66,9 +56,6 @@ def test_works_not_kept_after_a_failed_batch():
         assert out["freed_after"] is True, (r, out)
 
 
-@pytest.mark.xfail(strict=True, reason="a dead peer fails the whole collie comm, so rank 0's "
-                   "receive from rank 1 (alive, on time) fails first and the report names rank "
-                   "1: 'Rank 1 failed to pass monitoredBarrier' / 'Ranks 1, 2' (gloo names 2)")
 def test_monitored_barrier_names_the_dead_rank_not_a_live_one():
     import json
     import subprocess
@@ -96,11 +83,6 @@ def test_monitored_barrier_names_the_dead_rank_not_a_live_one():
     assert out0["mb_all"].startswith("RuntimeError: [Rank 0]: Ranks 2 failed to pass"), out0
 
 
-@pytest.mark.xfail(strict=True, reason="split holds comm_mu_ shared across collie_comm_split "
-                   "(blocking up to the creation deadline), so torch's abort from another thread "
-                   "(teardown: comm_mu_ exclusive) waits the split out: ~9 s of a 10 s group "
-                   "timeout here, 30 min with torch's default; monitoredBarrier was fixed for "
-                   "the same (85cddfd)")
 def test_abort_from_another_thread_during_split_is_prompt():
     out = run("abort_during_split", timeout=90)[0]
     # observed: {'split': '...split: store.multi_get ... deadline of 10000 ms passed
@@ -109,11 +91,6 @@ def test_abort_from_another_thread_during_split_is_prompt():
     assert out["split_s"] < 4, out
 
 
-@pytest.mark.xfail(strict=True, reason="a coalescing region torch abandons (mixed op types) "
-                   "leaves collie coalescing; the next _coalescing_manager's startCoalescing "
-                   "raises 'already coalescing' after torch registered the group in "
-                   "pg_coalesce_state, which nothing removes: every later dist.all_reduce on "
-                   "the group is queued there and returns None - the tensor unreduced, no error")
 def test_allreduce_after_an_abandoned_coalescing_region_reduces():
     for r, out in enumerate(run("mixed_coalescing_then_allreduce")):
         assert out["mixed"].startswith("RuntimeError: Coalescing manager requires all "

@@ -369,9 +369,15 @@ def extras():
     for q in reqs:
         q.wait()
     res["batch"] = [len(reqs), recv.tolist()]
+    # a second start starts over (as NCCL's: torch may leave a region
+    # without endCoalescing); an op collie refuses ends its region
     res["nested"] = _err(lambda: [pg._start_coalescing(cpu), pg._start_coalescing(cpu)])[0]
     pg._end_coalescing(cpu).wait()
     res["end_alone"] = _err(lambda: pg._end_coalescing(cpu))[0]
+    pg._start_coalescing(cpu)
+    bad = torch.zeros(1, dtype=torch.uint32)
+    res["refused"] = _err(lambda: dist.send(bad, (rank + 1) % world))[0]
+    res["end_refused"] = _err(lambda: pg._end_coalescing(cpu))[0]
     _sync(store, "x")
     dist.destroy_process_group()
     return res

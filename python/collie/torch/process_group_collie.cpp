@@ -41,7 +41,10 @@
 //   report, so no rank waits out its own deadline after rank 0 has failed.
 // - Coalescing (torch 2.x) posts each op as it comes and returns one Work
 //   for them at endCoalescing (posting at once cannot deadlock in collie);
-//   split is one collie_comm_split for every new group.
+//   torch may leave a region without endCoalescing, so startCoalescing
+//   starts over and an op collie refuses ends its region. split is one
+//   collie_comm_split for every new group; teardown aborts the comm before
+//   taking comm_mu_ when a split is in flight, which ends the split.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
@@ -52,6 +55,8 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <shared_mutex>
@@ -469,8 +474,12 @@ class ProcessGroupCollie : public BackendBase {
     // own new group in the new group's order (a rank in none: some other
     // group's); one collie_comm_split makes every new group at once, the
     // colour being the group's lowest rank, the key a rank's position.
-    // Blocks (bounded by the comm's creation timeout); nullptr for a rank
-    // in no group.
+    // Blocks, bounded by torch's timeout of the new group (split_group's
+    // timeout=, which torch passes in `opts`), else the comm's creation
+    // timeout; nullptr for a rank in no group. comm_mu_ is held shared
+    // across it, so teardown (torch's abort or shutdown from another
+    // thread) first aborts the comm, which ends the split at once (collie
+    // watches the parent in each wait of a split), then takes comm_mu_.
     bool supportsSplitting() const override { return true; }
     c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,
                                             const std::vector<int> &ranks,
@@ -486,12 +495,21 @@ class ProcessGroupCollie : public BackendBase {
                         size_);
         collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
         auto t = opts ? opts->timeout : c10d::kUnsetTimeout;
-        if (t != c10d::kUnsetTimeout) o.timeout_ms = timeout_ms(t);
+        if (t != c10d::kUnsetTimeout) o.timeout_ms = o.create_timeout_ms = timeout_ms(t);
         collie_comm *child = nullptr;
         int st;
         {
+            // splitting_ is raised before tearing_ is read, and teardown
+            // does the reverse: one of them sees the other, so a teardown
+            // never waits a split out
+            ++splitting_;
+            struct Done {
+                std::atomic<int> &n;
+                ~Done() { --n; }
+            } done{splitting_};
             std::shared_lock<std::shared_mutex> g(comm_mu_);
             TORCH_CHECK(comm_, "collie: split: ", closed_);
+            TORCH_CHECK(!tearing_.load(), "collie: split: the process group is being torn down");
             st = collie_comm_split(comm_, color, key, &o, &child);
         }
         if (st == COLLIE_ENOTMEMBER) return nullptr;
@@ -507,19 +525,29 @@ class ProcessGroupCollie : public BackendBase {
     // send/recv match outside the collective order, so posting at once
     // cannot deadlock; torch also waits on a synchronous op's own Work
     // inside the manager); endCoalescing returns one Work for all of them.
+    // A region torch left without endCoalescing (its _coalescing_manager has
+    // no try/finally: an op that raised, or torch's own "mixed types" check
+    // after the body) is dropped by the next startCoalescing, as NCCL's
+    // does: its works complete as usual, no Work is made of them. An op
+    // collie refuses inside a region (it throws: RefusalGuard) ends the
+    // region, so the ops after it are not kept for a Work nobody gets.
     bool supportsCoalescing() const override { return true; }
     void startCoalescing() override {
         std::lock_guard<std::mutex> g(coalesce_mu_);
-        TORCH_CHECK(!coalescing_.load(),
-                    "collie: startCoalescing: already coalescing (endCoalescing first)");
         coalesced_.clear();
+        refused_.clear();
         coalescing_ = true;
     }
     c10::intrusive_ptr<c10d::Work> endCoalescing() override {
         std::vector<c10::intrusive_ptr<c10d::Work>> parts;
         {
             std::lock_guard<std::mutex> g(coalesce_mu_);
-            TORCH_CHECK(coalescing_.load(), "collie: endCoalescing without startCoalescing");
+            TORCH_CHECK(coalescing_.load() || !refused_.empty(),
+                        "collie: endCoalescing without startCoalescing");
+            TORCH_CHECK(coalescing_.load(),
+                        "collie: endCoalescing: the coalescing region ended "
+                        "at the ",
+                        refused_, " collie refused (its error was raised then)");
             coalescing_ = false;
             parts.swap(coalesced_);
         }
@@ -530,6 +558,7 @@ class ProcessGroupCollie : public BackendBase {
     // the root's one output tensor (other ranks pass an empty one).
     c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor &out, at::Tensor &in,
                                                       const c10d::GatherOptions &opts) override {
+        RefusalGuard refusal(*this, "gather_into_tensor");
         const char *op = "gather_into_tensor";
         check_tensor(in, op);
         auto dt = to_dtype(in, op, false);
@@ -621,6 +650,30 @@ class ProcessGroupCollie : public BackendBase {
         std::lock_guard<std::mutex> g(coalesce_mu_);
         if (coalescing_.load()) coalesced_.push_back(work);
     }
+    // an op that threw (`what`, refused) inside a coalescing region ends it
+    void end_refused_region(const char *what) {
+        if (!coalescing_.load()) return;
+        std::lock_guard<std::mutex> g(coalesce_mu_);
+        if (!coalescing_.load()) return;
+        coalescing_ = false;
+        coalesced_.clear();
+        refused_ = what;
+    }
+    // On the stack of each op: when the op leaves by an exception (collie
+    // refused it), a coalescing region it was in ends (see startCoalescing).
+    class RefusalGuard {
+      public:
+        RefusalGuard(ProcessGroupCollie &pg, const char *what)
+            : pg_(pg), what_(what), throwing_(std::uncaught_exceptions()) {}
+        ~RefusalGuard() {
+            if (std::uncaught_exceptions() > throwing_) pg_.end_refused_region(what_);
+        }
+
+      private:
+        ProcessGroupCollie &pg_;
+        const char *what_;
+        int throwing_;
+    };
     c10::intrusive_ptr<c10d::Work> post_cuda(OpType type, const char *what, const at::Tensor &on,
                                              Tensors outputs, std::vector<at::Tensor> keep,
                                              std::chrono::milliseconds t, const CudaFn &fn,
@@ -641,6 +694,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> broadcast(Tensors &ts,
                                              const c10d::BroadcastOptions &opts) override {
+        RefusalGuard refusal(*this, "broadcast");
         auto &t = single(ts, "broadcast");
         TORCH_CHECK(opts.rootTensor == 0, "collie: broadcast: rootTensor must be 0");
         auto dt = to_dtype(t, "broadcast", false);
@@ -657,6 +711,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> allreduce(Tensors &ts,
                                              const c10d::AllreduceOptions &opts) override {
+        RefusalGuard refusal(*this, "allreduce");
         auto &t = single(ts, "allreduce");
         auto dt = to_dtype(t, "allreduce", t.scalar_type() != at::kBool);
         auto op = to_redop(opts.reduceOp, t, "allreduce");
@@ -673,6 +728,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work>
     allreduce_coalesced(Tensors &ts, const c10d::AllreduceCoalescedOptions &opts) override {
+        RefusalGuard refusal(*this, "allreduce_coalesced");
         TORCH_CHECK(!ts.empty(), "collie: allreduce_coalesced: no tensors");
         for (auto &t : ts) {
             check_tensor(t, "allreduce_coalesced");
@@ -700,6 +756,7 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> reduce(Tensors &ts, const c10d::ReduceOptions &opts) override {
+        RefusalGuard refusal(*this, "reduce");
         auto &t = single(ts, "reduce");
         TORCH_CHECK(opts.rootTensor == 0, "collie: reduce: rootTensor must be 0");
         auto dt = to_dtype(t, "reduce", t.scalar_type() != at::kBool);
@@ -730,6 +787,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> allgather(std::vector<Tensors> &outs, Tensors &ins,
                                              const c10d::AllgatherOptions &opts) override {
+        RefusalGuard refusal(*this, "allgather");
         auto &in = single(ins, "allgather");
         TORCH_CHECK(outs.size() == 1, "collie: allgather takes one output list per process");
         check_list(outs[0], in, "allgather");
@@ -754,6 +812,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &out, at::Tensor &in,
                                                    const c10d::AllgatherOptions &opts) override {
+        RefusalGuard refusal(*this, "_allgather_base");
         check_tensor(in, "_allgather_base");
         check_tensor(out, "_allgather_base");
         same_kind(in, out, "_allgather_base");
@@ -776,6 +835,7 @@ class ProcessGroupCollie : public BackendBase {
     c10::intrusive_ptr<c10d::Work>
     allgather_coalesced(std::vector<Tensors> &outs, Tensors &ins,
                         const c10d::AllgatherOptions &opts) override {
+        RefusalGuard refusal(*this, "allgather_coalesced");
         TORCH_CHECK(!ins.empty(), "collie: allgather_coalesced: no tensors");
         TORCH_CHECK((int)outs.size() == size_, "collie: allgather_coalesced: ", outs.size(),
                     " output lists for a group of ", size_);
@@ -843,6 +903,7 @@ class ProcessGroupCollie : public BackendBase {
     c10::intrusive_ptr<c10d::Work>
     allgather_into_tensor_coalesced(Tensors &outs, Tensors &ins,
                                     const c10d::AllgatherOptions &opts) override {
+        RefusalGuard refusal(*this, "allgather_into_tensor_coalesced");
         const char *op = "allgather_into_tensor_coalesced";
         check_pairs(outs, ins, size_, true, op);
         auto dt = to_dtype(ins[0], op, false);
@@ -881,6 +942,7 @@ class ProcessGroupCollie : public BackendBase {
     c10::intrusive_ptr<c10d::Work>
     reduce_scatter_tensor_coalesced(Tensors &outs, Tensors &ins,
                                     const c10d::ReduceScatterOptions &opts) override {
+        RefusalGuard refusal(*this, "reduce_scatter_tensor_coalesced");
         const char *op = "reduce_scatter_tensor_coalesced";
         check_pairs(outs, ins, size_, false, op);
         auto dt = to_dtype(outs[0], op, outs[0].scalar_type() != at::kBool);
@@ -911,6 +973,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> gather(std::vector<Tensors> &outs, Tensors &ins,
                                           const c10d::GatherOptions &opts) override {
+        RefusalGuard refusal(*this, "gather");
         auto &in = single(ins, "gather");
         auto dt = to_dtype(in, "gather", false);
         int root = (int)opts.rootRank;
@@ -945,6 +1008,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> scatter(Tensors &outs, std::vector<Tensors> &ins,
                                            const c10d::ScatterOptions &opts) override {
+        RefusalGuard refusal(*this, "scatter");
         auto &out = single(outs, "scatter");
         auto dt = to_dtype(out, "scatter", false);
         int root = (int)opts.rootRank;
@@ -971,6 +1035,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> reduce_scatter(Tensors &outs, std::vector<Tensors> &ins,
                                                   const c10d::ReduceScatterOptions &opts) override {
+        RefusalGuard refusal(*this, "reduce_scatter");
         auto &out = single(outs, "reduce_scatter");
         TORCH_CHECK(ins.size() == 1, "collie: reduce_scatter takes one input list per process");
         check_list(ins[0], out, "reduce_scatter");
@@ -994,6 +1059,7 @@ class ProcessGroupCollie : public BackendBase {
     c10::intrusive_ptr<c10d::Work>
     _reduce_scatter_base(at::Tensor &out, at::Tensor &in,
                          const c10d::ReduceScatterOptions &opts) override {
+        RefusalGuard refusal(*this, "_reduce_scatter_base");
         check_tensor(in, "_reduce_scatter_base");
         check_tensor(out, "_reduce_scatter_base");
         same_kind(in, out, "_reduce_scatter_base");
@@ -1046,6 +1112,7 @@ class ProcessGroupCollie : public BackendBase {
                                                  std::vector<int64_t> &out_split,
                                                  std::vector<int64_t> &in_split,
                                                  const c10d::AllToAllOptions &opts) override {
+        RefusalGuard refusal(*this, "alltoall_base");
         check_tensor(in, "alltoall_base");
         check_tensor(out, "alltoall_base");
         same_kind(in, out, "alltoall_base");
@@ -1084,6 +1151,7 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> alltoall(Tensors &outs, Tensors &ins,
                                             const c10d::AllToAllOptions &opts) override {
+        RefusalGuard refusal(*this, "alltoall");
         TORCH_CHECK((int)outs.size() == size_ && (int)ins.size() == size_,
                     "collie: alltoall: ", "one input and one output tensor per rank (", ins.size(),
                     " and ", outs.size(), " for a group of ", size_, ")");
@@ -1117,6 +1185,7 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> send(Tensors &ts, int dst, int tag) override {
+        RefusalGuard refusal(*this, "send");
         auto &t = single(ts, "send");
         auto dt = to_dtype(t, "send", false);
         TORCH_CHECK(tag >= 0, "collie: send: tag ", tag, " must be >= 0");
@@ -1132,6 +1201,7 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> recv(Tensors &ts, int src, int tag) override {
+        RefusalGuard refusal(*this, "recv");
         auto &t = single(ts, "recv");
         auto dt = to_dtype(t, "recv", false);
         TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
@@ -1147,6 +1217,7 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> recvAnysource(Tensors &ts, int tag) override {
+        RefusalGuard refusal(*this, "recvAnysource");
         auto &t = single(ts, "recv");
         auto dt = to_dtype(t, "recv", false);
         TORCH_CHECK(tag >= 0, "collie: recv: tag ", tag, " must be >= 0");
@@ -1159,6 +1230,7 @@ class ProcessGroupCollie : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
+        RefusalGuard refusal(*this, "barrier");
         // on a CUDA device (torch's barrier(device_ids=[...]), or the device
         // torch 2.x picks): through the CUDA side, after the collectives
         // posted there; wait() blocks the host (cuda_side.h); else the CPU comm
@@ -1244,13 +1316,18 @@ class ProcessGroupCollie : public BackendBase {
     // monitoredBarrier on rank 0: every other rank's token (each receive
     // under the barrier's timeout, all at once), then the reply to each;
     // returns the report ("" when every rank came). comm_mu_ is held for
-    // the posts only, as in monitored_peer.
+    // the posts only, as in monitored_peer. A dead peer fails the whole
+    // comm, and with it the receives of live ranks whose token had not come
+    // yet: when the comm's fault names its cause (rank N), the report names
+    // that rank (as gloo, whose receive from it fails), and no rank whose
+    // receive failed only because of the comm's fault; a token that came
+    // before the fault counted.
     std::string monitored_root(uint64_t tag, std::chrono::milliseconds timeout, bool wait_all) {
         bool zero = timeout != c10d::kUnsetTimeout && timeout.count() <= 0;
         std::vector<int32_t> tokens(size_);
         std::vector<collie_work *> recvs(size_, nullptr);
-        std::vector<int> failed;
-        std::string first_error;
+        std::vector<int> failed, status(size_, COLLIE_OK);
+        std::vector<std::string> errors(size_);
         int32_t shown_ms = (int32_t)std::max<int64_t>(0, timeout.count()); // for the messages
         std::shared_lock<std::shared_mutex> g(comm_mu_);
         TORCH_CHECK(comm_, "collie: monitoredBarrier: ", closed_);
@@ -1263,8 +1340,8 @@ class ProcessGroupCollie : public BackendBase {
                 collie_work_info(recvs[r], &d) == COLLIE_OK)
                 shown_ms = d.timeout_ms; // the comm's own
             if (st != COLLIE_OK) {
-                failed.push_back(r);
-                if (first_error.empty()) first_error = collie_error(st, "recv");
+                status[r] = st;
+                errors[r] = collie_error(st, "recv");
             }
         }
         g.unlock();
@@ -1272,12 +1349,25 @@ class ProcessGroupCollie : public BackendBase {
             if (!recvs[r]) continue;
             int st = collie_work_wait(recvs[r], COLLIE_TIMEOUT_INFINITE); // bounded by its deadline
             if (st != COLLIE_OK) {
-                failed.push_back(r);
-                if (first_error.empty()) first_error = work_error(recvs[r], st);
+                status[r] = st;
+                errors[r] = work_error(recvs[r], st);
             }
             collie_work_release(recvs[r]);
         }
-        std::sort(failed.begin(), failed.end());
+        // what collie knows of the comm's health (a dead peer, an abort)
+        g.lock();
+        int cst = COLLIE_OK;
+        const char *cmsg = nullptr;
+        std::string comm_fault;
+        if (comm_ && collie_comm_error(comm_, &cst, &cmsg) != COLLIE_OK) // returns its status
+            comm_fault = std::string(cmsg ? cmsg : "") + " (" + collie_status_name(cst) + ")";
+        g.unlock();
+        int cause = comm_fault.empty() ? -1 : fault_rank(comm_fault.c_str());
+        for (int r = 1; r < size_; r++)
+            if (status[r] != COLLIE_OK &&
+                (cause < 1 || cause >= size_ || r == cause || status[r] == COLLIE_ETIMEDOUT))
+                failed.push_back(r);
+        std::string first_error = failed.empty() ? "" : errors[failed[0]];
         std::string in = " failed to pass monitoredBarrier in " + std::to_string(shown_ms) + " ms";
         std::string report;
         if (size_ > 1 && !wait_all && zero) {
@@ -1292,20 +1382,32 @@ class ProcessGroupCollie : public BackendBase {
                 list += (list.empty() ? "" : ", ") + std::to_string(r);
             report = "[Rank 0]: Ranks " + list + in + "\n First exception: \n" + first_error;
         }
-        // what collie knows of the comm's health (a dead peer, an abort)
-        g.lock();
-        int cst = COLLIE_OK;
-        const char *cmsg = nullptr;
-        if (!report.empty() && comm_ && collie_comm_error(comm_, &cst, &cmsg) == COLLIE_OK &&
-            cst != COLLIE_OK)
-            report += std::string("\n The comm has failed: ") + (cmsg ? cmsg : "") + " (" +
-                      collie_status_name(cst) + ")";
-        g.unlock();
+        if (!report.empty() && !comm_fault.empty())
+            report += "\n The comm has failed: " + comm_fault;
         std::string reply_error = monitored_reply(tag + 1, report);
-        if (report.empty() && !reply_error.empty())
-            report = "[Rank 0]: " + reply_error.substr(0, reply_error.find(':')) + in +
-                     "\n Original exception: \n" + reply_error.substr(reply_error.find(':') + 2);
+        if (report.empty() && !reply_error.empty()) {
+            // every token came, a reply failed: the comm's fault names whom
+            std::string who = reply_error.substr(0, reply_error.find(':'));
+            if (cause >= 1 && cause < size_) who = "Rank " + std::to_string(cause);
+            report = "[Rank 0]: " + who + in + "\n Original exception: \n" +
+                     reply_error.substr(reply_error.find(':') + 2);
+        }
         return report;
+    }
+
+    // The rank a comm's fault names as its cause: the innermost "rank N" of
+    // its root cause past the relays ("rank 1 failed: rank 2 closed its
+    // connection": 2); -1 when it names none.
+    static int fault_rank(const char *msg) {
+        int who = -1;
+        for (int i = 0; msg && i < 16; i++) {
+            int r = -1, n = 0;
+            if (sscanf(msg, "rank %d%n", &r, &n) != 1 || n == 0) break;
+            who = r;
+            if (strncmp(msg + n, " failed: ", 9) != 0) break;
+            msg += n + 9;
+        }
+        return who;
     }
 
     // Rank 0's reply to every other rank: "" lets them through, else its
@@ -1343,6 +1445,11 @@ class ProcessGroupCollie : public BackendBase {
     // `reason`, destroys the comm (bounded: nothing is left pending), and
     // makes later posts fail naming `reason`. Exclusive against post().
     void teardown(const char *reason, bool always_abort) {
+        tearing_ = true;
+        if (always_abort || splitting_.load() > 0) { // a split in flight ends at once (split)
+            std::shared_lock<std::shared_mutex> s(comm_mu_);
+            if (comm_) collie_comm_abort(comm_, reason);
+        }
         std::unique_lock<std::shared_mutex> g(comm_mu_);
         if (!comm_) return;
         collie_comm_stats st{};
@@ -1363,12 +1470,15 @@ class ProcessGroupCollie : public BackendBase {
     CudaSide cuda_;                      // the CUDA tensors' comm (cuda_side.h)
     ScratchPool scratch_;                // flat buffers of the list-shaped ops (scratch.h)
     std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
+    std::atomic<int> splitting_{0};      // splits in flight (split)
+    std::atomic<bool> tearing_{false};   // teardown has begun
     // the comm's default op timeout in ms (-1: none; -2: not known yet)
     std::atomic<int64_t> default_timeout_ms_;
     // between startCoalescing and endCoalescing (torch 2.x): the works posted
     std::atomic<bool> coalescing_{false};
     std::mutex coalesce_mu_;
     std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+    std::string refused_; // the op whose refusal ended the last region ("" if none)
 };
 
 } // namespace collie_torch
