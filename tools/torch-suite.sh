@@ -16,7 +16,9 @@
 # default "gated" on 1.13, "gated opened" on 2.x; logs of opened runs end
 # in -opened.log. TORCH_SUITE_WORLDS (default "2 3"), TORCH_SUITE_TIMEOUT
 # (a whole run, s), DISTRIBUTED_TESTS_DEFAULT_TIMEOUT (one test, s; torch's
-# harness fails a test past it; default 300 on 1.13, 180 on 2.x).
+# harness fails a test past it; default 300 on 1.13, 180 on 2.x),
+# TORCH_SUITE_START (spawn or fork: how torch's harness starts the ranks;
+# default spawn on 1.13, fork on 2.x).
 # Long: 5-15 minutes a run on 2 cores.
 set -uo pipefail
 torch=${1:-1}
@@ -26,6 +28,9 @@ if [ "$torch" = 2 ]; then
   known=tests/torch_suite/known_differences_2x.txt
   modes=${TORCH_SUITE_MODES:-gated opened}
   export DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=${DISTRIBUTED_TESTS_DEFAULT_TIMEOUT:-180}
+  # ranks forked, not spawned (harness.py): spawning took ~30 s a test on
+  # this loaded 2-core machine (a run would take hours), forking ~1 s
+  export TORCH_SUITE_START=${TORCH_SUITE_START:-fork}
   # the venv has no pytest: dist_suite.py runs under unittest, printing
   # pytest-style lines (harness.run)
   cmd=("$python" tests/torch_suite/dist_suite.py)

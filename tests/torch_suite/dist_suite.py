@@ -32,7 +32,10 @@ class TestDistBackendWithSpawn(distributed_test.TestDistBackend,
                                distributed_test.DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if harness.START == "fork":
+            self._start_processes(harness.fork_context().Process)
+        else:
+            self._spawn_processes()
 
 
 if __name__ == "__main__":

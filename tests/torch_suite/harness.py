@@ -53,6 +53,9 @@ import torch
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 OPEN_GATES = os.environ.get("OPEN_GATES", "0") not in ("", "0")
+START = os.environ.get("TORCH_SUITE_START", "spawn")
+if START not in ("spawn", "fork"):
+    raise ValueError(f"TORCH_SUITE_START={START!r}: spawn or fork")
 
 try:
     import expecttest  # noqa: F401
@@ -128,6 +131,14 @@ def distributed_test():
     from torch.testing._internal.distributed import distributed_test as module
 
     return module
+
+
+def fork_context():
+    """TORCH_SUITE_START=fork: the ranks are forked from the test process
+    (torch's MultiProcessTestCase can start them either way) rather than
+    spawned (each rank a fresh Python importing torch and the suite: several
+    seconds a test on a loaded machine)."""
+    return torch.multiprocessing.get_context("fork")
 
 
 class _LineResult(unittest.TextTestResult):
