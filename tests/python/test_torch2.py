@@ -381,5 +381,7 @@ def test_profiler_events():
         ev = out["events"]
         assert ev["collie:all_reduce"] == [1, True, [[2, 3]]], (r, ev)
         assert ev["collie:broadcast"] == [1, True, [[4]]], (r, ev)
+        assert out["allgather"] == [[float(r2)] * 3 for r2 in range(world)]
+        assert ev["collie:all_gather"] == [1, True, [[3]]], (r, ev)
         p2p = "collie:send" if r == 0 else "collie:recv"
         assert ev[p2p] == [1, True, [[5]]], (r, ev)

@@ -802,7 +802,7 @@ class ProcessGroupCollie : public BackendBase {
                 return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, o,
                                         w);
             },
-            unpack(flat, outs[0]));
+            unpack(flat, outs[0]), ins);
     }
 
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &out, at::Tensor &in,
