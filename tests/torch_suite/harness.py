@@ -20,7 +20,11 @@ difference between the two torch versions is in this file:
 - 2.x only: the venv has no pytest, so run() runs the suite with unittest
   and prints one pytest-style line per test ("dist_suite.py::Class::test
   PASSED|FAILED|ERROR|SKIPPED (reason)") and a pytest-style summary, the
-  lines compare.py reads (1.13 runs under Debian's pytest -v -rA).
+  lines compare.py reads (1.13 runs under Debian's pytest -v -rA);
+- TORCH_SUITE_START=fork (both versions; tools/torch-suite.sh sets it for
+  2.x): dist_suite.py forks the ranks rather than spawning them (torch's
+  MultiProcessTestCase does either); a spawned rank imports torch and the
+  suite anew, ~30 s a test on this loaded 2-core machine.
 
 OPEN_GATES=1 ("gates opened"; both versions): the suite runs many tests
 only for backends it names: decorators evaluated when distributed_test is
