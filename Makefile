@@ -16,11 +16,14 @@
 #   make valgrind        the suite under valgrind (by hand; slow)
 #   make python          the torch backend's extension (when torch's headers are there)
 #   make test-python     the Python package and torch backend tests, PyTorch's suite (curated)
-#   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long)
+#   make test-torch      PyTorch's whole distributed suite, gloo and collie side by side (long):
+#                        torch 1.13's, then torch 2.x's when build/torch2-venv is there
 #   make torch2-venv     build/torch2-venv: torch 2.x from PyPI, pinned (docs/torch2.md)
 #   make torch2          the torch backend's extension for that torch 2.x (build/torch2/_C.so)
 #   make test-torch2     the torch 2.x stage of make test: builds the venv and the extension
 #                        when missing, runs tests/python/test_torch2*.py and a curated torch 2.x suite
+#   make test-torch2-suite  torch 2.x's whole distributed suite, gloo and collie side by side,
+#                        gates by backend name as shipped and opened (long; build/torch-suite/torch2)
 #
 # Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (address+undefined sanitizers, into
 # build/asan), TSAN=1 (thread sanitizer, into build/tsan), CUDA_HOME
@@ -86,7 +89,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 .PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
         test-asan test-tsan format format-check valgrind clean nccl-check deps deps-test \
         check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
-        torch2-venv torch2 test-torch2 \
+        torch2-venv torch2 test-torch2 test-torch2-suite \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -395,9 +398,18 @@ $(BUILD)/bench/mac_bench: bench/mac_bench.c | $(DEPS_STAMP)
 fresh-root:
 	@tools/fresh-root.sh $(FRESH_ROOT)
 
-# PyTorch's whole distributed suite, gloo and collie side by side (long).
+# PyTorch's whole distributed suite, gloo and collie side by side (long):
+# torch 1.13's (tools/torch-suite.sh), then torch 2.x's when the venv is
+# there (test-torch2-suite: gated and opened, tests/torch_suite/harness.py).
 test-torch: all $(DEPS_TEST_STAMP)
-	@tools/torch-suite.sh
+	@status=0; tools/torch-suite.sh || status=1; \
+	if [ -x $(TORCH2_VENV)/bin/python ]; then \
+	  $(MAKE) --no-print-directory test-torch2-suite || status=1; \
+	else echo "collie: no $(TORCH2_VENV) (make torch2-venv): torch 2.x's suite not run"; fi; \
+	exit $$status
+
+test-torch2-suite: all $(TORCH2_EXT) $(DEPS_TEST_STAMP)
+	@tools/torch-suite.sh 2
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples

@@ -369,3 +369,22 @@ def test_backend_extras():
         assert "not supported by collie: send of UInt32" in out["refused"], out
         assert ("collie: endCoalescing: the coalescing region ended at the send collie "
                 "refused") in out["end_refused"], out
+
+
+# torch's profiler records collie's operations as it does gloo's (torch's
+# suite checks "<backend>:all_reduce" events where the backend is in its
+# PROFILING_SUPPORTED_BACKENDS): one async event per operation, named like
+# gloo's with "collie:" first, with the tensors' shapes
+def test_profiler_events():
+    world = 2
+    for r, out in enumerate(run_world("cpu:collie", world, scenario="profiler")):
+        assert out["allreduce"] == [[float(sum(range(world)))] * 3] * 2
+        assert out["broadcast"] == [0.0] * 4
+        assert out["p2p"] == [0.0] * 5, (r, out)
+        ev = out["events"]
+        assert ev["collie:all_reduce"] == [1, True, [[2, 3]]], (r, ev)
+        assert ev["collie:broadcast"] == [1, True, [[4]]], (r, ev)
+        assert out["allgather"] == [[float(r2)] * 3 for r2 in range(world)]
+        assert ev["collie:all_gather"] == [1, True, [[3]]], (r, ev)
+        p2p = "collie:send" if r == 0 else "collie:recv"
+        assert ev[p2p] == [1, True, [[5]]], (r, ev)

@@ -573,12 +573,44 @@ def split():
     return res
 
 
+def profiler():
+    """torch's profiler sees collie's operations as gloo's are seen:
+    "collie:all_reduce", "collie:broadcast", "collie:send"/"collie:recv"
+    "collie:all_gather" events, async, with the recorded tensors' shapes
+    (record_shapes)."""
+    store = dist.TCPStore("127.0.0.1", int(port), world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    t = torch.full((2, 3), float(rank))
+    b = torch.full((4,), float(rank))
+    p = torch.full((5,), float(rank))
+    g = [torch.zeros(3) for _ in range(world)]
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(b, src=0)
+        dist.all_gather(g, torch.full((3,), float(rank)))
+        if rank == 0:
+            dist.send(p, 1)
+        elif rank == 1:
+            dist.recv(p, 0)
+    events = {}
+    for e in prof.function_events:
+        if e.name.startswith("collie:"):
+            events[e.name] = [e.count, e.is_async, e.input_shapes]
+    res = {"events": events, "allreduce": t.tolist(), "broadcast": b.tolist(), "p2p": p.tolist(),
+           "allgather": [x.tolist() for x in g]}
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
     "spellings": spellings,
     "lazy_cuda": lazy_cuda,
     "nccl_map": nccl_map,
     "groups": groups,
     "split": split,
+    "profiler": profiler,
     "coalesced": coalesced,
     "basic": basic,
     "cycles": cycles,

@@ -1,14 +1,17 @@
-"""PyTorch 1.13's own distributed test suite (DistributedTest._DistTestBase,
-shipped in python3-torch) run against a backend: BACKEND=collie (default)
-or gloo, WORLD_SIZE=2 (default) or 3.
+"""PyTorch's own distributed test suite (DistributedTest._DistTestBase,
+shipped in python3-torch 1.13 and in torch 2.x's wheel) run against a
+backend: BACKEND=collie (default) or gloo, WORLD_SIZE=2 (default) or 3,
+OPEN_GATES=1 to open the suite's gates by backend name to collie.
 
-    /usr/bin/python3 tests/torch_suite/dist_suite.py [unittest args, e.g. -k test_barrier]
+    /usr/bin/python3 -m pytest tests/torch_suite/dist_suite.py [-k test_barrier]     # 1.13
+    build/torch2-venv/bin/python tests/torch_suite/dist_suite.py [-k test_barrier]   # 2.x
 
 collie joins the suite as torch's docs say a plugin does: it registers
 itself (import collie.torch) and adds its name to DistTestCases'
 "plugin", "ddp" and "subgroup" features. harness.py makes PyTorch's
-harness run here (expecttest, ReplicatedTensor mode). The module runs again
-in every process the harness spawns, so each rank registers collie too."""
+harness run here (the differences between torch versions, the gates
+opened). The module runs again in every process the harness spawns, so
+each rank registers collie (and opens the gates) too."""
 
 import os
 import sys
@@ -20,25 +23,20 @@ if "TEMP_DIR" not in os.environ:
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="collie-dist-suite-")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402,F401  (expecttest stand-in, ReplicatedTensor off, collie)
-from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+import harness  # noqa: E402  (torch version differences, collie, gates)
 
-if os.environ["BACKEND"] == "collie":
-    for feature in ("plugin", "ddp", "subgroup"):
-        DistTestCases.backend_feature[feature].add("collie")
-
-from torch.testing._internal.common_utils import run_tests  # noqa: E402
-from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
-    DistributedTest,
-    TestDistBackend,
-)
+distributed_test = harness.distributed_test()
 
 
-class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+class TestDistBackendWithSpawn(distributed_test.TestDistBackend,
+                               distributed_test.DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if harness.START == "fork":
+            self._start_processes(harness.fork_context().Process)
+        else:
+            self._spawn_processes()
 
 
 if __name__ == "__main__":
-    run_tests()
+    harness.run()

@@ -10,7 +10,9 @@
 //   (abort(), shutdown(), the coalescing entry points) are compiled under it,
 //   with `override` so a signature torch changes breaks the build here.
 // - collie_torch::BackendBase names the base class (also for pybind: the
-//   base's Python class is torch's own, registered by torch).
+//   base's Python class is torch's own, registered by torch);
+//   OptionalTensors is c10d::Work's optional input list (c10::optional on
+//   1.13, std::optional on 2.x).
 // - current_stream(device): torch's current stream of a CUDA device and its
 //   cudaStream_t, through c10's device-guard registry (no CUDA headers:
 //   c10::Stream::native_handle(), in libc10 since torch 2.2, asks the
@@ -38,8 +40,10 @@ namespace collie_torch {
 
 #if COLLIE_TORCH2
 using BackendBase = c10d::Backend;
+using OptionalTensors = std::optional<std::vector<at::Tensor>>;
 #else
 using BackendBase = c10d::ProcessGroup;
+using OptionalTensors = c10::optional<std::vector<at::Tensor>>;
 #endif
 
 // torch's current stream on CUDA device `d` (the caller's thread)

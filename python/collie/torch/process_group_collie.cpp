@@ -29,6 +29,8 @@
 // - The comm's lifetime: torch 2.x's shutdown()/abort() or the destructor
 //   tear it down once (teardown()); posts hold comm_mu_ shared, so a post
 //   after the teardown fails naming why, never touching a freed comm.
+// - torch's profiler sees each operation as gloo's: c10d::Work records an
+//   async "collie:<op>" event (gloo's op names) from the post to finish().
 // - wait(timeout) is gloo's (torch 1.13's c10d::Work::wait): a finite timeout
 //   that passes throws "Operation timed out!" and the operation goes on; with
 //   no timeout the wait is still bounded by the collective's own deadline
@@ -256,13 +258,57 @@ class Completer {
     std::once_flag shutdown_once_;
 };
 
+// The name of an operation's event in torch's profiler: gloo's names with
+// "collie:" first (torch's suite looks for "<backend>:all_reduce" etc.).
+// c10d::Work records the event from the post to finish() when the profiler
+// runs; the in-place operations record their tensors (record_shapes).
+const char *profiling_title(OpType type) {
+    switch (type) {
+    case OpType::BROADCAST: return "collie:broadcast";
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED: return "collie:all_reduce";
+    case OpType::REDUCE: return "collie:reduce";
+    case OpType::ALLGATHER:
+    case OpType::_ALLGATHER_BASE:
+    case OpType::ALLGATHER_COALESCED: return "collie:all_gather";
+    case OpType::GATHER: return "collie:gather";
+    case OpType::SCATTER: return "collie:scatter";
+    case OpType::REDUCE_SCATTER:
+    case OpType::_REDUCE_SCATTER_BASE: return "collie:reduce_scatter";
+    case OpType::ALLTOALL:
+    case OpType::ALLTOALL_BASE: return "collie:all_to_all";
+    case OpType::SEND: return "collie:send";
+    case OpType::RECV: return "collie:recv";
+    case OpType::RECVANYSOURCE: return "collie:recvAnySource";
+    case OpType::BARRIER: return "collie:barrier";
+    default: return "collie:coalesced";
+    }
+}
+
+// The tensors an operation's profiler event records when its caller names
+// none: a send's tensor, the in-place operations' and receives' outputs.
+OptionalTensors profiled_inputs(OpType type, const Tensors &outputs, const Tensors &keep) {
+    switch (type) {
+    case OpType::SEND: return keep;
+    case OpType::BROADCAST:
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED:
+    case OpType::REDUCE:
+    case OpType::RECV:
+    case OpType::RECVANYSOURCE: return outputs;
+    default: return OptionalTensors();
+    }
+}
+
 class CollieWork : public c10d::Work {
   public:
     CollieWork(int rank, OpType type, Tensors outputs, std::vector<at::Tensor> keep,
-               std::function<void()> finalize)
-        : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)),
-          finalize_(std::move(finalize)), future_(c10::make_intrusive<c10::ivalue::Future>(
-                                              c10::ListType::create(c10::TensorType::get()))) {}
+               std::function<void()> finalize, const OptionalTensors &inputs = OptionalTensors())
+        : c10d::Work(rank, type, profiling_title(type),
+                     inputs ? inputs : profiled_inputs(type, outputs, keep)),
+          outputs_(std::move(outputs)), keep_(std::move(keep)), finalize_(std::move(finalize)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()))) {}
     ~CollieWork() override { collie_work_release(w_); }
 
     void attach(collie_work *w) { w_ = w; }
@@ -595,13 +641,13 @@ class ProcessGroupCollie : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> post(OpType type, const char *what, Tensors outputs,
                                         std::vector<at::Tensor> keep, std::chrono::milliseconds t,
-                                        const PostFn &fn,
-                                        std::function<void()> finalize = nullptr) {
+                                        const PostFn &fn, std::function<void()> finalize = nullptr,
+                                        const OptionalTensors &inputs = OptionalTensors()) {
         std::shared_lock<std::shared_mutex> live(comm_mu_);
         TORCH_CHECK(comm_ != nullptr, "collie: ", what, ": ", closed_);
         check_devices(outputs, keep, c10::Device(c10::DeviceType::CPU), what);
         auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
-                                                    std::move(keep), std::move(finalize));
+                                                    std::move(keep), std::move(finalize), inputs);
         auto &cs = completer_->state();
         collie_post_opts o = COLLIE_POST_OPTS_INIT;
         o.timeout_ms = timeout_ms(t);
@@ -807,7 +853,7 @@ class ProcessGroupCollie : public BackendBase {
                 return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, o,
                                         w);
             },
-            unpack(flat, outs[0]));
+            unpack(flat, outs[0]), ins);
     }
 
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &out, at::Tensor &in,
@@ -875,7 +921,7 @@ class ProcessGroupCollie : public BackendBase {
                 return collie_allgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, o,
                                         w);
             },
-            unpack(flat, flat_outs));
+            unpack(flat, flat_outs), ins);
     }
 
 #if COLLIE_TORCH2
