@@ -38,7 +38,8 @@ status=0
 tools/run-pytest.sh torch2 tests/python/test_torch2*.py tests/python/test_torch.py -k torch2 || status=1
 curated=tests/torch_suite/curated2.txt
 if [ -f "$curated" ]; then
-  PYTHON=$venv/bin/python TORCH_SUITE_TORCH2=1 tools/run-pytest.sh torch2-suite \
+  PYTHON=$venv/bin/python BACKEND=collie WORLD_SIZE=2 TORCH_SUITE_START=fork \
+    tools/run-pytest.sh torch2-suite \
     $(grep -v '^#' "$curated" | sed 's|^|tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::|') \
     || status=1
 fi
