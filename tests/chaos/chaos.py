@@ -59,6 +59,7 @@ SUITE = [
     (8, 4, "tcp", 2, "link,deadline", 3, 60, 64),
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
     (10, 3, "tcp", 1, "none", 2, 60, 64),
+    (20, 4, "tcp", 1, "abort", 2, 40, 64),  # an abort during split (slow_after_abort)
 ]
 SUITE_TIMEOUT_S = 90
 SUITE_ROUND_WAIT_MS = 5000

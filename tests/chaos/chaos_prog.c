@@ -111,6 +111,9 @@ enum {
     K_MISFIT,
     K_MISFIT_SWAP,
     K_INFINITE,
+    K_ABORT_SUB,
+    K_ABORT_SUB_MS,
+    K_SUB_DELAY,
 };
 
 static uint64_t round_h(const ch_round *p, uint64_t what, uint64_t x) {
@@ -147,6 +150,30 @@ static void plan_misfit(ch_round *p, const int *perm) {
             third = (third + 1) % n;
         p->misfit_ranks[other] = p->group_ranks[third];
         p->misfit_ranks[third] = p->group_ranks[other];
+    }
+}
+
+/* this rank's comm-level fault of the round (p->rank's choices) */
+static void plan_fault(ch_round *p, int ops, int faults) {
+    /* a comm-level fault in about one round in two of the whole world */
+    p->fault = 0;
+    p->abort_subgroups = false;
+    uint64_t f = rank_h(p, K_FAULT, 0, 0);
+    if (faults & (CH_F_ABORT | CH_F_DESTROY | CH_F_CANCEL | CH_F_DEADLINE) &&
+        f % 1000 < (uint64_t)(500 / p->world)) {
+        int kinds[4], nk = 0;
+        for (int k = 1; k <= CH_F_DEADLINE; k <<= 1)
+            if (faults & k) kinds[nk++] = k;
+        p->fault = kinds[rank_h(p, K_FAULT_KIND, 0, 0) % (uint64_t)nk];
+        p->fault_slot = (int)(rank_h(p, K_FAULT_SLOT, 0, 0) % (uint64_t)(ops > 0 ? ops : 1));
+        p->fault_delay_ms = (int)(rank_h(p, K_FAULT_DELAY, 0, 0) % 400);
+        p->abort_from = (int)(rank_h(p, K_ABORT_FROM, 0, 0) % 3);
+        if (p->fault == CH_F_ABORT && (p->split || p->group) &&
+            rank_h(p, K_ABORT_SUB, 0, 0) % 2 == 0) {
+            p->abort_subgroups = true;
+            p->abort_from = 1;
+            p->abort_sub_ms = (int)(rank_h(p, K_ABORT_SUB_MS, 0, 0) % 40);
+        }
     }
 }
 
@@ -259,17 +286,16 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
         p->stall_end_ms = 5 + (int)(rank_h(p, K_STALL_END_MS, 0, 0) % 26);
         return; /* no other comm-level fault: the burst must not be cut short */
     }
-    /* a comm-level fault in about one round in two of the whole world */
-    uint64_t f = rank_h(p, K_FAULT, 0, 0);
-    if (faults & (CH_F_ABORT | CH_F_DESTROY | CH_F_CANCEL | CH_F_DEADLINE) &&
-        f % 1000 < (uint64_t)(500 / world)) {
-        int kinds[4], nk = 0;
-        for (int k = 1; k <= CH_F_DEADLINE; k <<= 1)
-            if (faults & k) kinds[nk++] = k;
-        p->fault = kinds[rank_h(p, K_FAULT_KIND, 0, 0) % (uint64_t)nk];
-        p->fault_slot = (int)(rank_h(p, K_FAULT_SLOT, 0, 0) % (uint64_t)(ops > 0 ? ops : 1));
-        p->fault_delay_ms = (int)(rank_h(p, K_FAULT_DELAY, 0, 0) % 400);
-        p->abort_from = (int)(rank_h(p, K_ABORT_FROM, 0, 0) % 3);
+    plan_fault(p, ops, faults);
+    /* the abort during the subgroups (chaos_prog.h): when any rank's is
+     * this round's, every rank but that one comes to its split late, a
+     * little, so some arrive after the abort reached them and refuse
+     * theirs while others wait for them in their own */
+    for (int q = 0; q < world && !p->abort_subgroups; q++) {
+        ch_round t = *p;
+        t.rank = q;
+        plan_fault(&t, ops, faults);
+        if (t.abort_subgroups) p->sub_delay_ms = (int)(rank_h(p, K_SUB_DELAY, 0, 0) % 50);
     }
 }
 

@@ -144,11 +144,20 @@ typedef struct ch_round {
      * must return as from a 5 s one */
     bool infinite_timeout;
     /* this rank's choices */
-    int wait_bias;       /* -1: mixed, else one ch_style for most works */
-    int fault;           /* one of CH_F_* or 0: the comm-level fault of this round */
-    int fault_slot;      /* when (in slots) a main-thread fault fires */
-    int fault_delay_ms;  /* when a thread abort fires (from round start) */
-    int abort_from;      /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
+    int wait_bias;      /* -1: mixed, else one ch_style for most works */
+    int fault;          /* one of CH_F_* or 0: the comm-level fault of this round */
+    int fault_slot;     /* when (in slots) a main-thread fault fires */
+    int fault_delay_ms; /* when a thread abort fires (from round start) */
+    int abort_from;     /* CH_F_ABORT: 0 main thread, 1 own thread, 2 a completion callback */
+    /* CH_F_ABORT in a round with a split or a new_group, about one in two:
+     * the thread abort (abort_from 1) of the world starts before
+     * make_subgroups and fires abort_sub_ms (0..39) later, so it lands
+     * during a split or new_group here while the others are in theirs, or
+     * refuse theirs (the parent failed): every such call must end within
+     * a bound of the abort, not at its create timeout (chaos_rank.c) */
+    bool abort_subgroups;
+    int abort_sub_ms;
+    int sub_delay_ms;    /* another rank's abort_subgroups: sleep 0..49 ms before the split */
     int cancel_permille; /* receives cancelled (when cancel is allowed) */
     /* the stall burst (CH_F_STALL; see the design notes): slots
      * stall_slot .. stall_slot + 2 on comm stall_comm, or stall_slot -1 */

@@ -75,6 +75,10 @@ class RankReport:
         self.first_fail_slow = False
         self.bad = []  # unparsable lines
         self.barriers = {}  # (round, seq, comm) -> (status, post_us, end_us)
+        # splits and new_groups with their clocks: (round, op, status, start_us,
+        # end_us, paused_ms); this rank's abort during them: round -> fired_us
+        self.subgroup_calls = []
+        self.sub_aborts = {}
 
     def feed(self, data):
         self.buf += data
@@ -124,6 +128,9 @@ class RankReport:
                               _int(f, "ms") >= _int(f, "deadline_ms", 1))
         elif rec == "group":
             st = f.get("status", "?")
+            if f.get("op") in ("comm_split", "comm_new_group") and "end_us" in f:
+                self.subgroup_calls.append((_int(f, "r"), f["op"], st, _int(f, "start_us"),
+                                            _int(f, "end_us"), _int(f, "paused_ms")))
             if st not in ("COLLIE_OK", "COLLIE_ENOTMEMBER"):
                 # a create that timed out is slow only if it took its
                 # deadline (ms and deadline_ms where the line has them)
@@ -132,6 +139,8 @@ class RankReport:
         elif rec == "fault":
             k = f.get("kind", "?")
             self.faults[k] = self.faults.get(k, 0) + 1
+            if k == "abort" and f.get("phase") == "subgroups" and "fired_us" in f:
+                self.sub_aborts[_int(f, "r")] = _int(f, "fired_us")
         elif rec == "violation":
             self.violations.append((f.get("kind", "?"), line))
         elif rec == "leak":

@@ -63,6 +63,8 @@ from chaos_report import RankReport
 from chaos_sched import HARMLESS_FAULTS, schedule
 
 POLL_S = 0.01
+SUB_ABORT_BOUND_MS = 2000  # a split after its parent's abort (chaos_rank.c CH_ABORT_BOUND_MS)
+SUB_ABORT_EXCUSE_S = 1.0  # a kill or stop this long before such an abort excuses a slow split
 STALL_S = 60  # no report line from any rank for this long: the run hangs
 KILL_MARGIN_S = 15  # collie-run's grace (3 s) and reap bound (5 s), and some
 LEFTOVER_WAIT_S = 3  # processes of the run may take this long to go
@@ -199,6 +201,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     procs, logs = [], []
     killed = {}  # rank -> monotonic time of our SIGKILL
     stopped = {}  # rank -> monotonic time of its SIGCONT
+    signalled = []  # (from, to): monotonic times of our kills (from == to) and stops
     link_down, link_up_at = False, None
     timed_out = False
     hang_why = "the job's timeout (%d s)" % timeout_s
@@ -311,6 +314,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 if f.kind == "kill":
                     if rank_sig(f.rank, signal.SIGKILL):
                         killed[f.rank] = now
+                        signalled.append((now, now))
                         stopped.pop(f.rank, None)
                         res.count(res.injected, "kill")
                         note("SIGKILL rank %d (at its line %d)" % (f.rank, rep.lines))
@@ -321,6 +325,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                         res.not_injected += 1
                         continue
                     stopped[f.rank] = now + f.pause_ms / 1000
+                    signalled.append((now, now + f.pause_ms / 1000 + 10 * POLL_S))
                     res.count(res.injected, "stop")
                     note("SIGSTOP rank %d for %d ms (at its line %d)" % (f.rank, f.pause_ms,
                                                                          rep.lines))
@@ -471,6 +476,34 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
             res.add("wrong_ok", min(ends)[1], "barrier r=%d seq=%d comm=%d ended OK on rank %d "
                     "at %d us, before rank %d posted it at %d us" % (
                         key + (min(ends)[1], min(ends)[0], max(posts)[1], max(posts)[0])))
+    # An abort during the subgroups (a rank's `fault ... phase=subgroups
+    # fired_us=`): the world of that round failed then, and every split and
+    # new_group on it watches it (comm_split.c, comm_create.c; before
+    # eb4b3bc they waited out the create timeout, 15 s, for a rank that had
+    # refused its own). So none of that round, on any rank, returns more
+    # than SUB_ABORT_BOUND_MS after the later of the abort and its start,
+    # less the time its rank was stopped (one host's monotonic clock, as
+    # above). The aborting rank judges its own calls (chaos_rank.c). A kill
+    # or stop from SUB_ABORT_EXCUSE_S before the abort to the call's end
+    # excuses it: a rank killed or stopped in the middle of writing a notice
+    # to the control channel holds back the notices after it (comm_ctl.c).
+    for rnd in sorted(set().union(*(rep.sub_aborts for rep in reports))):
+        fired = min(rep.sub_aborts[rnd] for rep in reports if rnd in rep.sub_aborts)
+        for r, rep in enumerate(reports):
+            if rnd in rep.sub_aborts:
+                continue
+            for cr, op, st, start, end, paused in rep.subgroup_calls:
+                frm = max(start, fired)
+                late_ms = (end - frm) // 1000 - paused
+                if cr != rnd or end <= fired or late_ms <= SUB_ABORT_BOUND_MS:
+                    continue
+                if any(a * 1e6 <= end and b * 1e6 >= fired - SUB_ABORT_EXCUSE_S * 1e6
+                       for a, b in signalled):
+                    continue
+                res.add("slow_after_abort", r, "%s r=%d on rank %d returned %s %d ms after "
+                        "the abort of its parent during the subgroups (fired_us=%d; bound %d "
+                        "ms; it was stopped %d ms)" % (op, rnd, r, st, late_ms, fired,
+                                                       SUB_ABORT_BOUND_MS, paused))
     # A run in which no work ended OK checked nothing: the oracle cannot
     # have failed it (a library whose every create times out passed so).
     if not res.skipped and res.works_ok == 0 and not {"crash", "hang", "launcher"} & set(
