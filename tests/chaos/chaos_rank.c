@@ -41,6 +41,11 @@
  *    then. With main's 59b5a0d reverted, 36 runs of 40 (4 ranks, seeds
  *    1-40) reported its wrong OK; with it, none. A stall round has no
  *    other comm-level fault.
+ *  - The abort during the subgroups (chaos_prog.h abort_subgroups): the
+ *    thread abort of the world starts before make_subgroups; each split and
+ *    new_group is timed, the aborter stamps when it fired (fired_ns), and a
+ *    call of this rank that returns more than CH_ABORT_BOUND_MS after it is
+ *    slow_after_abort (the driver holds the other ranks' to fired_us).
  *  - The disagree fault (chaos_prog.h): one member calls new_group with
  *    another list than its peers; every rank knows it from the plan, and
  *    no member may get a comm from it (disagreement_accepted).
