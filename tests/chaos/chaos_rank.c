@@ -527,9 +527,19 @@ static void post_slot(ch_run *run, const ch_op *op) {
     }
 }
 
+/* to an absolute deadline: under a signal storm (every 20 us) a relative
+ * nanosleep restarted with its remainder never ended (nanosleep(2): the
+ * remainder drifts), and the split after it never came (seed 33) */
 static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
     }
 }
 
