@@ -235,21 +235,8 @@ post_cuda_work(CompleterState &cs, int rank, collie_comm *comm, OpType type, con
     auto work = c10::make_intrusive<CollieWork>(rank, type, std::move(outputs), std::move(keep),
                                                 std::move(finalize));
     work->on_stream(dev, copies);
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.timeout_ms = timeout_ms(t);
-    o.cq = cs.cq;
-    {
-        std::lock_guard<std::mutex> g(cs.mu);
-        o.tag = ++cs.next_key;
-        cs.inflight.emplace(o.tag, work);
-    }
-    collie_work *w = nullptr;
-    int st = fn(comm, sh, &o, &w);
-    if (st != COLLIE_OK) {
-        std::lock_guard<std::mutex> g(cs.mu);
-        cs.inflight.erase(o.tag);
-        throw std::runtime_error(collie_error(st, what));
-    }
+    collie_work *w =
+        cs.post(work, timeout_ms(t), what, [&](auto o, auto out) { return fn(comm, sh, o, out); });
     work->attach(w);
     if (copies) {
         // the stream waits for the collective, then unpacks; a work that

@@ -184,6 +184,12 @@ struct CompleterState {
     // post tag -> the work, recorded before the post so the completer finds it
     std::unordered_map<uint64_t, c10::intrusive_ptr<CollieWork>> inflight;
     ~CompleterState() { collie_cq_destroy(cq); }
+    // Posts through fn(opts, &w) with this queue and a fresh tag, `work`
+    // recorded in flight first (the completer may pop it before fn
+    // returns); a refused post is undone and thrown as collie's error.
+    template <class Fn>
+    collie_work *post(const c10::intrusive_ptr<CollieWork> &work, int32_t timeout_ms,
+                      const char *what, Fn &&fn);
 };
 
 class Completer {
@@ -378,6 +384,27 @@ class CollieWork : public c10d::Work {
     c10::Device device_{c10::DeviceType::CPU};
     std::shared_ptr<StreamCopies> copies_;
 };
+
+template <class Fn>
+collie_work *CompleterState::post(const c10::intrusive_ptr<CollieWork> &work, int32_t timeout_ms,
+                                  const char *what, Fn &&fn) {
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = timeout_ms;
+    o.cq = cq;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        o.tag = ++next_key;
+        inflight.emplace(o.tag, work);
+    }
+    collie_work *w = nullptr;
+    int st = fn(&o, &w);
+    if (st != COLLIE_OK) {
+        std::lock_guard<std::mutex> g(mu);
+        inflight.erase(o.tag);
+        throw std::runtime_error(collie_error(st, what));
+    }
+    return w;
+}
 
 // Completes one work from the queue (waiting up to `ms`); false if none.
 bool Completer::pop_one(CompleterState &s, int32_t ms) {
@@ -648,22 +675,7 @@ class ProcessGroupCollie : public BackendBase {
         check_devices(outputs, keep, c10::Device(c10::DeviceType::CPU), what);
         auto work = c10::make_intrusive<CollieWork>(rank_, type, std::move(outputs),
                                                     std::move(keep), std::move(finalize), inputs);
-        auto &cs = completer_->state();
-        collie_post_opts o = COLLIE_POST_OPTS_INIT;
-        o.timeout_ms = timeout_ms(t);
-        o.cq = cs.cq;
-        {
-            std::lock_guard<std::mutex> g(cs.mu);
-            o.tag = ++cs.next_key;
-            cs.inflight.emplace(o.tag, work);
-        }
-        collie_work *w = nullptr;
-        int st = fn(&o, &w);
-        if (st != COLLIE_OK) {
-            std::lock_guard<std::mutex> g(cs.mu);
-            cs.inflight.erase(o.tag);
-            throw std::runtime_error(collie_error(st, what));
-        }
+        collie_work *w = completer_->state().post(work, timeout_ms(t), what, fn);
         ++seq_;
         work->attach(w);
         note_coalesced(work);
