@@ -627,6 +627,7 @@ install: lib tools plugins $(PC_FILE) $(PC_BACKEND)
 	install -m 644 $(PY_FILES) $(DESTDIR)$(PYDIR)/collie/
 	install -m 644 $(wildcard python/collie/torch/*.py) $(DESTDIR)$(PYDIR)/collie/torch/
 	$(if $(wildcard $(TORCH_EXT)),install -m 755 $(TORCH_EXT) $(DESTDIR)$(PYDIR)/collie/torch/_C.so)
+	$(if $(wildcard $(TORCH2_EXT)),install -m 755 $(TORCH2_EXT) $(DESTDIR)$(PYDIR)/collie/torch/_C_torch2.so)
 
 .PHONY: FORCE
 FORCE:

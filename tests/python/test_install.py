@@ -24,11 +24,18 @@ def test_installed_package_loads_the_installed_library(tmp_path):
     path, residents = out.stdout.split()
     assert path.startswith(str(dest / "usr/local/lib/libcollie.so")), path
     assert residents == "0"
-    if (site / "collie/torch/_C.so").exists():
-        code = "import collie.torch, torch.distributed as d; print('COLLIE' in d.Backend._plugins)"
-        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+    # each torch's extension, installed beside the package: 1.13's as _C.so,
+    # a torch 2.x's (make torch2) as _C_torch2.so, picked by the importing torch
+    code = ("import collie.torch, torch.distributed as d; "
+            "print('COLLIE' in d.Backend._plugins, collie.torch._C.__file__)")
+    torch2 = os.path.join(ROOT, "build", "torch2-venv", "bin", "python")
+    for ext, python in (("_C.so", sys.executable), ("_C_torch2.so", torch2)):
+        if not (site / "collie/torch" / ext).exists() or not os.path.exists(python):
+            continue
+        out = subprocess.run([python, "-c", code], env=env, cwd=str(tmp_path),
                              capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["True", str(site / "collie/torch" / ext)], out.stdout
     subprocess.run(["make", "-s", "-C", ROOT, "uninstall", f"DESTDIR={dest}", "PREFIX=/usr/local"],
                    check=True, capture_output=True, timeout=600)
     assert not (site / "collie").exists()

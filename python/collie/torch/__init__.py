@@ -28,7 +28,8 @@ Design notes
   errors, never silently resolved.
 - One extension source for both torch versions, built twice: against
   Debian's torch 1.13 into build/python/_C.so, against a torch 2.x
-  (make torch2) into build/torch2/_C.so; the build tree's copy is picked by
+  (make torch2) into build/torch2/_C.so (installed as _C.so and
+  _C_torch2.so beside this file); the installed or build tree's copy is picked by
   the importing torch's major version. On torch 2.x the backend registers
   for devices=["cpu"], plus "cuda" when collie's NCCL plugin is present
   (nccl_plugin(); docs/torch2.md).
@@ -72,7 +73,7 @@ def _load_ext():
     built = os.path.join("torch2", "_C.so") if TORCH2 else os.path.join("python", "_C.so")
     candidates = [
         os.environ.get("COLLIE_TORCH_EXT"),
-        os.path.join(here, "_C.so"),  # installed beside this file
+        os.path.join(here, "_C_torch2.so" if TORCH2 else "_C.so"),  # installed beside this file
         os.path.join(here, "..", "..", "..", "build", built),  # the build tree
     ]
     for path in candidates:
