@@ -98,20 +98,8 @@ def _bytes_buffer(data, offset):
     return Buffer(data, base + offset, len(data) - offset, _U8)
 
 
-def _check_root(comm, root, what):
-    if isinstance(root, bool):
-        raise TypeError(f"{what}: root must be an int, got bool")
-    try:
-        root = operator.index(root)  # ints, numpy integers
-    except TypeError:
-        raise TypeError(f"{what}: root must be an int, got {type(root).__name__}") from None
-    if not 0 <= root < comm.size:
-        raise ValueError(f"{what}: root {root} is not a rank of this {comm.size}-rank comm")
-    return root
-
-
 def _check_peer(comm, peer, name, what, any_ok):
-    """dst/src as a rank of the comm; for src (any_ok) None or -1
+    """root/dst/src as a rank of the comm; for src (any_ok) None or -1
     (COLLIE_ANY_SOURCE, as Comm.recv takes it) is any source: returns -1."""
     if any_ok and peer is None:
         return -1
@@ -144,7 +132,7 @@ def _bcast(comm, buf, root, timeout):
 
 def broadcast_steps(comm, obj, root, timeout, first_bytes):
     what = "broadcast_object"
-    root = _check_root(comm, root, what)
+    root = _check_peer(comm, root, "root", what, False)
     if (not isinstance(first_bytes, int) or isinstance(first_bytes, bool)
             or not _BHDR.size < first_bytes <= FIRST_BYTES_MAX):
         raise ValueError(f"{what}: first_bytes {first_bytes!r} (an int in "
