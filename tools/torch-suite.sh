@@ -31,8 +31,8 @@ if [ "$torch" = 2 ]; then
   # ranks forked, not spawned (harness.py): spawning took ~30 s a test on
   # this loaded 2-core machine (a run would take hours), forking ~1 s
   export TORCH_SUITE_START=${TORCH_SUITE_START:-fork}
-  # the venv has no pytest: dist_suite.py runs under unittest, printing
-  # pytest-style lines (harness.run)
+  # dist_suite.py under unittest, printing pytest-style lines (harness.run;
+  # written before the venv had pytest, the counts in RESULTS come from it)
   cmd=("$python" tests/torch_suite/dist_suite.py)
 else
   python=${PYTHON:-/usr/bin/python3}

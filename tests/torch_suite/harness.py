@@ -17,8 +17,9 @@ difference between the two torch versions is in this file:
 - join(backend): collie joins DistTestCases as torch's docs say a plugin
   does: its name in backend_feature "plugin", "ddp" and "subgroup" (the
   same sets on 1.13 and 2.x);
-- 2.x only: the venv has no pytest, so run() runs the suite with unittest
-  and prints one pytest-style line per test ("dist_suite.py::Class::test
+- 2.x, make test-torch2-suite: run() runs the suite with unittest (written
+  before the venv had pytest; make test's stage runs curated2.txt under the
+  venv's pytest) and prints one pytest-style line per test ("dist_suite.py::Class::test
   PASSED|FAILED|ERROR|SKIPPED (reason)") and a pytest-style summary, the
   lines compare.py reads (1.13 runs under Debian's pytest -v -rA);
 - TORCH_SUITE_START=fork (both versions; tools/torch-suite.sh sets it for
@@ -146,7 +147,7 @@ def fork_context():
 
 
 class _LineResult(unittest.TextTestResult):
-    """One pytest-style line per test, flushed at once (2.x: no pytest)."""
+    """One pytest-style line per test, flushed at once (2.x's side by side)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
