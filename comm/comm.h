@@ -328,6 +328,10 @@ void cl_desync_flush(collie_comm *c);
  * spec of its own inherits the parent's. `members`: new_group's list as
  * text (every member must have been given the same: a conflict otherwise),
  * or NULL. */
+/* Waits for w (bounded by its own deadline) in 20 ms slices while watching
+ * `watched`: true once w has ended (*status: its status), false as soon as
+ * `watched` has failed with w still pending (comm_split.c). */
+bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
 

@@ -191,15 +191,15 @@ static int create_blocking(collie_engine *e, collie_store *store, int rank, int 
     if (res != COLLIE_OK) return res;
     /* bounded by the work's deadline; a child's ends at once when its
      * parent fails meanwhile (an abort from another thread: comm_split.c) */
-    while ((res = collie_work_wait(w, child ? 20 : COLLIE_TIMEOUT_INFINITE)) == COLLIE_INPROGRESS)
-        if (atomic_load(&child->parent->err_status) != COLLIE_OK) {
-            char why[CL_COMM_MSG_MAX];
-            snprintf(why, sizeof why, "its parent '%.80s' failed: %.3900s", child->parent->name,
-                     child->parent->err_msg);
-            collie_comm_abort(*out, why);
-            res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
-            break;
-        }
+    if (!child) {
+        res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
+    } else if (!cl_comm_wait_watching(child->parent, w, &res)) {
+        char why[CL_COMM_MSG_MAX];
+        snprintf(why, sizeof why, "its parent '%.80s' failed: %.3900s", child->parent->name,
+                 child->parent->err_msg);
+        collie_comm_abort(*out, why);
+        res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
+    }
     if (res != COLLIE_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", collie_work_error_message(w));

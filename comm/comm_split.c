@@ -175,19 +175,23 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
     return cl_comm_create_child(c, me, n, &co, 0, me, list, out);
 }
 
-/* Waits for w, a step of a split of c, in slices: once c has failed, w is
- * cancelled and the split fails at once with c's fault (COLLIE_EABORTED). */
-static int split_wait(collie_comm *c, collie_work *w, const char *who) {
+bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status) {
     for (;;) { /* bounded by w's deadline */
-        int r = collie_work_wait(w, 20);
-        if (r != COLLIE_INPROGRESS) return r;
-        if (atomic_load(&c->err_status) != COLLIE_OK) {
-            collie_work_cancel(w);
-            collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
-            return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' failed during the split: %s",
-                                     who, c->name, c->err_msg);
-        }
+        *status = collie_work_wait(w, 20);
+        if (*status != COLLIE_INPROGRESS) return true;
+        if (atomic_load(&watched->err_status) != COLLIE_OK) return false;
     }
+}
+
+/* Waits for w, a step of a split of c: once c has failed, w is cancelled
+ * and the split fails at once with c's fault (COLLIE_EABORTED). */
+static int split_wait(collie_comm *c, collie_work *w, const char *who) {
+    int r;
+    if (cl_comm_wait_watching(c, w, &r)) return r;
+    collie_work_cancel(w);
+    collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
+    return cl_set_last_error(COLLIE_EABORTED, "%s: comm '%s' failed during the split: %s", who,
+                             c->name, c->err_msg);
 }
 
 typedef struct split_entry {
