@@ -40,16 +40,38 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
     /* recorded before the work is visible as failed: a waiter that wakes
      * finds collie_comm_error set; the policy is applied next */
     collie_comm *c = bc->comm;
-    bool root = cl_comm_record_fault(c, status, "%s", msg);
+    /* a peer's ABORT frame (peer_gone ALIVE just before): its abort, seen
+     * from here; else the status and peer health say (fault.c) */
+    cl_fault peer, *f = NULL;
+    if (status == COLLIE_EABORTED && c->aborted_by >= 0) {
+        cl_fault_init(&peer, COLLIE_FAULT_PEER_ABORT, COLLIE_FAULT_VIEW_PEER, c->aborted_by);
+        f = &peer;
+    }
+    c->aborted_by = -1;
+    bool root = cl_comm_record_fault(c, status, f, "%s", msg);
     /* the work that saw the comm's first fault gets the root code; one that
      * meets the fault's consequences later (a backend finds a dead peer's
      * connection closed) is taken down by it, as the policy takes down
      * the rest: EABORTED naming the root cause (NONE: each work its own) */
-    if (w && (root || c->policy == COLLIE_POLICY_NONE))
+    if (w && (root || c->policy == COLLIE_POLICY_NONE)) {
+        if (f) ((cl_coll_work *)w)->fault = *f;
         cl_coll_finish(w, status, "%s", msg);
-    else if (w)
+    } else if (w) {
         cl_coll_finish(w, COLLIE_EABORTED, "aborted: %s", c->err_msg);
-    cl_comm_fault(c, status, "%s", msg);
+    }
+    cl_comm_fault_data(c, status, f, true, "%s", msg);
+}
+
+static void svc_peer_gone(collie_bcomm *bc, int rank, int state) {
+    collie_comm *c = bc->comm;
+    if (state == COLLIE_PEER_ALIVE)
+        c->aborted_by = rank; /* the fault that follows is its abort (loop) */
+    else if (state == COLLIE_PEER_DEAD || state == COLLIE_PEER_LEFT)
+        cl_health_peer_gone(c, rank, state);
+}
+
+static void svc_peer_heard(collie_bcomm *bc, int rank, uint64_t seq) {
+    cl_health_heard(bc->comm, rank, seq);
 }
 
 static void svc_init_done(collie_bcomm *bc, int status, const char *fmt, ...) {
@@ -222,6 +244,8 @@ const collie_core_services cl_core_services = {
     .dtype_name = collie_dtype_name,
     .redop_name = collie_redop_name,
     .fault = svc_fault,
+    .peer_gone = svc_peer_gone,
+    .peer_heard = svc_peer_heard,
     .init_done = svc_init_done,
     .set_error = svc_set_error,
     .store_set = svc_store_set,

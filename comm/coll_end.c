@@ -12,7 +12,8 @@
  *                coll_cancel.c, comm.c, a                  (the work is ending)
  *                fault (svc_fault)
  *   CLAIMED      coll_end_vpublish            the ender's  result filled in (work/):     FILLED
- *   (FINISHING)                                            status, message, end time
+ *   (FINISHING)                                            status, message, end time;
+ *                                                          the fault's data (fault.c)
  *   FILLED       coll_end_unlend              the ender's  the backend's unlend hook:   UNLENT
  *                                                          peers reading its memory
  *                                                          (shm single copy) stop first
@@ -92,8 +93,33 @@ static bool coll_end_is_fault(const cl_coll_work *cw) {
 static void coll_end_record_fault(cl_coll_work *cw) {
     if (!coll_end_is_fault(cw)) return;
     const collie_work *w = &cw->base;
-    cl_comm_record_fault(cw->comm, w->status, "%s",
+    cl_comm_record_fault(cw->comm, w->status, &cw->fault, "%s",
                          w->errmsg ? w->errmsg : collie_strerror(w->status));
+}
+
+/* FILLED: the fault's data, unless its ender gave it: a work taken down by
+ * its comm's fault carries the comm's; else what the status stands for. A
+ * success raises the comm's last completed sequence number instead. */
+static void coll_end_fault_data(cl_coll_work *cw) {
+    int status = cw->base.status;
+    collie_comm *c = cw->comm;
+    if (status == COLLIE_OK) {
+        cw->fault.kind = COLLIE_FAULT_NONE;
+        /* every member reached it (peer health): a max, before it is seen */
+        bool p2p = cw->args.kind == COLLIE_COLL_SEND || cw->args.kind == COLLIE_COLL_RECV;
+        uint64_t seen = atomic_load_explicit(&c->last_completed, memory_order_relaxed);
+        while (!p2p && cw->base.seq > seen &&
+               !atomic_compare_exchange_weak_explicit(&c->last_completed, &seen, cw->base.seq,
+                                                      memory_order_relaxed, memory_order_relaxed))
+            ;
+        return;
+    }
+    if (cw->fault.kind != COLLIE_FAULT_NONE) return;
+    if (status == COLLIE_EABORTED &&
+        atomic_load_explicit(&c->err_status, memory_order_acquire) != COLLIE_OK)
+        cw->fault = c->fault; /* written before err_status was published */
+    else
+        cl_fault_classify(c, status, &cw->fault);
 }
 
 /* CLAIMED → VISIBLE (the ender's thread, after a won claim) */
@@ -102,6 +128,7 @@ static void coll_end_vpublish(cl_coll_work *cw, int status, const char *fmt, va_
     char ctx[192] = "";
     if (status != COLLIE_OK) coll_end_describe(cw, ctx, sizeof ctx); /* for the message only */
     cl_work_fill(w, status, ctx, fmt, ap);
+    coll_end_fault_data(cw);
     coll_end_unlend(cw);
     cl_stats_ended(cw->comm, cw); /* counted before it is seen */
     cl_flight_end(cw->comm, cw);

@@ -49,6 +49,7 @@ void cl_comm_release(collie_comm *c) {
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
     cl_flight_fini(c);
     cl_check_args_free(c);
+    cl_health_free(c);
     for (int d = 0; d < CL_NUM_DEVICES; d++)
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
@@ -73,16 +74,23 @@ int collie_comm_error(const collie_comm *c, int *status, const char **msg) {
     return st;
 }
 
-/* Record the root cause once. Returns true for the first fault. */
-static bool comm_record_error(collie_comm *c, int status, const char *fmt, va_list ap) {
+/* Record the root cause once, with its data (f; NULL: from the status).
+ * Returns true for the first fault. */
+static bool comm_record_error(collie_comm *c, int status, const cl_fault *f, const char *fmt,
+                              va_list ap) {
     bool first = false;
     pthread_mutex_lock(&c->mu);
     if (atomic_load_explicit(&c->err_status, memory_order_relaxed) == COLLIE_OK) {
         vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+        if (f)
+            c->fault = *f;
+        else
+            cl_fault_classify(c, status, &c->fault);
         atomic_store_explicit(&c->err_status, status, memory_order_release);
         first = true;
     }
     pthread_mutex_unlock(&c->mu);
+    if (first) cl_health_comm_faulted(c, status, &c->fault);
     return first;
 }
 
@@ -265,10 +273,10 @@ static void comm_tell_then_close(collie_comm *c, bool tell, int status) {
         comm_close_in(c, COMM_CLOSE_GRACE_MS); /* told already, or never created */
 }
 
-bool cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...) {
+bool cl_comm_record_fault(collie_comm *c, int status, const cl_fault *f, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    bool first = comm_record_error(c, status, fmt, ap);
+    bool first = comm_record_error(c, status, f, fmt, ap);
     if (first) atomic_store_explicit(&c->fault_unapplied, true, memory_order_release);
     va_end(ap);
     return first;
@@ -301,8 +309,9 @@ static void comm_call_on_error(collie_comm *c, int status) {
     if (cl_engine_post_cmd(c->engine, &c->on_error_cmd) != COLLIE_OK) cl_comm_release(c);
 }
 
-static void comm_vfault(collie_comm *c, int status, bool propagate, const char *fmt, va_list ap) {
-    bool first = comm_record_error(c, status, fmt, ap);
+static void comm_vfault(collie_comm *c, int status, const cl_fault *f, bool propagate,
+                        const char *fmt, va_list ap) {
+    bool first = comm_record_error(c, status, f, fmt, ap);
     /* posts fail from here on: FAILED before fault_unapplied is cleared,
      * so coll.c's post check sees one or the other */
     if (c->policy != COLLIE_POLICY_NONE &&
@@ -331,14 +340,22 @@ static void comm_vfault(collie_comm *c, int status, bool propagate, const char *
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    comm_vfault(c, status, true, fmt, ap);
+    comm_vfault(c, status, NULL, true, fmt, ap);
     va_end(ap);
 }
 
 void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    comm_vfault(c, status, propagate, fmt, ap);
+    comm_vfault(c, status, NULL, propagate, fmt, ap);
+    va_end(ap);
+}
+
+void cl_comm_fault_data(collie_comm *c, int status, const cl_fault *f, bool propagate,
+                        const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    comm_vfault(c, status, f, propagate, fmt, ap);
     va_end(ap);
 }
 
@@ -362,9 +379,13 @@ int collie_comm_abort(collie_comm *c, const char *reason) {
     if (atomic_load_explicit(&c->err_status, memory_order_relaxed) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "rank %d aborted the comm: %s", c->rank,
                  reason ? reason : "collie_comm_abort");
+        cl_fault_init(&c->fault, COLLIE_FAULT_APP_ABORT, COLLIE_FAULT_VIEW_LOCAL, c->rank);
         atomic_store_explicit(&c->err_status, COLLIE_EABORTED, memory_order_release);
+        pthread_mutex_unlock(&c->mu);
+        cl_health_comm_faulted(c, COLLIE_EABORTED, &c->fault);
+    } else {
+        pthread_mutex_unlock(&c->mu);
     }
-    pthread_mutex_unlock(&c->mu);
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     if (c->engine_gone) return COLLIE_OK;
     if (cl_engine_on_loop(c->engine)) { /* inside a callback: at once */
@@ -389,6 +410,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
                 (unsigned long long)c->generation, c->rank, c->size);
         cl_comm_ctl_start(c);
         cl_check_args_start(c);
+        cl_health_start(c);
         cl_coll_work *cw;
         while ((cw = cl_list_first(&c->waiting, cl_coll_work, link))) {
             cl_list_remove(&cw->link);
@@ -399,6 +421,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->err_status) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "creation failed: %s", msg);
+        cl_fault_classify(c, status, &c->fault);
         atomic_store_explicit(&c->err_status, status, memory_order_release);
     }
     pthread_mutex_unlock(&c->mu);
@@ -437,6 +460,7 @@ static void comm_backends_destroy(collie_comm *c) {
     cl_works_run_retired(c->engine, SIZE_MAX);
     cl_comm_ctl_stop(c);
     cl_check_args_stop(c);
+    cl_health_stop(c);
     c->destroyed = true;
     if (c->closing.ev) {
         event_free(c->closing.ev);
@@ -464,6 +488,7 @@ static void comm_on_engine_shutdown(cl_resident *r) {
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->err_status) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "the engine was destroyed");
+        cl_fault_classify(c, COLLIE_ECLOSED, &c->fault);
         atomic_store_explicit(&c->err_status, COLLIE_ECLOSED, memory_order_release);
     }
     pthread_mutex_unlock(&c->mu);

@@ -93,6 +93,14 @@ typedef struct cl_comm_counters {
     cl_latency_counters latency[COLLIE_STATS_OPS];
 } cl_comm_counters;
 
+/* fault.c: a fault's data (collie_fault less its header and status) */
+typedef struct cl_fault {
+    int8_t kind, view; /* collie_fault_kind, collie_fault_view */
+    int32_t origin;    /* -1: unknown */
+    int32_t nranks;    /* the set's size; ranks[] lists the first COLLIE_FAULT_RANKS */
+    int32_t ranks[COLLIE_FAULT_RANKS];
+} cl_fault;
+
 /* One flight-recorder entry (flight.c). */
 typedef struct cl_fr_entry {
     uint64_t id, seq, count;
@@ -124,6 +132,9 @@ typedef struct cl_coll_work {
     _Atomic bool cancel_requested; /* its backend was (or will be) asked to end it */
     int cancel_status;
     char cancel_msg[160];
+    /* its fault's data (fault.c), set by an ender that knows it before the
+     * end (desync.c, a peer's loss); else filled from the status at the end */
+    cl_fault fault;
     _Alignas(16) unsigned char backend_data[];
 } cl_coll_work;
 
@@ -149,6 +160,11 @@ struct collie_comm {
     _Atomic int state;             /* enum cl_comm_state */
     _Atomic int err_status;        /* COLLIE_OK until the first fault */
     char err_msg[CL_COMM_MSG_MAX]; /* written once, before err_status is published */
+    cl_fault fault;                /* the root fault's data: as err_msg (fault.c) */
+    int aborted_by;                /* loop: the peer whose ABORT frame the next fault is */
+    struct cl_health *health;      /* peers' health, the event queue (health.c) */
+    char refused[200];             /* under mu: this rank's last refused post, for desync
+                                      answers ("" none since the last completed one) */
     _Atomic bool fault_unapplied;  /* recorded by cl_comm_record_fault, policy not yet applied */
     pthread_mutex_t mu;            /* post ordering (seq + enqueue), err_msg, destroy */
     pthread_cond_t cv;             /* nactive changes (destroy waits) */
@@ -179,8 +195,9 @@ struct collie_comm {
         char members[96];
     } split;
     /* progress, for desync answers */
-    _Atomic uint64_t last_posted; /* highest collective seq posted */
-    uint64_t last_done;           /* highest collective seq retired (loop) */
+    _Atomic uint64_t last_posted;    /* highest collective seq posted */
+    uint64_t last_done;              /* highest collective seq retired (loop) */
+    _Atomic uint64_t last_completed; /* highest collective seq completed OK (peer health) */
     /* control channel (comm_ctl.c, loop) */
     struct {
         uint64_t next;
@@ -269,20 +286,58 @@ void cl_stats_write_on_destroy(collie_comm *c);
 /* the stat_add service (any thread) */
 void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta);
 
+/* fault.c */
+void cl_fault_init(cl_fault *f, int kind, int view, int origin);
+void cl_fault_add(cl_fault *f, int rank); /* ascending, once */
+bool cl_fault_has(const cl_fault *f, int rank);
+/* the data a status stands for when the one who saw it did not say (the
+ * peers' ranks from health); any thread */
+void cl_fault_classify(collie_comm *c, int status, cl_fault *f);
+void cl_fault_export(const cl_fault *f, int status, collie_fault *out);
+/* the abort notice's text: "<kind> <origin> <r,r,...|->"; parse: view
+ * PEER, *rest after it. False if s is not that (a known kind, origin in
+ * [-1, size), ranks ascending in [0, size)). */
+int cl_fault_format(const cl_fault *f, char *buf, size_t len);
+bool cl_fault_parse(const char *s, int size, cl_fault *f, const char **rest);
+
+/* health.c: peer health and the event queue (see its notes). init at
+ * creation (any thread), publish ahead of the creation barrier, start once
+ * ready, stop with the backends (loop), free with the comm. */
+typedef struct cl_health cl_health;
+int cl_health_init(collie_comm *c);
+void cl_health_publish(collie_comm *c, int32_t timeout_ms);
+void cl_health_start(collie_comm *c);
+void cl_health_stop(collie_comm *c);
+void cl_health_free(collie_comm *c);
+void cl_health_release_cb(collie_work *w, void *arg); /* releases w */
+/* rank went DEAD or LEFT (final; an event). False if it was already. */
+bool cl_health_peer_gone(collie_comm *c, int rank, int state);
+/* a frame came from rank (seq: its collective number, 0 none): any thread */
+void cl_health_heard(collie_comm *c, int rank, uint64_t seq);
+int cl_health_state(const collie_comm *c, int rank);
+/* add the ranks whose state is `state` to f */
+void cl_health_add_peers(collie_comm *c, cl_fault *f, int state);
+/* the comm's first fault: an event */
+void cl_health_comm_faulted(collie_comm *c, int status, const cl_fault *f);
+
 /* comm.c */
 void cl_comm_hold(collie_comm *c);
 void cl_comm_release(collie_comm *c);
 /* record the first fault and apply the comm's policy (loop) */
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* cl_comm_record_fault: record the first fault only (any thread); the next
+/* cl_comm_record_fault: record the first fault only (any thread), with its
+ * data (f; NULL: from the status); the next
  * cl_comm_fault on the loop applies the policy to it. True if it was the
  * first (the comm's root cause); false if the comm had failed already. */
-bool cl_comm_record_fault(collie_comm *c, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+bool cl_comm_record_fault(collie_comm *c, int status, const cl_fault *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* the same; `propagate` false for faults learnt from the control channel */
 void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* the same with the fault's data (NULL: from the status, cl_fault_classify) */
+void cl_comm_fault_data(collie_comm *c, int status, const cl_fault *f, bool propagate,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* the rendezvous finished (loop): start queued works or fail them */
 void cl_comm_created(collie_comm *c, int status, const char *msg);
 /* start a work on its backend, or queue it (loop) */

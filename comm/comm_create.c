@@ -96,6 +96,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     snprintf(c->name, sizeof c->name, "%s", p.name);
     c->rank = rank;
     c->size = size;
+    c->aborted_by = -1;
     c->timeout_ms = p.timeout_ms;
     c->create_timeout_ms = p.create_timeout_ms;
     c->policy = p.policy;
@@ -112,6 +113,13 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     if (cl_flight_init(c) != COLLIE_OK) {
         free(c);
         *res = COLLIE_ENOMEM;
+        return NULL;
+    }
+    int hr = cl_health_init(c);
+    if (hr != COLLIE_OK) {
+        cl_flight_fini(c);
+        free(c);
+        *res = hr;
         return NULL;
     }
     if (cl_check_args_init(c) != COLLIE_OK)

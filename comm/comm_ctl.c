@@ -19,8 +19,9 @@
  *    timeout and the probe, or by a writer slower than one watch bound: an
  *    abort notice missed, or a desync query unanswered (a healthy rank named
  *    as not answering).
- *  - Messages: "abort <rank> <status> <reason>" (the comm failed there: fail
- *    everything here with that root cause; the reason travels whole, up to
+ *  - Messages: "abort <rank> <status> <fault> <reason>" (the comm failed
+ *    there: fail everything here with that root cause and its data, the
+ *    fault as fault.c writes it; the reason travels whole, up to
  *    the comm's message bound CL_COMM_MSG_MAX, so every rank reads the
  *    same words — a desync report is kilobytes) and "query <rank> <seq>" (a desync
  *    query, see desync.c: answer with this rank's progress under
@@ -110,15 +111,21 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
     buf[len] = '\0';
     int rank = -1, status = 0, off = 0;
     unsigned long long seq = 0;
-    if (sscanf(buf, "abort %d %d %n", &rank, &status, &off) == 2 && off > 0) {
+    if (sscanf(buf, "abort %d %d %n", &rank, &status, &off) == 2 && off > 0 && rank >= 0 &&
+        rank < c->size) {
         const char *why = buf + off;
+        cl_fault f;
+        if (!cl_fault_parse(buf + off, c->size, &f, &why)) /* not ours: the words alone */
+            cl_fault_init(&f, COLLIE_FAULT_PEER_ABORT, COLLIE_FAULT_VIEW_PEER, rank);
+        if (f.origin < 0) f.origin = rank;
+        if (f.kind == COLLIE_FAULT_APP_ABORT) f.kind = COLLIE_FAULT_PEER_ABORT; /* its app's */
         char prefix[32];
         snprintf(prefix, sizeof prefix, "rank %d ", rank);
         if (rank != c->rank) {                             /* not our own */
             if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
-                cl_comm_fault_ex(c, COLLIE_EABORTED, false, "%s", why);
+                cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "%s", why);
             else
-                cl_comm_fault_ex(c, COLLIE_EABORTED, false, "rank %d failed: %s", rank, why);
+                cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "rank %d failed: %s", rank, why);
         }
     } else if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
         if (rank != c->rank) ctl_answer(c, k);
@@ -320,8 +327,9 @@ bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
                                void (*done)(void *, int, uint64_t), void *done_arg) {
     if (c->prefix[0] == '\0' || c->ctl.abort_published) return false; /* never created, or done */
     c->ctl.abort_published = true;
-    char msg[CL_COMM_MSG_MAX + 64];
-    snprintf(msg, sizeof msg, "abort %d %d %s", c->rank, status, reason);
+    char msg[CL_COMM_MSG_MAX + 1024], data[800];
+    cl_fault_format(&c->fault, data, sizeof data); /* the root fault's: reason is its message */
+    snprintf(msg, sizeof msg, "abort %d %d %s %s", c->rank, status, data, reason);
     cl_comm_ctl_send(c, msg, done, done_arg);
     return true;
 }

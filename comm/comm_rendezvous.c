@@ -22,7 +22,8 @@
  *               (claim)"): a rank that says another world size, or (a
  *               new_group's child) was given another member list, is a
  *               conflict;
- *      BARRIER  append("<prefix>arrived", "<rank> ") (pipelined, unawaited),
+ *      BARRIER  append("<prefix>arrived", "<rank> ") and this process to
+ *               "<prefix>host/<host>" (health.c) (pipelined, unawaited),
  *               then barrier("collie/<name>/<gen>/created", size);
  *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
  *    Each step is a store request; its result goes to that step's handler
@@ -129,6 +130,22 @@ static int32_t create_remaining_ms(create_state *cs) {
 static void create_on_step(collie_work *w, void *arg);
 static void forget_done(collie_work *w, void *arg);
 
+/* Ahead of the barrier on the same connection, so they are there before
+ * this rank counts (best effort, unawaited): who arrived, for a timeout's
+ * message (a rank missing from it is named as absent), and this process,
+ * for same-host peers to watch (health.c). */
+static void create_announce(collie_comm *c, int32_t timeout_ms) {
+    char key[160], mine[16];
+    int n = snprintf(mine, sizeof mine, "%d ", c->rank);
+    collie_post_opts ao = COLLIE_POST_OPTS_INIT;
+    ao.timeout_ms = timeout_ms;
+    ao.cb = forget_done;
+    collie_work *aw;
+    snprintf(key, sizeof key, "%sarrived", c->prefix);
+    (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
+    cl_health_publish(c, timeout_ms);
+}
+
 /* Post the store request of the current step; create_on_step gets its
  * result. The request holds a reference on the create work until then. */
 static int create_post_step(create_state *cs) {
@@ -163,21 +180,11 @@ static int create_post_step(create_state *cs) {
         r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
     }
-    case STEP_BARRIER: {
-        /* who arrived, for a timeout's message: ahead of the barrier on the
-         * same connection, so it is there before this rank counts */
-        char mine[16];
-        int n = snprintf(mine, sizeof mine, "%d ", c->rank);
-        collie_post_opts ao = COLLIE_POST_OPTS_INIT;
-        ao.timeout_ms = o.timeout_ms;
-        ao.cb = forget_done; /* best effort: a rank missing from it is named as absent */
-        collie_work *aw;
-        snprintf(key, sizeof key, "%sarrived", c->prefix);
-        (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
+    case STEP_BARRIER:
+        create_announce(c, o.timeout_ms);
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
         break;
-    }
     case STEP_POISONED:
     case STEP_VERIFY: {
         snprintf(key, sizeof key, "%sconflict", c->prefix);

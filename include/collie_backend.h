@@ -270,6 +270,15 @@ typedef struct collie_core_services {
     /* a COLLIE_ANY_SOURCE receive took a message from `rank`
      * (collie_work_source); before the work is finished (loop) */
     void (*work_set_source)(collie_work *w, int rank);
+    /* peer health: what a link says of its peer (collie_comm_health).
+     * peer_gone: its connection closed without a goodbye (COLLIE_PEER_DEAD),
+     * after one (COLLIE_PEER_LEFT), or after its ABORT frame
+     * (COLLIE_PEER_ALIVE: it aborted the comm and lives); call it before
+     * the faults it causes (loop). peer_heard: a frame came from `rank`
+     * (seq: the collective sequence number it belongs to, 0 if none); any
+     * thread, a few relaxed stores. */
+    void (*peer_gone)(collie_bcomm *bc, int rank, int state);
+    void (*peer_heard)(collie_bcomm *bc, int rank, uint64_t seq);
 } collie_core_services;
 
 /* The counters of stat_add. */

@@ -237,6 +237,147 @@ COLLIE_API int collie_recv(collie_comm *c, void *buf, size_t count, collie_dtype
 COLLIE_API int collie_work_source(const collie_work *w);
 
 /* ------------------------------------------------------------------------ */
+/* Failure as data: what kind of fault, which ranks                          */
+/* ------------------------------------------------------------------------ */
+
+/* collie_fault_kind: what broke. The rank set of a fault (collie_fault.ranks)
+ * holds the suspects, as the comment of each kind says: never a rank that
+ * only reported or suffered the fault. */
+typedef enum collie_fault_kind {
+    COLLIE_FAULT_NONE = 0,   /* no fault */
+    COLLIE_FAULT_PEER_DEAD,  /* peers died: their process exited (same host: certain) or their
+                                connection closed without a goodbye; ranks: them */
+    COLLIE_FAULT_PEER_STUCK, /* peers stopped or stuck: silent past a bound, not known dead
+                                (a desync report found no answer); ranks: them */
+    COLLIE_FAULT_DEADLINE,   /* an operation's deadline passed; ranks: the ranks behind it when
+                                known (a desync report's suspect), else peers known dead or
+                                suspected then, else none */
+    COLLIE_FAULT_MISMATCH,   /* ranks posted disagreeing arguments; ranks: those that disagree */
+    COLLIE_FAULT_APP_ABORT,  /* this process aborted (collie_comm_abort, a cancel that left the
+                                peers mid-operation); origin: this rank; ranks: none */
+    COLLIE_FAULT_PEER_ABORT, /* a peer aborted the comm (its application, or a fault there whose
+                                data did not reach this rank); origin: that peer; ranks: none */
+    COLLIE_FAULT_PEER_LEFT,  /* a peer destroyed its comm; ranks: the peers that left */
+    COLLIE_FAULT_LOCAL,      /* a local error (memory, a system call, the backend, the engine
+                                closing, a refused handshake); origin: this rank; ranks: none */
+    COLLIE_FAULT_NUM_KINDS
+} collie_fault_kind;
+
+/* collie_fault_view: whose view the rank set is. */
+typedef enum collie_fault_view {
+    COLLIE_FAULT_VIEW_LOCAL = 0, /* this rank's own observation */
+    COLLIE_FAULT_VIEW_PEER = 1,  /* the view of the rank that failed first (`origin`), learnt from
+                                    its abort notice: every rank that learns the fault from that
+                                    notice reports the same set */
+    COLLIE_FAULT_VIEW_AGREED = 2 /* agreed by the survivors (reserved for shrink; not produced
+                                    yet) */
+} collie_fault_view;
+
+/* collie_fault_kind_name: "peer_dead", "deadline", ... ("none"; "?" for a
+ * value that is no kind). */
+COLLIE_API const char *collie_fault_kind_name(int kind);
+
+/* The first COLLIE_FAULT_RANKS ranks of a set are listed (ascending); a
+ * larger set says so in nranks. */
+#define COLLIE_FAULT_RANKS 64
+
+typedef struct collie_fault {
+    size_t size; /* sizeof(collie_fault), set by the caller */
+    int status;  /* the failure's status (COLLIE_OK: no fault, the rest zero; origin -1) */
+    int kind;    /* collie_fault_kind */
+    int view;    /* collie_fault_view */
+    int origin;  /* the rank where the fault was first seen (-1: unknown) */
+    int nranks;  /* ranks in the set (may exceed COLLIE_FAULT_RANKS) */
+    int ranks[COLLIE_FAULT_RANKS];
+} collie_fault;
+
+#define COLLIE_FAULT_INIT                                                                          \
+    { .size = sizeof(collie_fault) }
+
+/* collie_work_fault: the fault of a done work (status COLLIE_OK and kind
+ * NONE for a work that succeeded; a work failed by its comm's fault carries
+ * the comm's). collie_comm_fault: the comm's root fault (what
+ * collie_comm_error's message says). Any thread, never blocks. Errors:
+ * EINVAL (NULL, size too small), INPROGRESS (the work is not done). */
+COLLIE_API int collie_work_fault(const collie_work *w, collie_fault *f);
+COLLIE_API int collie_comm_fault(const collie_comm *c, collie_fault *f);
+
+/* ------------------------------------------------------------------------ */
+/* Peer health and the fault event fd                                        */
+/* ------------------------------------------------------------------------ */
+
+/* How a comm knows its peers (docs/faults.md says more):
+ *  - every frame a transport reads from a peer counts as heard from it, and
+ *    a collective completed here means every member reached its sequence
+ *    number;
+ *  - same host (same pid namespace): each rank watches its peers' process
+ *    ids (pidfd, published in the store at creation); an exit is seen at
+ *    once, at no cost while idle — "dead" is certain;
+ *  - a connection closed without a goodbye is "dead"; a goodbye (or the
+ *    "left" record a destroying rank writes in the store) is "left";
+ *  - COLLIE_HEARTBEAT_MS (default 1000; 0: off): links idle that long carry
+ *    a heartbeat; a peer with a link that is silent for COLLIE_SUSPECT_MS
+ *    (default 5000) is "suspected", and "alive" again when heard (slow is
+ *    reported, never punished). Peers without a link and on another host
+ *    learn of a death from a rank that saw it (its abort notice). */
+typedef enum collie_peer_state {
+    COLLIE_PEER_ALIVE = 0,     /* heard from recently, or nothing says otherwise */
+    COLLIE_PEER_SLOW = 1,      /* silent past half the suspect bound */
+    COLLIE_PEER_SUSPECTED = 2, /* silent past the suspect bound (stopped, stuck, or cut off) */
+    COLLIE_PEER_DEAD = 3,      /* its process exited or its connection closed without goodbye */
+    COLLIE_PEER_LEFT = 4,      /* it destroyed its comm */
+    COLLIE_PEER_SELF = 5       /* this rank */
+} collie_peer_state;
+
+COLLIE_API const char *collie_peer_state_name(int state);
+
+typedef struct collie_peer_health {
+    int state;            /* collie_peer_state */
+    int64_t heard_ago_ms; /* since it was last heard from (-1: never) */
+    uint64_t seq;         /* the highest collective sequence number it is known to have reached */
+} collie_peer_health;
+
+/* collie_comm_health: fill peers[r] for every rank r < min(n, size).
+ * Cheap (relaxed reads), any thread, never blocks. Returns the number of
+ * entries filled, or COLLIE_EINVAL (NULL, n < 0). */
+COLLIE_API int collie_comm_health(const collie_comm *c, collie_peer_health *peers, int n);
+
+typedef enum collie_event_kind {
+    COLLIE_EVENT_PEER_DEAD = 1,      /* rank died */
+    COLLIE_EVENT_PEER_SUSPECTED = 2, /* rank silent past the suspect bound */
+    COLLIE_EVENT_PEER_BACK = 3,      /* a suspected rank was heard again */
+    COLLIE_EVENT_PEER_LEFT = 4,      /* rank destroyed its comm */
+    COLLIE_EVENT_COMM_FAULTED = 5    /* the comm failed (status, fault kind: collie_comm_fault) */
+} collie_event_kind;
+
+COLLIE_API const char *collie_event_kind_name(int kind);
+
+typedef struct collie_comm_event {
+    size_t size;      /* sizeof(collie_comm_event), set by the caller */
+    int kind;         /* collie_event_kind */
+    int rank;         /* the peer (COMM_FAULTED: the fault's origin, -1 unknown) */
+    int status;       /* COMM_FAULTED: the comm's status; else COLLIE_OK */
+    int fault_kind;   /* COMM_FAULTED: collie_fault_kind; else NONE */
+    int64_t time_ns;  /* when it was seen (CLOCK_MONOTONIC) */
+    uint64_t dropped; /* events dropped before this one (the queue was full) */
+} collie_comm_event;
+
+#define COLLIE_COMM_EVENT_INIT                                                                     \
+    { .size = sizeof(collie_comm_event) }
+
+/* collie_comm_event_fd: a file descriptor that is readable (POLLIN) while
+ * events are pending: watch it from epoll, libevent or asyncio, never read
+ * it; pop with collie_comm_event_pop. The comm owns it (closed by destroy).
+ * Events are kept from the comm's creation, whether or not this was
+ * called. Returns the fd, or a negative status. */
+COLLIE_API int collie_comm_event_fd(collie_comm *c);
+
+/* collie_comm_event_pop: take the oldest pending event. COLLIE_OK with
+ * *ev filled, COLLIE_INPROGRESS if none is pending, COLLIE_EINVAL (NULL,
+ * size too small). Any thread; never blocks. */
+COLLIE_API int collie_comm_event_pop(collie_comm *c, collie_comm_event *ev);
+
+/* ------------------------------------------------------------------------ */
 /* Statistics of a communicator                                              */
 /* ------------------------------------------------------------------------ */
 

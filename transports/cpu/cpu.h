@@ -255,6 +255,7 @@ typedef struct tcp_conn {
     bool grace_waiting, grace_over;
     bool reading_abort; /* the frame being read is the peer's ABORT */
     bool rx_ctl;        /* the header in hdr is a control frame (BYE, CREDIT, CTS, GONE) */
+    uint64_t heard_seq; /* the highest collective seq of a frame read from the peer */
     bool rx_mac;        /* the frame being read carries a tag: fed to mac_rx as it comes */
     uint8_t rx_tag[CL_FRAME_MAC_TAG];
     size_t rx_tag_got;

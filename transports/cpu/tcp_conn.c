@@ -294,14 +294,28 @@ void cl_tcp_conn_refuse(tcp_conn *c, int status, const char *fmt, ...) {
 /* Reading or writing the link failed with err (not EAGAIN/EINTR): a shm
  * ring whose counters the peer corrupted (ring.h) breaks the protocol;
  * anything else is the peer's loss. `dir`: "receive from" or "send to". */
+void cl_tcp_conn_peer_gone(tcp_conn *c, int state) {
+    const collie_core_services *core = c->tc->core;
+    if (c->peer >= 0 && COLLIE_CORE_HAS(core, peer_gone))
+        core->peer_gone(c->tc->bc, c->peer, state);
+}
+
+void cl_tcp_conn_heard(tcp_conn *c) {
+    const collie_core_services *core = c->tc->core;
+    if (c->peer >= 0 && COLLIE_CORE_HAS(core, peer_heard))
+        core->peer_heard(c->tc->bc, c->peer, c->heard_seq);
+}
+
 void cl_tcp_conn_link_failed(tcp_conn *c, int err, const char *dir) {
     if (err == EPROTO && cl_tcp_link_is_shm(c) && (c->shm.rx.corrupt || c->shm.tx.corrupt))
         cl_tcp_conn_lost(c, COLLIE_EPROTO,
                          "rank %d corrupted the ring of its same-host link (its counters make "
                          "no sense)",
                          c->peer);
-    else
+    else {
+        if (err == ECONNRESET || err == EPIPE) cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
         cl_tcp_conn_lost(c, COLLIE_EPEER, "%s rank %d failed: %s", dir, c->peer, strerror(err));
+    }
 }
 
 static void conn_works_add(cl_list *out, tcp_work *tw) {

@@ -169,6 +169,7 @@ static ssize_t conn_read_payload(tcp_conn *c) {
 static void conn_peer_aborted(tcp_conn *c) {
     char why[TCP_ABORT_MAX + 64];
     cl_tcp_frame_abort_words(c->peer_abort, c->payload_len, c->peer, why, sizeof why);
+    cl_tcp_conn_peer_gone(c, COLLIE_PEER_ALIVE); /* it aborted, and lives */
     cl_tcp_conn_lost(c, COLLIE_EABORTED, "%s", why);
 }
 
@@ -218,6 +219,7 @@ static void conn_message_done(tcp_conn *c) {
 /* The peer destroyed its comm. Harmless unless something here still
  * waits for it. */
 static void conn_goodbye(tcp_conn *c) {
+    cl_tcp_conn_peer_gone(c, COLLIE_PEER_LEFT);
     cl_tcp_loans_settle(c, false); /* it returned what it read before it left */
     bool needed = c->expected.count || !cl_list_empty(&c->p2p_expected) || c->cur ||
                   cl_tcp_conn_sends_pending(c) || !cl_list_empty(&c->lent);
@@ -258,6 +260,8 @@ static bool conn_read_tag(tcp_conn *c) {
         ssize_t n =
             cl_tcp_link_recv(c, c->rx_tag + c->rx_tag_got, CL_FRAME_MAC_TAG - c->rx_tag_got);
         if (n == 0) {
+            cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
+            cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
             cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
             return false;
         }
@@ -287,6 +291,7 @@ static void conn_read_handshake(tcp_conn *c) {
     while (c->state == TCP_CONN_HANDSHAKE && c->hs_in_want > 0) {
         ssize_t n = cl_tcp_hs_recv(c, c->hs_in + c->hs_in_len, c->hs_in_want - c->hs_in_len);
         if (n == 0) {
+            cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
             cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed the connection during the handshake",
                              c->peer);
             return;
@@ -348,6 +353,9 @@ static bool read_header_judged(tcp_conn *c, bool shm, cl_tcp_frame *f) {
         cl_tcp_conn_lost(c, COLLIE_EPROTO, "%s", why);
         return false;
     }
+    if (f->kind < COLLIE_COLL_NUM_KINDS && f->kind != COLLIE_COLL_SEND &&
+        f->kind != COLLIE_COLL_RECV && f->seq > c->heard_seq)
+        c->heard_seq = f->seq; /* the peer reached it (peer health) */
     return conn_mac_begin(c);
 }
 
@@ -356,6 +364,7 @@ static bool read_header_judged(tcp_conn *c, bool shm, cl_tcp_frame *f) {
 static int read_header(tcp_conn *c, bool shm) {
     ssize_t n = cl_tcp_link_recv(c, c->hdr + c->hdr_got, TCP_FRAME_HDR - c->hdr_got);
     if (n == 0) {
+        cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
         cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
         return READ_STOP;
     }
@@ -394,6 +403,7 @@ static int read_header(tcp_conn *c, bool shm) {
 static int read_payload_step(tcp_conn *c, int *iter) {
     ssize_t n = conn_read_payload(c);
     if (n == 0) {
+        cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
         cl_tcp_conn_lost(c, COLLIE_EPEER, "rank %d closed its connection", c->peer);
         return READ_STOP;
     }
@@ -449,10 +459,12 @@ static void conn_read_frames(tcp_conn *c, bool shm) {
         else if (!c->have_hdr)
             st = read_header(c, shm);
         if (st == READ_ON && c->payload_got < c->payload_len) st = read_payload_step(c, &iter);
-        if (st == READ_STOP) return;
+        if (st == READ_STOP) break;
         if (st == READ_AGAIN) continue;
-        if (!read_frame_end(c)) return;
+        if (!read_frame_end(c)) break;
     }
+    /* bytes came (the first read found some, or a later one was tried) */
+    if ((iter > 0 || c->have_hdr) && c->state == TCP_CONN_READY) cl_tcp_conn_heard(c);
     /* the bound cut a shm link short: no doorbell comes for bytes already
      * there, so come back on the next turn of the loop */
     if (shm && iter >= 64 && c->state == TCP_CONN_READY)

@@ -1,0 +1,494 @@
+/*
+ * health.c — peer health (collie_comm_health) and the comm's event queue
+ * with its fd (collie_comm_event_fd / _pop).
+ *
+ * Design notes
+ *  - One entry per rank: a state (alive, slow, suspected, dead, left), when
+ *    it was last heard from, the highest sequence number it is known to
+ *    have reached. Atomics, relaxed: any thread reads them without a lock;
+ *    writers are the loop and transports' reading threads. Dead and left
+ *    are final: nothing brings a rank back from them.
+ *  - Same host: at creation every rank appends "<rank>:<pid>:<start> " to
+ *    "<prefix>host/<boot id>.<pid namespace>" ahead of the creation
+ *    barrier, so once the comm is ready one get returns every same-host
+ *    peer (comm_rendezvous.c posts the append). Each peer's pid becomes a
+ *    pidfd watched by the loop: its exit wakes us at once and costs nothing
+ *    while idle. The start time (from /proc/<pid>/stat) read after the
+ *    pidfd is open guards against a recycled pid: a mismatch means the
+ *    peer is gone already.
+ *  - An exit is "left" if the rank destroyed its comm first: a graceful
+ *    destroy appends "<rank> " to "<prefix>left" before its connections
+ *    close (comm.c). On an exit the loop checks that key (one store round
+ *    trip) and reports left or dead; no answer (the store lived in the dead
+ *    process, say) counts as dead. Transports report what they see on
+ *    links (cl_health_peer_gone: a connection closed without goodbye is
+ *    dead, a BYE is left).
+ *  - A dead peer on a healthy comm is a comm fault (EPEER, kind peer_dead,
+ *    the rank in its set): the policy applies as for a closed connection.
+ *    A peer that left is not a fault until an operation needs it.
+ *  - Events: a bounded queue (EVENTS_CAP) under a mutex, and an eventfd
+ *    that is readable exactly while the queue is not empty (written when it
+ *    becomes non-empty, drained when the last is popped). A full queue
+ *    drops the oldest event and counts it in the next one popped.
+ */
+#include <errno.h>
+#include <event2/event.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "engine/engine.h"
+
+#define EVENTS_CAP    1024
+#define LEFT_CHECK_MS 500 /* bound of the store check after a peer's exit */
+
+#define RELAXED memory_order_relaxed
+
+typedef struct cl_peer {
+    _Atomic int state;
+    _Atomic int64_t heard_ns; /* 0: never */
+    _Atomic uint64_t seq;
+    /* loop */
+    collie_comm *c;
+    int rank;
+    int pidfd;
+    struct event *ev; /* the pidfd's watch (argument: this entry) */
+} cl_peer;
+
+struct cl_health {
+    collie_comm *c;
+    cl_peer *peers;
+    pthread_mutex_t mu; /* the queue */
+    collie_comm_event *q;
+    uint32_t head, n;
+    uint64_t dropped;
+    int efd;
+    bool stopped; /* loop */
+};
+
+static const char *const peer_state_names[] = {"alive", "slow", "suspected",
+                                               "dead",  "left", "self"};
+static const char *const event_kind_names[] = {"?",         "peer_dead", "peer_suspected",
+                                               "peer_back", "peer_left", "comm_faulted"};
+
+const char *collie_peer_state_name(int state) {
+    return state >= 0 && state <= COLLIE_PEER_SELF ? peer_state_names[state] : "?";
+}
+
+const char *collie_event_kind_name(int kind) {
+    return kind > 0 && kind <= COLLIE_EVENT_COMM_FAULTED ? event_kind_names[kind] : "?";
+}
+
+/* ---- life ------------------------------------------------------------------------------ */
+
+int cl_health_init(collie_comm *c) {
+    cl_health *h = calloc(1, sizeof *h);
+    if (!h) return COLLIE_ENOMEM;
+    h->c = c;
+    h->peers = calloc((size_t)c->size, sizeof *h->peers);
+    h->q = calloc(EVENTS_CAP, sizeof *h->q);
+    h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!h->peers || !h->q || h->efd < 0) {
+        int r = h->efd < 0 && h->peers && h->q ? COLLIE_ESYSTEM : COLLIE_ENOMEM;
+        if (h->efd >= 0) close(h->efd);
+        free(h->peers);
+        free(h->q);
+        free(h);
+        return r;
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    for (int r = 0; r < c->size; r++) {
+        h->peers[r].c = c;
+        h->peers[r].rank = r;
+        h->peers[r].pidfd = -1;
+        atomic_init(&h->peers[r].state, r == c->rank ? COLLIE_PEER_SELF : COLLIE_PEER_ALIVE);
+    }
+    c->health = h;
+    return COLLIE_OK;
+}
+
+static void health_unwatch(cl_peer *p) {
+    if (p->ev) event_free(p->ev);
+    p->ev = NULL;
+    if (p->pidfd >= 0) close(p->pidfd);
+    p->pidfd = -1;
+}
+
+void cl_health_stop(collie_comm *c) {
+    cl_health *h = c->health;
+    if (!h || h->stopped) return;
+    h->stopped = true;
+    for (int r = 0; r < c->size; r++)
+        health_unwatch(&h->peers[r]);
+}
+
+void cl_health_free(collie_comm *c) {
+    cl_health *h = c->health;
+    if (!h) return;
+    for (int r = 0; r < c->size; r++) /* never started on a loop: nothing to free there */
+        if (h->peers[r].pidfd >= 0) close(h->peers[r].pidfd);
+    close(h->efd);
+    pthread_mutex_destroy(&h->mu);
+    free(h->q);
+    free(h->peers);
+    free(h);
+    c->health = NULL;
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+static void health_push(cl_health *h, int kind, int rank, int status, int fault_kind) {
+    pthread_mutex_lock(&h->mu);
+    if (h->n == EVENTS_CAP) { /* drop the oldest */
+        h->head = (h->head + 1) % EVENTS_CAP;
+        h->n--;
+        h->dropped++;
+    }
+    collie_comm_event *ev = &h->q[(h->head + h->n) % EVENTS_CAP];
+    *ev = (collie_comm_event){.size = sizeof *ev,
+                              .kind = kind,
+                              .rank = rank,
+                              .status = status,
+                              .fault_kind = fault_kind,
+                              .time_ns = cl_now_ns()};
+    if (h->n++ == 0) {
+        uint64_t one = 1;
+        ssize_t w = write(h->efd, &one, sizeof one); /* cannot fill: drained at empty */
+        (void)w;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+int collie_comm_event_fd(collie_comm *c) {
+    if (!c) return cl_set_last_error(COLLIE_EINVAL, "collie_comm_event_fd: comm is NULL");
+    return c->health ? c->health->efd : COLLIE_ESTATE;
+}
+
+int collie_comm_event_pop(collie_comm *c, collie_comm_event *ev) {
+    if (!c || !ev || ev->size < offsetof(collie_comm_event, dropped))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_event_pop: %s",
+                                 !c    ? "comm is NULL"
+                                 : !ev ? "event is NULL"
+                                       : "ev->size is too small (set it to "
+                                         "sizeof(collie_comm_event))");
+    cl_health *h = c->health;
+    if (!h) return COLLIE_INPROGRESS;
+    pthread_mutex_lock(&h->mu);
+    if (h->n == 0) {
+        pthread_mutex_unlock(&h->mu);
+        return COLLIE_INPROGRESS;
+    }
+    collie_comm_event got = h->q[h->head];
+    got.dropped = h->dropped;
+    h->dropped = 0;
+    h->head = (h->head + 1) % EVENTS_CAP;
+    if (--h->n == 0) {
+        uint64_t v;
+        ssize_t r = read(h->efd, &v, sizeof v); /* not readable while empty */
+        (void)r;
+    }
+    pthread_mutex_unlock(&h->mu);
+    size_t size = ev->size < sizeof got ? ev->size : sizeof got;
+    got.size = ev->size;
+    memcpy(ev, &got, size);
+    return COLLIE_OK;
+}
+
+void cl_health_comm_faulted(collie_comm *c, int status, const cl_fault *f) {
+    if (c->health) health_push(c->health, COLLIE_EVENT_COMM_FAULTED, f->origin, status, f->kind);
+}
+
+/* ---- states ---------------------------------------------------------------------------- */
+
+void cl_health_heard(collie_comm *c, int rank, uint64_t seq) {
+    cl_health *h = c->health;
+    if (!h || rank < 0 || rank >= c->size) return;
+    cl_peer *p = &h->peers[rank];
+    atomic_store_explicit(&p->heard_ns, cl_now_ns(), RELAXED);
+    if (seq > atomic_load_explicit(&p->seq, RELAXED)) atomic_store_explicit(&p->seq, seq, RELAXED);
+    int st = atomic_load_explicit(&p->state, RELAXED);
+    if ((st == COLLIE_PEER_SUSPECTED || st == COLLIE_PEER_SLOW) &&
+        atomic_compare_exchange_strong(&p->state, &st, COLLIE_PEER_ALIVE) &&
+        st == COLLIE_PEER_SUSPECTED)
+        health_push(h, COLLIE_EVENT_PEER_BACK, rank, COLLIE_OK, COLLIE_FAULT_NONE);
+}
+
+bool cl_health_peer_gone(collie_comm *c, int rank, int state) {
+    cl_health *h = c->health;
+    if (!h || rank < 0 || rank >= c->size || rank == c->rank) return false;
+    cl_peer *p = &h->peers[rank];
+    int st = atomic_load_explicit(&p->state, RELAXED);
+    do {
+        if (st == COLLIE_PEER_DEAD || st == COLLIE_PEER_LEFT) return false; /* final */
+    } while (!atomic_compare_exchange_weak(&p->state, &st, state));
+    health_push(h, state == COLLIE_PEER_LEFT ? COLLIE_EVENT_PEER_LEFT : COLLIE_EVENT_PEER_DEAD,
+                rank, COLLIE_OK, COLLIE_FAULT_NONE);
+    return true;
+}
+
+int cl_health_state(const collie_comm *c, int rank) {
+    const cl_health *h = c->health;
+    if (!h || rank < 0 || rank >= c->size) return COLLIE_PEER_ALIVE;
+    return atomic_load_explicit(&h->peers[rank].state, RELAXED);
+}
+
+void cl_health_add_peers(collie_comm *c, cl_fault *f, int state) {
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && cl_health_state(c, r) == state) cl_fault_add(f, r);
+}
+
+int collie_comm_health(const collie_comm *c, collie_peer_health *peers, int n) {
+    if (!c || (!peers && n > 0) || n < 0)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_health: %s",
+                                 !c      ? "comm is NULL"
+                                 : n < 0 ? "n is negative"
+                                         : "peers is NULL");
+    const cl_health *h = c->health;
+    int m = n < c->size ? n : c->size;
+    int64_t now = cl_now_ns();
+    /* a collective completed here: every member had reached its number */
+    uint64_t done = atomic_load_explicit(&((collie_comm *)c)->last_completed, RELAXED);
+    for (int r = 0; r < m; r++) {
+        const cl_peer *p = h ? &h->peers[r] : NULL;
+        int64_t heard = p ? atomic_load_explicit(&((cl_peer *)p)->heard_ns, RELAXED) : 0;
+        uint64_t seq = p ? atomic_load_explicit(&((cl_peer *)p)->seq, RELAXED) : 0;
+        peers[r].state = cl_health_state(c, r);
+        peers[r].heard_ago_ms = r == c->rank ? 0 : heard ? (now - heard) / CL_NS_PER_MS : -1;
+        peers[r].seq = r == c->rank ? atomic_load(&((collie_comm *)c)->last_posted)
+                                    : (seq > done ? seq : done);
+    }
+    return m;
+}
+
+/* ---- same host: the peers' processes ------------------------------------------------- */
+
+/* boot id + pid namespace: pids mean the same process only within both */
+static bool health_host_key(char *buf, size_t len) {
+    char boot[64] = "";
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, boot, sizeof boot - 1);
+    close(fd);
+    if (n <= 0) return false;
+    boot[n] = '\0';
+    boot[strcspn(boot, "\n")] = '\0';
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) != 0) return false;
+    snprintf(buf, len, "%s.%llu", boot, (unsigned long long)st.st_ino);
+    return true;
+}
+
+/* field 22 of /proc/<pid>/stat: the start time in clock ticks (0: unknown) */
+static unsigned long long health_start_time(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    const char *s = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+    if (!s) return 0;
+    s += 2;                                       /* ") S": at field 3 */
+    for (int field = 3; field < 22 && s; field++) /* to the space before field + 1 */
+        s = strchr(s + 1, ' ');
+    return s ? strtoull(s + 1, NULL, 10) : 0;
+}
+
+void cl_health_publish(collie_comm *c, int32_t timeout_ms) {
+    char key[256], val[96];
+    int k = snprintf(key, sizeof key, "%shost/", c->prefix);
+    if (!health_host_key(key + k, sizeof key - (size_t)k)) return;
+    pid_t pid = getpid();
+    int n = snprintf(val, sizeof val, "%d:%d:%llu ", c->rank, (int)pid, health_start_time(pid));
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = timeout_ms;
+    o.cb = cl_health_release_cb; /* best effort: a rank missing from it is not watched */
+    collie_work *w;
+    (void)collie_store_post_append(c->store, key, val, (size_t)n, &o, &w);
+}
+
+void cl_health_release_cb(collie_work *w, void *arg) {
+    (void)arg;
+    collie_work_release(w);
+}
+
+typedef struct health_exit {
+    collie_comm *c;
+    int rank;
+} health_exit;
+
+static void health_dead(collie_comm *c, int rank, const char *how) {
+    if (!cl_health_peer_gone(c, rank, COLLIE_PEER_DEAD)) return;
+    if (atomic_load(&c->state) != CL_COMM_READY) return;
+    cl_fault f;
+    cl_fault_init(&f, COLLIE_FAULT_PEER_DEAD, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    cl_fault_add(&f, rank);
+    cl_comm_fault_data(c, COLLIE_EPEER, &f, true, "rank %d %s", rank, how);
+}
+
+static void health_on_left_checked(collie_work *w, void *arg) {
+    health_exit *x = arg;
+    collie_comm *c = x->c;
+    bool left = false;
+    const void *val;
+    size_t len;
+    if (collie_work_result(w) == COLLIE_OK && collie_store_work_value(w, &val, &len) == COLLIE_OK) {
+        const char *s = val, *end = s + len;
+        while (s < end && !left) { /* "r r r " */
+            char *next;
+            long r = strtol(s, &next, 10);
+            if (next == s || next > end) break;
+            left = r == x->rank;
+            s = next;
+            while (s < end && *s == ' ')
+                s++;
+        }
+    }
+    collie_work_release(w);
+    if (!c->destroyed) {
+        if (left)
+            cl_health_peer_gone(c, x->rank, COLLIE_PEER_LEFT);
+        else
+            health_dead(c, x->rank, "died (its process exited)");
+    }
+    cl_comm_release(c);
+    free(x);
+}
+
+static void health_on_left_exists(collie_work *w, void *arg) {
+    health_exit *x = arg;
+    collie_comm *c = x->c;
+    int64_t exists = 0;
+    bool ok = collie_work_result(w) == COLLIE_OK && collie_store_work_int(w, &exists) == COLLIE_OK;
+    collie_work_release(w);
+    if (ok && exists && !c->destroyed) {
+        char key[200];
+        snprintf(key, sizeof key, "%sleft", c->prefix);
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.timeout_ms = LEFT_CHECK_MS;
+        o.cb = health_on_left_checked;
+        o.cb_arg = x;
+        collie_work *g;
+        if (collie_store_post_get(c->store, key, &o, &g) == COLLIE_OK) return;
+    }
+    if (!c->destroyed) health_dead(c, x->rank, "died (its process exited)");
+    cl_comm_release(c);
+    free(x);
+}
+
+static void health_on_pidfd(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    cl_peer *p = arg;
+    collie_comm *c = p->c;
+    cl_health *h = c->health;
+    int rank = p->rank;
+    health_unwatch(p);
+    if (h->stopped || cl_health_state(c, rank) >= COLLIE_PEER_DEAD) return;
+    health_exit *x = malloc(sizeof *x);
+    char key[200];
+    snprintf(key, sizeof key, "%sleft", c->prefix);
+    const char *keys[] = {key};
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = LEFT_CHECK_MS;
+    o.cb = health_on_left_exists;
+    o.cb_arg = x;
+    collie_work *w;
+    if (x) {
+        x->c = c;
+        x->rank = rank;
+        cl_comm_hold(c);
+        if (collie_store_post_check(c->store, keys, 1, &o, &w) == COLLIE_OK) return;
+        cl_comm_release(c);
+        free(x);
+    }
+    health_dead(c, rank, "died (its process exited)");
+}
+
+static int health_pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static void health_watch(collie_comm *c, int rank, pid_t pid, unsigned long long start) {
+    cl_health *h = c->health;
+    cl_peer *p = &h->peers[rank];
+    if (p->pidfd >= 0 || h->stopped) return;
+    int fd = health_pidfd_open(pid);
+    if (fd < 0) {
+        if (errno == ESRCH) health_dead(c, rank, "died (its process is gone)");
+        return; /* no pidfd here (old kernel, seccomp): links alone tell */
+    }
+    unsigned long long now_start = health_start_time(pid);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if ((start && now_start && now_start != start) || poll(&pf, 1, 0) > 0) {
+        close(fd);
+        health_dead(c, rank, "died (its process is gone)");
+        return;
+    }
+    struct event *ev = event_new(cl_engine_base(c->engine), fd, EV_READ, health_on_pidfd, p);
+    if (!ev || event_add(ev, NULL) != 0) {
+        if (ev) event_free(ev);
+        close(fd);
+        return;
+    }
+    p->pidfd = fd;
+    p->ev = ev;
+}
+
+static void health_on_hosts(collie_work *w, void *arg) {
+    collie_comm *c = arg;
+    const void *val;
+    size_t len;
+    if (!c->destroyed && c->health && !c->health->stopped && collie_work_result(w) == COLLIE_OK &&
+        collie_store_work_value(w, &val, &len) == COLLIE_OK) {
+        const char *s = val, *end = s + len;
+        while (s < end) { /* "rank:pid:start " ... as written by cl_health_publish */
+            char item[80];
+            const char *sp = memchr(s, ' ', (size_t)(end - s));
+            size_t n = (size_t)((sp ? sp : end) - s);
+            if (n > 0 && n < sizeof item) {
+                memcpy(item, s, n);
+                item[n] = '\0';
+                int rank, pid;
+                unsigned long long start;
+                /* ranks in this very process (several per process) die with it */
+                if (sscanf(item, "%d:%d:%llu", &rank, &pid, &start) == 3 && rank >= 0 &&
+                    rank < c->size && rank != c->rank && pid > 0 && pid != getpid())
+                    health_watch(c, rank, (pid_t)pid, start);
+            }
+            if (!sp) break;
+            s = sp + 1;
+        }
+    }
+    collie_work_release(w);
+    cl_comm_release(c);
+}
+
+void cl_health_start(collie_comm *c) {
+    char key[256];
+    int k = snprintf(key, sizeof key, "%shost/", c->prefix);
+    if (!c->health || !health_host_key(key + k, sizeof key - (size_t)k)) return;
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 2000; /* it is there: this rank appended to it before the barrier */
+    o.cb = health_on_hosts;
+    o.cb_arg = c;
+    collie_work *w;
+    cl_comm_hold(c);
+    if (collie_store_post_get(c->store, key, &o, &w) != COLLIE_OK) cl_comm_release(c);
+}
