@@ -53,8 +53,9 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
      * meets the fault's consequences later (a backend finds a dead peer's
      * connection closed) is taken down by it, as the policy takes down
      * the rest: EABORTED naming the root cause (NONE: each work its own) */
-    if (w && (root || c->policy == COLLIE_POLICY_NONE)) {
-        if (f) ((cl_coll_work *)w)->fault = *f;
+    if (w && f && (root || c->policy == COLLIE_POLICY_NONE)) {
+        cl_coll_finish_fault(w, status, f, "%s", msg);
+    } else if (w && (root || c->policy == COLLIE_POLICY_NONE)) {
         cl_coll_finish(w, status, "%s", msg);
     } else if (w) {
         cl_coll_finish(w, COLLIE_EABORTED, "aborted: %s", c->err_msg);

@@ -152,6 +152,16 @@ bool cl_coll_finish(collie_work *w, int status, const char *fmt, ...) {
     return true;
 }
 
+bool cl_coll_finish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt, ...) {
+    if (!cl_work_claim(w)) return false;
+    ((cl_coll_work *)w)->fault = *f; /* the winner alone writes it, before the fill */
+    va_list ap;
+    va_start(ap, fmt);
+    coll_end_vpublish((cl_coll_work *)w, status, fmt, ap);
+    va_end(ap);
+    return true;
+}
+
 /* VISIBLE → DETACHED (loop, from work/'s retire: ops->detach) */
 void cl_coll_end_on_loop(collie_work *w) {
     cl_coll_work *cw = (cl_coll_work *)w;

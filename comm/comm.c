@@ -554,6 +554,21 @@ static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* A graceful leave, before the connections close (bounded): the peers
+ * learn this rank left, not died, from the control channel (those that
+ * watch it) and from "<prefix>gone/<rank>" (health.c looks for it when
+ * this process exits). */
+static void comm_announce_leave(collie_comm *c) {
+    if (c->prefix[0] == '\0' || !c->store ||
+        atomic_load(&c->state) == CL_COMM_CREATING) /* never joined, or never created */
+        return;
+    char key[200], msg[32];
+    snprintf(key, sizeof key, "%sgone/%d", c->prefix, c->rank);
+    (void)collie_store_set(c->store, key, "left", 4, 500);
+    snprintf(msg, sizeof msg, "left %d", c->rank);
+    (void)cl_comm_ctl_send(c, msg, NULL, NULL);
+}
+
 /* The last rank to destroy the comm deletes its generation's keys
  * (bounded; best effort: a rank that died never counts itself out, and
  * the next generation's join cleans up then). */
@@ -587,7 +602,9 @@ int collie_comm_destroy(collie_comm *c) {
             collie_comm_abort(c, "destroyed with works still pending");
         }
         /* the peers read an abort notice before our connections close
-         * (bounded), so they learn the root cause, not our departure */
+         * (bounded), so they learn the root cause, not our departure; and
+         * that this rank left */
+        comm_announce_leave(c);
         comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
         comm_wait_closed(c, cl_now_ns() + (COMM_CLOSE_MAX_MS + 500) * CL_NS_PER_MS);
         if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=

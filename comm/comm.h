@@ -352,6 +352,9 @@ bool cl_coll_finish(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void cl_coll_publish(collie_work *w, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* cl_coll_finish with the fault's data its ender knows (fault.c) */
+bool cl_coll_finish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* the end's loop half: the collectives' ops->detach (work/'s retire) */
 void cl_coll_end_on_loop(collie_work *w);
 

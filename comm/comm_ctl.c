@@ -23,8 +23,9 @@
  *    there: fail everything here with that root cause and its data, the
  *    fault as fault.c writes it; the reason travels whole, up to
  *    the comm's message bound CL_COMM_MSG_MAX, so every rank reads the
- *    same words — a desync report is kilobytes) and "query <rank> <seq>" (a desync
- *    query, see desync.c: answer with this rank's progress under
+ *    same words — a desync report is kilobytes) "left <rank>" (that rank destroyed its comm: peer
+ * health) and "query <rank> <seq>" (a desync query, see desync.c: answer with this rank's progress
+ * under
  *    "<prefix>ctl/<k>/ans/<rank>", k being the message's index).
  *  - Only comms with an async policy (ABORT_COMM, ABORT_PROCESS) watch;
  *    BLOCKING_WAIT and NONE do nothing in the background.
@@ -127,6 +128,8 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
             else
                 cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "rank %d failed: %s", rank, why);
         }
+    } else if (sscanf(buf, "left %d", &rank) == 1) {
+        if (rank != c->rank) cl_health_peer_gone(c, rank, COLLIE_PEER_LEFT);
     } else if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
         if (rank != c->rank) ctl_answer(c, k);
     } else {

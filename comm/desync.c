@@ -111,8 +111,10 @@ static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) 
 }
 
 /* Ranks inside the same collective with different arguments: the cause
- * (frames between them would have said so; these never exchanged one). */
-static void desync_disagreement(const desync *d, const rank_state *st, char *buf, size_t len) {
+ * (frames between them would have said so; these never exchanged one).
+ * True (f: mismatch, the two ranks) if there are. */
+static bool desync_disagreement(const desync *d, const rank_state *st, char *buf, size_t len,
+                                cl_fault *f) {
     buf[0] = '\0';
     for (int r = 0; r < d->c->size; r++)
         for (int q = r + 1; q < d->c->size; q++)
@@ -120,13 +122,38 @@ static void desync_disagreement(const desync *d, const rank_state *st, char *buf
                 st[q].what[0] && strcmp(st[r].what, st[q].what) != 0) {
                 snprintf(buf, len, "ranks disagree on seq %llu: rank %d posted %s, rank %d %s; ",
                          st[r].seq, r, st[r].what, q, st[q].what);
-                return;
+                cl_fault_init(f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, d->c->rank);
+                cl_fault_add(f, r);
+                cl_fault_add(f, q);
+                return true;
             }
+    return false;
 }
 
-static void desync_message(const desync *d, char *msg, size_t len) {
+/* The report's fault data: the suspects it names. Silent ranks are stuck
+ * (dead where peer health knows it); a late loop is this rank; an idle
+ * suspect is the deadline's rank; none named: the deadline's, no ranks. */
+static void desync_fault(const desync *d, const rank_state *st, int sus, cl_fault *f) {
+    collie_comm *c = d->c;
+    cl_fault_init(f, COLLIE_FAULT_DEADLINE, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    if (sus < 0) return;
+    if (sus == c->rank || st[sus].answered) {
+        cl_fault_add(f, sus);
+        return;
+    }
+    bool all_dead = true;
+    for (int r = 0; r < c->size; r++)
+        if (!st[r].answered) {
+            cl_fault_add(f, r);
+            all_dead = all_dead && cl_health_state(c, r) == COLLIE_PEER_DEAD;
+        }
+    f->kind = all_dead ? COLLIE_FAULT_PEER_DEAD : COLLIE_FAULT_PEER_STUCK;
+}
+
+static void desync_message(const desync *d, char *msg, size_t len, cl_fault *f) {
     const collie_comm *c = d->c;
     rank_state *st = calloc((size_t)c->size, sizeof *st);
+    cl_fault_classify(d->c, COLLIE_ETIMEDOUT, f);
     if (!st) {
         snprintf(msg, len, "deadline of %d ms passed (no memory for the desync report)",
                  (int)d->w->timeout_ms);
@@ -136,7 +163,7 @@ static void desync_message(const desync *d, char *msg, size_t len) {
         st[r] = rank_state_of(d->answer[r]);
     int silent, sus = desync_suspect(d, st, &silent);
     char first[300] = "", disagree[400];
-    desync_disagreement(d, st, disagree, sizeof disagree);
+    if (!desync_disagreement(d, st, disagree, sizeof disagree, f)) desync_fault(d, st, sus, f);
     if (sus == c->rank && d->late_ms >= DESYNC_LATE_MS)
         snprintf(first, sizeof first,
                  "first suspect: this rank (%d): its progress loop saw the deadline %lld ms after "
@@ -189,15 +216,19 @@ static void desync_publish(desync *d) {
         d->refs--; /* callers hold their own, so this never frees d */
     }
     char msg[3400]; /* first + disagree + never + reached + the frame */
-    desync_message(d, msg, sizeof msg);
     cl_coll_work *cw = (cl_coll_work *)d->w;
+    cl_fault f;
+    desync_message(d, msg, sizeof msg, &f);
     cw->explaining = false;
-    cl_coll_end(cw, COLLIE_ETIMEDOUT, msg);
+    if (cw->caller_started && cw->bc->ops->cancel) /* a device to quiet first: its own end */
+        cl_coll_end(cw, COLLIE_ETIMEDOUT, msg);
+    else
+        cl_coll_finish_fault(&cw->base, COLLIE_ETIMEDOUT, &f, "%s", msg);
     /* the joined works end through the comm's fault (recorded just now by
      * the work's publish, or here should the work have completed after all) */
     if (d->joined > 0)
-        cl_comm_fault(c, COLLIE_ETIMEDOUT, "%s seq %llu: %s", d->w->ops->name,
-                      (unsigned long long)d->seq, msg);
+        cl_comm_fault_data(c, COLLIE_ETIMEDOUT, &f, true, "%s seq %llu: %s", d->w->ops->name,
+                           (unsigned long long)d->seq, msg);
 }
 
 /* The comm's report still collecting answers, if any. */

@@ -17,12 +17,12 @@
  *    pidfd is open guards against a recycled pid: a mismatch means the
  *    peer is gone already.
  *  - An exit is "left" if the rank destroyed its comm first: a graceful
- *    destroy appends "<rank> " to "<prefix>left" before its connections
- *    close (comm.c). On an exit the loop checks that key (one store round
- *    trip) and reports left or dead; no answer (the store lived in the dead
- *    process, say) counts as dead. Transports report what they see on
- *    links (cl_health_peer_gone: a connection closed without goodbye is
- *    dead, a BYE is left).
+ *    destroy sets "<prefix>gone/<rank>" and posts "left <rank>" on the
+ *    control channel before its connections close (comm.c). On an exit the
+ *    loop checks that key (one store round trip) and reports left or dead;
+ *    no answer (the store lived in the dead process, say) counts as dead. Transports report what
+ * they see on links (cl_health_peer_gone: a connection closed without goodbye is dead, a BYE is
+ * left).
  *  - A dead peer on a healthy comm is a comm fault (EPEER, kind peer_dead,
  *    the rank in its set): the policy applies as for a closed connection.
  *    A peer that left is not a fault until an operation needs it.
@@ -336,52 +336,18 @@ static void health_dead(collie_comm *c, int rank, const char *how) {
     cl_comm_fault_data(c, COLLIE_EPEER, &f, true, "rank %d %s", rank, how);
 }
 
-static void health_on_left_checked(collie_work *w, void *arg) {
+static void health_on_gone_checked(collie_work *w, void *arg) {
     health_exit *x = arg;
     collie_comm *c = x->c;
-    bool left = false;
-    const void *val;
-    size_t len;
-    if (collie_work_result(w) == COLLIE_OK && collie_store_work_value(w, &val, &len) == COLLIE_OK) {
-        const char *s = val, *end = s + len;
-        while (s < end && !left) { /* "r r r " */
-            char *next;
-            long r = strtol(s, &next, 10);
-            if (next == s || next > end) break;
-            left = r == x->rank;
-            s = next;
-            while (s < end && *s == ' ')
-                s++;
-        }
-    }
+    int64_t left = 0;
+    bool ok = collie_work_result(w) == COLLIE_OK && collie_store_work_int(w, &left) == COLLIE_OK;
     collie_work_release(w);
     if (!c->destroyed) {
-        if (left)
+        if (ok && left)
             cl_health_peer_gone(c, x->rank, COLLIE_PEER_LEFT);
-        else
+        else /* no record, or no answer (the store may have lived in it) */
             health_dead(c, x->rank, "died (its process exited)");
     }
-    cl_comm_release(c);
-    free(x);
-}
-
-static void health_on_left_exists(collie_work *w, void *arg) {
-    health_exit *x = arg;
-    collie_comm *c = x->c;
-    int64_t exists = 0;
-    bool ok = collie_work_result(w) == COLLIE_OK && collie_store_work_int(w, &exists) == COLLIE_OK;
-    collie_work_release(w);
-    if (ok && exists && !c->destroyed) {
-        char key[200];
-        snprintf(key, sizeof key, "%sleft", c->prefix);
-        collie_post_opts o = COLLIE_POST_OPTS_INIT;
-        o.timeout_ms = LEFT_CHECK_MS;
-        o.cb = health_on_left_checked;
-        o.cb_arg = x;
-        collie_work *g;
-        if (collie_store_post_get(c->store, key, &o, &g) == COLLIE_OK) return;
-    }
-    if (!c->destroyed) health_dead(c, x->rank, "died (its process exited)");
     cl_comm_release(c);
     free(x);
 }
@@ -397,11 +363,11 @@ static void health_on_pidfd(evutil_socket_t fd, short what, void *arg) {
     if (h->stopped || cl_health_state(c, rank) >= COLLIE_PEER_DEAD) return;
     health_exit *x = malloc(sizeof *x);
     char key[200];
-    snprintf(key, sizeof key, "%sleft", c->prefix);
+    snprintf(key, sizeof key, "%sgone/%d", c->prefix, rank);
     const char *keys[] = {key};
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.timeout_ms = LEFT_CHECK_MS;
-    o.cb = health_on_left_exists;
+    o.cb = health_on_gone_checked;
     o.cb_arg = x;
     collie_work *w;
     if (x) {

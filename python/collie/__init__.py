@@ -10,12 +10,16 @@ A thin layer over libcollie (ctypes; no compiler needed). Five lines:
 
 Every collective returns a Work at once (test, wait(timeout), cancel,
 result, info, await). Errors are exceptions carrying collie's status and
-message (CollieTimeout, ColliePeerError, CollieAborted, ...). `collie.torch`
+message (CollieTimeout, ColliePeerError, CollieAborted, ...) and, for a
+failed work or comm, the fault as data (.kind, .ranks: collie.Fault);
+comm.health(), comm.fault() and `async for ev in comm.events()` say which
+peers are alive, dead, suspected or gone. `collie.torch`
 registers the torch.distributed backend "collie".
 """
 
 from ._buffers import DTYPES
 from ._engine import Engine, Work
+from ._faults import Event, Fault, PeerHealth
 from ._lib import path as library_path
 from ._log import log_to_python
 from .comm import POLICIES, REDOPS, Comm
@@ -52,6 +56,9 @@ __all__ = [
     "Engine",
     "Work",
     "Comm",
+    "Fault",
+    "PeerHealth",
+    "Event",
     "Store",
     "StoreServer",
     "DTYPES",

@@ -26,6 +26,7 @@ from ctypes import byref, c_void_p, sizeof
 
 from . import _lib
 from ._buffers import stream_handle
+from ._faults import work_fault
 from .errors import INPROGRESS, OK, CollieClosed, check, error_for
 
 lib = _lib.lib
@@ -61,7 +62,7 @@ def wait_ms(timeout):
 
 
 class _Pending:
-    __slots__ = ("buffers", "futures", "done", "status", "message")
+    __slots__ = ("buffers", "futures", "done", "status", "message", "fault")
 
     def __init__(self, buffers):
         self.buffers = buffers
@@ -69,11 +70,12 @@ class _Pending:
         self.done = False
         self.status = INPROGRESS
         self.message = ""
+        self.fault = None
 
 
-def _settle(fut, status, message):
+def _settle(fut, status, message, fault):
     if not fut.done():
-        fut.set_result((status, message))
+        fut.set_result((status, message, fault))
 
 
 class Closable:
@@ -159,6 +161,11 @@ class Engine(Closable):
         if st != OK:
             with self._lock:
                 del self._pending[key]
+            fault = getattr(owner, "fault", None)
+            if fault is not None and st in (-5, -6, -7):  # refused by a failed comm: its fault
+                f = fault()
+                if f is not None:
+                    raise error_for(st, _lib.last_error() or what, f)
             check(st, what)
         self.reap()
         return Work(self, w.value, pend, owner, output)
@@ -174,17 +181,19 @@ class Engine(Closable):
             n += 1
             status = lib.collie_work_result(w)
             msg = lib.collie_work_error_message(w).decode(errors="replace") if status else ""
+            fault = work_fault(w) if status else None
             with self._lock:
                 pend = self._pending.pop(lib.collie_work_tag(w), None)
                 if pend is not None:
                     pend.done, pend.status, pend.message = True, status, msg
+                    pend.fault = fault
                     pend.buffers = None
                     futures, pend.futures = pend.futures, []
             lib.collie_work_release(w)
             if pend is not None:
                 for loop, fut in futures:
                     if not loop.is_closed():
-                        loop.call_soon_threadsafe(_settle, fut, status, msg)
+                        loop.call_soon_threadsafe(_settle, fut, status, msg, fault)
         return n
 
     def _watch(self, loop):
@@ -243,7 +252,7 @@ class Work:
         self._observed()
         self._engine.reap()
         if st != OK:
-            raise error_for(st, self.error_message)
+            raise error_for(st, self.error_message, work_fault(self._h))
         return True
 
     def result(self, timeout=None):
@@ -258,7 +267,12 @@ class Work:
         st = self.status
         if st in (OK, INPROGRESS):
             return None
-        return error_for(st, self.error_message)
+        return error_for(st, self.error_message, work_fault(self._h))
+
+    @property
+    def fault(self):
+        """The Fault of a done, failed work (kind, ranks, ...); None otherwise."""
+        return work_fault(self._h) if self.status not in (OK, INPROGRESS) else None
 
     def cancel(self):
         """Cancel if not done: True if this call cancelled it, or (a receive or a CUDA
@@ -295,16 +309,16 @@ class Work:
         fut = loop.create_future()
         with eng._lock:
             if pend.done:
-                fut.set_result((pend.status, pend.message))
+                fut.set_result((pend.status, pend.message, pend.fault))
             else:
                 pend.futures.append((loop, fut))
         if not fut.done():
             eng._watch(loop)
             eng.reap()  # it may have completed before the reader was on
-        status, message = yield from fut.__await__()
+        status, message, fault = yield from fut.__await__()
         self._observed()
         if status != OK:
-            raise error_for(status, message)
+            raise error_for(status, message, fault)
         return self._output
 
     def __repr__(self):

@@ -108,6 +108,41 @@ class CommOpts(ctypes.Structure):
     ]
 
 
+FAULT_RANKS = 64
+
+
+class Fault(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("status", c_int),
+        ("kind", c_int),
+        ("view", c_int),
+        ("origin", c_int),
+        ("nranks", c_int),
+        ("ranks", c_int * FAULT_RANKS),
+    ]
+
+
+class PeerHealth(ctypes.Structure):
+    _fields_ = [
+        ("state", c_int),
+        ("heard_ago_ms", c_int64),
+        ("seq", c_uint64),
+    ]
+
+
+class CommEvent(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("kind", c_int),
+        ("rank", c_int),
+        ("status", c_int),
+        ("fault_kind", c_int),
+        ("time_ns", c_int64),
+        ("dropped", c_uint64),
+    ]
+
+
 LATENCY_BUCKETS = 31
 STATS_OPS = 16
 STATS_STATUSES = 24
@@ -243,6 +278,14 @@ SIGNATURES = {
     "collie_comm_name": (c_char_p, [p]),
     "collie_comm_generation": (c_uint64, [p]),
     "collie_comm_get_stats": (c_int, [p, POINTER(CommStats)]),
+    "collie_work_fault": (c_int, [p, POINTER(Fault)]),
+    "collie_comm_fault": (c_int, [p, POINTER(Fault)]),
+    "collie_fault_kind_name": (c_char_p, [c_int]),
+    "collie_comm_health": (c_int, [p, POINTER(PeerHealth), c_int]),
+    "collie_peer_state_name": (c_char_p, [c_int]),
+    "collie_comm_event_fd": (c_int, [p]),
+    "collie_comm_event_pop": (c_int, [p, POINTER(CommEvent)]),
+    "collie_event_kind_name": (c_char_p, [c_int]),
     "collie_stats_op_name": (c_char_p, [c_int]),
     "collie_allreduce": (c_int, [p, c_void_p, c_void_p, c_size_t, c_int, c_int] + _post),
     "collie_broadcast": (c_int, [p, c_void_p, c_size_t, c_int, c_int] + _post),

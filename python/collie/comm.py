@@ -25,6 +25,7 @@ from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from . import _lib, _objects
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
 from ._engine import Closable, Engine, timeout_ms
+from ._faults import Health
 from .errors import OK, CollieNotMember, check, error_for
 from .store import Store
 
@@ -156,7 +157,7 @@ def _at_least(what, buf, need):
         raise ValueError(f"{what}: holds {buf.count} elements, the call writes {need}")
 
 
-class Comm(Closable):
+class Comm(Closable, Health):
     """A communicator of `size` ranks; every rank creates it with the same name.
 
     Comm(engine, store, rank, size, name=None, backend=None, timeout=None,
@@ -244,7 +245,8 @@ class Comm(Closable):
         lib.collie_comm_error(self.handle, byref(st), byref(msg))  # returns the status too
         if st.value == OK:
             return None
-        return error_for(st.value, msg.value.decode(errors="replace") if msg.value else "")
+        return error_for(st.value, msg.value.decode(errors="replace") if msg.value else "",
+                         self.fault())
 
     def stats(self):
         """A snapshot of the comm's counters (collie_comm_get_stats) as a dict.
@@ -286,6 +288,8 @@ class Comm(Closable):
     def destroy(self):
         """Graceful: waits for pending works up to the comm's timeout, then aborts
         them. Returns True if nothing had to be aborted."""
+        if self._h:
+            self._events_stop()  # before the event fd closes
         h, self._h = self._h, None
         if not h:
             return True

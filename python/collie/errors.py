@@ -17,15 +17,27 @@ INPROGRESS = 1
 
 
 class CollieError(RuntimeError):
-    """An error reported by collie: .status (negative code), .name, .message."""
+    """An error reported by collie: .status (negative code), .name, .message,
+    and for a failed work or comm .fault (collie.Fault: what broke and who),
+    with .kind ("peer_dead", "deadline", ...; None without fault data) and
+    .ranks (the suspects, a tuple) as shortcuts."""
 
     status = None
 
-    def __init__(self, status, message=""):
+    def __init__(self, status, message="", fault=None):
         self.status = status
         self.name = _lib.lib.collie_status_name(status).decode()
         self.message = message or _lib.lib.collie_strerror(status).decode()
+        self.fault = fault
         super().__init__(f"{self.message} ({self.name})")
+
+    @property
+    def kind(self):
+        return self.fault.kind if self.fault else None
+
+    @property
+    def ranks(self):
+        return self.fault.ranks if self.fault else ()
 
 
 class CollieInvalidArgument(CollieError, ValueError):
@@ -120,12 +132,12 @@ _BY_STATUS = {
 }
 
 
-def error_for(status, message=""):
+def error_for(status, message="", fault=None):
     """The exception for a collie error status (CollieError for unknown codes)."""
     cls = _BY_STATUS.get(status, CollieError)
     if cls is CollieError:
-        return CollieError(status, message)
-    return cls(status, message)
+        return CollieError(status, message, fault)
+    return cls(status, message, fault)
 
 
 def check(status, what=""):

@@ -1,0 +1,178 @@
+"""Failure as data for Python: a fault's kind and rank set, peer health, and
+the comm's event fd as an async iterator.
+
+Design notes
+- Fault mirrors collie_fault: `kind` and `view` as names ("peer_dead",
+  "local"), `origin` (None when unknown) and `ranks` (a tuple, the suspects;
+  `ranks_total` counts a set larger than collie lists). Exceptions of failed
+  works and comms carry it as .fault, with .kind and .ranks as shortcuts.
+- Health is a mixin of Comm: health(), fault(), event_fd(), pop_event() and
+  `async for ev in comm.events()`, which watches the fd with the running
+  loop's add_reader and never blocks it: the reader callback only pops
+  (collie_comm_event_pop never blocks) into an asyncio.Queue.
+"""
+
+import asyncio
+from ctypes import byref, sizeof
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from . import _lib
+from ._lib import lib
+from .errors import INPROGRESS, OK, check
+
+VIEWS = ("local", "peer", "agreed")
+
+
+def _name(fn, value):
+    return fn(value).decode()
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What broke and who: collie_fault."""
+
+    status: int
+    kind: str
+    view: str
+    origin: Optional[int]
+    ranks: Tuple[int, ...]
+    ranks_total: int
+
+    @staticmethod
+    def from_c(f):
+        n = min(f.nranks, _lib.FAULT_RANKS)
+        return Fault(
+            status=f.status,
+            kind=_name(lib.collie_fault_kind_name, f.kind),
+            view=VIEWS[f.view] if 0 <= f.view < len(VIEWS) else "?",
+            origin=None if f.origin < 0 else f.origin,
+            ranks=tuple(f.ranks[i] for i in range(n)),
+            ranks_total=f.nranks,
+        )
+
+
+def work_fault(handle):
+    """The Fault of a done, failed work handle (None if it succeeded)."""
+    f = _lib.Fault(size=sizeof(_lib.Fault))
+    if lib.collie_work_fault(handle, byref(f)) != OK or f.status == OK:
+        return None
+    return Fault.from_c(f)
+
+
+@dataclass(frozen=True)
+class PeerHealth:
+    """One rank as this rank sees it: state ("alive", "slow", "suspected",
+    "dead", "left", "self"), seconds since last heard from (None: never),
+    the highest sequence number it is known to have reached."""
+
+    rank: int
+    state: str
+    heard_ago: Optional[float]
+    seq: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """A comm event: kind ("peer_dead", "peer_suspected", "peer_back",
+    "peer_left", "comm_faulted"), the rank (comm_faulted: the fault's
+    origin, None unknown), status and fault kind (comm_faulted), when
+    (time.monotonic_ns's clock) and how many were dropped before it."""
+
+    kind: str
+    rank: Optional[int]
+    status: int
+    fault_kind: str
+    time_ns: int
+    dropped: int
+
+
+class Health:
+    """Comm's failure-as-data methods (mixed into Comm)."""
+
+    def fault(self):
+        """The comm's root Fault, or None while healthy (collie_comm_fault)."""
+        f = _lib.Fault(size=sizeof(_lib.Fault))
+        check(lib.collie_comm_fault(self.handle, byref(f)), "fault")
+        return None if f.status == OK else Fault.from_c(f)
+
+    def health(self):
+        """Every rank's PeerHealth, indexed by rank (collie_comm_health)."""
+        n = self.size
+        arr = (_lib.PeerHealth * n)()
+        got = lib.collie_comm_health(self.handle, arr, n)
+        if got < 0:
+            check(got, "health")
+        return [
+            PeerHealth(
+                rank=r,
+                state=_name(lib.collie_peer_state_name, arr[r].state),
+                heard_ago=None if arr[r].heard_ago_ms < 0 else arr[r].heard_ago_ms / 1000.0,
+                seq=arr[r].seq,
+            )
+            for r in range(got)
+        ]
+
+    def event_fd(self):
+        """The fd that is readable while events are pending (never read it)."""
+        fd = lib.collie_comm_event_fd(self.handle)
+        if fd < 0:
+            check(fd, "event_fd")
+        return fd
+
+    def pop_event(self):
+        """The oldest pending Event, or None. Never blocks."""
+        ev = _lib.CommEvent(size=sizeof(_lib.CommEvent))
+        st = lib.collie_comm_event_pop(self.handle, byref(ev))
+        if st == INPROGRESS:
+            return None
+        check(st, "pop_event")
+        return Event(
+            kind=_name(lib.collie_event_kind_name, ev.kind),
+            rank=None if ev.rank < 0 else ev.rank,
+            status=ev.status,
+            fault_kind=_name(lib.collie_fault_kind_name, ev.fault_kind),
+            time_ns=ev.time_ns,
+            dropped=ev.dropped,
+        )
+
+    async def events(self):
+        """`async for ev in comm.events()`: the comm's events as they come,
+        without a thread and without blocking the loop. Ends when the comm
+        is destroyed."""
+        loop = asyncio.get_running_loop()
+        fd = self.event_fd()
+        ready = asyncio.Event()
+        watch = (loop, fd, ready)
+        watches = self.__dict__.setdefault("_event_watches", [])
+        watches.append(watch)
+        loop.add_reader(fd, ready.set)
+        try:
+            while True:
+                ev = self.pop_event() if self._h else None
+                if ev is not None:
+                    yield ev
+                    continue
+                if not self._h:
+                    return
+                ready.clear()
+                await ready.wait()
+        finally:
+            if watch in watches:
+                watches.remove(watch)
+                loop.remove_reader(fd)
+
+    def _events_stop(self):
+        """Before destroy closes the fd: every events() iterator lets go of
+        it (on its loop) and ends."""
+        for loop, fd, ready in self.__dict__.pop("_event_watches", []):
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                loop.remove_reader(fd)
+                ready.set()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(loop.remove_reader, fd)
+                loop.call_soon_threadsafe(ready.set)
