@@ -26,6 +26,9 @@
  *  - A dead peer on a healthy comm is a comm fault (EPEER, kind peer_dead,
  *    the rank in its set): the policy applies as for a closed connection.
  *    A peer that left is not a fault until an operation needs it.
+ *  - A peer's death or leave is an event only after the loop callback that
+ *    found it returns (an active libevent event): by then the fault it
+ *    causes is recorded, so whoever pops the event reads that fault.
  *  - Events: a bounded queue (EVENTS_CAP) under a mutex, and an eventfd
  *    that is readable exactly while the queue is not empty (written when it
  *    becomes non-empty, drained when the last is popped). A full queue
@@ -66,7 +69,13 @@ typedef struct cl_peer {
 struct cl_health {
     collie_comm *c;
     cl_peer *peers;
-    pthread_mutex_t mu; /* the queue */
+    /* loop: ranks gone whose event is not out yet (each at most once: final) */
+    int *gone;
+    int ngone;
+    bool faulted; /* the comm_faulted event waits too (after the gone ones) */
+    collie_comm_event faulted_ev;
+    struct event *gone_ev; /* pushes them after the callback that found them */
+    pthread_mutex_t mu;    /* the queue */
     collie_comm_event *q;
     uint32_t head, n;
     uint64_t dropped;
@@ -94,11 +103,13 @@ int cl_health_init(collie_comm *c) {
     if (!h) return COLLIE_ENOMEM;
     h->c = c;
     h->peers = calloc((size_t)c->size, sizeof *h->peers);
+    h->gone = calloc((size_t)c->size, sizeof *h->gone);
     h->q = calloc(EVENTS_CAP, sizeof *h->q);
     h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!h->peers || !h->q || h->efd < 0) {
-        int r = h->efd < 0 && h->peers && h->q ? COLLIE_ESYSTEM : COLLIE_ENOMEM;
+    if (!h->peers || !h->gone || !h->q || h->efd < 0) {
+        int r = h->efd < 0 && h->peers && h->gone && h->q ? COLLIE_ESYSTEM : COLLIE_ENOMEM;
         if (h->efd >= 0) close(h->efd);
+        free(h->gone);
         free(h->peers);
         free(h->q);
         free(h);
@@ -128,6 +139,8 @@ void cl_health_stop(collie_comm *c) {
     h->stopped = true;
     for (int r = 0; r < c->size; r++)
         health_unwatch(&h->peers[r]);
+    if (h->gone_ev) event_free(h->gone_ev);
+    h->gone_ev = NULL;
 }
 
 void cl_health_free(collie_comm *c) {
@@ -138,12 +151,15 @@ void cl_health_free(collie_comm *c) {
     close(h->efd);
     pthread_mutex_destroy(&h->mu);
     free(h->q);
+    free(h->gone);
     free(h->peers);
     free(h);
     c->health = NULL;
 }
 
 /* ---- events ---------------------------------------------------------------------------- */
+
+static bool health_defer(cl_health *h);
 
 static void health_push(cl_health *h, int kind, int rank, int status, int fault_kind) {
     pthread_mutex_lock(&h->mu);
@@ -203,7 +219,17 @@ int collie_comm_event_pop(collie_comm *c, collie_comm_event *ev) {
 }
 
 void cl_health_comm_faulted(collie_comm *c, int status, const cl_fault *f) {
-    if (c->health) health_push(c->health, COLLIE_EVENT_COMM_FAULTED, f->origin, status, f->kind);
+    cl_health *h = c->health;
+    if (!h) return;
+    /* on the loop, after the deaths this callback found (their events first) */
+    h->faulted_ev = (collie_comm_event){.kind = COLLIE_EVENT_COMM_FAULTED,
+                                        .rank = f->origin,
+                                        .status = status,
+                                        .fault_kind = f->kind};
+    if (cl_engine_on_loop(c->engine) && health_defer(h))
+        h->faulted = true;
+    else
+        health_push(h, COLLIE_EVENT_COMM_FAULTED, f->origin, status, f->kind);
 }
 
 /* ---- states ---------------------------------------------------------------------------- */
@@ -221,6 +247,36 @@ void cl_health_heard(collie_comm *c, int rank, uint64_t seq) {
         health_push(h, COLLIE_EVENT_PEER_BACK, rank, COLLIE_OK, COLLIE_FAULT_NONE);
 }
 
+/* The gone ranks' events, once the callback that found them has recorded
+ * the fault they cause (loop) */
+static void health_push_gone(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    cl_health *h = arg;
+    for (int i = 0; i < h->ngone; i++) {
+        int r = h->gone[i];
+        int st = atomic_load_explicit(&h->peers[r].state, RELAXED);
+        health_push(h, st == COLLIE_PEER_LEFT ? COLLIE_EVENT_PEER_LEFT : COLLIE_EVENT_PEER_DEAD, r,
+                    COLLIE_OK, COLLIE_FAULT_NONE);
+    }
+    h->ngone = 0;
+    if (h->faulted) {
+        const collie_comm_event *e = &h->faulted_ev;
+        health_push(h, e->kind, e->rank, e->status, e->fault_kind);
+        h->faulted = false;
+    }
+}
+
+/* Defer an event to after this loop callback (false: do it now) */
+static bool health_defer(cl_health *h) {
+    collie_comm *c = h->c;
+    if (h->stopped || !cl_engine_on_loop(c->engine)) return false;
+    if (!h->gone_ev) h->gone_ev = event_new(cl_engine_base(c->engine), -1, 0, health_push_gone, h);
+    if (!h->gone_ev) return false;
+    event_active(h->gone_ev, EV_TIMEOUT, 0);
+    return true;
+}
+
 bool cl_health_peer_gone(collie_comm *c, int rank, int state) {
     cl_health *h = c->health;
     if (!h || rank < 0 || rank >= c->size || rank == c->rank) return false;
@@ -229,8 +285,10 @@ bool cl_health_peer_gone(collie_comm *c, int rank, int state) {
     do {
         if (st == COLLIE_PEER_DEAD || st == COLLIE_PEER_LEFT) return false; /* final */
     } while (!atomic_compare_exchange_weak(&p->state, &st, state));
-    health_push(h, state == COLLIE_PEER_LEFT ? COLLIE_EVENT_PEER_LEFT : COLLIE_EVENT_PEER_DEAD,
-                rank, COLLIE_OK, COLLIE_FAULT_NONE);
+    /* the event goes out after this loop callback: a reader that pops it
+     * finds the comm's fault (recorded next, by our caller) already there */
+    h->gone[h->ngone++] = rank; /* final once: at most size - 1 entries */
+    if (!health_defer(h)) health_push_gone(-1, 0, h);
     return true;
 }
 

@@ -31,6 +31,11 @@
  *    the server then destroys the comm and posts the creation of the next
  *    generation; collie-run --restarts starts the dead rank again, which
  *    joins it (COLLIE_RESTART_COUNT says which life a process is in).
+ *  - The comm's event fd sits in the loop too: a peer's death is an event
+ *    on every rank (same host: through a pidfd, also on ranks with no
+ *    connection to it), so the server recovers at once rather than at its
+ *    next step, and the fault's kind and ranks (collie_comm_fault) say who
+ *    died, as data. /healthz shows every peer's state (collie_comm_health).
  *  - collie_comm_destroy waits, bounded (well under a second after an
  *    abort), for the peers to have read the abort notice; a server that
  *    cannot afford that on its loop hands the destroy to a thread.
@@ -59,6 +64,7 @@ typedef struct server {
     struct event_base *base;
     struct evhttp *http;
     struct event *cq_ev, *step_ev, *sigint_ev, *sigterm_ev;
+    struct event *comm_ev; /* the comm's event fd (NULL between generations) */
     collie_engine *engine;
     collie_store *store;
     collie_cq *cq;
@@ -81,6 +87,8 @@ static void fail(const char *what, int rc) {
 
 /* ---- the communicator --------------------------------------------------------------- */
 
+static void comm_events(evutil_socket_t fd, short what, void *arg);
+
 static void comm_start(server *s) {
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = "srv";
@@ -89,10 +97,15 @@ static void comm_start(server *s) {
     int rc = collie_comm_create_post(s->engine, s->store, s->rank, s->size, &o, &s->comm,
                                      &s->create_work);
     if (rc != COLLIE_OK) fail("collie_comm_create_post", rc);
+    s->comm_ev =
+        event_new(s->base, collie_comm_event_fd(s->comm), EV_READ | EV_PERSIST, comm_events, s);
+    if (!s->comm_ev || event_add(s->comm_ev, NULL) != 0) fail("the comm's event fd", COLLIE_ENOMEM);
     s->steps_done = 0;
 }
 
 static void comm_stop(server *s) {
+    event_free(s->comm_ev); /* before destroy closes its fd */
+    s->comm_ev = NULL;
     collie_work_release(s->create_work); /* done by now, or failed with the comm */
     s->create_work = NULL;
     collie_comm_destroy(s->comm);
@@ -125,10 +138,13 @@ static void step_post(evutil_socket_t fd, short what, void *arg) {
 /* A step failed (its work, or the post itself once the comm had failed):
  * give this generation up and post the creation of the next. */
 static void recover(server *s, const char *why) {
-    int comm_status = COLLIE_OK;
-    collie_comm_error(s->comm, &comm_status, NULL);
-    printf("rank %d: step %d failed: %s; comm status %s\n", s->rank, s->steps_done, why,
-           collie_status_name(comm_status));
+    collie_fault f = COLLIE_FAULT_INIT;
+    collie_comm_fault(s->comm, &f);
+    char ranks[64] = "";
+    for (int i = 0, at = 0; i < f.nranks && i < COLLIE_FAULT_RANKS && at < 48; i++)
+        at += snprintf(ranks + at, sizeof ranks - (size_t)at, "%s%d", i ? "," : "", f.ranks[i]);
+    printf("rank %d: step %d failed: %s; comm status %s, fault %s ranks [%s]\n", s->rank,
+           s->steps_done, why, collie_status_name(f.status), collie_fault_kind_name(f.kind), ranks);
     /* BLOCKING_WAIT left the comm to us; ABORT_COMM aborted it already */
     collie_comm_abort(s->comm, "the server gives this generation up");
     comm_stop(s);
@@ -167,6 +183,26 @@ static void step_done(server *s, collie_work *w) {
         fflush(stdout);
     }
     if (s->steps_done == s->steps_wanted) event_base_loopexit(s->base, NULL);
+}
+
+/* The comm's event fd is readable: log every event; a dead peer or a
+ * failed comm ends this generation now (a step in flight fails by the
+ * abort, and its completion recovers; else recover here). */
+static void comm_events(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    server *s = arg;
+    collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+    bool fatal = false;
+    while (s->comm && collie_comm_event_pop(s->comm, &ev) == COLLIE_OK) {
+        printf("rank %d: event %s rank %d\n", s->rank, collie_event_kind_name(ev.kind), ev.rank);
+        fatal = fatal || ev.kind == COLLIE_EVENT_PEER_DEAD || ev.kind == COLLIE_EVENT_COMM_FAULTED;
+    }
+    fflush(stdout);
+    if (!fatal || !s->comm) return;
+    if (s->step_posted >= 0)
+        collie_comm_abort(s->comm, "a peer died");
+    else
+        recover(s, "a peer died between steps");
 }
 
 /* The queue's fd is readable: take every completion there is (see the
@@ -275,6 +311,12 @@ static void http_request(struct evhttp_request *req, void *arg) {
                                               : "failed",
                             (unsigned long long)(s->comm ? collie_comm_generation(s->comm) : 0),
                             s->steps_done, *msg ? ": " : "", msg);
+        collie_peer_health h[64];
+        int n = s->comm ? collie_comm_health(s->comm, h, 64) : 0;
+        evbuffer_add_printf(b, "peers");
+        for (int r = 0; r < n; r++)
+            evbuffer_add_printf(b, " %d:%s", r, collie_peer_state_name(h[r].state));
+        evbuffer_add_printf(b, "\n");
         evhttp_send_reply(req, HTTP_OK, "OK", b);
     } else {
         evhttp_send_error(req, HTTP_NOTFOUND, NULL);

@@ -372,6 +372,10 @@ typedef struct collie_comm_event {
  * called. Returns the fd, or a negative status. */
 COLLIE_API int collie_comm_event_fd(collie_comm *c);
 
+/* Order: a peer's death or leave is an event once the fault it causes is
+ * recorded (collie_comm_fault reads it), and before that fault's
+ * comm_faulted event. */
+
 /* collie_comm_event_pop: take the oldest pending event. COLLIE_OK with
  * *ev filled, COLLIE_INPROGRESS if none is pending, COLLIE_EINVAL (NULL,
  * size too small). Any thread; never blocks. */

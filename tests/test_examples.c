@@ -101,6 +101,7 @@ static void test_epoll_server_serves_and_exports(void **state) {
     assert_non_null(strstr(m, "collie_engine_works_posted_total{"));
     const char *h = http_get(port, "/healthz");
     assert_non_null(strstr(h, "rank 0 ok generation 0 steps "));
+    assert_non_null(strstr(h, "\npeers 0:self 1:alive\n"));
     assert_non_null(strstr(http_get(port, "/nope"), "404"));
     spawn_finish(l);
     assert_spawn(l, l->status == 0);
@@ -130,6 +131,9 @@ static void killed_peer(const char *policy) {
     assert_spawn(l, l->status == 0);
     const char *fail = strstr(l->text[0], "[0] rank 0: step ");
     assert_spawn(l, fail && strstr(fail, "failed: ") && strstr(fail, "rank 1"));
+    /* as data: the event on its fd, and the fault's kind and ranks */
+    assert_spawn(l, strstr(l->text[0], "[0] rank 0: event peer_dead rank 1\n"));
+    assert_spawn(l, fail && strstr(fail, ", fault peer_dead ranks [1]\n"));
     assert_spawn(l, strstr(l->text[0], "[0] rank 0: done: 100 steps in generation 1, 1 "
                                        "re-creations"));
     assert_spawn(l, strstr(l->text[0], "[1] rank 1: done: 100 steps in generation 1, 0 "

@@ -75,7 +75,10 @@ def c_type_of(decl):
         return {ctypes.POINTER(INTS[base])}
     if base in ENUMS and stars == 1:
         return {ctypes.POINTER(ctypes.c_int)}
-    if base.startswith("collie_") and base.endswith(("_opts", "_stats", "_details", "_record")):
+    if base.startswith("collie_") and (
+        base.endswith(("_opts", "_stats", "_details", "_record"))
+        or base in ("collie_fault", "collie_peer_health", "collie_comm_event")
+    ):
         struct = {
             "collie_engine_opts": _lib.EngineOpts,
             "collie_post_opts": _lib.PostOpts,
@@ -86,6 +89,9 @@ def c_type_of(decl):
             "collie_comm_stats": _lib.CommStats,
             "collie_engine_stats": _lib.EngineStats,
             "collie_log_record": _lib.LogRecord,
+            "collie_fault": _lib.Fault,
+            "collie_peer_health": _lib.PeerHealth,
+            "collie_comm_event": _lib.CommEvent,
         }[base]
         return {ctypes.POINTER(struct)}
     if stars == 1:  # an opaque object (collie_comm *, cudaStream_t is below)
@@ -168,3 +174,40 @@ def test_constants_match_the_header():
     order = re.search(r"typedef enum collie_error_policy \{(.*?)\}", h).group(1)
     names = re.findall(r"COLLIE_POLICY_(\w+)", order)
     assert [POLICIES[n.lower()] for n in names] == list(range(len(names)))
+
+
+def test_fault_health_and_event_structs_match_the_header(tmp_path):
+    """The ctypes mirrors of collie_fault, collie_peer_health and
+    collie_comm_event have the C layout: sizes and every field's offset,
+    from a program compiled against the header."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc")
+    assert cc, "no C compiler (the build needs one)"
+    mirrors = {"collie_fault": _lib.Fault, "collie_peer_health": _lib.PeerHealth,
+               "collie_comm_event": _lib.CommEvent}
+    lines = ["#include <stddef.h>", "#include <stdio.h>", "#include <collie.h>", "int main(void) {"]
+    for cname, py in mirrors.items():
+        lines.append(f'printf("SIZE {cname} %zu\\n", sizeof({cname}));')
+        for f, _ in py._fields_:
+            lines.append(f'printf("OFF {cname}.{f} %zu\\n", offsetof({cname}, {f}));')
+    lines += ["return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([cc, "-std=c11", "-I", os.path.join(root, "include"), str(src), "-o", str(exe)],
+                   check=True, timeout=120)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=30).stdout
+    seen = 0
+    for line in got.splitlines():
+        what, name, value = line.split()
+        if what == "SIZE":
+            actual = ctypes.sizeof(mirrors[name])
+        else:
+            cname, field = name.split(".")
+            actual = getattr(mirrors[cname], field).offset
+        assert int(value) == actual, f"{name}: C says {value}, ctypes {actual}"
+        seen += 1
+    assert seen == sum(1 + len(py._fields_) for py in mirrors.values())
