@@ -123,27 +123,42 @@ int cl_fault_format(const cl_fault *f, char *buf, size_t len) {
     return (int)at;
 }
 
+/* A number as the writer writes it: decimal digits, no sign, no leading
+ * zero, at most 9 of them. False otherwise. */
+static bool fault_number(const char **s, long *out) {
+    const char *p = *s;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return false;
+    long v = 0;
+    int n = 0;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if (++n > 9)
+            return false;
+        else
+            v = v * 10 + (*p - '0');
+    *s = p;
+    *out = v;
+    return true;
+}
+
 bool cl_fault_parse(const char *s, int size, cl_fault *f, const char **rest) {
-    char *end;
-    long kind = strtol(s, &end, 10);
-    if (end == s || *end != ' ' || kind <= COLLIE_FAULT_NONE || kind >= COLLIE_FAULT_NUM_KINDS)
+    long kind, origin = -1;
+    if (!fault_number(&s, &kind) || *s++ != ' ' || kind <= COLLIE_FAULT_NONE ||
+        kind >= COLLIE_FAULT_NUM_KINDS)
         return false;
-    s = end + 1;
-    long origin = strtol(s, &end, 10);
-    if (end == s || *end != ' ' || origin < -1 || origin >= size) return false;
+    if (s[0] == '-' && s[1] == '1')
+        s += 2;
+    else if (!fault_number(&s, &origin) || origin >= size)
+        return false;
+    if (*s++ != ' ') return false;
     cl_fault_init(f, (int)kind, COLLIE_FAULT_VIEW_PEER, (int)origin);
-    s = end + 1;
     if (*s == '-') {
         s++;
     } else {
-        long prev = -1;
-        for (int i = 0; i < size; i++) {
-            if (*s < '0' || *s > '9') return false;
-            long r = strtol(s, &end, 10);
-            if (r <= prev || r >= size) return false; /* ascending, in range: as written */
+        long prev = -1, r;
+        for (;;) {
+            if (!fault_number(&s, &r) || r <= prev || r >= size) return false; /* as written */
             cl_fault_add(f, (int)r);
             prev = r;
-            s = end;
             if (*s != ',') break;
             s++;
         }
