@@ -29,7 +29,9 @@
  *  - A peer's death or leave is an event only after the loop callback that
  *    found it returns (an active libevent event): by then the fault it
  *    causes is recorded, so whoever pops the event reads that fault.
- *  - Events: a bounded queue (EVENTS_CAP) under a mutex, and an eventfd
+ *  - Events: a bounded queue (8 per peer + 16, at most EVENTS_MAX: dead
+ *    and left come once per peer, suspected/back may repeat) under a
+ *    mutex, and an eventfd
  *    that is readable exactly while the queue is not empty (written when it
  *    becomes non-empty, drained when the last is popped). A full queue
  *    drops the oldest event and counts it in the next one popped.
@@ -50,7 +52,7 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-#define EVENTS_CAP    1024
+#define EVENTS_MAX    1024 /* the queue's bound: 8 per peer + 16, at most this */
 #define LEFT_CHECK_MS 500 /* bound of the store check after a peer's exit */
 
 #define RELAXED memory_order_relaxed
@@ -77,7 +79,7 @@ struct cl_health {
     struct event *gone_ev; /* pushes them after the callback that found them */
     pthread_mutex_t mu;    /* the queue */
     collie_comm_event *q;
-    uint32_t head, n;
+    uint32_t cap, head, n;
     uint64_t dropped;
     int efd;
     bool stopped; /* loop */
@@ -104,7 +106,8 @@ int cl_health_init(collie_comm *c) {
     h->c = c;
     h->peers = calloc((size_t)c->size, sizeof *h->peers);
     h->gone = calloc((size_t)c->size, sizeof *h->gone);
-    h->q = calloc(EVENTS_CAP, sizeof *h->q);
+    h->cap = c->size <= (EVENTS_MAX - 16) / 8 ? (uint32_t)c->size * 8 + 16 : EVENTS_MAX;
+    h->q = calloc(h->cap, sizeof *h->q);
     h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!h->peers || !h->gone || !h->q || h->efd < 0) {
         int r = h->efd < 0 && h->peers && h->gone && h->q ? COLLIE_ESYSTEM : COLLIE_ENOMEM;
@@ -163,12 +166,12 @@ static bool health_defer(cl_health *h);
 
 static void health_push(cl_health *h, int kind, int rank, int status, int fault_kind) {
     pthread_mutex_lock(&h->mu);
-    if (h->n == EVENTS_CAP) { /* drop the oldest */
-        h->head = (h->head + 1) % EVENTS_CAP;
+    if (h->n == h->cap) { /* drop the oldest */
+        h->head = (h->head + 1) % h->cap;
         h->n--;
         h->dropped++;
     }
-    collie_comm_event *ev = &h->q[(h->head + h->n) % EVENTS_CAP];
+    collie_comm_event *ev = &h->q[(h->head + h->n) % h->cap];
     *ev = (collie_comm_event){.size = sizeof *ev,
                               .kind = kind,
                               .rank = rank,
@@ -205,7 +208,7 @@ int collie_comm_event_pop(collie_comm *c, collie_comm_event *ev) {
     collie_comm_event got = h->q[h->head];
     got.dropped = h->dropped;
     h->dropped = 0;
-    h->head = (h->head + 1) % EVENTS_CAP;
+    h->head = (h->head + 1) % h->cap;
     if (--h->n == 0) {
         uint64_t v;
         ssize_t r = read(h->efd, &v, sizeof v); /* not readable while empty */
