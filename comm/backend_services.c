@@ -31,6 +31,37 @@ static void *svc_work_backend_data(collie_work *w) { return ((cl_coll_work *)w)-
  * which the step's callbacks (its poll hook) take. */
 static bool svc_work_test(const collie_work *w) { return w && cl_work_done(w); }
 
+/* A disagreement with a peer the backend named just before (peer_disagrees):
+ * the data of the EPROTO it reports now, once (loop) */
+static bool backend_disagreement(collie_comm *c, cl_fault *f) {
+    int with = c->disagrees_with;
+    c->disagrees_with = -1;
+    if (with < 0) return false;
+    cl_fault_init(f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    cl_fault_add(f, c->rank);
+    cl_fault_add(f, with);
+    return true;
+}
+
+static bool svc_work_finish(collie_work *w, int status, const char *fmt, ...) {
+    collie_comm *c = ((cl_coll_work *)w)->comm;
+    cl_fault f;
+    bool mismatch =
+        status == COLLIE_EPROTO && cl_engine_on_loop(c->engine) && backend_disagreement(c, &f);
+    char msg[CL_COMM_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return mismatch ? cl_coll_finish_fault(w, status, &f, "%s", msg)
+                    : cl_coll_finish(w, status, "%s", msg);
+}
+
+static void svc_peer_disagrees(collie_bcomm *bc, int rank) {
+    collie_comm *c = bc->comm;
+    if (rank >= 0 && rank < c->size) c->disagrees_with = rank;
+}
+
 static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *fmt, ...) {
     char msg[CL_COMM_MSG_MAX]; /* a peer's root cause, whole (its ABORT frame) */
     va_list ap;
@@ -45,6 +76,8 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
     cl_fault peer, *f = NULL;
     if (status == COLLIE_EABORTED && c->aborted_by >= 0) {
         cl_fault_init(&peer, COLLIE_FAULT_PEER_ABORT, COLLIE_FAULT_VIEW_PEER, c->aborted_by);
+        f = &peer;
+    } else if (status == COLLIE_EPROTO && backend_disagreement(c, &peer)) {
         f = &peer;
     }
     c->aborted_by = -1;
@@ -229,7 +262,7 @@ const collie_core_services cl_core_services = {
     .watch_free = cl_backend_watch_free,
     .want_poll = cl_backend_want_poll,
     /* a collective ends in comm/coll_end.c: unlend, stats, fault, then DONE */
-    .work_finish = cl_coll_finish,
+    .work_finish = svc_work_finish,
     .work_claim = cl_work_claim,
     .work_publish = cl_coll_publish,
     .work_busy_enter = cl_work_busy_enter,
@@ -247,6 +280,7 @@ const collie_core_services cl_core_services = {
     .fault = svc_fault,
     .peer_gone = svc_peer_gone,
     .peer_heard = svc_peer_heard,
+    .peer_disagrees = svc_peer_disagrees,
     .init_done = svc_init_done,
     .set_error = svc_set_error,
     .store_set = svc_store_set,

@@ -224,10 +224,14 @@ static void chk_mismatch(struct cl_check_args *k, const chk_fp *theirs, const ch
     if (theirs) chk_describe(theirs, a, sizeof a);
     chk_describe(ours, b, sizeof b);
     k->stopped = true;
-    cl_comm_fault(c, COLLIE_EPROTO,
-                  "mismatched collectives at seq %llu: rank 0 posted %s, rank %d posted %s "
-                  "(found by COLLIE_CHECK_ARGS)",
-                  (unsigned long long)seq, a, c->rank, b);
+    cl_fault f;
+    cl_fault_init(&f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    cl_fault_add(&f, 0);
+    cl_fault_add(&f, c->rank);
+    cl_comm_fault_data(c, COLLIE_EPROTO, &f, true,
+                       "mismatched collectives at seq %llu: rank 0 posted %s, rank %d posted %s "
+                       "(found by COLLIE_CHECK_ARGS)",
+                       (unsigned long long)seq, a, c->rank, b);
 }
 
 /* Rank 0's window is in: compare. */
@@ -411,10 +415,13 @@ static void chk_a2av_on_sum(collie_work *w, void *arg) {
         collie_store_work_int(w, &sum);
         if (sum != 0) {
             q->k->stopped = true;
-            cl_comm_fault(c, COLLIE_EPROTO,
-                          "mismatched alltoallv counts at seq %llu: what some rank sends a peer "
-                          "is not what that peer receives from it (found by COLLIE_CHECK_ARGS)",
-                          (unsigned long long)q->fp.seq);
+            cl_fault f; /* which pair, the sum does not say */
+            cl_fault_init(&f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+            cl_comm_fault_data(c, COLLIE_EPROTO, &f, true,
+                               "mismatched alltoallv counts at seq %llu: what some rank sends a "
+                               "peer is not what that peer receives from it (found by "
+                               "COLLIE_CHECK_ARGS)",
+                               (unsigned long long)q->fp.seq);
         }
         chk_a2av_key(c, q->fp.seq, "sum", key, sizeof key);
         chk_delete(c, key);
@@ -499,11 +506,16 @@ static void chk_p2p_on_recv(collie_work *w, void *arg) {
                 chk_p2p_describe(&theirs, a, sizeof a);
                 chk_p2p_describe(&q->fp, b, sizeof b);
                 k->stopped = true;
-                cl_comm_fault(c, COLLIE_EPROTO,
-                              "mismatched send/recv: send #%llu from rank %d to rank %d is %s, "
-                              "the matching receive on rank %d is %s (found by "
-                              "COLLIE_CHECK_ARGS)",
-                              (unsigned long long)q->fp.nth, q->fp.peer, c->rank, a, c->rank, b);
+                cl_fault f;
+                cl_fault_init(&f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+                if (q->fp.peer >= 0 && q->fp.peer < c->size) cl_fault_add(&f, q->fp.peer);
+                cl_fault_add(&f, c->rank);
+                cl_comm_fault_data(c, COLLIE_EPROTO, &f, true,
+                                   "mismatched send/recv: send #%llu from rank %d to rank %d is "
+                                   "%s, the matching receive on rank %d is %s (found by "
+                                   "COLLIE_CHECK_ARGS)",
+                                   (unsigned long long)q->fp.nth, q->fp.peer, c->rank, a, c->rank,
+                                   b);
             }
             chk_delete(c, key);
             chk_req_free(q);

@@ -162,6 +162,7 @@ struct collie_comm {
     char err_msg[CL_COMM_MSG_MAX]; /* written once, before err_status is published */
     cl_fault fault;                /* the root fault's data: as err_msg (fault.c) */
     int aborted_by;                /* loop: the peer whose ABORT frame the next fault is */
+    int disagrees_with;            /* loop: the peer the next EPROTO disagrees with */
     struct cl_health *health;      /* peers' health, the event queue (health.c) */
     char refused[200];             /* under mu: this rank's last refused post, for desync
                                       answers ("" none since the last completed one) */

@@ -97,6 +97,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     c->rank = rank;
     c->size = size;
     c->aborted_by = -1;
+    c->disagrees_with = -1;
     c->timeout_ms = p.timeout_ms;
     c->create_timeout_ms = p.create_timeout_ms;
     c->policy = p.policy;

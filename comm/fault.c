@@ -84,14 +84,12 @@ void cl_fault_classify(collie_comm *c, int status, cl_fault *f) {
         cl_health_add_peers(c, f, COLLIE_PEER_DEAD);
         cl_health_add_peers(c, f, COLLIE_PEER_SUSPECTED);
         return;
-    case COLLIE_EPROTO:
-        cl_fault_init(f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, c->rank);
-        return;
     case COLLIE_ECANCELED:
     case COLLIE_EABORTED:
         cl_fault_init(f, COLLIE_FAULT_APP_ABORT, COLLIE_FAULT_VIEW_LOCAL, c->rank);
         return;
-    default: /* memory, system, backend, auth, closing: this rank's own */
+    default: /* memory, system, backend, auth, closing, a malformed frame (a
+              * disagreement is a mismatch where its finder said so) */
         cl_fault_init(f, COLLIE_FAULT_LOCAL, COLLIE_FAULT_VIEW_LOCAL, c->rank);
         return;
     }

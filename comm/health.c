@@ -53,7 +53,7 @@
 #include "engine/engine.h"
 
 #define EVENTS_MAX    1024 /* the queue's bound: 8 per peer + 16, at most this */
-#define LEFT_CHECK_MS 500 /* bound of the store check after a peer's exit */
+#define LEFT_CHECK_MS 500  /* bound of the store check after a peer's exit */
 
 #define RELAXED memory_order_relaxed
 

@@ -279,6 +279,10 @@ typedef struct collie_core_services {
      * thread, a few relaxed stores. */
     void (*peer_gone)(collie_bcomm *bc, int rank, int state);
     void (*peer_heard)(collie_bcomm *bc, int rank, uint64_t seq);
+    /* the COLLIE_EPROTO this backend reports next (a fault, or a work it
+     * ends) is a disagreement with `rank`: its frame's arguments differ
+     * from this rank's post. The fault's data names the two (loop). */
+    void (*peer_disagrees)(collie_bcomm *bc, int rank);
 } collie_core_services;
 
 /* The counters of stat_add. */

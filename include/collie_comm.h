@@ -252,14 +252,17 @@ typedef enum collie_fault_kind {
     COLLIE_FAULT_DEADLINE,   /* an operation's deadline passed; ranks: the ranks behind it when
                                 known (a desync report's suspect), else peers known dead or
                                 suspected then, else none */
-    COLLIE_FAULT_MISMATCH,   /* ranks posted disagreeing arguments; ranks: those that disagree */
+    COLLIE_FAULT_MISMATCH,   /* ranks posted disagreeing arguments; ranks: the two that disagree
+                                where the finder knows (a frame's sender and this rank, the
+                                desync report's pair, COLLIE_CHECK_ARGS's pair), else none */
     COLLIE_FAULT_APP_ABORT,  /* this process aborted (collie_comm_abort, a cancel that left the
                                 peers mid-operation); origin: this rank; ranks: none */
     COLLIE_FAULT_PEER_ABORT, /* a peer aborted the comm (its application, or a fault there whose
                                 data did not reach this rank); origin: that peer; ranks: none */
     COLLIE_FAULT_PEER_LEFT,  /* a peer destroyed its comm; ranks: the peers that left */
     COLLIE_FAULT_LOCAL,      /* a local error (memory, a system call, the backend, the engine
-                                closing, a refused handshake); origin: this rank; ranks: none */
+                                closing, a refused handshake, a malformed frame); origin: this
+                                rank; ranks: none */
     COLLIE_FAULT_NUM_KINDS
 } collie_fault_kind;
 

@@ -195,6 +195,60 @@ static void test_health_sequence_numbers(void **state) {
     world_destroy(&w);
 }
 
+static void assert_mismatch_of(collie_work *w, int status) {
+    collie_fault f = COLLIE_FAULT_INIT;
+    assert_int_equal(collie_work_fault(w, &f), COLLIE_OK);
+    assert_int_equal(f.status, status);
+    assert_int_equal(f.kind, COLLIE_FAULT_MISMATCH);
+    assert_int_equal(f.nranks, 2);
+    assert_int_equal(f.ranks[0], 0);
+    assert_int_equal(f.ranks[1], 1);
+}
+
+/* Ranks that post different counts: a mismatch of the two, as data (and
+ * a send/recv pair of different dtypes under policy NONE: the receive's
+ * own fault) */
+static void test_mismatch_names_both_ranks(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "fmis", NULL);
+    world_link(&w);
+    int32_t a[8] = {0}, b[8] = {0};
+    collie_work *wa, *wb;
+    assert_int_equal(collie_allreduce(w.c[0], a, a, 4, COLLIE_INT32, COLLIE_SUM, NULL, &wa),
+                     COLLIE_OK);
+    assert_int_equal(collie_allreduce(w.c[1], b, b, 8, COLLIE_INT32, COLLIE_SUM, NULL, &wb),
+                     COLLIE_OK);
+    int sa = collie_work_wait(wa, 10000), sb = collie_work_wait(wb, 10000);
+    /* the rank that found it: EPROTO; the other: its abort (or its own find) */
+    assert_true(sa == COLLIE_EPROTO || sb == COLLIE_EPROTO);
+    collie_fault f = COLLIE_FAULT_INIT;
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(collie_comm_fault(w.c[r], &f), COLLIE_OK);
+        assert_int_equal(f.kind, COLLIE_FAULT_MISMATCH);
+        assert_int_equal(f.nranks, 2);
+    }
+    assert_mismatch_of(sa == COLLIE_EPROTO ? wa : wb, COLLIE_EPROTO);
+    collie_work_release(wa);
+    collie_work_release(wb);
+    world_destroy(&w);
+
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.policy = COLLIE_POLICY_NONE;
+    world_create(&w, 2, "fmisp", &o);
+    world_link(&w);
+    float x[4] = {1, 2, 3, 4};
+    int32_t y[4] = {0};
+    assert_int_equal(collie_send(w.c[0], x, 4, COLLIE_FP32, 1, 5, NULL, &wa), COLLIE_OK);
+    assert_int_equal(collie_recv(w.c[1], y, 4, COLLIE_INT32, 0, 5, NULL, &wb), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wb, 10000), COLLIE_EPROTO);
+    assert_mismatch_of(wb, COLLIE_EPROTO);
+    collie_work_wait(wa, 10000);
+    collie_work_release(wa);
+    collie_work_release(wb);
+    world_destroy(&w);
+}
+
 /* ---- a rank killed: processes ------------------------------------------------------------ */
 
 #define KILL_N 4
@@ -340,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_abort_fault_data),
         cmocka_unit_test(test_left_is_not_dead),
         cmocka_unit_test(test_health_sequence_numbers),
+        cmocka_unit_test(test_mismatch_names_both_ranks),
         cmocka_unit_test(test_killed_peer_dead_event_linked),
         cmocka_unit_test(test_killed_peer_dead_event_linked_tcp),
         cmocka_unit_test(test_killed_peer_dead_event_no_link),

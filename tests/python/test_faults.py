@@ -104,6 +104,16 @@ elif scenario == "stop":
     except collie.CollieError as e:
         out["err"] = [type(e).__name__, e.kind, list(e.ranks)]
     report()
+elif scenario == "mismatch":
+    count = 4 if comm.rank == 0 else 8
+    try:
+        comm.allreduce(np.ones(count, np.float32)).wait(30)
+        out["err"] = None
+    except collie.CollieError as e:
+        out["err"] = [type(e).__name__, e.kind, list(e.ranks)]
+    f = comm.fault()
+    out["fault"] = [f.kind, list(f.ranks)] if f else None
+    report()
 elif scenario == "abort":
     if comm.rank == 0:
         comm.abort("the operator")
@@ -134,7 +144,7 @@ def run(scenario, n=4, env=None, act=None, timeout=60):
         results = {}
         deadline = time.monotonic() + timeout
         for r, p in enumerate(procs):
-            if r == n - 1 and scenario != "abort":
+            if r == n - 1 and scenario not in ("abort", "mismatch"):
                 continue  # the victim
             out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
             assert p.returncode == 0, f"rank {r} exit {p.returncode}:\n{err[-3000:]}"
@@ -231,3 +241,12 @@ def test_fault_objects_without_a_fault():
         st.close()
         srv.close()
         eng.close()
+
+
+def test_mismatched_counts_name_both_ranks():
+    res = run("mismatch", n=2)
+    for r, out in res.items():
+        assert out["fault"] == ["mismatch", [0, 1]], out
+        name, kind, ranks = out["err"]
+        assert name in ("CollieProtocolError", "CollieAborted"), out
+        assert kind == "mismatch" and ranks == [0, 1], out

@@ -300,6 +300,12 @@ void cl_tcp_conn_peer_gone(tcp_conn *c, int state) {
         core->peer_gone(c->tc->bc, c->peer, state);
 }
 
+void cl_tcp_conn_disagrees(tcp_conn *c) {
+    const collie_core_services *core = c->tc->core;
+    if (c->peer >= 0 && COLLIE_CORE_HAS(core, peer_disagrees))
+        core->peer_disagrees(c->tc->bc, c->peer);
+}
+
 void cl_tcp_conn_heard(tcp_conn *c) {
     const collie_core_services *core = c->tc->core;
     if (c->peer >= 0 && COLLIE_CORE_HAS(core, peer_heard))

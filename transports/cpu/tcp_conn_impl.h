@@ -60,6 +60,7 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer);
 /* peer health (core's peer_gone / peer_heard): what this link says of its peer */
 void cl_tcp_conn_peer_gone(tcp_conn *c, int state);
 void cl_tcp_conn_heard(tcp_conn *c);
+void cl_tcp_conn_disagrees(tcp_conn *c); /* the next EPROTO: its frame disagreed with our post */
 int cl_tcp_conn_attach_fd(tcp_conn *c, int fd);
 /* the connection is ready: flush what waits to be sent */
 void cl_tcp_conn_ready(tcp_conn *c);

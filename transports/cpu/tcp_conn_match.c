@@ -168,6 +168,7 @@ static void frame_mismatch(tcp_conn *c, const uint8_t *h, tcp_work *tw, const tc
         snprintf(theirs + t, sizeof theirs - t, " in a frame of %llu bytes where %llu were due",
                  (unsigned long long)len, (unsigned long long)s->len);
     }
+    cl_tcp_conn_disagrees(c);
     tc->core->fault(tc->bc, tw->w, COLLIE_EPROTO,
                     "mismatched collectives at seq %llu: rank %d posted %s, rank %d posted %s",
                     (unsigned long long)get64(h + 16), tc->rank, ours, c->peer, theirs);
@@ -188,6 +189,7 @@ static void coll_late_frame(tcp_conn *c, const uint8_t *h) {
     tcp_comm *tc = c->tc;
     char theirs[96];
     describe_post(theirs, sizeof theirs, h[4], get64(h + 24), h[5], h[6], get32(h + 40));
+    cl_tcp_conn_disagrees(c);
     tc->core->fault(tc->bc, NULL, COLLIE_EPROTO,
                     "mismatched collectives at seq %llu: rank %d sent a frame of %s, which "
                     "rank %d had already completed without it (the ranks' arguments differ)",
@@ -426,6 +428,7 @@ bool cl_tcp_conn_match(tcp_conn *c) {
         if (s && !cl_tcp_p2p_matches(h, &s->owner->args, c->peer, s->len, why, sizeof why)) {
             /* the receive fails; the frame goes into the void, never into
              * a buffer sized for something else */
+            cl_tcp_conn_disagrees(c);
             cl_tcp_work_fail(s->owner, COLLIE_EPROTO, "%s", why);
             cl_tcp_conn_drain(c, s);
             return true;

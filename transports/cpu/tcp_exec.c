@@ -213,6 +213,7 @@ void cl_tcp_p2p_take(tcp_work *tw, tcp_unexpected *u, int peer) {
     cl_tcp_p2p_source(tw, peer);
     char why[256];
     if (!cl_tcp_p2p_matches(u->hdr, a, peer, len, why, sizeof why)) {
+        if (COLLIE_CORE_HAS(tc->core, peer_disagrees)) tc->core->peer_disagrees(tc->bc, peer);
         cl_tcp_work_fail(tw, COLLIE_EPROTO, "%s", why);
     } else if (tc->core->work_busy_enter(tw->w)) {
         if (len) memcpy(a->recvbuf, u->data, len);
