@@ -16,7 +16,10 @@
  *    rank held up by the suspect is not blamed beside it.
  *  - Bounded: each answer is awaited at most DESYNC_MS; a timer of the same
  *    length is the backstop. A rank that does not answer is named as such
- *    (stopped, dead, or its progress loop stuck).
+ *    (stopped, dead, or its progress loop stuck). When the query or an
+ *    answer's read failed at the store itself (not by a rank's silence),
+ *    the unanswered ranks are not suspects: the fault's data then comes
+ *    from peer health alone (fault.c).
  *  - Only comms whose policy watches the control channel do this; others
  *    fail the work at the deadline as usual.
  *  - One query per comm per deadline event: a collective whose deadline
@@ -50,6 +53,7 @@ typedef struct desync {
     int joined;      /* works whose deadline passed meanwhile, ended with it */
     int64_t late_ms; /* how long after the deadline the loop saw it */
     bool published;
+    bool store_trouble; /* the query or an answer's read failed at the store, not by silence */
     struct event *timer;
     char (*answer)[200]; /* per rank; "" = none */
 } desync;
@@ -135,6 +139,7 @@ static bool desync_disagreement(const desync *d, const rank_state *st, char *buf
  * suspect is the deadline's rank; none named: the deadline's, no ranks. */
 static void desync_fault(const desync *d, const rank_state *st, int sus, cl_fault *f) {
     collie_comm *c = d->c;
+    if (d->store_trouble && sus != c->rank) return; /* silence says nothing: health alone */
     cl_fault_init(f, COLLIE_FAULT_DEADLINE, COLLIE_FAULT_VIEW_LOCAL, c->rank);
     if (sus < 0) return;
     if (sus == c->rank || st[sus].answered) {
@@ -169,6 +174,11 @@ static void desync_message(const desync *d, char *msg, size_t len, cl_fault *f) 
                  "first suspect: this rank (%d): its progress loop saw the deadline %lld ms after "
                  "it passed (the process was stopped or starved); ",
                  sus, (long long)d->late_ms);
+    else if (sus >= 0 && !st[sus].answered && d->store_trouble)
+        snprintf(first, sizeof first,
+                 "the query or its answers did not get through the store: %d ranks unheard "
+                 "(cut off from the store, stopped, dead or stuck); ",
+                 silent);
     else if (sus >= 0 && !st[sus].answered && silent > 1)
         snprintf(first, sizeof first,
                  "first suspects: %d ranks gave no answer within %d ms (stopped, dead or stuck); ",
@@ -254,7 +264,9 @@ typedef struct desync_get {
 static void desync_on_answer(collie_work *w, void *arg) {
     desync_get *g = arg;
     desync *d = g->d;
-    if (collie_work_result(w) == COLLIE_OK) {
+    int st = collie_work_result(w);
+    if (st != COLLIE_OK && st != COLLIE_ETIMEDOUT) d->store_trouble = true;
+    if (st == COLLIE_OK) {
         const void *val;
         size_t len;
         collie_store_work_value(w, &val, &len);
@@ -270,6 +282,7 @@ static void desync_on_answer(collie_work *w, void *arg) {
 static void desync_on_sent(void *arg, int status, uint64_t k) {
     desync *d = arg;
     collie_comm *c = d->c;
+    if (status != COLLIE_OK) d->store_trouble = true;
     if (status == COLLIE_OK) {
         for (int r = 0; r < c->size; r++) {
             if (r == c->rank) continue;

@@ -206,6 +206,14 @@ static int rk_post(rk *r, rk_slot *s, int it) {
                             &s->w);
 }
 
+/* A fault's data as line fields: "fkind=<kind> franks=<r,r|->" */
+static void fault_fields(const collie_fault *f, char *buf, size_t len) {
+    int at = snprintf(buf, len, "fkind=%s franks=", collie_fault_kind_name(f->kind));
+    if (f->nranks == 0) snprintf(buf + at, len - (size_t)at, "-");
+    for (int i = 0; i < f->nranks && i < COLLIE_FAULT_RANKS && (size_t)at < len; i++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%d", i ? "," : "", f->ranks[i]);
+}
+
 /* Every work still in flight: wait for it (bounded) and report it. */
 static void rk_drain_failed(rk *r, int64_t *first, int64_t *last, int *nfailed) {
     for (int k = 0; k < WINDOW; k++) {
@@ -218,8 +226,13 @@ static void rk_drain_failed(rk *r, int64_t *first, int64_t *last, int *nfailed) 
             (*nfailed)++;
             if (info.end_ns < *first) *first = info.end_ns;
             if (info.end_ns > *last) *last = info.end_ns;
-            say("WORK seq=%llu status=%s end=%lld msg=%s", (unsigned long long)info.seq,
-                collie_status_name(rc), (long long)info.end_ns, collie_work_error_message(p->w));
+            collie_fault f = COLLIE_FAULT_INIT;
+            char fd[400];
+            collie_work_fault(p->w, &f);
+            fault_fields(&f, fd, sizeof fd);
+            say("WORK seq=%llu status=%s end=%lld %s msg=%s", (unsigned long long)info.seq,
+                collie_status_name(rc), (long long)info.end_ns, fd,
+                collie_work_error_message(p->w));
         } else if (rc == COLLIE_INPROGRESS) {
             say("ERROR seq %llu still pending after its deadline", (unsigned long long)info.seq);
             exit(1);
@@ -229,12 +242,18 @@ static void rk_drain_failed(rk *r, int64_t *first, int64_t *last, int *nfailed) 
     }
 }
 
-static void rk_report_comm(rk *r) {
+static void say_comm_error(collie_comm *c) {
     int st;
     const char *msg;
-    collie_comm_error(r->c, &st, &msg);
-    say("COMMERR status=%s msg=%s", collie_status_name(st), msg);
+    collie_comm_error(c, &st, &msg);
+    collie_fault f = COLLIE_FAULT_INIT;
+    char fd[400];
+    collie_comm_fault(c, &f);
+    fault_fields(&f, fd, sizeof fd);
+    say("COMMERR status=%s %s msg=%s", collie_status_name(st), fd, msg);
 }
+
+static void rk_report_comm(rk *r) { say_comm_error(r->c); }
 
 /* Loop allreduces until the comm faults. FT_STOP_AT: after that many
  * allreduces, finish the ones in flight and SIGSTOP ourselves. */
@@ -390,7 +409,7 @@ static int rank_abort_process(void) {
     const char *msg = "";
     for (int i = 0; i < 1000 && collie_comm_error(c, &st, &msg) == COLLIE_OK; i++)
         usleep(10000);
-    say("COMMERR status=%s msg=%s", collie_status_name(st), msg);
+    say_comm_error(c);
     collie_comm_destroy(c);
     collie_engine_destroy(e);
     say("EXIT");
@@ -1018,16 +1037,49 @@ static int proc_each_line(const proc *p, const char *tag, bool (*fn)(const char 
 
 typedef struct blame {
     int victim;
+    int stall; /* a rank stopped across the kill, which may be named too (-1: none) */
     char bad[1024];
 } blame;
 
+/* The suspects of a line's fault data ("franks=1,3" or "-") as a bit mask;
+ * -1 when the line has none. */
+static long long line_franks(const char *line) {
+    const char *p = strstr(line, " franks=");
+    const char *end = strchr(line, '\n');
+    if (!p || (end && p > end)) return -1;
+    p += strlen(" franks=");
+    long long mask = 0;
+    while (*p >= '0' && *p <= '9') {
+        long r = strtol(p, (char **)&p, 10);
+        if (r < 60) mask |= 1LL << r;
+        if (*p == ',') p++;
+    }
+    return mask;
+}
+
+/* The message names the victim, and the fault's data (where the line has
+ * it) never names a rank that was healthy and never stopped, and names the
+ * victim where the kind is about a peer's death. */
 static bool blames_victim(const char *line, void *arg) {
     blame *b = arg;
-    char msg[2048];
+    char msg[2048], kind[64];
     line_rest(line, "msg", msg, sizeof msg);
-    if (names_rank(msg, b->victim)) return true;
-    snprintf(b->bad, sizeof b->bad, "%.1000s", msg);
-    return false;
+    line_rest(line, "fkind", kind, sizeof kind);
+    long long ranks = line_franks(line);
+    long long allowed = (1LL << b->victim) | (b->stall >= 0 ? 1LL << b->stall : 0);
+    if (!names_rank(msg, b->victim)) {
+        snprintf(b->bad, sizeof b->bad, "%.1000s", msg);
+        return false;
+    }
+    if (ranks > 0 && (ranks & ~allowed)) {
+        snprintf(b->bad, sizeof b->bad, "its fault's ranks name a healthy rank: %.900s", line);
+        return false;
+    }
+    if (strncmp(kind, "peer_dead", 9) == 0 && !(ranks & (1LL << b->victim))) {
+        snprintf(b->bad, sizeof b->bad, "a peer_dead fault without the dead rank: %.900s", line);
+        return false;
+    }
+    return true;
 }
 
 /* `stall`: a survivor SIGSTOPped from just before the kill until STALL_MS
@@ -1086,7 +1138,7 @@ static void scenario_kill(int victim, int stall, kill_result *res) {
         /* every work that failed, and the comm's root cause, name the dead
          * rank (root code or EABORTED) */
         CHECK(n > 0 || proc_line(rk[r], "POSTFAIL"), "rank %d: nothing failed?\n", r);
-        blame b = {.victim = victim};
+        blame b = {.victim = victim, .stall = stall};
         CHECK(proc_each_line(rk[r], "WORK", blames_victim, &b) == 0 &&
                   proc_each_line(rk[r], "POSTFAIL", blames_victim, &b) == 0 &&
                   proc_each_line(rk[r], "COMMERR", blames_victim, &b) == 0,
@@ -1554,6 +1606,10 @@ static void test_network_cut(void **state) {
         line_rest(cl, "msg", msg, sizeof msg);
         print_message("rank %d (side %c): failed at +%lld ms: %.200s\n", r, r < 2 ? 'A' : 'B',
                       (long long)ms, msg);
+        /* its fault's suspects are across the cut, never on its own side */
+        long long ranks = line_franks(cl), other = r < 2 ? 0xc : 0x3;
+        CHECK(ranks <= 0 || !(ranks & ~other), "rank %d: its fault names its own side: %.300s\n", r,
+              cl);
     }
     procs_kill_all();
     netns_cleanup();
