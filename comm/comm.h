@@ -301,6 +301,21 @@ void cl_fault_export(const cl_fault *f, int status, collie_fault *out);
 int cl_fault_format(const cl_fault *f, char *buf, size_t len);
 bool cl_fault_parse(const char *s, int size, cl_fault *f, const char **rest);
 
+/* pid_watch.c: a same-host process's exit, one pidfd per (engine,
+ * process) shared by its subscribers (loop). cl_pid_watch: COLLIE_OK
+ * (s->exited runs on the loop once it exits, after s is detached),
+ * COLLIE_ENOENT (gone already, or its pid recycled: `start` differs),
+ * COLLIE_ENOTSUP (no pidfd here) or COLLIE_ENOMEM. */
+typedef struct cl_pid_sub {
+    cl_list_node node;
+    struct cl_pid_watch *watch; /* NULL: not watching */
+    void (*exited)(struct cl_pid_sub *s);
+} cl_pid_sub;
+int cl_pid_watch(collie_engine *e, pid_t pid, unsigned long long start, cl_pid_sub *s);
+void cl_pid_unwatch(cl_pid_sub *s);
+unsigned long long cl_pid_start_time(pid_t pid); /* /proc/<pid>/stat field 22; 0 unknown */
+size_t cl_pid_watches(void);                     /* open watches (tests) */
+
 /* health.c: peer health and the event queue (see its notes). init at
  * creation (any thread), publish ahead of the creation barrier, start once
  * ready, stop with the backends (loop), free with the comm. */

@@ -11,11 +11,10 @@
  *  - Same host: at creation every rank appends "<rank>:<pid>:<start> " to
  *    "<prefix>host/<boot id>.<pid namespace>" ahead of the creation
  *    barrier, so once the comm is ready one get returns every same-host
- *    peer (comm_rendezvous.c posts the append). Each peer's pid becomes a
- *    pidfd watched by the loop: its exit wakes us at once and costs nothing
- *    while idle. The start time (from /proc/<pid>/stat) read after the
- *    pidfd is open guards against a recycled pid: a mismatch means the
- *    peer is gone already.
+ *    peer (comm_rendezvous.c posts the append). Each peer's process is
+ *    watched for its exit (pid_watch.c: a pidfd on the loop, one per
+ *    process however many comms share it): its exit wakes us at once and
+ *    costs nothing while idle.
  *  - An exit is "left" if the rank destroyed its comm first: a graceful
  *    destroy sets "<prefix>gone/<rank>" and posts "left <rank>" on the
  *    control channel before its connections close (comm.c). On an exit the
@@ -40,13 +39,11 @@
 #include <event2/event.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "comm/comm.h"
@@ -64,8 +61,7 @@ typedef struct cl_peer {
     /* loop */
     collie_comm *c;
     int rank;
-    int pidfd;
-    struct event *ev; /* the pidfd's watch (argument: this entry) */
+    cl_pid_sub exit_sub; /* its process's exit (pid_watch.c) */
 } cl_peer;
 
 struct cl_health {
@@ -122,19 +118,13 @@ int cl_health_init(collie_comm *c) {
     for (int r = 0; r < c->size; r++) {
         h->peers[r].c = c;
         h->peers[r].rank = r;
-        h->peers[r].pidfd = -1;
         atomic_init(&h->peers[r].state, r == c->rank ? COLLIE_PEER_SELF : COLLIE_PEER_ALIVE);
     }
     c->health = h;
     return COLLIE_OK;
 }
 
-static void health_unwatch(cl_peer *p) {
-    if (p->ev) event_free(p->ev);
-    p->ev = NULL;
-    if (p->pidfd >= 0) close(p->pidfd);
-    p->pidfd = -1;
-}
+static void health_unwatch(cl_peer *p) { cl_pid_unwatch(&p->exit_sub); }
 
 void cl_health_stop(collie_comm *c) {
     cl_health *h = c->health;
@@ -149,9 +139,7 @@ void cl_health_stop(collie_comm *c) {
 void cl_health_free(collie_comm *c) {
     cl_health *h = c->health;
     if (!h) return;
-    for (int r = 0; r < c->size; r++) /* never started on a loop: nothing to free there */
-        if (h->peers[r].pidfd >= 0) close(h->peers[r].pidfd);
-    close(h->efd);
+    close(h->efd); /* its watches went with cl_health_stop (a comm freed unstarted had none) */
     pthread_mutex_destroy(&h->mu);
     free(h->q);
     free(h->gone);
@@ -347,30 +335,12 @@ static bool health_host_key(char *buf, size_t len) {
     return true;
 }
 
-/* field 22 of /proc/<pid>/stat: the start time in clock ticks (0: unknown) */
-static unsigned long long health_start_time(pid_t pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    const char *s = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
-    if (!s) return 0;
-    s += 2;                                       /* ") S": at field 3 */
-    for (int field = 3; field < 22 && s; field++) /* to the space before field + 1 */
-        s = strchr(s + 1, ' ');
-    return s ? strtoull(s + 1, NULL, 10) : 0;
-}
-
 void cl_health_publish(collie_comm *c, int32_t timeout_ms) {
     char key[256], val[96];
     int k = snprintf(key, sizeof key, "%shost/", c->prefix);
     if (!health_host_key(key + k, sizeof key - (size_t)k)) return;
     pid_t pid = getpid();
-    int n = snprintf(val, sizeof val, "%d:%d:%llu ", c->rank, (int)pid, health_start_time(pid));
+    int n = snprintf(val, sizeof val, "%d:%d:%llu ", c->rank, (int)pid, cl_pid_start_time(pid));
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.timeout_ms = timeout_ms;
     o.cb = cl_health_release_cb; /* best effort: a rank missing from it is not watched */
@@ -413,14 +383,12 @@ static void health_on_gone_checked(collie_work *w, void *arg) {
     free(x);
 }
 
-static void health_on_pidfd(evutil_socket_t fd, short what, void *arg) {
-    (void)fd;
-    (void)what;
-    cl_peer *p = arg;
+/* A watched peer's process exited (loop): did it leave first? */
+static void health_on_exit(cl_pid_sub *sub) {
+    cl_peer *p = cl_container_of(sub, cl_peer, exit_sub);
     collie_comm *c = p->c;
     cl_health *h = c->health;
     int rank = p->rank;
-    health_unwatch(p);
     if (h->stopped || cl_health_state(c, rank) >= COLLIE_PEER_DEAD) return;
     health_exit *x = malloc(sizeof *x);
     char key[200];
@@ -442,40 +410,13 @@ static void health_on_pidfd(evutil_socket_t fd, short what, void *arg) {
     health_dead(c, rank, "died (its process exited)");
 }
 
-static int health_pidfd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 static void health_watch(collie_comm *c, int rank, pid_t pid, unsigned long long start) {
     cl_health *h = c->health;
     cl_peer *p = &h->peers[rank];
-    if (p->pidfd >= 0 || h->stopped) return;
-    int fd = health_pidfd_open(pid);
-    if (fd < 0) {
-        if (errno == ESRCH) health_dead(c, rank, "died (its process is gone)");
-        return; /* no pidfd here (old kernel, seccomp): links alone tell */
-    }
-    unsigned long long now_start = health_start_time(pid);
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    if ((start && now_start && now_start != start) || poll(&pf, 1, 0) > 0) {
-        close(fd);
+    if (p->exit_sub.watch || h->stopped) return;
+    p->exit_sub.exited = health_on_exit;
+    if (cl_pid_watch(c->engine, pid, start, &p->exit_sub) == COLLIE_ENOENT)
         health_dead(c, rank, "died (its process is gone)");
-        return;
-    }
-    struct event *ev = event_new(cl_engine_base(c->engine), fd, EV_READ, health_on_pidfd, p);
-    if (!ev || event_add(ev, NULL) != 0) {
-        if (ev) event_free(ev);
-        close(fd);
-        return;
-    }
-    p->pidfd = fd;
-    p->ev = ev;
 }
 
 static void health_on_hosts(collie_work *w, void *arg) {

@@ -273,6 +273,17 @@ static int kill_child(const char *addr, int rank, bool link) {
             return 13;
         collie_work_release(w);
     }
+    /* two more comms with the same peers: one watch per peer process, shared */
+    collie_comm *more[2] = {NULL, NULL};
+    if (link) {
+        for (int i = 0; i < 2; i++)
+            if (collie_comm_split(c, 0, rank, NULL, &more[i]) != COLLIE_OK) return 18;
+        int64_t until_w = now_ms() + 5000;
+        while (cl_pid_watches() < KILL_N - 1 && now_ms() < until_w)
+            usleep(1000);
+        usleep(50000); /* the children's watches are in too */
+        if (cl_pid_watches() != KILL_N - 1) return 19;
+    }
     printf("up %d\n", rank);
     fflush(stdout);
     if (rank == 3) pause(); /* killed by the test */
@@ -298,7 +309,19 @@ static int kill_child(const char *addr, int rank, bool link) {
     if (f.kind != COLLIE_FAULT_PEER_DEAD && !(f.kind == COLLIE_FAULT_PEER_ABORT && f.nranks == 0))
         return 16;
     if (f.kind == COLLIE_FAULT_PEER_DEAD && (f.nranks != 1 || f.ranks[0] != 3)) return 17;
+    for (int i = 0; i < 2 && more[i]; i++) { /* every comm with rank 3 sees it dead */
+        int64_t until_m = now_ms() + 5000;
+        while (collie_comm_health(more[i], h, KILL_N) == KILL_N && h[3].state != COLLIE_PEER_DEAD &&
+               now_ms() < until_m)
+            usleep(1000);
+        if (h[3].state != COLLIE_PEER_DEAD) return 20;
+        collie_comm_destroy(more[i]);
+    }
+    /* the dead one's watch went (the live peers' stay with c, unless they
+     * finished and exited already) */
+    if (cl_pid_watches() > KILL_N - 2) return 21;
     collie_comm_destroy(c);
+    if (cl_pid_watches() != 0) return 22;
     collie_store_destroy(st);
     collie_engine_destroy(e);
     return 0;
