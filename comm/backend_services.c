@@ -43,18 +43,19 @@ static bool backend_disagreement(collie_comm *c, cl_fault *f) {
     return true;
 }
 
+/* work_finish: cl_coll_finish, with a disagreement's data for an EPROTO
+ * (the healthy path: one comparison more) */
 static bool svc_work_finish(collie_work *w, int status, const char *fmt, ...) {
-    collie_comm *c = ((cl_coll_work *)w)->comm;
-    cl_fault f;
-    bool mismatch =
-        status == COLLIE_EPROTO && cl_engine_on_loop(c->engine) && backend_disagreement(c, &f);
-    char msg[CL_COMM_MSG_MAX];
+    cl_fault f, *data = NULL;
+    if (status == COLLIE_EPROTO) {
+        collie_comm *c = ((cl_coll_work *)w)->comm;
+        if (cl_engine_on_loop(c->engine) && backend_disagreement(c, &f)) data = &f;
+    }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    bool won = cl_coll_vfinish_fault(w, status, data, fmt, ap);
     va_end(ap);
-    return mismatch ? cl_coll_finish_fault(w, status, &f, "%s", msg)
-                    : cl_coll_finish(w, status, "%s", msg);
+    return won;
 }
 
 static void svc_peer_disagrees(collie_bcomm *bc, int rank) {

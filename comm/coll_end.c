@@ -152,14 +152,20 @@ bool cl_coll_finish(collie_work *w, int status, const char *fmt, ...) {
     return true;
 }
 
-bool cl_coll_finish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt, ...) {
+bool cl_coll_vfinish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt,
+                           va_list ap) {
     if (!cl_work_claim(w)) return false;
-    ((cl_coll_work *)w)->fault = *f; /* the winner alone writes it, before the fill */
+    if (f) ((cl_coll_work *)w)->fault = *f; /* the winner alone writes it, before the fill */
+    coll_end_vpublish((cl_coll_work *)w, status, fmt, ap);
+    return true;
+}
+
+bool cl_coll_finish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    coll_end_vpublish((cl_coll_work *)w, status, fmt, ap);
+    bool won = cl_coll_vfinish_fault(w, status, f, fmt, ap);
     va_end(ap);
-    return true;
+    return won;
 }
 
 /* VISIBLE → DETACHED (loop, from work/'s retire: ops->detach) */

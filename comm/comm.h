@@ -371,6 +371,9 @@ void cl_coll_publish(collie_work *w, int status, const char *fmt, ...)
 /* cl_coll_finish with the fault's data its ender knows (fault.c) */
 bool cl_coll_finish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* the same with a va_list; f NULL: the data from the status (coll_end.c) */
+bool cl_coll_vfinish_fault(collie_work *w, int status, const cl_fault *f, const char *fmt,
+                           va_list ap) __attribute__((format(printf, 4, 0)));
 /* the end's loop half: the collectives' ops->detach (work/'s retire) */
 void cl_coll_end_on_loop(collie_work *w);
 
