@@ -135,7 +135,8 @@ static bool desync_disagreement(const desync *d, const rank_state *st, char *buf
 }
 
 /* The report's fault data: the suspects it names. Silent ranks are stuck
- * (dead where peer health knows it); a late loop is this rank; an idle
+ * (dead, or left, where peer health knows it of them all); a late loop is
+ * this rank; an idle
  * suspect is the deadline's rank; none named: the deadline's, no ranks. */
 static void desync_fault(const desync *d, const rank_state *st, int sus, cl_fault *f) {
     collie_comm *c = d->c;
@@ -146,13 +147,18 @@ static void desync_fault(const desync *d, const rank_state *st, int sus, cl_faul
         cl_fault_add(f, sus);
         return;
     }
-    bool all_dead = true;
+    int dead = 0, left = 0, silent = 0;
     for (int r = 0; r < c->size; r++)
         if (!st[r].answered) {
             cl_fault_add(f, r);
-            all_dead = all_dead && cl_health_state(c, r) == COLLIE_PEER_DEAD;
+            silent++;
+            dead += cl_health_state(c, r) == COLLIE_PEER_DEAD;
+            left += cl_health_state(c, r) == COLLIE_PEER_LEFT;
         }
-    f->kind = all_dead ? COLLIE_FAULT_PEER_DEAD : COLLIE_FAULT_PEER_STUCK;
+    /* stuck unless health knows better of every silent rank */
+    f->kind = dead + left < silent ? COLLIE_FAULT_PEER_STUCK
+              : left == silent     ? COLLIE_FAULT_PEER_LEFT
+                                   : COLLIE_FAULT_PEER_DEAD;
 }
 
 static void desync_message(const desync *d, char *msg, size_t len, cl_fault *f) {
