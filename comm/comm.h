@@ -87,6 +87,7 @@ typedef struct cl_latency_counters {
 typedef struct cl_comm_counters {
     _Atomic uint64_t posted, completed, failed, bytes;
     _Atomic uint64_t by_status[COLLIE_STATS_STATUSES];
+    _Atomic uint64_t by_kind[COLLIE_FAULT_NUM_KINDS]; /* failed works by fault kind */
     _Atomic int32_t connections;            /* the backends' count (the stat_add service) */
     _Atomic int32_t shm_connections;        /* of those, over shared memory */
     _Atomic uint64_t shm_single_copy_bytes; /* received by single copy */
