@@ -102,7 +102,9 @@ typedef struct cl_fault {
     int32_t ranks[COLLIE_FAULT_RANKS];
 } cl_fault;
 
-/* One flight-recorder entry (flight.c). */
+/* One flight-recorder entry (flight.c). A failed work's fault, compactly:
+ * its kind and the first CL_FR_FAULT_RANKS ranks of its set. */
+#define CL_FR_FAULT_RANKS 4
 typedef struct cl_fr_entry {
     uint64_t id, seq, count;
     uint8_t kind, dtype, op;
@@ -110,6 +112,9 @@ typedef struct cl_fr_entry {
     int32_t peer; /* p2p peer or root, -1 if none */
     int status;
     int64_t post_ns, start_ns, end_ns;
+    int8_t fault_kind;    /* collie_fault_kind (NONE unless failed) */
+    int32_t fault_nranks; /* the set's size; fault_ranks lists the first few */
+    int32_t fault_ranks[CL_FR_FAULT_RANKS];
     char error[160];
 } cl_fr_entry;
 
