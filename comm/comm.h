@@ -172,6 +172,8 @@ struct collie_comm {
     struct cl_health *health;      /* peers' health, the event queue (health.c) */
     char refused[200];             /* under mu: this rank's last refused post, for desync
                                       answers ("" none since the last completed one) */
+    uint64_t refused_after;        /* under mu: next_seq when it was refused (a collective
+                                      completed past it forgets it: coll.c) */
     _Atomic bool fault_unapplied;  /* recorded by cl_comm_record_fault, policy not yet applied */
     pthread_mutex_t mu;            /* post ordering (seq + enqueue), err_msg, destroy */
     pthread_cond_t cv;             /* nactive changes (destroy waits) */
@@ -268,6 +270,9 @@ int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, 
  * comm was never created or its abort went out already. */
 bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
                                void (*done)(void *, int, uint64_t), void *done_arg);
+/* this rank's progress as a desync answer: "posted P, completed C, in seq
+ * S: <op>" or "..., idle" (", waiting for creation"), then ", refused: <op>:
+ * <why>" while the last refused collective post is news (loop) */
 void cl_comm_progress(collie_comm *c, char *buf, size_t len);
 
 /* flight.c */
