@@ -99,6 +99,7 @@ class RankReport:
         self.left = {}  # (round, comm) -> destroy_us
         self.round_faults = {}  # round -> {rank-side fault kinds}
         self.cancelled_rounds = set()  # rounds in which this rank cancelled a work
+        self.abort_comms = {}  # round -> {comms this rank aborted (-1: not said)}
 
     def feed(self, data):
         self.buf += data
@@ -195,6 +196,8 @@ class RankReport:
             if k == "stall" and f.get("role") == "sender":
                 k = "stall_" + f.get("end", "?")  # how its send ends: deadline, cancel, abort
             self.round_faults.setdefault(rnd, set()).add(k)
+            if k == "abort":  # which comm it aborted (a callback's line does not say: -1)
+                self.abort_comms.setdefault(rnd, set()).add(_int(f, "comm", -1))
             if k == "abort" and f.get("phase") == "subgroups" and "fired_us" in f:
                 self.sub_aborts[_int(f, "r")] = _int(f, "fired_us")
         elif rec == "violation":
