@@ -60,6 +60,11 @@
  *    or heap growth over the point before the engine was created
  *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
  *    libcrypto and libevent keep one-time global state).
+ *  - Failure as data: every failed work's line and every comm's comm_end
+ *    line (before its destroy: when this rank left it) carry the fault's
+ *    data in world ranks (fault_fields); the driver judges the sets and
+ *    kinds (chaos_faults.py). A failed work or comm without its data is
+ *    bad_fault here.
  *  - Exit status: 0 when the contract held, 3 if this rank found a
  *    violation, 2 on a usage error.
  */

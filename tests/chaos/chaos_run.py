@@ -33,6 +33,9 @@ Design notes
    ranks' `end_us=`, one host's monotonic clock) was such a timeout (a
    machine too slow: the comm's fault then ends the others), or a rank
    crashed or hung. `strict` (the suite's small runs) excuses no timeout.
+ - Failure as data: the failures' kinds and rank sets are held to the
+   kills, stops and link faults the driver made (when) and to what the
+   ranks did (chaos_faults.py).
  - A run in which no work ended OK is `vacuous`; a barrier that ended OK
    on a rank before another rank posted it is `wrong_ok` (post_us/end_us). The rank cannot tell this alone: a peer's fault
    fails its works with allowed statuses.
