@@ -66,10 +66,15 @@ Design notes
      empty_peer_dead  peer_dead with an empty set: a connect that failed (a
                       link down) ends the works with EPEER and names no
                       peer (cl_tcp_conn_lost without peer_gone);
-     left_named_dead  peer_dead naming a rank that had failed and left:
-                      its transport closed without a goodbye before its
-                      abort notice reached this rank (over TCP between
-                      hosts nothing tells that close from a death).
+     left_named_dead  peer_dead naming a rank that had left (after its
+                      own failure): its transport closed without a goodbye
+                      before its abort notice reached this rank (over TCP
+                      between hosts nothing tells that close from a death);
+     left_named_stuck peer_stuck naming a rank that had left: a desync
+                      report takes every rank that gave no answer for
+                      stuck, also one that destroyed its comm (desync.c,
+                      desync_fault; the issue: a peer that leaves is not a
+                      suspect).
 """
 
 import os
@@ -176,8 +181,9 @@ def check(reports, killed_us, stops_us, link_down_us, per_node):
             anything = f.kind == "deadline" and SHORT_DEADLINES & rank_faults(observer, f.round)
             for q in f.ranks:
                 rs = reasons(q, f, observer)
-                if f.kind == "peer_dead" and not strict and {"faulted", "left"} <= rs:
-                    stats.known["left_named_dead"] = stats.known.get("left_named_dead", 0) + 1
+                if f.kind in ("peer_dead", "peer_stuck") and not strict and "left" in rs:
+                    gap = "left_named_" + f.kind[5:]
+                    stats.known[gap] = stats.known.get(gap, 0) + 1
                     continue
                 if not anything and not rs & ADMITS[f.kind]:
                     bad("fault_set", f, "rank %d is named, but it was healthy then (%s)" % (
