@@ -14,6 +14,12 @@
  *    threads post on one comm.
  *  - The end of a collective, every step of it, is in coll_end.c; its
  *    cancel (anyone but its backend ending it) in coll_cancel.c.
+ *  - A refused collective post (bad arguments, a backend that refused it)
+ *    is remembered in the comm (c->refused, under c->mu: what and why) for
+ *    this rank's desync answers (comm_ctl.c): the peers that posted it wait
+ *    for a collective this rank never made, and their report says why.
+ *    A collective completed after it (last_completed past refused_after)
+ *    makes it old news; the healthy path never touches it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,16 +197,41 @@ static int coll_start_on_caller(cl_coll_work *cw) {
     return r;
 }
 
+/* Remember a refused collective post for the desync answers (the notes
+ * above): "allreduce of 4 x fp32 (sum): receive buffer is NULL". Any
+ * thread; `locked`: the caller holds c->mu. */
+static void coll_note_refused(collie_comm *c, const collie_coll_args *a, bool locked) {
+    if (!c || a->kind == COLLIE_COLL_SEND || a->kind == COLLIE_COLL_RECV) return;
+    char what[128];
+    bool typed = a->kind == COLLIE_COLL_BARRIER || cl_dtype_valid(a->dtype);
+    collie_coll_describe(what, sizeof what, a->kind, a->count,
+                         typed ? collie_dtype_name(a->dtype) : "?",
+                         cl_redop_valid(a->op) ? collie_redop_name(a->op) : "?", a->root);
+    const char *why = collie_last_error(), *op = collie_coll_kind_name(a->kind);
+    size_t n = strlen(op);
+    if (strncmp(why, op, n) == 0 && why[n] == ':' && why[n + 1] == ' ') why += n + 2;
+    if (!locked) pthread_mutex_lock(&c->mu);
+    snprintf(c->refused, sizeof c->refused, "%s: %s", what, *why ? why : "refused");
+    c->refused_after = c->next_seq;
+    if (!locked) pthread_mutex_unlock(&c->mu);
+}
+
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
                  collie_work **out) {
     cl_clear_last_error();
     int r = coll_check(c, a, dev, out);
-    if (r != COLLIE_OK) return r;
+    if (r != COLLIE_OK) {
+        if (c && out) coll_note_refused(c, a, false);
+        return r;
+    }
     collie_coll_args va;
     size_t *vown = NULL;
     if (collie_coll_is_v(a->kind)) { /* the counts checked and copied */
         va = *a;
-        if ((r = cl_coll_v_prepare(c, &va, &vown)) != COLLIE_OK) return r;
+        if ((r = cl_coll_v_prepare(c, &va, &vown)) != COLLIE_OK) {
+            coll_note_refused(c, a, false);
+            return r;
+        }
         a = &va;
     }
     pthread_once(&cl_coll_ops_once, coll_ops_init);
@@ -248,6 +279,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
         } else {
             c->next_seq--;
             atomic_store(&c->last_posted, c->next_seq);
+            coll_note_refused(c, a, true);
         }
         atomic_fetch_sub(&c->nactive, 1);
     }

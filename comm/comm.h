@@ -87,6 +87,7 @@ typedef struct cl_latency_counters {
 typedef struct cl_comm_counters {
     _Atomic uint64_t posted, completed, failed, bytes;
     _Atomic uint64_t by_status[COLLIE_STATS_STATUSES];
+    _Atomic uint64_t by_kind[COLLIE_FAULT_NUM_KINDS]; /* failed works by fault kind */
     _Atomic int32_t connections;            /* the backends' count (the stat_add service) */
     _Atomic int32_t shm_connections;        /* of those, over shared memory */
     _Atomic uint64_t shm_single_copy_bytes; /* received by single copy */
@@ -101,7 +102,9 @@ typedef struct cl_fault {
     int32_t ranks[COLLIE_FAULT_RANKS];
 } cl_fault;
 
-/* One flight-recorder entry (flight.c). */
+/* One flight-recorder entry (flight.c). A failed work's fault, compactly:
+ * its kind and the first CL_FR_FAULT_RANKS ranks of its set. */
+#define CL_FR_FAULT_RANKS 4
 typedef struct cl_fr_entry {
     uint64_t id, seq, count;
     uint8_t kind, dtype, op;
@@ -109,6 +112,9 @@ typedef struct cl_fr_entry {
     int32_t peer; /* p2p peer or root, -1 if none */
     int status;
     int64_t post_ns, start_ns, end_ns;
+    int8_t fault_kind;    /* collie_fault_kind (NONE unless failed) */
+    int32_t fault_nranks; /* the set's size; fault_ranks lists the first few */
+    int32_t fault_ranks[CL_FR_FAULT_RANKS];
     char error[160];
 } cl_fr_entry;
 
@@ -166,6 +172,8 @@ struct collie_comm {
     struct cl_health *health;      /* peers' health, the event queue (health.c) */
     char refused[200];             /* under mu: this rank's last refused post, for desync
                                       answers ("" none since the last completed one) */
+    uint64_t refused_after;        /* under mu: next_seq when it was refused (a collective
+                                      completed past it forgets it: coll.c) */
     _Atomic bool fault_unapplied;  /* recorded by cl_comm_record_fault, policy not yet applied */
     pthread_mutex_t mu;            /* post ordering (seq + enqueue), err_msg, destroy */
     pthread_cond_t cv;             /* nactive changes (destroy waits) */
@@ -262,6 +270,9 @@ int cl_comm_ctl_send(collie_comm *c, const char *msg, void (*done)(void *, int, 
  * comm was never created or its abort went out already. */
 bool cl_comm_ctl_publish_abort(collie_comm *c, int status, const char *reason,
                                void (*done)(void *, int, uint64_t), void *done_arg);
+/* this rank's progress as a desync answer: "posted P, completed C, in seq
+ * S: <op>" or "..., idle" (", waiting for creation"), then ", refused: <op>:
+ * <why>" while the last refused collective post is news (loop) */
 void cl_comm_progress(collie_comm *c, char *buf, size_t len);
 
 /* flight.c */

@@ -74,6 +74,13 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
         snprintf(buf, len, "posted %llu, completed %llu, waiting for creation", posted, done);
     else
         snprintf(buf, len, "posted %llu, completed %llu, idle", posted, done);
+    /* this rank's last refused post, while no collective completed since */
+    uint64_t completed = atomic_load_explicit(&c->last_completed, memory_order_relaxed);
+    pthread_mutex_lock(&c->mu);
+    if (c->refused[0] && completed > c->refused_after) c->refused[0] = '\0';
+    size_t at = strlen(buf);
+    if (c->refused[0] && at < len) snprintf(buf + at, len - at, ", refused: %s", c->refused);
+    pthread_mutex_unlock(&c->mu);
 }
 
 static void ctl_release_cb(collie_work *w, void *arg) {

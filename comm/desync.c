@@ -20,6 +20,9 @@
  *    answer's read failed at the store itself (not by a rank's silence),
  *    the unanswered ranks are not suspects: the fault's data then comes
  *    from peer health alone (fault.c).
+ *  - An answer carries the rank's last refused post while no collective
+ *    completed after it (coll.c, cl_comm_progress), so a rank that never
+ *    posted the collective because its post was refused says why.
  *  - Only comms whose policy watches the control channel do this; others
  *    fail the work at the deadline as usual.
  *  - One query per comm per deadline event: a collective whose deadline
@@ -70,22 +73,29 @@ static void desync_release(desync *d) {
     free(d);
 }
 
-/* One rank's answer, parsed: "posted P, completed C, in <op> seq S" (S: the
- * oldest collective it has in flight) or "..., idle". */
+/* One rank's answer, parsed: "posted P, completed C, in seq S: <op>" (S:
+ * the oldest collective it has in flight) or "..., idle", either followed
+ * by ", refused: <op>: <why>" (its last refused post: cl_comm_progress). */
 typedef struct rank_state {
     bool answered, in_flight;
     unsigned long long posted, seq;
-    const char *what; /* "allreduce of 4 x int32 (sum)" of seq, or "" */
+    char what[128]; /* "allreduce of 4 x int32 (sum)" of seq, or "" */
 } rank_state;
 
 static rank_state rank_state_of(const char *a) {
-    rank_state st = {.answered = a[0] != '\0', .what = ""};
+    rank_state st = {.answered = a[0] != '\0'};
     if (!st.answered) return st;
     sscanf(a, "posted %llu", &st.posted);
+    const char *refused = strstr(a, ", refused: ");
     const char *in = strstr(a, " seq ");
+    if (refused && in > refused) in = NULL;
     st.in_flight = strstr(a, ", in ") && in && sscanf(in, " seq %llu", &st.seq) == 1;
     const char *what = in ? strstr(in, ": ") : NULL;
-    if (st.in_flight && what) st.what = what + 2;
+    if (st.in_flight && what) { /* up to the refusal, if any */
+        what += 2;
+        int n = refused && refused > what ? (int)(refused - what) : (int)strlen(what);
+        snprintf(st.what, sizeof st.what, "%.*s", n, what);
+    }
     return st;
 }
 

@@ -14,11 +14,17 @@
  *    the caller's thread, or the engine closing) ends its slot as "post
  *    refused" with sequence number 0 (the number goes to the next post), so
  *    a dump never shows a work that was never posted as queued.
+ *  - A failed work's entry keeps its fault (fault.c: the data
+ *    collie_work_fault gives, filled before the entry ends) compactly: the
+ *    kind and the first CL_FR_FAULT_RANKS ranks with the set's size; the
+ *    dump's header carries the comm's root fault whole (kind, view, origin,
+ *    ranks), as collie_comm_fault does.
  *  - Dumps are JSON with one entry per line, so both jq and the small
  *    parser in collie-trace read them. On abort the dump goes to
  *    COLLIE_DUMP_DIR/collie-<name>-g<generation>-r<rank>.json when set.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,10 +116,15 @@ void cl_flight_end(collie_comm *c, cl_coll_work *cw) {
     if (e) {
         e->end_ns = cw->base.end_ns ? cw->base.end_ns : cl_now_ns();
         e->status = cw->base.status;
-        if (cw->base.errmsg && cw->base.status != COLLIE_OK)
-            snprintf(e->error, sizeof e->error, "%s", cw->base.errmsg);
-        else
+        if (cw->base.status != COLLIE_OK) {
+            if (cw->base.errmsg) snprintf(e->error, sizeof e->error, "%s", cw->base.errmsg);
+            e->fault_kind = cw->fault.kind;
+            e->fault_nranks = cw->fault.nranks;
+            int n = cw->fault.nranks < CL_FR_FAULT_RANKS ? cw->fault.nranks : CL_FR_FAULT_RANKS;
+            memcpy(e->fault_ranks, cw->fault.ranks, (size_t)n * sizeof e->fault_ranks[0]);
+        } else {
             e->error[0] = '\0'; /* the common case, on the ender's path to DONE: no formatting */
+        }
     }
     pthread_mutex_unlock(&c->fr.mu);
 }
@@ -130,6 +141,18 @@ static void fr_json_string(FILE *f, const char *s) {
             fputc(ch, f);
     }
     fputc('"', f);
+}
+
+/* ,"fault":"<kind>"[,"fault_origin":o],"fault_ranks":[r,...],"fault_nranks":n */
+static void fr_json_fault(FILE *f, int kind, int origin, const int32_t *ranks, int nranks,
+                          int listed) {
+    fprintf(f, ",\"fault\":\"%s\"", collie_fault_kind_name(kind));
+    if (origin != INT32_MIN) fprintf(f, ",\"fault_origin\":%d", origin);
+    fprintf(f, ",\"fault_ranks\":[");
+    int n = nranks < listed ? nranks : listed;
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%d", i ? "," : "", (int)ranks[i]);
+    fprintf(f, "],\"fault_nranks\":%d", nranks);
 }
 
 static const char *fr_state(const cl_fr_entry *e) {
@@ -150,6 +173,10 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
             (unsigned long long)c->generation, c->rank, c->size, collie_status_name(st),
             (unsigned long long)atomic_load(&c->last_posted));
     fr_json_string(f, msg);
+    collie_fault cf = COLLIE_FAULT_INIT;
+    collie_comm_fault(c, &cf);
+    fr_json_fault(f, cf.kind, cf.origin, cf.ranks, cf.nranks, COLLIE_FAULT_RANKS);
+    fprintf(f, ",\"fault_view\":%d", cf.view);
     fprintf(f, ",\"capacity\":%u,\"entries\":[\n", c->fr.cap);
     if (c->fr.ring) {
         pthread_mutex_lock(&c->fr.mu);
@@ -167,6 +194,9 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
                     (long long)fr_wall_us(e->post_ns), (long long)fr_wall_us(e->start_ns),
                     (long long)fr_wall_us(e->end_ns));
             fr_json_string(f, e->error);
+            if (e->status != COLLIE_OK && e->status != COLLIE_INPROGRESS)
+                fr_json_fault(f, e->fault_kind, INT32_MIN, e->fault_ranks, e->fault_nranks,
+                              CL_FR_FAULT_RANKS);
             fprintf(f, "}%s\n", id == c->fr.count ? "" : ",");
         }
         pthread_mutex_unlock(&c->fr.mu);

@@ -55,6 +55,10 @@ void cl_stats_ended(collie_comm *c, const cl_coll_work *cw) {
         int i = -w->status;
         if (i <= 0 || i >= COLLIE_STATS_STATUSES) i = COLLIE_STATS_STATUSES - 1;
         atomic_fetch_add_explicit(&k->by_status[i], 1, RELAXED);
+        /* its fault's data is filled before the stats (coll_end.c) */
+        int kind = cw->fault.kind;
+        if (kind > COLLIE_FAULT_NONE && kind < COLLIE_FAULT_NUM_KINDS)
+            atomic_fetch_add_explicit(&k->by_kind[kind], 1, RELAXED);
         atomic_fetch_add_explicit(&k->failed, 1, RELAXED);
         return;
     }
@@ -107,6 +111,15 @@ int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
     s.bytes = atomic_load_explicit(&k->bytes, RELAXED);
     for (int i = 0; i < COLLIE_STATS_STATUSES; i++)
         s.failed_by_status[i] = atomic_load_explicit(&k->by_status[i], RELAXED);
+    for (int i = 0; i < COLLIE_FAULT_NUM_KINDS; i++)
+        s.failed_by_kind[i] = atomic_load_explicit(&k->by_kind[i], RELAXED);
+    if (s.status != COLLIE_OK) s.fault_kind = c->fault.kind; /* written before err_status */
+    for (int r = 0; r < c->size; r++) {
+        int hs = r == c->rank ? COLLIE_PEER_SELF : cl_health_state(c, r);
+        s.peers_dead += hs == COLLIE_PEER_DEAD;
+        s.peers_suspected += hs == COLLIE_PEER_SUSPECTED;
+        s.peers_left += hs == COLLIE_PEER_LEFT;
+    }
     s.store_reconnects = cl_store_reconnects(c->store);
     s.stalls = cl_engine_stall_count(c->engine);
     for (int op = 0; op < COLLIE_STATS_OPS; op++) {
@@ -129,19 +142,30 @@ static void stats_write_json(const collie_comm *c, const collie_comm_stats *s, F
             "\"posted\":%llu,\"completed\":%llu,\"failed\":%llu,\"in_flight\":%llu,"
             "\"bytes\":%llu,\"connections\":%u,\"shm_connections\":%u,"
             "\"shm_single_copy_bytes\":%llu,\"store_reconnects\":%llu,"
-            "\"stalls\":%llu,"
+            "\"stalls\":%llu,\"fault_kind\":\"%s\",\"peers_dead\":%u,"
+            "\"peers_suspected\":%u,\"peers_left\":%u,"
             "\"failed_by_status\":{",
             c->name, (unsigned long long)s->generation, c->rank, c->size,
             collie_status_name(s->status), (unsigned long long)s->posted,
             (unsigned long long)s->completed, (unsigned long long)s->failed,
             (unsigned long long)s->in_flight, (unsigned long long)s->bytes, s->connections,
             s->shm_connections, (unsigned long long)s->shm_single_copy_bytes,
-            (unsigned long long)s->store_reconnects, (unsigned long long)s->stalls);
+            (unsigned long long)s->store_reconnects, (unsigned long long)s->stalls,
+            collie_fault_kind_name(s->fault_kind), s->peers_dead, s->peers_suspected,
+            s->peers_left);
     const char *sep = "";
     for (int i = 1; i < COLLIE_STATS_STATUSES; i++) {
         if (!s->failed_by_status[i]) continue;
         fprintf(f, "%s\"%s\":%llu", sep, collie_status_name(-i),
                 (unsigned long long)s->failed_by_status[i]);
+        sep = ",";
+    }
+    fprintf(f, "},\"failed_by_kind\":{");
+    sep = "";
+    for (int i = 1; i < COLLIE_FAULT_NUM_KINDS; i++) {
+        if (!s->failed_by_kind[i]) continue;
+        fprintf(f, "%s\"%s\":%llu", sep, collie_fault_kind_name(i),
+                (unsigned long long)s->failed_by_kind[i]);
         sep = ",";
     }
     fprintf(f, "},\"latency_us_le\":[");

@@ -435,6 +435,13 @@ typedef struct collie_comm_stats {
     /* payload bytes received by single copy: read straight out of a
      * same-host sender's memory (COLLIE_SHM_SINGLE_COPY) */
     uint64_t shm_single_copy_bytes;
+    /* failure as data (collie_comm_fault, collie_comm_health) */
+    int fault_kind; /* the kind of the comm's root fault (collie_fault_kind; NONE while healthy) */
+    /* failed works by the kind of their fault (collie_work_fault), indexed by collie_fault_kind */
+    uint64_t failed_by_kind[COLLIE_FAULT_NUM_KINDS];
+    uint32_t peers_dead;      /* peers whose health is COLLIE_PEER_DEAD now */
+    uint32_t peers_suspected; /* ... COLLIE_PEER_SUSPECTED now */
+    uint32_t peers_left;      /* ... COLLIE_PEER_LEFT (they destroyed their comm) */
 } collie_comm_stats;
 
 /* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */

@@ -1017,6 +1017,10 @@ static void test_comm_stats(void **state) {
     assert_int_equal(st.failed_by_status[-COLLIE_ETIMEDOUT], 1);
     assert_int_equal(st.in_flight, 0);
     assert_int_equal(st.status, COLLIE_OK);
+    /* failure as data: the receive's fault kind; the comm has none */
+    assert_int_equal(st.failed_by_kind[COLLIE_FAULT_DEADLINE], 1);
+    assert_int_equal(st.fault_kind, COLLIE_FAULT_NONE);
+    assert_int_equal(st.peers_dead + st.peers_suspected + st.peers_left, 0);
     /* an older, shorter struct: only its fields are written */
     unsigned char raw[sizeof(collie_comm_stats)];
     memset(raw, 0xAB, sizeof raw);
@@ -1046,6 +1050,25 @@ static void test_comm_stats(void **state) {
     assert_true(es.residents >= 5); /* server, 2 store clients, 2 comms */
     es.size = 1;
     assert_int_equal(collie_engine_get_stats(w.e, &es), COLLIE_EINVAL);
+    /* an abort: the root fault's kind on each side, the failed work's kind */
+    assert_int_equal(collie_allreduce(w.c[1], buf, buf, 4, COLLIE_INT32, COLLIE_SUM, NULL, &wk),
+                     COLLIE_OK);
+    assert_int_equal(collie_comm_abort(w.c[0], "operator"), COLLIE_OK);
+    assert_int_equal(collie_work_wait(wk, 30000), COLLIE_EABORTED);
+    collie_work_release(wk);
+    until = cl_now_ns() + 10000 * CL_NS_PER_MS;
+    do {
+        st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
+        assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
+        if (st.failed_by_kind[COLLIE_FAULT_PEER_ABORT] == 1) break;
+        usleep(1000);
+    } while (cl_now_ns() < until);
+    assert_int_equal(st.failed_by_kind[COLLIE_FAULT_PEER_ABORT], 1);
+    assert_int_equal(st.fault_kind, COLLIE_FAULT_PEER_ABORT);
+    assert_int_equal(st.peers_dead, 0);
+    st = (collie_comm_stats)COLLIE_COMM_STATS_INIT;
+    assert_int_equal(collie_comm_get_stats(w.c[0], &st), COLLIE_OK);
+    assert_int_equal(st.fault_kind, COLLIE_FAULT_APP_ABORT);
     world_destroy(&w);
 }
 

@@ -1482,6 +1482,56 @@ static void test_hang_desync_report(void **state) {
                   (double)res.detect_us / 1000, HANG_OP_TIMEOUT);
 }
 
+/* The desync report names a rank's locally refused post: rank 1's
+ * allreduce is refused (a NULL receive buffer), rank 0's runs into its
+ * deadline, and the report says why rank 1 never posted it. A collective
+ * completed after the refusal forgets it (a second world: refused, then
+ * one allreduce both post, then rank 0 alone again). world_link's
+ * allreduce is seq 1. */
+static void desync_refused_case(bool complete_after, char *msg, size_t len) {
+    world w;
+    world_create(&w, 2, complete_after ? "refused2" : "refused", NULL);
+    world_link(&w);
+    float a[4] = {1, 2, 3, 4}, b[4] = {0};
+    collie_work *wa, *wb;
+    assert_int_equal(collie_allreduce(w.c[1], b, NULL, 4, COLLIE_FP32, COLLIE_SUM, NULL, &wb),
+                     COLLIE_EINVAL);
+    if (complete_after) {
+        assert_int_equal(collie_allreduce(w.c[0], a, a, 4, COLLIE_FP32, COLLIE_SUM, NULL, &wa),
+                         COLLIE_OK);
+        assert_int_equal(collie_allreduce(w.c[1], b, b, 4, COLLIE_FP32, COLLIE_SUM, NULL, &wb),
+                         COLLIE_OK);
+        assert_int_equal(collie_work_wait(wa, 10000), COLLIE_OK);
+        assert_int_equal(collie_work_wait(wb, 10000), COLLIE_OK);
+        for (int i = 0; i < 4; i++)
+            assert_true(a[i] == (float)(i + 1) && b[i] == (float)(i + 1));
+        collie_work_release(wa);
+        collie_work_release(wb);
+    }
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 300;
+    assert_int_equal(collie_allreduce(w.c[0], a, a, 4, COLLIE_FP32, COLLIE_SUM, &o, &wa),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(wa, 10000), COLLIE_ETIMEDOUT);
+    snprintf(msg, len, "%s", collie_work_error_message(wa));
+    collie_work_release(wa);
+    world_destroy(&w);
+}
+
+static void test_desync_names_refused_post(void **state) {
+    (void)state;
+    char msg[4096];
+    desync_refused_case(false, msg, sizeof msg);
+    print_message("%s\n", msg);
+    if (!strstr(msg, "never reached seq 2: rank 1 (posted 1, completed 1, idle, refused: "
+                     "allreduce of 4 x fp32 (sum): receive buffer is NULL)"))
+        fail_msg("the report does not name rank 1's refused post: %s", msg);
+    desync_refused_case(true, msg, sizeof msg);
+    print_message("%s\n", msg);
+    if (!strstr(msg, "never reached seq 3: rank 1 (posted 2, completed 2, idle)"))
+        fail_msg("the report names a refusal a completed collective followed: %s", msg);
+}
+
 /* ======================================================================== */
 /* Network cut (namespaces joined by veth pairs; one link down)              */
 /* ======================================================================== */
@@ -2238,6 +2288,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_peer_lost_policy_none_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_deep_queue_blocking_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_desync_report, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_desync_names_refused_post, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_cut, setup, teardown_netns),
         cmocka_unit_test_setup_teardown(test_recovery_example, setup, teardown),
     };

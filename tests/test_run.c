@@ -725,6 +725,32 @@ static void test_stats(void **state) {
     }
 }
 
+/* --stats after a kill: the survivors' lines of the dead generation carry
+ * the fault data (the comm's root fault kind, failed works by kind, the
+ * dead peer); the next generation's is clean. */
+static void test_stats_fault(void **state) {
+    (void)state;
+    spawn_proc *l = launch_run(
+        ARGS("-n", "3", "--restarts", "1", "--stats", "--", spawn_build_path("examples/recovery")));
+    assert_spawn(l, l->status == 0);
+    const char *h = strstr(l->text[1], "collie-run: stats per comm and rank");
+    assert_spawn(l, h);
+    for (int r = 0; r < 2; r++) { /* the survivors of generation 0 (rank 2 is the victim) */
+        char want[80];
+        snprintf(want, sizeof want, "\nrecovery            0 %5d ", r);
+        const char *p = strstr(h, want);
+        assert_spawn(l, p);
+        const char *eol = strchr(p + 1, '\n');
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(eol ? eol - p - 1 : 400), p + 1);
+        assert_spawn(l, strstr(line, " (peer_dead); failed: "));
+        assert_spawn(l, strstr(line, "; by fault: peer_dead "));
+        assert_spawn(l, strstr(line, "; peers dead 1, suspected 0, "));
+    }
+    const char *p = strstr(h, "\nrecovery            1     1 ");
+    assert_spawn(l, p && strncmp(strstr(p, "COLLIE_"), "COLLIE_OK", 9) == 0);
+}
+
 /* NCCL's and PyTorch's settings: each named with collie's equivalent;
  * NCCL's own without one (NCCL still reads them) not at all. */
 static void test_foreign_settings_warned(void **state) {
@@ -788,6 +814,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_ipv6_store_env, spawn_teardown),
         cmocka_unit_test_teardown(test_two_nodes, spawn_teardown),
         cmocka_unit_test_teardown(test_stats, spawn_teardown),
+        cmocka_unit_test_teardown(test_stats_fault, spawn_teardown),
         cmocka_unit_test_teardown(test_token_file_permissions, spawn_teardown),
         cmocka_unit_test_teardown(test_foreign_settings_warned, spawn_teardown),
     };

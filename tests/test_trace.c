@@ -267,6 +267,45 @@ static void test_real_dumps_show_a_mismatch(void **state) {
     world_destroy(&w);
 }
 
+/* Failure as data in the dump and in collie-trace: rank 1 never posts, rank
+ * 0's allreduce runs into its deadline and the desync report names rank 1:
+ * the failed entry and the comm's header carry kind and set. */
+static void test_real_dumps_show_the_fault(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "faultdump", NULL);
+    world_link(&w);
+    int32_t a[4] = {0};
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 300;
+    collie_work *wa;
+    assert_int_equal(collie_allreduce(w.c[0], a, a, 4, COLLIE_INT32, COLLIE_SUM, &o, &wa),
+                     COLLIE_OK);
+    assert_int_equal(collie_work_wait(wa, 10000), COLLIE_ETIMEDOUT);
+    collie_fault f = COLLIE_FAULT_INIT;
+    assert_int_equal(collie_work_fault(wa, &f), COLLIE_OK);
+    assert_int_equal(f.kind, COLLIE_FAULT_DEADLINE);
+    assert_int_equal(f.nranks, 1);
+    assert_int_equal(f.ranks[0], 1);
+    collie_work_release(wa);
+    const char *files[] = {dump_comm(w.c[0], "f0.json"), NULL};
+    FILE *in = fopen(files[0], "r");
+    char json[65536];
+    size_t n = fread(json, 1, sizeof json - 1, in);
+    fclose(in);
+    json[n] = '\0';
+    if (!strstr(json, "\"fault\":\"deadline\",\"fault_ranks\":[1],\"fault_nranks\":1}"))
+        fail_msg("no entry fault in: %s", json);
+    if (!strstr(json, "\"fault\":\"deadline\",\"fault_origin\":0,\"fault_ranks\":[1]"))
+        fail_msg("no comm fault in: %s", json);
+    result *r = trace(files);
+    print_lines(r->out);
+    assert_out(r, r->status == 0);
+    assert_out(r, strstr(r->out, "deadline of 300 ms passed"));
+    assert_out(r, strstr(r->out, " [deadline: ranks 1]\n"));
+    world_destroy(&w);
+}
+
 /* ---- hand-written dumps --------------------------------------------------------- */
 
 #define HDR(comm, gen, rank, size, posted, cap)                                                    \
@@ -377,6 +416,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_real_dumps_show_the_straggler, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_dumps_show_a_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_dumps_show_the_fault, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corners, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_input, setup, teardown),
     };

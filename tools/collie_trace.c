@@ -26,6 +26,10 @@
  *    taken as completed (the ring only forgets the oldest works).
  *  - send/recv have their own sequence space (matched by tag), so the
  *    divergence analysis looks at collectives only.
+ *  - Failure as data: the header's comm fault (kind, origin, ranks) and a
+ *    failed entry's (kind and its first ranks) are printed beside their
+ *    errors, "[peer_dead: ranks 3]"; dumps from before they existed lack
+ *    them and read as before.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -42,11 +46,21 @@
 #define TR_SHOW_ERRORS    300  /* characters of an error message shown */
 #define TR_MAX_MISMATCHES 10
 
+#define TR_FAULT_RANKS 8 /* ranks of a fault shown */
+
+/* a fault's data as a dump has it ("fault", "fault_ranks", "fault_nranks") */
+typedef struct tr_fault {
+    char kind[24]; /* "" when the dump has none */
+    int64_t ranks[TR_FAULT_RANKS];
+    int64_t nlisted, nranks;
+} tr_fault;
+
 typedef struct tr_entry {
     uint64_t seq, count;
     char op[24], dtype[16], redop[16], state[16], status[32];
     int64_t peer;
     int64_t post_us, start_us, end_us;
+    tr_fault fault;
     char error[TR_TEXT_MAX];
 } tr_entry;
 
@@ -57,6 +71,7 @@ typedef struct tr_dump {
     int64_t rank, size, capacity;
     char status[32];
     char error[TR_TEXT_MAX];
+    tr_fault fault;
     tr_entry *e; /* collectives first-to-last as recorded */
     size_t n, cap;
     size_t n_p2p_pending;
@@ -117,6 +132,37 @@ static bool tr_uint(tr_reader *r, json_t *obj, const char *key, uint64_t *dst, b
     return true;
 }
 
+/* obj's fault keys into *f (all optional; a present one must be well formed) */
+static bool tr_fault_read(tr_reader *r, json_t *obj, tr_fault *f) {
+    memset(f, 0, sizeof *f);
+    json_t *v = json_object_get(obj, "fault_ranks");
+    if (!tr_str(r, obj, "fault", f->kind, sizeof f->kind) ||
+        !tr_int(r, obj, "fault_nranks", 0, &f->nranks, NULL))
+        return false;
+    if (!v) return true;
+    if (!json_is_array(v)) return tr_fail(r, "\"%s\" must be an array", "fault_ranks");
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return tr_fail(r, "\"%s\" must hold ranks (integers >= 0)", "fault_ranks");
+        if (f->nlisted < TR_FAULT_RANKS) f->ranks[f->nlisted++] = json_integer_value(x);
+    }
+    if (f->nranks < (int64_t)i) f->nranks = (int64_t)i;
+    return true;
+}
+
+/* " [peer_dead: ranks 3,5]" (nothing for no fault or none recorded) */
+static void tr_print_fault(const tr_fault *f) {
+    if (!f->kind[0] || !strcmp(f->kind, "none")) return;
+    printf(" [%s", f->kind);
+    for (int64_t i = 0; i < f->nlisted; i++)
+        printf("%s%" PRId64, i ? "," : ": ranks ", f->ranks[i]);
+    if (f->nranks > f->nlisted)
+        printf("%s%" PRId64 " more", f->nlisted ? " +" : ": ", f->nranks - f->nlisted);
+    printf("]");
+}
+
 static bool tr_header(tr_reader *r, json_t *root, tr_dump *d) {
     snprintf(r->where, sizeof r->where, "header");
     if (!json_is_object(root))
@@ -130,7 +176,7 @@ static bool tr_header(tr_reader *r, json_t *root, tr_dump *d) {
         !tr_int(r, root, "rank", 0, &d->rank, &has_rank) ||
         !tr_int(r, root, "size", 1, &d->size, &has_size) ||
         !tr_uint(r, root, "last_posted", &d->last_posted, &has_posted) ||
-        !tr_int(r, root, "capacity", 0, &cap, &has_cap))
+        !tr_int(r, root, "capacity", 0, &cap, &has_cap) || !tr_fault_read(r, root, &d->fault))
         return false;
     if (has_cap) d->capacity = cap;
     if (d->comm[0] == '\0' || !has_gen || !has_rank || !has_size || !has_posted)
@@ -173,7 +219,7 @@ static bool tr_entry_read(tr_reader *r, json_t *o, tr_entry *e) {
         !tr_int(r, o, "peer", -1, &e->peer, NULL) ||
         !tr_int(r, o, "post_us", 0, &e->post_us, NULL) ||
         !tr_int(r, o, "start_us", 0, &e->start_us, NULL) ||
-        !tr_int(r, o, "end_us", 0, &e->end_us, NULL))
+        !tr_int(r, o, "end_us", 0, &e->end_us, NULL) || !tr_fault_read(r, o, &e->fault))
         return false;
     if (!has_seq || e->op[0] == '\0' || e->state[0] == '\0')
         return tr_fail(r, "an entry needs seq, op and state%s", "");
@@ -319,6 +365,7 @@ static void tr_report_rank(tr_dump *d, int64_t r) {
         printf("  rank %" PRId64 ": posted %" PRIu64 ", completed %" PRIu64 ", comm ", r,
                d->last_posted, d->completed);
     tr_print_error(d->status[0] ? d->status : "?", d->error);
+    tr_print_fault(&d->fault);
     printf("\n");
     if (off) {
         printf("          flight recorder off (COLLIE_TRACE_BUFFER=0)\n");
@@ -333,6 +380,7 @@ static void tr_report_rank(tr_dump *d, int64_t r) {
         if (strcmp(d->oldest->state, "failed") == 0) {
             printf(" ");
             tr_print_error(d->oldest->status, d->oldest->error);
+            tr_print_fault(&d->oldest->fault);
         }
         printf("\n");
     }

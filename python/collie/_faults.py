@@ -52,6 +52,23 @@ class Fault:
         )
 
 
+def stats_fields(st):
+    """The fault fields of a CommStats as Comm.stats() gives them: the root
+    fault's kind by name, failed works by kind name (the kinds that
+    occurred), and the peers dead, suspected and left now."""
+    return {
+        "fault_kind": _name(lib.collie_fault_kind_name, st.fault_kind),
+        "failed_by_kind": {
+            _name(lib.collie_fault_kind_name, k): st.failed_by_kind[k]
+            for k in range(1, _lib.FAULT_NUM_KINDS)
+            if st.failed_by_kind[k]
+        },
+        "peers_dead": st.peers_dead,
+        "peers_suspected": st.peers_suspected,
+        "peers_left": st.peers_left,
+    }
+
+
 def work_fault(handle):
     """The Fault of a done, failed work handle (None if it succeeded)."""
     f = _lib.Fault(size=sizeof(_lib.Fault))

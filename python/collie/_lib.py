@@ -109,6 +109,7 @@ class CommOpts(ctypes.Structure):
 
 
 FAULT_RANKS = 64
+FAULT_NUM_KINDS = 9  # COLLIE_FAULT_NUM_KINDS
 
 
 class Fault(ctypes.Structure):
@@ -173,6 +174,11 @@ class CommStats(ctypes.Structure):
         ("latency", LatencyHistogram * STATS_OPS),
         ("shm_connections", c_uint32),
         ("shm_single_copy_bytes", c_uint64),
+        ("fault_kind", c_int),
+        ("failed_by_kind", c_uint64 * FAULT_NUM_KINDS),
+        ("peers_dead", c_uint32),
+        ("peers_suspected", c_uint32),
+        ("peers_left", c_uint32),
     ]
 
 

@@ -25,7 +25,7 @@ from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from . import _lib, _objects
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
 from ._engine import Closable, Engine, timeout_ms
-from ._faults import Health
+from ._faults import Health, stats_fields
 from .errors import OK, CollieNotMember, check, error_for
 from .store import Store
 
@@ -259,8 +259,9 @@ class Comm(Closable, Health):
         out = {
             f: getattr(st, f)
             for f, _ in _lib.CommStats._fields_
-            if f not in ("size", "failed_by_status", "latency")
+            if f not in ("size", "failed_by_status", "latency", "failed_by_kind")
         }
+        out.update(stats_fields(st))
         out["failed_by_status"] = {
             lib.collie_status_name(-i).decode(): st.failed_by_status[i]
             for i in range(1, _lib.STATS_STATUSES)

@@ -41,6 +41,7 @@ from chaos_run import run_once  # noqa: E402
 from chaos_sched import (ALL_FAULTS, DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
                          DEFAULT_ROUNDS, Shape, UsageError, parse_faults, random_shape,
                          schedule)
+import chaos_faults  # noqa: E402
 import chaos_netns  # noqa: E402
 
 # The fixed-seed set of `make test` (with the self-test 94 s on this 2-core
@@ -92,6 +93,7 @@ class Summary:
         self.injected, self.rank_faults, self.violations = {}, {}, {}
         self.shapes, self.statuses = {}, {}
         self.not_injected = 0
+        self.fault_stats = chaos_faults.Stats()
         self.t0 = time.monotonic()
 
     @staticmethod
@@ -115,6 +117,7 @@ class Summary:
         for k, _, _ in res.violations:
             self._add(self.violations, k)
         self._add(self.shapes, res.shape.kind())
+        self.fault_stats.add(res.fault_stats)
 
     @staticmethod
     def _table(t):
@@ -130,6 +133,7 @@ class Summary:
         out("  faults injected by the driver: %s (scheduled but not injected: %d)" % (
             self._table(self.injected), self.not_injected))
         out("  faults injected by the ranks: %s" % self._table(self.rank_faults))
+        out("  failures by fault kind: %s" % self.fault_stats.text())
         out("  violations: %s" % self._table(self.violations))
         out("  runs by shape: %s" % self._table(self.shapes))
 

@@ -60,6 +60,11 @@
  *    or heap growth over the point before the engine was created
  *    (mallinfo2 uordblks within CHAOS_MEM_TOLERANCE bytes, default 1 MiB:
  *    libcrypto and libevent keep one-time global state).
+ *  - Failure as data: every failed work's line and every comm's comm_end
+ *    line (before its destroy: when this rank left it) carry the fault's
+ *    data in world ranks (fault_fields); the driver judges the sets and
+ *    kinds (chaos_faults.py). A failed work or comm without its data is
+ *    bad_fault here.
  *  - Exit status: 0 when the contract held, 3 if this rank found a
  *    violation, 2 on a usage error.
  */
@@ -265,6 +270,69 @@ static int64_t aborter_stop(ch_aborter *a) {
     return atomic_load(&a->fired_ns);
 }
 
+/* ---- failure as data ---------------------------------------------------------
+ * Every failed work and every failed comm writes its fault's data
+ * (collie_work_fault, collie_comm_fault) into its report line as world
+ * ranks: " fkind=peer_dead fview=0 forigin=2 franks=3,5" ("-": the empty
+ * set; "+N": N more than the struct lists). The driver holds it to what it
+ * did (chaos_run.py, check_faults). */
+
+/* a comm rank of comm `cid` of this round as a world rank (-1 stays) */
+static int world_rank(const ch_run *run, int cid, int r) {
+    const ch_comm_info *ci = &run->plan.comms[cid];
+    return r >= 0 && r < ci->size ? ci->members[r] : r;
+}
+
+static void fault_fields(const ch_run *run, int cid, const collie_fault *f, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(
+        buf, len, " fkind=%s fview=%d forigin=%d franks=", collie_fault_kind_name(f->kind), f->view,
+        world_rank(run, cid, f->origin));
+    int n = f->nranks < COLLIE_FAULT_RANKS ? f->nranks : COLLIE_FAULT_RANKS;
+    if (n == 0 && at < len) at += (size_t)snprintf(buf + at, len - at, "-");
+    for (int i = 0; i < n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? "," : "",
+                               world_rank(run, cid, f->ranks[i]));
+    if (f->nranks > n && at < len) snprintf(buf + at, len - at, "+%d", f->nranks - n);
+}
+
+/* the fault fields of a failed work; a work without its data is a violation */
+static void work_fault_fields(ch_run *run, const ch_work *rec, char *buf, size_t len) {
+    collie_fault f = COLLIE_FAULT_INIT;
+    int rc = collie_work_fault(rec->w, &f);
+    buf[0] = '\0';
+    if (rc != COLLIE_OK || f.status != rec->status || f.kind <= COLLIE_FAULT_NONE ||
+        f.kind >= COLLIE_FAULT_NUM_KINDS) {
+        ch_violation(&run->rep, "bad_fault", rec->round, rec->op.slot,
+                     "op=%s status=%s: collie_work_fault returned %s, status %s, kind %d",
+                     ch_kind_name(rec->op.kind), collie_status_name(rec->status),
+                     collie_status_name(rc), collie_status_name(f.status), f.kind);
+        return;
+    }
+    fault_fields(run, rec->op.comm, &f, buf, len);
+}
+
+/* A comm about to be destroyed: its fault (if it failed) and when it left
+ * (destroy_us: a peer that names this rank "left" must come after it). */
+static void comm_end_line(ch_run *run, int cid, collie_comm *c, int64_t t0) {
+    collie_fault f = COLLIE_FAULT_INIT;
+    int rc = collie_comm_fault(c, &f);
+    char ff[512] = "";
+    int st = COLLIE_OK;
+    collie_comm_error(c, &st, NULL);
+    if (rc != COLLIE_OK || f.status != st)
+        ch_violation(&run->rep, "bad_fault", run->plan.round, -1,
+                     "comm %d: collie_comm_fault returned %s, status %s (collie_comm_error: %s)",
+                     cid, collie_status_name(rc), collie_status_name(f.status),
+                     collie_status_name(st));
+    else if (st != COLLIE_OK && (f.kind <= COLLIE_FAULT_NONE || f.kind >= COLLIE_FAULT_NUM_KINDS))
+        ch_violation(&run->rep, "bad_fault", run->plan.round, -1,
+                     "comm %d failed (%s) with fault kind %d", cid, collie_status_name(st), f.kind);
+    else if (st != COLLIE_OK)
+        fault_fields(run, cid, &f, ff, sizeof ff);
+    ch_report_line(&run->rep, NULL, "comm_end r=%d comm=%d status=%s destroy_us=%lld%s",
+                   run->plan.round, cid, collie_status_name(st), (long long)(t0 / 1000), ff);
+}
+
 /* ---- works ------------------------------------------------------------------ */
 
 static bool allowed_error(int st) {
@@ -306,6 +374,7 @@ static void on_done(ch_work *rec, void *arg) {
                      CH_GRACE_MS, run->slack_ms, (long long)(stopped / 1000000));
     uint64_t checked = 0;
     const char *msg = "";
+    char ff[512] = "";
     rep->works++;
     if (rec->status == COLLIE_OK) {
         rep->ok++;
@@ -323,6 +392,7 @@ static void on_done(ch_work *rec, void *arg) {
     } else {
         rep->failed++;
         msg = collie_work_error_message(rec->w);
+        work_fault_fields(run, rec, ff, sizeof ff);
         if (!msg || !*msg)
             ch_violation(rep, "no_message", rec->round, rec->op.slot,
                          "op=%s status=%s: a failed work with an empty message",
@@ -354,7 +424,7 @@ static void on_done(ch_work *rec, void *arg) {
     ch_report_line(rep, msg,
                    "work r=%d seq=%d op=%s bytes=%" PRIu64 " status=%s ms=%lld deadline_ms=%d "
                    "checked=%" PRIu64 " comm=%d style=%s dtype=%s redop=%s count=%zu role=%d "
-                   "post_us=%lld end_us=%lld%s",
+                   "post_us=%lld end_us=%lld%s%s",
                    rec->round, rec->op.slot,
                    rec->role == CH_ROLE_COLL        ? ch_kind_name(rec->op.kind)
                    : rec->role == CH_ROLE_SEND      ? "send"
@@ -364,7 +434,7 @@ static void on_done(ch_work *rec, void *arg) {
                    rec->deadline_ms, checked, rec->op.comm, ch_style_name(rec->style),
                    collie_dtype_name(rec->op.dt), collie_redop_name(rec->op.op), rec->op.count,
                    rec->role, (long long)(rec->post_ns / 1000), (long long)(end / 1000),
-                   rec->cancelled ? " cancelled=1" : "");
+                   rec->cancelled ? " cancelled=1" : "", ff);
     run->bytes_in_flight -= rec->bytes;
     ch_work_guards(rec, rep);
     ch_work_free(rec);
@@ -508,9 +578,9 @@ static void post_slot(ch_run *run, const ch_op *op) {
                              ch_kind_name(op->kind), op->comm, collie_status_name(rc), why);
             ch_report_line(&run->rep, why,
                            "work r=%d seq=%d op=%s bytes=0 status=%s ms=0 "
-                           "deadline_ms=%d checked=0 comm=%d refused=1",
+                           "deadline_ms=%d checked=0 comm=%d refused=1 end_us=%lld",
                            p->round, op->slot, ch_kind_name(op->kind), collie_status_name(rc),
-                           rec->deadline_ms, op->comm);
+                           rec->deadline_ms, op->comm, (long long)(ch_now_ns() / 1000));
             run->faulted = true;
             ch_work_free(rec);
             if (grp) { /* the receives not posted never come */
@@ -697,6 +767,7 @@ static void inject_fault(ch_run *run, const ch_op *op) {
                        op->slot, cid, run->fl.n);
         rep->faults++;
         run->comms[cid] = NULL;
+        comm_end_line(run, cid, c, ch_now_ns());
         int rc = collie_comm_destroy(c);
         if (rc != COLLIE_OK && rc != COLLIE_EABORTED)
             ch_violation(rep, "bad_status", p->round, op->slot,
@@ -924,10 +995,11 @@ static void run_round_body(ch_run *run, int r) {
     ch_report_line(rep, NULL,
                    "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
                    "fault=%d fault_slot=%d stall_slot=%d infinite_timeout=%d abort_sub_ms=%d "
-                   "sub_delay_ms=%d",
+                   "sub_delay_ms=%d start_us=%lld",
                    r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
                    p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot,
-                   p->infinite_timeout, p->abort_subgroups ? p->abort_sub_ms : -1, p->sub_delay_ms);
+                   p->infinite_timeout, p->abort_subgroups ? p->abort_sub_ms : -1, p->sub_delay_ms,
+                   (long long)(ch_now_ns() / 1000));
     char name[64];
     snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
     collie_comm_opts o = comm_opts(name, p->infinite_timeout);
@@ -990,6 +1062,7 @@ static void run_round_body(ch_run *run, int r) {
     for (int i = run->plan.ncomms; i-- > 0;) {
         if (!run->comms[i]) continue;
         t0 = ch_now_ns();
+        comm_end_line(run, i, run->comms[i], t0);
         rc = collie_comm_destroy(run->comms[i]);
         int64_t ms = (ch_now_ns() - t0) / 1000000;
         run->comms[i] = NULL;

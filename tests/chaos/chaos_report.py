@@ -46,6 +46,16 @@ def _int(fields, key, default=0):
         return default
 
 
+class Failure:
+    """One failure's fault data (a work line's or a comm_end line's f*
+    fields): who reported it, where, and the set in world ranks."""
+
+    def __init__(self, rank, src, rnd, comm, kind, view, origin, ranks, more, status, t, line):
+        self.rank, self.src, self.round, self.comm = rank, src, rnd, comm
+        self.kind, self.view, self.origin, self.ranks = kind, view, origin, ranks
+        self.more, self.status, self.t, self.line = more, status, t, line
+
+
 class RankReport:
     def __init__(self, rank):
         self.rank = rank
@@ -79,6 +89,17 @@ class RankReport:
         # end_us, paused_ms); this rank's abort during them: round -> fired_us
         self.subgroup_calls = []
         self.sub_aborts = {}
+        # failure as data (chaos_run.check_faults): every failed work's and
+        # failed comm's fault, a Failure each; when each round started, when
+        # this rank first failed in it (a failed work or refused post), when
+        # it began to destroy each comm (it "left" it), its own faults
+        self.fault_records = []
+        self.round_start = {}  # round -> start_us
+        self.round_failed = {}  # round -> the earliest end_us of a failure there
+        self.left = {}  # (round, comm) -> destroy_us
+        self.round_faults = {}  # round -> {rank-side fault kinds}
+        self.cancelled_rounds = set()  # rounds in which this rank cancelled a work
+        self.abort_comms = {}  # round -> {comms this rank aborted (-1: not said)}
 
     def feed(self, data):
         self.buf += data
@@ -98,6 +119,22 @@ class RankReport:
                               (t == self.first_fail_t and slow)):
             self.first_fail_t, self.first_fail_slow = t, slow
 
+    def _fault_record(self, src, f, line):
+        ranks, more = f.get("franks", "-"), 0
+        if "+" in ranks:
+            ranks, _, m = ranks.partition("+")
+            more = int(m) if m.isdigit() else 0
+        try:
+            rs = [] if ranks == "-" else [int(x) for x in ranks.split(",")]
+        except ValueError:
+            self.bad.append("line %d: franks=%s is not a rank list" % (self.lines, ranks))
+            return
+        self.fault_records.append(Failure(
+            self.rank, src, _int(f, "r"), _int(f, "comm"), f.get("fkind", "?"),
+            _int(f, "fview"), _int(f, "forigin", -1), rs, more, f.get("status", "?"),
+            _int(f, "end_us", None) if src == "work" else _int(f, "destroy_us", None),
+            line[:300]))
+
     def _line(self, line):
         try:
             rec, f = parse_line(line)
@@ -111,6 +148,8 @@ class RankReport:
             self.pid = _int(f, "pid", None)
         elif rec == "round":
             self.rounds += 1
+            if "start_us" in f:
+                self.round_start[_int(f, "r")] = _int(f, "start_us")
         elif rec == "work":
             self.works += 1
             st = f.get("status", "?")
@@ -126,12 +165,26 @@ class RankReport:
             if st != "COLLIE_OK":
                 self._failure(line, f, st == "COLLIE_ETIMEDOUT" and
                               _int(f, "ms") >= _int(f, "deadline_ms", 1))
+                rnd, t = _int(f, "r"), _int(f, "end_us", None)
+                if t is not None and (rnd not in self.round_failed or t < self.round_failed[rnd]):
+                    self.round_failed[rnd] = t
+                if "fkind" in f:
+                    self._fault_record("work", f, line)
+            if f.get("cancelled") == "1":
+                self.cancelled_rounds.add(_int(f, "r"))
+        elif rec == "comm_end":
+            self.left[(_int(f, "r"), _int(f, "comm"))] = _int(f, "destroy_us")
+            if "fkind" in f:
+                self._fault_record("comm", f, line)
         elif rec == "group":
             st = f.get("status", "?")
             if f.get("op") in ("comm_split", "comm_new_group") and "end_us" in f:
                 self.subgroup_calls.append((_int(f, "r"), f["op"], st, _int(f, "start_us"),
                                             _int(f, "end_us"), _int(f, "paused_ms")))
             if st not in ("COLLIE_OK", "COLLIE_ENOTMEMBER"):
+                rnd, t = _int(f, "r"), _int(f, "end_us", None)
+                if t is not None and (rnd not in self.round_failed or t < self.round_failed[rnd]):
+                    self.round_failed[rnd] = t
                 # a create that timed out is slow only if it took its
                 # deadline (ms and deadline_ms where the line has them)
                 self._failure(line, f, st == "COLLIE_ETIMEDOUT" and
@@ -139,6 +192,12 @@ class RankReport:
         elif rec == "fault":
             k = f.get("kind", "?")
             self.faults[k] = self.faults.get(k, 0) + 1
+            rnd = _int(f, "r")
+            if k == "stall" and f.get("role") == "sender":
+                k = "stall_" + f.get("end", "?")  # how its send ends: deadline, cancel, abort
+            self.round_faults.setdefault(rnd, set()).add(k)
+            if k == "abort":  # which comm it aborted (a callback's line does not say: -1)
+                self.abort_comms.setdefault(rnd, set()).add(_int(f, "comm", -1))
             if k == "abort" and f.get("phase") == "subgroups" and "fired_us" in f:
                 self.sub_aborts[_int(f, "r")] = _int(f, "fired_us")
         elif rec == "violation":

@@ -33,6 +33,9 @@ Design notes
    ranks' `end_us=`, one host's monotonic clock) was such a timeout (a
    machine too slow: the comm's fault then ends the others), or a rank
    crashed or hung. `strict` (the suite's small runs) excuses no timeout.
+ - Failure as data: the failures' kinds and rank sets are held to the
+   kills, stops and link faults the driver made (when) and to what the
+   ranks did (chaos_faults.py).
  - A run in which no work ended OK is `vacuous`; a barrier that ended OK
    on a rank before another rank posted it is `wrong_ok` (post_us/end_us). The rank cannot tell this alone: a peer's fault
    fails its works with allowed statuses.
@@ -58,6 +61,7 @@ import sys
 import tempfile
 import time
 
+import chaos_faults
 import chaos_netns
 from chaos_report import RankReport
 from chaos_sched import HARMLESS_FAULTS, schedule
@@ -127,6 +131,7 @@ class Result:
         self.seconds = 0.0
         self.dir = None
         self.events = []  # what the driver did, with times
+        self.fault_stats = chaos_faults.Stats()  # the failures' fault kinds and empty sets
 
     def failed(self):
         return bool(self.violations)
@@ -202,6 +207,8 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     killed = {}  # rank -> monotonic time of our SIGKILL
     stopped = {}  # rank -> monotonic time of its SIGCONT
     signalled = []  # (from, to): monotonic times of our kills (from == to) and stops
+    stops_at = {}  # rank -> [monotonic times of our SIGSTOPs]
+    link_downs = []  # monotonic times the data link went down
     link_down, link_up_at = False, None
     timed_out = False
     hang_why = "the job's timeout (%d s)" % timeout_s
@@ -299,6 +306,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                         res.add("driver", None, "cannot set the link down: %s" % why)
                         continue
                     link_down = True
+                    link_downs.append(now)
                     res.count(res.injected, "link_down")
                     link_up_at = now + f.pause_ms / 1000 if f.pause_ms is not None else None
                     note("link down (%s)" % ("for %d ms" % f.pause_ms if f.pause_ms is not None
@@ -325,6 +333,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                         res.not_injected += 1
                         continue
                     stopped[f.rank] = now + f.pause_ms / 1000
+                    stops_at.setdefault(f.rank, []).append(now)
                     signalled.append((now, now + f.pause_ms / 1000 + 10 * POLL_S))
                     res.count(res.injected, "stop")
                     note("SIGSTOP rank %d for %d ms (at its line %d)" % (f.rank, f.pause_ms,
@@ -504,6 +513,15 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                         "the abort of its parent during the subgroups (fired_us=%d; bound %d "
                         "ms; it was stopped %d ms)" % (op, rnd, r, st, late_ms, fired,
                                                        SUB_ABORT_BOUND_MS, paused))
+    # Failure as data (chaos_faults.py): every failure's kind and rank set
+    # against what the driver and the ranks did.
+    us = lambda t: int(t * 1e6)  # noqa: E731 (time.monotonic is the ranks' CLOCK_MONOTONIC)
+    viol, res.fault_stats = chaos_faults.check(
+        reports, {r: us(t) for r, t in killed.items()},
+        {r: [us(t) for t in ts] for r, ts in stops_at.items()}, [us(t) for t in link_downs],
+        per_node)
+    for kind, r, text in viol:
+        res.add(kind, r, text)
     # A run in which no work ended OK checked nothing: the oracle cannot
     # have failed it (a library whose every create times out passed so).
     if not res.skipped and res.works_ok == 0 and not {"crash", "hang", "launcher"} & set(

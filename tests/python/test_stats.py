@@ -94,3 +94,34 @@ def test_comm_stats_percentiles_bounded_by_measured_latencies(world2):
         times = sorted(py[-200:])
         for q in (50, 90, 99):
             assert ar[f"p{q}_us"] <= 2 * times[q * 2 - 1] * 1e6 + 1, (q, ar, times[q * 2 - 1])
+
+
+def test_comm_stats_fault_fields(world2):
+    """Failure as data in the stats: the root fault's kind, failed works by
+    kind, peers by health state (rank 1 destroys its comm: rank 0 counts it
+    left)."""
+    c0, c1 = world2.comms
+    s = c0.stats()
+    assert s["fault_kind"] == "none" and s["failed_by_kind"] == {}, s
+    assert (s["peers_dead"], s["peers_suspected"], s["peers_left"]) == (0, 0, 0), s
+    c0.allreduce(np.ones(4, np.float32))  # rank 1 never posts it
+    pending = c1.allreduce(np.ones(4, np.float32))
+    # rank 1's work is left pending until rank 0 aborts
+    c0.abort("operator")
+    with pytest.raises(Exception):
+        pending.wait(10)
+    deadline = time.monotonic() + 10
+    while c1.stats()["fault_kind"] == "none" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s0, s1 = c0.stats(), c1.stats()
+    assert s0["fault_kind"] == "app_abort", s0
+    assert s1["fault_kind"] == "peer_abort", s1
+    assert s1["failed_by_kind"] == {"peer_abort": 1}, s1
+    assert sum(s0["failed_by_kind"].values()) == s0["failed"], s0
+    c1.destroy()
+    world2.comms[1] = None
+    deadline = time.monotonic() + 10
+    while c0.stats()["peers_left"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # an aborted comm may or may not hear the leave; never dead or suspected
+    assert c0.stats()["peers_dead"] == 0, c0.stats()

@@ -8,6 +8,12 @@
  *    prints one line per comm and rank from those files.
  *  - A file that does not parse is named and skipped; the latency columns
  *    are bucket bounds (the histogram's), not exact quantiles.
+ *  - A comm that failed says so after its status with the same fault data
+ *    collie_comm_fault and the flight recorder give: the root fault's kind,
+ *    the failed works by kind, and its peers dead, suspected and left then
+ *    (stats.c writes them; only what is not zero is shown, the peers only
+ *    when one is dead or suspected: peers that left first are how every
+ *    job ends).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +31,8 @@ typedef struct run_stat_row {
     long long gen, rank, posted, completed, failed, in_flight, bytes, stalls;
     long long p50_us, p99_us; /* bucket upper bounds, -1: beyond the last */
     char failures[160];
+    char fault_kind[24], kinds[160];
+    long long peers_dead, peers_suspected, peers_left;
 } run_stat_row;
 
 static long long run_json_int(json_t *o, const char *key) {
@@ -57,6 +65,20 @@ static long long run_quantile_us(json_t *root, double q) {
     return -1;
 }
 
+/* "name n, name n" of a JSON object of counts */
+static void run_json_counts(json_t *o, char *buf, size_t cap) {
+    const char *name;
+    json_t *n;
+    size_t len = 0;
+    buf[0] = '\0';
+    json_object_foreach(o, name, n) {
+        int k = snprintf(buf + len, cap - len, "%s%s %lld", len ? ", " : "", name,
+                         (long long)json_integer_value(n));
+        if (k < 0 || (size_t)k >= cap - len) break;
+        len += (size_t)k;
+    }
+}
+
 static bool run_stat_read(const char *path, run_stat_row *row) {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
@@ -79,15 +101,13 @@ static bool run_stat_read(const char *path, run_stat_row *row) {
     row->stalls = run_json_int(root, "stalls");
     row->p50_us = run_quantile_us(root, 0.5);
     row->p99_us = run_quantile_us(root, 0.99);
-    const char *name;
-    json_t *n;
-    size_t len = 0;
-    json_object_foreach(json_object_get(root, "failed_by_status"), name, n) {
-        int k = snprintf(row->failures + len, sizeof row->failures - len, "%s%s %lld",
-                         len ? ", " : "", name, (long long)json_integer_value(n));
-        if (k < 0 || (size_t)k >= sizeof row->failures - len) break;
-        len += (size_t)k;
-    }
+    run_json_counts(json_object_get(root, "failed_by_status"), row->failures, sizeof row->failures);
+    snprintf(row->fault_kind, sizeof row->fault_kind, "%s",
+             json_string_value(json_object_get(root, "fault_kind")) ?: "none");
+    run_json_counts(json_object_get(root, "failed_by_kind"), row->kinds, sizeof row->kinds);
+    row->peers_dead = run_json_int(root, "peers_dead");
+    row->peers_suspected = run_json_int(root, "peers_suspected");
+    row->peers_left = run_json_int(root, "peers_left");
     json_decref(root);
     return true;
 }
@@ -145,10 +165,20 @@ void run_print_stats(const char *dir) {
         char p50[24], p99[24];
         run_fmt_us(p50, sizeof p50, r->p50_us);
         run_fmt_us(p99, sizeof p99, r->p99_us);
-        fprintf(stderr, "%-16s %4lld %5lld %9lld %9lld %7lld %8lld %13lld %9s %9s %6lld  %s%s%s\n",
+        char kind[40] = "", fault[400] = "";
+        size_t at = 0;
+        if (strcmp(r->fault_kind, "none") != 0) snprintf(kind, sizeof kind, " (%s)", r->fault_kind);
+        if (r->kinds[0])
+            at += (size_t)snprintf(fault + at, sizeof fault - at, "; by fault: %s", r->kinds);
+        /* a peer that left first is the common end of a job: no news alone */
+        if (r->peers_dead + r->peers_suspected > 0 && at < sizeof fault)
+            snprintf(fault + at, sizeof fault - at, "; peers dead %lld, suspected %lld, left %lld",
+                     r->peers_dead, r->peers_suspected, r->peers_left);
+        fprintf(stderr,
+                "%-16s %4lld %5lld %9lld %9lld %7lld %8lld %13lld %9s %9s %6lld  %s%s%s%s%s\n",
                 r->comm, r->gen, r->rank, r->posted, r->completed, r->failed, r->in_flight,
-                r->bytes, p50, p99, r->stalls, r->status, r->failures[0] ? "; failed: " : "",
-                r->failures);
+                r->bytes, p50, p99, r->stalls, r->status, kind, r->failures[0] ? "; failed: " : "",
+                r->failures, fault);
     }
     free(rows);
 }
