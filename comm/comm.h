@@ -183,7 +183,9 @@ struct collie_comm {
     cl_cmd abort_cmd;
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
-    _Atomic int groups_made; /* split/new_group calls so far (names the children) */
+    bool was_ready;              /* the rendezvous succeeded once (loop) */
+    _Atomic bool destroy_posted; /* collie_comm_destroy_post ran (comm_destroy.c) */
+    _Atomic int groups_made;     /* split/new_group calls so far (names the children) */
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -248,6 +250,11 @@ void cl_check_args_free(collie_comm *c);
 /* comm_rendezvous.c: delete the store keys of generation `gen` of c's name
  * (best effort, in the background; any thread) */
 void cl_comm_forget_generation(collie_comm *c, uint64_t gen);
+
+/* comm.c: destroy's closing step (loop): fail every pending work, close
+ * the transport, destroy the backends, leave the engine's residents.
+ * Idempotent; nothing once the engine is gone. */
+void cl_comm_destroy_on_loop(collie_comm *c);
 
 /* comm_ctl.c: the control channel (abort propagation, desync queries) */
 bool cl_comm_ctl_enabled(const collie_comm *c);

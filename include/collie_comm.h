@@ -103,11 +103,30 @@ COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
 
 /* collie_comm_destroy: graceful: waits for pending works up to the comm's
  * op timeout (COLLIE_TIMEOUT_MS when that is infinite), then aborts the
- * rest; frees everything and releases its name.
- * Idempotent with respect to an earlier abort. Not on the progress thread.
- * NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED if works had to be
- * aborted. */
+ * rest; tells the store this rank left ("<rank> " appended to the comm's
+ * "left" key, at most 500 ms, once the comm was ready); frees everything
+ * and releases its name. Blocks the caller for all of that: an event loop
+ * uses collie_comm_destroy_post.
+ * Idempotent with respect to an earlier abort. Not on the progress thread
+ * (COLLIE_ESTATE). NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED
+ * if works had to be aborted; after its engine was destroyed it only frees
+ * memory. */
 COLLIE_API int collie_comm_destroy(collie_comm *c);
+
+/* collie_comm_destroy_post: the non-blocking form of collie_comm_destroy:
+ * returns at once with a work ("comm.destroy") that completes, like any
+ * work (o->cb on the progress thread, o->cq), once the comm is destroyed,
+ * with the status collie_comm_destroy would have returned. The same steps
+ * and bounds run on the progress thread; the caller never waits for them.
+ * The work owns the comm from here on: `c` is invalid for the caller as
+ * soon as this returns (its name is free at once). Any thread, also inside
+ * a callback (it does not block). o->timeout_ms is ignored (the steps are
+ * bounded) and the work cannot be cancelled; engine shutdown ends it at
+ * once. Errors, with nothing done: EINVAL (c or out NULL), ESTATE (the
+ * comm is already being destroyed), ECLOSED (its engine was destroyed or
+ * is closing: collie_comm_destroy then frees it), ENOMEM. */
+COLLIE_API int collie_comm_destroy_post(collie_comm *c, const collie_post_opts *o,
+                                        collie_work **out);
 
 /* collie_comm_abort: fail every pending work with COLLIE_EABORTED (naming
  * `reason`) and close the transport. Any thread, also inside a callback;
