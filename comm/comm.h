@@ -405,7 +405,7 @@ int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_c
  * rendezvous (the "comm.create" work, *work: the caller's reference). On
  * an error the caller's reference on c is gone (released, or c destroyed)
  * and collie_last_error says why. Caller's thread. */
-int cl_comm_create_start(collie_comm *c, collie_work **work);
+int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work);
 
 /* comm_rendezvous.c: a backend instance finished its init (loop) */
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);

@@ -182,7 +182,7 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
         if (child->members)
             snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     }
-    if ((res = cl_comm_create_start(c, work)) != COLLIE_OK) return res;
+    if ((res = cl_comm_create_start(c, cl_opt(o, post, NULL), work)) != COLLIE_OK) return res;
     *out = c;
     return COLLIE_OK;
 }

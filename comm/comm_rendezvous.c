@@ -570,9 +570,38 @@ static void create_start(collie_work *w) {
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
 }
 
+/* The create was ended from outside (collie_work_cancel, collie_comm_abort)
+ * after this rank joined its generation: poison the generation, as a
+ * timeout does, so the ranks waiting in the barrier fail at once naming
+ * this rank instead of waiting out their timeout (unawaited, pipelined in
+ * order: the cause is there before the barrier opens). */
+static void create_poison_on_giving_up(create_state *cs, int status) {
+    collie_comm *c = cs->comm;
+    if (c->prefix[0] == '\0' || !c->store) return; /* not joined: no slot taken */
+    char key[160], val[sizeof cs->conflict + 16];
+    int n = snprintf(val, sizeof val,
+                     "%d|rank %d of %d gave up its creation of comm '%s' "
+                     "(generation %llu): %.600s",
+                     status, c->rank, c->size, c->name, (unsigned long long)c->generation,
+                     collie_work_error_message(&cs->base));
+    if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 1000;
+    o.cb = forget_done; /* best effort: the others' own timeout is the fallback */
+    collie_work *pw;
+    snprintf(key, sizeof key, "%sconflict", c->prefix);
+    if (collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &pw) != COLLIE_OK)
+        return;
+    snprintf(key, sizeof key, "%screated", c->prefix);
+    (void)collie_store_post_add(c->store, key, 1 << 30, &o, &pw);
+}
+
 static void create_detach(collie_work *w) {
     create_state *cs = (create_state *)w;
     collie_comm *c = cs->comm;
+    /* the steps end it with STEP_DONE set; anything else came from outside */
+    if (cs->step != STEP_DONE && (w->status == COLLIE_ECANCELED || w->status == COLLIE_EABORTED))
+        create_poison_on_giving_up(cs, w->status);
     cs->step = STEP_DONE;
     if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
     c->create_state = NULL;
@@ -599,7 +628,7 @@ static const cl_work_ops create_ops = {.name = "comm.create",
 
 /* ---- the create work ---------------------------------------------------------------- */
 
-int cl_comm_create_start(collie_comm *c, collie_work **work) {
+int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work) {
     collie_engine *e = c->engine;
     int res;
     create_state *cs = calloc(1, sizeof *cs);
@@ -608,6 +637,10 @@ int cl_comm_create_start(collie_comm *c, collie_work **work) {
         return COLLIE_ENOMEM;
     }
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.cb = cl_opt(post, cb, NULL); /* the caller's completion: callback, queue, tag */
+    po.cb_arg = cl_opt(post, cb_arg, NULL);
+    po.cq = cl_opt(post, cq, NULL);
+    po.tag = cl_opt(post, tag, 0);
     po.timeout_ms = c->create_timeout_ms == COLLIE_TIMEOUT_INFINITE
                         ? COLLIE_TIMEOUT_INFINITE
                         : c->create_timeout_ms + CREATE_GRACE_MS;

@@ -49,10 +49,14 @@ typedef struct collie_comm_opts {
     collie_comm_error_cb on_error;
     void *on_error_arg;
     int device; /* CUDA device for a cuda backend; -1: none / current */
+    /* collie_comm_create_post only: how its create work completes (cb,
+     * cb_arg, cq, tag; its timeout is create_timeout_ms whatever this says);
+     * NULL: no callback, no queue */
+    const collie_post_opts *post;
 } collie_comm_opts;
 
 #define COLLIE_COMM_OPTS_INIT                                                                      \
-    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1 }
+    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1, NULL }
 
 /* COLLIE_UNDEFINED: the colour of a rank that joins no group in
  * collie_comm_split. */
@@ -68,8 +72,14 @@ COLLIE_API int collie_comm_create(collie_engine *e, collie_store *store, int ran
                                   const collie_comm_opts *o, collie_comm **out);
 
 /* collie_comm_create_post: the non-blocking form. Returns the comm at once
- * and a work that completes when the rendezvous is done; collectives posted
- * before then queue behind it (and fail with the creation's error). */
+ * and a work that completes when the rendezvous is done (o->post: its
+ * callback or completion queue); collectives posted before then queue
+ * behind it (and fail with COLLIE_EABORTED naming the creation's error).
+ * collie_work_cancel on the create work ends the creation at once with
+ * COLLIE_ECANCELED, also while it waits for a rank that never comes: the
+ * comm fails, and its generation is poisoned for the others (they fail at
+ * once, naming this rank). Destroy the comm afterwards as after any
+ * failed create (collie_comm_destroy_post does not block). */
 COLLIE_API int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
                                        const collie_comm_opts *o, collie_comm **out,
                                        collie_work **work);
