@@ -6,6 +6,10 @@ behind, a create bounded by create_timeout fails with CollieTimeout, and a
 comm made from the environment closes its own store."""
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -193,3 +197,51 @@ def test_create_async_rejects_bad_arguments(monkeypatch):
             asyncio.run(collie.Comm.create_async(b.engine, b.stores[0], 2, 2))
     finally:
         b.close()
+
+
+# ---- the example, as a user runs it: 4 ranks under collie-run, one killed ----
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+EXAMPLE = os.path.join(ROOT, "examples", "asyncio_recovery.py")
+COLLIE_RUN = os.path.join(ROOT, "build", "bin", "collie-run")
+
+
+def _run_example(args, env_extra):
+    env = dict(os.environ, **env_extra)
+    env.pop("COLLIE_STORE_ADDR", None)
+    p = subprocess.run(
+        [COLLIE_RUN, "-n", "4", "--timeout", "90"] + args + ["--", sys.executable, EXAMPLE],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    reports = {}
+    for line in p.stdout.splitlines():
+        body = line.split("] ", 1)[-1]
+        if body.startswith("{"):
+            rep = json.loads(body)
+            reports[rep["rank"]] = rep
+    return p, reports
+
+
+def _largest_lag(reports):
+    return max(max(r["lag_ms"].values()) for r in reports.values())
+
+
+def test_example_recovers_a_killed_rank():
+    p, reps = _run_example(["--restarts", "1"], {})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sorted(reps) == [0, 1, 2, 3], p.stdout[-3000:]
+    assert reps[2]["result"] == "victim"
+    for r in (0, 1, 3):
+        assert reps[r]["result"] == "recovered"
+        assert reps[r]["fault"] in ("ColliePeerError", "CollieAborted")
+    # generous: the target (5 ms) is measured by bench/asyncio_recovery.py
+    assert _largest_lag(reps) < 150, reps
+
+
+def test_example_gives_up_when_nobody_comes_back():
+    p, reps = _run_example(["--keep-going"], {"ASYNC_RECOVERY_CREATE_S": "1"})
+    assert sorted(reps) == [0, 1, 3], p.stdout[-3000:] + p.stderr[-3000:]
+    for r in reps.values():
+        assert r["result"] == "gave_up"
+        assert 900 <= r["ms"]["gave_up_after"] < 5000
+    assert _largest_lag(reps) < 150, reps
