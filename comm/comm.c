@@ -55,6 +55,7 @@ void cl_comm_release(collie_comm *c) {
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    collie_store_destroy(c->store); /* NULL once a destroy released it */
     collie_comm *parent = c->split.parent;
     free(c);
     if (parent) cl_comm_release(parent);

@@ -140,9 +140,8 @@ typedef struct cl_coll_work {
 
 struct collie_comm {
     collie_engine *engine;
-    collie_store *store; /* the user's (or owned) store handle */
+    collie_store *store; /* its own handle (a view of the caller's; comm_create.c) */
     char prefix[112];    /* store namespace "collie/<name>/<gen>/" */
-    bool owns_store;
     char name[72];
     int rank, size;
     uint64_t generation, id;

@@ -88,7 +88,14 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         return NULL;
     }
     c->engine = e;
-    c->store = store;
+    /* a handle of its own on the store's connection (released with the
+     * comm): the caller's may go at any time, also while a destroy posted
+     * without waiting still talks to the store */
+    if (collie_store_prefix(store, "", &c->store) != COLLIE_OK) {
+        free(c);
+        *res = COLLIE_ENOMEM;
+        return NULL;
+    }
     cl_list_init(&c->desyncs);
     cl_list_init(&c->failing.works);
     cl_list_init(&c->waiting);
@@ -112,6 +119,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         if (p.spec.ops[d]) cl_coll_pool_init(&c->bcs[d]);
     }
     if (cl_flight_init(c) != COLLIE_OK) {
+        collie_store_destroy(c->store);
         free(c);
         *res = COLLIE_ENOMEM;
         return NULL;
@@ -248,6 +256,6 @@ int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, col
         collie_store_destroy(s);
         return res;
     }
-    (*out)->owns_store = true;
+    collie_store_destroy(s); /* the comm has its own handle on the connection */
     return COLLIE_OK;
 }

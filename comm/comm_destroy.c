@@ -21,7 +21,8 @@
  *               sent (2 s);
  *      OUT      add 1 to "<prefix>out"; the member that makes it `size`
  *               deletes the generation's keys (1 s each; best effort);
- *      END      stats written, an owned store destroyed, the user's comm
+ *      END      stats written, the comm's own store handle destroyed (the
+ *               connection closes if it was the last), the user's comm
  *               reference dropped, then the work completes.
  *    The conditions of IDLE, SENT, CLOSED and RETIRED are state the loop
  *    and other threads change; the tick looks again every millisecond
@@ -165,7 +166,7 @@ static void destroy_end(destroy_work *d) {
     if (c) {
         d->comm = NULL;
         cl_stats_write_on_destroy(c);
-        if (c->owns_store) collie_store_destroy(c->store); /* inline on the loop */
+        collie_store_destroy(c->store); /* its own handle; inline on the loop */
         c->store = NULL;
         cl_comm_release(c);
     }
@@ -341,7 +342,7 @@ int collie_comm_destroy(collie_comm *c) {
     if (c->engine_gone) { /* the engine's shutdown closed it: only memory is left */
         cl_comm_unregister(c);
         cl_stats_write_on_destroy(c);
-        if (c->owns_store) collie_store_destroy(c->store);
+        collie_store_destroy(c->store);
         c->store = NULL;
         cl_comm_release(c);
         return COLLIE_OK;

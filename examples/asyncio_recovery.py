@@ -19,7 +19,8 @@ The survivors:
      generation's rendezvous waits for the victim, which collie-run starts
      again; asyncio.wait_for bounds it (ASYNC_RECOVERY_CREATE_S, default
      20 s): past it the create is cancelled (the task's cancel cancels the
-     C work) and the rank says so and exits 3;
+     C work: the ranks waiting in the same rendezvous fail at once with
+     CollieCancelled naming this one) and the rank says so and exits 3;
   4. run ASYNC_RECOVERY_AFTER (default 50) more allreduces, checked.
 Without --restarts nobody comes back: with ASYNC_RECOVERY_CREATE_S=1 the
 survivors' creates are cancelled after 1 s, and the loop never blocked.
@@ -90,7 +91,14 @@ async def allreduce_checked(comm, it):
         raise SystemExit(f"rank {comm.rank}: allreduce {it} returned wrong bytes")
 
 
+# the bench's comparison (bench/asyncio_recovery.py): the blocking forms,
+# which stop the loop for as long as they take
+BLOCKING = os.environ.get("ASYNC_RECOVERY_BLOCKING") == "1"
+
+
 async def create(engine, store, rank, size, bound_s):
+    if BLOCKING:
+        return collie.Comm(engine, store, rank, size, name=NAME, timeout=30, create_timeout=60)
     return await asyncio.wait_for(
         collie.Comm.create_async(engine, store, rank, size, name=NAME, timeout=30, create_timeout=60),
         bound_s,
@@ -126,13 +134,20 @@ async def main():
                 report["fault"] = type(e).__name__
                 print(f"rank {rank}: fault after {it} allreduces: {e}", flush=True)
             t1 = time.monotonic()
-            await comm.destroy_async()
+            if BLOCKING:
+                comm.destroy()
+            else:
+                await comm.destroy_async()
             report["ms"]["destroy"] = (time.monotonic() - t1) * 1000
             t2 = time.monotonic()
             try:
                 comm = await create(engine, store, rank, size, create_s)
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, collie.CollieError) as e:
+                # our bound passed (the create is cancelled), or another
+                # survivor gave up first: its cancel fails this generation
+                # for every rank at once (CollieCancelled naming it)
                 report["ms"]["gave_up_after"] = (time.monotonic() - t2) * 1000
+                report["gave_up"] = type(e).__name__
                 await asyncio.sleep(0.05)  # the cancelled create's cleanup runs meanwhile
                 hb.stop()
                 await beat

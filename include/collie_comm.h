@@ -64,8 +64,10 @@ typedef struct collie_comm_opts {
 
 /* collie_comm_create: create a communicator of `size` ranks; every rank
  * calls it once per incarnation with the same name. Collective over the
- * store and bounded by create_timeout_ms. The store handle must outlive the
- * comm. Errors: EINVAL (bad rank/size/options/backend spec, with
+ * store and bounded by create_timeout_ms. The comm keeps a handle of its
+ * own on the store's connection (until it is destroyed, also by a
+ * destroy work still running): the caller may destroy its store handle
+ * at any time. Errors: EINVAL (bad rank/size/options/backend spec, with
  * collie_last_error saying which), ETIMEDOUT (not every rank arrived:
  * the message says how many did), EPEER (store lost), ENOMEM, ECLOSED. */
 COLLIE_API int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,

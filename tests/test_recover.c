@@ -202,6 +202,37 @@ static void test_engine_destroy_ends_destroy_work(void **state) {
     assert_int_equal(collie_comm_destroy(c1), COLLIE_OK);
 }
 
+/* The caller's store handle may go right after the post (or any time): the
+ * comm talks to the store through a handle of its own until it is gone
+ * (the destroy still appends its "left" notice after the handle went). */
+static void test_store_handle_may_go_first(void **state) {
+    (void)state;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "storegone";
+    o.timeout_ms = 300;
+    world w;
+    world_create(&w, 2, "storegone", &o);
+    char key[160];
+    snprintf(key, sizeof key, "%sleft", w.c[0]->prefix);
+    int32_t x = 1;
+    collie_work *pending, *d;
+    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pending),
+                     COLLIE_OK);
+    assert_int_equal(collie_comm_destroy_post(w.c[0], NULL, &d), COLLIE_OK);
+    collie_store_destroy(w.st[0]); /* while the destroy waits for `pending` */
+    w.st[0] = NULL;
+    w.c[0] = NULL;
+    assert_int_equal(collie_work_wait(d, 5000), COLLIE_EABORTED);
+    void *val = NULL;
+    size_t len = 0;
+    assert_int_equal(collie_store_get(w.st[1], key, 2000, &val, &len), COLLIE_OK);
+    assert_string_equal((char *)val, "0 ");
+    free(val);
+    collie_work_release(d);
+    collie_work_release(pending);
+    world_destroy(&w);
+}
+
 /* A ready comm's destroy leaves "<rank> " in "<prefix>left" before its
  * connections close, so a peer can tell "left" from "died"; the last
  * member out deletes the generation's keys, that one included. */
@@ -372,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_destroy_post_from_callback),
         cmocka_unit_test(test_destroy_post_refusals),
         cmocka_unit_test(test_engine_destroy_ends_destroy_work),
+        cmocka_unit_test(test_store_handle_may_go_first),
         cmocka_unit_test(test_destroy_appends_left),
         cmocka_unit_test(test_failed_create_leaves_no_notice),
         cmocka_unit_test(test_create_post_into_queue),
