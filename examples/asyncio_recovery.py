@@ -28,8 +28,11 @@ survivors' creates are cancelled after 1 s, and the loop never blocked.
 A process knows which life it is in from the store counter
 "asyncrec/lives/<rank>" (the store lives in collie-run, so it outlives any
 rank). The last line of every rank is one JSON object: the phase times in
-ms and the loop's largest lag in each phase ("lag_ms"), and "result":
-"recovered", "gave_up" or "victim".
+ms, the loop's largest lag in each phase ("lag_ms": "startup" = making the
+engine and store, with blocking calls, and the first create; "steady" =
+serving, which includes detecting the fault; "recovery" = from the fault
+seen to the comm ready again (destroy and re-create); "after"), and
+"result": "recovered", "gave_up" or "victim".
 """
 
 import asyncio
@@ -61,7 +64,7 @@ class Heartbeat:
     where each lag is charged."""
 
     def __init__(self):
-        self.phase = "steady"
+        self.phase = "startup"  # engine, store and first create: before serving
         self.lag = {}
         self._stop = False
 
@@ -119,6 +122,7 @@ async def main():
         t0 = time.monotonic()
         comm = await create(engine, store, rank, size, create_s)
         report["ms"]["first_create"] = (time.monotonic() - t0) * 1000
+        hb.phase = "steady"
         it = 0
         if life == 1:  # the first life: serve until the fault
             try:
