@@ -60,22 +60,33 @@ def env_int(name, dflt):
 
 
 class Heartbeat:
-    """The loop's lag: a task sleeping 1 ms again and again; `phase` names
-    where each lag is charged."""
+    """The loop's lag: a task sleeping 1 ms again and again. A lag is
+    charged to every phase that was current while it lasted (a blocking
+    call that spans a phase change shows in both)."""
 
     def __init__(self):
-        self.phase = "startup"  # engine, store and first create: before serving
+        self._phases = ["startup"]  # engine, store and first create: before serving
         self.lag = {}
         self._stop = False
+
+    @property
+    def phase(self):
+        return self._phases[-1]
+
+    @phase.setter
+    def phase(self, name):
+        self._phases.append(name)
 
     async def run(self):
         loop = asyncio.get_running_loop()
         while not self._stop:
             t = loop.time()
+            del self._phases[:-1]  # the phases this sleep lives through, from here
             await asyncio.sleep(0.001)
             late = (loop.time() - t - 0.001) * 1000
-            if late > self.lag.get(self.phase, 0.0):
-                self.lag[self.phase] = late
+            for ph in self._phases:
+                if late > self.lag.get(ph, 0.0):
+                    self.lag[ph] = late
 
     def stop(self):
         self._stop = True
