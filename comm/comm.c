@@ -502,17 +502,11 @@ static void comm_on_engine_shutdown(cl_resident *r) {
     c->resident_added = false;
 }
 
-static void comm_add_resident_fn(void *arg) {
-    collie_comm *c = arg;
+bool cl_comm_attach_on_loop(collie_comm *c) {
     c->resident.shutdown = comm_on_engine_shutdown;
     c->resident.what = "comm shutdown";
     c->resident_added = cl_engine_add_resident(c->engine, &c->resident) == COLLIE_OK;
-}
-
-int cl_comm_attach_engine(collie_comm *c) {
-    int r = cl_engine_call(c->engine, comm_add_resident_fn, c, CL_ENGINE_CALL_TIMEOUT_MS);
-    if (r != COLLIE_OK) return r;
-    return c->resident_added ? COLLIE_OK : COLLIE_ECLOSED;
+    return c->resident_added;
 }
 
 /* ---- destroy ----------------------------------------------------------------------- */

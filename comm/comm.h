@@ -400,10 +400,10 @@ bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
 
-/* comm_rendezvous.c: make c a resident of its engine and post its
- * rendezvous (the "comm.create" work, *work: the caller's reference). On
- * an error the caller's reference on c is gone (released, or c destroyed)
- * and collie_last_error says why. Caller's thread. */
+/* comm_rendezvous.c: post c's rendezvous (the "comm.create" work, *work:
+ * the caller's reference), whose start makes c a resident of its engine.
+ * On an error the caller's reference on c is gone (released) and
+ * collie_last_error says why. Caller's thread; never waits for the loop. */
 int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work);
 
 /* comm_rendezvous.c: a backend instance finished its init (loop) */
@@ -415,8 +415,9 @@ int cl_comm_policy_from_env(collie_error_policy *out);
  * secret its store must be on loopback (else COLLIE_EINVAL saying why),
  * unless COLLIE_INSECURE=1; said once per process. Caller's thread. */
 int cl_comm_trust_check(collie_store *store, const char *name);
-/* comm.c: make the comm a resident of its engine (any thread, bounded) */
-int cl_comm_attach_engine(collie_comm *c);
+/* comm.c: make the comm a resident of its engine (loop: the create work's
+ * start, so no post waits for the loop); false once the engine closes */
+bool cl_comm_attach_on_loop(collie_comm *c);
 
 /* registry (comm.c) */
 void cl_comm_unregister(collie_comm *c);

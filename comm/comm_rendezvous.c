@@ -559,6 +559,10 @@ static void create_succeed(create_state *cs) {
 static void create_start(collie_work *w) {
     create_state *cs = (create_state *)w;
     cs->comm->create_state = cs;
+    if (!cl_comm_attach_on_loop(cs->comm)) {
+        create_fail(cs, COLLIE_ECLOSED, "the engine is shutting down");
+        return;
+    }
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     /* the handle number tells two comms of one process apart */
@@ -606,6 +610,10 @@ static void create_detach(collie_work *w) {
     if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
     c->create_state = NULL;
     c->create_work = NULL;
+    /* ended before its start made the comm a resident (cancelled at once,
+     * engine shutdown): a resident now, so an engine shutdown before the
+     * comm's destroy still marks it gone; an engine closing already has */
+    if (!c->resident_added && !c->destroyed && !cl_comm_attach_on_loop(c)) c->engine_gone = true;
     if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w));
 }
 
@@ -647,19 +655,15 @@ int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_wo
     cl_work_init(&cs->base, e, &create_ops, &po, po.timeout_ms);
     cs->comm = c;
     cl_comm_hold(c); /* the create state's */
-    if ((res = cl_comm_attach_engine(c)) != COLLIE_OK) {
-        free(cs);
-        cl_comm_release(c);
-        cl_comm_release(c);
-        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
-    }
+    /* the comm becomes a resident of the engine in create_start, on the
+     * loop: nothing here waits for the loop */
     c->create_work = &cs->base;
     if ((res = cl_work_post(&cs->base)) != COLLIE_OK) {
         c->create_work = NULL;
         free(cs);
         cl_comm_release(c);
-        collie_comm_destroy(c);
-        return res;
+        cl_comm_release(c);
+        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
     }
     *work = &cs->base;
     return COLLIE_OK;

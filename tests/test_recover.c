@@ -397,6 +397,67 @@ static void test_cancel_create(void **state) {
     world_destroy(&w);
 }
 
+/* Neither post waits for the progress loop: with the loop held (a stuck
+ * callback, a busy machine), create_post and destroy_post still return at
+ * once; the work goes on when the loop does. (create_post made the comm a
+ * resident of its engine with a call into the loop: it waited for the
+ * loop, up to 10 s.) */
+static void test_posts_never_wait_for_the_loop(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 1, "lbase", NULL);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "held";
+    collie_comm *c;
+    collie_work *cw, *d;
+    loop_block b;
+    loop_block_start(&b, w.e);
+    int64_t t0 = now_ms();
+    int rc = collie_comm_create_post(w.e, w.st[0], 0, 1, &o, &c, &cw);
+    int64_t took = now_ms() - t0;
+    loop_unblock(&b);
+    assert_int_equal(rc, COLLIE_OK);
+    print_message("create_post with the loop held returned in %lld ms\n", (long long)took);
+    assert_true(took < AT_ONCE_MS);
+    assert_int_equal(collie_work_wait(cw, 10000), COLLIE_OK);
+    collie_work_release(cw);
+    loop_block_start(&b, w.e);
+    t0 = now_ms();
+    rc = collie_comm_destroy_post(c, NULL, &d);
+    took = now_ms() - t0;
+    loop_unblock(&b);
+    assert_int_equal(rc, COLLIE_OK);
+    assert_true(took < AT_ONCE_MS);
+    assert_int_equal(collie_work_wait(d, 10000), COLLIE_OK);
+    collie_work_release(d);
+    world_destroy(&w);
+}
+
+/* A create cancelled before its start ran, then the engine destroyed
+ * before the comm: the comm still learns that its engine is gone, and its
+ * destroy only frees memory. */
+static void test_cancel_before_start_then_engine_goes(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 1, "ebase", NULL);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "early";
+    collie_comm *c;
+    collie_work *cw;
+    loop_block b;
+    loop_block_start(&b, w.e);
+    assert_int_equal(collie_comm_create_post(w.e, w.st[0], 0, 2, &o, &c, &cw), COLLIE_OK);
+    assert_int_equal(collie_work_cancel(cw), COLLIE_OK);
+    loop_unblock(&b);
+    assert_int_equal(collie_work_wait(cw, 5000), COLLIE_ECANCELED);
+    collie_work_release(cw);
+    engine_sync(w.e); /* its retirement has run */
+    collie_store_destroy(w.st[0]);
+    collie_store_server_destroy(w.srv);
+    assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(c), COLLIE_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_destroy_post_returns_at_once),
@@ -408,6 +469,8 @@ int main(void) {
         cmocka_unit_test(test_failed_create_leaves_no_notice),
         cmocka_unit_test(test_create_post_into_queue),
         cmocka_unit_test(test_cancel_create),
+        cmocka_unit_test(test_posts_never_wait_for_the_loop),
+        cmocka_unit_test(test_cancel_before_start_then_engine_goes),
     };
     return cltest_main(tests, NULL, NULL);
 }
