@@ -9,8 +9,13 @@
  *    it, and no comm.
  *  - The blocking create is post + wait; the wait is bounded by the create
  *    work's deadline (the create timeout plus a grace).
- *  - A failed post leaves nothing: the comm is released (or destroyed, once
- *    it is a resident of its engine) before the error returns.
+ *  - A failed post leaves nothing: the comm is released before the error
+ *    returns. Nothing here waits for the loop (the comm becomes a resident
+ *    of its engine in the create work's start), so create_post is safe on
+ *    an event loop.
+ *  - The comm takes a handle of its own on the caller's store connection
+ *    (collie_store_prefix with ""), released when the comm is: the
+ *    caller's handle may go first.
  */
 #include <ctype.h>
 #include <stdio.h>

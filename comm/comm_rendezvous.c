@@ -58,6 +58,11 @@
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
  *    step callback then sees the cancellation and stops.
+ *  - The work's start makes the comm a resident of its engine (or its
+ *    detach, when it ended before starting), so the post never waits for
+ *    the loop. Ended from outside (collie_work_cancel, collie_comm_abort)
+ *    after this rank joined, it poisons its generation like a timeout
+ *    (create_poison_on_giving_up): the ranks waiting for it fail at once.
  *  - The create state holds a comm reference until its last callback, and
  *    a store request in flight holds a reference on the create work: when
  *    the work ends early its detach only cancels the request, whose
