@@ -456,6 +456,7 @@ static void test_cancel_before_start_then_engine_goes(void **state) {
     collie_store_server_destroy(w.srv);
     assert_int_equal(collie_engine_destroy(w.e), COLLIE_OK);
     assert_int_equal(collie_comm_destroy(c), COLLIE_OK);
+    assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
 }
 
 int main(void) {
