@@ -11,15 +11,16 @@
  *      SENT     an abort notice being written reaches the store (1 s);
  *      CLOSED   a failed comm's delayed close has happened (the peers read
  *               the notice before the connections drop; 1 s);
- *      LEFT     append "<rank> " to "<prefix>left" (500 ms; only once the
- *               comm was ready), before the connections close, so a peer
- *               with no connection to us, or one that sees ours drop, can
- *               tell "left" from "died";
+ *      LEFT     set "<prefix>gone/<rank>" = "left" and send "left <rank>" on
+ *               the control channel (500 ms; only once the comm was
+ *               ready), before the connections close, so a peer with no
+ *               connection to us, or one that sees ours drop, can tell
+ *               "left" from "died" (health.c);
  *      CLOSE    cl_comm_destroy_on_loop: the rest fails, the transport
  *               closes, the backends go, the comm leaves the engine;
  *      RETIRED  the works failed there retire, and control messages are
  *               sent (2 s);
- *      OUT      add 1 to "<prefix>out"; the member that makes it `size`
+ *      OUT      add 1 to "<prefix>left"; the member that makes it `size`
  *               deletes the generation's keys (1 s each; best effort);
  *      END      stats written, the comm's own store handle destroyed (the
  *               connection closes if it was the last), the user's comm
@@ -123,12 +124,10 @@ static bool destroy_post_req(destroy_work *d, int step) {
     d->req_value = 0;
     collie_work_hold(&d->base);
     if (step == D_LEFT) {
-        char mine[16];
-        int n = snprintf(mine, sizeof mine, "%d ", c->rank);
-        snprintf(key, sizeof key, "%sleft", c->prefix);
-        r = collie_store_post_append(c->store, key, mine, (size_t)n, &o, &d->req);
+        snprintf(key, sizeof key, "%sgone/%d", c->prefix, c->rank);
+        r = collie_store_post_set(c->store, key, "left", 4, &o, &d->req);
     } else if (step == D_OUT) {
-        snprintf(key, sizeof key, "%sout", c->prefix);
+        snprintf(key, sizeof key, "%sleft", c->prefix);
         r = collie_store_post_add(c->store, key, 1, &o, &d->req);
     } else {
         r = collie_store_post_delete_prefix(c->store, c->prefix, &o, &d->req);
@@ -140,6 +139,17 @@ static bool destroy_post_req(destroy_work *d, int step) {
     }
     d->req_pending = true;
     return true;
+}
+
+/* A graceful leave, before the connections close (LEFT): the peers learn
+ * this rank left, not died, from the control channel (those that watch
+ * it) and from "<prefix>gone/<rank>" (health.c looks for it when this
+ * process exits). */
+static void destroy_announce_leave(destroy_work *d) {
+    char msg[32];
+    destroy_post_req(d, D_LEFT);
+    snprintf(msg, sizeof msg, "left %d", d->comm->rank);
+    (void)cl_comm_ctl_send(d->comm, msg, NULL, NULL);
 }
 
 static bool destroy_idle(collie_comm *c) { return atomic_load(&c->nactive) == 0; }
@@ -214,9 +224,12 @@ static void destroy_run(destroy_work *d) {
         case D_CLOSED:
             if (!destroy_until(d, destroy_closed(c))) return;
             destroy_set_step(d, D_LEFT, DESTROY_LEFT_MS + 100);
-            if (c->was_ready && c->store && c->prefix[0]) destroy_post_req(d, D_LEFT);
+            if (c->was_ready && c->store && c->prefix[0]) destroy_announce_leave(d);
             break;
-        case D_LEFT: d->step = D_CLOSE; break;
+        case D_LEFT:
+            if (!destroy_until(d, destroy_ctl_sent(c))) return;
+            d->step = D_CLOSE;
+            break;
         case D_CLOSE:
             cl_comm_destroy_on_loop(c);
             destroy_set_step(d, D_RETIRED, DESTROY_RETIRED_MS);

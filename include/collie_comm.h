@@ -115,8 +115,9 @@ COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
 
 /* collie_comm_destroy: graceful: waits for pending works up to the comm's
  * op timeout (COLLIE_TIMEOUT_MS when that is infinite), then aborts the
- * rest; tells the store this rank left ("<rank> " appended to the comm's
- * "left" key, at most 500 ms, once the comm was ready); frees everything
+ * rest; announces that this rank left (the store key "<prefix>gone/<rank>"
+ * and a control message, at most 500 ms, once the comm was ready), so the
+ * peers see it "left", not dead; frees everything
  * and releases its name. Blocks the caller for all of that: an event loop
  * uses collie_comm_destroy_post.
  * Idempotent with respect to an earlier abort. Not on the progress thread

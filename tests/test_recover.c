@@ -2,7 +2,7 @@
  * test_recover.c — recovery that never blocks the caller (issue 32): the
  * non-blocking destroy (collie_comm_destroy_post: at once, completes into a
  * queue with the blocking form's status, from a callback too, refusals),
- * the "left" notice a destroyed comm leaves in the store, the create work
+ * the "gone" notice a destroyed comm leaves in the store, the create work
  * completing into a queue, and cancelling a create (also while it waits
  * for a rank that never comes).
  */
@@ -204,7 +204,7 @@ static void test_engine_destroy_ends_destroy_work(void **state) {
 
 /* The caller's store handle may go right after the post (or any time): the
  * comm talks to the store through a handle of its own until it is gone
- * (the destroy still appends its "left" notice after the handle went). */
+ * (the destroy still leaves its "gone" notice after the handle went). */
 static void test_store_handle_may_go_first(void **state) {
     (void)state;
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
@@ -213,7 +213,7 @@ static void test_store_handle_may_go_first(void **state) {
     world w;
     world_create(&w, 2, "storegone", &o);
     char key[160];
-    snprintf(key, sizeof key, "%sleft", w.c[0]->prefix);
+    snprintf(key, sizeof key, "%sgone/0", w.c[0]->prefix);
     int32_t x = 1;
     collie_work *pending, *d;
     assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pending),
@@ -226,23 +226,24 @@ static void test_store_handle_may_go_first(void **state) {
     void *val = NULL;
     size_t len = 0;
     assert_int_equal(collie_store_get(w.st[1], key, 2000, &val, &len), COLLIE_OK);
-    assert_string_equal((char *)val, "0 ");
+    assert_string_equal((char *)val, "left");
     free(val);
     collie_work_release(d);
     collie_work_release(pending);
     world_destroy(&w);
 }
 
-/* A ready comm's destroy leaves "<rank> " in "<prefix>left" before its
+/* A ready comm's posted destroy sets "<prefix>gone/<rank>" before its
  * connections close, so a peer can tell "left" from "died"; the last
- * member out deletes the generation's keys, that one included. */
+ * member out deletes the generation's keys, those included. */
 static void test_destroy_appends_left(void **state) {
     (void)state;
     world w;
     world_create(&w, 3, "leaver", NULL);
     world_link(&w);
-    char key[160];
-    snprintf(key, sizeof key, "%sleft", w.c[0]->prefix);
+    char key[160], key1[160];
+    snprintf(key, sizeof key, "%sgone/2", w.c[0]->prefix);
+    snprintf(key1, sizeof key1, "%sgone/1", w.c[0]->prefix);
     collie_work *d;
     assert_int_equal(collie_comm_destroy_post(w.c[2], NULL, &d), COLLIE_OK);
     assert_int_equal(collie_work_wait(d, 10000), COLLIE_OK);
@@ -251,12 +252,12 @@ static void test_destroy_appends_left(void **state) {
     void *val = NULL;
     size_t len = 0;
     assert_int_equal(collie_store_get(w.st[0], key, 2000, &val, &len), COLLIE_OK);
-    assert_string_equal((char *)val, "2 ");
+    assert_string_equal((char *)val, "left");
     free(val);
     assert_int_equal(collie_comm_destroy(w.c[1]), COLLIE_OK);
     w.c[1] = NULL;
-    assert_int_equal(collie_store_get(w.st[0], key, 2000, &val, &len), COLLIE_OK);
-    assert_string_equal((char *)val, "2 1 ");
+    assert_int_equal(collie_store_get(w.st[0], key1, 2000, &val, &len), COLLIE_OK);
+    assert_string_equal((char *)val, "left");
     free(val);
     const char *keys[] = {key};
     bool there = false;
@@ -281,7 +282,7 @@ static void test_failed_create_leaves_no_notice(void **state) {
     assert_int_equal(collie_work_wait(cw, 5000), COLLIE_ETIMEDOUT);
     collie_work_release(cw);
     char key[160];
-    snprintf(key, sizeof key, "%sleft", c->prefix);
+    snprintf(key, sizeof key, "%sgone/0", c->prefix);
     assert_int_equal(collie_comm_destroy(c), COLLIE_OK);
     const char *keys[] = {key};
     bool there = true;
