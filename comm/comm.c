@@ -27,9 +27,10 @@
  *    policy applies (NONE excepted). Faults reported by a backend (dead
  *    peer, protocol error) go through the same cl_comm_fault.
  *  - Lifetime: the comm is refcounted (user + one per work + the creation
- *    state); destroy = wait for pending works (bounded) → abort the rest →
- *    backends destroyed on the loop → release. When the engine stops first,
- *    the resident hook aborts the comm and destroy only frees memory.
+ *    state); destroy (comm_destroy.c, a work driven on the loop) = wait for
+ *    pending works (bounded) → abort the rest → backends destroyed on the
+ *    loop (cl_comm_destroy_on_loop) → release. When the engine stops
+ *    first, the resident hook aborts the comm and destroy only frees memory.
  */
 #include <event2/event.h>
 #include <sched.h>
@@ -54,6 +55,7 @@ void cl_comm_release(collie_comm *c) {
         if (c->bcs[d].ops) cl_coll_pool_fini(&c->bcs[d]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    collie_store_destroy(c->store); /* NULL once a destroy released it */
     collie_comm *parent = c->split.parent;
     free(c);
     if (parent) cl_comm_release(parent);
@@ -408,6 +410,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         if (!atomic_compare_exchange_strong(&c->state, &expect, CL_COMM_READY)) return;
         CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
                 (unsigned long long)c->generation, c->rank, c->size);
+        c->was_ready = true;
         cl_comm_ctl_start(c);
         cl_check_args_start(c);
         cl_health_start(c);
@@ -499,131 +502,24 @@ static void comm_on_engine_shutdown(cl_resident *r) {
     c->resident_added = false;
 }
 
-static void comm_add_resident_fn(void *arg) {
-    collie_comm *c = arg;
+bool cl_comm_attach_on_loop(collie_comm *c) {
     c->resident.shutdown = comm_on_engine_shutdown;
     c->resident.what = "comm shutdown";
     c->resident_added = cl_engine_add_resident(c->engine, &c->resident) == COLLIE_OK;
-}
-
-int cl_comm_attach_engine(collie_comm *c) {
-    int r = cl_engine_call(c->engine, comm_add_resident_fn, c, CL_ENGINE_CALL_TIMEOUT_MS);
-    if (r != COLLIE_OK) return r;
-    return c->resident_added ? COLLIE_OK : COLLIE_ECLOSED;
+    return c->resident_added;
 }
 
 /* ---- destroy ----------------------------------------------------------------------- */
 
-static void comm_destroy_on_loop(void *arg) {
-    collie_comm *c = arg;
+/* The destroy's step that closes everything (loop; comm_destroy.c runs the
+ * rest of it): every pending work fails, the connections drop, the
+ * backends go, and the comm leaves the engine's residents. */
+void cl_comm_destroy_on_loop(collie_comm *c) {
     if (c->engine_gone) return;
     comm_abort_on_loop(c, COLLIE_ECLOSED, "the comm was destroyed");
     comm_backends_destroy(c);
     if (c->resident_added) cl_engine_remove_resident(c->engine, &c->resident);
     c->resident_added = false;
-}
-
-static bool comm_wait_idle(collie_comm *c, int64_t until_ns) {
-    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
-    pthread_mutex_lock(&c->mu);
-    while (atomic_load(&c->nactive) > 0) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
-    }
-    bool idle = atomic_load(&c->nactive) == 0;
-    pthread_mutex_unlock(&c->mu);
-    return idle;
-}
-
-/* A failed comm's delayed close (comm_tell_then_close) happens before
- * destroy closes the connections itself (bounded). */
-static void comm_wait_closed(collie_comm *c, int64_t until_ns) {
-    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
-    pthread_mutex_lock(&c->mu);
-    while (c->closing.pending)
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* An abort message still being written must reach the store before the
- * caller may destroy the store handle (bounded). */
-static void comm_wait_ctl_sent(collie_comm *c, int64_t until_ns) {
-    struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
-    pthread_mutex_lock(&c->mu);
-    while (c->ctl.sending > 0)
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0 && cl_now_ns() >= until_ns) break;
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* A graceful leave, before the connections close (bounded): the peers
- * learn this rank left, not died, from the control channel (those that
- * watch it) and from "<prefix>gone/<rank>" (health.c looks for it when
- * this process exits). */
-static void comm_announce_leave(collie_comm *c) {
-    if (c->prefix[0] == '\0' || !c->store ||
-        atomic_load(&c->state) == CL_COMM_CREATING) /* never joined, or never created */
-        return;
-    char key[200], msg[32];
-    snprintf(key, sizeof key, "%sgone/%d", c->prefix, c->rank);
-    (void)collie_store_set(c->store, key, "left", 4, 500);
-    snprintf(msg, sizeof msg, "left %d", c->rank);
-    (void)cl_comm_ctl_send(c, msg, NULL, NULL);
-}
-
-/* The last rank to destroy the comm deletes its generation's keys
- * (bounded; best effort: a rank that died never counts itself out, and
- * the next generation's join cleans up then). */
-static void comm_count_out(collie_comm *c) {
-    if (c->prefix[0] == '\0' || !c->store) return; /* never joined a generation */
-    char key[160];
-    snprintf(key, sizeof key, "%sleft", c->prefix);
-    int64_t left = 0;
-    if (collie_store_add(c->store, key, 1, 1000, &left) == COLLIE_OK && left == c->size &&
-        collie_store_delete_prefix(c->store, c->prefix, 1000, NULL) != COLLIE_OK)
-        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
-                    "could not delete the keys of generation %llu: %s",
-                    (unsigned long long)c->generation, collie_last_error());
-}
-
-int collie_comm_destroy(collie_comm *c) {
-    if (!c) return COLLIE_OK;
-    if (!c->engine_gone && cl_engine_on_loop(c->engine))
-        return cl_set_last_error(COLLIE_ESTATE, "collie_comm_destroy on the progress thread");
-    int res = COLLIE_OK;
-    cl_comm_unregister(c);
-    if (!c->engine_gone) {
-        /* graceful: let pending works finish, bounded by the op timeout;
-         * an infinite one waits the default op timeout (COLLIE_TIMEOUT_MS):
-         * a destroy always returns */
-        int32_t grace =
-            c->timeout_ms == COLLIE_TIMEOUT_INFINITE ? cl_config_get()->timeout_ms : c->timeout_ms;
-        int64_t until = cl_deadline_ns(cl_now_ns(), grace);
-        if (!comm_wait_idle(c, until)) {
-            res = COLLIE_EABORTED;
-            collie_comm_abort(c, "destroyed with works still pending");
-        }
-        /* the peers read an abort notice before our connections close
-         * (bounded), so they learn the root cause, not our departure; and
-         * that this rank left */
-        comm_announce_leave(c);
-        comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
-        comm_wait_closed(c, cl_now_ns() + (COMM_CLOSE_MAX_MS + 500) * CL_NS_PER_MS);
-        if (cl_engine_call(c->engine, comm_destroy_on_loop, c, CL_ENGINE_CALL_TIMEOUT_MS) !=
-                COLLIE_OK &&
-            !c->engine_gone) {
-            cl_log_comm(CL_LOG_ERROR, "comm", c->name, -1,
-                        "destroy not processed by the progress loop; leaking it");
-            return COLLIE_ETIMEDOUT;
-        }
-        /* works failed by the abort retire promptly; wait for them (bounded) */
-        comm_wait_idle(c, cl_now_ns() + 2000 * CL_NS_PER_MS);
-        comm_wait_ctl_sent(c, cl_now_ns() + 1000 * CL_NS_PER_MS);
-        comm_count_out(c);
-    }
-    cl_stats_write_on_destroy(c);
-    if (c->owns_store) collie_store_destroy(c->store);
-    c->store = NULL;
-    cl_comm_release(c);
-    return res;
 }
 
 /* ---- named registry ------------------------------------------------------------------ */

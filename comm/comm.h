@@ -146,9 +146,8 @@ typedef struct cl_coll_work {
 
 struct collie_comm {
     collie_engine *engine;
-    collie_store *store; /* the user's (or owned) store handle */
+    collie_store *store; /* its own handle (a view of the caller's; comm_create.c) */
     char prefix[112];    /* store namespace "collie/<name>/<gen>/" */
-    bool owns_store;
     char name[72];
     int rank, size;
     uint64_t generation, id;
@@ -191,7 +190,9 @@ struct collie_comm {
     cl_cmd abort_cmd;
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
-    _Atomic int groups_made; /* split/new_group calls so far (names the children) */
+    bool was_ready;              /* the rendezvous succeeded once (loop) */
+    _Atomic bool destroy_posted; /* collie_comm_destroy_post ran (comm_destroy.c) */
+    _Atomic int groups_made;     /* split/new_group calls so far (names the children) */
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -256,6 +257,11 @@ void cl_check_args_free(collie_comm *c);
 /* comm_rendezvous.c: delete the store keys of generation `gen` of c's name
  * (best effort, in the background; any thread) */
 void cl_comm_forget_generation(collie_comm *c, uint64_t gen);
+
+/* comm.c: destroy's closing step (loop): fail every pending work, close
+ * the transport, destroy the backends, leave the engine's residents.
+ * Idempotent; nothing once the engine is gone. */
+void cl_comm_destroy_on_loop(collie_comm *c);
 
 /* comm_ctl.c: the control channel (abort propagation, desync queries) */
 bool cl_comm_ctl_enabled(const collie_comm *c);
@@ -423,11 +429,11 @@ bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
 
-/* comm_rendezvous.c: make c a resident of its engine and post its
- * rendezvous (the "comm.create" work, *work: the caller's reference). On
- * an error the caller's reference on c is gone (released, or c destroyed)
- * and collie_last_error says why. Caller's thread. */
-int cl_comm_create_start(collie_comm *c, collie_work **work);
+/* comm_rendezvous.c: post c's rendezvous (the "comm.create" work, *work:
+ * the caller's reference), whose start makes c a resident of its engine.
+ * On an error the caller's reference on c is gone (released) and
+ * collie_last_error says why. Caller's thread; never waits for the loop. */
+int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work);
 
 /* comm_rendezvous.c: a backend instance finished its init (loop) */
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);
@@ -438,8 +444,9 @@ int cl_comm_policy_from_env(collie_error_policy *out);
  * secret its store must be on loopback (else COLLIE_EINVAL saying why),
  * unless COLLIE_INSECURE=1; said once per process. Caller's thread. */
 int cl_comm_trust_check(collie_store *store, const char *name);
-/* comm.c: make the comm a resident of its engine (any thread, bounded) */
-int cl_comm_attach_engine(collie_comm *c);
+/* comm.c: make the comm a resident of its engine (loop: the create work's
+ * start, so no post waits for the loop); false once the engine closes */
+bool cl_comm_attach_on_loop(collie_comm *c);
 
 /* registry (comm.c) */
 void cl_comm_unregister(collie_comm *c);

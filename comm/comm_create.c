@@ -9,8 +9,13 @@
  *    it, and no comm.
  *  - The blocking create is post + wait; the wait is bounded by the create
  *    work's deadline (the create timeout plus a grace).
- *  - A failed post leaves nothing: the comm is released (or destroyed, once
- *    it is a resident of its engine) before the error returns.
+ *  - A failed post leaves nothing: the comm is released before the error
+ *    returns. Nothing here waits for the loop (the comm becomes a resident
+ *    of its engine in the create work's start), so create_post is safe on
+ *    an event loop.
+ *  - The comm takes a handle of its own on the caller's store connection
+ *    (collie_store_prefix with ""), released when the comm is: the
+ *    caller's handle may go first.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -88,7 +93,14 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         return NULL;
     }
     c->engine = e;
-    c->store = store;
+    /* a handle of its own on the store's connection (released with the
+     * comm): the caller's may go at any time, also while a destroy posted
+     * without waiting still talks to the store */
+    if (collie_store_prefix(store, "", &c->store) != COLLIE_OK) {
+        free(c);
+        *res = COLLIE_ENOMEM;
+        return NULL;
+    }
     cl_list_init(&c->desyncs);
     cl_list_init(&c->failing.works);
     cl_list_init(&c->waiting);
@@ -112,6 +124,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
         if (p.spec.ops[d]) cl_coll_pool_init(&c->bcs[d]);
     }
     if (cl_flight_init(c) != COLLIE_OK) {
+        collie_store_destroy(c->store);
         free(c);
         *res = COLLIE_ENOMEM;
         return NULL;
@@ -182,7 +195,7 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
         if (child->members)
             snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     }
-    if ((res = cl_comm_create_start(c, work)) != COLLIE_OK) return res;
+    if ((res = cl_comm_create_start(c, cl_opt(o, post, NULL), work)) != COLLIE_OK) return res;
     *out = c;
     return COLLIE_OK;
 }
@@ -248,6 +261,6 @@ int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, col
         collie_store_destroy(s);
         return res;
     }
-    (*out)->owns_store = true;
+    collie_store_destroy(s); /* the comm has its own handle on the connection */
     return COLLIE_OK;
 }

@@ -58,6 +58,11 @@
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
  *    step callback then sees the cancellation and stops.
+ *  - The work's start makes the comm a resident of its engine (or its
+ *    detach, when it ended before starting), so the post never waits for
+ *    the loop. Ended from outside (collie_work_cancel, collie_comm_abort)
+ *    after this rank joined, it poisons its generation like a timeout
+ *    (create_poison_on_giving_up): the ranks waiting for it fail at once.
  *  - The create state holds a comm reference until its last callback, and
  *    a store request in flight holds a reference on the create work: when
  *    the work ends early its detach only cancels the request, whose
@@ -559,6 +564,10 @@ static void create_succeed(create_state *cs) {
 static void create_start(collie_work *w) {
     create_state *cs = (create_state *)w;
     cs->comm->create_state = cs;
+    if (!cl_comm_attach_on_loop(cs->comm)) {
+        create_fail(cs, COLLIE_ECLOSED, "the engine is shutting down");
+        return;
+    }
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     /* the handle number tells two comms of one process apart */
@@ -570,13 +579,46 @@ static void create_start(collie_work *w) {
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
 }
 
+/* The create was ended from outside (collie_work_cancel, collie_comm_abort)
+ * after this rank joined its generation: poison the generation, as a
+ * timeout does, so the ranks waiting in the barrier fail at once naming
+ * this rank instead of waiting out their timeout (unawaited, pipelined in
+ * order: the cause is there before the barrier opens). */
+static void create_poison_on_giving_up(create_state *cs, int status) {
+    collie_comm *c = cs->comm;
+    if (c->prefix[0] == '\0' || !c->store) return; /* not joined: no slot taken */
+    char key[160], val[sizeof cs->conflict + 16];
+    int n = snprintf(val, sizeof val,
+                     "%d|rank %d of %d gave up its creation of comm '%s' "
+                     "(generation %llu): %.600s",
+                     status, c->rank, c->size, c->name, (unsigned long long)c->generation,
+                     collie_work_error_message(&cs->base));
+    if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 1000;
+    o.cb = forget_done; /* best effort: the others' own timeout is the fallback */
+    collie_work *pw;
+    snprintf(key, sizeof key, "%sconflict", c->prefix);
+    if (collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &pw) != COLLIE_OK)
+        return;
+    snprintf(key, sizeof key, "%screated", c->prefix);
+    (void)collie_store_post_add(c->store, key, 1 << 30, &o, &pw);
+}
+
 static void create_detach(collie_work *w) {
     create_state *cs = (create_state *)w;
     collie_comm *c = cs->comm;
+    /* the steps end it with STEP_DONE set; anything else came from outside */
+    if (cs->step != STEP_DONE && (w->status == COLLIE_ECANCELED || w->status == COLLIE_EABORTED))
+        create_poison_on_giving_up(cs, w->status);
     cs->step = STEP_DONE;
     if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
     c->create_state = NULL;
     c->create_work = NULL;
+    /* ended before its start made the comm a resident (cancelled at once,
+     * engine shutdown): a resident now, so an engine shutdown before the
+     * comm's destroy still marks it gone; an engine closing already has */
+    if (!c->resident_added && !c->destroyed && !cl_comm_attach_on_loop(c)) c->engine_gone = true;
     if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w));
 }
 
@@ -599,7 +641,7 @@ static const cl_work_ops create_ops = {.name = "comm.create",
 
 /* ---- the create work ---------------------------------------------------------------- */
 
-int cl_comm_create_start(collie_comm *c, collie_work **work) {
+int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work) {
     collie_engine *e = c->engine;
     int res;
     create_state *cs = calloc(1, sizeof *cs);
@@ -608,25 +650,25 @@ int cl_comm_create_start(collie_comm *c, collie_work **work) {
         return COLLIE_ENOMEM;
     }
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.cb = cl_opt(post, cb, NULL); /* the caller's completion: callback, queue, tag */
+    po.cb_arg = cl_opt(post, cb_arg, NULL);
+    po.cq = cl_opt(post, cq, NULL);
+    po.tag = cl_opt(post, tag, 0);
     po.timeout_ms = c->create_timeout_ms == COLLIE_TIMEOUT_INFINITE
                         ? COLLIE_TIMEOUT_INFINITE
                         : c->create_timeout_ms + CREATE_GRACE_MS;
     cl_work_init(&cs->base, e, &create_ops, &po, po.timeout_ms);
     cs->comm = c;
     cl_comm_hold(c); /* the create state's */
-    if ((res = cl_comm_attach_engine(c)) != COLLIE_OK) {
-        free(cs);
-        cl_comm_release(c);
-        cl_comm_release(c);
-        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
-    }
+    /* the comm becomes a resident of the engine in create_start, on the
+     * loop: nothing here waits for the loop */
     c->create_work = &cs->base;
     if ((res = cl_work_post(&cs->base)) != COLLIE_OK) {
         c->create_work = NULL;
         free(cs);
         cl_comm_release(c);
-        collie_comm_destroy(c);
-        return res;
+        cl_comm_release(c);
+        return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
     }
     *work = &cs->base;
     return COLLIE_OK;

@@ -36,9 +36,10 @@
  *    connection to it), so the server recovers at once rather than at its
  *    next step, and the fault's kind and ranks (collie_comm_fault) say who
  *    died, as data. /healthz shows every peer's state (collie_comm_health).
- *  - collie_comm_destroy waits, bounded (well under a second after an
- *    abort), for the peers to have read the abort notice; a server that
- *    cannot afford that on its loop hands the destroy to a thread.
+ *  - The dead comm goes with collie_comm_destroy_post: the destroy's own
+ *    waits (for the peers to have read the abort notice, well under a
+ *    second) run on collie's progress thread, so the loop keeps answering
+ *    through detection, destroy and re-creation.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -103,12 +104,19 @@ static void comm_start(server *s) {
     s->steps_done = 0;
 }
 
-static void comm_stop(server *s) {
+/* In the loop (recovery) the destroy is posted and not waited for: its
+ * bounded waits run on collie's progress thread. At exit (`wait`) it is
+ * waited for, so it ends gracefully before the engine goes. */
+static void comm_stop(server *s, bool wait) {
     event_free(s->comm_ev); /* before destroy closes its fd */
     s->comm_ev = NULL;
     collie_work_release(s->create_work); /* done by now, or failed with the comm */
     s->create_work = NULL;
-    collie_comm_destroy(s->comm);
+    collie_work *d;
+    int rc = collie_comm_destroy_post(s->comm, NULL, &d);
+    if (rc != COLLIE_OK) fail("collie_comm_destroy_post", rc);
+    if (wait) collie_work_wait(d, COLLIE_TIMEOUT_INFINITE); /* bounded by its steps */
+    collie_work_release(d);
     s->comm = NULL;
 }
 
@@ -147,7 +155,7 @@ static void recover(server *s, const char *why) {
            s->steps_done, why, collie_status_name(f.status), collie_fault_kind_name(f.kind), ranks);
     /* BLOCKING_WAIT left the comm to us; ABORT_COMM aborted it already */
     collie_comm_abort(s->comm, "the server gives this generation up");
-    comm_stop(s);
+    comm_stop(s, false);
     if (s->recreated == MAX_RECREATIONS) {
         printf("rank %d: %d re-creations failed; giving up\n", s->rank, MAX_RECREATIONS);
         s->exit_code = 1;
@@ -439,7 +447,7 @@ int main(int argc, char **argv) {
                "requests\n",
                s.rank, s.steps_done, (unsigned long long)collie_comm_generation(s.comm),
                (unsigned long long)s.recreated, (unsigned long long)s.http_requests);
-    comm_stop(&s);
+    comm_stop(&s, true);
     collie_cq_destroy(s.cq);
     collie_store_destroy(s.store);
     collie_engine_destroy(s.engine);

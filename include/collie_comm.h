@@ -49,10 +49,14 @@ typedef struct collie_comm_opts {
     collie_comm_error_cb on_error;
     void *on_error_arg;
     int device; /* CUDA device for a cuda backend; -1: none / current */
+    /* collie_comm_create_post only: how its create work completes (cb,
+     * cb_arg, cq, tag; its timeout is create_timeout_ms whatever this says);
+     * NULL: no callback, no queue */
+    const collie_post_opts *post;
 } collie_comm_opts;
 
 #define COLLIE_COMM_OPTS_INIT                                                                      \
-    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1 }
+    { sizeof(collie_comm_opts), NULL, NULL, 0, 0, COLLIE_POLICY_DEFAULT, NULL, NULL, -1, NULL }
 
 /* COLLIE_UNDEFINED: the colour of a rank that joins no group in
  * collie_comm_split. */
@@ -60,16 +64,24 @@ typedef struct collie_comm_opts {
 
 /* collie_comm_create: create a communicator of `size` ranks; every rank
  * calls it once per incarnation with the same name. Collective over the
- * store and bounded by create_timeout_ms. The store handle must outlive the
- * comm. Errors: EINVAL (bad rank/size/options/backend spec, with
+ * store and bounded by create_timeout_ms. The comm keeps a handle of its
+ * own on the store's connection (until it is destroyed, also by a
+ * destroy work still running): the caller may destroy its store handle
+ * at any time. Errors: EINVAL (bad rank/size/options/backend spec, with
  * collie_last_error saying which), ETIMEDOUT (not every rank arrived:
  * the message says how many did), EPEER (store lost), ENOMEM, ECLOSED. */
 COLLIE_API int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size,
                                   const collie_comm_opts *o, collie_comm **out);
 
 /* collie_comm_create_post: the non-blocking form. Returns the comm at once
- * and a work that completes when the rendezvous is done; collectives posted
- * before then queue behind it (and fail with the creation's error). */
+ * and a work that completes when the rendezvous is done (o->post: its
+ * callback or completion queue); collectives posted before then queue
+ * behind it (and fail with COLLIE_EABORTED naming the creation's error).
+ * collie_work_cancel on the create work ends the creation at once with
+ * COLLIE_ECANCELED, also while it waits for a rank that never comes: the
+ * comm fails, and its generation is poisoned for the others (they fail at
+ * once, naming this rank). Destroy the comm afterwards as after any
+ * failed create (collie_comm_destroy_post does not block). */
 COLLIE_API int collie_comm_create_post(collie_engine *e, collie_store *store, int rank, int size,
                                        const collie_comm_opts *o, collie_comm **out,
                                        collie_work **work);
@@ -103,11 +115,31 @@ COLLIE_API int collie_comm_new_group(collie_comm *c, const int *ranks, int n,
 
 /* collie_comm_destroy: graceful: waits for pending works up to the comm's
  * op timeout (COLLIE_TIMEOUT_MS when that is infinite), then aborts the
- * rest; frees everything and releases its name.
- * Idempotent with respect to an earlier abort. Not on the progress thread.
- * NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED if works had to be
- * aborted. */
+ * rest; announces that this rank left (the store key "<prefix>gone/<rank>"
+ * and a control message, at most 500 ms, once the comm was ready), so the
+ * peers see it "left", not dead; frees everything
+ * and releases its name. Blocks the caller for all of that: an event loop
+ * uses collie_comm_destroy_post.
+ * Idempotent with respect to an earlier abort. Not on the progress thread
+ * (COLLIE_ESTATE). NULL is a no-op. Returns COLLIE_OK, or COLLIE_EABORTED
+ * if works had to be aborted; after its engine was destroyed it only frees
+ * memory. */
 COLLIE_API int collie_comm_destroy(collie_comm *c);
+
+/* collie_comm_destroy_post: the non-blocking form of collie_comm_destroy:
+ * returns at once with a work ("comm.destroy") that completes, like any
+ * work (o->cb on the progress thread, o->cq), once the comm is destroyed,
+ * with the status collie_comm_destroy would have returned. The same steps
+ * and bounds run on the progress thread; the caller never waits for them.
+ * The work owns the comm from here on: `c` is invalid for the caller as
+ * soon as this returns (its name is free at once). Any thread, also inside
+ * a callback (it does not block). o->timeout_ms is ignored (the steps are
+ * bounded) and the work cannot be cancelled; engine shutdown ends it at
+ * once. Errors, with nothing done: EINVAL (c or out NULL), ESTATE (the
+ * comm is already being destroyed), ECLOSED (its engine was destroyed or
+ * is closing: collie_comm_destroy then frees it), ENOMEM. */
+COLLIE_API int collie_comm_destroy_post(collie_comm *c, const collie_post_opts *o,
+                                        collie_work **out);
 
 /* collie_comm_abort: fail every pending work with COLLIE_EABORTED (naming
  * `reason`) and close the transport. Any thread, also inside a callback;

@@ -105,6 +105,7 @@ class CommOpts(ctypes.Structure):
         ("on_error", c_void_p),
         ("on_error_arg", c_void_p),
         ("device", c_int),
+        ("post", POINTER(PostOpts)),  # collie_comm_create_post's completion
     ]
 
 
@@ -276,7 +277,9 @@ SIGNATURES = {
     "collie_comm_create_from_env": (c_int, [p, POINTER(CommOpts), pp]),
     "collie_comm_split": (c_int, [p, c_int, c_int, POINTER(CommOpts), pp]),
     "collie_comm_new_group": (c_int, [p, POINTER(c_int), c_int, POINTER(CommOpts), pp]),
+    "collie_comm_create_post": (c_int, [p, p, c_int, c_int, POINTER(CommOpts), pp, pp]),
     "collie_comm_destroy": (c_int, [p]),
+    "collie_comm_destroy_post": (c_int, [p] + _post),
     "collie_comm_abort": (c_int, [p, c_char_p]),
     "collie_comm_error": (c_int, [p, POINTER(c_int), POINTER(c_char_p)]),
     "collie_comm_rank": (c_int, [p]),

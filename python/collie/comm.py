@@ -18,15 +18,24 @@ Design notes
   _objects.py.
 - The comm owns nothing it did not create: the store passed in stays the
   caller's (kept alive by the comm); from_env's store is the comm's own.
+- Recovery from an event loop: Comm.create_async and destroy_async post
+  collie_comm_create_post / collie_comm_destroy_post with the engine's
+  completion queue and await the work, so the rendezvous and the destroy's
+  bounded waits run on collie's progress thread, never on the loop. What
+  the loop stops awaiting (a cancelled create, a destroy nobody awaits)
+  finishes in the background: _BACKGROUND keeps those tasks alive until
+  the destroy is done and a store the comm owns is closed after it.
 """
 
-from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
+import asyncio
+import os
+from ctypes import byref, c_char_p, c_int, c_void_p, pointer, sizeof
 
 from . import _lib, _objects
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
 from ._engine import Closable, Engine, timeout_ms
 from ._faults import Health, stats_fields
-from .errors import OK, CollieNotMember, check, error_for
+from .errors import OK, CollieAborted, CollieClosed, CollieNotMember, check, error_for
 from .store import Store
 
 lib = _lib.lib
@@ -42,6 +51,36 @@ POLICIES = {
 
 
 PERCENTILES = (50, 90, 99)
+
+# tasks finishing a destroy that nobody awaits (kept from the garbage collector)
+_BACKGROUND = set()
+
+
+def _env_int(var, what):
+    v = os.environ.get(var)
+    if v is None or not v.strip().lstrip("-").isdigit():
+        raise error_for(-1, f"{what}: not given and {var} is {'not set' if v is None else repr(v)}")
+    return int(v)
+
+
+async def _destroy_done(work, store):
+    """The end of a posted destroy: True if nothing had to be aborted; then
+    the store the comm owned (from the environment) is closed."""
+    try:
+        await work
+        return True
+    except CollieAborted:
+        return False
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _in_background(coro):
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task
 
 
 def _bucket_bounds_us(i):
@@ -186,6 +225,7 @@ class Comm(Closable, Health):
         self._engine = engine
         self._store = store
         self._parent = _parent
+        self._own_store = None  # a store made for the comm (create_async from the environment)
         if _handle is not None:
             self._h = _handle
             return
@@ -210,6 +250,67 @@ class Comm(Closable, Health):
     def from_env(cls, engine, **opts):
         """COLLIE_STORE_ADDR, COLLIE_RANK, COLLIE_WORLD_SIZE (as collie-run sets them)."""
         return cls(engine, None, None, None, **opts)
+
+    @classmethod
+    async def create_async(
+        cls,
+        engine,
+        store=None,
+        rank=None,
+        size=None,
+        name=None,
+        backend=None,
+        timeout=None,
+        create_timeout=None,
+        policy=None,
+        device=None,
+    ):
+        """`comm = await Comm.create_async(engine, store, rank, size, ...)`: the
+        constructor's arguments; store=None connects to COLLIE_STORE_ADDR and
+        takes rank and size from COLLIE_RANK / COLLIE_WORLD_SIZE when not
+        given (as from_env). The rendezvous runs on collie's progress thread
+        (collie_comm_create_post): the event loop never blocks on it. It is
+        bounded by create_timeout (CollieTimeout naming the ranks that never
+        came). Cancelling the awaiting task (asyncio.wait_for's timeout too)
+        cancels the creation: ranks that joined the same generation fail at
+        once naming this one, and what was made is destroyed in the
+        background (never on the loop)."""
+        if not isinstance(engine, Engine):
+            raise TypeError("engine: a collie.Engine")
+        own = None
+        if store is None:
+            rank = _env_int("COLLIE_RANK", "rank") if rank is None else rank
+            size = _env_int("COLLIE_WORLD_SIZE", "size") if size is None else size
+        elif not isinstance(store, Store):
+            raise TypeError("store: a collie.Store")
+        for v, what in ((rank, "rank"), (size, "size")):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{what}: an int, got {type(v).__name__}")
+        opts = _comm_opts(name, backend, timeout, create_timeout, policy, device)
+        if store is None:
+            # connects in the background (collie_store_connect returns at once)
+            own = store = Store(engine, os.environ.get("COLLIE_STORE_ADDR"))
+        h = c_void_p()
+
+        def post(eh, sh, r, n, post_opts, out_work):
+            opts.post = pointer(post_opts._obj)  # the engine's queue and the work's tag
+            return lib.collie_comm_create_post(eh, sh, r, n, byref(opts), byref(h), out_work)
+
+        try:
+            work = engine.post("collie_comm_create_post", post, (engine.handle, store.handle, rank, size), None)
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
+        comm = cls(engine, store, None, None, _handle=h.value)
+        comm._own_store = own
+        try:
+            await work
+        except BaseException:  # cancelled, or the creation failed
+            work.cancel()
+            comm._destroy_in_background()
+            raise
+        return comm
 
     # ---- the comm itself -------------------------------------------------------
 
@@ -288,7 +389,8 @@ class Comm(Closable, Health):
 
     def destroy(self):
         """Graceful: waits for pending works up to the comm's timeout, then aborts
-        them. Returns True if nothing had to be aborted."""
+        them. Returns True if nothing had to be aborted. Blocks the caller for
+        all of that: from an event loop, use destroy_async."""
         if self._h:
             self._events_stop()  # before the event fd closes
         h, self._h = self._h, None
@@ -296,7 +398,65 @@ class Comm(Closable, Health):
             return True
         st = lib.collie_comm_destroy(h)
         self._engine.reap()
+        self._close_own_store()
         return st == OK
+
+    async def destroy_async(self):
+        """`await comm.destroy_async()`: destroy() without blocking the event
+        loop: collie_comm_destroy_post runs the same bounded steps on collie's
+        progress thread. The comm is unusable from the call on. Returns True
+        if nothing had to be aborted. Cancelling the await does not cancel the
+        destroy (it cannot be undone): it finishes in the background."""
+        if self._h:
+            self._events_stop()  # before the event fd closes
+        h, self._h = self._h, None
+        if not h:
+            return True
+        work = self._post_destroy(h)
+        if work is None:
+            return True
+        return await asyncio.shield(_in_background(_destroy_done(work, self._take_own_store())))
+
+    def _post_destroy(self, h):
+        """Post collie_comm_destroy_post; None when the engine is gone (then
+        the blocking form, which only frees memory, has run)."""
+        try:
+            return self._engine.post("collie_comm_destroy_post", lib.collie_comm_destroy_post, (h,), None)
+        except CollieClosed:
+            lib.collie_comm_destroy(h)
+            self._close_own_store()
+            return None
+
+    def _destroy_in_background(self):
+        if self._h:
+            self._events_stop()
+        h, self._h = self._h, None
+        if not h:
+            return
+        work = self._post_destroy(h)
+        if work is None:
+            return
+        store = self._take_own_store()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop: wait here (a sync caller)
+            try:
+                work.wait()
+            except Exception:
+                pass
+            if store is not None:
+                store.close()
+            return
+        _in_background(_destroy_done(work, store))
+
+    def _take_own_store(self):
+        store, self._own_store = getattr(self, "_own_store", None), None
+        return store
+
+    def _close_own_store(self):
+        store = self._take_own_store()
+        if store is not None:
+            store.close()
 
     def close(self):
         self.destroy()  # after the engine closed this only frees memory (collie.h)
