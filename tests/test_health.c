@@ -14,6 +14,9 @@
  *              faulted by it.
  *   health:    completed collectives raise every peer's sequence number;
  *              bad arguments are refused by name.
+ *   notice:    a rank that sees a peer die tells the others (abort notice):
+ *              one with no link and no pidfd on it gets a peer_dead event
+ *              first, and its health says dead.
  *   killed:    4 ranks as processes (fork, one engine each), idle after one
  *              allreduce; rank 3 SIGKILLed: every survivor's fd is readable
  *              within DEAD_MS with a peer_dead event for rank 3, its health
@@ -255,6 +258,49 @@ static void test_mismatch_names_both_ranks(void **state) {
     collie_work_wait(wa, 10000);
     collie_work_release(wa);
     collie_work_release(wb);
+    world_destroy(&w);
+}
+
+/* rank 1 of w sees rank 2 dead (on its loop, as its health would) */
+static void notice_dead_on_loop(void *arg) {
+    collie_comm *c = arg;
+    cl_fault f;
+    cl_fault_init(&f, COLLIE_FAULT_PEER_DEAD, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    cl_fault_add(&f, 2);
+    cl_health_peer_gone(c, 2, COLLIE_PEER_DEAD);
+    cl_comm_fault_data(c, COLLIE_EPEER, &f, true, "rank 2 died (a test says so)");
+}
+
+/* A rank with no link to a dead peer and no pidfd on it (ranks of one
+ * process: another host, as far as health can tell) hears of the death
+ * from the abort notice of the rank that saw it: a peer_dead event, then
+ * comm_faulted, and its health says dead. */
+static void test_notice_of_a_death_is_peer_dead(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "fnotice", NULL);
+    assert_int_equal(cl_engine_call(w.e, notice_dead_on_loop, w.c[1], 5000), COLLIE_OK);
+    int fd = collie_comm_event_fd(w.c[0]);
+    assert_true(fd_readable(fd, 5000));
+    collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+    int64_t until = now_ms() + 5000; /* the comm_faulted event follows at once */
+    while (collie_comm_error(w.c[0], NULL, NULL) == COLLIE_OK && now_ms() < until)
+        usleep(1000);
+    assert_int_equal(collie_comm_event_pop(w.c[0], &ev), COLLIE_OK);
+    assert_int_equal(ev.kind, COLLIE_EVENT_PEER_DEAD);
+    assert_int_equal(ev.rank, 2);
+    assert_true(pop_until(w.c[0], COLLIE_EVENT_COMM_FAULTED, -2, &ev));
+    assert_int_equal(ev.fault_kind, COLLIE_FAULT_PEER_DEAD);
+    collie_peer_health h[3];
+    assert_int_equal(collie_comm_health(w.c[0], h, 3), 3);
+    assert_int_equal(h[2].state, COLLIE_PEER_DEAD);
+    assert_int_equal(h[1].state, COLLIE_PEER_ALIVE); /* the messenger is not dead */
+    collie_fault f = COLLIE_FAULT_INIT;
+    assert_int_equal(collie_comm_fault(w.c[0], &f), COLLIE_OK);
+    assert_int_equal(f.kind, COLLIE_FAULT_PEER_DEAD);
+    assert_int_equal(f.view, COLLIE_FAULT_VIEW_PEER);
+    assert_int_equal(f.nranks, 1);
+    assert_int_equal(f.ranks[0], 2);
     world_destroy(&w);
 }
 
@@ -595,6 +641,7 @@ int main(void) {
         cmocka_unit_test(test_left_is_not_dead),
         cmocka_unit_test(test_health_sequence_numbers),
         cmocka_unit_test(test_mismatch_names_both_ranks),
+        cmocka_unit_test(test_notice_of_a_death_is_peer_dead),
         cmocka_unit_test(test_killed_peer_dead_event_linked),
         cmocka_unit_test(test_killed_peer_dead_event_linked_tcp),
         cmocka_unit_test(test_killed_peer_dead_event_no_link),
