@@ -566,7 +566,7 @@ static void run_stop(const char *transport) {
     bool linked[KILL_N] = {false};
     int nlinked = 0;
     for (int r = 0; r < 3; r++) {
-        char want[16];
+        char want[32];
         snprintf(want, sizeof want, "up %d 1", r);
         linked[r] = strstr(k.buf[r], want) != NULL;
         nlinked += linked[r];
