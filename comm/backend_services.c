@@ -48,6 +48,9 @@ static bool svc_work_finish(collie_work *w, int status, const char *fmt, ...) {
     cl_fault f;
     bool mismatch =
         status == COLLIE_EPROTO && cl_engine_on_loop(c->engine) && backend_disagreement(c, &f);
+    if (!fmt) /* no words (a success, mostly): nothing to format */
+        return mismatch ? cl_coll_finish_fault(w, status, &f, NULL)
+                        : cl_coll_finish(w, status, NULL);
     char msg[CL_COMM_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
