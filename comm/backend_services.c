@@ -225,6 +225,10 @@ static const char *svc_setting(const char *name) {
         snprintf(num, sizeof num, "%d", (int)c->handshake_ms);
         return num;
     }
+    if (!strcmp(name, "COLLIE_HEARTBEAT_MS")) {
+        snprintf(num, sizeof num, "%d", (int)c->heartbeat_ms);
+        return num;
+    }
     if (!strcmp(name, "COLLIE_NCCL_ABORT_TIMEOUT_MS")) {
         snprintf(num, sizeof num, "%d", (int)c->nccl_abort_ms);
         return num;

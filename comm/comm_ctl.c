@@ -27,6 +27,11 @@
  * health) and "query <rank> <seq>" (a desync query, see desync.c: answer with this rank's progress
  * under
  *    "<prefix>ctl/<k>/ans/<rank>", k being the message's index).
+ *  - A notice of a death (fault kind peer_dead) is that rank's view of
+ *    it, and news here: its ranks become dead in peer health too (a
+ *    peer_dead event each, before the comm_faulted one), so a rank with
+ *    no link to the dead one and no pidfd on it (another host) hears of
+ *    the death as the others do.
  *  - Only comms with an async policy (ABORT_COMM, ABORT_PROCESS) watch;
  *    BLOCKING_WAIT and NONE do nothing in the background.
  *  - Every store request here holds a comm reference until its callback.
@@ -129,6 +134,9 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
         if (f.kind == COLLIE_FAULT_APP_ABORT) f.kind = COLLIE_FAULT_PEER_ABORT; /* its app's */
         char prefix[32];
         snprintf(prefix, sizeof prefix, "rank %d ", rank);
+        if (rank != c->rank && f.kind == COLLIE_FAULT_PEER_DEAD) /* see the design notes */
+            for (int i = 0; i < f.nranks && i < COLLIE_FAULT_RANKS; i++)
+                cl_health_peer_gone(c, f.ranks[i], COLLIE_PEER_DEAD);
         if (rank != c->rank) {                             /* not our own */
             if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
                 cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "%s", why);

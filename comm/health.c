@@ -22,6 +22,21 @@
  *    no answer (the store lived in the dead process, say) counts as dead. Transports report what
  * they see on links (cl_health_peer_gone: a connection closed without goodbye is dead, a BYE is
  * left).
+ *  - Silence (COLLIE_HEARTBEAT_MS > 0): the transports send a heartbeat
+ *    over every link that carried nothing for a while, so a linked peer
+ *    is heard at least about once per period however idle the comm is.
+ *    One periodic check per comm (a timer on the loop every half period,
+ *    started with the health watch, none when heartbeats are off) judges
+ *    the peers heard at least once: silent past COLLIE_SUSPECT_MS / 2 is
+ *    "slow" (no event), past COLLIE_SUSPECT_MS "suspected" (a
+ *    peer_suspected event), and heard again "alive" (peer_back after
+ *    suspected; cl_health_heard, or the check itself if it raced with
+ *    it). A peer never heard has no link, hence no basis: it is not
+ *    judged (its death still comes from its pidfd, a neighbour's abort
+ *    notice, or the deadline). Slow is reported, never punished: neither
+ *    state faults the comm (the deadline and the desync report do that,
+ *    and name the suspects). Only a ready comm is judged: a failed one
+ *    closed its links, and every peer would turn suspect.
  *  - A dead peer on a healthy comm is a comm fault (EPEER, kind peer_dead,
  *    the rank in its set): the policy applies as for a closed connection.
  *    A peer that left is not a fault until an operation needs it.
@@ -67,6 +82,8 @@ typedef struct cl_peer {
 struct cl_health {
     collie_comm *c;
     cl_peer *peers;
+    struct event *check_ev; /* the silence check (loop; NULL: heartbeats off) */
+    int64_t suspect_ns;
     /* loop: ranks gone whose event is not out yet (each at most once: final) */
     int *gone;
     int ngone;
@@ -130,6 +147,8 @@ void cl_health_stop(collie_comm *c) {
     cl_health *h = c->health;
     if (!h || h->stopped) return;
     h->stopped = true;
+    if (h->check_ev) event_free(h->check_ev);
+    h->check_ev = NULL;
     for (int r = 0; r < c->size; r++)
         health_unwatch(&h->peers[r]);
     if (h->gone_ev) event_free(h->gone_ev);
@@ -281,6 +300,48 @@ bool cl_health_peer_gone(collie_comm *c, int rank, int state) {
     h->gone[h->ngone++] = rank; /* final once: at most size - 1 entries */
     if (!health_defer(h)) health_push_gone(-1, 0, h);
     return true;
+}
+
+/* The periodic silence check (see the design notes): O(size) relaxed
+ * loads per half heartbeat period. */
+static void health_on_check(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    cl_health *h = arg;
+    collie_comm *c = h->c;
+    if (h->stopped || atomic_load(&c->state) != CL_COMM_READY) return;
+    int64_t now = cl_now_ns();
+    for (int r = 0; r < c->size; r++) {
+        cl_peer *p = &h->peers[r];
+        int64_t heard = atomic_load_explicit(&p->heard_ns, RELAXED);
+        if (r == c->rank || heard == 0) continue; /* no link: no basis */
+        int64_t silent = now - heard;
+        int want = silent > h->suspect_ns       ? COLLIE_PEER_SUSPECTED
+                   : silent > h->suspect_ns / 2 ? COLLIE_PEER_SLOW
+                                                : COLLIE_PEER_ALIVE;
+        int st = atomic_load_explicit(&p->state, RELAXED);
+        if (st == want || st >= COLLIE_PEER_DEAD) continue; /* dead and left are final */
+        if (want == COLLIE_PEER_SLOW && st == COLLIE_PEER_SUSPECTED) continue; /* until heard */
+        if (!atomic_compare_exchange_strong(&p->state, &st, want)) continue;   /* next time */
+        if (want == COLLIE_PEER_SUSPECTED)
+            health_push(h, COLLIE_EVENT_PEER_SUSPECTED, r, COLLIE_OK, COLLIE_FAULT_NONE);
+        else if (want == COLLIE_PEER_ALIVE && st == COLLIE_PEER_SUSPECTED) /* heard as we judged */
+            health_push(h, COLLIE_EVENT_PEER_BACK, r, COLLIE_OK, COLLIE_FAULT_NONE);
+    }
+}
+
+static void health_check_start(cl_health *h) {
+    const cl_config *cfg = cl_config_get();
+    if (cfg->heartbeat_ms <= 0 || h->check_ev) return;
+    h->suspect_ns = (int64_t)cfg->suspect_ms * CL_NS_PER_MS;
+    int64_t period_us = (int64_t)cfg->heartbeat_ms * 500; /* half a heartbeat period */
+    struct timeval tv = {.tv_sec = period_us / 1000000, .tv_usec = period_us % 1000000};
+    h->check_ev = event_new(cl_engine_base(h->c->engine), -1, EV_PERSIST, health_on_check, h);
+    if (h->check_ev && event_add(h->check_ev, &tv) != 0) {
+        event_free(h->check_ev);
+        h->check_ev = NULL;
+    }
+    if (!h->check_ev) CL_CWARN("health", h->c, "no memory for the silence check: none is made");
 }
 
 int cl_health_state(const collie_comm *c, int rank) {
@@ -451,7 +512,9 @@ static void health_on_hosts(collie_work *w, void *arg) {
 void cl_health_start(collie_comm *c) {
     char key[256];
     int k = snprintf(key, sizeof key, "%shost/", c->prefix);
-    if (!c->health || !health_host_key(key + k, sizeof key - (size_t)k)) return;
+    if (!c->health || c->health->stopped) return;
+    health_check_start(c->health);
+    if (!health_host_key(key + k, sizeof key - (size_t)k)) return;
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.timeout_ms = 2000; /* it is there: this rank appended to it before the barrier */
     o.cb = health_on_hosts;

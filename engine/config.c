@@ -67,6 +67,12 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_HANDSHAKE_TIMEOUT_MS", CL_SET_MS, CL_OFF(handshake_ms), 1, "5000",
      "a connection to a rank's listener must finish its handshake within this many ms (at "
      "most 64 wait at once per comm)"},
+    {"COLLIE_HEARTBEAT_MS", CL_SET_MS, CL_OFF(heartbeat_ms), 0, "1000",
+     "a link to a peer that carried nothing for this long carries a heartbeat frame, so that "
+     "silence means trouble (peer health); 0: off (peers are then never suspected)"},
+    {"COLLIE_SUSPECT_MS", CL_SET_MS, CL_OFF(suspect_ms), 1, "5000",
+     "a peer with a link that is silent this long is \"suspected\" (an event; the comm is not "
+     "faulted), past half of it \"slow\"; must be more than COLLIE_HEARTBEAT_MS"},
     {"COLLIE_FRAME_MAC", CL_SET_BOOL, CL_OFF(frame_mac), 0, "1",
      "TCP frames between ranks carry a MAC (ChaCha20-Poly1305, keyed per connection by the "
      "handshake) when the job has a secret; 0: not, for trusted networks (both ends must agree; "
@@ -139,7 +145,7 @@ static const cl_setting cl_settings[] = {
         .local_rank = -1, .local_world_size = -1, .node_rank = -1, .restart_count = -1,            \
         .trace_buffer = 2048, .shm_ring_bytes = 524288, .shm_single_copy = 524288,                 \
         .early_bytes = 16777216, .nccl_poll_us = 200, .nccl_abort_ms = 10000,                      \
-        .handshake_ms = 5000, .frame_mac = true                                                    \
+        .handshake_ms = 5000, .frame_mac = true, .heartbeat_ms = 1000, .suspect_ms = 5000          \
     }
 static const cl_config cl_cfg_defaults = CL_CFG_DEFAULTS;
 static cl_config cl_cfg = CL_CFG_DEFAULTS;
@@ -195,7 +201,9 @@ static void config_apply(const cl_setting *st, const char *val) {
         return;
     case CL_SET_MS:
         if (!config_parse_int(val, st->min, INT32_MAX, &v)) {
-            config_error(st, val, "a positive number of milliseconds");
+            config_error(st, val,
+                         st->min > 0 ? "a positive number of milliseconds"
+                                     : "a number of milliseconds (0: off)");
             return;
         }
         *(int32_t *)field = (int32_t)v;
@@ -224,6 +232,13 @@ static void config_parse(void) {
         const char *val = getenv(cl_settings[i].name);
         if (val) config_apply(&cl_settings[i], val);
     }
+    /* settings that depend on each other: silence is judged against the
+     * heartbeat, so a bound at or under one period would suspect every
+     * idle peer */
+    if (cl_cfg.heartbeat_ms > 0 && cl_cfg.suspect_ms <= cl_cfg.heartbeat_ms && !cl_cfg_error[0])
+        snprintf(cl_cfg_error, sizeof cl_cfg_error,
+                 "COLLIE_SUSPECT_MS=%d is invalid: expected more than COLLIE_HEARTBEAT_MS (%d)",
+                 (int)cl_cfg.suspect_ms, (int)cl_cfg.heartbeat_ms);
 }
 
 const cl_config *cl_config_get(void) {

@@ -22,6 +22,8 @@ typedef struct cl_config {
     bool insecure;             /* COLLIE_INSECURE: beyond loopback without a secret is allowed */
     int32_t handshake_ms;      /* COLLIE_HANDSHAKE_TIMEOUT_MS: bound of a rank's handshake */
     bool frame_mac;            /* COLLIE_FRAME_MAC: TCP frames carry a MAC (with a secret) */
+    int32_t heartbeat_ms;      /* COLLIE_HEARTBEAT_MS: idle links carry a heartbeat (0: off) */
+    int32_t suspect_ms;        /* COLLIE_SUSPECT_MS: a linked peer silent this long is suspected */
     int32_t rank;              /* COLLIE_RANK (-1 if unset) */
     int32_t world_size;        /* COLLIE_WORLD_SIZE (-1 if unset) */
     int32_t local_rank;        /* COLLIE_LOCAL_RANK (-1 if unset) */

@@ -276,7 +276,10 @@ typedef struct collie_core_services {
      * (COLLIE_PEER_ALIVE: it aborted the comm and lives); call it before
      * the faults it causes (loop). peer_heard: a frame came from `rank`
      * (seq: the collective sequence number it belongs to, 0 if none); any
-     * thread, a few relaxed stores. */
+     * thread, a few relaxed stores. A backend with links keeps them from
+     * falling silent: a link idle for COLLIE_HEARTBEAT_MS (the setting; 0:
+     * off) carries a frame, since the core suspects a peer it heard once
+     * and then not for COLLIE_SUSPECT_MS. */
     void (*peer_gone)(collie_bcomm *bc, int rank, int state);
     void (*peer_heard)(collie_bcomm *bc, int rank, uint64_t seq);
     /* the COLLIE_EPROTO this backend reports next (a fault, or a work it

@@ -351,10 +351,14 @@ COLLIE_API int collie_comm_fault(const collie_comm *c, collie_fault *f);
  *  - a connection closed without a goodbye is "dead"; a goodbye (or the
  *    "left" record a destroying rank writes in the store) is "left";
  *  - COLLIE_HEARTBEAT_MS (default 1000; 0: off): links idle that long carry
- *    a heartbeat; a peer with a link that is silent for COLLIE_SUSPECT_MS
- *    (default 5000) is "suspected", and "alive" again when heard (slow is
- *    reported, never punished). Peers without a link and on another host
- *    learn of a death from a rank that saw it (its abort notice). */
+ *    a heartbeat; a peer with a link that is silent past half of
+ *    COLLIE_SUSPECT_MS (default 5000; more than the heartbeat) is "slow",
+ *    past all of it "suspected" (an event), and "alive" again when heard
+ *    (peer_back). Slow is reported, never punished: neither state faults
+ *    the comm. Only peers with a link (heard at least once) are judged: a
+ *    peer never heard gives no basis and stays "alive" unless something
+ *    else tells. Peers without a link and on another host learn of a
+ *    death from a rank that saw it (its abort notice). */
 typedef enum collie_peer_state {
     COLLIE_PEER_ALIVE = 0,     /* heard from recently, or nothing says otherwise */
     COLLIE_PEER_SLOW = 1,      /* silent past half the suspect bound */

@@ -354,6 +354,14 @@ static void test_config_rejects_bad_values(void **state) {
     assert_non_null(strstr(err, "COLLIE_TIMEOUT_MS"));
     assert_int_equal(child_create_with_env("COLLIE_STALL_MS", "-1", err, sizeof err),
                      COLLIE_EINVAL);
+    /* the suspect bound must exceed the heartbeat (1000 ms by default) */
+    assert_int_equal(child_create_with_env("COLLIE_SUSPECT_MS", "1000", err, sizeof err),
+                     COLLIE_EINVAL);
+    assert_non_null(strstr(err, "COLLIE_SUSPECT_MS=1000"));
+    assert_non_null(strstr(err, "COLLIE_HEARTBEAT_MS (1000)"));
+    assert_int_equal(child_create_with_env("COLLIE_HEARTBEAT_MS", "-1", err, sizeof err),
+                     COLLIE_EINVAL);
+    assert_int_equal(child_create_with_env("COLLIE_HEARTBEAT_MS", "0", err, sizeof err), COLLIE_OK);
     assert_int_equal(child_create_with_env("COLLIE_LOG", "DEBUG", err, sizeof err), COLLIE_OK);
     assert_int_equal(child_create_with_env("COLLIE_TIMEOUT_MS", "2500", err, sizeof err),
                      COLLIE_OK);

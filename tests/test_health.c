@@ -14,12 +14,24 @@
  *              faulted by it.
  *   health:    completed collectives raise every peer's sequence number;
  *              bad arguments are refused by name.
+ *   notice:    a rank that sees a peer die tells the others (abort notice):
+ *              one with no link and no pidfd on it gets a peer_dead event
+ *              first, and its health says dead.
  *   killed:    4 ranks as processes (fork, one engine each), idle after one
  *              allreduce; rank 3 SIGKILLed: every survivor's fd is readable
  *              within DEAD_MS with a peer_dead event for rank 3, its health
  *              says dead, and its comm's fault is peer_dead {3} (the TCP leg:
  *              COLLIE_CPU_TRANSPORT=tcp; the same-host pidfd watch without
  *              any link: the kill before any collective).
+ *   stopped:   the same 4 ranks with heartbeats every 100 ms and a suspect
+ *              bound of 500 ms, idle twice that long after one allreduce
+ *              (nobody is suspected), then rank 3 SIGSTOPped: every
+ *              survivor linked to it sees it slow, then a peer_suspected
+ *              event within the bound plus slack, its health says
+ *              suspected, its comm never faults; a survivor without a
+ *              link judges nothing. SIGCONT: peer_back, alive, and the next
+ *              allreduce's bytes are right. TCP and auto (shared-memory
+ *              links carry heartbeats too).
  */
 #include <poll.h>
 #include <signal.h>
@@ -249,30 +261,168 @@ static void test_mismatch_names_both_ranks(void **state) {
     world_destroy(&w);
 }
 
-/* ---- a rank killed: processes ------------------------------------------------------------ */
+/* rank 1 of w sees rank 2 dead (on its loop, as its health would) */
+static void notice_dead_on_loop(void *arg) {
+    collie_comm *c = arg;
+    cl_fault f;
+    cl_fault_init(&f, COLLIE_FAULT_PEER_DEAD, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    cl_fault_add(&f, 2);
+    cl_health_peer_gone(c, 2, COLLIE_PEER_DEAD);
+    cl_comm_fault_data(c, COLLIE_EPEER, &f, true, "rank 2 died (a test says so)");
+}
+
+/* A rank with no link to a dead peer and no pidfd on it (ranks of one
+ * process: another host, as far as health can tell) hears of the death
+ * from the abort notice of the rank that saw it: a peer_dead event, then
+ * comm_faulted, and its health says dead. */
+static void test_notice_of_a_death_is_peer_dead(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "fnotice", NULL);
+    assert_int_equal(cl_engine_call(w.e, notice_dead_on_loop, w.c[1], 5000), COLLIE_OK);
+    int fd = collie_comm_event_fd(w.c[0]);
+    assert_true(fd_readable(fd, 5000));
+    collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+    int64_t until = now_ms() + 5000; /* the comm_faulted event follows at once */
+    while (collie_comm_error(w.c[0], NULL, NULL) == COLLIE_OK && now_ms() < until)
+        usleep(1000);
+    assert_int_equal(collie_comm_event_pop(w.c[0], &ev), COLLIE_OK);
+    assert_int_equal(ev.kind, COLLIE_EVENT_PEER_DEAD);
+    assert_int_equal(ev.rank, 2);
+    assert_true(pop_until(w.c[0], COLLIE_EVENT_COMM_FAULTED, -2, &ev));
+    assert_int_equal(ev.fault_kind, COLLIE_FAULT_PEER_DEAD);
+    collie_peer_health h[3];
+    assert_int_equal(collie_comm_health(w.c[0], h, 3), 3);
+    assert_int_equal(h[2].state, COLLIE_PEER_DEAD);
+    assert_int_equal(h[1].state, COLLIE_PEER_ALIVE); /* the messenger is not dead */
+    collie_fault f = COLLIE_FAULT_INIT;
+    assert_int_equal(collie_comm_fault(w.c[0], &f), COLLIE_OK);
+    assert_int_equal(f.kind, COLLIE_FAULT_PEER_DEAD);
+    assert_int_equal(f.view, COLLIE_FAULT_VIEW_PEER);
+    assert_int_equal(f.nranks, 1);
+    assert_int_equal(f.ranks[0], 2);
+    world_destroy(&w);
+}
+
+/* ---- ranks as processes ------------------------------------------------------------------ */
 
 #define KILL_N 4
 
-/* One rank in a forked child: create, (link), report ready on `up`, then
- * wait for its verdict on the event fd; exit code 0 when it saw rank 3
- * dead as expected, else a code naming the failed check. */
-static int kill_child(const char *addr, int rank, bool link) {
+/* KILL_N ranks in forked children (one engine each) around a store served
+ * here: each child's stdout and stdin are pipes (lines both ways), every
+ * read is bounded, and kids_end reaps them all (SIGKILL past its bound). */
+typedef struct kids {
+    collie_engine *e;
+    collie_store_server *srv;
+    pid_t pid[KILL_N];
+    int out[KILL_N], in[KILL_N]; /* the child's stdout (read), its stdin (write) */
+    char buf[KILL_N][1024];
+    size_t got[KILL_N];
+} kids;
+
+typedef int (*kid_fn)(const char *addr, int rank, void *arg);
+
+/* the settings each child takes ("NAME=value" or NULL; from its own
+ * environment, as a rank would) */
+static void kids_start(kids *k, kid_fn fn, void *arg, const char *const *settings) {
+    memset(k, 0, sizeof *k);
+    assert_int_equal(collie_engine_create(NULL, &k->e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(k->e, "127.0.0.1", 0, NULL, &k->srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(k->srv));
+    for (int r = 0; r < KILL_N; r++) {
+        int po[2], pi[2];
+        assert_int_equal(pipe(po), 0);
+        assert_int_equal(pipe(pi), 0);
+        k->pid[r] = fork();
+        assert_true(k->pid[r] >= 0);
+        if (k->pid[r] == 0) {
+            for (int i = 0; settings && settings[i]; i++) {
+                char name[64];
+                const char *eq = strchr(settings[i], '=');
+                snprintf(name, sizeof name, "%.*s", (int)(eq - settings[i]), settings[i]);
+                setting_set(name, eq + 1); /* the parent's engine read them already */
+            }
+            dup2(po[1], 1);
+            dup2(pi[0], 0);
+            _exit(fn(addr, r, arg));
+        }
+        close(po[1]);
+        close(pi[0]);
+        k->out[r] = po[0];
+        k->in[r] = pi[1];
+    }
+}
+
+/* read what child r said within timeout_ms; true once it holds `text` */
+static bool kids_wait(kids *k, int r, const char *text, int timeout_ms) {
+    int64_t until = now_ms() + timeout_ms;
+    do {
+        if (strstr(k->buf[r], text)) return true;
+        if (k->got[r] >= sizeof k->buf[r] - 1 || !fd_readable(k->out[r], 10)) continue;
+        ssize_t n = read(k->out[r], k->buf[r] + k->got[r], sizeof k->buf[r] - 1 - k->got[r]);
+        if (n <= 0) return strstr(k->buf[r], text) != NULL;
+        k->got[r] += (size_t)n;
+    } while (now_ms() < until);
+    return strstr(k->buf[r], text) != NULL;
+}
+
+static void kids_tell(kids *k, int r, const char *line) {
+    ssize_t n = write(k->in[r], line, strlen(line));
+    assert_int_equal(n, (ssize_t)strlen(line));
+}
+
+/* reap every child (each within its bound, else SIGKILLed): codes[r] is
+ * its exit code, 128 + a signal if one ended it */
+static void kids_end(kids *k, int codes[KILL_N], int bound_ms) {
+    for (int r = 0; r < KILL_N; r++) {
+        int stw = reap_bounded(k->pid[r], bound_ms);
+        codes[r] = stw == -1        ? 128 + SIGKILL
+                   : WIFEXITED(stw) ? WEXITSTATUS(stw)
+                                    : 128 + WTERMSIG(stw);
+        kids_wait(k, r, "\x01", 0); /* what it said last */
+        close(k->out[r]);
+        close(k->in[r]);
+    }
+    collie_store_server_destroy(k->srv);
+    assert_int_equal(collie_engine_destroy(k->e), COLLIE_OK);
+}
+
+/* a child's side: create comm `name` of KILL_N ranks on the store at addr */
+static int kid_join(const char *addr, int rank, const char *name, collie_engine **e,
+                    collie_store **st, collie_comm **c) {
+    if (collie_engine_create(NULL, e) != COLLIE_OK) return 10;
+    if (collie_store_connect(*e, addr, NULL, st) != COLLIE_OK) return 11;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    if (collie_comm_create(*e, *st, rank, KILL_N, &o, c) != COLLIE_OK) return 12;
+    return 0;
+}
+
+/* a one-element allreduce of rank + 1 + salt on every rank, its bytes checked */
+static bool kid_allreduce(collie_comm *c, int rank, int salt) {
+    int32_t v = rank + 1 + salt, out = 0;
+    collie_work *w;
+    if (collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w) != COLLIE_OK)
+        return false;
+    bool ok = collie_work_wait(w, 10000) == COLLIE_OK && out == 10 + KILL_N * salt;
+    collie_work_release(w);
+    return ok;
+}
+
+/* ---- a rank killed ----------------------------------------------------------------------- */
+
+/* One rank: create, (link), report ready, then wait for its verdict on the
+ * event fd; exit code 0 when it saw rank 3 dead as expected, else a code
+ * naming the failed check. */
+static int kill_child(const char *addr, int rank, void *arg) {
+    bool link = *(bool *)arg;
     collie_engine *e;
     collie_store *st;
     collie_comm *c;
-    if (collie_engine_create(NULL, &e) != COLLIE_OK) return 10;
-    if (collie_store_connect(e, addr, NULL, &st) != COLLIE_OK) return 11;
-    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
-    o.name = "fkill";
-    if (collie_comm_create(e, st, rank, KILL_N, &o, &c) != COLLIE_OK) return 12;
-    if (link) {
-        int32_t v = rank + 1, out = 0;
-        collie_work *w;
-        if (collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w) != COLLIE_OK ||
-            collie_work_wait(w, 10000) != COLLIE_OK || out != 10)
-            return 13;
-        collie_work_release(w);
-    }
+    int rc = kid_join(addr, rank, "fkill", &e, &st, &c);
+    if (rc) return rc;
+    if (link && !kid_allreduce(c, rank, 0)) return 13;
     /* two more comms with the same peers: one watch per peer process, shared */
     collie_comm *more[2] = {NULL, NULL};
     if (link) {
@@ -328,72 +478,168 @@ static int kill_child(const char *addr, int rank, bool link) {
 }
 
 static void run_kill(bool link, const char *transport) {
-    collie_engine *e;
-    collie_store_server *srv;
-    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
-    int pipes[KILL_N][2];
-    pid_t pids[KILL_N];
-    for (int r = 0; r < KILL_N; r++) {
-        assert_int_equal(pipe(pipes[r]), 0);
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0) {
-            if (transport) setenv("COLLIE_CPU_TRANSPORT", transport, 1);
-            dup2(pipes[r][1], 1);
-            _exit(kill_child(addr, r, link));
-        }
-        close(pipes[r][1]);
-    }
-    char buf[KILL_N][256] = {{0}};
-    size_t got[KILL_N] = {0};
-    int64_t until = now_ms() + 20000;
+    char tr[64];
+    snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport ? transport : "auto");
+    const char *settings[] = {tr, NULL};
+    kids k;
+    kids_start(&k, kill_child, &link, settings);
     int up = 0;
-    while (up < KILL_N && now_ms() < until) {
-        up = 0;
-        for (int r = 0; r < KILL_N; r++) {
-            if (fd_readable(pipes[r][0], 10) && got[r] < sizeof buf[r] - 1) {
-                ssize_t n = read(pipes[r][0], buf[r] + got[r], sizeof buf[r] - 1 - got[r]);
-                if (n > 0) got[r] += (size_t)n;
-            }
-            up += strstr(buf[r], "up ") != NULL;
-        }
-    }
+    for (int r = 0; r < KILL_N; r++)
+        up += kids_wait(&k, r, "up ", 20000);
     int64_t kill_ns = cl_now_ns();
-    kill(pids[3], SIGKILL);
+    kill(k.pid[3], SIGKILL);
     int codes[KILL_N];
-    for (int r = 0; r < KILL_N; r++) {
-        int64_t wait_until = now_ms() + 25000;
-        int stw = 0;
-        pid_t p = 0;
-        while ((p = waitpid(pids[r], &stw, WNOHANG)) == 0 && now_ms() < wait_until)
-            usleep(5000);
-        if (p == 0) {
-            kill(pids[r], SIGKILL);
-            waitpid(pids[r], &stw, 0);
-        }
-        codes[r] = WIFEXITED(stw) ? WEXITSTATUS(stw) : 128 + WTERMSIG(stw);
-        ssize_t n;
-        while (got[r] < sizeof buf[r] - 1 &&
-               (n = read(pipes[r][0], buf[r] + got[r], sizeof buf[r] - 1 - got[r])) > 0)
-            got[r] += (size_t)n;
-        close(pipes[r][0]);
-    }
+    kids_end(&k, codes, 25000);
     assert_int_equal(up, KILL_N);
     for (int r = 0; r < 3; r++) {
-        if (codes[r] != 0) print_message("rank %d exited %d: %s\n", r, codes[r], buf[r]);
+        if (codes[r] != 0) print_message("rank %d exited %d: %s\n", r, codes[r], k.buf[r]);
         assert_int_equal(codes[r], 0);
-        const char *d = strstr(buf[r], "dead ");
+        const char *d = strstr(k.buf[r], "dead ");
         assert_non_null(d);
         long long t = 0;
         int rr;
         assert_int_equal(sscanf(d, "dead %d %lld", &rr, &t), 2);
         assert_true((t - kill_ns) / 1000000 < DEAD_MS);
     }
-    collie_store_server_destroy(srv);
-    assert_int_equal(collie_engine_destroy(e), COLLIE_OK);
+}
+
+/* ---- a rank stopped and resumed ----------------------------------------------------------- */
+
+#define STOP_SUSPECT_MS 500 /* COLLIE_SUSPECT_MS of the stop test (heartbeat: 100 ms) */
+#define STOP_SLACK_MS   1500
+
+/* One rank of the stop test: create, link (an allreduce, checked), say
+ * "up <rank> <linked to rank 3>". Rank 3 then waits for "cont" (it is
+ * stopped meanwhile) and joins the next allreduce. A survivor follows its
+ * event fd and rank 3's health until "cont" (and, linked, rank 3's
+ * peer_back): it says "suspected <rank> <time> <slow seen before>" and
+ * "back <rank> <time>"; every check failed is an exit code. Last, one
+ * more allreduce, checked, and the comm must never have faulted. */
+static int stop_child(const char *addr, int rank, void *arg) {
+    (void)arg;
+    collie_engine *e;
+    collie_store *st;
+    collie_comm *c;
+    int rc = kid_join(addr, rank, "fstop", &e, &st, &c);
+    if (rc) return rc;
+    if (!kid_allreduce(c, rank, 0)) return 13;
+    collie_peer_health h[KILL_N];
+    if (collie_comm_health(c, h, KILL_N) != KILL_N) return 20;
+    bool linked = rank != 3 && h[3].heard_ago_ms >= 0;
+    printf("up %d %d\n", rank, linked);
+    fflush(stdout);
+    int fd = collie_comm_event_fd(c);
+    bool cont = false, suspected = false, back = false, slow = false;
+    int64_t until = now_ms() + 20000;
+    while (!(cont && (rank == 3 || !linked || back)) && now_ms() < until) {
+        struct pollfd p[2] = {{.fd = 0, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
+        poll(p, rank == 3 ? 1 : 2, 10);
+        char line[16];
+        if ((p[0].revents & POLLIN) && read(0, line, sizeof line) > 0) cont = true;
+        if (rank == 3) continue;
+        collie_comm_health(c, h, KILL_N);
+        slow = slow || (!suspected && h[3].state == COLLIE_PEER_SLOW);
+        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+        while (collie_comm_event_pop(c, &ev) == COLLIE_OK) {
+            if (ev.rank != 3 ||
+                (ev.kind != COLLIE_EVENT_PEER_SUSPECTED && ev.kind != COLLIE_EVENT_PEER_BACK))
+                return 21; /* nothing else happens */
+            if (ev.kind == COLLIE_EVENT_PEER_SUSPECTED) {
+                if (suspected || !linked) return 22; /* once, and only with a link */
+                suspected = true;
+                collie_comm_health(c, h, KILL_N);
+                if (h[3].state != COLLIE_PEER_SUSPECTED || h[3].heard_ago_ms < STOP_SUSPECT_MS)
+                    return 23;
+                printf("suspected %d %lld %d\n", rank, (long long)ev.time_ns, slow);
+            } else {
+                if (!suspected || back) return 24; /* back after suspected, once */
+                back = true;
+                printf("back %d %lld\n", rank, (long long)ev.time_ns);
+            }
+            fflush(stdout);
+        }
+        if (collie_comm_error(c, NULL, NULL) != COLLIE_OK) return 25; /* slow is not punished */
+    }
+    if (!cont || (linked && !back)) return 26;
+    collie_comm_health(c, h, KILL_N);
+    if (rank != 3 && h[3].state != COLLIE_PEER_ALIVE) return 27;
+    if (!kid_allreduce(c, rank, 1)) return 28;
+    if (collie_comm_error(c, NULL, NULL) != COLLIE_OK) return 29;
+    printf("done %d\n", rank);
+    fflush(stdout);
+    collie_comm_destroy(c);
+    collie_store_destroy(st);
+    collie_engine_destroy(e);
+    return 0;
+}
+
+static void run_stop(const char *transport) {
+    char tr[64];
+    snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport);
+    const char *settings[] = {tr, "COLLIE_HEARTBEAT_MS=100", "COLLIE_SUSPECT_MS=500", NULL};
+    kids k;
+    kids_start(&k, stop_child, NULL, settings);
+    int up = 0;
+    for (int r = 0; r < KILL_N; r++)
+        up += kids_wait(&k, r, "up ", 20000);
+    /* idle twice the suspect bound first: heartbeats keep everyone alive */
+    usleep(2 * STOP_SUSPECT_MS * 1000);
+    int64_t stop_ns = cl_now_ns();
+    kill(k.pid[3], SIGSTOP);
+    bool linked[KILL_N] = {false};
+    int nlinked = 0;
+    for (int r = 0; r < 3; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "up %d 1", r);
+        linked[r] = strstr(k.buf[r], want) != NULL;
+        nlinked += linked[r];
+        if (linked[r]) kids_wait(&k, r, "suspected ", STOP_SUSPECT_MS + STOP_SLACK_MS + 2000);
+    }
+    usleep(200 * 1000); /* an unlinked survivor had time to misjudge too */
+    int64_t cont_ns = cl_now_ns();
+    kill(k.pid[3], SIGCONT);
+    for (int r = 0; r < KILL_N; r++)
+        kids_tell(&k, r, "cont\n");
+    int codes[KILL_N];
+    kids_end(&k, codes, 20000);
+    assert_int_equal(up, KILL_N);
+    assert_true(nlinked >= 1);
+    for (int r = 0; r < KILL_N; r++) {
+        if (codes[r] != 0) print_message("rank %d exited %d: %s\n", r, codes[r], k.buf[r]);
+        assert_int_equal(codes[r], 0);
+        assert_non_null(strstr(k.buf[r], "done "));
+        if (r == 3) continue;
+        const char *s = strstr(k.buf[r], "suspected ");
+        if (!linked[r]) { /* no link: no basis to judge */
+            assert_null(s);
+            continue;
+        }
+        assert_non_null(s);
+        long long t = 0, tb = 0;
+        int rr, slow = 0;
+        assert_int_equal(sscanf(s, "suspected %d %lld %d", &rr, &t, &slow), 3);
+        long long ms = (t - stop_ns) / 1000000;
+        print_message("rank %d: rank 3 suspected %lld ms after its stop\n", r, ms);
+        /* not before it went silent (heard until the stop, give or take a
+         * heartbeat), and within the bound plus slack */
+        assert_true(ms >= STOP_SUSPECT_MS / 2);
+        assert_true(ms < STOP_SUSPECT_MS + STOP_SLACK_MS);
+        assert_int_equal(slow, 1);
+        const char *b = strstr(k.buf[r], "back ");
+        assert_non_null(b);
+        assert_int_equal(sscanf(b, "back %d %lld", &rr, &tb), 2);
+        assert_true(tb >= cont_ns);
+    }
+}
+
+static void test_stopped_peer_suspected_and_back(void **state) {
+    (void)state;
+    run_stop("auto");
+}
+
+static void test_stopped_peer_suspected_and_back_tcp(void **state) {
+    (void)state;
+    run_stop("tcp");
 }
 
 static void test_killed_peer_dead_event_linked(void **state) {
@@ -418,9 +664,12 @@ int main(void) {
         cmocka_unit_test(test_left_is_not_dead),
         cmocka_unit_test(test_health_sequence_numbers),
         cmocka_unit_test(test_mismatch_names_both_ranks),
+        cmocka_unit_test(test_notice_of_a_death_is_peer_dead),
         cmocka_unit_test(test_killed_peer_dead_event_linked),
         cmocka_unit_test(test_killed_peer_dead_event_linked_tcp),
         cmocka_unit_test(test_killed_peer_dead_event_no_link),
+        cmocka_unit_test(test_stopped_peer_suspected_and_back),
+        cmocka_unit_test(test_stopped_peer_suspected_and_back_tcp),
     };
     return cltest_main(tests, NULL, NULL);
 }

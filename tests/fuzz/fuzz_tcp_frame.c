@@ -176,7 +176,8 @@ static void fuzz_seeds(const char *dir) {
     } ctl[] = {{TCP_KIND_BYE, "bye"},
                {TCP_KIND_CREDIT, "credit"},
                {TCP_KIND_CTS, "cts"},
-               {TCP_KIND_GONE, "gone"}};
+               {TCP_KIND_GONE, "gone"},
+               {TCP_KIND_HEARTBEAT, "heartbeat"}};
     for (size_t i = 0; i < sizeof ctl / sizeof ctl[0]; i++) {
         cl_tcp_frame f = {.kind = ctl[i].kind, .generation = FUZZ_GEN, .root = CL_TCP_NO_ROOT};
         if (ctl[i].kind == TCP_KIND_CREDIT) f.count = 4096, f.root = 1 << 24;

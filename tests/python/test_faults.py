@@ -2,7 +2,8 @@
 "peer_dead" and .ranks names it, a "peer_dead" event from `async for ev in
 comm.events()` on every survivor (the loop never blocked meanwhile), health
 says "dead"; a rank that destroys its comm is "left", not dead; a stopped
-rank's deadline names it; an application abort is "app_abort" here and
+rank's deadline names it, and an idle one is "peer_suspected" then
+"peer_back" once resumed; an application abort is "app_abort" here and
 "peer_abort" (from rank 0) there. Ranks are processes (Comm.from_env), the
 store outlives them (a StoreServer in this process). Every wait is bounded;
 every child is killed in the end."""
@@ -114,6 +115,38 @@ elif scenario == "mismatch":
     f = comm.fault()
     out["fault"] = [f.kind, list(f.ranks)] if f else None
     report()
+elif scenario == "stop_resume":
+    victim = n - 1
+    linked = comm.rank != victim and comm.health()[victim].heard_ago is not None
+    print("up", int(linked), flush=True)
+    if comm.rank == victim:
+        sys.stdin.readline()  # "cont": stopped and resumed by the test meanwhile
+    else:
+        async def main():
+            evs, states = [], []
+
+            async def follow():  # linked: until rank 3 is back; else nothing comes
+                async for ev in comm.events():
+                    evs.append([ev.kind, ev.rank, ev.time_ns])
+                    states.append(comm.health()[victim].state)
+                    if ev.kind == "peer_suspected":
+                        print("suspected", flush=True)
+                    if ev.kind == "peer_back":
+                        return
+
+            if linked:
+                await asyncio.wait_for(follow(), 20)
+            out["events"], out["states"] = evs, states
+            out["error"] = comm.error() is not None  # slow is never punished
+        asyncio.run(main())
+    y = np.full(4, comm.rank + 1, np.float32)
+    comm.allreduce(y).wait(20)  # rank 3 is back: the bytes are right
+    out["value"] = float(y[0])
+    out["late_events"] = []
+    while (ev := comm.pop_event()) is not None:
+        out["late_events"].append([ev.kind, ev.rank])
+    out["health"] = [p.state for p in comm.health()]
+    report()
 elif scenario == "abort":
     if comm.rank == 0:
         comm.abort("the operator")
@@ -137,8 +170,8 @@ def run(scenario, n=4, env=None, act=None, timeout=60):
             e = dict(os.environ, COLLIE_STORE_ADDR=addr, COLLIE_RANK=str(r),
                      COLLIE_WORLD_SIZE=str(n), **(env or {}))
             procs.append(subprocess.Popen([sys.executable, "-c", RANK, ROOT, scenario], env=e,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
         if act:
             act(procs)
         results = {}
@@ -211,6 +244,52 @@ def test_a_stopped_rank_is_named_by_the_deadline():
         assert name in ("CollieTimeout", "CollieAborted"), out
         assert kind in ("peer_stuck", "deadline"), out
         assert ranks == [3], out
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_stopped_rank_is_suspected_then_back(transport):
+    """Heartbeats every 100 ms, suspected after 500 ms of silence: rank 3
+    SIGSTOPped after a second of idling is suspected (an event from
+    comm.events()) by every survivor linked to it, by none without a link,
+    the comm never faults; SIGCONT: peer_back, and the next allreduce is
+    right."""
+    t = {}
+
+    def stop_and_resume(procs):
+        ups = []
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.startswith("up"), line
+            ups.append(line.split()[1] == "1")
+        time.sleep(1.0)  # idle: heartbeats keep everyone alive
+        t["stop"] = time.monotonic_ns()
+        procs[-1].send_signal(signal.SIGSTOP)
+        for p, linked in zip(procs[:-1], ups[:-1]):
+            if linked:
+                wait_line(p, "suspected", timeout=10)
+        time.sleep(0.2)
+        t["cont"] = time.monotonic_ns()
+        procs[-1].send_signal(signal.SIGCONT)
+        procs[-1].stdin.write("cont\n")
+        procs[-1].stdin.flush()
+
+    env = {"COLLIE_CPU_TRANSPORT": transport, "COLLIE_HEARTBEAT_MS": "100",
+           "COLLIE_SUSPECT_MS": "500"}
+    res = run("stop_resume", env=env, act=stop_and_resume)
+    nlinked = 0
+    for r, out in res.items():
+        assert out["value"] == 10.0, out
+        assert out["error"] is False and out["late_events"] == [], out
+        assert out["health"][3] == "alive", out
+        if not out["events"]:
+            continue  # no link to rank 3: nothing to judge
+        nlinked += 1
+        (k1, r1, t1), (k2, r2, t2) = out["events"]
+        assert [k1, r1, k2, r2] == ["peer_suspected", 3, "peer_back", 3], out
+        assert out["states"][0] == "suspected", out
+        assert 0.25 <= (t1 - t["stop"]) / 1e9 < 2.0, (out, t)
+        assert t2 >= t["cont"], (out, t)
+    assert nlinked >= 1, res
 
 
 def test_abort_is_data_on_both_sides():

@@ -42,8 +42,8 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 #define TCP_FRAME_MAGIC 0x46544c43u /* "CLTF" */
 #define TCP_HS_MAGIC    0x48544c43u /* "CLTH" (CL_TCP_HS_MAGIC, handshake.h) */
 #define TCP_PROTO_VERSION                                                                          \
-    5 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
-          4: flow control of collective frames; 5: the frame MAC */
+    6 /* 2: the ABORT frame; 3: the counts check, whole reasons;                                   \
+          4: flow control of collective frames; 5: the frame MAC; 6: the HEARTBEAT frame */
 /* A frame header (48 bytes, little-endian):
  *   0  u32 magic          TCP_FRAME_MAGIC
  *   4  u8  kind           collie_coll_kind, or TCP_KIND_* (control frames)
@@ -95,6 +95,9 @@ enum tcp_mode { TCP_MODE_AUTO = 0, TCP_MODE_TCP, TCP_MODE_SHM };
 #define TCP_FRAME_MAC     8 /* a MAC tag (CL_FRAME_MAC_TAG bytes) follows the frame */
 /* COLLIE_EARLY_BYTES: bytes of early collective frames parked per connection */
 #define TCP_EARLY_BYTES_DEFAULT (16u << 20)
+/* frame kind: the sender lives (a link idle for half COLLIE_HEARTBEAT_MS
+ * carries one: cpu_backend.c, peer health) */
+#define TCP_KIND_HEARTBEAT 0xf9
 
 struct tcp_comm;
 struct tcp_work;
@@ -110,7 +113,7 @@ typedef struct tcp_req_ctx {
 } tcp_req_ctx;
 
 /* tcp_msg.ctl: what a message without an owner is */
-enum { TCP_CTL_NONE = 0, TCP_CTL_CREDIT, TCP_CTL_CTS };
+enum { TCP_CTL_NONE = 0, TCP_CTL_CREDIT, TCP_CTL_CTS, TCP_CTL_HEARTBEAT };
 
 /* One outgoing message: a frame header and a payload in the user's (or
  * scratch) memory, sent with writev without copying the payload. */
@@ -235,6 +238,8 @@ typedef struct tcp_conn {
     cl_list rts_wait;     /* tcp_msg: announced (RTS written), waiting for the peer's CTS */
     tcp_msg credit_msg;   /* the CREDIT frame returning what we owe the peer */
     bool window_granted;  /* the first CREDIT frame (our window) was queued */
+    tcp_msg hb_msg;       /* the HEARTBEAT frame (cl_tcp_conn_heartbeat) */
+    bool tx_recent;       /* bytes were written since the last heartbeat tick */
     bool send_broken;     /* a message was cut off mid-way: nothing more is written */
     char broken_why[160]; /* which message, for the op that next needs this peer */
 
@@ -254,7 +259,7 @@ typedef struct tcp_conn {
     collie_watch *grace_ev;  /* a large early frame waits this long before it is parked */
     bool grace_waiting, grace_over;
     bool reading_abort; /* the frame being read is the peer's ABORT */
-    bool rx_ctl;        /* the header in hdr is a control frame (BYE, CREDIT, CTS, GONE) */
+    bool rx_ctl;        /* the header in hdr is a control frame (BYE, CREDIT, CTS, GONE, ...) */
     uint64_t heard_seq; /* the highest collective seq of a frame read from the peer */
     bool rx_mac;        /* the frame being read carries a tag: fed to mac_rx as it comes */
     uint8_t rx_tag[CL_FRAME_MAC_TAG];
@@ -303,6 +308,7 @@ typedef struct tcp_comm {
     cl_list reaped;            /* tcp_conn.pending_node: closed unidentified, to be freed */
     collie_watch *reap_ev;     /* frees `reaped` on the loop's next turn */
     collie_watch *hs_timer;    /* closes pending connections past their deadline */
+    collie_watch *hb_timer;    /* heartbeats over idle links (NULL: COLLIE_HEARTBEAT_MS=0) */
     int64_t hs_timeout_ns;     /* COLLIE_HANDSHAKE_TIMEOUT_MS */
     int64_t refused_log_ns;    /* the last refusal logged (refusals are rate-limited) */
     uint64_t refused_quiet;    /* refusals since then, not logged */
@@ -415,6 +421,11 @@ int cl_tcp_listen(tcp_comm *tc);
  * those closed before they were identified (destroy) */
 int cl_tcp_pending_init(tcp_comm *tc);
 void cl_tcp_pending_fini(tcp_comm *tc);
+
+/* peer health: a tick of tc->hb_timer (every half COLLIE_HEARTBEAT_MS): a
+ * HEARTBEAT frame onto c if it wrote nothing since the last tick
+ * (tcp_conn_write.c) */
+void cl_tcp_conn_heartbeat(tcp_conn *c);
 
 /* tcp_local.c: same-host peers over shared memory */
 /* listen for same-host peers (when the mode allows) and add what they need

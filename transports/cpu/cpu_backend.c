@@ -17,6 +17,14 @@
  *    find them closed.
  *  - A work's transport state lives inside the core's work (work_data_size)
  *    so starting a work allocates only what its schedule needs.
+ *  - Peer health: every frame read counts as heard from its sender
+ *    (peer_heard). So that silence means trouble however idle the comm
+ *    is, one timer per comm (not per link) ticks every half
+ *    COLLIE_HEARTBEAT_MS and puts a HEARTBEAT frame (a header alone, ahead
+ *    of what is queued) on every ready link that wrote nothing since the
+ *    last tick: a link is silent for at most about one period, over TCP
+ *    and shared memory alike. The healthy path pays one flag store per
+ *    flush; an idle comm two wakeups per period. No timer when 0 (off).
  *  - A client of collie_backend.h alone, as a plugin is: every call into
  *    the core goes through the services table (tc->core; a store
  *    request's context keeps it too, for a callback that runs after its
@@ -49,6 +57,27 @@ static void tcp_on_published(collie_work *w, void *arg) {
     core->work_release(w);
 }
 
+/* Every half heartbeat period: a HEARTBEAT frame onto each link that
+ * wrote nothing since the last tick (see the design notes). */
+static void tcp_on_heartbeat_tick(int fd, unsigned what, void *arg) {
+    (void)fd;
+    (void)what;
+    tcp_comm *tc = arg;
+    if (tc->aborted) return;
+    for (int p = 0; p < tc->size; p++)
+        if (tc->conns[p]) cl_tcp_conn_heartbeat(tc->conns[p]);
+}
+
+static int heartbeat_init(tcp_comm *tc) {
+    const char *hb = tc->core->setting("COLLIE_HEARTBEAT_MS");
+    long long ms = hb ? strtoll(hb, NULL, 10) : 0;
+    if (ms <= 0) return COLLIE_OK; /* off */
+    tc->hb_timer = tc->core->watch_new(tc->bc, -1, 0, tcp_on_heartbeat_tick, tc);
+    if (!tc->hb_timer) return COLLIE_ENOMEM;
+    tc->core->watch_start(tc->hb_timer, ms * 500); /* microseconds: half a period */
+    return COLLIE_OK;
+}
+
 static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **state, int mode) {
     tcp_comm *tc = calloc(1, sizeof *tc);
     if (!tc) return COLLIE_ENOMEM;
@@ -77,6 +106,7 @@ static int comm_init(collie_bcomm *bc, const collie_core_services *core, void **
     *state = tc;
     if (!tc->conns || !tc->discard || !cl_idmap_grow(&tc->running)) return COLLIE_ENOMEM;
     int r = cl_tcp_pending_init(tc);
+    if (r == COLLIE_OK) r = heartbeat_init(tc);
     if (r != COLLIE_OK) return r;
     r = cl_tcp_listen(tc);
     if (r != COLLIE_OK) return r;
@@ -166,6 +196,7 @@ static void tcp_abort(void *state, int status, const char *reason) {
     snprintf(tc->abort_reason, sizeof tc->abort_reason, "%s", reason);
     if (tc->listen_ev) tc->core->watch_stop(tc->listen_ev);
     if (tc->unix_ev) tc->core->watch_stop(tc->unix_ev);
+    if (tc->hb_timer) tc->core->watch_stop(tc->hb_timer);
     for (int p = 0; p < tc->size; p++)
         if (tc->conns[p]) cl_tcp_conn_abort(tc->conns[p], status, reason);
     tcp_conn *c; /* closing one moves it to `reaped` */
@@ -188,6 +219,7 @@ static void tcp_destroy(void *state) {
     for (int p = 0; tc->conns && p < tc->size; p++)
         cl_tcp_conn_free(tc->conns[p]);
     cl_tcp_pending_fini(tc);
+    if (tc->hb_timer) tc->core->watch_free(tc->hb_timer);
     if (tc->lost_ev) tc->core->watch_free(tc->lost_ev);
     if (tc->publish_ctx) { /* its callback frees the context and the request */
         tc->publish_ctx->target = NULL;

@@ -57,7 +57,7 @@ void cl_tcp_frame_decode(const uint8_t h[CL_TCP_FRAME_HDR], cl_tcp_frame *f) {
 
 bool cl_tcp_frame_kind_ctl(uint8_t kind) {
     return kind == TCP_KIND_BYE || kind == TCP_KIND_CREDIT || kind == TCP_KIND_CTS ||
-           kind == TCP_KIND_GONE;
+           kind == TCP_KIND_GONE || kind == TCP_KIND_HEARTBEAT;
 }
 
 /* Byte 7: a lent payload (only over shared memory, never empty, never an

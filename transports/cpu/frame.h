@@ -36,7 +36,7 @@ void cl_tcp_frame_encode(uint8_t h[CL_TCP_FRAME_HDR], const cl_tcp_frame *f);
 void cl_tcp_frame_decode(const uint8_t h[CL_TCP_FRAME_HDR], cl_tcp_frame *f);
 
 /* cl_tcp_frame_kind_ctl: a frame of a header alone that the reader acts on
- * itself: BYE, CREDIT, CTS, GONE (an ABORT carries its reason; RTS are
+ * itself: BYE, CREDIT, CTS, GONE, HEARTBEAT (an ABORT carries its reason; RTS are
  * collective frames). */
 bool cl_tcp_frame_kind_ctl(uint8_t kind);
 

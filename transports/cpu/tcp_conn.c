@@ -85,6 +85,7 @@ tcp_conn *cl_tcp_conn_new(tcp_comm *tc, int peer) {
     cl_list_init(&c->rts_wait);
     cl_list_init(&c->parked_list);
     c->credit_msg.ctl = TCP_CTL_CREDIT;
+    c->hb_msg.ctl = TCP_CTL_HEARTBEAT;
     /* later puts cannot fail */
     if (!cl_idmap_grow(&c->expected) || !cl_idmap_grow(&c->parked)) {
         cl_idmap_fini(&c->expected);

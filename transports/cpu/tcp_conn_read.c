@@ -443,8 +443,9 @@ static bool read_frame_end(tcp_conn *c) {
         cl_tcp_conn_on_credit(c);
     else if (kind == TCP_KIND_CTS)
         cl_tcp_conn_on_cts(c);
-    else
+    else if (kind == TCP_KIND_GONE)
         cl_tcp_conn_on_gone(c);
+    /* a HEARTBEAT only says the peer lives: heard as every frame is (conn_read_frames) */
     return true;
 }
 

@@ -172,6 +172,16 @@ static void conn_send_ctl(tcp_conn *c, unsigned kind, uint64_t seq, uint32_t ste
     conn_queue_ctl(c, m);
 }
 
+void cl_tcp_conn_heartbeat(tcp_conn *c) {
+    bool idle = !c->tx_recent;
+    c->tx_recent = false;
+    if (!idle || c->state != TCP_CONN_READY || c->send_broken || cl_list_linked(&c->hb_msg.node))
+        return; /* it spoke, cannot, or one waits to go (the link is full) */
+    collie_coll_args a = {.kind = (collie_coll_kind)TCP_KIND_HEARTBEAT};
+    cl_tcp_frame_header(c->hb_msg.hdr, c->tc, &a, 0, 0, 0);
+    conn_queue_ctl(c, &c->hb_msg);
+}
+
 void cl_tcp_conn_send_cts(tcp_conn *c, uint64_t seq, uint32_t step) {
     conn_send_ctl(c, TCP_KIND_CTS, seq, step);
 }
@@ -492,6 +502,8 @@ static int flush_account(tcp_conn *c, flush_batch *b, uint64_t left) {
             free(m);
         else if (m->ctl == TCP_CTL_CREDIT)
             credit_sent = true;
+        else if (m->ctl == TCP_CTL_HEARTBEAT)
+            continue;                       /* the peer heard us: nothing else to do */
         else if (m->hdr[7] & TCP_FRAME_RTS) /* its data goes on the peer's CTS */
             cl_list_push_back(&c->rts_wait, &m->node);
         else if (m->loan_ticket) /* done when the peer has read it */
@@ -515,6 +527,7 @@ static int flush_batch_once(tcp_conn *c, int *lent) {
     if (st != FLUSH_ON || b.nb == 0) return st; /* none: a dropped message, look again */
     ssize_t n = cl_tcp_link_writev(c, b.iov, b.niov, false);
     flush_exit_all(c, &b);
+    if (n > 0) c->tx_recent = true; /* no heartbeat needed at the next tick */
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) return FLUSH_WANT_WRITE;
         int err = errno;
