@@ -103,6 +103,8 @@ static void svc_peer_gone(collie_bcomm *bc, int rank, int state) {
         c->aborted_by = rank; /* the fault that follows is its abort (loop) */
     else if (state == COLLIE_PEER_DEAD || state == COLLIE_PEER_LEFT)
         cl_health_peer_gone(c, rank, state);
+    else if (state == COLLIE_PEER_SUSPECTED)
+        cl_health_suspect(c, rank);
 }
 
 static void svc_peer_heard(collie_bcomm *bc, int rank, uint64_t seq) {

@@ -343,6 +343,9 @@ void cl_health_start(collie_comm *c);
 void cl_health_stop(collie_comm *c);
 void cl_health_free(collie_comm *c);
 void cl_health_release_cb(collie_work *w, void *arg); /* releases w */
+/* rank cannot be reached (a connect failed, a link broke): SUSPECTED
+ * unless dead or left (an event); heard again, it is back */
+void cl_health_suspect(collie_comm *c, int rank);
 /* rank went DEAD or LEFT (final; an event). False if it was already. */
 bool cl_health_peer_gone(collie_comm *c, int rank, int state);
 /* a frame came from rank (seq: its collective number, 0 none): any thread */

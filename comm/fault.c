@@ -70,12 +70,17 @@ void cl_fault_classify(collie_comm *c, int status, cl_fault *f) {
     switch (status) {
     case COLLIE_OK: cl_fault_init(f, COLLIE_FAULT_NONE, COLLIE_FAULT_VIEW_LOCAL, -1); return;
     case COLLIE_EPEER: {
-        /* the peers health has seen go: dead ones first, else the left */
+        /* the peers health has seen go: dead ones first, else the left,
+         * else the unreachable */
         cl_fault_init(f, COLLIE_FAULT_PEER_DEAD, COLLIE_FAULT_VIEW_LOCAL, c->rank);
         cl_health_add_peers(c, f, COLLIE_PEER_DEAD);
         if (f->nranks == 0) {
             cl_health_add_peers(c, f, COLLIE_PEER_LEFT);
             if (f->nranks > 0) f->kind = COLLIE_FAULT_PEER_LEFT;
+        }
+        if (f->nranks == 0) { /* unreachable, not known dead: a connect failed */
+            cl_health_add_peers(c, f, COLLIE_PEER_SUSPECTED);
+            if (f->nranks > 0) f->kind = COLLIE_FAULT_PEER_STUCK;
         }
         return;
     }

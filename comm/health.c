@@ -257,6 +257,16 @@ void cl_health_heard(collie_comm *c, int rank, uint64_t seq) {
         health_push(h, COLLIE_EVENT_PEER_BACK, rank, COLLIE_OK, COLLIE_FAULT_NONE);
 }
 
+void cl_health_suspect(collie_comm *c, int rank) {
+    cl_health *h = c->health;
+    if (!h || rank < 0 || rank >= c->size || rank == c->rank) return;
+    cl_peer *p = &h->peers[rank];
+    int st = atomic_load_explicit(&p->state, RELAXED);
+    if ((st == COLLIE_PEER_ALIVE || st == COLLIE_PEER_SLOW) &&
+        atomic_compare_exchange_strong(&p->state, &st, COLLIE_PEER_SUSPECTED))
+        health_push(h, COLLIE_EVENT_PEER_SUSPECTED, rank, COLLIE_OK, COLLIE_FAULT_NONE);
+}
+
 /* The gone ranks' events, once the callback that found them has recorded
  * the fault they cause (loop) */
 static void health_push_gone(evutil_socket_t fd, short what, void *arg) {

@@ -272,8 +272,10 @@ typedef struct collie_core_services {
     void (*work_set_source)(collie_work *w, int rank);
     /* peer health: what a link says of its peer (collie_comm_health).
      * peer_gone: its connection closed without a goodbye (COLLIE_PEER_DEAD),
-     * after one (COLLIE_PEER_LEFT), or after its ABORT frame
-     * (COLLIE_PEER_ALIVE: it aborted the comm and lives); call it before
+     * after one (COLLIE_PEER_LEFT), after its ABORT frame
+     * (COLLIE_PEER_ALIVE: it aborted the comm and lives), or it cannot be
+     * reached (COLLIE_PEER_SUSPECTED: a connect failed, a link broke with
+     * an error other than a reset); call it before
      * the faults it causes (loop). peer_heard: a frame came from `rank`
      * (seq: the collective sequence number it belongs to, 0 if none); any
      * thread, a few relaxed stores. A backend with links keeps them from

@@ -320,7 +320,8 @@ void cl_tcp_conn_link_failed(tcp_conn *c, int err, const char *dir) {
                          "no sense)",
                          c->peer);
     else {
-        if (err == ECONNRESET || err == EPIPE) cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
+        cl_tcp_conn_peer_gone(c, err == ECONNRESET || err == EPIPE ? COLLIE_PEER_DEAD
+                                                                   : COLLIE_PEER_SUSPECTED);
         cl_tcp_conn_lost(c, COLLIE_EPEER, "%s rank %d failed: %s", dir, c->peer, strerror(err));
     }
 }

@@ -586,6 +586,7 @@ void cl_tcp_conn_on_write(int fd, unsigned what, void *arg) {
         socklen_t len = sizeof err;
         getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err) {
+            cl_tcp_conn_peer_gone(c, COLLIE_PEER_SUSPECTED); /* unreachable, not known dead */
             cl_tcp_conn_lost(c, COLLIE_EPEER, "connect to rank %d failed: %s", c->peer,
                              strerror(err));
             return;

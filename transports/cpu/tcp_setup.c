@@ -364,6 +364,7 @@ static void conn_on_addr(collie_work *w, void *arg) {
     }
     c->state = TCP_CONN_CONNECTING;
     if (connect(fd, (struct sockaddr *)&sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        cl_tcp_conn_peer_gone(c, COLLIE_PEER_SUSPECTED); /* unreachable, not known dead */
         cl_tcp_conn_lost(c, COLLIE_EPEER, "connect to rank %d at %s:%s failed: %s", c->peer, addr,
                          colon + 1, strerror(errno));
         return;
