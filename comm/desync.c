@@ -127,13 +127,26 @@ static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) 
 /* Ranks inside the same collective with different arguments: the cause
  * (frames between them would have said so; these never exchanged one).
  * True (f: mismatch, the two ranks) if there are. */
+/* Do two ranks' descriptions of one collective disagree? Every argument
+ * must agree, except alltoallv's count (what each rank sends: "alltoallv
+ * of N x <dtype>"), which differs by design. */
+static bool desync_whats_differ(const char *a, const char *b) {
+    static const char a2av[] = "alltoallv of ";
+    size_t n = sizeof a2av - 1;
+    if (strncmp(a, a2av, n) == 0 && strncmp(b, a2av, n) == 0) {
+        const char *ta = strstr(a, " x "), *tb = strstr(b, " x ");
+        return !ta || !tb || strcmp(ta, tb) != 0;
+    }
+    return strcmp(a, b) != 0;
+}
+
 static bool desync_disagreement(const desync *d, const rank_state *st, char *buf, size_t len,
                                 cl_fault *f) {
     buf[0] = '\0';
     for (int r = 0; r < d->c->size; r++)
         for (int q = r + 1; q < d->c->size; q++)
             if (st[r].in_flight && st[q].in_flight && st[r].seq == st[q].seq && st[r].what[0] &&
-                st[q].what[0] && strcmp(st[r].what, st[q].what) != 0) {
+                st[q].what[0] && desync_whats_differ(st[r].what, st[q].what)) {
                 snprintf(buf, len, "ranks disagree on seq %llu: rank %d posted %s, rank %d %s; ",
                          st[r].seq, r, st[r].what, q, st[q].what);
                 cl_fault_init(f, COLLIE_FAULT_MISMATCH, COLLIE_FAULT_VIEW_LOCAL, d->c->rank);
@@ -146,8 +159,8 @@ static bool desync_disagreement(const desync *d, const rank_state *st, char *buf
 
 /* The report's fault data: the suspects it names. Silent ranks are stuck
  * (dead, or left, where peer health knows it of them all); a late loop is
- * this rank; an idle
- * suspect is the deadline's rank; none named: the deadline's, no ranks. */
+ * this rank; an idle suspect is the deadline's rank; none named: the
+ * deadline's, no ranks. */
 static void desync_fault(const desync *d, const rank_state *st, int sus, cl_fault *f) {
     collie_comm *c = d->c;
     if (d->store_trouble && sus != c->rank) return; /* silence says nothing: health alone */
