@@ -75,7 +75,7 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
     /* a peer's ABORT frame (peer_gone ALIVE just before): its abort, seen
      * from here; else the status and peer health say (fault.c) */
     cl_fault peer, *f = NULL;
-    if (status == COLLIE_EABORTED && c->aborted_by >= 0) {
+    if ((status == COLLIE_EABORTED || status == COLLIE_EPEER) && c->aborted_by >= 0) {
         cl_fault_init(&peer, COLLIE_FAULT_PEER_ABORT, COLLIE_FAULT_VIEW_PEER, c->aborted_by);
         f = &peer;
     } else if (status == COLLIE_EPROTO && backend_disagreement(c, &peer)) {
@@ -99,6 +99,10 @@ static void svc_fault(collie_bcomm *bc, collie_work *w, int status, const char *
 
 static void svc_peer_gone(collie_bcomm *bc, int rank, int state) {
     collie_comm *c = bc->comm;
+    /* a connection closed by a process that lives (same host: its pidfd
+     * and flags say so) is its abort, not its death */
+    if (state == COLLIE_PEER_DEAD && cl_health_process_alive(c, rank) == 1)
+        state = COLLIE_PEER_ALIVE;
     if (state == COLLIE_PEER_ALIVE)
         c->aborted_by = rank; /* the fault that follows is its abort (loop) */
     else if (state == COLLIE_PEER_DEAD || state == COLLIE_PEER_LEFT)

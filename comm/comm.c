@@ -426,8 +426,11 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         snprintf(c->err_msg, sizeof c->err_msg, "creation failed: %s", msg);
         cl_fault_classify(c, status, &c->fault);
         atomic_store_explicit(&c->err_status, status, memory_order_release);
+        pthread_mutex_unlock(&c->mu);
+        cl_health_comm_faulted(c, status, &c->fault);
+    } else {
+        pthread_mutex_unlock(&c->mu);
     }
-    pthread_mutex_unlock(&c->mu);
     atomic_store_explicit(&c->state, CL_COMM_FAILED, memory_order_release);
     char reason[CL_COMM_MSG_MAX + 16];
     snprintf(reason, sizeof reason, "aborted: %s", c->err_msg);
@@ -493,8 +496,11 @@ static void comm_on_engine_shutdown(cl_resident *r) {
         snprintf(c->err_msg, sizeof c->err_msg, "the engine was destroyed");
         cl_fault_classify(c, COLLIE_ECLOSED, &c->fault);
         atomic_store_explicit(&c->err_status, COLLIE_ECLOSED, memory_order_release);
+        pthread_mutex_unlock(&c->mu);
+        cl_health_comm_faulted(c, COLLIE_ECLOSED, &c->fault);
+    } else {
+        pthread_mutex_unlock(&c->mu);
     }
-    pthread_mutex_unlock(&c->mu);
     atomic_store(&c->state, CL_COMM_FAILED);
     comm_abort_on_loop(c, COLLIE_ECLOSED, "the engine is shutting down");
     comm_backends_destroy(c);

@@ -331,7 +331,10 @@ typedef struct cl_pid_sub {
 int cl_pid_watch(collie_engine *e, pid_t pid, unsigned long long start, cl_pid_sub *s);
 void cl_pid_unwatch(cl_pid_sub *s);
 unsigned long long cl_pid_start_time(pid_t pid); /* /proc/<pid>/stat field 22; 0 unknown */
-size_t cl_pid_watches(void);                     /* open watches (tests) */
+/* 1: the watched process lives (neither exited nor exiting); 0: it exited
+ * or is exiting; -1: s watches nothing (any thread) */
+int cl_pid_sub_alive(const cl_pid_sub *s);
+size_t cl_pid_watches(void); /* open watches (tests) */
 
 /* health.c: peer health and the event queue (see its notes). init at
  * creation (any thread), publish ahead of the creation barrier, start once
@@ -346,6 +349,9 @@ void cl_health_release_cb(collie_work *w, void *arg); /* releases w */
 /* rank cannot be reached (a connect failed, a link broke): SUSPECTED
  * unless dead or left (an event); heard again, it is back */
 void cl_health_suspect(collie_comm *c, int rank);
+/* 1: rank's process is watched (same host) and lives; 0: watched and
+ * exited or exiting; -1: not watched */
+int cl_health_process_alive(const collie_comm *c, int rank);
 /* rank went DEAD or LEFT (final; an event). False if it was already. */
 bool cl_health_peer_gone(collie_comm *c, int rank, int state);
 /* a frame came from rank (seq: its collective number, 0 none): any thread */

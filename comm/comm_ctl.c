@@ -136,7 +136,8 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
         snprintf(prefix, sizeof prefix, "rank %d ", rank);
         if (rank != c->rank && f.kind == COLLIE_FAULT_PEER_DEAD) /* see the design notes */
             for (int i = 0; i < f.nranks && i < COLLIE_FAULT_RANKS; i++)
-                cl_health_peer_gone(c, f.ranks[i], COLLIE_PEER_DEAD);
+                if (cl_health_process_alive(c, f.ranks[i]) != 1) /* same host: its pidfd says */
+                    cl_health_peer_gone(c, f.ranks[i], COLLIE_PEER_DEAD);
         if (rank != c->rank) {                             /* not our own */
             if (strncmp(why, prefix, strlen(prefix)) == 0) /* it names its rank already */
                 cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "%s", why);

@@ -112,6 +112,8 @@ void cl_fault_export(const cl_fault *f, int status, collie_fault *out) {
     out->origin = f->origin;
     out->nranks = f->nranks;
     int n = f->nranks < COLLIE_FAULT_RANKS ? f->nranks : COLLIE_FAULT_RANKS;
+    size_t room = (size - offsetof(collie_fault, ranks)) / sizeof out->ranks[0]; /* the caller's */
+    if ((size_t)n > room) n = (int)room;
     memcpy(out->ranks, f->ranks, (size_t)n * sizeof out->ranks[0]);
 }
 

@@ -11,7 +11,10 @@
  *  - Same host: at creation every rank appends "<rank>:<pid>:<start> " to
  *    "<prefix>host/<boot id>.<pid namespace>" ahead of the creation
  *    barrier, so once the comm is ready one get returns every same-host
- *    peer (comm_rendezvous.c posts the append). Each peer's process is
+ *    peer (comm_rendezvous.c posts the append). An entry counts only if
+ *    its pid is the one its rank claimed at the rendezvous
+ *    ("<prefix>rank/<r>": the first claim wins), so a line appended by
+ *    someone else names no rank's process. Each peer's process is
  *    watched for its exit (pid_watch.c: a pidfd on the loop, one per
  *    process however many comms share it): its exit wakes us at once and
  *    costs nothing while idle.
@@ -141,12 +144,15 @@ int cl_health_init(collie_comm *c) {
     return COLLIE_OK;
 }
 
+static void health_push_gone(evutil_socket_t fd, short what, void *arg);
+
 static void health_unwatch(cl_peer *p) { cl_pid_unwatch(&p->exit_sub); }
 
 void cl_health_stop(collie_comm *c) {
     cl_health *h = c->health;
     if (!h || h->stopped) return;
     h->stopped = true;
+    if (h->ngone || h->faulted) health_push_gone(-1, 0, h); /* not lost with the loop's event */
     if (h->check_ev) event_free(h->check_ev);
     h->check_ev = NULL;
     for (int r = 0; r < c->size; r++)
@@ -354,6 +360,12 @@ static void health_check_start(cl_health *h) {
     if (!h->check_ev) CL_CWARN("health", h->c, "no memory for the silence check: none is made");
 }
 
+int cl_health_process_alive(const collie_comm *c, int rank) {
+    const cl_health *h = c->health;
+    if (!h || rank < 0 || rank >= c->size) return -1;
+    return cl_pid_sub_alive(&h->peers[rank].exit_sub);
+}
+
 int cl_health_state(const collie_comm *c, int rank) {
     const cl_health *h = c->health;
     if (!h || rank < 0 || rank >= c->size) return COLLIE_PEER_ALIVE;
@@ -490,33 +502,100 @@ static void health_watch(collie_comm *c, int rank, pid_t pid, unsigned long long
         health_dead(c, rank, "died (its process is gone)");
 }
 
+/* The same-host entries read, waiting for their ranks' claims */
+typedef struct host_entry {
+    int rank, pid;
+    unsigned long long start;
+} host_entry;
+
+typedef struct hosts_req {
+    collie_comm *c;
+    int n;
+    host_entry e[];
+} hosts_req;
+
+/* "pid P on host H (handle N)": P, or -1 */
+static int health_claim_pid(const void *val, size_t len) {
+    char buf[128];
+    int pid = -1;
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1),
+             (const char *)val);
+    return sscanf(buf, "pid %d on host ", &pid) == 1 ? pid : -1;
+}
+
+/* Each entry is watched only if its pid is the one its rank claimed at the
+ * rendezvous ("<prefix>rank/<r>", first claim wins): an entry anyone else
+ * appended names no rank's process. */
+static void health_on_claims(collie_work *w, void *arg) {
+    hosts_req *q = arg;
+    collie_comm *c = q->c;
+    bool ok = collie_work_result(w) == COLLIE_OK;
+    for (int i = 0; ok && i < q->n && !c->destroyed && c->health && !c->health->stopped; i++) {
+        const void *val;
+        size_t len;
+        if (collie_store_work_value_at(w, (size_t)i, &val, &len) == COLLIE_OK &&
+            health_claim_pid(val, len) == q->e[i].pid)
+            health_watch(c, q->e[i].rank, (pid_t)q->e[i].pid, q->e[i].start);
+    }
+    collie_work_release(w);
+    cl_comm_release(c);
+    free(q);
+}
+
+/* "rank:pid:start " ... as cl_health_publish writes them, into q (other
+ * processes' entries only: ranks in this very process die with it) */
+static hosts_req *health_parse_hosts(collie_comm *c, const char *s, const char *end) {
+    hosts_req *q = calloc(1, sizeof *q + (size_t)c->size * sizeof q->e[0]);
+    if (!q) return NULL;
+    q->c = c;
+    while (s < end && q->n < c->size) {
+        char item[80];
+        const char *sp = memchr(s, ' ', (size_t)(end - s));
+        size_t n = (size_t)((sp ? sp : end) - s);
+        host_entry h;
+        if (n > 0 && n < sizeof item) {
+            memcpy(item, s, n);
+            item[n] = '\0';
+            if (sscanf(item, "%d:%d:%llu", &h.rank, &h.pid, &h.start) == 3 && h.rank >= 0 &&
+                h.rank < c->size && h.rank != c->rank && h.pid > 0 && h.pid != getpid())
+                q->e[q->n++] = h;
+        }
+        if (!sp) break;
+        s = sp + 1;
+    }
+    return q;
+}
+
 static void health_on_hosts(collie_work *w, void *arg) {
     collie_comm *c = arg;
     const void *val;
     size_t len;
+    hosts_req *q = NULL;
     if (!c->destroyed && c->health && !c->health->stopped && collie_work_result(w) == COLLIE_OK &&
-        collie_store_work_value(w, &val, &len) == COLLIE_OK) {
-        const char *s = val, *end = s + len;
-        while (s < end) { /* "rank:pid:start " ... as written by cl_health_publish */
-            char item[80];
-            const char *sp = memchr(s, ' ', (size_t)(end - s));
-            size_t n = (size_t)((sp ? sp : end) - s);
-            if (n > 0 && n < sizeof item) {
-                memcpy(item, s, n);
-                item[n] = '\0';
-                int rank, pid;
-                unsigned long long start;
-                /* ranks in this very process (several per process) die with it */
-                if (sscanf(item, "%d:%d:%llu", &rank, &pid, &start) == 3 && rank >= 0 &&
-                    rank < c->size && rank != c->rank && pid > 0 && pid != getpid())
-                    health_watch(c, rank, (pid_t)pid, start);
-            }
-            if (!sp) break;
-            s = sp + 1;
-        }
-    }
+        collie_store_work_value(w, &val, &len) == COLLIE_OK)
+        q = health_parse_hosts(c, val, (const char *)val + len);
     collie_work_release(w);
-    cl_comm_release(c);
+    char(*keys)[160] = q && q->n ? calloc((size_t)q->n, sizeof *keys) : NULL;
+    const char **kp = keys ? calloc((size_t)q->n, sizeof *kp) : NULL;
+    collie_work *mw;
+    bool handed = false; /* to the claims' callback, with c's reference */
+    if (kp) {
+        for (int i = 0; i < q->n; i++) {
+            snprintf(keys[i], sizeof keys[i], "%srank/%d", c->prefix, q->e[i].rank);
+            kp[i] = keys[i];
+        }
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.timeout_ms = 2000; /* every rank claimed before the barrier */
+        o.cb = health_on_claims;
+        o.cb_arg = q;
+        handed = collie_store_post_multi_get(c->store, kp, (size_t)q->n, &o, &mw) == COLLIE_OK;
+    }
+    free(kp);
+    free(keys);
+    if (!handed) {
+        free(q);
+        cl_comm_release(c);
+    }
 }
 
 void cl_health_start(collie_comm *c) {

@@ -15,6 +15,11 @@
  *  - The start time (field 22 of /proc/<pid>/stat) read after the pidfd is
  *    open guards against a recycled pid: a mismatch means the process the
  *    peer published is gone already.
+ *  - Whether a watched process lives (cl_pid_sub_alive) is certain at any
+ *    instant: exited (the pidfd), or exiting (its PF_EXITING flag, set
+ *    before the kernel closes its files: a connection a killed process
+ *    drops is seen closed only after it), or alive. So a closed
+ *    connection from a process that lives is not taken for a death.
  *  - The exit callback detaches every subscriber first, then calls each
  *    one's `exited` without the lock (it may unsubscribe others, post
  *    store requests, fault a comm).
@@ -46,21 +51,34 @@ typedef struct cl_pid_watch { /* one watched process (the header's opaque type) 
 static pthread_mutex_t pid_mu = PTHREAD_MUTEX_INITIALIZER;
 static cl_list pid_watches = {.head = {&pid_watches.head, &pid_watches.head}};
 
-unsigned long long cl_pid_start_time(pid_t pid) {
+/* /proc/<pid>/stat: the state (field 3), the flags (9) and the start time
+ * (22). False if unreadable (the process is gone). */
+static bool pid_stat(pid_t pid, char *state, unsigned long *flags, unsigned long long *start) {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) return false;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return false;
     buf[n] = '\0';
     const char *s = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
-    if (!s) return 0;
-    s += 2;                                       /* ") S": at field 3 */
-    for (int field = 3; field < 22 && s; field++) /* to the space before field + 1 */
+    if (!s || !s[1] || !s[2]) return false;
+    s += 2; /* ") S": at field 3 */
+    *state = *s;
+    for (int field = 3; field < 22 && s; field++) { /* to the space before field + 1 */
         s = strchr(s + 1, ' ');
-    return s ? strtoull(s + 1, NULL, 10) : 0;
+        if (s && field == 8) *flags = strtoul(s + 1, NULL, 10);
+    }
+    *start = s ? strtoull(s + 1, NULL, 10) : 0;
+    return s != NULL;
+}
+
+unsigned long long cl_pid_start_time(pid_t pid) {
+    char state;
+    unsigned long flags = 0;
+    unsigned long long start = 0;
+    return pid_stat(pid, &state, &flags, &start) ? start : 0;
 }
 
 static int pid_fd_open(pid_t pid) {
@@ -154,6 +172,28 @@ void cl_pid_unwatch(cl_pid_sub *s) {
         if (cl_list_empty(&w->subs)) pid_watch_free(w);
     }
     pthread_mutex_unlock(&pid_mu);
+}
+
+#define PF_EXITING_FLAG 0x4ul /* the kernel's PF_EXITING: set before its files close */
+
+int cl_pid_sub_alive(const cl_pid_sub *s) {
+    pthread_mutex_lock(&pid_mu);
+    const pid_entry *w = s->watch;
+    pid_t pid = w ? w->pid : 0;
+    unsigned long long start = w ? w->start : 0;
+    int fd = w ? w->pidfd : -1;
+    int res = -1;
+    if (w) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        char state = '?';
+        unsigned long flags = 0;
+        unsigned long long now_start = 0;
+        res = poll(&pf, 1, 0) == 0 && pid_stat(pid, &state, &flags, &now_start) &&
+              (!start || now_start == start) && state != 'Z' && state != 'X' &&
+              !(flags & PF_EXITING_FLAG);
+    }
+    pthread_mutex_unlock(&pid_mu);
+    return res;
 }
 
 size_t cl_pid_watches(void) {

@@ -505,7 +505,9 @@ static void run_kill(bool link, const char *transport) {
 
 /* ---- a rank stopped and resumed ----------------------------------------------------------- */
 
-#define STOP_SUSPECT_MS 500 /* COLLIE_SUSPECT_MS of the stop test (heartbeat: 100 ms) */
+/* COLLIE_SUSPECT_MS of the stop test (heartbeat: 100 ms): 15 heartbeats, so a
+ * loaded machine's late heartbeat is not a silence */
+#define STOP_SUSPECT_MS 1500
 #define STOP_SLACK_MS   1500
 
 /* One rank of the stop test: create, link (an allreduce, checked), say
@@ -576,7 +578,7 @@ static int stop_child(const char *addr, int rank, void *arg) {
 static void run_stop(const char *transport) {
     char tr[64];
     snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport);
-    const char *settings[] = {tr, "COLLIE_HEARTBEAT_MS=100", "COLLIE_SUSPECT_MS=500", NULL};
+    const char *settings[] = {tr, "COLLIE_HEARTBEAT_MS=100", "COLLIE_SUSPECT_MS=1500", NULL};
     kids k;
     kids_start(&k, stop_child, NULL, settings);
     int up = 0;

@@ -156,40 +156,51 @@ class Health:
     async def events(self):
         """`async for ev in comm.events()`: the comm's events as they come,
         without a thread and without blocking the loop. Ends when the comm
-        is destroyed."""
+        is destroyed or its engine closed (after the events already in).
+        Several iterators share the comm's one queue: each
+        event goes to one of them."""
         loop = asyncio.get_running_loop()
         fd = self.event_fd()
         ready = asyncio.Event()
-        watch = (loop, fd, ready)
-        watches = self.__dict__.setdefault("_event_watches", [])
-        watches.append(watch)
-        loop.add_reader(fd, ready.set)
+        # one reader per loop for the fd, waking every iterator on it
+        readers = self.__dict__.setdefault("_event_readers", {})
+        if loop not in readers:
+            waiting = set()
+            readers[loop] = (fd, waiting)
+            loop.add_reader(fd, lambda: [r.set() for r in list(waiting)])
+        waiting = readers[loop][1]
+        waiting.add(ready)
         try:
             while True:
                 ev = self.pop_event() if self._h else None
                 if ev is not None:
                     yield ev
                     continue
-                if not self._h:
+                if not self._h or self._engine._closed:  # nothing more can come
                     return
                 ready.clear()
                 await ready.wait()
         finally:
-            if watch in watches:
-                watches.remove(watch)
+            waiting.discard(ready)
+            if not waiting and readers.get(loop, (None, None))[1] is waiting:
+                del readers[loop]
                 loop.remove_reader(fd)
 
     def _events_stop(self):
         """Before destroy closes the fd: every events() iterator lets go of
         it (on its loop) and ends."""
-        for loop, fd, ready in self.__dict__.pop("_event_watches", []):
+        for loop, (fd, waiting) in self.__dict__.pop("_event_readers", {}).items():
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
+            wake = list(waiting)
+            waiting.clear()
             if running is loop:
                 loop.remove_reader(fd)
-                ready.set()
+                for r in wake:
+                    r.set()
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(loop.remove_reader, fd)
-                loop.call_soon_threadsafe(ready.set)
+                for r in wake:
+                    loop.call_soon_threadsafe(r.set)

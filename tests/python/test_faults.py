@@ -248,7 +248,7 @@ def test_a_stopped_rank_is_named_by_the_deadline():
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_a_stopped_rank_is_suspected_then_back(transport):
-    """Heartbeats every 100 ms, suspected after 500 ms of silence: rank 3
+    """Heartbeats every 100 ms, suspected after 1.5 s of silence: rank 3
     SIGSTOPped after a second of idling is suspected (an event from
     comm.events()) by every survivor linked to it, by none without a link,
     the comm never faults; SIGCONT: peer_back, and the next allreduce is
@@ -273,8 +273,10 @@ def test_a_stopped_rank_is_suspected_then_back(transport):
         procs[-1].stdin.write("cont\n")
         procs[-1].stdin.flush()
 
+    # the suspect bound is 15 heartbeats: a loaded machine's late heartbeat
+    # is not a silence
     env = {"COLLIE_CPU_TRANSPORT": transport, "COLLIE_HEARTBEAT_MS": "100",
-           "COLLIE_SUSPECT_MS": "500"}
+           "COLLIE_SUSPECT_MS": "1500"}
     res = run("stop_resume", env=env, act=stop_and_resume)
     nlinked = 0
     for r, out in res.items():
@@ -287,7 +289,7 @@ def test_a_stopped_rank_is_suspected_then_back(transport):
         (k1, r1, t1), (k2, r2, t2) = out["events"]
         assert [k1, r1, k2, r2] == ["peer_suspected", 3, "peer_back", 3], out
         assert out["states"][0] == "suspected", out
-        assert 0.25 <= (t1 - t["stop"]) / 1e9 < 2.0, (out, t)
+        assert 0.75 <= (t1 - t["stop"]) / 1e9 < 5.0, (out, t)
         assert t2 >= t["cont"], (out, t)
     assert nlinked >= 1, res
 
