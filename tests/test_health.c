@@ -45,6 +45,7 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "kids.h"
 #include "runner.h"
 
 #define DEAD_MS 2000 /* generous: the target (bench) is 100 ms */
@@ -308,86 +309,6 @@ static void test_notice_of_a_death_is_peer_dead(void **state) {
 
 #define KILL_N 4
 
-/* KILL_N ranks in forked children (one engine each) around a store served
- * here: each child's stdout and stdin are pipes (lines both ways), every
- * read is bounded, and kids_end reaps them all (SIGKILL past its bound). */
-typedef struct kids {
-    collie_engine *e;
-    collie_store_server *srv;
-    pid_t pid[KILL_N];
-    int out[KILL_N], in[KILL_N]; /* the child's stdout (read), its stdin (write) */
-    char buf[KILL_N][1024];
-    size_t got[KILL_N];
-} kids;
-
-typedef int (*kid_fn)(const char *addr, int rank, void *arg);
-
-/* the settings each child takes ("NAME=value" or NULL; from its own
- * environment, as a rank would) */
-static void kids_start(kids *k, kid_fn fn, void *arg, const char *const *settings) {
-    memset(k, 0, sizeof *k);
-    assert_int_equal(collie_engine_create(NULL, &k->e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(k->e, "127.0.0.1", 0, NULL, &k->srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(k->srv));
-    for (int r = 0; r < KILL_N; r++) {
-        int po[2], pi[2];
-        assert_int_equal(pipe(po), 0);
-        assert_int_equal(pipe(pi), 0);
-        k->pid[r] = fork();
-        assert_true(k->pid[r] >= 0);
-        if (k->pid[r] == 0) {
-            for (int i = 0; settings && settings[i]; i++) {
-                char name[64];
-                const char *eq = strchr(settings[i], '=');
-                snprintf(name, sizeof name, "%.*s", (int)(eq - settings[i]), settings[i]);
-                setting_set(name, eq + 1); /* the parent's engine read them already */
-            }
-            dup2(po[1], 1);
-            dup2(pi[0], 0);
-            _exit(fn(addr, r, arg));
-        }
-        close(po[1]);
-        close(pi[0]);
-        k->out[r] = po[0];
-        k->in[r] = pi[1];
-    }
-}
-
-/* read what child r said within timeout_ms; true once it holds `text` */
-static bool kids_wait(kids *k, int r, const char *text, int timeout_ms) {
-    int64_t until = now_ms() + timeout_ms;
-    do {
-        if (strstr(k->buf[r], text)) return true;
-        if (k->got[r] >= sizeof k->buf[r] - 1 || !fd_readable(k->out[r], 10)) continue;
-        ssize_t n = read(k->out[r], k->buf[r] + k->got[r], sizeof k->buf[r] - 1 - k->got[r]);
-        if (n <= 0) return strstr(k->buf[r], text) != NULL;
-        k->got[r] += (size_t)n;
-    } while (now_ms() < until);
-    return strstr(k->buf[r], text) != NULL;
-}
-
-static void kids_tell(kids *k, int r, const char *line) {
-    ssize_t n = write(k->in[r], line, strlen(line));
-    assert_int_equal(n, (ssize_t)strlen(line));
-}
-
-/* reap every child (each within its bound, else SIGKILLed): codes[r] is
- * its exit code, 128 + a signal if one ended it */
-static void kids_end(kids *k, int codes[KILL_N], int bound_ms) {
-    for (int r = 0; r < KILL_N; r++) {
-        int stw = reap_bounded(k->pid[r], bound_ms);
-        codes[r] = stw == -1        ? 128 + SIGKILL
-                   : WIFEXITED(stw) ? WEXITSTATUS(stw)
-                                    : 128 + WTERMSIG(stw);
-        kids_wait(k, r, "\x01", 0); /* what it said last */
-        close(k->out[r]);
-        close(k->in[r]);
-    }
-    collie_store_server_destroy(k->srv);
-    assert_int_equal(collie_engine_destroy(k->e), COLLIE_OK);
-}
-
 /* a child's side: create comm `name` of KILL_N ranks on the store at addr */
 static int kid_join(const char *addr, int rank, const char *name, collie_engine **e,
                     collie_store **st, collie_comm **c) {
@@ -482,7 +403,7 @@ static void run_kill(bool link, const char *transport) {
     snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport ? transport : "auto");
     const char *settings[] = {tr, NULL};
     kids k;
-    kids_start(&k, kill_child, &link, settings);
+    kids_start(&k, KILL_N, kill_child, &link, settings);
     int up = 0;
     for (int r = 0; r < KILL_N; r++)
         up += kids_wait(&k, r, "up ", 20000);
@@ -580,7 +501,7 @@ static void run_stop(const char *transport) {
     snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport);
     const char *settings[] = {tr, "COLLIE_HEARTBEAT_MS=100", "COLLIE_SUSPECT_MS=1500", NULL};
     kids k;
-    kids_start(&k, stop_child, NULL, settings);
+    kids_start(&k, KILL_N, stop_child, NULL, settings);
     int up = 0;
     for (int r = 0; r < KILL_N; r++)
         up += kids_wait(&k, r, "up ", 20000);

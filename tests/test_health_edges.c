@@ -25,6 +25,7 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 #include "harness.h"
+#include "kids.h"
 #include "runner.h"
 
 static bool fd_readable(int fd, int timeout_ms) {
@@ -106,76 +107,9 @@ static void test_queue_bounded(void **state) {
     world_destroy(&w);
 }
 
-/* ---- ranks as processes (from test_health.c) ----------------------------------------- */
+/* ---- ranks as processes (tests/kids.h) ----------------------------------------------------- */
 
-#define KN 2
-typedef struct kids {
-    collie_engine *e;
-    collie_store_server *srv;
-    pid_t pid[KN];
-    int out[KN], in[KN];
-    char buf[KN][4096];
-    size_t got[KN];
-} kids;
-
-typedef int (*kid_fn)(const char *addr, int rank, void *arg);
-
-static void kids_start(kids *k, kid_fn fn, void *arg, const char *const *settings) {
-    memset(k, 0, sizeof *k);
-    assert_int_equal(collie_engine_create(NULL, &k->e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(k->e, "127.0.0.1", 0, NULL, &k->srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(k->srv));
-    for (int r = 0; r < KN; r++) {
-        int po[2], pi[2];
-        assert_int_equal(pipe(po), 0);
-        assert_int_equal(pipe(pi), 0);
-        k->pid[r] = fork();
-        assert_true(k->pid[r] >= 0);
-        if (k->pid[r] == 0) {
-            for (int i = 0; settings && settings[i]; i++) {
-                char name[64];
-                const char *eq = strchr(settings[i], '=');
-                snprintf(name, sizeof name, "%.*s", (int)(eq - settings[i]), settings[i]);
-                setting_set(name, eq + 1);
-            }
-            dup2(po[1], 1);
-            dup2(pi[0], 0);
-            _exit(fn(addr, r, arg));
-        }
-        close(po[1]);
-        close(pi[0]);
-        k->out[r] = po[0];
-        k->in[r] = pi[1];
-    }
-}
-
-static bool kids_wait(kids *k, int r, const char *text, int timeout_ms) {
-    int64_t until = now_ms() + timeout_ms;
-    do {
-        if (strstr(k->buf[r], text)) return true;
-        if (k->got[r] >= sizeof k->buf[r] - 1 || !fd_readable(k->out[r], 10)) continue;
-        ssize_t n = read(k->out[r], k->buf[r] + k->got[r], sizeof k->buf[r] - 1 - k->got[r]);
-        if (n <= 0) return strstr(k->buf[r], text) != NULL;
-        k->got[r] += (size_t)n;
-    } while (now_ms() < until);
-    return strstr(k->buf[r], text) != NULL;
-}
-
-static void kids_end(kids *k, int codes[KN], int bound_ms) {
-    for (int r = 0; r < KN; r++) {
-        int stw = reap_bounded(k->pid[r], bound_ms);
-        codes[r] = stw == -1        ? 128 + SIGKILL
-                   : WIFEXITED(stw) ? WEXITSTATUS(stw)
-                                    : 128 + WTERMSIG(stw);
-        kids_wait(k, r, "\x01", 0);
-        close(k->out[r]);
-        close(k->in[r]);
-    }
-    collie_store_server_destroy(k->srv);
-    assert_int_equal(collie_engine_destroy(k->e), COLLIE_OK);
-}
-
+#define KN  2
 #define BIG (64u << 20)
 
 /* Rank 1 sends 256 MiB to rank 0 over TCP and aborts mid-stream (its
@@ -231,7 +165,7 @@ static int busy_child(const char *addr, int rank, void *arg) {
 static void run_busy(int policy) {
     const char *settings[] = {"COLLIE_CPU_TRANSPORT=tcp", NULL};
     kids k;
-    kids_start(&k, busy_child, &policy, settings);
+    kids_start(&k, KN, busy_child, &policy, settings);
     assert_true(kids_wait(&k, 0, "up ", 20000));
     assert_true(kids_wait(&k, 1, "up ", 20000));
     usleep(300 * 1000); /* rank 0's receive is posted */
