@@ -35,6 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "base/pidfd.h"
 #include "comm/comm.h"
 #include "engine/engine.h"
 
@@ -81,16 +82,6 @@ unsigned long long cl_pid_start_time(pid_t pid) {
     return pid_stat(pid, &state, &flags, &start) ? start : 0;
 }
 
-static int pid_fd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 /* under pid_mu */
 static void pid_watch_free(pid_entry *w) {
     cl_list_remove(&w->node);
@@ -132,7 +123,7 @@ int cl_pid_watch(collie_engine *e, pid_t pid, unsigned long long start, cl_pid_s
         }
     }
     pthread_mutex_unlock(&pid_mu);
-    int fd = pid_fd_open(pid);
+    int fd = cl_pidfd_open(pid);
     if (fd < 0) /* no such process; or no pidfd here (old kernel, seccomp): links alone tell */
         return errno == ESRCH ? COLLIE_ENOENT : COLLIE_ENOTSUP;
     unsigned long long now_start = cl_pid_start_time(pid);

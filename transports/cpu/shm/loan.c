@@ -28,6 +28,7 @@
  *    again, not taken for the peer's exit (a read, claimed loan would fail
  *    its receive, or be dropped unexpected, while its send completed OK).
  */
+#include "base/pidfd.h"
 #include "transports/cpu/shm/loan.h"
 
 #include <errno.h>
@@ -75,16 +76,6 @@ void cl_shm_loans_fini(cl_shm_loans *lo) {
     lo->pid = 0;
 }
 
-static int pidfd_of(pid_t pid) {
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 /* Has the process behind the pidfd exited? A signal caught meanwhile
  * (EINTR, even under SA_RESTART and a timeout of 0) says nothing of the
  * peer: look again (a few times: a process flooded with signals might be
@@ -111,7 +102,7 @@ bool cl_shm_loans_probe(cl_shm_loans *lo, int sock, char *why, size_t why_len) {
         snprintf(why, why_len, "its process id is unknown here (another pid namespace?)");
         return true;
     }
-    int pidfd = pidfd_of(cred.pid);
+    int pidfd = cl_pidfd_open(cred.pid);
     if (pidfd < 0) {
         snprintf(why, why_len, "pidfd_open(%d): %s", (int)cred.pid, strerror(errno));
         return true;
