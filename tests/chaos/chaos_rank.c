@@ -835,6 +835,16 @@ typedef struct sub_call {
  * disagreement (EINVAL). Not ETIMEDOUT, what the old code gave 15 s later,
  * nor EPEER: a child's rendezvous ended by an abort poisons nothing
  * (comm_rendezvous.c), only a timeout or a conflict does. */
+/* A group's creation ended by its parent's failure (a peer's abort, a
+ * death in the same round): the parent's fault (EABORTED through the
+ * child's rendezvous, or ESTATE: the parent is no longer ready) is the
+ * right answer, whatever the lists said. */
+static bool ch_parent_failed_status(collie_comm *world, int rc) {
+    int st = COLLIE_OK;
+    collie_comm_error(world, &st, NULL);
+    return st != COLLIE_OK && (rc == COLLIE_EABORTED || rc == COLLIE_ESTATE);
+}
+
 static void subgroup_check(ch_run *run, const char *what, int rc, const sub_call *sc) {
     const ch_round *p = &run->plan;
     int64_t f = atomic_load(&run->ab.fired_ns);
@@ -896,7 +906,8 @@ static bool make_subgroups(ch_run *run) {
                                  "new_group returned %s and %s though rank %d was given another "
                                  "member list",
                                  collie_status_name(rc), c ? "a comm" : "no comm", p->misfit);
-                else if (rc != COLLIE_EINVAL && rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER)
+                else if (rc != COLLIE_EINVAL && rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER &&
+                         !ch_parent_failed_status(world, rc))
                     ch_violation(rep, "bad_status", p->round, -1,
                                  "new_group with disagreeing lists returned %s: %s",
                                  collie_status_name(rc), collie_last_error());
