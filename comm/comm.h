@@ -349,6 +349,8 @@ void cl_health_release_cb(collie_work *w, void *arg); /* releases w */
 /* rank cannot be reached (a connect failed, a link broke): SUSPECTED
  * unless dead or left (an event); heard again, it is back */
 void cl_health_suspect(collie_comm *c, int rank);
+/* has rank ever been heard from on a link? */
+bool cl_health_linked(const collie_comm *c, int rank);
 /* 1: rank's process is watched (same host) and lives; 0: watched and
  * exited or exiting; -1: not watched */
 int cl_health_process_alive(const collie_comm *c, int rank);

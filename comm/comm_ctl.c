@@ -145,7 +145,12 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
                 cl_comm_fault_data(c, COLLIE_EABORTED, &f, false, "rank %d failed: %s", rank, why);
         }
     } else if (sscanf(buf, "left %d", &rank) == 1) {
-        if (rank != c->rank) cl_health_peer_gone(c, rank, COLLIE_PEER_LEFT);
+        /* a rank with a link to us says goodbye on it (BYE, in order with
+         * its frames): the notice is for those without one, and a notice
+         * about a linked rank, which anyone writing the store could post,
+         * is not believed */
+        if (rank != c->rank && !cl_health_linked(c, rank))
+            cl_health_peer_gone(c, rank, COLLIE_PEER_LEFT);
     } else if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
         if (rank != c->rank) ctl_answer(c, k);
     } else {

@@ -360,6 +360,12 @@ static void health_check_start(cl_health *h) {
     if (!h->check_ev) CL_CWARN("health", h->c, "no memory for the silence check: none is made");
 }
 
+bool cl_health_linked(const collie_comm *c, int rank) {
+    const cl_health *h = c->health;
+    return h && rank >= 0 && rank < c->size &&
+           atomic_load_explicit(&((cl_health *)h)->peers[rank].heard_ns, RELAXED) != 0;
+}
+
 int cl_health_process_alive(const collie_comm *c, int rank) {
     const cl_health *h = c->health;
     if (!h || rank < 0 || rank >= c->size) return -1;

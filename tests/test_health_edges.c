@@ -76,6 +76,28 @@ static void test_fault_size_respected(void **state) {
  * rank 1 lives, is linked and never destroyed its comm. */
 
 /* suspected/back repeatedly: bounded queue, dropped counted, fd exact */
+/* A "left <r>" control message about a linked, live rank (anyone writing
+ * the store could post it) is not believed: r's goodbye comes on its link. */
+static void test_left_forged(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "bfleft", NULL);
+    world_link(&w);
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 16, 0, false);
+    collie_peer_health h[3];
+    assert_int_equal(collie_comm_health(w.c[2], h, 3), 3);
+    assert_true(h[1].heard_ago_ms >= 0); /* linked */
+    assert_int_equal(cl_comm_ctl_send(w.c[0], "left 1", NULL, NULL), COLLIE_OK);
+    usleep(500 * 1000);
+    assert_int_equal(collie_comm_health(w.c[2], h, 3), 3);
+    assert_int_not_equal(h[1].state, COLLIE_PEER_LEFT);
+    /* and an allreduce still works: rank 1 is not gone */
+    run_and_check(&w, COLLIE_COLL_ALLREDUCE, COLLIE_INT32, COLLIE_SUM, 16, 0, false);
+    assert_int_equal(collie_comm_health(w.c[2], h, 3), 3);
+    assert_int_not_equal(h[1].state, COLLIE_PEER_LEFT);
+    world_destroy(&w);
+}
+
 static void test_queue_bounded(void **state) {
     (void)state;
     world w;
@@ -378,6 +400,7 @@ static void test_host_key_forged(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fault_size_respected),
+        cmocka_unit_test(test_left_forged),
         cmocka_unit_test(test_queue_bounded),
         cmocka_unit_test(test_host_key_forged),
         cmocka_unit_test(test_comm_faulted_event_on_every_failure),
