@@ -346,13 +346,6 @@ void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...) {
     va_end(ap);
 }
 
-void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    comm_vfault(c, status, NULL, propagate, fmt, ap);
-    va_end(ap);
-}
-
 void cl_comm_fault_data(collie_comm *c, int status, const cl_fault *f, bool propagate,
                         const char *fmt, ...) {
     va_list ap;

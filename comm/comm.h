@@ -307,7 +307,6 @@ void cl_stats_backend_add(collie_bcomm *bc, int which, int64_t delta);
 /* fault.c */
 void cl_fault_init(cl_fault *f, int kind, int view, int origin);
 void cl_fault_add(cl_fault *f, int rank); /* ascending, once */
-bool cl_fault_has(const cl_fault *f, int rank);
 /* the data a status stands for when the one who saw it did not say (the
  * peers' ranks from health); any thread */
 void cl_fault_classify(collie_comm *c, int status, cl_fault *f);
@@ -376,10 +375,8 @@ void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
  * first (the comm's root cause); false if the comm had failed already. */
 bool cl_comm_record_fault(collie_comm *c, int status, const cl_fault *f, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* the same; `propagate` false for faults learnt from the control channel */
-void cl_comm_fault_ex(collie_comm *c, int status, bool propagate, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* the same with the fault's data (NULL: from the status, cl_fault_classify) */
+/* the same with the fault's data (NULL: from the status, cl_fault_classify);
+ * `propagate` false for faults learnt from the control channel */
 void cl_comm_fault_data(collie_comm *c, int status, const cl_fault *f, bool propagate,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* the rendezvous finished (loop): start queued works or fail them */

@@ -59,13 +59,6 @@ void cl_fault_add(cl_fault *f, int rank) {
     f->nranks++;
 }
 
-bool cl_fault_has(const cl_fault *f, int rank) {
-    int n = f->nranks < COLLIE_FAULT_RANKS ? f->nranks : COLLIE_FAULT_RANKS;
-    for (int i = 0; i < n; i++)
-        if (f->ranks[i] == rank) return true;
-    return false;
-}
-
 void cl_fault_classify(collie_comm *c, int status, cl_fault *f) {
     switch (status) {
     case COLLIE_OK: cl_fault_init(f, COLLIE_FAULT_NONE, COLLIE_FAULT_VIEW_LOCAL, -1); return;

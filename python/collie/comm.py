@@ -56,6 +56,20 @@ PERCENTILES = (50, 90, 99)
 _BACKGROUND = set()
 
 
+def _check_create_args(engine, store, rank, size):
+    """The types a creation takes (store None: from the environment, rank
+    and size unchecked here)."""
+    if not isinstance(engine, Engine):
+        raise TypeError("engine: a collie.Engine")
+    if store is None:
+        return
+    if not isinstance(store, Store):
+        raise TypeError("store: a collie.Store")
+    for v, what in ((rank, "rank"), (size, "size")):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{what}: an int, got {type(v).__name__}")
+
+
 def _env_int(var, what):
     v = os.environ.get(var)
     if v is None or not v.strip().lstrip("-").isdigit():
@@ -220,8 +234,7 @@ class Comm(Closable, Health):
         _handle=None,
         _parent=None,
     ):
-        if not isinstance(engine, Engine):
-            raise TypeError("engine: a collie.Engine")
+        _check_create_args(engine, None if _handle is not None else store, rank, size)
         self._engine = engine
         self._store = store
         self._parent = _parent
@@ -229,17 +242,12 @@ class Comm(Closable, Health):
         if _handle is not None:
             self._h = _handle
             return
-        if store is not None and not isinstance(store, Store):
-            raise TypeError("store: a collie.Store")
         opts = _comm_opts(name, backend, timeout, create_timeout, policy, device)
         h = c_void_p()
         if store is None:
             st = lib.collie_comm_create_from_env(engine.handle, byref(opts), byref(h))
             check(st, "collie_comm_create_from_env")
         else:
-            for v, what in ((rank, "rank"), (size, "size")):
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise TypeError(f"{what}: an int, got {type(v).__name__}")
             check(
                 lib.collie_comm_create(engine.handle, store.handle, rank, size, byref(opts), byref(h)),
                 "collie_comm_create",
@@ -275,17 +283,11 @@ class Comm(Closable, Health):
         cancels the creation: ranks that joined the same generation fail at
         once naming this one, and what was made is destroyed in the
         background (never on the loop)."""
-        if not isinstance(engine, Engine):
-            raise TypeError("engine: a collie.Engine")
         own = None
         if store is None:
             rank = _env_int("COLLIE_RANK", "rank") if rank is None else rank
             size = _env_int("COLLIE_WORLD_SIZE", "size") if size is None else size
-        elif not isinstance(store, Store):
-            raise TypeError("store: a collie.Store")
-        for v, what in ((rank, "rank"), (size, "size")):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"{what}: an int, got {type(v).__name__}")
+        _check_create_args(engine, store, rank, size)
         opts = _comm_opts(name, backend, timeout, create_timeout, policy, device)
         if store is None:
             # connects in the background (collie_store_connect returns at once)
