@@ -297,21 +297,20 @@ TSAN_TESTS ?= engine work cq store coll collv p2p comm faults nccl shm_ring shm 
 # (reduced by CLTEST_QUICK).
 FAULT_TESTS := $(BUILD)/tests/test_faults $(BUILD)/tests/test_trace
 
+# Every stage runs even when an earlier one failed, so one run shows every
+# failure; the summary then repeats each failed test's own lines
+# (build/test-results/failures.log) above the counts, where a log's tail
+# (CI's) shows them.
+TEST_STAGES := format-check check-layers check-size check-backends test-normal test-faults \
+	test-fuzz test-chaos test-asan test-tsan test-python test-torch2
+
 test:
 	@rm -rf build/test-results
-	$(MAKE) --no-print-directory format-check
-	$(MAKE) --no-print-directory check-layers
-	@tools/check-size.sh
-	$(MAKE) --no-print-directory check-backends
-	$(MAKE) --no-print-directory test-normal
-	$(MAKE) --no-print-directory test-faults
-	$(MAKE) --no-print-directory test-fuzz
-	$(MAKE) --no-print-directory test-chaos
-	$(MAKE) --no-print-directory test-asan
-	$(MAKE) --no-print-directory test-tsan
-	$(MAKE) --no-print-directory test-python
-	$(MAKE) --no-print-directory test-torch2
-	@tools/test-summary.sh build/test-results
+	@status=0; for stage in $(TEST_STAGES); do \
+	  $(MAKE) --no-print-directory $$stage || { status=1; \
+	    mkdir -p build/test-results; echo "stage $$stage failed" >> build/test-results/failed-stages; }; \
+	done; \
+	tools/test-summary.sh build/test-results || status=1; exit $$status
 
 # The default CPU backend puts same-host peers on shared memory, so the
 # suites run the shm link; the collective suites run again forced onto TCP.

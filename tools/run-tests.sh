@@ -38,14 +38,16 @@ for t in "$@"; do
     grep -aoE 'SKIPPED: .*' "$log" | sort | uniq -c | sed 's/^ */    /'
   else
     fail=1
-    echo "[$suite] $name: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
-    # each failed test's own output (its last 40 lines), then the summary
-    awk '/^\[ RUN      \]/ { n = 0 }
-         { block[n++ % 40] = $0 }
-         /^\[  FAILED  \] [^0-9]/ && / \([0-9]+ ms\)$/ {
-           for (i = (n > 40 ? n - 40 : 0); i < n; i++) print "    " block[i % 40] }' "$log"
-    tail -n 12 "$log" | sed 's/^/    /'
-    [ "$rc" -eq 124 ] && echo "    (the binary timed out after ${binary_timeout}s)"
+    {
+      echo "[$suite] $name: FAILED (exit $rc, $passed passed, $failed failed, ${secs}s); log:"
+      # each failed test's own output (its last 40 lines), then the summary
+      awk '/^\[ RUN      \]/ { n = 0 }
+           { block[n++ % 40] = $0 }
+           /^\[  FAILED  \] [^0-9]/ && / \([0-9]+ ms\)$/ {
+             for (i = (n > 40 ? n - 40 : 0); i < n; i++) print "    " block[i % 40] }' "$log"
+      tail -n 12 "$log" | sed 's/^/    /'
+      [ "$rc" -eq 124 ] && echo "    (the binary timed out after ${binary_timeout}s)"
+    } | tee -a "$results/failures.log"
   fi
 done
 exit $fail
