@@ -166,6 +166,10 @@ static int coll_check(collie_comm *c, const collie_coll_args *a, int dev, collie
     /* A fault recorded but not yet applied by the loop (a deadline seen at
      * publication) fails posts too: a waiter that just got the root error
      * must not have its next post accepted, then aborted. */
+    if (atomic_load_explicit(&c->excluded, memory_order_relaxed))
+        return cl_set_last_error(COLLIE_ENOTMEMBER,
+                                 "%s: rank %d was left out of comm '%s' by the survivors' shrink",
+                                 op, c->rank, c->name);
     int st = atomic_load_explicit(&c->err_status, memory_order_acquire);
     if (st != COLLIE_OK && (atomic_load(&c->state) == CL_COMM_FAILED ||
                             (c->policy != COLLIE_POLICY_NONE &&

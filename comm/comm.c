@@ -56,6 +56,7 @@ void cl_comm_release(collie_comm *c) {
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     collie_store_destroy(c->store); /* NULL once a destroy released it */
+    free(c->rank_map);
     collie_comm *parent = c->split.parent;
     free(c);
     if (parent) cl_comm_release(parent);
@@ -369,12 +370,19 @@ static void comm_abort_cmd(cl_cmd *cmd) {
 }
 
 int collie_comm_abort(collie_comm *c, const char *reason) {
+    return cl_comm_abort_with(c, NULL, reason);
+}
+
+int cl_comm_abort_with(collie_comm *c, const cl_fault *f, const char *reason) {
     if (!c) return COLLIE_EINVAL;
     pthread_mutex_lock(&c->mu);
     if (atomic_load_explicit(&c->err_status, memory_order_relaxed) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "rank %d aborted the comm: %s", c->rank,
                  reason ? reason : "collie_comm_abort");
-        cl_fault_init(&c->fault, COLLIE_FAULT_APP_ABORT, COLLIE_FAULT_VIEW_LOCAL, c->rank);
+        if (f)
+            c->fault = *f;
+        else
+            cl_fault_init(&c->fault, COLLIE_FAULT_APP_ABORT, COLLIE_FAULT_VIEW_LOCAL, c->rank);
         atomic_store_explicit(&c->err_status, COLLIE_EABORTED, memory_order_release);
         pthread_mutex_unlock(&c->mu);
         cl_health_comm_faulted(c, COLLIE_EABORTED, &c->fault);
@@ -404,6 +412,7 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
         CL_INFO("comm", "comm '%s' generation %llu: rank %d of %d ready", c->name,
                 (unsigned long long)c->generation, c->rank, c->size);
         c->was_ready = true;
+        atomic_store(&c->ever_ready, true);
         cl_comm_ctl_start(c);
         cl_check_args_start(c);
         cl_health_start(c);

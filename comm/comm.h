@@ -191,8 +191,16 @@ struct collie_comm {
     _Atomic bool abort_queued;
     bool resident_added, engine_gone, destroyed, registered;
     bool was_ready;              /* the rendezvous succeeded once (loop) */
+    _Atomic bool ever_ready;     /* the same, for other threads (shrink's check) */
     _Atomic bool destroy_posted; /* collie_comm_destroy_post ran (comm_destroy.c) */
     _Atomic int groups_made;     /* split/new_group calls so far (names the children) */
+    /* shrink (comm_shrink.c): attempts so far (name their keys and the new
+     * comm); this rank was left out by the survivors (posts: ENOTMEMBER) */
+    _Atomic int shrinks_made;
+    _Atomic bool excluded;
+    /* made by a shrink: old rank -> new rank (-1: left out), owned */
+    int *rank_map;
+    int rank_map_n;
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -362,10 +370,15 @@ int cl_health_state(const collie_comm *c, int rank);
 void cl_health_add_peers(collie_comm *c, cl_fault *f, int state);
 /* the comm's first fault: an event */
 void cl_health_comm_faulted(collie_comm *c, int status, const cl_fault *f);
+/* this rank was left out by a shrink (`by`: who said so): an event */
+void cl_health_excluded(collie_comm *c, int by);
 
 /* comm.c */
 void cl_comm_hold(collie_comm *c);
 void cl_comm_release(collie_comm *c);
+/* collie_comm_abort with the fault's data (NULL: an application abort):
+ * the abort notice carries it (a shrink's revoke names its suspects) */
+int cl_comm_abort_with(collie_comm *c, const cl_fault *f, const char *reason);
 /* record the first fault and apply the comm's policy (loop) */
 void cl_comm_fault(collie_comm *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -436,6 +449,35 @@ void cl_desync_flush(collie_comm *c);
 bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
+
+/* comm_create.c: post the rendezvous of a shrink's new comm (comm_shrink.c):
+ * like collie_comm_create_post with o (o->post: how its work completes),
+ * the backends `spec`, `members` (the decision: every member must have
+ * been given the same) and a copy of map[old rank] = new rank. Nothing is
+ * shared with the old comm but the store. */
+int cl_comm_create_shrunk(collie_comm *old, int rank, int size, const collie_comm_opts *o,
+                          const cl_backend_spec *spec, const char *members, const int *map,
+                          int map_n, collie_comm **out, collie_work **work);
+/* comm_split.c: a child's name "<parent>.<suffix>" (hashed past 64
+ * characters); a member list as the rendezvous compares it (cut, with a
+ * hash of the whole, past `len`) */
+void cl_comm_child_name(const collie_comm *parent, const char *suffix, char *out, size_t len);
+void cl_comm_members_text_of(const char *list, char *out, size_t len);
+
+/* the set of left-out ranks as text ("1,3"; "-": none),
+ * parsed strictly (ranks ascending in [0, n)); this rank was left out
+ * (`by`: the rank that said so, -1: its own shrink; an event, and the
+ * comm's fault on the loop); a "shrunk <from> <set>" control message */
+/* comm_shrink_view.c: the ranks this rank knows failed (failed[r] = 1);
+ * is the comm healthy (no fault, nothing failed)? */
+void cl_shrink_view(collie_comm *c, uint8_t *failed);
+bool cl_shrink_nothing_failed(collie_comm *c);
+size_t cl_shrink_set_text_max(int n);
+void cl_shrink_set_format(const uint8_t *set, int n, char *buf, size_t len);
+bool cl_shrink_set_parse(const char *s, size_t len, int n, uint8_t *set);
+void cl_comm_shrink_excluded(collie_comm *c, int by);
+void cl_comm_shrink_notice(collie_comm *c, int from, const char *set, size_t len);
+bool cl_comm_is_shrink_work(const collie_work *w);
 
 /* comm_rendezvous.c: post c's rendezvous (the "comm.create" work, *work:
  * the caller's reference), whose start makes c a resident of its engine.

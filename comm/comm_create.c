@@ -168,6 +168,10 @@ typedef struct create_child {
     collie_comm *parent;
     int color, key;
     const char *members; /* new_group's list, or NULL */
+    /* a shrink's new comm: no parent kept, these backends, this rank map */
+    const cl_backend_spec *spec;
+    const int *map;
+    int map_n;
 } create_child;
 
 static int create_post(collie_engine *e, collie_store *store, int rank, int size,
@@ -186,7 +190,17 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
     if ((res = cl_comm_trust_check(store, cl_opt(o, name, NULL))) != COLLIE_OK) return res;
     collie_comm *c = comm_alloc(e, store, rank, size, o ? o : &dflt, &res);
     if (!c) return res;
-    if (child) {
+    if (child && child->spec) { /* a shrink's: nothing shared with the old comm */
+        comm_set_spec(c, child->spec);
+        c->rank_map = malloc((size_t)child->map_n * sizeof *c->rank_map);
+        if (!c->rank_map) {
+            cl_comm_release(c);
+            return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
+        }
+        memcpy(c->rank_map, child->map, (size_t)child->map_n * sizeof *c->rank_map);
+        c->rank_map_n = child->map_n;
+        snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
+    } else if (child) {
         if (!cl_opt(o, backend, NULL)) comm_set_spec(c, &child->parent->spec);
         cl_comm_hold(child->parent); /* dropped when c is freed (cl_comm_release) */
         c->split.parent = child->parent;
@@ -241,8 +255,15 @@ int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size
 
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out) {
-    create_child child = {parent, color, key, members};
+    create_child child = {parent, color, key, members, NULL, NULL, 0};
     return create_blocking(parent->engine, parent->store, rank, size, o, &child, out);
+}
+
+int cl_comm_create_shrunk(collie_comm *old, int rank, int size, const collie_comm_opts *o,
+                          const cl_backend_spec *spec, const char *members, const int *map,
+                          int map_n, collie_comm **out, collie_work **work) {
+    create_child child = {old, 0, rank, members, spec, map, map_n};
+    return create_post(old->engine, old->store, rank, size, o, &child, out, work);
 }
 
 int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, collie_comm **out) {

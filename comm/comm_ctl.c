@@ -151,6 +151,9 @@ static void ctl_handle(collie_comm *c, const char *msg, size_t len, uint64_t k) 
          * is not believed */
         if (rank != c->rank && !cl_health_linked(c, rank))
             cl_health_peer_gone(c, rank, COLLIE_PEER_LEFT);
+    } else if (sscanf(buf, "shrunk %d %n", &rank, &off) == 1 && off > 0 && rank >= 0 &&
+               rank < c->size) {
+        cl_comm_shrink_notice(c, rank, buf + off, strlen(buf + off));
     } else if (sscanf(buf, "query %d %llu", &rank, &seq) == 2) {
         if (rank != c->rank) ctl_answer(c, k);
     } else {

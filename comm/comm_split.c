@@ -40,7 +40,7 @@
 #include "comm/comm.h"
 #include "engine/engine.h"
 
-static void child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {
+void cl_comm_child_name(const collie_comm *parent, const char *suffix, char *out, size_t len) {
     int n = snprintf(out, len, "%s.%s", parent->name, suffix);
     if (n > 0 && (size_t)n <= 64) return;
     uint64_t h = cl_fnv1a_str(cl_fnv1a_str(CL_FNV1A_OFFSET, parent->prefix), suffix);
@@ -67,6 +67,18 @@ static void members_text(const int *ranks, int n, char *out, size_t len) {
     }
     out[used] = '\0';
     if (cut) snprintf(out + used, len - used, ",...#%016llx", (unsigned long long)h);
+}
+
+void cl_comm_members_text_of(const char *list, char *out, size_t len) {
+    size_t n = strlen(list);
+    if (n < len) {
+        memcpy(out, list, n + 1);
+        return;
+    }
+    uint64_t h = cl_fnv1a_str(CL_FNV1A_OFFSET, list);
+    size_t keep = len > 25 ? len - 25 : 0;
+    memcpy(out, list, keep);
+    snprintf(out + keep, len - keep, ",...#%016llx", (unsigned long long)h);
 }
 
 static collie_comm_opts child_opts(const collie_comm *parent, const collie_comm_opts *o,
@@ -169,7 +181,7 @@ int collie_comm_new_group(collie_comm *c, const int *ranks, int n, const collie_
                                  c->rank, c->name);
     char suffix[32], name[72], list[sizeof c->split.members];
     snprintf(suffix, sizeof suffix, "g%d", k);
-    child_name(c, suffix, name, sizeof name);
+    cl_comm_child_name(c, suffix, name, sizeof name);
     members_text(ranks, n, list, sizeof list);
     collie_comm_opts co = child_opts(c, o, name);
     return cl_comm_create_child(c, me, n, &co, 0, me, list, out);
@@ -267,7 +279,7 @@ int collie_comm_split(collie_comm *c, int color, int key, const collie_comm_opts
         if (all[i].rank == c->rank) me = i;
     char suffix[40], name[72];
     snprintf(suffix, sizeof suffix, "s%d.%d", k, color);
-    child_name(c, suffix, name, sizeof name);
+    cl_comm_child_name(c, suffix, name, sizeof name);
     collie_comm_opts co = child_opts(c, o, name);
     res = cl_comm_create_child(c, me, members, &co, color, key, NULL, out);
 out:

@@ -103,15 +103,15 @@ struct cl_health {
 
 static const char *const peer_state_names[] = {"alive", "slow", "suspected",
                                                "dead",  "left", "self"};
-static const char *const event_kind_names[] = {"?",         "peer_dead", "peer_suspected",
-                                               "peer_back", "peer_left", "comm_faulted"};
+static const char *const event_kind_names[] = {
+    "?", "peer_dead", "peer_suspected", "peer_back", "peer_left", "comm_faulted", "excluded"};
 
 const char *collie_peer_state_name(int state) {
     return state >= 0 && state <= COLLIE_PEER_SELF ? peer_state_names[state] : "?";
 }
 
 const char *collie_event_kind_name(int kind) {
-    return kind > 0 && kind <= COLLIE_EVENT_COMM_FAULTED ? event_kind_names[kind] : "?";
+    return kind > 0 && kind <= COLLIE_EVENT_EXCLUDED ? event_kind_names[kind] : "?";
 }
 
 /* ---- life ------------------------------------------------------------------------------ */
@@ -246,6 +246,11 @@ void cl_health_comm_faulted(collie_comm *c, int status, const cl_fault *f) {
         h->faulted = true;
     else
         health_push(h, COLLIE_EVENT_COMM_FAULTED, f->origin, status, f->kind);
+}
+
+void cl_health_excluded(collie_comm *c, int by) {
+    if (c->health)
+        health_push(c->health, COLLIE_EVENT_EXCLUDED, by, COLLIE_ENOTMEMBER, COLLIE_FAULT_NONE);
 }
 
 /* ---- states ---------------------------------------------------------------------------- */

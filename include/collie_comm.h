@@ -141,6 +141,70 @@ COLLIE_API int collie_comm_destroy(collie_comm *c);
 COLLIE_API int collie_comm_destroy_post(collie_comm *c, const collie_post_opts *o,
                                         collie_work **out);
 
+/* ------------------------------------------------------------------------ */
+/* Shrinking to the survivors (docs/faults.md, "Shrink")                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_shrink_opts {
+    size_t size; /* sizeof(collie_shrink_opts) */
+    /* the bound of the whole shrink (agreement and the new comm's
+     * rendezvous); 0: the comm's creation timeout. A rank that has not
+     * taken part in the agreement by then is left out, as suspected. */
+    int32_t timeout_ms;
+    /* the new comm's options (NULL: the old comm's timeouts, error policy,
+     * backends and device); its name is always "<name>.shr<generation>"
+     * (a later shrink of the same comm: "...shr<generation>e<attempt>") */
+    const collie_comm_opts *comm;
+} collie_shrink_opts;
+
+#define COLLIE_SHRINK_OPTS_INIT                                                                    \
+    { .size = sizeof(collie_shrink_opts) }
+
+/* collie_comm_shrink: the survivors of a failed comm agree on the set of
+ * failed ranks and get a new comm of the others, ranks renumbered
+ * compactly in their old order (collie_comm_rank_map). Every surviving
+ * rank calls it. The set is the union of what each survivor knows (its
+ * comm's fault, peers dead, left or suspected) and of the ranks that did
+ * not take part by the deadline; a further failure while it runs is seen
+ * through peer health and joins the set. The first decision written to
+ * the store is the one every survivor takes (compare-and-set), so all
+ * members get the same comm; the agreed set is the old comm's fault from
+ * then on (collie_comm_fault, view COLLIE_FAULT_VIEW_AGREED).
+ * The old comm is aborted first if it had not failed (a revoke: the
+ * others' works fail and they shrink too), and its works have all ended
+ * before the new comm is returned; destroy it afterwards as usual.
+ * A rank the others left out (slow, stopped) gets COLLIE_ENOTMEMBER from
+ * shrink, a COLLIE_EVENT_EXCLUDED event and COLLIE_ENOTMEMBER on its next
+ * post of the old comm. The store must outlive the ranks (collie-run's or
+ * collie-store): one that dies with a rank fails the shrink with
+ * COLLIE_EPEER saying so. Errors: EINVAL (NULL, bad opts), ESTATE (the
+ * comm is healthy: no fault and no peer dead, left or suspected; or not
+ * yet created), ENOTMEMBER (this rank was left out), ETIMEDOUT, EPEER,
+ * EABORTED (a member failed while the new comm was being made: shrink the
+ * old comm again), ENOMEM. Blocks, bounded by the timeout; an event loop
+ * uses collie_comm_shrink_post. */
+COLLIE_API int collie_comm_shrink(collie_comm *c, const collie_shrink_opts *so, collie_comm **out);
+
+/* collie_comm_shrink_post: the non-blocking form: a work ("comm.shrink")
+ * that completes (o->cb, o->cq) when the shrink has; take the new comm
+ * with collie_comm_work_comm. collie_work_cancel ends it (ECANCELED). The
+ * old comm must outlive the work. o->timeout_ms is ignored (so->timeout_ms
+ * bounds it). */
+COLLIE_API int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
+                                       const collie_post_opts *o, collie_work **out);
+
+/* collie_comm_work_comm: the comm a finished shrink work made; the caller
+ * owns it (destroy it). Once: a second call gets COLLIE_ENOENT. EINVAL (not
+ * such a work), INPROGRESS, or the work's failure status. A comm never
+ * taken is destroyed when the work is released. */
+COLLIE_API int collie_comm_work_comm(collie_work *w, collie_comm **out);
+
+/* collie_comm_rank_map: for a comm made by collie_comm_shrink, fill
+ * map[old] with each old rank's new rank, or -1 for a rank left out, for
+ * old < min(n, the old size). Returns the old size, COLLIE_ESTATE for a
+ * comm not made by a shrink, COLLIE_EINVAL (NULL, n < 0). */
+COLLIE_API int collie_comm_rank_map(const collie_comm *c, int *map, int n);
+
 /* collie_comm_abort: fail every pending work with COLLIE_EABORTED (naming
  * `reason`) and close the transport. Any thread, also inside a callback;
  * idempotent; never blocks on the network. */
@@ -304,8 +368,8 @@ typedef enum collie_fault_view {
     COLLIE_FAULT_VIEW_PEER = 1,  /* the view of the rank that failed first (`origin`), learnt from
                                     its abort notice: every rank that learns the fault from that
                                     notice reports the same set */
-    COLLIE_FAULT_VIEW_AGREED = 2 /* agreed by the survivors (reserved for shrink; not produced
-                                    yet) */
+    COLLIE_FAULT_VIEW_AGREED = 2 /* agreed by the survivors: the set a shrink left out (the old
+                                    comm's fault once collie_comm_shrink decided) */
 } collie_fault_view;
 
 /* collie_fault_kind_name: "peer_dead", "deadline", ... ("none"; "?" for a
@@ -386,7 +450,9 @@ typedef enum collie_event_kind {
     COLLIE_EVENT_PEER_SUSPECTED = 2, /* rank silent past the suspect bound */
     COLLIE_EVENT_PEER_BACK = 3,      /* a suspected rank was heard again */
     COLLIE_EVENT_PEER_LEFT = 4,      /* rank destroyed its comm */
-    COLLIE_EVENT_COMM_FAULTED = 5    /* the comm failed (status, fault kind: collie_comm_fault) */
+    COLLIE_EVENT_COMM_FAULTED = 5,   /* the comm failed (status, fault kind: collie_comm_fault) */
+    COLLIE_EVENT_EXCLUDED = 6        /* the survivors shrank the comm without this rank (rank:
+                                        the rank that told; its posts fail COLLIE_ENOTMEMBER) */
 } collie_event_kind;
 
 COLLIE_API const char *collie_event_kind_name(int kind);

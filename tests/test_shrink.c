@@ -1,0 +1,310 @@
+/*
+ * test_shrink.c — shrinking to the survivors (issue 33): collie_comm_shrink,
+ * its non-blocking form, the rank map and the agreed fault, with ranks in
+ * one process (coll_fixture; a rank "fails" by leaving or by never calling;
+ * process death and stops: test_shrink_kids.c):
+ *
+ *   left:      4 ranks, rank 3 destroys its comm; the others shrink (posted,
+ *              concurrently) and get one comm of 3: ranks in the old order,
+ *              the rank map, the old comm's fault is the agreed set {3}, the
+ *              name "<name>.shr<gen>", and an allreduce's bytes are right.
+ *   refused:   bad input, each named: NULL, opts without a size, a bad
+ *              timeout, a healthy comm, a never-created one, the rank map
+ *              of a comm not made by a shrink, collie_comm_work_comm of
+ *              another work, taking the comm twice.
+ *   absent:    3 ranks, rank 2 left; rank 1 never calls shrink: rank 0's
+ *              ends at its deadline with rank 1 left out too (a comm of
+ *              one, whose allreduce is its own value); rank 1 is told: an
+ *              EXCLUDED event, ENOTMEMBER on its next post and from its own
+ *              late shrink.
+ *   cycle:     create, shrink, destroy, create again with the same name
+ *              (the next generation), shrink again: names and sizes right.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coll_fixture.h"
+#include "comm/comm.h"
+#include "engine/engine.h"
+#include "harness.h"
+#include "runner.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+/* wait (bounded) until c's health says `state` of rank r */
+static bool wait_state(collie_comm *c, int r, int state, int ms) {
+    collie_peer_health h[WORLD_MAX];
+    int64_t until = now_ms() + ms;
+    do {
+        if (collie_comm_health(c, h, WORLD_MAX) > r && h[r].state == state) return true;
+        usleep(1000);
+    } while (now_ms() < until);
+    return false;
+}
+
+/* an allreduce of (old rank + 1) on comm c; its result */
+static int32_t allreduce_one(collie_comm *c, int old_rank, int *status) {
+    int32_t v = old_rank + 1, out = -1;
+    collie_work *w;
+    *status = collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w);
+    if (*status != COLLIE_OK) return -1;
+    *status = collie_work_wait(w, 10000);
+    collie_work_release(w);
+    return out;
+}
+
+/* post shrink on the listed ranks of w at once, wait for every one; out[r]
+ * is rank r's new comm (NULL: its shrink failed, st[r] its status) */
+static void shrink_ranks(world *w, const int *ranks, int n, const collie_shrink_opts *so,
+                         collie_comm **out, int *st) {
+    collie_work *sw[WORLD_MAX];
+    for (int i = 0; i < n; i++)
+        assert_int_equal(collie_comm_shrink_post(w->c[ranks[i]], so, NULL, &sw[i]), COLLIE_OK);
+    for (int i = 0; i < n; i++) {
+        int r = ranks[i];
+        st[r] = collie_work_wait(sw[i], 20000);
+        out[r] = NULL;
+        if (st[r] == COLLIE_OK) assert_int_equal(collie_comm_work_comm(sw[i], &out[r]), COLLIE_OK);
+        else print_message("rank %d: %s\n", r, collie_work_error_message(sw[i]));
+        collie_work_release(sw[i]);
+    }
+}
+
+/* every new comm of the survivors: size, rank, map and the allreduce's
+ * bytes (the sum of the survivors' old rank + 1) */
+static void check_shrunk(collie_comm **nc, const int *alive, int n, int old_size) {
+    int32_t want = 0;
+    for (int i = 0; i < n; i++)
+        want += alive[i] + 1;
+    collie_work *w[WORLD_MAX];
+    int32_t v[WORLD_MAX], out[WORLD_MAX];
+    for (int i = 0; i < n; i++) {
+        collie_comm *c = nc[alive[i]];
+        assert_non_null(c);
+        assert_int_equal(collie_comm_size(c), n);
+        assert_int_equal(collie_comm_rank(c), i);
+        int map[WORLD_MAX];
+        assert_int_equal(collie_comm_rank_map(c, map, WORLD_MAX), old_size);
+        for (int r = 0, k = 0; r < old_size; r++) {
+            bool in = k < n && alive[k] == r;
+            assert_int_equal(map[r], in ? k : -1);
+            if (in) k++;
+        }
+        v[i] = alive[i] + 1;
+        out[i] = -1;
+        assert_int_equal(collie_allreduce(c, &v[i], &out[i], 1, COLLIE_INT32, COLLIE_SUM, NULL, &w[i]),
+                         COLLIE_OK);
+    }
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(collie_work_wait(w[i], 10000), COLLIE_OK);
+        assert_int_equal(out[i], want);
+        collie_work_release(w[i]);
+    }
+}
+
+static void check_agreed(collie_comm *old, const int *out, int n) {
+    collie_fault f = COLLIE_FAULT_INIT;
+    assert_int_equal(collie_comm_fault(old, &f), COLLIE_OK);
+    assert_int_equal(f.view, COLLIE_FAULT_VIEW_AGREED);
+    assert_int_equal(f.nranks, n);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(f.ranks[i], out[i]);
+}
+
+/* ---- in one process ------------------------------------------------------------------------ */
+
+static void test_shrink_after_leave(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 4, "shl", NULL);
+    world_link(&w);
+    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
+    w.c[3] = NULL;
+    for (int r = 0; r < 3; r++)
+        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    collie_comm *nc[WORLD_MAX] = {0};
+    int st[WORLD_MAX];
+    const int alive[] = {0, 1, 2}, gone[] = {3};
+    shrink_ranks(&w, alive, 3, NULL, nc, st);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(st[r], COLLIE_OK);
+    check_shrunk(nc, alive, 3, 4);
+    for (int r = 0; r < 3; r++) {
+        check_agreed(w.c[r], gone, 1);
+        char want[80];
+        snprintf(want, sizeof want, "shl.shr%llu",
+                 (unsigned long long)collie_comm_generation(w.c[r]));
+        assert_string_equal(collie_comm_name(nc[r]), want);
+        /* the old comm's works are over: posts fail fast */
+        int s;
+        allreduce_one(w.c[r], r, &s);
+        assert_int_equal(s, COLLIE_EABORTED);
+        assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
+    }
+    world_destroy(&w);
+}
+
+static void test_shrink_refused(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 2, "shr", NULL);
+    world_link(&w);
+    collie_comm *out = (collie_comm *)1;
+    collie_work *wk = (collie_work *)1;
+    assert_int_equal(collie_comm_shrink(NULL, NULL, &out), COLLIE_EINVAL);
+    assert_null(out);
+    assert_int_equal(collie_comm_shrink_post(w.c[0], NULL, NULL, NULL), COLLIE_EINVAL);
+    collie_shrink_opts so = COLLIE_SHRINK_OPTS_INIT;
+    so.size = 0;
+    assert_int_equal(collie_comm_shrink_post(w.c[0], &so, NULL, &wk), COLLIE_EINVAL);
+    assert_null(wk);
+    assert_non_null(strstr(collie_last_error(), "size"));
+    so = (collie_shrink_opts)COLLIE_SHRINK_OPTS_INIT;
+    so.timeout_ms = -7;
+    assert_int_equal(collie_comm_shrink(w.c[0], &so, &out), COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "timeout_ms -7"));
+    /* healthy: nothing to shrink, and nothing happened to the comm */
+    assert_int_equal(collie_comm_shrink(w.c[0], NULL, &out), COLLIE_ESTATE);
+    assert_non_null(strstr(collie_last_error(), "healthy"));
+    int map[2];
+    assert_int_equal(collie_comm_rank_map(w.c[0], map, 2), COLLIE_ESTATE);
+    assert_int_equal(collie_comm_rank_map(NULL, map, 2), COLLIE_EINVAL);
+    int32_t x = 1, y = 0;
+    collie_work *ar;
+    assert_int_equal(collie_allreduce(w.c[0], &x, &y, 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar),
+                     COLLIE_OK);
+    assert_int_equal(collie_comm_work_comm(ar, &out), COLLIE_EINVAL);
+    assert_null(out);
+    int s;
+    assert_int_equal(allreduce_one(w.c[1], 1, &s), 0 + 1 + 1 + 1); /* 1 + (1 + 1) */
+    assert_int_equal(s, COLLIE_OK);
+    assert_int_equal(collie_work_wait(ar, 10000), COLLIE_OK);
+    assert_int_equal(y, 3);
+    collie_work_release(ar);
+    world_destroy(&w);
+    /* a comm that was never created */
+    collie_engine *e;
+    collie_store_server *srv;
+    collie_store *st;
+    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
+    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
+    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "shr_never";
+    o.create_timeout_ms = 200;
+    collie_comm *c;
+    collie_work *cw;
+    assert_int_equal(collie_comm_create_post(e, st, 0, 2, &o, &c, &cw), COLLIE_OK);
+    assert_int_equal(collie_work_wait(cw, 5000), COLLIE_ETIMEDOUT);
+    collie_work_release(cw);
+    assert_int_equal(collie_comm_shrink(c, NULL, &out), COLLIE_ESTATE);
+    assert_non_null(strstr(collie_last_error(), "never created"));
+    collie_comm_destroy(c);
+    collie_store_destroy(st);
+    collie_store_server_destroy(srv);
+    collie_engine_destroy(e);
+}
+
+static bool pop_kind(collie_comm *c, int kind, int ms) {
+    int64_t until = now_ms() + ms;
+    do {
+        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+        while (collie_comm_event_pop(c, &ev) == COLLIE_OK)
+            if (ev.kind == kind) return true;
+        usleep(1000);
+    } while (now_ms() < until);
+    return false;
+}
+
+static void test_shrink_absent_rank(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "sha", NULL);
+    world_link(&w);
+    assert_int_equal(collie_comm_destroy(w.c[2]), COLLIE_OK);
+    w.c[2] = NULL;
+    assert_true(wait_state(w.c[0], 2, COLLIE_PEER_LEFT, 5000));
+    collie_shrink_opts so = COLLIE_SHRINK_OPTS_INIT;
+    so.timeout_ms = 300;
+    collie_comm *nc[WORLD_MAX] = {0};
+    int st[WORLD_MAX];
+    const int alone[] = {0}, out[] = {1, 2};
+    int64_t t0 = now_ms();
+    shrink_ranks(&w, alone, 1, &so, nc, st);
+    assert_int_equal(st[0], COLLIE_OK);
+    assert_true(now_ms() - t0 >= 250); /* it waited for rank 1 until the deadline */
+    check_shrunk(nc, alone, 1, 3);
+    check_agreed(w.c[0], out, 2);
+    /* rank 1 is told */
+    assert_true(pop_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 5000));
+    int s;
+    allreduce_one(w.c[1], 1, &s);
+    assert_int_equal(s, COLLIE_ENOTMEMBER);
+    assert_non_null(strstr(collie_last_error(), "left out"));
+    collie_comm *late = (collie_comm *)1;
+    assert_int_equal(collie_comm_shrink(w.c[1], NULL, &late), COLLIE_ENOTMEMBER);
+    assert_null(late);
+    assert_int_equal(collie_comm_destroy(nc[0]), COLLIE_OK);
+    world_destroy(&w);
+}
+
+/* the world's ranks create comm `name` again on the same store (the
+ * world's own comms were destroyed) */
+static void recreate(world *w, const char *name) {
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = name;
+    collie_work *cw[WORLD_MAX];
+    for (int r = 0; r < w->n; r++)
+        assert_int_equal(collie_comm_create_post(w->e, w->st[r], r, w->n, &o, &w->c[r], &cw[r]),
+                         COLLIE_OK);
+    for (int r = 0; r < w->n; r++) {
+        assert_int_equal(collie_work_wait(cw[r], 20000), COLLIE_OK);
+        collie_work_release(cw[r]);
+    }
+}
+
+static void test_shrink_cycle(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "shc", NULL);
+    for (int round = 0; round < 2; round++) {
+        if (round) recreate(&w, "shc");
+        assert_int_equal(collie_comm_generation(w.c[0]), (uint64_t)round);
+        world_link(&w);
+        assert_int_equal(collie_comm_destroy(w.c[2]), COLLIE_OK);
+        w.c[2] = NULL;
+        for (int r = 0; r < 2; r++)
+            assert_true(wait_state(w.c[r], 2, COLLIE_PEER_LEFT, 5000));
+        collie_comm *nc[WORLD_MAX] = {0};
+        int st[WORLD_MAX];
+        const int alive[] = {0, 1};
+        shrink_ranks(&w, alive, 2, NULL, nc, st);
+        assert_int_equal(st[0], COLLIE_OK);
+        assert_int_equal(st[1], COLLIE_OK);
+        char want[32];
+        snprintf(want, sizeof want, "shc.shr%d", round);
+        assert_string_equal(collie_comm_name(nc[0]), want);
+        assert_int_equal(collie_comm_generation(nc[0]), 0);
+        check_shrunk(nc, alive, 2, 3);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
+            collie_comm_destroy(w.c[r]);
+            w.c[r] = NULL;
+        }
+    }
+    world_destroy(&w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shrink_after_leave),
+        cmocka_unit_test(test_shrink_refused),
+        cmocka_unit_test(test_shrink_absent_rank),
+        cmocka_unit_test(test_shrink_cycle),
+    };
+    return cltest_main(tests, NULL, NULL);
+}
