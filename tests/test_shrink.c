@@ -19,6 +19,8 @@
  *              late shrink.
  *   cycle:     create, shrink, destroy, create again with the same name
  *              (the next generation), shrink again: names and sizes right.
+ *   store:     the store's server is gone: shrink fails with EPEER, saying
+ *              it needs a store that outlives the ranks.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,12 +301,36 @@ static void test_shrink_cycle(void **state) {
     world_destroy(&w);
 }
 
+/* The store lived in a process that is gone (here: its server destroyed):
+ * shrink fails at once with EPEER saying it needs a store that outlives
+ * the ranks. */
+static void test_shrink_store_gone(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "shs", NULL);
+    world_link(&w);
+    assert_int_equal(collie_comm_destroy(w.c[2]), COLLIE_OK);
+    w.c[2] = NULL;
+    assert_true(wait_state(w.c[0], 2, COLLIE_PEER_LEFT, 5000));
+    collie_store_server_destroy(w.srv);
+    w.srv = NULL;
+    collie_comm *nc = (collie_comm *)1;
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_shrink(w.c[0], NULL, &nc), COLLIE_EPEER);
+    assert_true(now_ms() - t0 < 5000);
+    assert_null(nc);
+    print_message("%s\n", collie_last_error());
+    assert_non_null(strstr(collie_last_error(), "outlives the ranks"));
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shrink_after_leave),
         cmocka_unit_test(test_shrink_refused),
         cmocka_unit_test(test_shrink_absent_rank),
         cmocka_unit_test(test_shrink_cycle),
+        cmocka_unit_test(test_shrink_store_gone),
     };
     return cltest_main(tests, NULL, NULL);
 }
