@@ -92,7 +92,7 @@ class PeerHealth:
 @dataclass(frozen=True)
 class Event:
     """A comm event: kind ("peer_dead", "peer_suspected", "peer_back",
-    "peer_left", "comm_faulted"), the rank (comm_faulted: the fault's
+    "peer_left", "comm_faulted", "excluded"), the rank (comm_faulted: the fault's
     origin, None unknown), status and fault kind (comm_faulted), when
     (time.monotonic_ns's clock) and how many were dropped before it."""
 

@@ -109,6 +109,14 @@ class CommOpts(ctypes.Structure):
     ]
 
 
+class ShrinkOpts(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("timeout_ms", c_int32),
+        ("comm", POINTER(CommOpts)),  # the new comm's options (NULL: the old comm's)
+    ]
+
+
 FAULT_RANKS = 64
 FAULT_NUM_KINDS = 9  # COLLIE_FAULT_NUM_KINDS
 
@@ -279,6 +287,10 @@ SIGNATURES = {
     "collie_comm_new_group": (c_int, [p, POINTER(c_int), c_int, POINTER(CommOpts), pp]),
     "collie_comm_create_post": (c_int, [p, p, c_int, c_int, POINTER(CommOpts), pp, pp]),
     "collie_comm_destroy": (c_int, [p]),
+    "collie_comm_shrink": (c_int, [p, POINTER(ShrinkOpts), pp]),
+    "collie_comm_shrink_post": (c_int, [p, POINTER(ShrinkOpts)] + _post),
+    "collie_comm_work_comm": (c_int, [p, pp]),
+    "collie_comm_rank_map": (c_int, [p, POINTER(c_int), c_int]),
     "collie_comm_destroy_post": (c_int, [p] + _post),
     "collie_comm_abort": (c_int, [p, c_char_p]),
     "collie_comm_error": (c_int, [p, POINTER(c_int), POINTER(c_char_p)]),

@@ -35,6 +35,7 @@ from . import _lib, _objects
 from ._buffers import DTYPE_NAMES, device_buffer, host_buffer, stream_handle as _stream
 from ._engine import Closable, Engine, timeout_ms
 from ._faults import Health, stats_fields
+from ._shrink import Shrink
 from .errors import OK, CollieAborted, CollieClosed, CollieNotMember, check, error_for
 from .store import Store
 
@@ -210,7 +211,7 @@ def _at_least(what, buf, need):
         raise ValueError(f"{what}: holds {buf.count} elements, the call writes {need}")
 
 
-class Comm(Closable, Health):
+class Comm(Closable, Health, Shrink):
     """A communicator of `size` ranks; every rank creates it with the same name.
 
     Comm(engine, store, rank, size, name=None, backend=None, timeout=None,
@@ -468,6 +469,11 @@ class Comm(Closable, Health):
             return None
         check(st, what)
         return Comm(self._engine, self._store, None, None, _handle=h.value, _parent=self)
+
+    _child_opts_of = staticmethod(_child_opts)
+
+    def _shrunk(self, h):
+        return Comm(self._engine, self._store, None, None, _handle=h)
 
     def split(self, color, key=0, **opts):
         """New comm of the ranks with the same colour (None: join none and get

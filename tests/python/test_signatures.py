@@ -92,6 +92,7 @@ def c_type_of(decl):
             "collie_fault": _lib.Fault,
             "collie_peer_health": _lib.PeerHealth,
             "collie_comm_event": _lib.CommEvent,
+            "collie_shrink_opts": _lib.ShrinkOpts,
         }[base]
         return {ctypes.POINTER(struct)}
     if stars == 1:  # an opaque object (collie_comm *, cudaStream_t is below)
@@ -138,6 +139,7 @@ def header_struct_fields(name):
         ("collie_engine_stats", _lib.EngineStats),
         ("collie_latency_histogram", _lib.LatencyHistogram),
         ("collie_log_record", _lib.LogRecord),
+        ("collie_shrink_opts", _lib.ShrinkOpts),
     ],
 )
 def test_structures_match_the_header(cname, struct):
