@@ -288,7 +288,7 @@ run: all
 	$(BUILD)/bin/collie-run -n $(DEMO_RANKS) -- $(BUILD)/examples/demo
 
 # TSan runs the tests of the modules with the most cross-thread logic.
-TSAN_TESTS ?= engine work cq store coll collv p2p comm faults nccl shm_ring shm shm_copy assist backend shrink
+TSAN_TESTS ?= engine work cq store coll collv p2p comm faults nccl shm_ring shm shm_copy assist backend shrink grow
 
 # The fault suite: multi-process kills, hangs, network cuts,
 # policies, abort races, abort/re-create cycles, the store dying, the

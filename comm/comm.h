@@ -149,6 +149,8 @@ struct collie_comm {
     collie_store *store; /* its own handle (a view of the caller's; comm_create.c) */
     char prefix[112];    /* store namespace "collie/<name>/<gen>/" */
     char name[72];
+    char family[72]; /* the name it was first created with, kept by shrinks and grows: joiners
+                        ask for it (comm_grow.c) */
     int rank, size;
     uint64_t generation, id;
     int32_t timeout_ms, create_timeout_ms;
@@ -197,6 +199,7 @@ struct collie_comm {
     /* shrink (comm_shrink.c): attempts so far (name their keys and the new
      * comm); this rank was left out by the survivors (posts: ENOTMEMBER) */
     _Atomic int shrinks_made;
+    _Atomic int grows_made; /* grow calls so far (name the grown comms) */
     _Atomic bool excluded;
     /* made by a shrink: old rank -> new rank (-1: left out), owned */
     int *rank_map;
@@ -450,14 +453,44 @@ bool cl_comm_wait_watching(collie_comm *watched, collie_work *w, int *status);
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out);
 
-/* comm_create.c: post the rendezvous of a shrink's new comm (comm_shrink.c):
- * like collie_comm_create_post with o (o->post: how its work completes),
- * the backends `spec`, `members` (the decision: every member must have
- * been given the same) and a copy of map[old rank] = new rank. Nothing is
- * shared with the old comm but the store. */
-int cl_comm_create_shrunk(collie_comm *old, int rank, int size, const collie_comm_opts *o,
-                          const cl_backend_spec *spec, const char *members, const int *map,
-                          int map_n, collie_comm **out, collie_work **work);
+/* A successor: a comm made from another's membership by a shrink, a grow
+ * or a join (comm_shrink.c, comm_grow.c). Its rendezvous is posted by
+ * cl_comm_create_successor: like collie_comm_create_post with o (o->post:
+ * how its work completes), `spec` (NULL: o's backend), `members` (what the
+ * members agreed: every one must have been given the same), `family` (the
+ * name joiners ask for) and a copy of map[old rank] = new rank (NULL: none).
+ * Nothing is shared with the old comm but the store's connection. */
+typedef struct cl_successor_args {
+    collie_engine *engine;
+    collie_store *store;
+    int rank, size;
+    const collie_comm_opts *o;
+    const cl_backend_spec *spec;
+    const char *members, *family;
+    const int *map;
+    int map_n;
+} cl_successor_args;
+int cl_comm_create_successor(const cl_successor_args *a, collie_comm **out, collie_work **work);
+
+/* The works that make a successor start with this (collie_comm_work_comm
+ * takes `made`; cl_successor_fini: the create work released and a comm
+ * never taken destroyed, when the work is freed). */
+typedef struct cl_successor_work {
+    collie_work base;
+    collie_comm *made;
+    collie_work *create; /* its rendezvous (the work's reference) */
+    _Atomic bool taken;
+} cl_successor_work;
+void cl_successor_fini(cl_successor_work *s);
+/* the successor's options: o's, the old comm's for what o leaves unset (all
+ * of them, its error callback too, when o is NULL); *spec: o's backend,
+ * parsed, else the old comm's */
+int cl_comm_successor_opts(const collie_comm *c, const collie_comm_opts *o, collie_comm_opts *out,
+                           cl_backend_spec *spec);
+/* comm_create.c: a comm name's rules (1 to 64 of [A-Za-z0-9_.-]) */
+int cl_comm_check_name(const char *name);
+/* comm_grow.c: is w a shrink's, a grow's or a join's work? */
+bool cl_comm_is_grow_work(const collie_work *w);
 /* comm_split.c: a child's name "<parent>.<suffix>" (hashed past 64
  * characters); a member list as the rendezvous compares it (cut, with a
  * hash of the whole, past `len`) */

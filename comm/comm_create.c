@@ -28,7 +28,7 @@
 
 /* ---- options ------------------------------------------------------------------------ */
 
-static int comm_check_name(const char *name) {
+int cl_comm_check_name(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || n > 64)
         return cl_set_last_error(COLLIE_EINVAL, "comm name '%s' must have 1 to 64 characters",
@@ -62,7 +62,7 @@ static int comm_check_params(collie_engine *e, collie_store *store, int rank, in
     int res;
     p->name = cl_opt(o, name, NULL);
     if (!p->name) p->name = "world";
-    if ((res = comm_check_name(p->name)) != COLLIE_OK) return res;
+    if ((res = cl_comm_check_name(p->name)) != COLLIE_OK) return res;
     int32_t timeout = cl_opt(o, timeout_ms, 0), ctimeout = cl_opt(o, create_timeout_ms, 0);
     if (timeout < COLLIE_TIMEOUT_INFINITE || ctimeout < COLLIE_TIMEOUT_INFINITE)
         return cl_set_last_error(COLLIE_EINVAL,
@@ -106,6 +106,7 @@ static collie_comm *comm_alloc(collie_engine *e, collie_store *store, int rank, 
     cl_list_init(&c->waiting);
     cl_list_init(&c->active);
     snprintf(c->name, sizeof c->name, "%s", p.name);
+    snprintf(c->family, sizeof c->family, "%s", p.name);
     c->rank = rank;
     c->size = size;
     c->aborted_by = -1;
@@ -165,14 +166,25 @@ static void comm_set_spec(collie_comm *c, const cl_backend_spec *spec) {
 
 /* The child part of a creation (cl_comm_create_child), or NULL. */
 typedef struct create_child {
-    collie_comm *parent;
+    collie_comm *parent; /* a split's (held until the child is freed), else NULL */
     int color, key;
-    const char *members; /* new_group's list, or NULL */
-    /* a shrink's new comm: no parent kept, these backends, this rank map */
-    const cl_backend_spec *spec;
-    const int *map;
-    int map_n;
+    const char *members;           /* new_group's list or a successor's agreement, or NULL */
+    const cl_successor_args *succ; /* a successor's creation, or NULL */
 } create_child;
+
+/* A successor's parts of a comm just allocated (spec, rank map, family). */
+static int create_successor_parts(collie_comm *c, const cl_successor_args *a) {
+    if (a->spec) comm_set_spec(c, a->spec);
+    if (a->map) {
+        c->rank_map = malloc((size_t)a->map_n * sizeof *c->rank_map);
+        if (!c->rank_map)
+            return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_create: out of memory");
+        memcpy(c->rank_map, a->map, (size_t)a->map_n * sizeof *c->rank_map);
+        c->rank_map_n = a->map_n;
+    }
+    if (a->family) snprintf(c->family, sizeof c->family, "%s", a->family);
+    return COLLIE_OK;
+}
 
 static int create_post(collie_engine *e, collie_store *store, int rank, int size,
                        const collie_comm_opts *o, const create_child *child, collie_comm **out,
@@ -190,25 +202,20 @@ static int create_post(collie_engine *e, collie_store *store, int rank, int size
     if ((res = cl_comm_trust_check(store, cl_opt(o, name, NULL))) != COLLIE_OK) return res;
     collie_comm *c = comm_alloc(e, store, rank, size, o ? o : &dflt, &res);
     if (!c) return res;
-    if (child && child->spec) { /* a shrink's: nothing shared with the old comm */
-        comm_set_spec(c, child->spec);
-        c->rank_map = malloc((size_t)child->map_n * sizeof *c->rank_map);
-        if (!c->rank_map) {
+    if (child && child->succ) { /* nothing shared with the old comm */
+        if ((res = create_successor_parts(c, child->succ)) != COLLIE_OK) {
             cl_comm_release(c);
-            return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
+            return res;
         }
-        memcpy(c->rank_map, child->map, (size_t)child->map_n * sizeof *c->rank_map);
-        c->rank_map_n = child->map_n;
-        snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     } else if (child) {
         if (!cl_opt(o, backend, NULL)) comm_set_spec(c, &child->parent->spec);
         cl_comm_hold(child->parent); /* dropped when c is freed (cl_comm_release) */
         c->split.parent = child->parent;
         c->split.color = child->color;
         c->split.key = child->key;
-        if (child->members)
-            snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     }
+    if (child && child->members)
+        snprintf(c->split.members, sizeof c->split.members, "%s", child->members);
     if ((res = cl_comm_create_start(c, cl_opt(o, post, NULL), work)) != COLLIE_OK) return res;
     *out = c;
     return COLLIE_OK;
@@ -255,15 +262,13 @@ int collie_comm_create(collie_engine *e, collie_store *store, int rank, int size
 
 int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_comm_opts *o,
                          int color, int key, const char *members, collie_comm **out) {
-    create_child child = {parent, color, key, members, NULL, NULL, 0};
+    create_child child = {parent, color, key, members, NULL};
     return create_blocking(parent->engine, parent->store, rank, size, o, &child, out);
 }
 
-int cl_comm_create_shrunk(collie_comm *old, int rank, int size, const collie_comm_opts *o,
-                          const cl_backend_spec *spec, const char *members, const int *map,
-                          int map_n, collie_comm **out, collie_work **work) {
-    create_child child = {old, 0, rank, members, spec, map, map_n};
-    return create_post(old->engine, old->store, rank, size, o, &child, out, work);
+int cl_comm_create_successor(const cl_successor_args *a, collie_comm **out, collie_work **work) {
+    create_child child = {NULL, 0, a->rank, a->members, a};
+    return create_post(a->engine, a->store, a->rank, a->size, a->o, &child, out, work);
 }
 
 int collie_comm_create_from_env(collie_engine *e, const collie_comm_opts *o, collie_comm **out) {

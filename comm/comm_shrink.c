@@ -37,6 +37,10 @@
  *    runs, a member found dead or left (the old comm's health) cancels the
  *    rendezvous, which poisons its generation: every member fails at once
  *    with EABORTED, and shrinking the old comm again starts attempt + 1.
+ *  - A store whose connection is lost (its server died, with a rank that
+ *    hosted it, say) fails the shrink at once with EPEER saying it needs a
+ *    store that outlives the ranks: the client would only retry until the
+ *    deadline.
  *  - The work ends itself (no cancel hook: a cancel or engine shutdown
  *    finishes it at once); its detach, on the loop, cancels what is still
  *    in flight. Store callbacks hold a reference on the work and drop
@@ -50,6 +54,7 @@
 
 #include "comm/comm.h"
 #include "engine/engine.h"
+#include "store/store.h"
 
 /* AGREE: proposals written and read; DECIDE: the compare_set in flight;
  * DECIDED: the decision read; CREATE: the old works drained, then the new
@@ -63,8 +68,8 @@ enum { P_WAIT = 0, P_GOT, P_FAILED, P_SELF }; /* a proposal, by rank */
 #define SHRINK_GRACE_MS 1000
 
 typedef struct shrink_work {
-    collie_work base; /* "comm.shrink" */
-    collie_comm *comm; /* the old comm (held until the work is freed) */
+    cl_successor_work s; /* "comm.shrink": the new comm, its rendezvous */
+    collie_comm *comm;   /* the old comm (held until the work is freed) */
     int n, me, attempt, step;
     int64_t until_ns;
     uint8_t *st;                    /* P_*, by old rank (loop) */
@@ -73,10 +78,7 @@ typedef struct shrink_work {
     collie_work *decided_get, *req; /* the decision's read; the proposal or compare_set */
     collie_work *decided_get_was;   /* the decision's read, to tell its callback apart */
     bool proposed;                  /* own proposal written */
-    collie_work *create;            /* the new comm's rendezvous */
-    collie_comm *made;              /* the new comm, until taken */
-    _Atomic bool taken;
-    int *map; /* old rank -> new rank (handed to the new comm) */
+    int *map;                       /* old rank -> new rank (handed to the new comm) */
     int new_size, new_rank;
     collie_comm_opts copts;
     cl_backend_spec spec;
@@ -97,7 +99,24 @@ static void shrink_fail(shrink_work *sw, int status, const char *fmt, ...) {
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     sw->step = SH_DONE;
-    cl_work_finish(&sw->base, status, "%s", why);
+    cl_work_finish(&sw->s.base, status, "%s", why);
+}
+
+static void shrink_fail_store_gone(shrink_work *sw, const char *why) {
+    shrink_fail(sw, COLLIE_EPEER,
+                "shrink of comm '%s': the store at %s is gone (%s; did it live in a rank that "
+                "died?): shrink needs a store that outlives the ranks (collie-run's or "
+                "collie-store)",
+                sw->name, collie_store_address(sw->comm->store), why);
+}
+
+/* Is the store's connection lost (its server gone; the client only
+ * retries)? Then the shrink fails at once rather than at its deadline. */
+static bool shrink_store_lost(shrink_work *sw) {
+    char why[200];
+    if (!cl_store_lost(sw->comm->store, why, sizeof why)) return false;
+    shrink_fail_store_gone(sw, why);
+    return true;
 }
 
 /* A store request failed: the store is gone (it lived in a rank that
@@ -105,11 +124,7 @@ static void shrink_fail(shrink_work *sw, int status, const char *fmt, ...) {
 static void shrink_store_failed(shrink_work *sw, collie_work *w, const char *what) {
     int st = collie_work_result(w);
     if (st == COLLIE_EPEER || st == COLLIE_ECLOSED)
-        shrink_fail(sw, COLLIE_EPEER,
-                    "shrink of comm '%s': the store at %s is gone (%s; did it live in a rank that "
-                    "died?): shrink needs a store that outlives the ranks (collie-run's or "
-                    "collie-store)",
-                    sw->name, collie_store_address(sw->comm->store), collie_work_error_message(w));
+        shrink_fail_store_gone(sw, collie_work_error_message(w));
     else
         shrink_fail(sw, st == COLLIE_ETIMEDOUT ? COLLIE_ETIMEDOUT : st,
                     "shrink of comm '%s': %s failed: %s", sw->name, what,
@@ -127,15 +142,15 @@ static void shrink_on_tick(evutil_socket_t fd, short what, void *arg) {
 /* ---- store requests -------------------------------------------------------------- */
 
 static bool shrink_req_ok(shrink_work *sw, collie_work *w) {
-    if (cl_work_done(&sw->base)) return false; /* ended meanwhile: the result is dropped */
+    if (cl_work_done(&sw->s.base)) return false; /* ended meanwhile: the result is dropped */
     return collie_work_result(w) == COLLIE_OK;
 }
 
 /* the callbacks' common tail: drop the request and the work's reference */
 static void shrink_req_end(shrink_work *sw, collie_work *w) {
     collie_work_release(w);
-    if (!cl_work_done(&sw->base)) shrink_run(sw);
-    collie_work_release(&sw->base);
+    if (!cl_work_done(&sw->s.base)) shrink_run(sw);
+    collie_work_release(&sw->s.base);
 }
 
 static void shrink_on_decided(collie_work *w, void *arg);
@@ -160,7 +175,7 @@ static void shrink_on_decided(collie_work *w, void *arg) {
     bool mine = w != sw->decided_get_was; /* the compare_set: its failure is the shrink's */
     if (shrink_req_ok(sw, w)) {
         if (sw->step <= SH_DECIDE) shrink_decide_from(sw, w);
-    } else if (!cl_work_done(&sw->base) && st != COLLIE_ECANCELED &&
+    } else if (!cl_work_done(&sw->s.base) && st != COLLIE_ECANCELED &&
                (mine || st == COLLIE_EPEER || st == COLLIE_ECLOSED)) {
         shrink_store_failed(sw, w, mine ? "writing the decision" : "reading the decision");
     }
@@ -195,7 +210,7 @@ static void shrink_on_prop(collie_work *w, void *arg) {
             sw->out[r] = 1;
         }
         free(theirs);
-    } else if (r >= 0 && !cl_work_done(&sw->base) && sw->st[r] == P_WAIT &&
+    } else if (r >= 0 && !cl_work_done(&sw->s.base) && sw->st[r] == P_WAIT &&
                collie_work_result(w) != COLLIE_ECANCELED) {
         int st = collie_work_result(w);
         if (st == COLLIE_EPEER || st == COLLIE_ECLOSED) {
@@ -213,7 +228,7 @@ static void shrink_on_proposed(collie_work *w, void *arg) {
     if (w == sw->req) sw->req = NULL;
     if (shrink_req_ok(sw, w))
         sw->proposed = true;
-    else if (!cl_work_done(&sw->base))
+    else if (!cl_work_done(&sw->s.base))
         shrink_store_failed(sw, w, "writing this rank's proposal");
     shrink_req_end(sw, w);
 }
@@ -243,7 +258,7 @@ static bool shrink_post(shrink_work *sw, const char *suffix, int kind, const cha
     collie_store *s = sw->comm->store;
     size_t vlen = val ? strlen(val) : 0;
     int r;
-    collie_work_hold(&sw->base);
+    collie_work_hold(&sw->s.base);
     if (kind == 's')
         r = collie_store_post_set(s, key, val, vlen, &o, slot);
     else if (kind == 'c')
@@ -252,7 +267,7 @@ static bool shrink_post(shrink_work *sw, const char *suffix, int kind, const cha
         r = collie_store_post_get(s, key, &o, slot);
     if (r == COLLIE_OK) return true;
     *slot = NULL;
-    collie_work_release(&sw->base);
+    collie_work_release(&sw->s.base);
     shrink_fail(sw, r, "shrink of comm '%s': a store request could not be posted: %s", sw->name,
                 collie_last_error());
     return false;
@@ -368,10 +383,10 @@ static bool shrink_take_decision(shrink_work *sw) {
 
 static void shrink_on_created(collie_work *w, void *arg) {
     shrink_work *sw = arg;
-    if (!cl_work_done(&sw->base)) {
+    if (!cl_work_done(&sw->s.base)) {
         if (collie_work_result(w) == COLLIE_OK) {
             sw->step = SH_DONE;
-            cl_work_finish(&sw->base, COLLIE_OK, NULL);
+            cl_work_finish(&sw->s.base, COLLIE_OK, NULL);
         } else {
             shrink_fail(sw, COLLIE_EABORTED,
                         "shrink of comm '%s': the new comm could not be made (shrink the old comm "
@@ -379,7 +394,7 @@ static void shrink_on_created(collie_work *w, void *arg) {
                         sw->name, collie_work_error_message(w));
         }
     }
-    collie_work_release(&sw->base);
+    collie_work_release(&sw->s.base);
 }
 
 /* CREATE's start: the new comm's rendezvous, the decision as its member
@@ -408,11 +423,20 @@ static void shrink_create(shrink_work *sw) {
     co.name = name;
     co.post = &po;
     co.create_timeout_ms = shrink_left_ms(sw);
-    collie_work_hold(&sw->base);
-    int r = cl_comm_create_shrunk(c, sw->new_rank, sw->new_size, &co, &sw->spec, members,
-                                  sw->map, sw->n, &sw->made, &sw->create);
+    collie_work_hold(&sw->s.base);
+    cl_successor_args a = {.engine = c->engine,
+                           .store = c->store,
+                           .rank = sw->new_rank,
+                           .size = sw->new_size,
+                           .o = &co,
+                           .spec = &sw->spec,
+                           .members = members,
+                           .family = c->family,
+                           .map = sw->map,
+                           .map_n = sw->n};
+    int r = cl_comm_create_successor(&a, &sw->s.made, &sw->s.create);
     if (r != COLLIE_OK) {
-        collie_work_release(&sw->base);
+        collie_work_release(&sw->s.base);
         shrink_fail(sw, r, "shrink of comm '%s': the new comm could not be posted: %s", sw->name,
                     collie_last_error());
     }
@@ -424,7 +448,7 @@ static void shrink_watch_members(shrink_work *sw) {
     for (int r = 0; r < sw->n; r++) {
         int s = sw->out[r] || r == sw->me ? COLLIE_PEER_ALIVE : cl_health_state(sw->comm, r);
         if (s != COLLIE_PEER_DEAD && s != COLLIE_PEER_LEFT) continue;
-        if (sw->create) collie_work_cancel(sw->create);
+        if (sw->s.create) collie_work_cancel(sw->s.create);
         shrink_fail(sw, COLLIE_EABORTED,
                     "shrink of comm '%s': rank %d %s while the new comm was being made (shrink "
                     "the old comm again)",
@@ -435,22 +459,23 @@ static void shrink_watch_members(shrink_work *sw) {
 
 /* One pass (loop): every step whose condition holds, until one waits. */
 static void shrink_run(shrink_work *sw) {
-    for (int guard = 0; guard < 8 && !cl_work_done(&sw->base); guard++) {
+    if (sw->step < SH_CREATE && !cl_work_done(&sw->s.base) && shrink_store_lost(sw)) return;
+    for (int guard = 0; guard < 8 && !cl_work_done(&sw->s.base); guard++) {
         int step = sw->step;
         if (step == SH_AGREE && shrink_agreed(sw)) {
             shrink_decide(sw);
         } else if (step == SH_DECIDED) {
             if (!shrink_take_decision(sw)) return;
             sw->step = SH_CREATE;
-        } else if (step == SH_CREATE && !sw->create) {
+        } else if (step == SH_CREATE && !sw->s.create) {
             if (atomic_load(&sw->comm->nactive) == 0) shrink_create(sw);
         } else if (step == SH_CREATE) {
             shrink_watch_members(sw);
         }
         if (sw->step == step) break;
     }
-    if (cl_work_done(&sw->base)) return;
-    if (cl_now_ns() >= sw->until_ns && sw->step >= SH_DECIDED && !sw->create) {
+    if (cl_work_done(&sw->s.base)) return;
+    if (cl_now_ns() >= sw->until_ns && sw->step >= SH_DECIDED && !sw->s.create) {
         shrink_fail(sw, COLLIE_ETIMEDOUT,
                     "shrink of comm '%s': its works did not end before the deadline", sw->name);
         return;
@@ -471,8 +496,10 @@ static void shrink_revoke(shrink_work *sw) {
         dead |= sw->out[r] && s == COLLIE_PEER_DEAD;
         stuck |= sw->out[r] && s != COLLIE_PEER_DEAD && s != COLLIE_PEER_LEFT;
     }
-    cl_fault_init(&f, dead ? COLLIE_FAULT_PEER_DEAD : stuck ? COLLIE_FAULT_PEER_STUCK
-                                                           : COLLIE_FAULT_PEER_LEFT,
+    cl_fault_init(&f,
+                  dead    ? COLLIE_FAULT_PEER_DEAD
+                  : stuck ? COLLIE_FAULT_PEER_STUCK
+                          : COLLIE_FAULT_PEER_LEFT,
                   COLLIE_FAULT_VIEW_LOCAL, sw->me);
     for (int r = 0; r < sw->n; r++)
         if (sw->out[r]) cl_fault_add(&f, r);
@@ -497,19 +524,12 @@ static void shrink_detach(collie_work *w) {
     sw->tick = NULL;
     shrink_cancel_reads(sw);
     if (sw->req) collie_work_cancel(sw->req);
-    if (sw->create && w->status != COLLIE_OK) collie_work_cancel(sw->create);
+    if (sw->s.create && w->status != COLLIE_OK) collie_work_cancel(sw->s.create);
 }
 
 static void shrink_free(collie_work *w) {
     shrink_work *sw = (shrink_work *)w;
-    if (sw->create) collie_work_release(sw->create);
-    if (sw->made && !atomic_load(&sw->taken)) {
-        collie_work *d = NULL;
-        if (collie_comm_destroy_post(sw->made, NULL, &d) == COLLIE_OK)
-            collie_work_release(d);
-        else
-            collie_comm_destroy(sw->made); /* its engine is gone: memory only */
-    }
+    cl_successor_fini(&sw->s);
     cl_comm_release(sw->comm);
     free(sw->st);
     free(sw->out);
@@ -563,27 +583,8 @@ static int shrink_check(collie_comm *c, const collie_shrink_opts *so, const coll
     return COLLIE_OK;
 }
 
-/* the new comm's options: the caller's, else the old comm's */
-static int shrink_set_opts(shrink_work *sw, collie_comm *c, const collie_comm_opts *o) {
-    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
-    if (o) memcpy(&co, o, o->size < sizeof co ? o->size : sizeof co);
-    co.size = sizeof co;
-    co.backend = NULL;
-    if (co.device < 0) co.device = c->device;
-    if (co.timeout_ms == 0) co.timeout_ms = c->timeout_ms;
-    if (co.policy == COLLIE_POLICY_DEFAULT) co.policy = c->policy;
-    if (!o) {
-        co.on_error = c->on_error;
-        co.on_error_arg = c->on_error_arg;
-    }
-    sw->copts = co;
-    sw->spec = c->spec;
-    const char *b = cl_opt(o, backend, NULL);
-    return b ? cl_backend_parse_spec(b, &sw->spec) : COLLIE_OK;
-}
-
-int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
-                            const collie_post_opts *o, collie_work **out) {
+int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so, const collie_post_opts *o,
+                            collie_work **out) {
     cl_clear_last_error();
     if (out) *out = NULL;
     int r = shrink_check(c, so, o, out);
@@ -608,7 +609,7 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
         free(sw);
         return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
     }
-    if ((r = shrink_set_opts(sw, c, so ? so->comm : NULL)) != COLLIE_OK) {
+    if ((r = cl_comm_successor_opts(c, so ? so->comm : NULL, &sw->copts, &sw->spec)) != COLLIE_OK) {
         free(sw->st);
         free(sw->out);
         free(sw->gets);
@@ -622,7 +623,7 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
     po.cq = cl_opt(o, cq, NULL);
     po.tag = cl_opt(o, tag, 0);
     po.timeout_ms = COLLIE_TIMEOUT_INFINITE; /* bounded by its own deadline */
-    if ((r = cl_work_init(&sw->base, c->engine, &shrink_ops, &po, COLLIE_TIMEOUT_INFINITE)) !=
+    if ((r = cl_work_init(&sw->s.base, c->engine, &shrink_ops, &po, COLLIE_TIMEOUT_INFINITE)) !=
         COLLIE_OK) {
         free(sw->st);
         free(sw->out);
@@ -641,29 +642,16 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
     snprintf(sw->name, sizeof sw->name, "%s", c->name);
     snprintf(sw->keys, sizeof sw->keys, "%sshrink%d/", c->prefix, sw->attempt);
     cl_comm_hold(c);
-    if ((r = cl_work_post(&sw->base)) != COLLIE_OK) {
-        shrink_free(&sw->base);
+    if ((r = cl_work_post(&sw->s.base)) != COLLIE_OK) {
+        shrink_free(&sw->s.base);
         return cl_set_last_error(r, "collie_comm_shrink: comm '%s': the engine is closing",
                                  c->name);
     }
-    *out = &sw->base;
+    *out = &sw->s.base;
     return COLLIE_OK;
 }
 
 bool cl_comm_is_shrink_work(const collie_work *w) { return w && w->ops == &shrink_ops; }
-
-int collie_comm_work_comm(collie_work *w, collie_comm **out) {
-    if (out) *out = NULL;
-    if (!w || !out || !cl_comm_is_shrink_work(w))
-        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_work_comm: not a shrink work");
-    if (!cl_work_done(w)) return COLLIE_INPROGRESS;
-    if (w->status != COLLIE_OK) return w->status;
-    shrink_work *sw = (shrink_work *)w;
-    if (atomic_exchange(&sw->taken, true))
-        return cl_set_last_error(COLLIE_ENOENT, "collie_comm_work_comm: the comm was taken already");
-    *out = sw->made;
-    return COLLIE_OK;
-}
 
 int collie_comm_shrink(collie_comm *c, const collie_shrink_opts *so, collie_comm **out) {
     if (out) *out = NULL;

@@ -1,7 +1,7 @@
 /*
  * comm_shrink_view.c — what a shrink knows and tells (comm_shrink.c runs
  * the agreement): this rank's view of the failed set, the set as text,
- * a rank left out by the survivors, and a shrunk comm's rank map.
+ * and a rank left out by the survivors.
  *
  * Design notes
  *  - The view is the comm's fault's suspects (the kinds that name failed
@@ -66,7 +66,8 @@ void cl_shrink_view(collie_comm *c, uint8_t *failed) {
     if (atomic_load(&c->err_status) != COLLIE_OK && names_failed &&
         c->fault.view != COLLIE_FAULT_VIEW_AGREED)
         for (int i = 0; i < c->fault.nranks && i < COLLIE_FAULT_RANKS; i++)
-            if (c->fault.ranks[i] >= 0 && c->fault.ranks[i] < c->size) failed[c->fault.ranks[i]] = 1;
+            if (c->fault.ranks[i] >= 0 && c->fault.ranks[i] < c->size)
+                failed[c->fault.ranks[i]] = 1;
     pthread_mutex_unlock(&c->mu);
     for (int r = 0; r < c->size; r++) {
         int s = cl_health_state(c, r);
@@ -101,17 +102,4 @@ void cl_comm_shrink_notice(collie_comm *c, int from, const char *set, size_t len
     if (out && cl_shrink_set_parse(set, len, c->size, out) && out[c->rank] && !out[from])
         cl_comm_shrink_excluded(c, from);
     free(out);
-}
-
-int collie_comm_rank_map(const collie_comm *c, int *map, int n) {
-    if (!c || n < 0 || (!map && n > 0))
-        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_rank_map: %s",
-                                 !c ? "comm is NULL" : n < 0 ? "n is negative" : "map is NULL");
-    if (!c->rank_map)
-        return cl_set_last_error(COLLIE_ESTATE,
-                                 "collie_comm_rank_map: comm '%s' was not made by a shrink",
-                                 c->name);
-    for (int r = 0; r < n && r < c->rank_map_n; r++)
-        map[r] = c->rank_map[r];
-    return c->rank_map_n;
 }

@@ -193,11 +193,62 @@ COLLIE_API int collie_comm_shrink(collie_comm *c, const collie_shrink_opts *so, 
 COLLIE_API int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so,
                                        const collie_post_opts *o, collie_work **out);
 
-/* collie_comm_work_comm: the comm a finished shrink work made; the caller
+/* collie_comm_work_comm: the comm a finished shrink (grow, join) work made; the caller
  * owns it (destroy it). Once: a second call gets COLLIE_ENOENT. EINVAL (not
  * such a work), INPROGRESS, or the work's failure status. A comm never
  * taken is destroyed when the work is released. */
 COLLIE_API int collie_comm_work_comm(collie_work *w, collie_comm **out);
+
+/* ------------------------------------------------------------------------ */
+/* Growing: a new process joins a running comm (docs/faults.md, "Grow")      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct collie_grow_opts {
+    size_t size; /* sizeof(collie_grow_opts) */
+    /* members: how many joiners to take (every member the same; 0: 1) */
+    int count;
+    /* the bound of the whole grow or join (0: the comm's creation timeout;
+     * a joiner's: its comm options', else COLLIE_TIMEOUT_MS) */
+    int32_t timeout_ms;
+    /* the new comm's options (members, NULL: the old comm's; a joiner,
+     * NULL: the defaults); the name is the grow's */
+    const collie_comm_opts *comm;
+    /* a joiner: the rank it asks for (-1: the lowest free one); a rank a
+     * member holds, or another joiner took, is refused (EINVAL) */
+    int rank;
+} collie_grow_opts;
+
+#define COLLIE_GROW_OPTS_INIT                                                                      \
+    { .size = sizeof(collie_grow_opts), .rank = -1 }
+
+/* collie_comm_grow: every member of a healthy comm calls it to take
+ * `count` joiners (collie_comm_join) into a new comm of size + count: the
+ * members keep their ranks, the joiners get the ranks after them (or the
+ * one they asked for), in the order they asked. The new comm is named
+ * "<name>.gr<generation>" ("...e<attempt>" after a first grow of the same
+ * comm); its links are made before it is returned (a one-element
+ * allreduce, checked), so its first collective is as fast as any other.
+ * The old comm is untouched: destroy it once the new one is in use.
+ * Errors: EINVAL (NULL, bad opts), ESTATE (the comm failed: shrink it
+ * first; or never created), ETIMEDOUT (too few joiners came, or a member
+ * did not: the message says which), EPEER (the store is gone), ENOMEM.
+ * Blocks, bounded by the timeout; collie_comm_grow_post does not. */
+COLLIE_API int collie_comm_grow(collie_comm *c, const collie_grow_opts *go, collie_comm **out);
+COLLIE_API int collie_comm_grow_post(collie_comm *c, const collie_grow_opts *go,
+                                     const collie_post_opts *o, collie_work **out);
+
+/* collie_comm_join: a new process asks to join the running comm first
+ * created as `name` (also after shrinks and grows: they keep that name as
+ * their family); it gets its rank in the members' next grow. Take the comm
+ * of collie_comm_join_post's work with collie_comm_work_comm. Errors:
+ * EINVAL (NULL, a bad name, a rank refused: the message says why),
+ * ETIMEDOUT (no grow took it by the deadline: it withdraws), EPEER,
+ * ENOMEM, ECLOSED. */
+COLLIE_API int collie_comm_join(collie_engine *e, collie_store *store, const char *name,
+                                const collie_grow_opts *go, collie_comm **out);
+COLLIE_API int collie_comm_join_post(collie_engine *e, collie_store *store, const char *name,
+                                     const collie_grow_opts *go, const collie_post_opts *o,
+                                     collie_work **out);
 
 /* collie_comm_rank_map: for a comm made by collie_comm_shrink, fill
  * map[old] with each old rank's new rank, or -1 for a rank left out, for

@@ -569,6 +569,16 @@ bool cl_store_on_loopback(const collie_store *s, char *addr, size_t len) {
     return cl_store_host_is_loopback(host);
 }
 
+bool cl_store_lost(const collie_store *s, char *why, size_t len) {
+    if (!s || !s->core) return false;
+    cl_store_core *c = s->core;
+    pthread_mutex_lock(&c->mu);
+    bool lost = !c->connected && atomic_load_explicit(&c->connects, memory_order_relaxed) > 0;
+    if (lost && why) snprintf(why, len, "%s", c->last_err[0] ? c->last_err : "connection lost");
+    pthread_mutex_unlock(&c->mu);
+    return lost;
+}
+
 uint64_t cl_store_reconnects(const collie_store *s) {
     if (!s || !s->core) return 0;
     uint64_t n = atomic_load_explicit(&s->core->connects, memory_order_relaxed);

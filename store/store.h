@@ -22,4 +22,9 @@ bool cl_store_on_loopback(const collie_store *s, char *addr, size_t len);
  * again after its first (any thread). */
 uint64_t cl_store_reconnects(const collie_store *s);
 
+/* cl_store_lost: the handle's connection was up once and is down now (the
+ * server went away; the client retries); `why` gets the last error. Any
+ * thread. */
+bool cl_store_lost(const collie_store *s, char *why, size_t len);
+
 #endif

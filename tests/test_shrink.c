@@ -68,8 +68,10 @@ static void shrink_ranks(world *w, const int *ranks, int n, const collie_shrink_
         int r = ranks[i];
         st[r] = collie_work_wait(sw[i], 20000);
         out[r] = NULL;
-        if (st[r] == COLLIE_OK) assert_int_equal(collie_comm_work_comm(sw[i], &out[r]), COLLIE_OK);
-        else print_message("rank %d: %s\n", r, collie_work_error_message(sw[i]));
+        if (st[r] == COLLIE_OK)
+            assert_int_equal(collie_comm_work_comm(sw[i], &out[r]), COLLIE_OK);
+        else
+            print_message("rank %d: %s\n", r, collie_work_error_message(sw[i]));
         collie_work_release(sw[i]);
     }
 }
@@ -96,8 +98,9 @@ static void check_shrunk(collie_comm **nc, const int *alive, int n, int old_size
         }
         v[i] = alive[i] + 1;
         out[i] = -1;
-        assert_int_equal(collie_allreduce(c, &v[i], &out[i], 1, COLLIE_INT32, COLLIE_SUM, NULL, &w[i]),
-                         COLLIE_OK);
+        assert_int_equal(
+            collie_allreduce(c, &v[i], &out[i], 1, COLLIE_INT32, COLLIE_SUM, NULL, &w[i]),
+            COLLIE_OK);
     }
     for (int i = 0; i < n; i++) {
         assert_int_equal(collie_work_wait(w[i], 10000), COLLIE_OK);
@@ -326,10 +329,8 @@ static void test_shrink_store_gone(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shrink_after_leave),
-        cmocka_unit_test(test_shrink_refused),
-        cmocka_unit_test(test_shrink_absent_rank),
-        cmocka_unit_test(test_shrink_cycle),
+        cmocka_unit_test(test_shrink_after_leave), cmocka_unit_test(test_shrink_refused),
+        cmocka_unit_test(test_shrink_absent_rank), cmocka_unit_test(test_shrink_cycle),
         cmocka_unit_test(test_shrink_store_gone),
     };
     return cltest_main(tests, NULL, NULL);

@@ -68,8 +68,7 @@ static bool kid_wait_events(collie_comm *c, int kind, int rank, int kind2, int m
         if (poll(&p, 1, 100) != 1) continue;
         collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
         while (collie_comm_event_pop(c, &ev) == COLLIE_OK)
-            if ((ev.kind == kind && (rank < 0 || ev.rank == rank)) || ev.kind == kind2)
-                return true;
+            if ((ev.kind == kind && (rank < 0 || ev.rank == rank)) || ev.kind == kind2) return true;
     }
     return false;
 }

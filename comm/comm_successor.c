@@ -1,0 +1,77 @@
+/*
+ * comm_successor.c — what the works that make a comm from another's
+ * membership (shrink, grow, join) share: handing the new comm to the
+ * caller (collie_comm_work_comm), the rank map, and the end of such a work.
+ *
+ * Design notes
+ *  - The new comm belongs to its work until taken, once; a work released
+ *    with its comm never taken destroys it (destroy_post: never blocks,
+ *    whichever thread drops the last reference).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "engine/engine.h"
+
+void cl_successor_fini(cl_successor_work *s) {
+    if (s->create) collie_work_release(s->create);
+    s->create = NULL;
+    if (s->made && !atomic_load(&s->taken)) {
+        collie_work *d = NULL;
+        if (collie_comm_destroy_post(s->made, NULL, &d) == COLLIE_OK)
+            collie_work_release(d);
+        else
+            collie_comm_destroy(s->made); /* its engine is gone: memory only */
+    }
+    s->made = NULL;
+}
+
+int collie_comm_work_comm(collie_work *w, collie_comm **out) {
+    if (out) *out = NULL;
+    if (!w || !out || !(cl_comm_is_shrink_work(w) || cl_comm_is_grow_work(w)))
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_work_comm: not a shrink, grow or join work");
+    if (!cl_work_done(w)) return COLLIE_INPROGRESS;
+    if (w->status != COLLIE_OK) return w->status;
+    cl_successor_work *s = (cl_successor_work *)w;
+    if (atomic_exchange(&s->taken, true))
+        return cl_set_last_error(COLLIE_ENOENT,
+                                 "collie_comm_work_comm: the comm was taken already");
+    *out = s->made;
+    return COLLIE_OK;
+}
+
+int collie_comm_rank_map(const collie_comm *c, int *map, int n) {
+    if (!c || n < 0 || (!map && n > 0))
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_rank_map: %s",
+                                 !c      ? "comm is NULL"
+                                 : n < 0 ? "n is negative"
+                                         : "map is NULL");
+    if (!c->rank_map)
+        return cl_set_last_error(
+            COLLIE_ESTATE, "collie_comm_rank_map: comm '%s' was not made by a shrink", c->name);
+    for (int r = 0; r < n && r < c->rank_map_n; r++)
+        map[r] = c->rank_map[r];
+    return c->rank_map_n;
+}
+
+int cl_comm_successor_opts(const collie_comm *c, const collie_comm_opts *o, collie_comm_opts *out,
+                           cl_backend_spec *spec) {
+    collie_comm_opts co = COLLIE_COMM_OPTS_INIT;
+    if (o) memcpy(&co, o, o->size < sizeof co ? o->size : sizeof co);
+    co.size = sizeof co;
+    co.backend = NULL; /* parsed into *spec now: the caller's string may go */
+    if (co.device < 0) co.device = c->device;
+    if (co.timeout_ms == 0) co.timeout_ms = c->timeout_ms;
+    if (co.policy == COLLIE_POLICY_DEFAULT) co.policy = c->policy;
+    if (!o) {
+        co.on_error = c->on_error;
+        co.on_error_arg = c->on_error_arg;
+    }
+    *out = co;
+    *spec = c->spec;
+    const char *b = cl_opt(o, backend, NULL);
+    return b ? cl_backend_parse_spec(b, spec) : COLLIE_OK;
+}
