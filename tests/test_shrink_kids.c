@@ -13,6 +13,10 @@
  *              others shrink once it is suspected; resumed, rank 3 gets an
  *              EXCLUDED event, ENOTMEMBER on its next post and from its own
  *              shrink.
+ *   replaced:  4 processes, rank 3 killed, the others shrink; a fifth
+ *              process (the replacement) joins by the family name asking
+ *              for rank 3, the survivors grow: a comm of 4 again whose
+ *              allreduce's bytes are right on every rank.
  */
 #include <poll.h>
 #include <signal.h>
@@ -43,8 +47,9 @@ static int32_t allreduce_one(collie_comm *c, int old_rank, int *status) {
 #define KN 4
 
 typedef struct kid_plan {
-    int victim2; /* a second rank killed during the agreement (-1: none) */
-    bool stop;   /* rank 3 is stopped, not killed */
+    int victim2;  /* a second rank killed during the agreement (-1: none) */
+    bool stop;    /* rank 3 is stopped, not killed */
+    bool replace; /* a fifth process joins as rank 3 once the others shrank */
 } kid_plan;
 
 static int kid_join(const char *addr, int rank, collie_engine **e, collie_store **st,
@@ -93,8 +98,58 @@ static int kid_stopped(collie_comm *c) {
     return 0;
 }
 
+/* a survivor takes the replacement back: a comm of 4 again, the
+ * replacement rank 3 (the allreduce's sum: 1 + 2 + 3 + 4) */
+static int kid_grow(collie_comm *nc, int rank) {
+    int64_t t0 = cl_now_ns();
+    collie_comm *gc = NULL;
+    if (collie_comm_grow(nc, NULL, &gc) != COLLIE_OK) {
+        printf("grow failed: %s\n", collie_last_error());
+        fflush(stdout);
+        return 40;
+    }
+    int s;
+    if (collie_comm_size(gc) != KN || collie_comm_rank(gc) != rank) return 41;
+    if (allreduce_one(gc, rank, &s) != 10 || s != COLLIE_OK) return 42;
+    printf("grown %d %lld\n", rank, (long long)((cl_now_ns() - t0) / 1000));
+    fflush(stdout);
+    return collie_comm_destroy(gc) == COLLIE_OK ? 0 : 43;
+}
+
+/* the replacement (the fifth process): told "go" once the others shrank,
+ * it joins the family "shk" as rank 3 */
+static int kid_replacement(const char *addr) {
+    collie_engine *e;
+    collie_store *st;
+    if (collie_engine_create(NULL, &e) != COLLIE_OK) return 50;
+    if (collie_store_connect(e, addr, NULL, &st) != COLLIE_OK) return 51;
+    printf("ready 4\n");
+    fflush(stdout);
+    struct pollfd p = {.fd = 0, .events = POLLIN};
+    char line[16];
+    if (poll(&p, 1, 20000) != 1 || read(0, line, sizeof line) <= 0) return 52;
+    int64_t t0 = cl_now_ns();
+    collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
+    go.rank = 3;
+    collie_comm *c = NULL;
+    if (collie_comm_join(e, st, "shk", &go, &c) != COLLIE_OK) {
+        printf("join failed: %s\n", collie_last_error());
+        fflush(stdout);
+        return 53;
+    }
+    int s;
+    if (collie_comm_rank(c) != 3 || allreduce_one(c, 3, &s) != 10 || s != COLLIE_OK) return 54;
+    printf("joined 4 %lld\n", (long long)((cl_now_ns() - t0) / 1000));
+    fflush(stdout);
+    collie_comm_destroy(c);
+    collie_store_destroy(st);
+    collie_engine_destroy(e);
+    return 0;
+}
+
 static int shrink_child(const char *addr, int rank, void *arg) {
     const kid_plan *p = arg;
+    if (rank == KN) return kid_replacement(addr);
     collie_engine *e;
     collie_store *st;
     collie_comm *c;
@@ -129,6 +184,7 @@ static int shrink_child(const char *addr, int rank, void *arg) {
     if (f.view != COLLIE_FAULT_VIEW_AGREED || f.nranks != KN - want_size) return 18;
     printf("shrunk %d %lld\n", rank, (long long)((cl_now_ns() - t0) / 1000));
     fflush(stdout);
+    if (p->replace && (rc = kid_grow(nc, rank)) != 0) return rc;
     if (collie_comm_destroy(nc) != COLLIE_OK) return 19;
     collie_comm_destroy(c);
     collie_store_destroy(st);
@@ -141,15 +197,22 @@ static void run_kids(const kid_plan *p, const char *transport) {
     snprintf(tr, sizeof tr, "COLLIE_CPU_TRANSPORT=%s", transport);
     const char *settings[] = {tr, "COLLIE_HEARTBEAT_MS=100", "COLLIE_SUSPECT_MS=500", NULL};
     kids k;
-    kids_start(&k, KN, shrink_child, (void *)p, settings);
+    int n = KN + (p->replace ? 1 : 0);
+    kids_start(&k, n, shrink_child, (void *)p, settings);
     int up = 0;
     for (int r = 0; r < KN; r++)
         up += kids_wait(&k, r, "up ", 20000);
+    if (p->replace) up += kids_wait(&k, KN, "ready ", 20000) ? 0 : 100;
     kill(k.pid[3], p->stop ? SIGSTOP : SIGKILL);
     if (p->victim2 >= 0) { /* once the others are in the agreement */
         for (int r = 0; r < KN - 1; r++)
             if (r != p->victim2) kids_wait(&k, r, "shrinking ", 20000);
         kill(k.pid[p->victim2], SIGKILL);
+    }
+    if (p->replace) {
+        for (int r = 0; r < 3; r++)
+            kids_wait(&k, r, "shrunk ", 20000);
+        kids_tell(&k, KN, "go\n");
     }
     if (p->stop) {
         for (int r = 0; r < 3; r++)
@@ -157,16 +220,17 @@ static void run_kids(const kid_plan *p, const char *transport) {
         kill(k.pid[3], SIGCONT);
         kids_wait(&k, 3, "excluded ", 20000);
     }
-    int codes[KN];
+    int codes[KN + 1];
     kids_end(&k, codes, 25000);
     assert_int_equal(up, KN);
-    for (int r = 0; r < KN; r++) {
+    for (int r = 0; r < n; r++) {
         bool killed = (r == 3 && !p->stop) || r == p->victim2;
         if (killed) continue;
         if (codes[r] != 0) print_message("rank %d exited %d: %s\n", r, codes[r], k.buf[r]);
         assert_int_equal(codes[r], 0);
         const char *t = strstr(k.buf[r], "shrunk ");
         if (t) print_message("%s", t);
+        if (p->replace) assert_non_null(strstr(k.buf[r], r == KN ? "joined " : "grown "));
     }
 }
 
@@ -194,12 +258,19 @@ static void test_shrink_stopped_rank_excluded(void **state) {
     run_kids(&p, "auto");
 }
 
+static void test_shrink_then_replacement_joins(void **state) {
+    (void)state;
+    kid_plan p = {.victim2 = -1, .replace = true};
+    run_kids(&p, "auto");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shrink_killed),
         cmocka_unit_test(test_shrink_killed_tcp),
         cmocka_unit_test(test_shrink_second_failure),
         cmocka_unit_test(test_shrink_stopped_rank_excluded),
+        cmocka_unit_test(test_shrink_then_replacement_joins),
     };
     return cltest_main(tests, NULL, NULL);
 }
