@@ -117,6 +117,16 @@ class ShrinkOpts(ctypes.Structure):
     ]
 
 
+class GrowOpts(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("count", c_int),
+        ("timeout_ms", c_int32),
+        ("comm", POINTER(CommOpts)),
+        ("rank", c_int),  # a joiner's wish (-1: any)
+    ]
+
+
 FAULT_RANKS = 64
 FAULT_NUM_KINDS = 9  # COLLIE_FAULT_NUM_KINDS
 
@@ -291,6 +301,10 @@ SIGNATURES = {
     "collie_comm_shrink_post": (c_int, [p, POINTER(ShrinkOpts)] + _post),
     "collie_comm_work_comm": (c_int, [p, pp]),
     "collie_comm_rank_map": (c_int, [p, POINTER(c_int), c_int]),
+    "collie_comm_grow": (c_int, [p, POINTER(GrowOpts), pp]),
+    "collie_comm_grow_post": (c_int, [p, POINTER(GrowOpts)] + _post),
+    "collie_comm_join": (c_int, [p, p, c_char_p, POINTER(GrowOpts), pp]),
+    "collie_comm_join_post": (c_int, [p, p, c_char_p, POINTER(GrowOpts)] + _post),
     "collie_comm_destroy_post": (c_int, [p] + _post),
     "collie_comm_abort": (c_int, [p, c_char_p]),
     "collie_comm_error": (c_int, [p, POINTER(c_int), POINTER(c_char_p)]),

@@ -1,11 +1,15 @@
-"""Shrinking a comm to its survivors (collie_comm_shrink): Comm.shrink,
-Comm.shrink_async and Comm.rank_map, mixed into Comm.
+"""Shrinking a comm to its survivors and growing it again: Comm.shrink,
+shrink_async and rank_map (collie_comm_shrink), Comm.grow, grow_async,
+and the classmethods Comm.join and join_async (collie_comm_grow/join),
+mixed into Comm.
 
 The survivors of a failed comm agree on the failed set through the store
 and get a comm of the others, ranks renumbered in their old order. A rank
 the others left out (it was slow, stopped, or came too late) gets
 CollieNotMember, here and on its next post of the old comm. The old comm
-stays the caller's to destroy. docs/faults.md ("Shrink") says what is
+stays the caller's to destroy. A new process joins a running comm by the
+name it was first created with (Comm.join) while its members grow (every
+member calls grow). docs/faults.md ("Shrink", "Grow") says what is
 guaranteed.
 """
 
@@ -14,6 +18,7 @@ from ctypes import byref, c_int, c_void_p, pointer, sizeof
 from . import _lib
 from ._engine import timeout_ms
 from .errors import check
+
 
 lib = _lib.lib
 
@@ -25,6 +30,20 @@ def _shrink_opts(timeout, opts, child_opts):
         co = child_opts(opts)
         so.comm = pointer(co)
     return so, co  # co: kept alive with so
+
+
+def _grow_opts(count, rank, timeout, opts, child_opts):
+    if count is not None and (not isinstance(count, int) or count < 1):
+        raise ValueError(f"count: {count!r} (joiners to take: 1 or more)")
+    if rank is not None and (not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank: {rank!r} (a rank >= 0, or None: any)")
+    go = _lib.GrowOpts(sizeof(_lib.GrowOpts), count or 1, timeout_ms(timeout, "timeout"), None,
+                       -1 if rank is None else rank)
+    co = None
+    if opts:
+        co = child_opts(opts)
+        go.comm = pointer(co)
+    return go, co  # co: kept alive with go
 
 
 class Shrink:
@@ -52,14 +71,7 @@ class Shrink:
         work = self._engine.post(
             "collie_comm_shrink_post", lib.collie_comm_shrink_post, (self.handle, byref(so)), None, owner=self
         )
-        try:
-            await work
-        except BaseException:
-            work.cancel()
-            raise
-        h = c_void_p()
-        check(lib.collie_comm_work_comm(work._h, byref(h)), "collie_comm_work_comm")
-        return self._shrunk(h.value)
+        return self._shrunk(await _taken(work))
 
     def rank_map(self):
         """For a comm made by shrink: the old comm's ranks, each with its new
@@ -72,3 +84,60 @@ class Shrink:
         if got < 0:
             check(got, "collie_comm_rank_map")
         return [None if arr[r] < 0 else arr[r] for r in range(n)]
+
+    def grow(self, count=1, timeout=None, **opts):
+        """A comm of this one's members and `count` joiners (Comm.join), the
+        joiners ranked after the members (collie_comm_grow). Every member
+        calls it; it blocks until the joiners came and the new comm's links
+        are made, bounded by `timeout` (None: the comm's create timeout).
+        From an event loop use grow_async."""
+        go, _keep = _grow_opts(count, None, timeout, opts, self._child_opts_of)
+        h = c_void_p()
+        check(lib.collie_comm_grow(self.handle, byref(go), byref(h)), "collie_comm_grow")
+        return self._shrunk(h.value)
+
+    async def grow_async(self, count=1, timeout=None, **opts):
+        """`new = await comm.grow_async()`: grow() without blocking the loop."""
+        go, _keep = _grow_opts(count, None, timeout, opts, self._child_opts_of)
+        work = self._engine.post(
+            "collie_comm_grow_post", lib.collie_comm_grow_post, (self.handle, byref(go)), None, owner=self
+        )
+        return self._shrunk(await _taken(work))
+
+    @classmethod
+    def join(cls, engine, store, name, rank=None, timeout=None, **opts):
+        """A new process joins the running comm first created as `name`, at
+        the members' next grow: `rank` asks for one (None: the lowest free
+        one; a member's rank is refused). Blocks, bounded by `timeout`."""
+        go, _keep = _grow_opts(None, rank, timeout, opts, cls._child_opts_of)
+        h = c_void_p()
+        st = lib.collie_comm_join(engine.handle, store.handle, str(name).encode(), byref(go), byref(h))
+        check(st, "collie_comm_join")
+        return cls(engine, store, None, None, _handle=h.value)
+
+    @classmethod
+    async def join_async(cls, engine, store, name, rank=None, timeout=None, **opts):
+        """`comm = await Comm.join_async(engine, store, name)`: join() without
+        blocking the loop; cancelling the await withdraws."""
+        go, _keep = _grow_opts(None, rank, timeout, opts, cls._child_opts_of)
+        work = engine.post(
+            "collie_comm_join_post",
+            lib.collie_comm_join_post,
+            (engine.handle, store.handle, str(name).encode(), byref(go)),
+            None,
+            owner=store,
+        )
+        return cls(engine, store, None, None, _handle=await _taken(work))
+
+
+async def _taken(work):
+    """Await a shrink/grow/join work and take the comm it made (a handle);
+    cancelling the await cancels the work (what it made is destroyed)."""
+    try:
+        await work
+    except BaseException:
+        work.cancel()
+        raise
+    h = c_void_p()
+    check(lib.collie_comm_work_comm(work._h, byref(h)), "collie_comm_work_comm")
+    return h.value

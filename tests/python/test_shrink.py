@@ -115,3 +115,46 @@ def test_absent_rank_is_told_it_is_out():
         comms[1].destroy()
     finally:
         b.close()
+
+
+def test_grow_and_join_async_after_shrink():
+    """4 ranks, rank 3 leaves, the others shrink, a replacement joins by the
+    family name asking for rank 3 while they grow: 4 again, the loop running."""
+    b = Bench(4)
+    try:
+        comms = _world(b, 4, "pygrow")
+        comms[3].destroy()
+        for r in range(3):
+            _wait_left(comms[r], 3)
+        joiner_store = collie.Store(b.engine, b.server.address)
+
+        async def main():
+            probe = LagProbe().start()
+            small = await asyncio.wait_for(asyncio.gather(*(c.shrink_async() for c in comms[:3])), 30)
+            grown = await asyncio.wait_for(
+                asyncio.gather(
+                    *(s.grow_async() for s in small),
+                    collie.Comm.join_async(b.engine, joiner_store, "pygrow", rank=3),
+                ),
+                30,
+            )
+            outs = await asyncio.wait_for(
+                asyncio.gather(*(g.allreduce(np.array([g.rank + 1], np.int32)) for g in grown)), 10
+            )
+            lag = await probe.stop()
+            return small, grown, outs, lag
+
+        small, grown, outs, lag = asyncio.run(main())
+        print(f"largest loop lag through shrink and grow: {lag * 1000:.2f} ms")
+        assert lag < LAG_BOUND_S
+        assert [(g.size, g.rank) for g in grown] == [(4, 0), (4, 1), (4, 2), (4, 3)]
+        assert all(o.tolist() == [1 + 2 + 3 + 4] for o in outs)  # the oracle
+        with pytest.raises(ValueError, match="count"):
+            small[0].grow(count=0)
+        with pytest.raises(ValueError, match="rank"):
+            collie.Comm.join(b.engine, joiner_store, "pygrow", rank=-3)
+        for c in grown + small + comms[:3]:
+            c.destroy()
+        joiner_store.close()
+    finally:
+        b.close()

@@ -93,6 +93,7 @@ def c_type_of(decl):
             "collie_peer_health": _lib.PeerHealth,
             "collie_comm_event": _lib.CommEvent,
             "collie_shrink_opts": _lib.ShrinkOpts,
+            "collie_grow_opts": _lib.GrowOpts,
         }[base]
         return {ctypes.POINTER(struct)}
     if stars == 1:  # an opaque object (collie_comm *, cudaStream_t is below)
@@ -140,6 +141,7 @@ def header_struct_fields(name):
         ("collie_latency_histogram", _lib.LatencyHistogram),
         ("collie_log_record", _lib.LogRecord),
         ("collie_shrink_opts", _lib.ShrinkOpts),
+        ("collie_grow_opts", _lib.GrowOpts),
     ],
 )
 def test_structures_match_the_header(cname, struct):
