@@ -204,6 +204,16 @@ struct collie_comm {
     /* made by a shrink: old rank -> new rank (-1: left out), owned */
     int *rank_map;
     int rank_map_n;
+    /* its line (comm_successor.c): how it was made from `from` (generation
+     * from_gen), the shrinks and grows since its family's first comm; and,
+     * under mu, the comm a shrink or grow of it made (flight.c dumps them) */
+    struct {
+        const char *how; /* "shrink", "grow", "join"; NULL: created */
+        char from[72];
+        uint64_t from_gen;
+        uint32_t shrinks, grows;
+        char successor[72];
+    } line;
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -469,6 +479,11 @@ typedef struct cl_successor_args {
     const char *members, *family;
     const int *map;
     int map_n;
+    /* its line: how it is made ("shrink", "grow", "join"), from which comm
+     * (NULL: a joiner) and the shrinks and grows before it */
+    const char *how;
+    const collie_comm *from;
+    uint32_t shrinks, grows;
 } cl_successor_args;
 int cl_comm_create_successor(const cl_successor_args *a, collie_comm **out, collie_work **work);
 
@@ -482,6 +497,8 @@ typedef struct cl_successor_work {
     _Atomic bool taken;
 } cl_successor_work;
 void cl_successor_fini(cl_successor_work *s);
+/* note in c's line that `name` succeeded it (any thread) */
+void cl_comm_note_successor(collie_comm *c, const char *name);
 /* the successor's options: o's, the old comm's for what o leaves unset (all
  * of them, its error callback too, when o is NULL); *spec: o's backend,
  * parsed, else the old comm's */

@@ -183,6 +183,13 @@ static int create_successor_parts(collie_comm *c, const cl_successor_args *a) {
         c->rank_map_n = a->map_n;
     }
     if (a->family) snprintf(c->family, sizeof c->family, "%s", a->family);
+    c->line.how = a->how;
+    if (a->from) {
+        snprintf(c->line.from, sizeof c->line.from, "%s", a->from->name);
+        c->line.from_gen = a->from->generation;
+    }
+    c->line.shrinks = a->shrinks;
+    c->line.grows = a->grows;
     return COLLIE_OK;
 }
 

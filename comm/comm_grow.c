@@ -55,11 +55,12 @@ typedef struct grow_work {
     collie_store *store; /* a joiner's own handle (members: the comm's) */
     bool joiner;
     int step, count, taken, asked_rank, n, rank, size, attempt;
-    int64_t ticket;            /* the ticket being answered (rank 0), or this joiner's */
-    int64_t until_ns;          /* the deadline */
-    bool *held;                /* rank 0: ranks given so far, by new rank */
-    collie_work *req;          /* the store request in flight (loop) */
-    int32_t link_in, link_out; /* LINK's allreduce */
+    uint32_t line_shrinks, line_grows; /* a joiner's, from its answer */
+    int64_t ticket;                    /* the ticket being answered (rank 0), or this joiner's */
+    int64_t until_ns;                  /* the deadline */
+    bool *held;                        /* rank 0: ranks given so far, by new rank */
+    collie_work *req;                  /* the store request in flight (loop) */
+    int32_t link_in, link_out;         /* LINK's allreduce */
     collie_work *link;
     collie_comm_opts copts;
     cl_backend_spec spec;
@@ -197,7 +198,8 @@ static void grow_answer(grow_work *g, const char *req) {
     char ans[256], refusal[160], t[32];
     int r = grow_pick(g, req, refusal, sizeof refusal);
     if (r >= 0)
-        snprintf(ans, sizeof ans, "ok %s %d %d", g->name, r, g->size);
+        snprintf(ans, sizeof ans, "ok %s %d %d %u %u", g->name, r, g->size, g->comm->line.shrinks,
+                 g->comm->line.grows);
     else
         snprintf(ans, sizeof ans, "%s", refusal);
     g->asked_rank = r;
@@ -234,8 +236,10 @@ static void grow_on_link(collie_work *w, void *arg) {
         else if (g->link_out != g->size)
             grow_fail(g, COLLIE_EPROTO, "the new comm's first allreduce summed %d ones to %d",
                       g->size, (int)g->link_out);
-        else if (cl_work_finish(&g->s.base, COLLIE_OK, NULL))
+        else if (cl_work_finish(&g->s.base, COLLIE_OK, NULL)) {
             g->step = G_DONE;
+            if (g->comm) cl_comm_note_successor(g->comm, g->name);
+        }
     }
     collie_work_release(&g->s.base);
 }
@@ -282,7 +286,11 @@ static void grow_create(grow_work *g) {
                            .o = &co,
                            .spec = g->has_spec ? &g->spec : NULL,
                            .members = members,
-                           .family = g->family + strlen("collie/")};
+                           .family = g->family + strlen("collie/"),
+                           .how = g->joiner ? "join" : "grow",
+                           .from = g->comm,
+                           .shrinks = g->comm ? g->comm->line.shrinks : g->line_shrinks,
+                           .grows = (g->comm ? g->comm->line.grows : g->line_grows) + 1};
     /* the family key is "collie/<family>/": the name without the slashes */
     char fam[72];
     snprintf(fam, sizeof fam, "%.*s", (int)(strlen(g->family) - strlen("collie//")), a.family);
@@ -300,8 +308,9 @@ static void grow_create(grow_work *g) {
 static void grow_joiner_answer(grow_work *g, const char *ans) {
     char name[72];
     int rank, size;
-    if (sscanf(ans, "ok %71s %d %d", name, &rank, &size) == 3 && size > 0 && rank >= 0 &&
-        rank < size) {
+    if (sscanf(ans, "ok %71s %d %d %u %u", name, &rank, &size, &g->line_shrinks, &g->line_grows) >=
+            3 &&
+        size > 0 && rank >= 0 && rank < size) {
         snprintf(g->name, sizeof g->name, "%s", name);
         g->rank = rank;
         g->size = size;

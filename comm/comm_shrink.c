@@ -385,6 +385,7 @@ static void shrink_on_created(collie_work *w, void *arg) {
     shrink_work *sw = arg;
     if (!cl_work_done(&sw->s.base)) {
         if (collie_work_result(w) == COLLIE_OK) {
+            cl_comm_note_successor(sw->comm, sw->s.made->name);
             sw->step = SH_DONE;
             cl_work_finish(&sw->s.base, COLLIE_OK, NULL);
         } else {
@@ -433,7 +434,11 @@ static void shrink_create(shrink_work *sw) {
                            .members = members,
                            .family = c->family,
                            .map = sw->map,
-                           .map_n = sw->n};
+                           .map_n = sw->n,
+                           .how = "shrink",
+                           .from = c,
+                           .shrinks = c->line.shrinks + 1,
+                           .grows = c->line.grows};
     int r = cl_comm_create_successor(&a, &sw->s.made, &sw->s.create);
     if (r != COLLIE_OK) {
         collie_work_release(&sw->s.base);

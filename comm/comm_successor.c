@@ -28,6 +28,12 @@ void cl_successor_fini(cl_successor_work *s) {
     s->made = NULL;
 }
 
+void cl_comm_note_successor(collie_comm *c, const char *name) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->line.successor, sizeof c->line.successor, "%s", name);
+    pthread_mutex_unlock(&c->mu);
+}
+
 int collie_comm_work_comm(collie_work *w, collie_comm **out) {
     if (out) *out = NULL;
     if (!w || !out || !(cl_comm_is_shrink_work(w) || cl_comm_is_grow_work(w)))

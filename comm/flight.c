@@ -160,6 +160,34 @@ static const char *fr_state(const cl_fr_entry *e) {
     return e->start_ns ? "running" : "queued";
 }
 
+/* the comm's line: its family, how it was made from which comm, the map of
+ * a shrink, the shrinks and grows since the family's first comm, and the
+ * comm a shrink or grow of it made */
+static void fr_json_line(collie_comm *c, FILE *f) {
+    fprintf(f, ",\"family\":");
+    fr_json_string(f, c->family);
+    fprintf(f, ",\"shrinks\":%u,\"grows\":%u", c->line.shrinks, c->line.grows);
+    if (c->line.how) {
+        fprintf(f, ",\"made_by\":\"%s\",\"from\":", c->line.how);
+        fr_json_string(f, c->line.from);
+        fprintf(f, ",\"from_generation\":%llu", (unsigned long long)c->line.from_gen);
+    }
+    if (c->rank_map) {
+        fprintf(f, ",\"rank_map\":[");
+        for (int r = 0; r < c->rank_map_n; r++)
+            fprintf(f, "%s%d", r ? "," : "", c->rank_map[r]);
+        fprintf(f, "]");
+    }
+    char next[sizeof c->line.successor];
+    pthread_mutex_lock(&c->mu);
+    snprintf(next, sizeof next, "%s", c->line.successor);
+    pthread_mutex_unlock(&c->mu);
+    if (next[0]) {
+        fprintf(f, ",\"succeeded_by\":");
+        fr_json_string(f, next);
+    }
+}
+
 int collie_comm_dump(collie_comm *c, FILE *f) {
     if (!c || !f) return COLLIE_EINVAL;
     int st;
@@ -177,6 +205,7 @@ int collie_comm_dump(collie_comm *c, FILE *f) {
     collie_comm_fault(c, &cf);
     fr_json_fault(f, cf.kind, cf.origin, cf.ranks, cf.nranks, COLLIE_FAULT_RANKS);
     fprintf(f, ",\"fault_view\":%d", cf.view);
+    fr_json_line(c, f);
     fprintf(f, ",\"capacity\":%u,\"entries\":[\n", c->fr.cap);
     if (c->fr.ring) {
         pthread_mutex_lock(&c->fr.mu);

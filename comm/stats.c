@@ -120,6 +120,8 @@ int collie_comm_get_stats(const collie_comm *c, collie_comm_stats *st) {
         s.peers_suspected += hs == COLLIE_PEER_SUSPECTED;
         s.peers_left += hs == COLLIE_PEER_LEFT;
     }
+    s.shrinks = c->line.shrinks;
+    s.grows = c->line.grows;
     s.store_reconnects = cl_store_reconnects(c->store);
     s.stalls = cl_engine_stall_count(c->engine);
     for (int op = 0; op < COLLIE_STATS_OPS; op++) {
@@ -143,7 +145,7 @@ static void stats_write_json(const collie_comm *c, const collie_comm_stats *s, F
             "\"bytes\":%llu,\"connections\":%u,\"shm_connections\":%u,"
             "\"shm_single_copy_bytes\":%llu,\"store_reconnects\":%llu,"
             "\"stalls\":%llu,\"fault_kind\":\"%s\",\"peers_dead\":%u,"
-            "\"peers_suspected\":%u,\"peers_left\":%u,"
+            "\"peers_suspected\":%u,\"peers_left\":%u,\"shrinks\":%u,\"grows\":%u,"
             "\"failed_by_status\":{",
             c->name, (unsigned long long)s->generation, c->rank, c->size,
             collie_status_name(s->status), (unsigned long long)s->posted,
@@ -151,8 +153,8 @@ static void stats_write_json(const collie_comm *c, const collie_comm_stats *s, F
             (unsigned long long)s->in_flight, (unsigned long long)s->bytes, s->connections,
             s->shm_connections, (unsigned long long)s->shm_single_copy_bytes,
             (unsigned long long)s->store_reconnects, (unsigned long long)s->stalls,
-            collie_fault_kind_name(s->fault_kind), s->peers_dead, s->peers_suspected,
-            s->peers_left);
+            collie_fault_kind_name(s->fault_kind), s->peers_dead, s->peers_suspected, s->peers_left,
+            s->shrinks, s->grows);
     const char *sep = "";
     for (int i = 1; i < COLLIE_STATS_STATUSES; i++) {
         if (!s->failed_by_status[i]) continue;

@@ -595,6 +595,9 @@ typedef struct collie_comm_stats {
     uint32_t peers_dead;      /* peers whose health is COLLIE_PEER_DEAD now */
     uint32_t peers_suspected; /* ... COLLIE_PEER_SUSPECTED now */
     uint32_t peers_left;      /* ... COLLIE_PEER_LEFT (they destroyed their comm) */
+    /* membership changes in this comm's line: the shrinks and grows that made it from its
+     * family's first comm (collie_comm_shrink, collie_comm_grow; a joiner learns them) */
+    uint32_t shrinks, grows;
 } collie_comm_stats;
 
 /* (C; in C++: `collie_comm_stats st{}; st.size = sizeof st;`) */

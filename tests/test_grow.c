@@ -162,6 +162,10 @@ static void test_grow_after_shrink(void **state) {
              (unsigned long long)collie_comm_generation(w.c[0]));
     assert_string_equal(collie_comm_name(all[0]), want);
     check_grown(all, 4, ranks);
+    for (int i = 0; i < 4; i++) { /* the line, the joiner's too */
+        assert_int_equal(comm_stats(all[i]).shrinks, 1);
+        assert_int_equal(comm_stats(all[i]).grows, 1);
+    }
     release_all(g.m, 3);
     release_all(g.j, 1);
     destroy_comms(all, 4);

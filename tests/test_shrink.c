@@ -142,6 +142,23 @@ static void test_shrink_after_leave(void **state) {
         snprintf(want, sizeof want, "shl.shr%llu",
                  (unsigned long long)collie_comm_generation(w.c[r]));
         assert_string_equal(collie_comm_name(nc[r]), want);
+        /* its line: stats, and both comms' dumps */
+        assert_int_equal(comm_stats(nc[r]).shrinks, 1);
+        assert_int_equal(comm_stats(nc[r]).grows, 0);
+        assert_int_equal(comm_stats(w.c[r]).shrinks, 0);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        assert_int_equal(collie_comm_dump(nc[r], f), COLLIE_OK);
+        fclose(f);
+        assert_non_null(strstr(text, "\"made_by\":\"shrink\",\"from\":\"shl\""));
+        assert_non_null(strstr(text, "\"rank_map\":[0,1,2,-1]"));
+        free(text);
+        f = open_memstream(&text, &len);
+        assert_int_equal(collie_comm_dump(w.c[r], f), COLLIE_OK);
+        fclose(f);
+        assert_non_null(strstr(text, "\"succeeded_by\":\"shl.shr"));
+        free(text);
         /* the old comm's works are over: posts fail fast */
         int s;
         allreduce_one(w.c[r], r, &s);

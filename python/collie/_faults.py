@@ -55,7 +55,8 @@ class Fault:
 def stats_fields(st):
     """The fault fields of a CommStats as Comm.stats() gives them: the root
     fault's kind by name, failed works by kind name (the kinds that
-    occurred), and the peers dead, suspected and left now."""
+    occurred), the peers dead, suspected and left now, and the shrinks and
+    grows in the comm's line."""
     return {
         "fault_kind": _name(lib.collie_fault_kind_name, st.fault_kind),
         "failed_by_kind": {
@@ -66,6 +67,8 @@ def stats_fields(st):
         "peers_dead": st.peers_dead,
         "peers_suspected": st.peers_suspected,
         "peers_left": st.peers_left,
+        "shrinks": st.shrinks,
+        "grows": st.grows,
     }
 
 

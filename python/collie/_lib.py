@@ -198,6 +198,8 @@ class CommStats(ctypes.Structure):
         ("peers_dead", c_uint32),
         ("peers_suspected", c_uint32),
         ("peers_left", c_uint32),
+        ("shrinks", c_uint32),
+        ("grows", c_uint32),
     ]
 
 

@@ -62,6 +62,7 @@ def test_shrink_async_keeps_the_loop_running():
             assert n.rank_map() == [0, 1, 2, None]
             assert n.name == f"pyshr.shr{comms[r].generation}"
             assert outs[r].tolist() == [1 + 2 + 3]  # the oracle
+            assert (n.stats()["shrinks"], n.stats()["grows"]) == (1, 0)
             f = comms[r].fault()
             assert f.view == "agreed" and list(f.ranks) == [3]
         for n in new:

@@ -32,7 +32,7 @@ typedef struct run_stat_row {
     long long p50_us, p99_us; /* bucket upper bounds, -1: beyond the last */
     char failures[160];
     char fault_kind[24], kinds[160];
-    long long peers_dead, peers_suspected, peers_left;
+    long long peers_dead, peers_suspected, peers_left, shrinks, grows;
 } run_stat_row;
 
 static long long run_json_int(json_t *o, const char *key) {
@@ -108,6 +108,8 @@ static bool run_stat_read(const char *path, run_stat_row *row) {
     row->peers_dead = run_json_int(root, "peers_dead");
     row->peers_suspected = run_json_int(root, "peers_suspected");
     row->peers_left = run_json_int(root, "peers_left");
+    row->shrinks = run_json_int(root, "shrinks");
+    row->grows = run_json_int(root, "grows");
     json_decref(root);
     return true;
 }
@@ -172,8 +174,12 @@ void run_print_stats(const char *dir) {
             at += (size_t)snprintf(fault + at, sizeof fault - at, "; by fault: %s", r->kinds);
         /* a peer that left first is the common end of a job: no news alone */
         if (r->peers_dead + r->peers_suspected > 0 && at < sizeof fault)
-            snprintf(fault + at, sizeof fault - at, "; peers dead %lld, suspected %lld, left %lld",
-                     r->peers_dead, r->peers_suspected, r->peers_left);
+            at += (size_t)snprintf(fault + at, sizeof fault - at,
+                                   "; peers dead %lld, suspected %lld, left %lld", r->peers_dead,
+                                   r->peers_suspected, r->peers_left);
+        if (r->shrinks + r->grows > 0 && at < sizeof fault)
+            snprintf(fault + at, sizeof fault - at, "; line: %lld shrinks, %lld grows", r->shrinks,
+                     r->grows);
         fprintf(stderr,
                 "%-16s %4lld %5lld %9lld %9lld %7lld %8lld %13lld %9s %9s %6lld  %s%s%s%s%s\n",
                 r->comm, r->gen, r->rank, r->posted, r->completed, r->failed, r->in_flight,
