@@ -237,11 +237,15 @@ static void desync_message(const desync *d, char *msg, size_t len, cl_fault *f) 
     }
     /* a late rank is the one behind: "nobody" would send the reader astray */
     const char *none = sus == c->rank ? "no other rank" : "none";
+    char line[200] = ""; /* a membership change made this comm: the ranks are new */
+    if (c->line.how)
+        snprintf(line, sizeof line, " (comm '%.72s' was made by a %s of '%.72s' generation %llu)",
+                 c->name, c->line.how, c->line.from, (unsigned long long)c->line.from_gen);
     snprintf(msg, len,
              "deadline of %d ms passed. Desync report: %s%snever reached seq %llu: %s; "
-             "reached it: %s",
+             "reached it: %s%s",
              (int)d->w->timeout_ms, disagree, first, (unsigned long long)d->seq, nl ? never : none,
-             rl ? reached : "none");
+             rl ? reached : "none", line);
     free(st);
 }
 

@@ -19,6 +19,8 @@
  *              late shrink.
  *   cycle:     create, shrink, destroy, create again with the same name
  *              (the next generation), shrink again: names and sizes right.
+ *   desync:    a deadline on a shrunk comm: the desync report says the comm
+ *              was made by a shrink of which comm (its ranks are new).
  *   store:     the store's server is gone: shrink fails with EPEER, saying
  *              it needs a store that outlives the ranks.
  */
@@ -344,11 +346,52 @@ static void test_shrink_store_gone(void **state) {
     world_destroy(&w);
 }
 
+/* A desync report on a shrunk comm says how the comm was made (its ranks
+ * are new): rank 2 of the new comm never posts. */
+static void test_shrink_desync_names_the_line(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 4, "shd", NULL);
+    world_link(&w);
+    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
+    w.c[3] = NULL;
+    for (int r = 0; r < 3; r++)
+        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    collie_comm *nc[WORLD_MAX] = {0};
+    int st[WORLD_MAX];
+    const int alive[] = {0, 1, 2};
+    shrink_ranks(&w, alive, 3, NULL, nc, st);
+    int32_t v[2] = {1, 2}, out[2];
+    collie_work *wk[2];
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.timeout_ms = 300;
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(
+            collie_allreduce(nc[r], &v[r], &out[r], 1, COLLIE_INT32, COLLIE_SUM, &po, &wk[r]),
+            COLLIE_OK);
+    for (int r = 0; r < 2; r++) {
+        int s = collie_work_wait(wk[r], 10000);
+        assert_true(s == COLLIE_ETIMEDOUT || s == COLLIE_EABORTED);
+        if (s == COLLIE_ETIMEDOUT) {
+            print_message("%s\n", collie_work_error_message(wk[r]));
+            assert_non_null(strstr(collie_work_error_message(wk[r]),
+                                   "was made by a shrink of 'shd' generation 0"));
+        }
+        collie_work_release(wk[r]);
+    }
+    for (int r = 0; r < 3; r++)
+        collie_comm_destroy(nc[r]);
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shrink_after_leave), cmocka_unit_test(test_shrink_refused),
-        cmocka_unit_test(test_shrink_absent_rank), cmocka_unit_test(test_shrink_cycle),
+        cmocka_unit_test(test_shrink_after_leave),
+        cmocka_unit_test(test_shrink_refused),
+        cmocka_unit_test(test_shrink_absent_rank),
+        cmocka_unit_test(test_shrink_cycle),
         cmocka_unit_test(test_shrink_store_gone),
+        cmocka_unit_test(test_shrink_desync_names_the_line),
     };
     return cltest_main(tests, NULL, NULL);
 }
