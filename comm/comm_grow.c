@@ -609,3 +609,24 @@ int collie_comm_join(collie_engine *e, collie_store *store, const char *name,
     int r = collie_comm_join_post(e, store, name, go, NULL, &w);
     return grow_blocking(w, r, out);
 }
+
+int collie_comm_join_from_env(collie_engine *e, const collie_grow_opts *go, collie_comm **out) {
+    if (out) *out = NULL;
+    int res = cl_config_check();
+    if (res != COLLIE_OK) return res;
+    const cl_config *cfg = cl_config_get();
+    if (cfg->rank < 0 || !cfg->store_addr)
+        return cl_set_last_error(COLLIE_EINVAL,
+                                 "collie_comm_join_from_env: COLLIE_RANK and COLLIE_STORE_ADDR "
+                                 "must be set (collie-run sets them)");
+    collie_grow_opts g = COLLIE_GROW_OPTS_INIT;
+    if (go) memcpy(&g, go, go->size < sizeof g ? go->size : sizeof g);
+    g.size = sizeof g;
+    if (!go || go->rank < 0) g.rank = cfg->rank;
+    const char *name = g.comm && g.comm->name ? g.comm->name : "world";
+    collie_store *s;
+    if ((res = collie_store_connect(e, cfg->store_addr, NULL, &s)) != COLLIE_OK) return res;
+    res = collie_comm_join(e, s, name, &g, out);
+    collie_store_destroy(s); /* the comm has its own handle on the connection */
+    return res;
+}

@@ -250,6 +250,14 @@ COLLIE_API int collie_comm_join_post(collie_engine *e, collie_store *store, cons
                                      const collie_grow_opts *go, const collie_post_opts *o,
                                      collie_work **out);
 
+/* collie_comm_join_from_env: collie_comm_join for a rank collie-run
+ * restarted (--restarts; COLLIE_RESTART_COUNT > 0): connects to
+ * COLLIE_STORE_ADDR and asks to join the comm named go->comm->name (else
+ * "world") at its old rank COLLIE_RANK (unless go->rank says otherwise).
+ * The comm owns that store connection. */
+COLLIE_API int collie_comm_join_from_env(collie_engine *e, const collie_grow_opts *go,
+                                         collie_comm **out);
+
 /* collie_comm_rank_map: for a comm made by collie_comm_shrink, fill
  * map[old] with each old rank's new rank, or -1 for a rank left out, for
  * old < min(n, the old size). Returns the old size, COLLIE_ESTATE for a

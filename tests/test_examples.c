@@ -3,7 +3,9 @@
  * them (under collie-run) and checked from the outside: the event-loop
  * server answers HTTP while its collectives run, exports its stats in
  * Prometheus' format and survives a killed peer under either error policy;
- * the groups example and the C++ example finish with their results checked.
+ * the groups example and the C++ example finish with their results checked;
+ * the elastic server answers every request through a rank's loss (shrink)
+ * and takes its replacement back (grow).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -150,6 +152,30 @@ static void test_epoll_server_killed_peer_blocking_wait(void **state) {
     killed_peer("blocking");
 }
 
+/* The elastic server: rank 3 kills itself after request 50; the others
+ * shrink and answer on, collie-run restarts rank 3, which joins while they
+ * grow; every request is answered (the allreduce's sum checked by rank 0
+ * for the size of the comm it ran on), none lost. */
+static void test_elastic_server_shrinks_and_grows(void **state) {
+    (void)state;
+    spawn_proc *l = run_example(
+        ARGS("-n", "4", "--restarts", "1", "--", spawn_build_path("examples/elastic_server")));
+    spawn_finish(l);
+    assert_spawn(l, l->status == 0);
+    const char *t = l->text[0];
+    assert_spawn(l, strstr(t, "[3] rank 3: killing myself after request 50"));
+    for (int r = 0; r < 3; r++) {
+        char want[80];
+        snprintf(want, sizeof want, "[%d] rank %d: shrunk to rank %d of 3", r, r, r);
+        assert_spawn(l, strstr(t, want));
+        snprintf(want, sizeof want, "[%d] rank %d: grown to 4 ranks", r, r);
+        assert_spawn(l, strstr(t, want));
+    }
+    assert_spawn(l, strstr(t, "[3] rank 3: joined as rank 3 of 4"));
+    assert_spawn(l, strstr(t, "[0] served: 200 requests: 200 answered, 0 refused, 0 lost; 1 "
+                              "shrinks, 1 grows"));
+}
+
 static void test_groups_example(void **state) {
     (void)state;
     spawn_proc *l = run_example(ARGS("-n", "4", "--", spawn_build_path("examples/groups")));
@@ -181,6 +207,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_epoll_server_killed_peer_abort_comm, spawn_teardown),
         cmocka_unit_test_teardown(test_epoll_server_killed_peer_blocking_wait, spawn_teardown),
         cmocka_unit_test_teardown(test_groups_example, spawn_teardown),
+        cmocka_unit_test_teardown(test_elastic_server_shrinks_and_grows, spawn_teardown),
         cmocka_unit_test_teardown(test_cxx_example, spawn_teardown),
     };
     return cltest_main(tests, NULL, NULL);
