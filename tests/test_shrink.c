@@ -17,8 +17,9 @@
  *              one, whose allreduce is its own value); rank 1 is told: an
  *              EXCLUDED event, ENOTMEMBER on its next post and from its own
  *              late shrink.
- *   cycle:     create, shrink, destroy, create again with the same name
- *              (the next generation), shrink again: names and sizes right.
+ *   cycle:     create, shrink, grow (a joiner), destroy, create again with
+ *              the same name (the next generation), shrink and grow again:
+ *              names, generations and sizes right.
  *   desync:    a deadline on a shrunk comm: the desync report says the comm
  *              was made by a shrink of which comm (its ranks are new).
  *   store:     the store's server is gone: shrink fails with EPEER, saying
@@ -314,6 +315,27 @@ static void test_shrink_cycle(void **state) {
         assert_string_equal(collie_comm_name(nc[0]), want);
         assert_int_equal(collie_comm_generation(nc[0]), 0);
         check_shrunk(nc, alive, 2, 3);
+        /* and grow back: a joiner as rank 2 */
+        collie_work *gw[3];
+        collie_comm *big[3];
+        int gs[3];
+        collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
+        go.rank = 2;
+        assert_int_equal(collie_comm_join_post(w.e, w.st[2], "shc", &go, NULL, &gw[2]), COLLIE_OK);
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(collie_comm_grow_post(nc[r], NULL, NULL, &gw[r]), COLLIE_OK);
+        for (int r = 0; r < 3; r++) {
+            gs[r] = collie_work_wait(gw[r], 20000);
+            assert_int_equal(gs[r], COLLIE_OK);
+            assert_int_equal(collie_comm_work_comm(gw[r], &big[r]), COLLIE_OK);
+            collie_work_release(gw[r]);
+            assert_int_equal(collie_comm_rank(big[r]), r);
+            assert_int_equal(collie_comm_size(big[r]), 3);
+        }
+        snprintf(want, sizeof want, "shc.shr%d.gr0", round);
+        assert_string_equal(collie_comm_name(big[2]), want);
+        for (int r = 0; r < 3; r++)
+            assert_int_equal(collie_comm_destroy(big[r]), COLLIE_OK);
         for (int r = 0; r < 2; r++) {
             assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
             collie_comm_destroy(w.c[r]);
