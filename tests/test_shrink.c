@@ -20,6 +20,9 @@
  *   cycle:     create, shrink, grow (a joiner), destroy, create again with
  *              the same name (the next generation), shrink and grow again:
  *              names, generations and sizes right.
+ *   mixed:     rank 3 left; ranks 0 and 1 shrink while rank 2 grows: its
+ *              grow ends at its deadline, the others leave it out at theirs
+ *              (a comm of two), and it is told it is out.
  *   desync:    a deadline on a shrunk comm: the desync report says the comm
  *              was made by a shrink of which comm (its ranks are new).
  *   store:     the store's server is gone: shrink fails with EPEER, saying
@@ -406,6 +409,45 @@ static void test_shrink_desync_names_the_line(void **state) {
     world_destroy(&w);
 }
 
+/* Members calling different things: rank 3 left; ranks 0 and 1 shrink
+ * while rank 2 calls grow. Rank 2's grow waits for rank 0's plan and ends
+ * at its deadline; ranks 0 and 1 leave rank 2 out at theirs (it never
+ * proposed) and get a comm of two; rank 2 is then told it is out. */
+static void test_shrink_members_call_different_things(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 4, "shm", NULL);
+    world_link(&w);
+    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
+    w.c[3] = NULL;
+    for (int r = 0; r < 3; r++)
+        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
+    go.timeout_ms = 400;
+    collie_work *gw;
+    assert_int_equal(collie_comm_grow_post(w.c[2], &go, NULL, &gw), COLLIE_OK);
+    collie_shrink_opts so = COLLIE_SHRINK_OPTS_INIT;
+    so.timeout_ms = 400;
+    collie_comm *nc[WORLD_MAX] = {0};
+    int st[WORLD_MAX];
+    const int two[] = {0, 1}, out[] = {2, 3};
+    shrink_ranks(&w, two, 2, &so, nc, st);
+    assert_int_equal(st[0], COLLIE_OK);
+    assert_int_equal(st[1], COLLIE_OK);
+    check_shrunk(nc, two, 2, 4);
+    check_agreed(w.c[0], out, 2);
+    assert_int_equal(collie_work_wait(gw, 10000), COLLIE_ETIMEDOUT);
+    print_message("%s\n", collie_work_error_message(gw));
+    collie_work_release(gw);
+    assert_true(pop_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 5000));
+    int s;
+    allreduce_one(w.c[2], 2, &s);
+    assert_int_equal(s, COLLIE_ENOTMEMBER);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shrink_after_leave),
@@ -414,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_shrink_cycle),
         cmocka_unit_test(test_shrink_store_gone),
         cmocka_unit_test(test_shrink_desync_names_the_line),
+        cmocka_unit_test(test_shrink_members_call_different_things),
     };
     return cltest_main(tests, NULL, NULL);
 }
