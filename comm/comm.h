@@ -497,6 +497,11 @@ typedef struct cl_successor_work {
     _Atomic bool taken;
 } cl_successor_work;
 void cl_successor_fini(cl_successor_work *s);
+/* init a work that bounds itself (destroy, shrink, grow, join): it
+ * completes as o asks (cb, cb_arg, cq, tag) and has no deadline of its own
+ * (o->timeout_ms is ignored) */
+int cl_comm_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
+                      const collie_post_opts *o);
 /* note in c's line that `name` succeeded it (any thread) */
 void cl_comm_note_successor(collie_comm *c, const char *name);
 /* the successor's options: o's, the old comm's for what o leaves unset (all

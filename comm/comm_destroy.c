@@ -315,16 +315,9 @@ int collie_comm_destroy_post(collie_comm *c, const collie_post_opts *o, collie_w
         atomic_store(&c->destroy_posted, false);
         return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_destroy_post: out of memory");
     }
-    collie_post_opts po = COLLIE_POST_OPTS_INIT;
-    po.cb = cl_opt(o, cb, NULL);
-    po.cb_arg = cl_opt(o, cb_arg, NULL);
-    po.cq = cl_opt(o, cq, NULL);
-    po.tag = cl_opt(o, tag, 0);
-    po.timeout_ms = COLLIE_TIMEOUT_INFINITE; /* its steps are bounded */
     int r = COLLIE_EINVAL;
     if (!cl_opts_ok(o, sizeof(size_t)) ||
-        (r = cl_work_init(&d->base, c->engine, &destroy_ops, &po, COLLIE_TIMEOUT_INFINITE)) !=
-            COLLIE_OK) {
+        (r = cl_comm_work_init(&d->base, c->engine, &destroy_ops, o)) != COLLIE_OK) {
         free(d);
         atomic_store(&c->destroy_posted, false);
         return cl_set_last_error(r, "collie_comm_destroy_post: bad post options");

@@ -477,13 +477,7 @@ static int grow_submit(grow_work *proto, const cl_work_ops *ops, const collie_po
     grow_work *g = malloc(sizeof *g);
     if (!g) return cl_set_last_error(COLLIE_ENOMEM, "%s: out of memory", proto->what);
     *g = *proto;
-    collie_post_opts po = COLLIE_POST_OPTS_INIT;
-    po.cb = cl_opt(o, cb, NULL);
-    po.cb_arg = cl_opt(o, cb_arg, NULL);
-    po.cq = cl_opt(o, cq, NULL);
-    po.tag = cl_opt(o, tag, 0);
-    po.timeout_ms = COLLIE_TIMEOUT_INFINITE; /* bounded by its own deadline */
-    int r = cl_work_init(&g->s.base, g->engine, ops, &po, COLLIE_TIMEOUT_INFINITE);
+    int r = cl_comm_work_init(&g->s.base, g->engine, ops, o);
     if (r != COLLIE_OK) {
         free(g);
         return r;

@@ -532,15 +532,13 @@ static void shrink_detach(collie_work *w) {
     if (sw->s.create && w->status != COLLIE_OK) collie_work_cancel(sw->s.create);
 }
 
+static void shrink_parts_free(shrink_work *sw);
+
 static void shrink_free(collie_work *w) {
     shrink_work *sw = (shrink_work *)w;
     cl_successor_fini(&sw->s);
     cl_comm_release(sw->comm);
-    free(sw->st);
-    free(sw->out);
-    free(sw->gets);
-    free(sw->map);
-    free(sw);
+    shrink_parts_free(sw);
 }
 
 static void shrink_describe(const collie_work *w, char *buf, size_t len) {
@@ -588,6 +586,14 @@ static int shrink_check(collie_comm *c, const collie_shrink_opts *so, const coll
     return COLLIE_OK;
 }
 
+static void shrink_parts_free(shrink_work *sw) {
+    free(sw->st);
+    free(sw->out);
+    free(sw->gets);
+    free(sw->map);
+    free(sw);
+}
+
 int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so, const collie_post_opts *o,
                             collie_work **out) {
     cl_clear_last_error();
@@ -598,43 +604,18 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so, const 
         return cl_set_last_error(COLLIE_EINVAL, "collie_comm_shrink: comm opts.size not set");
     shrink_work *sw = calloc(1, sizeof *sw);
     int n = c->size;
-    if (sw) {
-        sw->st = calloc((size_t)n, 1);
-        sw->out = calloc((size_t)n, 1);
-        sw->gets = calloc((size_t)n, sizeof *sw->gets);
-        sw->map = calloc((size_t)n, sizeof *sw->map);
-    }
-    if (!sw || !sw->st || !sw->out || !sw->gets || !sw->map) {
-        if (sw) {
-            free(sw->st);
-            free(sw->out);
-            free(sw->gets);
-            free(sw->map);
-        }
-        free(sw);
+    if (!sw) return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
+    sw->st = calloc((size_t)n, 1);
+    sw->out = calloc((size_t)n, 1);
+    sw->gets = calloc((size_t)n, sizeof *sw->gets);
+    sw->map = calloc((size_t)n, sizeof *sw->map);
+    if (!sw->st || !sw->out || !sw->gets || !sw->map) {
+        shrink_parts_free(sw);
         return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
     }
-    if ((r = cl_comm_successor_opts(c, so ? so->comm : NULL, &sw->copts, &sw->spec)) != COLLIE_OK) {
-        free(sw->st);
-        free(sw->out);
-        free(sw->gets);
-        free(sw->map);
-        free(sw);
-        return r;
-    }
-    collie_post_opts po = COLLIE_POST_OPTS_INIT;
-    po.cb = cl_opt(o, cb, NULL);
-    po.cb_arg = cl_opt(o, cb_arg, NULL);
-    po.cq = cl_opt(o, cq, NULL);
-    po.tag = cl_opt(o, tag, 0);
-    po.timeout_ms = COLLIE_TIMEOUT_INFINITE; /* bounded by its own deadline */
-    if ((r = cl_work_init(&sw->s.base, c->engine, &shrink_ops, &po, COLLIE_TIMEOUT_INFINITE)) !=
-        COLLIE_OK) {
-        free(sw->st);
-        free(sw->out);
-        free(sw->gets);
-        free(sw->map);
-        free(sw);
+    if ((r = cl_comm_successor_opts(c, so ? so->comm : NULL, &sw->copts, &sw->spec)) != COLLIE_OK ||
+        (r = cl_comm_work_init(&sw->s.base, c->engine, &shrink_ops, o)) != COLLIE_OK) {
+        shrink_parts_free(sw);
         return r;
     }
     int32_t t = cl_opt(so, timeout_ms, 0);

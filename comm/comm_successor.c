@@ -1,7 +1,8 @@
 /*
  * comm_successor.c — what the works that make a comm from another's
  * membership (shrink, grow, join) share: handing the new comm to the
- * caller (collie_comm_work_comm), the rank map, and the end of such a work.
+ * caller (collie_comm_work_comm), the rank map, the options, and the start
+ * and end of such a work.
  *
  * Design notes
  *  - The new comm belongs to its work until taken, once; a work released
@@ -14,6 +15,17 @@
 
 #include "comm/comm.h"
 #include "engine/engine.h"
+
+int cl_comm_work_init(collie_work *w, collie_engine *e, const cl_work_ops *ops,
+                      const collie_post_opts *o) {
+    collie_post_opts po = COLLIE_POST_OPTS_INIT;
+    po.cb = cl_opt(o, cb, NULL);
+    po.cb_arg = cl_opt(o, cb_arg, NULL);
+    po.cq = cl_opt(o, cq, NULL);
+    po.tag = cl_opt(o, tag, 0);
+    po.timeout_ms = COLLIE_TIMEOUT_INFINITE; /* its steps carry the bounds */
+    return cl_work_init(w, e, ops, &po, COLLIE_TIMEOUT_INFINITE);
+}
 
 void cl_successor_fini(cl_successor_work *s) {
     if (s->create) collie_work_release(s->create);

@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "engine/common.h"
 #include "transports/reduce.h"
 
 static void world_make(world *w, int n, const char *name, const collie_comm_opts *o, bool apart) {
@@ -77,6 +79,31 @@ void world_destroy(world *w) {
     collie_store_server_destroy(w->srv);
     for (int r = w->n - 1; r >= 0; r--)
         if (r == 0 || w->apart) assert_int_equal(collie_engine_destroy(w->re[r]), COLLIE_OK);
+}
+
+void world_create_one_left(world *w, int n, const char *name) {
+    world_create(w, n, name, NULL);
+    world_link(w);
+    assert_int_equal(collie_comm_destroy(w->c[n - 1]), COLLIE_OK);
+    w->c[n - 1] = NULL;
+    for (int r = 0; r < n - 1; r++) {
+        collie_peer_health h[WORLD_MAX];
+        int64_t until = cl_now_ns() + 5000 * CL_NS_PER_MS;
+        while (collie_comm_health(w->c[r], h, n) == n && h[n - 1].state != COLLIE_PEER_LEFT &&
+               cl_now_ns() < until)
+            usleep(1000);
+        assert_int_equal(h[n - 1].state, COLLIE_PEER_LEFT);
+    }
+}
+
+int32_t one_allreduce(collie_comm *c, int label, int *status) {
+    int32_t v = label + 1, out = -1;
+    collie_work *w;
+    *status = collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w);
+    if (*status != COLLIE_OK) return -1;
+    *status = collie_work_wait(w, 10000);
+    collie_work_release(w);
+    return out;
 }
 
 static bool dtype_signed(collie_dtype dt) { return dt != COLLIE_UINT8; }

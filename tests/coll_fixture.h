@@ -35,6 +35,14 @@ void world_create_apart(world *w, int n, const char *name, const collie_comm_opt
  * allreduce needs are made before the test's own traffic */
 void world_link(world *w);
 
+/* world_create_one_left: world_create + world_link, then the last rank
+ * destroys its comm (w->c[n-1] NULL) and every other rank has seen it
+ * "left" (bounded): the start of a shrink test */
+void world_create_one_left(world *w, int n, const char *name);
+/* one_allreduce: a one-element int32 allreduce of (label + 1) on c,
+ * waited for (bounded); its result, *status its status */
+int32_t one_allreduce(collie_comm *c, int label, int *status);
+
 /* Deterministic input of rank r, element i, for dtype dt and op (small
  * integers, so every float sum and product below is exact). */
 void fill_input(void *buf, size_t count, collie_dtype dt, collie_redop op, int r, size_t salt);

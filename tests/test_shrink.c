@@ -38,6 +38,7 @@
 #include "engine/engine.h"
 #include "harness.h"
 #include "runner.h"
+#include "store_fixture.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -50,17 +51,6 @@ static bool wait_state(collie_comm *c, int r, int state, int ms) {
         usleep(1000);
     } while (now_ms() < until);
     return false;
-}
-
-/* an allreduce of (old rank + 1) on comm c; its result */
-static int32_t allreduce_one(collie_comm *c, int old_rank, int *status) {
-    int32_t v = old_rank + 1, out = -1;
-    collie_work *w;
-    *status = collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w);
-    if (*status != COLLIE_OK) return -1;
-    *status = collie_work_wait(w, 10000);
-    collie_work_release(w);
-    return out;
 }
 
 /* post shrink on the listed ranks of w at once, wait for every one; out[r]
@@ -129,12 +119,7 @@ static void check_agreed(collie_comm *old, const int *out, int n) {
 static void test_shrink_after_leave(void **state) {
     (void)state;
     world w;
-    world_create(&w, 4, "shl", NULL);
-    world_link(&w);
-    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
-    w.c[3] = NULL;
-    for (int r = 0; r < 3; r++)
-        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    world_create_one_left(&w, 4, "shl");
     collie_comm *nc[WORLD_MAX] = {0};
     int st[WORLD_MAX];
     const int alive[] = {0, 1, 2}, gone[] = {3};
@@ -167,7 +152,7 @@ static void test_shrink_after_leave(void **state) {
         free(text);
         /* the old comm's works are over: posts fail fast */
         int s;
-        allreduce_one(w.c[r], r, &s);
+        one_allreduce(w.c[r], r, &s);
         assert_int_equal(s, COLLIE_EABORTED);
         assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
     }
@@ -206,35 +191,27 @@ static void test_shrink_refused(void **state) {
     assert_int_equal(collie_comm_work_comm(ar, &out), COLLIE_EINVAL);
     assert_null(out);
     int s;
-    assert_int_equal(allreduce_one(w.c[1], 1, &s), 0 + 1 + 1 + 1); /* 1 + (1 + 1) */
+    assert_int_equal(one_allreduce(w.c[1], 1, &s), 0 + 1 + 1 + 1); /* 1 + (1 + 1) */
     assert_int_equal(s, COLLIE_OK);
     assert_int_equal(collie_work_wait(ar, 10000), COLLIE_OK);
     assert_int_equal(y, 3);
     collie_work_release(ar);
     world_destroy(&w);
     /* a comm that was never created */
-    collie_engine *e;
-    collie_store_server *srv;
-    collie_store *st;
-    assert_int_equal(collie_engine_create(NULL, &e), COLLIE_OK);
-    assert_int_equal(collie_store_server_create(e, "127.0.0.1", 0, NULL, &srv), COLLIE_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(srv));
-    assert_int_equal(collie_store_connect(e, addr, NULL, &st), COLLIE_OK);
+    store_fx fx;
+    fx_start(&fx, NULL, NULL);
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = "shr_never";
     o.create_timeout_ms = 200;
     collie_comm *c;
     collie_work *cw;
-    assert_int_equal(collie_comm_create_post(e, st, 0, 2, &o, &c, &cw), COLLIE_OK);
+    assert_int_equal(collie_comm_create_post(fx.e, fx.st, 0, 2, &o, &c, &cw), COLLIE_OK);
     assert_int_equal(collie_work_wait(cw, 5000), COLLIE_ETIMEDOUT);
     collie_work_release(cw);
     assert_int_equal(collie_comm_shrink(c, NULL, &out), COLLIE_ESTATE);
     assert_non_null(strstr(collie_last_error(), "never created"));
     collie_comm_destroy(c);
-    collie_store_destroy(st);
-    collie_store_server_destroy(srv);
-    collie_engine_destroy(e);
+    fx_stop(&fx);
 }
 
 static bool pop_kind(collie_comm *c, int kind, int ms) {
@@ -251,11 +228,7 @@ static bool pop_kind(collie_comm *c, int kind, int ms) {
 static void test_shrink_absent_rank(void **state) {
     (void)state;
     world w;
-    world_create(&w, 3, "sha", NULL);
-    world_link(&w);
-    assert_int_equal(collie_comm_destroy(w.c[2]), COLLIE_OK);
-    w.c[2] = NULL;
-    assert_true(wait_state(w.c[0], 2, COLLIE_PEER_LEFT, 5000));
+    world_create_one_left(&w, 3, "sha");
     collie_shrink_opts so = COLLIE_SHRINK_OPTS_INIT;
     so.timeout_ms = 300;
     collie_comm *nc[WORLD_MAX] = {0};
@@ -270,7 +243,7 @@ static void test_shrink_absent_rank(void **state) {
     /* rank 1 is told */
     assert_true(pop_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 5000));
     int s;
-    allreduce_one(w.c[1], 1, &s);
+    one_allreduce(w.c[1], 1, &s);
     assert_int_equal(s, COLLIE_ENOTMEMBER);
     assert_non_null(strstr(collie_last_error(), "left out"));
     collie_comm *late = (collie_comm *)1;
@@ -354,11 +327,7 @@ static void test_shrink_cycle(void **state) {
 static void test_shrink_store_gone(void **state) {
     (void)state;
     world w;
-    world_create(&w, 3, "shs", NULL);
-    world_link(&w);
-    assert_int_equal(collie_comm_destroy(w.c[2]), COLLIE_OK);
-    w.c[2] = NULL;
-    assert_true(wait_state(w.c[0], 2, COLLIE_PEER_LEFT, 5000));
+    world_create_one_left(&w, 3, "shs");
     collie_store_server_destroy(w.srv);
     w.srv = NULL;
     collie_comm *nc = (collie_comm *)1;
@@ -376,12 +345,7 @@ static void test_shrink_store_gone(void **state) {
 static void test_shrink_desync_names_the_line(void **state) {
     (void)state;
     world w;
-    world_create(&w, 4, "shd", NULL);
-    world_link(&w);
-    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
-    w.c[3] = NULL;
-    for (int r = 0; r < 3; r++)
-        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    world_create_one_left(&w, 4, "shd");
     collie_comm *nc[WORLD_MAX] = {0};
     int st[WORLD_MAX];
     const int alive[] = {0, 1, 2};
@@ -416,12 +380,7 @@ static void test_shrink_desync_names_the_line(void **state) {
 static void test_shrink_members_call_different_things(void **state) {
     (void)state;
     world w;
-    world_create(&w, 4, "shm", NULL);
-    world_link(&w);
-    assert_int_equal(collie_comm_destroy(w.c[3]), COLLIE_OK);
-    w.c[3] = NULL;
-    for (int r = 0; r < 3; r++)
-        assert_true(wait_state(w.c[r], 3, COLLIE_PEER_LEFT, 5000));
+    world_create_one_left(&w, 4, "shm");
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 400;
     collie_work *gw;
@@ -441,7 +400,7 @@ static void test_shrink_members_call_different_things(void **state) {
     collie_work_release(gw);
     assert_true(pop_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 5000));
     int s;
-    allreduce_one(w.c[2], 2, &s);
+    one_allreduce(w.c[2], 2, &s);
     assert_int_equal(s, COLLIE_ENOTMEMBER);
     for (int r = 0; r < 2; r++)
         assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);

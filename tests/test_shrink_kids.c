@@ -25,22 +25,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "coll_fixture.h"
 #include "comm/comm.h"
 #include "engine/engine.h"
 #include "harness.h"
 #include "kids.h"
 #include "runner.h"
-
-/* an allreduce of (old rank + 1) on comm c; its result */
-static int32_t allreduce_one(collie_comm *c, int old_rank, int *status) {
-    int32_t v = old_rank + 1, out = -1;
-    collie_work *w;
-    *status = collie_allreduce(c, &v, &out, 1, COLLIE_INT32, COLLIE_SUM, NULL, &w);
-    if (*status != COLLIE_OK) return -1;
-    *status = collie_work_wait(w, 10000);
-    collie_work_release(w);
-    return out;
-}
 
 /* ---- ranks as processes ------------------------------------------------------------------ */
 
@@ -60,7 +50,7 @@ static int kid_join(const char *addr, int rank, collie_engine **e, collie_store 
     o.name = "shk";
     if (collie_comm_create(*e, *st, rank, KN, &o, c) != COLLIE_OK) return 12;
     int s;
-    if (allreduce_one(*c, rank, &s) != 10 || s != COLLIE_OK) return 13;
+    if (one_allreduce(*c, rank, &s) != 10 || s != COLLIE_OK) return 13;
     return 0;
 }
 
@@ -89,7 +79,7 @@ static int kid_stopped(collie_comm *c) {
     /* the test stops us here, then continues us */
     if (!kid_wait_event(c, COLLIE_EVENT_EXCLUDED, -1, 20000)) return 30;
     int s;
-    allreduce_one(c, 3, &s);
+    one_allreduce(c, 3, &s);
     if (s != COLLIE_ENOTMEMBER) return 31;
     collie_comm *late = NULL;
     if (collie_comm_shrink(c, NULL, &late) != COLLIE_ENOTMEMBER || late) return 32;
@@ -110,7 +100,7 @@ static int kid_grow(collie_comm *nc, int rank) {
     }
     int s;
     if (collie_comm_size(gc) != KN || collie_comm_rank(gc) != rank) return 41;
-    if (allreduce_one(gc, rank, &s) != 10 || s != COLLIE_OK) return 42;
+    if (one_allreduce(gc, rank, &s) != 10 || s != COLLIE_OK) return 42;
     printf("grown %d %lld\n", rank, (long long)((cl_now_ns() - t0) / 1000));
     fflush(stdout);
     return collie_comm_destroy(gc) == COLLIE_OK ? 0 : 43;
@@ -138,7 +128,7 @@ static int kid_replacement(const char *addr) {
         return 53;
     }
     int s;
-    if (collie_comm_rank(c) != 3 || allreduce_one(c, 3, &s) != 10 || s != COLLIE_OK) return 54;
+    if (collie_comm_rank(c) != 3 || one_allreduce(c, 3, &s) != 10 || s != COLLIE_OK) return 54;
     printf("joined 4 %lld\n", (long long)((cl_now_ns() - t0) / 1000));
     fflush(stdout);
     collie_comm_destroy(c);
@@ -176,7 +166,7 @@ static int shrink_child(const char *addr, int rank, void *arg) {
     int want_size = p->victim2 >= 0 ? 2 : 3;
     if (collie_comm_size(nc) != want_size || collie_comm_rank(nc) != rank) return 16;
     int s;
-    int32_t sum = allreduce_one(nc, rank, &s);
+    int32_t sum = one_allreduce(nc, rank, &s);
     int32_t want = p->victim2 >= 0 ? 1 + 2 : 1 + 2 + 3;
     if (s != COLLIE_OK || sum != want) return 17;
     collie_fault f = COLLIE_FAULT_INIT;
