@@ -4,7 +4,8 @@
  *
  *   build/bin/collie-run -n 4 --restarts 1 -- build/examples/elastic_server
  *
- * Rank 0 takes REQUESTS requests (ELASTIC_REQUESTS, default 200); each is
+ * Rank 0 takes ELASTIC_REQUESTS requests (default 200), one every
+ * ELASTIC_INTERVAL_MS (default 2); each is
  * a header broadcast from rank 0 (request id, and a switch flag) and an
  * allreduce of the request id from every rank, whose sum rank 0 checks
  * against id x size: "answered". The victim (ELASTIC_VICTIM, default the
@@ -21,7 +22,9 @@
  *      requests), it sets the switch flag in the next header; every member
  *      then waits for its own grow (done within milliseconds: the new comm
  *      exists) and they all move to the grown comm, where the replacement
- *      waits for its first header.
+ *      waits for its first header. A grow still pending after the last
+ *      request is waited for (bounded) before the stop: the replacement is
+ *      taken back either way.
  * The last line of rank 0 is "served: R requests: A answered, F refused,
  * 0 lost; N shrinks, M grows".
  */
@@ -135,8 +138,9 @@ static int64_t switch_flag(server *s) {
 }
 
 /* rank 0: requests, each answered or refused with a reason */
-static void serve_root(server *s, int requests) {
+static void serve_root(server *s, int requests, int interval_ms) {
     int answered = 0, refused = 0;
+    struct timespec pace = {interval_ms / 1000, (long)(interval_ms % 1000) * 1000000L};
     for (int64_t id = 1; id <= requests; id++) {
         for (int attempt = 0;; attempt++) {
             int64_t h[HDR_LEN] = {id, switch_flag(s), 0}, sum = -1;
@@ -149,6 +153,7 @@ static void serve_root(server *s, int requests) {
             int size = collie_comm_size(s->c);
             if (rc == COLLIE_OK && sum == id * size) {
                 answered++;
+                if (interval_ms > 0) nanosleep(&pace, NULL); /* requests come at a pace */
                 break;
             }
             if (rc == COLLIE_OK || attempt == 2) { /* a wrong sum, or no comm to answer on */
@@ -159,6 +164,11 @@ static void serve_root(server *s, int requests) {
             }
             shrink(s, rc); /* then the same request again */
         }
+    }
+    if (s->grow) { /* take the replacement back before stopping: it is waiting */
+        collie_work_wait(s->grow, GROW_TIMEOUT_MS);
+        int64_t h[HDR_LEN] = {0, switch_flag(s), 0};
+        if (header(s, h) == COLLIE_OK) switch_comm(s, h[HDR_SWITCH]);
     }
     int64_t h[HDR_LEN] = {0, SWITCH_NONE, 1};
     if (header(s, h) != COLLIE_OK) printf("rank 0: the stop header failed\n");
@@ -213,7 +223,7 @@ int main(void) {
     }
     if (r != COLLIE_OK) die(life ? "collie_comm_join_from_env" : "collie_comm_create_from_env", r);
     if (collie_comm_rank(s.c) == 0)
-        serve_root(&s, requests);
+        serve_root(&s, requests, env_int("ELASTIC_INTERVAL_MS", 2));
     else
         serve_member(&s, victim, kill_at, life);
     if (s.grow) { /* posted, never used: it ends at its deadline or with the comm */
