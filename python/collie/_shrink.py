@@ -13,6 +13,7 @@ member calls grow). docs/faults.md ("Shrink", "Grow") says what is
 guaranteed.
 """
 
+import os
 from ctypes import byref, c_int, c_void_p, pointer, sizeof
 
 from . import _lib
@@ -105,29 +106,63 @@ class Shrink:
         return self._shrunk(await _taken(work))
 
     @classmethod
-    def join(cls, engine, store, name, rank=None, timeout=None, **opts):
+    def join(cls, engine, store, name="world", rank=None, timeout=None, **opts):
         """A new process joins the running comm first created as `name`, at
         the members' next grow: `rank` asks for one (None: the lowest free
-        one; a member's rank is refused). Blocks, bounded by `timeout`."""
+        one; a member's rank is refused). store=None: connect to
+        COLLIE_STORE_ADDR and ask for COLLIE_RANK (a rank collie-run
+        --restarts started again). Blocks, bounded by `timeout`."""
+        store, own, rank = _joiner_store(engine, store, rank)
         go, _keep = _grow_opts(None, rank, timeout, opts, cls._child_opts_of)
         h = c_void_p()
         st = lib.collie_comm_join(engine.handle, store.handle, str(name).encode(), byref(go), byref(h))
+        if st != 0 and own is not None:
+            own.close()
         check(st, "collie_comm_join")
-        return cls(engine, store, None, None, _handle=h.value)
+        return _joined(cls, engine, store, own, h.value)
 
     @classmethod
-    async def join_async(cls, engine, store, name, rank=None, timeout=None, **opts):
+    async def join_async(cls, engine, store, name="world", rank=None, timeout=None, **opts):
         """`comm = await Comm.join_async(engine, store, name)`: join() without
         blocking the loop; cancelling the await withdraws."""
+        store, own, rank = _joiner_store(engine, store, rank)
         go, _keep = _grow_opts(None, rank, timeout, opts, cls._child_opts_of)
-        work = engine.post(
-            "collie_comm_join_post",
-            lib.collie_comm_join_post,
-            (engine.handle, store.handle, str(name).encode(), byref(go)),
-            None,
-            owner=store,
-        )
-        return cls(engine, store, None, None, _handle=await _taken(work))
+        try:
+            work = engine.post(
+                "collie_comm_join_post",
+                lib.collie_comm_join_post,
+                (engine.handle, store.handle, str(name).encode(), byref(go)),
+                None,
+                owner=store,
+            )
+            h = await _taken(work)
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
+        return _joined(cls, engine, store, own, h)
+
+
+def _joiner_store(engine, store, rank):
+    """store None: a Store on COLLIE_STORE_ADDR (the comm's own) and, unless
+    given, the rank COLLIE_RANK."""
+    if store is not None:
+        return store, None, rank
+    from .store import Store  # no cycle at import time
+
+    addr = os.environ.get("COLLIE_STORE_ADDR")
+    if not addr:
+        raise ValueError("join: store=None needs COLLIE_STORE_ADDR (collie-run sets it)")
+    if rank is None and os.environ.get("COLLIE_RANK"):
+        rank = int(os.environ["COLLIE_RANK"])
+    own = Store(engine, addr)
+    return own, own, rank
+
+
+def _joined(cls, engine, store, own, h):
+    comm = cls(engine, store, None, None, _handle=h)
+    comm._own_store = own  # closed with the comm
+    return comm
 
 
 async def _taken(work):

@@ -159,3 +159,31 @@ def test_grow_and_join_async_after_shrink():
         joiner_store.close()
     finally:
         b.close()
+
+
+def test_join_from_the_environment(monkeypatch):
+    """store=None: the joiner connects to COLLIE_STORE_ADDR and asks for
+    COLLIE_RANK, as a rank collie-run --restarts started again does."""
+    b = Bench(2)
+    try:
+        comms = _world(b, 2, "pyjoinenv")
+        monkeypatch.setenv("COLLIE_STORE_ADDR", b.server.address)
+        monkeypatch.setenv("COLLIE_RANK", "2")
+
+        async def main():
+            return await asyncio.wait_for(
+                asyncio.gather(*(c.grow_async() for c in comms), collie.Comm.join_async(b.engine, None, "pyjoinenv")),
+                30,
+            )
+
+        grown = asyncio.run(main())
+        assert [(g.size, g.rank) for g in grown] == [(3, 0), (3, 1), (3, 2)]
+        works = [g.allreduce(np.array([g.rank + 1], np.int32)) for g in grown]
+        assert all(w.result(10).tolist() == [6] for w in works)
+        monkeypatch.delenv("COLLIE_STORE_ADDR")
+        with pytest.raises(ValueError, match="COLLIE_STORE_ADDR"):
+            collie.Comm.join(b.engine, None, "pyjoinenv")
+        for c in grown + comms:
+            c.destroy()
+    finally:
+        b.close()
