@@ -38,9 +38,10 @@ sys.dont_write_bytecode = True  # nothing of ours in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chaos_run import run_once  # noqa: E402
-from chaos_sched import (ALL_FAULTS, DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
+from chaos_sched import (DEFAULT_INFLIGHT, KNOWN_FAULTS, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
                          DEFAULT_ROUNDS, Shape, UsageError, parse_faults, random_shape,
                          schedule)
+import chaos_elastic  # noqa: E402
 import chaos_faults  # noqa: E402
 import chaos_netns  # noqa: E402
 
@@ -94,6 +95,7 @@ class Summary:
         self.shapes, self.statuses = {}, {}
         self.not_injected = 0
         self.fault_stats = chaos_faults.Stats()
+        self.elastic_stats = chaos_elastic.Stats()
         self.t0 = time.monotonic()
 
     @staticmethod
@@ -118,6 +120,7 @@ class Summary:
             self._add(self.violations, k)
         self._add(self.shapes, res.shape.kind())
         self.fault_stats.add(res.fault_stats)
+        self.elastic_stats.add(res.elastic_stats)
 
     @staticmethod
     def _table(t):
@@ -134,6 +137,7 @@ class Summary:
             self._table(self.injected), self.not_injected))
         out("  faults injected by the ranks: %s" % self._table(self.rank_faults))
         out("  failures by fault kind: %s" % self.fault_stats.text())
+        out("  shrink and grow: %s" % self.elastic_stats.text())
         out("  violations: %s" % self._table(self.violations))
         out("  runs by shape: %s" % self._table(self.shapes))
 
@@ -348,7 +352,7 @@ def main(argv):
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--hosts", type=int, default=1)
     ap.add_argument("--faults", default="all", help="comma list of " +
-                    ",".join(ALL_FAULTS) + ", all or none")
+                    ",".join(KNOWN_FAULTS) + ", all or none")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--ops", type=int, default=None)
     ap.add_argument("--inflight-max", type=int, default=DEFAULT_INFLIGHT)

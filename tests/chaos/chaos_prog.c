@@ -211,7 +211,8 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
     p->misfit = -1;
     p->infinite_timeout = round_h(p, K_INFINITE, 0) % 4 == 0;
 
-    p->split = round_h(p, K_SPLIT, 0) % 2 == 0;
+    bool elastic = faults & CH_F_SHRINK; /* the world only (chaos_elastic.c) */
+    p->split = !elastic && round_h(p, K_SPLIT, 0) % 2 == 0;
     if (p->split) {
         p->ncolors = 1 + (int)(round_h(p, K_NCOLORS, 0) % 3);
         for (int r = 0; r < world; r++) {
@@ -229,11 +230,12 @@ void ch_plan_round(ch_round *p, uint64_t seed, int round, int world, int rank, i
             comm_finish(ci, rank);
         }
     }
-    p->group = round_h(p, K_GROUP, 0) % 3 == 0;
+    p->group = !elastic && round_h(p, K_GROUP, 0) % 3 == 0;
     /* the stall burst: its pair is the round's new_group */
     p->stall_slot = -1;
     p->stall_comm = -1;
-    bool stall = faults & CH_F_STALL && world >= 2 && ops >= 8 && round_h(p, K_STALL, 0) % 2 == 0;
+    bool stall = !elastic && faults & CH_F_STALL && world >= 2 && ops >= 8 &&
+                 round_h(p, K_STALL, 0) % 2 == 0;
     if (stall) {
         p->stall_victim = (int)(round_h(p, K_STALL_WHO, 0) % (uint64_t)world);
         p->stall_sender =

@@ -86,6 +86,14 @@ enum {
     CH_F_SIGNALS = 32,  /* a signal storm on this rank for a round (chaos_rank.c) */
     CH_F_DISAGREE = 64, /* a rank given another new_group list than its peers */
     CH_F_ALL = 127,
+    /* an elastic run (chaos_elastic.c): the survivors shrink, replacements
+     * join; not in CH_F_ALL (the driver asks for them by name) */
+    CH_F_SHRINK = 128,
+    CH_F_GROW = 256,
+    /* the rank-side kinds an elastic round keeps: those whose fault sets
+     * name no healthy rank (a short deadline names the ranks behind it, a
+     * destroy would take the world the survivors shrink; no subgroups) */
+    CH_F_ELASTIC_OK = CH_F_ABORT | CH_F_CANCEL | CH_F_SHRINK | CH_F_GROW,
 };
 
 /* One slot: the op every member of its comm posts. Ranks are comm ranks. */

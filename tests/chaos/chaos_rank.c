@@ -85,51 +85,21 @@
 #include "collie.h"
 #include "tests/chaos/chaos_ops.h"
 #include "tests/chaos/chaos_prog.h"
+#include "tests/chaos/chaos_rank.h"
 #include "tests/chaos/chaos_report.h"
 #include "tests/chaos/chaos_wait.h"
 
 #define CH_BYTES_BUDGET (48u << 20) /* bytes of buffers in flight per rank */
 
-/* the abort thread (below) */
-/* fired_ns: when it called collie_comm_abort (ch_now_ns), 0 until then;
- * read by the main thread while it runs (make_subgroups) */
-typedef struct ch_aborter {
-    pthread_t t;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop, running;
-    _Atomic int64_t fired_ns;
-    int delay_ms;
-    collie_comm *c;
-} ch_aborter;
-
-typedef struct ch_run {
-    uint64_t seed;
-    int rank, world, rounds, ops, inflight_max, faults;
-    const char *dir;
-    int32_t slack_ms, round_wait_ms;
-    int64_t mem_tolerance;
-    ch_report rep;
-    collie_engine *e;
-    collie_store *st;
-    collie_cq *cq;
-    ch_inflight fl;
-    /* the round */
-    ch_round plan;
-    collie_comm *comms[CH_MAX_COMMS];
-    ch_aborter ab; /* the thread abort (CH_F_ABORT, abort_from 1) */
-    bool faulted;
-    uint64_t bytes_in_flight;
-    int posted; /* works posted this round */
-} ch_run;
-
 static void usage(const char *why) {
-    fprintf(stderr,
-            "chaos_rank: %s\n"
-            "usage: chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]"
-            " [--faults abort,destroy,cancel,deadline,stall,signals,disagree|all|none]\n"
-            "(rank and world size from COLLIE_RANK / COLLIE_WORLD_SIZE, as collie-run sets)\n",
-            why);
+    fprintf(
+        stderr,
+        "chaos_rank: %s\n"
+        "usage: chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]"
+        " [--faults abort,destroy,cancel,deadline,stall,signals,disagree,shrink,grow|all|none]\n"
+        "       [--join ID --world N] (an elastic run's replacement: joins as world id ID)\n"
+        "(rank and world size from COLLIE_RANK / COLLIE_WORLD_SIZE, as collie-run sets)\n",
+        why);
     exit(2);
 }
 
@@ -174,6 +144,10 @@ static int parse_faults(const char *s) {
             f |= CH_F_SIGNALS;
         else if (!strcmp(t, "disagree"))
             f |= CH_F_DISAGREE;
+        else if (!strcmp(t, "shrink"))
+            f |= CH_F_SHRINK;
+        else if (!strcmp(t, "grow"))
+            f |= CH_F_GROW;
         else if (!strcmp(t, "none"))
             ;
         else if (!strcmp(t, "all"))
@@ -182,7 +156,7 @@ static int parse_faults(const char *s) {
             char m[300];
             snprintf(m, sizeof m,
                      "--faults: unknown fault kind '%s' (abort, destroy, cancel, "
-                     "deadline, stall, signals, disagree, all, none)",
+                     "deadline, stall, signals, disagree, shrink, grow, all, none)",
                      t);
             usage(m);
         }
@@ -313,7 +287,7 @@ static void work_fault_fields(ch_run *run, const ch_work *rec, char *buf, size_t
 
 /* A comm about to be destroyed: its fault (if it failed) and when it left
  * (destroy_us: a peer that names this rank "left" must come after it). */
-static void comm_end_line(ch_run *run, int cid, collie_comm *c, int64_t t0) {
+void ch_comm_end_line(ch_run *run, int cid, collie_comm *c, int64_t t0) {
     collie_fault f = COLLIE_FAULT_INIT;
     int rc = collie_comm_fault(c, &f);
     char ff[512] = "";
@@ -335,9 +309,10 @@ static void comm_end_line(ch_run *run, int cid, collie_comm *c, int64_t t0) {
 
 /* ---- works ------------------------------------------------------------------ */
 
-static bool allowed_error(int st) {
+/* ENOTMEMBER: in an elastic run, the works of a rank the others left out */
+static bool allowed_error(const ch_run *run, int st) {
     return st == COLLIE_ETIMEDOUT || st == COLLIE_ECANCELED || st == COLLIE_EABORTED ||
-           st == COLLIE_EPEER || st == COLLIE_ECLOSED;
+           st == COLLIE_EPEER || st == COLLIE_ECLOSED || (run->elastic && st == COLLIE_ENOTMEMBER);
 }
 
 /* is the comm of this work still healthy? (a destroyed one is not) */
@@ -397,7 +372,7 @@ static void on_done(ch_work *rec, void *arg) {
             ch_violation(rep, "no_message", rec->round, rec->op.slot,
                          "op=%s status=%s: a failed work with an empty message",
                          ch_kind_name(rec->op.kind), collie_status_name(rec->status));
-        if (!allowed_error(rec->status))
+        if (!allowed_error(run, rec->status))
             ch_violation(rep, "bad_status", rec->round, rec->op.slot,
                          "op=%s: status %s is not one a fault of this program can give: %s",
                          ch_kind_name(rec->op.kind), collie_status_name(rec->status), msg);
@@ -767,7 +742,7 @@ static void inject_fault(ch_run *run, const ch_op *op) {
                        op->slot, cid, run->fl.n);
         rep->faults++;
         run->comms[cid] = NULL;
-        comm_end_line(run, cid, c, ch_now_ns());
+        ch_comm_end_line(run, cid, c, ch_now_ns());
         int rc = collie_comm_destroy(c);
         if (rc != COLLIE_OK && rc != COLLIE_EABORTED)
             ch_violation(rep, "bad_status", p->round, op->slot,
@@ -798,7 +773,7 @@ static void inject_fault(ch_run *run, const ch_op *op) {
     }
 }
 
-static collie_comm_opts comm_opts(const char *name, bool infinite) {
+collie_comm_opts ch_comm_opts(const char *name, bool infinite) {
     collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
     o.name = name;
     /* bounds a graceful destroy with works in flight (an infinite one:
@@ -996,49 +971,11 @@ static bool create_timeout_relayed(int self, const char *msg) {
     return who != self && strstr(p, "not every rank arrived") != NULL;
 }
 
-static void run_round_body(ch_run *run, int r) {
+void ch_run_slots(ch_run *run, bool go) {
     ch_round *p = &run->plan;
     ch_report *rep = &run->rep;
-    ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max, run->faults);
-    memset(run->comms, 0, sizeof run->comms);
-    run->faulted = false;
-    run->posted = 0;
-    ch_report_line(rep, NULL,
-                   "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
-                   "fault=%d fault_slot=%d stall_slot=%d infinite_timeout=%d abort_sub_ms=%d "
-                   "sub_delay_ms=%d start_us=%lld",
-                   r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
-                   p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot,
-                   p->infinite_timeout, p->abort_subgroups ? p->abort_sub_ms : -1, p->sub_delay_ms,
-                   (long long)(ch_now_ns() / 1000));
-    char name[64];
-    snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
-    collie_comm_opts o = comm_opts(name, p->infinite_timeout);
-    int64_t t0 = ch_now_ns();
-    int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
-    int64_t t1 = ch_now_ns();
-    ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
-                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld",
-                   r, collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
-                   (long long)(t1 / 1000));
-    if (rc == COLLIE_ETIMEDOUT && t1 - t0 < (int64_t)o.create_timeout_ms * 1000000 &&
-        !create_timeout_relayed(run->rank, collie_last_error()))
-        ch_violation(rep, "early_timeout", r, -1,
-                     "collie_comm_create returned COLLIE_ETIMEDOUT after %lld ms, before its "
-                     "create_timeout_ms of %d: %s",
-                     (long long)((t1 - t0) / 1000000), o.create_timeout_ms, collie_last_error());
-    if (rc != COLLIE_OK) {
-        if (rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER && rc != COLLIE_EINVAL)
-            ch_violation(rep, "bad_status", r, -1, "collie_comm_create returned %s: %s",
-                         collie_status_name(rc), collie_last_error());
-        return;
-    }
-    memset(&run->ab, 0, sizeof run->ab);
-    atomic_init(&run->ab.fired_ns, 0);
-    /* the abort during the split and new_group (chaos_prog.h) */
-    if (p->abort_subgroups) aborter_start(&run->ab, run->comms[0], p->abort_sub_ms);
-    if (p->sub_delay_ms) sleep_ms(p->sub_delay_ms);
-    if (make_subgroups(run)) {
+    int r = p->round;
+    if (go) {
         if (p->fault == CH_F_ABORT && p->abort_from == 1 && !p->abort_subgroups)
             aborter_start(&run->ab, run->comms[0], p->fault_delay_ms);
         if (p->fault == CH_F_ABORT && p->abort_from == 2) ch_cb_arm_abort(1 + p->fault_slot % 16);
@@ -1070,10 +1007,55 @@ static void run_round_body(ch_run *run, int r) {
         ch_report_line(rep, NULL, "fault kind=abort r=%d seq=-1 from=callback", r);
         rep->faults++;
     }
+}
+
+static void run_round_body(ch_run *run, int r) {
+    ch_round *p = &run->plan;
+    ch_report *rep = &run->rep;
+    ch_plan_round(p, run->seed, r, run->world, run->rank, run->ops, run->inflight_max, run->faults);
+    memset(run->comms, 0, sizeof run->comms);
+    run->faulted = false;
+    run->posted = 0;
+    ch_report_line(rep, NULL,
+                   "round r=%d comm_size=%d inflight=%d ops=%d split=%d group=%d "
+                   "fault=%d fault_slot=%d stall_slot=%d infinite_timeout=%d abort_sub_ms=%d "
+                   "sub_delay_ms=%d start_us=%lld",
+                   r, run->world, p->window, p->ops, p->split ? p->ncolors : 0,
+                   p->group ? p->group_n : 0, p->fault, p->fault_slot, p->stall_slot,
+                   p->infinite_timeout, p->abort_subgroups ? p->abort_sub_ms : -1, p->sub_delay_ms,
+                   (long long)(ch_now_ns() / 1000));
+    char name[64];
+    snprintf(name, sizeof name, "chaos%" PRIu64 "r%d", run->seed, r);
+    collie_comm_opts o = ch_comm_opts(name, p->infinite_timeout);
+    int64_t t0 = ch_now_ns();
+    int rc = collie_comm_create(run->e, run->st, run->rank, run->world, &o, &run->comms[0]);
+    int64_t t1 = ch_now_ns();
+    ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
+                   "group r=%d op=comm_create status=%s comm=0 ms=%lld deadline_ms=%d end_us=%lld",
+                   r, collie_status_name(rc), (long long)((t1 - t0) / 1000000), o.create_timeout_ms,
+                   (long long)(t1 / 1000));
+    if (rc == COLLIE_ETIMEDOUT && t1 - t0 < (int64_t)o.create_timeout_ms * 1000000 &&
+        !create_timeout_relayed(run->rank, collie_last_error()))
+        ch_violation(rep, "early_timeout", r, -1,
+                     "collie_comm_create returned COLLIE_ETIMEDOUT after %lld ms, before its "
+                     "create_timeout_ms of %d: %s",
+                     (long long)((t1 - t0) / 1000000), o.create_timeout_ms, collie_last_error());
+    if (rc != COLLIE_OK) {
+        if (rc != COLLIE_ETIMEDOUT && rc != COLLIE_EPEER && rc != COLLIE_EINVAL)
+            ch_violation(rep, "bad_status", r, -1, "collie_comm_create returned %s: %s",
+                         collie_status_name(rc), collie_last_error());
+        return;
+    }
+    memset(&run->ab, 0, sizeof run->ab);
+    atomic_init(&run->ab.fired_ns, 0);
+    /* the abort during the split and new_group (chaos_prog.h) */
+    if (p->abort_subgroups) aborter_start(&run->ab, run->comms[0], p->abort_sub_ms);
+    if (p->sub_delay_ms) sleep_ms(p->sub_delay_ms);
+    ch_run_slots(run, make_subgroups(run));
     for (int i = run->plan.ncomms; i-- > 0;) {
         if (!run->comms[i]) continue;
         t0 = ch_now_ns();
-        comm_end_line(run, i, run->comms[i], t0);
+        ch_comm_end_line(run, i, run->comms[i], t0);
         rc = collie_comm_destroy(run->comms[i]);
         int64_t ms = (ch_now_ns() - t0) / 1000000;
         run->comms[i] = NULL;
@@ -1137,6 +1119,8 @@ int main(int argc, char **argv) {
     run.ops = 200;
     run.inflight_max = 64;
     run.faults = CH_F_ALL;
+    run.join_id = -1;
+    int join_world = -1;
     bool have_seed = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1160,6 +1144,12 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--faults")) {
             if (!v) usage("--faults needs a list");
             run.faults = parse_faults(v);
+        } else if (!strcmp(a, "--join")) {
+            if (!parse_u64(v, &x) || x >= CH_MAX_RANKS) usage("--join: a world id below 16");
+            run.join_id = (int)x;
+        } else if (!strcmp(a, "--world")) {
+            if (!parse_u64(v, &x) || x < 1 || x > CH_MAX_RANKS) usage("--world: 1..16");
+            join_world = (int)x;
         } else {
             char m[256];
             snprintf(m, sizeof m, "unknown argument '%s'", a);
@@ -1169,10 +1159,25 @@ int main(int argc, char **argv) {
     }
     if (!have_seed) usage("--seed is required");
     if (!run.dir) usage("--report is required");
-    run.rank = env_int("COLLIE_RANK", -1, 0, CH_MAX_RANKS - 1);
-    run.world = env_int("COLLIE_WORLD_SIZE", -1, 1, CH_MAX_RANKS);
-    if (run.rank < 0 || run.world < 1 || run.rank >= run.world)
-        usage("COLLIE_RANK / COLLIE_WORLD_SIZE missing or inconsistent (run it under collie-run)");
+    if (run.join_id >= 0) { /* a replacement the driver started (chaos_elastic.c) */
+        if (join_world < 1 || !(run.faults & CH_F_GROW))
+            usage("--join needs --world N and --faults with shrink,grow");
+        run.rank = run.join_id;
+        run.world = join_world;
+    } else {
+        run.rank = env_int("COLLIE_RANK", -1, 0, CH_MAX_RANKS - 1);
+        run.world = env_int("COLLIE_WORLD_SIZE", -1, 1, CH_MAX_RANKS);
+        if (run.rank < 0 || run.world < 1 || run.rank >= run.world)
+            usage("COLLIE_RANK / COLLIE_WORLD_SIZE missing or inconsistent (run it under "
+                  "collie-run)");
+    }
+    if ((run.faults & CH_F_GROW) && !(run.faults & CH_F_SHRINK))
+        usage("--faults grow needs shrink (an elastic run)");
+    /* an elastic run: one world that shrinks and grows, on it the kinds
+     * that name no healthy rank (chaos_elastic.c) */
+    run.elastic = (run.faults & CH_F_SHRINK) != 0;
+    if (run.elastic) run.faults &= CH_F_ELASTIC_OK;
+    run.store_addr = getenv("COLLIE_STORE_ADDR");
     run.slack_ms = env_int("CHAOS_SLACK_MS", 2000, 0, 600000);
     run.round_wait_ms = env_int("CHAOS_ROUND_WAIT_MS", 20000, 1, 3600000);
     run.mem_tolerance = env_int("CHAOS_MEM_TOLERANCE", 1 << 20, 0, 1 << 30);
@@ -1184,9 +1189,10 @@ int main(int argc, char **argv) {
     ch_report *rep = &run.rep;
     ch_report_line(rep, NULL,
                    "start rank=%d world=%d pid=%d seed=%" PRIu64 " rounds=%d ops=%d "
-                   "inflight_max=%d faults=%d",
+                   "inflight_max=%d faults=%d elastic=%d joiner=%d store=%s",
                    run.rank, run.world, (int)getpid(), run.seed, run.rounds, run.ops,
-                   run.inflight_max, run.faults);
+                   run.inflight_max, run.faults, run.elastic, run.join_id >= 0,
+                   run.store_addr && *run.store_addr ? run.store_addr : "-");
     ch_pause_clock_start();
     ch_measure before = measure();
 
@@ -1210,11 +1216,15 @@ int main(int argc, char **argv) {
     ch_inflight_init(&run.fl, run.cq, rep, run.slack_ms);
     const char *reason = "done";
     char why[1024] = "";
-    for (int r = 0; r < run.rounds; r++) {
-        run_round(&run, r);
-        if (!round_end(&run, r, why, sizeof why)) {
-            reason = "peer_gone";
-            break;
+    if (run.elastic) {
+        reason = ch_elastic_main(&run, why, sizeof why);
+    } else {
+        for (int r = 0; r < run.rounds; r++) {
+            run_round(&run, r);
+            if (!round_end(&run, r, why, sizeof why)) {
+                reason = "peer_gone";
+                break;
+            }
         }
     }
     bool hung = run.fl.hangs > 0;

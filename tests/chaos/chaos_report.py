@@ -100,6 +100,15 @@ class RankReport:
         self.round_faults = {}  # round -> {rank-side fault kinds}
         self.cancelled_rounds = set()  # rounds in which this rank cancelled a work
         self.abort_comms = {}  # round -> {comms this rank aborted (-1: not said)}
+        # an elastic run (chaos_elastic.c): its shrink, grow and join lines'
+        # fields, in order, and the time of its first shrink_enter line (the
+        # driver's AT_SHRINK faults fire on the first of any rank)
+        self.shrink_enters = []
+        self.shrinks = []
+        self.grow_enters = []
+        self.grows = []
+        self.joins = []
+        self.excluded = []
 
     def feed(self, data):
         self.buf += data
@@ -200,6 +209,17 @@ class RankReport:
                 self.abort_comms.setdefault(rnd, set()).add(_int(f, "comm", -1))
             if k == "abort" and f.get("phase") == "subgroups" and "fired_us" in f:
                 self.sub_aborts[_int(f, "r")] = _int(f, "fired_us")
+        elif rec in ("shrink_enter", "shrink", "grow_enter", "grow", "join", "excluded"):
+            f["line"] = line[:300]
+            {"shrink_enter": self.shrink_enters, "shrink": self.shrinks,
+             "grow_enter": self.grow_enters, "grow": self.grows, "join": self.joins,
+             "excluded": self.excluded}[rec].append(f)
+            if rec in ("shrink", "grow", "join") and f.get("status") not in ("COLLIE_OK", None):
+                rnd, t = _int(f, "r", -1), _int(f, "end_us", None)
+                if rec == "shrink" and t is not None and (
+                        rnd not in self.round_failed or t < self.round_failed[rnd]):
+                    self.round_failed[rnd] = t
+                self._failure(line, f)
         elif rec == "violation":
             self.violations.append((f.get("kind", "?"), line))
         elif rec == "leak":

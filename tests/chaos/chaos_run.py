@@ -61,10 +61,11 @@ import sys
 import tempfile
 import time
 
+import chaos_elastic
 import chaos_faults
 import chaos_netns
 from chaos_report import RankReport
-from chaos_sched import HARMLESS_FAULTS, schedule
+from chaos_sched import AT_SHRINK, HARMLESS_FAULTS, schedule
 
 POLL_S = 0.01
 SUB_ABORT_BOUND_MS = 2000  # a split after its parent's abort (chaos_rank.c CH_ABORT_BOUND_MS)
@@ -72,6 +73,7 @@ SUB_ABORT_EXCUSE_S = 1.0  # a kill or stop this long before such an abort excuse
 STALL_S = 60  # no report line from any rank for this long: the run hangs
 KILL_MARGIN_S = 15  # collie-run's grace (3 s) and reap bound (5 s), and some
 LEFTOVER_WAIT_S = 3  # processes of the run may take this long to go
+MAX_IDS = 16  # world ids of an elastic run, replacements included (chaos_prog.h CH_MAX_RANKS)
 
 
 def dev_shm_collie():
@@ -130,6 +132,7 @@ class Result:
         self.statuses = {}
         self.seconds = 0.0
         self.dir = None
+        self.elastic_stats = chaos_elastic.Stats()
         self.events = []  # what the driver did, with times
         self.fault_stats = chaos_faults.Stats()  # the failures' fault kinds and empty sets
 
@@ -210,6 +213,8 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     stops_at = {}  # rank -> [monotonic times of our SIGSTOPs]
     link_downs = []  # monotonic times the data link went down
     link_down, link_up_at = False, None
+    joiners = {}  # world id -> Popen of a replacement (an elastic run's grow)
+    grows_served = set()  # the comms whose grow_enter the driver answered
     timed_out = False
     hang_why = "the job's timeout (%d s)" % timeout_s
     t0 = time.monotonic()
@@ -222,7 +227,8 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     def rank_sig(rank, sig):
         pid = reports[rank].pid
         st = proc_stat(pid) if pid else None
-        if not st or st[0] == "Z" or st[1] not in [p.pid for p in procs]:
+        if not st or st[0] == "Z" or st[1] not in [p.pid for p in procs] + [
+                j.pid for j in joiners.values()]:
             return False
         try:
             os.kill(pid, sig)
@@ -230,11 +236,59 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         except OSError:
             return False
 
+    def live(q):
+        rep = reports[q]
+        return rep.pid is not None and rep.end is None and q not in killed
+
+    def next_live(first, kind):
+        """An AT_SHRINK fault's victim: `first`, else the next rank that is
+        running (and not stopped); a kill leaves at least one other."""
+        ids = len(reports)
+        if kind == "kill" and sum(live(q) for q in range(ids)) < 2:
+            return None
+        for i in range(ids):
+            q = (first + i) % ids
+            if live(q) and q not in stopped:
+                return q
+        return None
+
+    def start_joiners(now):
+        """An elastic run's grow: the members wrote grow_enter (how many they
+        take); start that many replacements, which join by the family name,
+        once per comm."""
+        for rep in list(reports):
+            for g in rep.grow_enters:
+                comm = g.get("comm")
+                if comm in grows_served:
+                    continue
+                grows_served.add(comm)
+                store = next((r.start.get("store") for r in reports
+                              if r.start and r.start.get("store", "-") != "-"), None)
+                for _ in range(int(g.get("count", "0") or 0)):
+                    jid = len(reports)
+                    if jid >= MAX_IDS or store is None:
+                        res.not_injected += 1
+                        note("no replacement for the grow of %s (%s)" % (
+                            comm, "no store address" if store is None else "ids used up"))
+                        break
+                    jenv = dict(env)
+                    jenv["COLLIE_STORE_ADDR"] = store
+                    cmd = rank_cmd + ["--join", str(jid), "--world", str(n)]
+                    with open(os.path.join(run_dir, "joiner-%d.log" % jid), "wb") as out:
+                        joiners[jid] = subprocess.Popen(
+                            cmd, env=jenv, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+                    reports.append(RankReport(jid))
+                    res.count(res.injected, "replacement")
+                    note("replacement %d started for the grow of %s" % (jid, comm))
+
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLIE_")}
         env["COLLIE_CPU_TRANSPORT"] = shape.transport
         env["COLLIE_LOG"] = os.environ.get("CHAOS_COLLIE_LOG", "error")
         env["CHAOS_ROUND_WAIT_MS"] = str(shape.round_wait_ms)
+        if "grow" in shape.faults:  # the replacements need the job's secret
+            env["COLLIE_STORE_TOKEN"] = secrets.token_hex(32)
         env.update(extra_env or {})
         rank_cmd = [rank_prog, "--seed", str(shape.seed), "--report", report_dir, "--rounds",
                     str(shape.rounds), "--ops", str(shape.ops), "--inflight-max",
@@ -284,7 +338,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 hang_why = "%d s without a new report line from any rank" % stall_s
                 note("stalled: no report grew for %d s; killing the run" % stall_s)
                 break
-            for r in range(n):
+            for r in range(len(reports)):
                 if r not in files:
                     try:
                         files[r] = open(os.path.join(report_dir, "rank-%d.log" % r), "rb")
@@ -293,8 +347,18 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 data = files[r].read()
                 if data:
                     reports[r].feed(data)
+            start_joiners(now)
+            shrinking = any(rep.shrink_enters for rep in reports)
             for f in list(pending):
-                if reports[f.watch].lines < f.at_line:
+                if f.watch == AT_SHRINK:
+                    if not shrinking:
+                        continue
+                    f.rank = next_live(f.rank, f.kind)
+                    if f.rank is None:
+                        pending.remove(f)
+                        res.not_injected += 1
+                        continue
+                elif reports[f.watch].lines < f.at_line:
                     continue
                 if f.kind == "link":
                     pending.remove(f)
@@ -319,13 +383,16 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 if rep.end is not None or f.rank in killed:
                     res.not_injected += 1
                     continue
+                during = " during a shrink" if f.watch == AT_SHRINK else ""
                 if f.kind == "kill":
                     if rank_sig(f.rank, signal.SIGKILL):
                         killed[f.rank] = now
                         signalled.append((now, now))
                         stopped.pop(f.rank, None)
                         res.count(res.injected, "kill")
-                        note("SIGKILL rank %d (at its line %d)" % (f.rank, rep.lines))
+                        if during:
+                            res.count(res.injected, "kill_in_shrink")
+                        note("SIGKILL rank %d (at its line %d)%s" % (f.rank, rep.lines, during))
                     else:
                         res.not_injected += 1
                 elif f.kind == "stop":
@@ -336,8 +403,10 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                     stops_at.setdefault(f.rank, []).append(now)
                     signalled.append((now, now + f.pause_ms / 1000 + 10 * POLL_S))
                     res.count(res.injected, "stop")
-                    note("SIGSTOP rank %d for %d ms (at its line %d)" % (f.rank, f.pause_ms,
-                                                                         rep.lines))
+                    if during:
+                        res.count(res.injected, "stop_in_shrink")
+                    note("SIGSTOP rank %d for %d ms (at its line %d)%s" % (f.rank, f.pause_ms,
+                                                                           rep.lines, during))
             for r, until in list(stopped.items()):
                 if now >= until:
                     rank_sig(r, signal.SIGCONT)
@@ -350,7 +419,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
                 link_down, link_up_at = False, None
                 res.count(res.injected, "link_up")
                 note("link up")
-            if all(p.poll() is not None for p in procs):
+            if all(p.poll() is not None for p in procs + list(joiners.values())):
                 break
             if now > hard_deadline:
                 timed_out = True
@@ -364,10 +433,11 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     finally:
         for r in list(stopped):
             rank_sig(r, signal.SIGCONT)
-        for p in procs:
+        procs_all = procs + list(joiners.values())
+        for p in procs_all:
             if p.poll() is None:
                 kill_session(p.pid)
-        for p in procs:
+        for p in procs_all:
             try:
                 p.wait(timeout=KILL_MARGIN_S)
             except subprocess.TimeoutExpired:
@@ -377,7 +447,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         left = {}
         while True:
             left = {}
-            for p in procs:
+            for p in procs_all:
                 left.update(session_pids(p.pid))
             if not left or time.monotonic() > wait_until:
                 break
@@ -385,7 +455,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         for pid, comm in sorted(left.items()):
             res.add("leak", None, "process %d (%s) of the run is alive after collie-run ended"
                     % (pid, comm))
-        for p in procs:
+        for p in procs_all:
             kill_session(p.pid)
         for f in files.values():
             f.close()
@@ -394,7 +464,7 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
     res.seconds = time.monotonic() - t0
 
     # the reports, whole
-    for r in range(n):
+    for r in range(len(reports)):
         try:
             with open(os.path.join(report_dir, "rank-%d.log" % r), "rb") as f:
                 f.seek(0)
@@ -407,6 +477,9 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         v, t = _launcher_verdicts(lp)
         verdicts.update(v)
         job_timed_out = job_timed_out or t
+    for jid, p in joiners.items():  # a replacement's verdict is its Popen's
+        rc = p.returncode
+        verdicts[jid] = (None, signal.Signals(-rc).name) if rc is not None and rc < 0 else (rc, None)
     per_node = n // len(procs) if procs else n
     for i, p in enumerate(procs):
         rc = p.returncode
@@ -520,6 +593,13 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         reports, {r: us(t) for r, t in killed.items()},
         {r: [us(t) for t in ts] for r, ts in stops_at.items()}, [us(t) for t in link_downs],
         per_node)
+    for kind, r, text in viol:
+        res.add(kind, r, text)
+    # An elastic run (chaos_elastic.py): every shrink's decision against
+    # the kills and stops, the grows and joins.
+    viol, res.elastic_stats = chaos_elastic.check(
+        reports, {r: us(t) for r, t in killed.items()},
+        {r: [us(t) for t in ts] for r, ts in stops_at.items()}, [us(t) for t in link_downs])
     for kind, r, text in viol:
         res.add(kind, r, text)
     # A run in which no work ended OK checked nothing: the oracle cannot

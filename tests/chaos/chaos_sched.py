@@ -27,6 +27,18 @@ RANK_FAULTS = ("abort", "destroy", "cancel", "deadline", "stall", "signals", "di
 HARMLESS_FAULTS = ("signals",)
 DRIVER_FAULTS = ("kill", "stop", "link")
 ALL_FAULTS = RANK_FAULTS + DRIVER_FAULTS
+# An elastic run (chaos_elastic.c, chaos_elastic.py): one world that the
+# survivors shrink after a fault and that takes replacements back. Both are
+# passed to the rank and change what the driver does (a kill or stop when a
+# rank enters a shrink; the replacements it starts for a grow); not in
+# `all`, which stays the classic program's kinds.
+ELASTIC_FAULTS = ("shrink", "grow")
+HARMLESS_FAULTS = HARMLESS_FAULTS + ELASTIC_FAULTS
+KNOWN_FAULTS = ALL_FAULTS + ELASTIC_FAULTS
+# a fault of the schedule fired when the first rank enters a shrink (its
+# `shrink_enter` line) rather than at a line of a watched rank
+AT_SHRINK = -1
+STOP_IN_SHRINK_MIN_MS = 1000
 TRANSPORTS = ("tcp", "shm", "auto")
 
 STOP_MIN_MS = 50
@@ -60,13 +72,17 @@ def parse_faults(text, hosts):
             kinds.update(k for k in ALL_FAULTS if k != "link" or hosts == 2)
         elif word == "none" or word == "":
             pass
-        elif word in ALL_FAULTS:
+        elif word in KNOWN_FAULTS:
             kinds.add(word)
         else:
             raise UsageError("unknown fault kind '%s' (known: %s, all, none)" %
-                             (word, ",".join(ALL_FAULTS)))
+                             (word, ",".join(KNOWN_FAULTS)))
     if "link" in kinds and hosts != 2:
         raise UsageError("fault 'link' needs --hosts 2 (the link between the two namespaces)")
+    if "grow" in kinds and "shrink" not in kinds:
+        raise UsageError("fault 'grow' needs 'shrink' (an elastic run)")
+    if "grow" in kinds and hosts != 1:
+        raise UsageError("fault 'grow' needs --hosts 1 (the driver starts the replacements)")
     return tuple(sorted(kinds))
 
 
@@ -101,7 +117,7 @@ class Shape:
 
     def rank_faults(self):
         """The --faults argument of the rank program."""
-        kinds = [k for k in self.faults if k in RANK_FAULTS]
+        kinds = [k for k in self.faults if k in RANK_FAULTS + ELASTIC_FAULTS]
         return ",".join(kinds) if kinds else "none"
 
     def faults_arg(self):
@@ -153,6 +169,8 @@ class Fault:
                 "stop": "SIGSTOP rank %s for %s ms" % (self.rank, self.pause_ms),
                 "link": "link down" + (" for %s ms" % self.pause_ms
                                        if self.pause_ms is not None else " for good")}[self.kind]
+        if self.watch == AT_SHRINK:
+            return "%s (or the next live rank) when the first rank enters a shrink" % what
         return "%s when rank %d's report reaches line %d" % (what, self.watch, self.at_line)
 
 
@@ -184,6 +202,15 @@ def schedule(shape):
             watch, at = trigger()
             pause = rng.randint(LINK_UP_MIN_MS, LINK_UP_MAX_MS) if rng.random() < 0.7 else None
             faults.append(Fault("link", None, watch, at, pause))
+    # an elastic run: a second kill, or a stop, while the survivors shrink
+    # (the agreement must tolerate it; a stopped rank that resumes after it
+    # is left out and must be told so)
+    if "shrink" in shape.faults:
+        if "kill" in shape.faults and n >= 3 and rng.random() < 0.5:
+            faults.append(Fault("kill", rng.randrange(n), AT_SHRINK, 0, None))
+        if "stop" in shape.faults and rng.random() < 0.5:
+            faults.append(Fault("stop", rng.randrange(n), AT_SHRINK, 0,
+                                rng.randint(STOP_IN_SHRINK_MIN_MS, STOP_MAX_MS)))
     faults.sort(key=lambda f: (f.at_line, f.watch))
     return faults
 
@@ -206,4 +233,10 @@ def random_shape(rng, allow_two_hosts, rounds=DEFAULT_ROUNDS, ops=DEFAULT_OPS):
     else:
         faults = tuple(sorted(rng.sample(allowed, rng.randint(1, len(allowed)))))
     inflight = rng.choice((1, 4, 16, 64, 64, 256, 1000, 10000))
-    return Shape(rng.getrandbits(64), ranks, transport, hosts, faults, rounds, ops, inflight)
+    seed = rng.getrandbits(64)
+    if rng.random() < 0.3:  # an elastic run: shrink (and grow on one host) with kills, stops
+        kinds = ["shrink"] + (["grow"] if hosts == 1 and rng.random() < 0.7 else [])
+        kinds += [k for k, p in (("kill", 0.85), ("stop", 0.5), ("abort", 0.3), ("cancel", 0.3),
+                                 ("link", 0.3 if hosts == 2 else 0)) if rng.random() < p]
+        faults = tuple(sorted(kinds))
+    return Shape(seed, ranks, transport, hosts, faults, rounds, ops, inflight)
