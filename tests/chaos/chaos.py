@@ -174,10 +174,11 @@ def print_failure(res, build, indent="  "):
 def one_line(res):
     if res.skipped:
         return "SKIPPED (%s)" % res.skipped
-    return "%s in %.1f s: %d works (%d ok), %d bytes checked, faults %s%s" % (
+    return "%s in %.1f s: %d works (%d ok), %d bytes checked, faults %s%s%s" % (
         "FAILED" if res.failed() else "ok", res.seconds, res.works, res.works_ok,
         res.bytes_checked, Summary._table(res.injected),
-        "" if not res.rank_faults else " + ranks' " + Summary._table(res.rank_faults))
+        "" if not res.rank_faults else " + ranks' " + Summary._table(res.rank_faults),
+        "" if not res.elastic_stats.t else "; elastic: " + res.elastic_stats.text())
 
 
 def mode_single(shape, args):

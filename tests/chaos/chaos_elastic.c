@@ -70,8 +70,8 @@
 #define EL_GROW_MS       10000 /* the driver starts the joiners once it sees grow_enter */
 #define EL_JOIN_MS       30000 /* a joiner waits for the members' next grow */
 #define EL_EXTRA_ROUNDS  4
-#define EL_SHRINK_MIN_MS 1500 /* a shrink's timeout: 1.5..4 s (the seed's) */
-#define EL_SHRINK_VAR_MS 2500
+#define EL_SHRINK_MIN_MS 500 /* a shrink's timeout: 0.5..2.5 s (the seed's) */
+#define EL_SHRINK_VAR_MS 2000
 
 enum { EL_NEXT, EL_OUT, EL_LOST };
 

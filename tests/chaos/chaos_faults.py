@@ -34,6 +34,10 @@ Design notes
      peer_left   left only;
      app_abort, peer_abort, local: no set (the header: ranks none).
    A named rank without an admitted reason is `fault_set`.
+ - A set the survivors agreed on (view AGREED: a shrink's decision, which
+   becomes the old comm's fault) and a rank's own exclusion (ENOTMEMBER)
+   are not judged here: chaos_elastic.py holds every decision to the kills
+   and stops.
  - The killed rank is named: in the round a rank was killed in (its last
    round line), on the world comm (every rank is a member), a failure of
    kind peer_dead, peer_stuck or deadline with a non-empty set that ended
@@ -94,6 +98,7 @@ SHORT_DEADLINES = {"deadline", "stall_deadline"}
 HARMLESS = {"signals"}
 STOP_MAX_US = 3_500_000  # a stop lasts up to 3 s (chaos_sched.py)
 VIEW_PEER = 1
+VIEW_AGREED = 2
 
 
 class Stats:
@@ -168,6 +173,11 @@ def check(reports, killed_us, stops_us, link_down_us, per_node):
             continue
         if any(q < 0 or q >= n for q in f.ranks) or f.origin < -1 or f.origin >= n:
             bad("fault_set", f, "a rank outside the world")
+            continue
+        if f.view == VIEW_AGREED or f.status == "COLLIE_ENOTMEMBER":
+            # a shrink's decision (it keeps the comm's kind, its set is the
+            # ranks left out) and a rank's own exclusion: chaos_elastic.py
+            # holds the decisions to the kills and stops
             continue
         observer = f.origin if f.view == VIEW_PEER and f.origin >= 0 else f.rank
         if not f.ranks and not f.more and f.kind not in EMPTY_OK:

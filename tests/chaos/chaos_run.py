@@ -242,12 +242,15 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
 
     def next_live(first, kind):
         """An AT_SHRINK fault's victim: `first`, else the next rank that is
-        running (and not stopped); a kill leaves at least one other."""
+        running (and not stopped), one that has not entered the shrink yet
+        if there is one (a stop then lands before its proposal: the others
+        may leave it out, and it must learn so when it resumes); a kill
+        leaves at least one other."""
         ids = len(reports)
         if kind == "kill" and sum(live(q) for q in range(ids)) < 2:
             return None
-        for i in range(ids):
-            q = (first + i) % ids
+        order = [(first + i) % ids for i in range(ids)]
+        for q in ([q for q in order if not reports[q].shrink_enters] + order):
             if live(q) and q not in stopped:
                 return q
         return None
