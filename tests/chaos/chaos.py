@@ -79,7 +79,8 @@ SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none
             ("garbled", ("bad_report",), "none", 10, 5),
             ("unexplained", ("unexplained_failure",), "none", 10, 5),
             ("vacuous", ("vacuous",), "none", 10, 5),
-            ("spurious", ("unexplained_failure",), "none", 10, 5)]
+            ("spurious", ("unexplained_failure",), "none", 10, 5),
+            ("shrink_healthy", ("shrink_set",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 

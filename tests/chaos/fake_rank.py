@@ -16,7 +16,9 @@ Design notes
    garbled (an unparsable report line), unexplained (every rank's failed
    works end before their deadline, in a run without faults), vacuous (no
    work ends OK), spurious (rank 0 fails a work for nothing first, the
-   others' works then run into their deadlines). Empty: it
+   others' works then run into their deadlines), shrink_healthy (the
+   ranks write a shrink decision that leaves out the last rank, which was
+   never killed or stopped and began its shrink in time). Empty: it
    behaves (its failed works ran into their deadline: a slow machine).
  - It keeps the SIGCONT contract: a work line that spans a SIGCONT has
    stopped=1.
@@ -79,6 +81,16 @@ def main():
                   "index=3 expected=7 got=8 (planted by fake_rank)")
             if bug == "garbled" and rank == 0 and r == 0 and q == 3:
                 w("work this line is not key=value")
+        if bug == "shrink_healthy" and r == 0:  # the survivors leave out a rank that came
+            t = int(time.monotonic() * 1e6)
+            w("shrink_enter r=0 comm=fakew attempt=0 size=%d rank=%d timeout_ms=1000 "
+              "start_us=%d" % (world, rank, t))
+            if rank != world - 1:
+                w("shrink r=0 status=COLLIE_OK comm=fakew new=fakew.shr0 attempt=0 size=%d "
+                  "new_size=%d new_rank=%d members=%s out=%d timeout_ms=1000 start_us=%d "
+                  "end_us=%d ms=1 paused_ms=0" % (world, world - 1, rank,
+                                                  ",".join(map(str, range(world))), world - 1,
+                                                  t, t + 1000))
         open(os.path.join(d, "end-%d-%d" % (r, rank)), "w").close()
         until = time.monotonic() + int(os.environ.get("CHAOS_ROUND_WAIT_MS", "5000")) / 1000
         while not all(os.path.exists(os.path.join(d, "end-%d-%d" % (r, k))) for k in range(world)):
