@@ -62,6 +62,9 @@ SUITE = [
     (9, 6, "auto", 2, "kill,stop,link", 3, 40, 16),
     (10, 3, "tcp", 1, "none", 2, 60, 64),
     (20, 4, "tcp", 1, "abort", 2, 40, 64),  # an abort during split (slow_after_abort)
+    # elastic: a kill, a second kill and a stop while the survivors shrink,
+    # a grow that takes two replacements back (chaos_elastic.c)
+    (48, 4, "auto", 1, "shrink,grow,kill,stop", 3, 40, 64),
 ]
 SUITE_TIMEOUT_S = 90
 SUITE_ROUND_WAIT_MS = 5000
