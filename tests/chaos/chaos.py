@@ -38,7 +38,7 @@ sys.dont_write_bytecode = True  # nothing of ours in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chaos_run import run_once  # noqa: E402
-from chaos_sched import (DEFAULT_INFLIGHT, KNOWN_FAULTS, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS,  # noqa: E402
+from chaos_sched import (DEFAULT_INFLIGHT, DEFAULT_OPS, DEFAULT_ROUND_WAIT_MS, KNOWN_FAULTS,  # noqa: E402
                          DEFAULT_ROUNDS, Shape, UsageError, parse_faults, random_shape,
                          schedule)
 import chaos_elastic  # noqa: E402

@@ -482,7 +482,8 @@ def run_once(shape, build="build", timeout_s=300, keep=False, verbose=False, log
         job_timed_out = job_timed_out or t
     for jid, p in joiners.items():  # a replacement's verdict is its Popen's
         rc = p.returncode
-        verdicts[jid] = (None, signal.Signals(-rc).name) if rc is not None and rc < 0 else (rc, None)
+        verdicts[jid] = ((None, signal.Signals(-rc).name) if rc is not None and rc < 0 else
+                         (rc, None))
     per_node = n // len(procs) if procs else n
     for i, p in enumerate(procs):
         rc = p.returncode
