@@ -74,8 +74,9 @@ def check(reports, killed_us, stops_us, link_down_us):
             stats.inc("shrink_" + f.get("status", "?").replace("COLLIE_", "").lower())
             if f.get("status") == "COLLIE_OK":
                 decisions.setdefault((f.get("comm"), f.get("new")), []).append((rep.rank, f))
-        if rep.end is not None and rep.end.get("reason") == "excluded":
-            stats.inc("ended_excluded")
+        if rep.end is not None and (rep.shrink_enters or rep.joins) and rep.end.get(
+                "reason", "done") != "done":
+            stats.inc("ended_" + rep.end.get("reason", "?"))  # excluded, lost, join_failed
         for f in rep.grows:
             stats.inc("grow_" + f.get("status", "?").replace("COLLIE_", "").lower())
         for f in rep.joins:
