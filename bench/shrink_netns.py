@@ -25,8 +25,10 @@ Ranks are bench/shrink_rank.py (the collie Python package) reacting to the
 comm's event fd. A figure is the median (and maximum) over --runs runs of
 the slowest survivor of each run; the breakdown gives, per phase, the
 median over runs of the time the last survivor reached it (ms after the
-kill): event (collie's time_ns of the first event), popped (the rank's
-loop took it), shrunk / destroyed + created, done.
+kill): exit (the victim's pidfd became readable in the driver: the kernel
+has ended the process, its sockets closed), event (collie's time_ns of the
+first event), popped (the rank's loop took it), shrunk / destroyed +
+created, done.
 
 Design notes
  - The job (collie-store that outlives the ranks, with a token over two
@@ -43,6 +45,7 @@ Usage (root, for the namespaces): bench/shrink_netns.py [--runs 10]
 """
 
 import os
+import select
 import signal
 import statistics
 import time
@@ -51,8 +54,8 @@ from rank_job import ROOT, Job, bench_args, two_hosts
 
 RANK_PY = os.path.join(ROOT, "bench", "shrink_rank.py")
 LIFE_S = 90  # a rank's own bound
-PHASES = {"shrink": ("event", "popped", "shrunk", "done"),
-          "recreate": ("event", "popped", "destroyed", "created", "done")}
+PHASES = {"shrink": ("exit", "event", "popped", "shrunk", "done"),
+          "recreate": ("exit", "event", "popped", "destroyed", "created", "done")}
 
 
 def one_run(hosts, env, n, victim, mode, second, second_after_ms=0.0):
@@ -65,8 +68,12 @@ def one_run(hosts, env, n, victim, mode, second, second_after_ms=0.0):
         time.sleep(0.5)  # idle
         vpid = job.pid(victim)
         spid = job.pid(second) if second is not None else None
+        gone = os.pidfd_open(vpid)  # readable once the kernel has ended the process
         t0 = time.monotonic_ns()
         os.kill(vpid, signal.SIGKILL)
+        select.select([gone], [], [], 5)
+        exit_ms = (time.monotonic_ns() - t0) / 1e6
+        os.close(gone)
         extra, late = "", False
         if second is not None:
             cue = job.wait_for(lambda: any(job.said(r, "SH ") for r in range(n)), 10)
@@ -92,6 +99,7 @@ def one_run(hosts, env, n, victim, mode, second, second_after_ms=0.0):
         for r in survivors:
             ph = {ln.split()[1]: (int(ln.split()[2]) - t0) / 1e6 for ln in job.said(r, "T ")}
             done = job.said(r, "DONE ")
+            ph["exit"] = exit_ms
             res[r] = {"phases": ph, "done": done[0].split() if done else None,
                       "notes": job.said(r, "RETRY") + job.said(r, "ERR")}
         return res, extra, late
