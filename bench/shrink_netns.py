@@ -184,6 +184,12 @@ def main():
                 vals = [max(v["phases"][ph] for v in r.values()) for r in runs]
                 cells.append("%s %.2f (%.2f)" % (ph, statistics.median(vals), max(vals)))
             print("- %s, %s: %s" % (name, mode, "; ".join(cells)), flush=True)
+    print("\nEach run's slowest survivor, kill to done (ms, sorted):\n")
+    for name, netns, n, victim, second, modes, target in cases:
+        for mode in modes:
+            done = sorted(max(v["phases"]["done"] for v in r.values())
+                          for r in results.get((name, mode), []))
+            print("- %s, %s: %s" % (name, mode, " ".join("%.1f" % d for d in done)))
 
 
 if __name__ == "__main__":
