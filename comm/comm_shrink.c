@@ -344,6 +344,22 @@ static void shrink_cancel_reads(shrink_work *sw) {
     if (sw->decided_get) collie_work_cancel(sw->decided_get);
 }
 
+/* The kind that describes the agreed set: peer_dead or peer_left when this
+ * rank knows every rank of it so, else peer_stuck (suspected, silent, or
+ * only named by another survivor). */
+static int shrink_agreed_kind(shrink_work *sw) {
+    bool all_dead = true, all_left = true;
+    for (int r = 0; r < sw->n; r++) {
+        if (!sw->out[r]) continue;
+        int s = cl_health_state(sw->comm, r);
+        all_dead &= s == COLLIE_PEER_DEAD;
+        all_left &= s == COLLIE_PEER_LEFT;
+    }
+    return all_dead   ? COLLIE_FAULT_PEER_DEAD
+           : all_left ? COLLIE_FAULT_PEER_LEFT
+                      : COLLIE_FAULT_PEER_STUCK;
+}
+
 /* Decided (loop): out of it, or this rank's new rank and the map; the old
  * comm's fault becomes the agreed set; rank 0 tells the left-out ranks. */
 static bool shrink_take_decision(shrink_work *sw) {
@@ -362,11 +378,11 @@ static bool shrink_take_decision(shrink_work *sw) {
         sw->map[r] = sw->out[r] ? -1 : sw->new_size++;
     sw->new_rank = sw->map[sw->me];
     cl_fault f;
-    pthread_mutex_lock(&c->mu);
-    cl_fault_init(&f, c->fault.kind ? c->fault.kind : COLLIE_FAULT_PEER_STUCK,
-                  COLLIE_FAULT_VIEW_AGREED, c->fault.origin);
+    cl_fault_init(&f, shrink_agreed_kind(sw), COLLIE_FAULT_VIEW_AGREED, sw->me);
     for (int r = 0; r < sw->n; r++)
         if (sw->out[r]) cl_fault_add(&f, r);
+    pthread_mutex_lock(&c->mu);
+    f.origin = c->fault.origin;
     c->fault = f;
     pthread_mutex_unlock(&c->mu);
     if (sw->new_rank == 0 && sw->new_size < sw->n) {

@@ -169,7 +169,9 @@ typedef struct collie_shrink_opts {
  * through peer health and joins the set. The first decision written to
  * the store is the one every survivor takes (compare-and-set), so all
  * members get the same comm; the agreed set is the old comm's fault from
- * then on (collie_comm_fault, view COLLIE_FAULT_VIEW_AGREED).
+ * then on (collie_comm_fault, view COLLIE_FAULT_VIEW_AGREED; its kind
+ * peer_dead or peer_left when this rank knows every rank of the set so,
+ * else peer_stuck).
  * The old comm is aborted first if it had not failed (a revoke: the
  * others' works fail and they shrink too), and its works have all ended
  * before the new comm is returned; destroy it afterwards as usual.

@@ -105,10 +105,11 @@ static void check_shrunk(collie_comm **nc, const int *alive, int n, int old_size
     }
 }
 
-static void check_agreed(collie_comm *old, const int *out, int n) {
+static void check_agreed(collie_comm *old, const int *out, int n, int kind) {
     collie_fault f = COLLIE_FAULT_INIT;
     assert_int_equal(collie_comm_fault(old, &f), COLLIE_OK);
     assert_int_equal(f.view, COLLIE_FAULT_VIEW_AGREED);
+    assert_int_equal(f.kind, kind);
     assert_int_equal(f.nranks, n);
     for (int i = 0; i < n; i++)
         assert_int_equal(f.ranks[i], out[i]);
@@ -128,7 +129,7 @@ static void test_shrink_after_leave(void **state) {
         assert_int_equal(st[r], COLLIE_OK);
     check_shrunk(nc, alive, 3, 4);
     for (int r = 0; r < 3; r++) {
-        check_agreed(w.c[r], gone, 1);
+        check_agreed(w.c[r], gone, 1, COLLIE_FAULT_PEER_LEFT);
         char want[80];
         snprintf(want, sizeof want, "shl.shr%llu",
                  (unsigned long long)collie_comm_generation(w.c[r]));
@@ -239,7 +240,7 @@ static void test_shrink_absent_rank(void **state) {
     assert_int_equal(st[0], COLLIE_OK);
     assert_true(now_ms() - t0 >= 250); /* it waited for rank 1 until the deadline */
     check_shrunk(nc, alone, 1, 3);
-    check_agreed(w.c[0], out, 2);
+    check_agreed(w.c[0], out, 2, COLLIE_FAULT_PEER_STUCK);
     /* rank 1 is told */
     assert_true(pop_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 5000));
     int s;
@@ -394,7 +395,7 @@ static void test_shrink_members_call_different_things(void **state) {
     assert_int_equal(st[0], COLLIE_OK);
     assert_int_equal(st[1], COLLIE_OK);
     check_shrunk(nc, two, 2, 4);
-    check_agreed(w.c[0], out, 2);
+    check_agreed(w.c[0], out, 2, COLLIE_FAULT_PEER_STUCK);
     assert_int_equal(collie_work_wait(gw, 10000), COLLIE_ETIMEDOUT);
     print_message("%s\n", collie_work_error_message(gw));
     collie_work_release(gw);

@@ -172,6 +172,10 @@ static int shrink_child(const char *addr, int rank, void *arg) {
     collie_fault f = COLLIE_FAULT_INIT;
     collie_comm_fault(c, &f);
     if (f.view != COLLIE_FAULT_VIEW_AGREED || f.nranks != KN - want_size) return 18;
+    /* the kind says what this rank knows of the set: every one dead, or not */
+    if (f.kind != (p->stop ? COLLIE_FAULT_PEER_STUCK : COLLIE_FAULT_PEER_DEAD) &&
+        !(p->victim2 >= 0 && f.kind == COLLIE_FAULT_PEER_STUCK))
+        return 21;
     printf("shrunk %d %lld\n", rank, (long long)((cl_now_ns() - t0) / 1000));
     fflush(stdout);
     if (p->replace && (rc = kid_grow(nc, rank)) != 0) return rc;
