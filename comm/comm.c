@@ -57,9 +57,11 @@ void cl_comm_release(collie_comm *c) {
     pthread_mutex_destroy(&c->mu);
     collie_store_destroy(c->store); /* NULL once a destroy released it */
     free(c->rank_map);
-    collie_comm *parent = c->split.parent;
+    free(c->shrunk.excluded);
+    collie_comm *parent = c->split.parent, *from = c->shrunk.from;
     free(c);
     if (parent) cl_comm_release(parent);
+    if (from) cl_comm_release(from);
 }
 
 /* ---- accessors ----------------------------------------------------------- */

@@ -214,6 +214,14 @@ struct collie_comm {
         uint32_t shrinks, grows;
         char successor[72];
     } line;
+    /* made by a shrink: the old comm, whose backends may build ours from
+     * theirs (ops->shrink; held until the rendezvous ends, or this comm is
+     * freed), and its ranks left out (sorted, owned) */
+    struct {
+        collie_comm *from;
+        int *excluded;
+        int nexcluded;
+    } shrunk;
     /* made by collie_comm_split/new_group: the parent, whose backends may
      * build ours from theirs (ops->split), with this rank's colour and key;
      * referenced until this comm is freed (every error path included) */
@@ -469,7 +477,8 @@ int cl_comm_create_child(collie_comm *parent, int rank, int size, const collie_c
  * how its work completes), `spec` (NULL: o's backend), `members` (what the
  * members agreed: every one must have been given the same), `family` (the
  * name joiners ask for) and a copy of map[old rank] = new rank (NULL: none).
- * Nothing is shared with the old comm but the store's connection. */
+ * Nothing is shared with the old comm but the store's connection, and for a
+ * shrink the old comm's backends (ops->shrink builds from them). */
 typedef struct cl_successor_args {
     collie_engine *engine;
     collie_store *store;
@@ -484,6 +493,12 @@ typedef struct cl_successor_args {
     const char *how;
     const collie_comm *from;
     uint32_t shrinks, grows;
+    /* a shrink's only (grow and join leave them NULL / 0: a fresh init):
+     * the old comm, whose backends may build the new comm's (ops->shrink),
+     * and its ranks left out, sorted */
+    collie_comm *shrunk_from;
+    const int *excluded;
+    int nexcluded;
 } cl_successor_args;
 int cl_comm_create_successor(const cl_successor_args *a, collie_comm **out, collie_work **work);
 

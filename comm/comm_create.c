@@ -190,6 +190,18 @@ static int create_successor_parts(collie_comm *c, const cl_successor_args *a) {
     }
     c->line.shrinks = a->shrinks;
     c->line.grows = a->grows;
+    if (a->shrunk_from) {
+        if (a->nexcluded > 0) {
+            c->shrunk.excluded = malloc((size_t)a->nexcluded * sizeof *c->shrunk.excluded);
+            if (!c->shrunk.excluded)
+                return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_create: out of memory");
+            memcpy(c->shrunk.excluded, a->excluded,
+                   (size_t)a->nexcluded * sizeof *c->shrunk.excluded);
+            c->shrunk.nexcluded = a->nexcluded;
+        }
+        cl_comm_hold(a->shrunk_from); /* dropped when its rendezvous ends, or with c */
+        c->shrunk.from = a->shrunk_from;
+    }
     return COLLIE_OK;
 }
 

@@ -14,7 +14,11 @@
  *      POISONED check("<prefix>conflict"): the generation failed already
  *               (see below): fail at once, saying so;
  *      INIT     each backend's init (the TCP transport publishes its
- *               listening address), reported through init_done;
+ *               listening address), reported through init_done; a split's
+ *               child whose parent runs the same backend calls its split
+ *               hook instead, and a shrink's new comm whose old comm does
+ *               (and still has its state) its shrink hook, which may
+ *               decline (COLLIE_ENOTSUP: init after all);
  *      CLAIM    compare_set("<prefix>rank/<r>", "" -> "pid P on host H"): a
  *               rank claimed by another process of this generation is a
  *               conflict (a rank restarted into the next generation is not);
@@ -235,13 +239,22 @@ static void create_init_backends(create_state *cs) {
         if (!bc->ops) continue;
         bc->init_called = true;
         collie_bcomm *pb = c->split.parent ? &c->split.parent->bcs[d] : NULL;
-        int r;
+        collie_comm *from = c->shrunk.from;
+        collie_bcomm *ob = from && !from->destroyed ? &from->bcs[d] : NULL;
+        int r = COLLIE_ENOTSUP;
         cl_clear_last_error(); /* nothing stale in the message below */
-        if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready)
+        if (pb && pb->ops == bc->ops && bc->ops->split && pb->state && pb->ready) {
             r = bc->ops->split(bc, &cl_core_services, pb->state, c->split.color, c->split.key,
                                &bc->state);
-        else
-            r = bc->ops->init(bc, &cl_core_services, &bc->state);
+        } else {
+            if (ob && ob->ops == bc->ops && bc->ops->shrink && ob->state && ob->ready)
+                r = bc->ops->shrink(bc, &cl_core_services, ob->state, c->shrunk.excluded,
+                                    c->shrunk.nexcluded, &bc->state);
+            if (r == COLLIE_ENOTSUP && !bc->state) { /* declined: a fresh init */
+                cl_clear_last_error();
+                r = bc->ops->init(bc, &cl_core_services, &bc->state);
+            }
+        }
         if (r != COLLIE_OK) {
             /* the backend says why through set_error; if it did not, at
              * least the status does */
@@ -613,6 +626,10 @@ static void create_detach(collie_work *w) {
         create_poison_on_giving_up(cs, w->status);
     cs->step = STEP_DONE;
     if (cs->req) collie_work_cancel(cs->req); /* its callback releases it */
+    if (c->shrunk.from) {                     /* its backends were used (or not) by now */
+        cl_comm_release(c->shrunk.from);
+        c->shrunk.from = NULL;
+    }
     c->create_state = NULL;
     c->create_work = NULL;
     /* ended before its start made the comm a resident (cancelled at once,

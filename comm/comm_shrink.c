@@ -31,9 +31,12 @@
  *  - The new comm ("<name>.shr<generation>", "e<attempt>" after a first
  *    attempt) goes through the usual rendezvous under its own name, so its
  *    generations never mix with the old name's: a later create of the old
- *    name joins that name's next generation as before. Every member hands
- *    the decision to the rendezvous as its member list (STEP_SIZE compares
- *    them), so members that disagree could never form a comm. While it
+ *    name joins that name's next generation as before. The old comm and
+ *    the decision go with it: a backend with a shrink hook builds the new
+ *    comm's state from the old one's (NCCL: ncclCommShrink), the others
+ *    make theirs afresh. Every member hands the decision to the
+ *    rendezvous as its member list (STEP_SIZE compares them), so members
+ *    that disagree could never form a comm. While it
  *    runs, a member found dead or left (the old comm's health) cancels the
  *    rendezvous, which poisons its generation: every member fails at once
  *    with EABORTED, and shrinking the old comm again starts attempt + 1.
@@ -440,6 +443,13 @@ static void shrink_create(shrink_work *sw) {
     co.name = name;
     co.post = &po;
     co.create_timeout_ms = shrink_left_ms(sw);
+    int *excluded = malloc((size_t)sw->n * sizeof *excluded), nexcluded = 0;
+    if (!excluded) {
+        shrink_fail(sw, COLLIE_ENOMEM, "shrink of comm '%s': out of memory", sw->name);
+        return;
+    }
+    for (int r = 0; r < sw->n; r++)
+        if (sw->out[r]) excluded[nexcluded++] = r;
     collie_work_hold(&sw->s.base);
     cl_successor_args a = {.engine = c->engine,
                            .store = c->store,
@@ -454,8 +464,12 @@ static void shrink_create(shrink_work *sw) {
                            .how = "shrink",
                            .from = c,
                            .shrinks = c->line.shrinks + 1,
-                           .grows = c->line.grows};
+                           .grows = c->line.grows,
+                           .shrunk_from = c, /* its backends may build ours (ops->shrink) */
+                           .excluded = excluded,
+                           .nexcluded = nexcluded};
     int r = cl_comm_create_successor(&a, &sw->s.made, &sw->s.create);
+    free(excluded);
     if (r != COLLIE_OK) {
         collie_work_release(&sw->s.base);
         shrink_fail(sw, r, "shrink of comm '%s': the new comm could not be posted: %s", sw->name,

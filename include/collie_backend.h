@@ -419,6 +419,25 @@ typedef struct collie_backend_ops {
      * the core ends it as a local fault, as any other work. Without the
      * hook every such end is a fault. (loop) */
     bool (*recv_withdraw)(void *state, collie_work *w);
+    /* shrink (optional): init for a comm made by collie_comm_shrink whose
+     * old comm runs this same backend and still has its state (its init
+     * had succeeded; the shrink aborted it, so its abort has run, but it is
+     * not destroyed): build the new comm from the old one's (`old`) instead
+     * of a fresh init — NCCL: ncclCommShrink. `excluded`: the old comm's
+     * ranks left out, sorted, `nexcluded` of them (the set the survivors
+     * agreed on: the same on every member); this rank's new rank and size
+     * are core->rank and core->nranks, as for init. Same contract as init
+     * (report with init_done). COLLIE_ENOTSUP, returned with *state left
+     * alone, means "not from this one": the core runs init instead (a
+     * fresh init), as it does without the hook. Every member of the new
+     * comm gets the same call, so a reason to decline must be one every
+     * member sees alike; a backend whose choice can differ between ranks
+     * agrees on it itself, after the call (NCCL does, through the store).
+     * `old` may be destroyed as soon as the call returns (the old comm's
+     * owner destroys it): a backend that needs it later holds its own
+     * reference. Grow and join always run init. (loop) */
+    int (*shrink)(collie_bcomm *bc, const collie_core_services *core, void *old,
+                  const int *excluded, int nexcluded, void **state);
 } collie_backend_ops;
 
 /* collie_backend_register: make a backend available to collie_comm_create

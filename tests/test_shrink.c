@@ -27,6 +27,11 @@
  *              was made by a shrink of which comm (its ranks are new).
  *   store:     the store's server is gone: shrink fails with EPEER, saying
  *              it needs a store that outlives the ranks.
+ *   hook:      a backend with a shrink hook (tcp's ops under another name):
+ *              4 -> 3 -> 2, each survivor's hook is given the old comm's
+ *              state and the agreed set; declining (ENOTSUP) makes a fresh
+ *              init, building (the hook runs tcp's init itself) is taken;
+ *              the new comm's allreduce is right either way.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +44,7 @@
 #include "harness.h"
 #include "runner.h"
 #include "store_fixture.h"
+#include "transports/cpu/cpu.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -408,6 +414,91 @@ static void test_shrink_members_call_different_things(void **state) {
     world_destroy(&w);
 }
 
+/* ---- the backend's shrink hook --------------------------------------------------------- */
+
+static struct {
+    _Atomic int calls;
+    _Atomic bool decline; /* ENOTSUP, else build with tcp's init */
+    _Atomic int bad;      /* calls whose old state or set was wrong */
+    int want[WORLD_MAX], nwant;
+} hook;
+
+static int hook_shrink(collie_bcomm *bc, const collie_core_services *core, void *old,
+                       const int *excluded, int nexcluded, void **state) {
+    bool ok = old != NULL && nexcluded == hook.nwant;
+    for (int i = 0; ok && i < nexcluded; i++)
+        ok = excluded[i] == hook.want[i];
+    if (!ok) atomic_fetch_add(&hook.bad, 1);
+    atomic_fetch_add(&hook.calls, 1);
+    if (atomic_load(&hook.decline)) return COLLIE_ENOTSUP;
+    return cl_tcp_backend_ops()->init(bc, core, state);
+}
+
+/* shrink the new comms of the ranks in alive[] (old ranks of nc), the ranks
+ * of `gone` having left; the hook expects `gone` */
+static void hook_round(collie_comm **nc, int old_size, const int *alive, int n, const int *gone,
+                       int ngone, bool decline) {
+    world w = {.n = old_size};
+    for (int r = 0; r < old_size; r++)
+        w.c[r] = nc[r];
+    for (int i = 0; i < ngone; i++)
+        hook.want[i] = gone[i];
+    hook.nwant = ngone;
+    atomic_store(&hook.decline, decline);
+    atomic_store(&hook.calls, 0);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < ngone; k++)
+            assert_true(wait_state(nc[alive[i]], gone[k], COLLIE_PEER_LEFT, 5000));
+    collie_comm *out[WORLD_MAX] = {0};
+    int st[WORLD_MAX];
+    shrink_ranks(&w, alive, n, NULL, out, st);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(st[alive[i]], COLLIE_OK);
+    assert_int_equal(atomic_load(&hook.calls), n); /* once per survivor */
+    assert_int_equal(atomic_load(&hook.bad), 0);
+    check_shrunk(out, alive, n, old_size);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(collie_comm_destroy(nc[alive[i]]), COLLIE_OK);
+        nc[alive[i]] = NULL;
+    }
+    for (int i = 0; i < n; i++) /* the survivors' new comms, by new rank */
+        nc[i] = out[alive[i]];
+    for (int r = n; r < old_size; r++)
+        nc[r] = NULL;
+}
+
+static void test_shrink_backend_hook(void **state) {
+    (void)state;
+    collie_backend_ops ops = *cl_tcp_backend_ops();
+    ops.name = "tcpshr";
+    ops.shrink = hook_shrink;
+    assert_int_equal(collie_backend_register(&ops), COLLIE_OK);
+    world w;
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.backend = "tcpshr";
+    world_create(&w, 4, "shh", &o);
+    world_link(&w);
+    collie_comm *nc[WORLD_MAX] = {0};
+    for (int r = 0; r < 4; r++)
+        nc[r] = w.c[r];
+    /* 4 -> 3: rank 1 leaves; the hooks decline, a fresh init */
+    assert_int_equal(collie_comm_destroy(nc[1]), COLLIE_OK);
+    nc[1] = NULL;
+    const int alive3[] = {0, 2, 3}, gone3[] = {1};
+    hook_round(nc, 4, alive3, 3, gone3, 1, true);
+    /* 3 -> 2: new rank 2 (old 3) leaves; the hooks build the comms */
+    world_link(&(world){.n = 3, .c = {nc[0], nc[1], nc[2]}});
+    assert_int_equal(collie_comm_destroy(nc[2]), COLLIE_OK);
+    nc[2] = NULL;
+    const int alive2[] = {0, 1}, gone2[] = {2};
+    hook_round(nc, 3, alive2, 2, gone2, 1, false);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_destroy(nc[r]), COLLIE_OK);
+    for (int r = 0; r < 4; r++)
+        w.c[r] = NULL; /* destroyed above */
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shrink_after_leave),
@@ -417,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_shrink_store_gone),
         cmocka_unit_test(test_shrink_desync_names_the_line),
         cmocka_unit_test(test_shrink_members_call_different_things),
+        cmocka_unit_test(test_shrink_backend_hook),
     };
     return cltest_main(tests, NULL, NULL);
 }
