@@ -482,8 +482,10 @@ ifeq ($(HAVE_NCCL),1)
 NCCL_OBJ    := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard transports/nccl/*.c))
 NCCL_PLUGIN := $(BUILD)/lib/libcollie_nccl.so
 DOUBLE_DIR  := $(BUILD)/tests/cuda_double
-DOUBLE_LIBS := $(DOUBLE_DIR)/libcudart.so.13 $(DOUBLE_DIR)/libnccl.so.2 $(DOUBLE_DIR)/libcuda.so.1
-DOUBLE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/cuda_double/*.c))
+DOUBLE_LIBS := $(DOUBLE_DIR)/libcudart.so.13 $(DOUBLE_DIR)/libnccl.so.2 $(DOUBLE_DIR)/libcuda.so.1 \
+               $(DOUBLE_DIR)/old/libnccl.so.2
+DOUBLE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/cuda_double/*.c)) \
+               $(BUILD)/obj/tests/cuda_double/nccl_old.o
 
 plugins: $(NCCL_PLUGIN)
 test-plugins: $(DOUBLE_LIBS)
@@ -515,6 +517,20 @@ $(DOUBLE_DIR)/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl.o \
 	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libnccl.so.2 \
 	  -Wl,--version-script=tests/cuda_double/nccl.map -o $@ $(filter %.o,$^) \
 	  $(DOUBLE_DIR)/libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -Wl,--enable-new-dtags
+
+# an NCCL older than 2.27 (no ncclCommShrink, no ncclCommRevoke), for the
+# plugin's fallbacks: LD_LIBRARY_PATH=<double>/old:<double>
+$(BUILD)/obj/tests/cuda_double/nccl_old.o: tests/cuda_double/nccl.c | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -DCLTEST_NCCL_OLD -MMD -MP -c $< -o $@
+$(DOUBLE_DIR)/old/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl_old.o \
+    $(BUILD)/obj/tests/cuda_double/nccl_proc.o \
+    $(BUILD)/obj/transports/reduce.o $(BUILD)/obj/engine/dtype.o \
+    $(DOUBLE_DIR)/libcudart.so.13 tests/cuda_double/nccl.map
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libnccl.so.2 \
+	  -Wl,--version-script=tests/cuda_double/nccl.map -o $@ $(filter %.o,$^) \
+	  $(DOUBLE_DIR)/libcudart.so.13 -Wl,-rpath,'$$ORIGIN/..' -Wl,--enable-new-dtags
 
 # The GPU verification kit (tools/gpu_kit): a folder to carry to a CUDA host
 # (run.sh REPORT_DIR there). collie-gpucheck links libcollie, libevent and

@@ -21,7 +21,10 @@
  *                                    is enqueued N ms later (on the first
  *                                    ncclCommGetAsyncError after that)
  *   CLTEST_NCCL_INIT_HANG=1          ncclCommInitRankConfig never completes
- *   CLTEST_NCCL_ABORT_SLOW_MS=N      ncclCommAbort takes N ms longer
+ *   CLTEST_NCCL_ABORT_SLOW_MS=N      ncclCommAbort takes N ms longer (and so
+ *                                    does ncclCommRevoke's quiesce)
+ *   CLTEST_NCCL_REVOKE_FAIL=R        ncclCommRevoke fails (ncclInternalError)
+ *                                    on rank R
  *   CLTEST_NCCL_LENIENT=1            as the real NCCL does, ranks whose
  *                                    reduction differs run without an error
  *                                    (rank 0's reduction is applied), and so

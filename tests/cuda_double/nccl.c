@@ -23,6 +23,18 @@
  *    the buffers again) and returns once none runs: the quiesce the plugin
  *    waits for. A rank that aborts makes peers waiting for it see
  *    ncclRemoteError, as a network transport would.
+ *  - ncclCommRevoke (NCCL 2.28) stops them the same way but keeps the comm:
+ *    it refuses new calls, reports ncclInProgress until its ops have left
+ *    (after CLTEST_NCCL_ABORT_SLOW_MS, as an abort), then ncclSuccess, and
+ *    may still shrink; its ncclCommAbort later is a release (neither
+ *    counted nor slowed down again). Revoke counts as an abort in the
+ *    counters (started at the call, done at the quiesce). A comm whose
+ *    ranks span processes refuses it (the plugin then aborts).
+ *  - ncclCommShrink (NCCL 2.27) is a split that only the survivors make
+ *    (colour 0, key = parent rank), complete once the last of them calls;
+ *    the calls (flags, sorted excluded list) are recorded for the tests.
+ *    Built with CLTEST_NCCL_OLD (build/tests/cuda_double/old), neither
+ *    symbol exists: an NCCL before 2.27.
  *  - ncclCommSplit is collective over the parent: each call is recorded in
  *    the parent clique's split of that sequence number; the last rank to
  *    call makes one clique per colour (ranks in (key, parent rank) order).
@@ -60,6 +72,7 @@ static pthread_cond_t nd_cv;
 static pthread_once_t nd_once = PTHREAD_ONCE_INIT;
 static dbl_clique *nd_cliques;
 static int nd_aborts_started, nd_aborts_done, nd_executing, nd_live_comms, nd_splits;
+static int nd_shrinks, nd_revokes;
 static _Thread_local int nd_group_depth;
 static _Thread_local struct {
     ncclComm_t comm;
@@ -101,6 +114,8 @@ CLTEST_API int cltest_nccl_aborts_done(void);
 CLTEST_API int cltest_nccl_ops_executing(void);
 CLTEST_API int cltest_nccl_live_comms(void);
 CLTEST_API int cltest_nccl_splits(void);
+CLTEST_API int cltest_nccl_shrinks(void);
+CLTEST_API int cltest_nccl_revokes(void);
 #define ND_STAT(name, var)                                                                         \
     CLTEST_API int name(void) {                                                                    \
         nd_lock();                                                                                 \
@@ -113,6 +128,8 @@ ND_STAT(cltest_nccl_aborts_done, nd_aborts_done)
 ND_STAT(cltest_nccl_ops_executing, nd_executing)
 ND_STAT(cltest_nccl_live_comms, nd_live_comms)
 ND_STAT(cltest_nccl_splits, nd_splits)
+ND_STAT(cltest_nccl_shrinks, nd_shrinks)
+ND_STAT(cltest_nccl_revokes, nd_revokes)
 
 /* Per rank (< ND_MAX_RANKS) of any comm: when its last ncclCommAbort
  * returned (CLOCK_MONOTONIC ns, 0: never), and the device its last
@@ -135,6 +152,26 @@ CLTEST_API int cltest_nccl_comm_device(int rank) {
     int v = nd_comm_dev1[rank] - 1;
     nd_unlock();
     return v;
+}
+
+/* Per parent rank: its last ncclCommShrink's flags and excluded list (as
+ * NCCL got it: sorted by the call). */
+static struct {
+    int n, flags;
+    int excl[ND_MAX_RANKS];
+} nd_last_shrink[ND_MAX_RANKS];
+/* cltest_nccl_last_shrink: rank's last shrink: the count of excluded ranks
+ * (-1: none yet), its flags in *flags and the first `max` ranks in excl */
+CLTEST_API int cltest_nccl_last_shrink(int rank, int *flags, int *excl, int max);
+CLTEST_API int cltest_nccl_last_shrink(int rank, int *flags, int *excl, int max) {
+    if (rank < 0 || rank >= ND_MAX_RANKS) return -1;
+    nd_lock();
+    int n = nd_last_shrink[rank].n;
+    *flags = nd_last_shrink[rank].flags;
+    for (int i = 0; i < n && i < max; i++)
+        excl[i] = nd_last_shrink[rank].excl[i];
+    nd_unlock();
+    return n - 1; /* stored + 1: 0 is "never" */
 }
 
 /* ---- switches ---------------------------------------------------------------------- */
@@ -176,6 +213,7 @@ void nd_comm_unref_locked(ncclComm_t c) {
     int rank = c->rank;
     if (!c->proxy) nd_live_comms--;
     if (c->rm) nd_remote_free_locked(c);
+    free(c->excluded_of);
     free(c);
     if (!q) return; /* a split child never placed */
     q->members[rank] = NULL;
@@ -539,7 +577,11 @@ static ncclResult_t nd_submit(ncclComm_t c, cudaStream_t s, int kind, const dbl_
 /* ---- the API ----------------------------------------------------------------------------- */
 
 ncclResult_t ncclGetVersion(int *version) {
+#ifdef CLTEST_NCCL_OLD
+    *version = NCCL_VERSION(2, 26, 5); /* before ncclCommShrink */
+#else
     *version = NCCL_VERSION_CODE;
+#endif
     return ncclSuccess;
 }
 
@@ -656,21 +698,49 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     return ncclCommInitRankConfig(out, nranks, id, rank, NULL);
 }
 
+/* A revoked comm: stop its ops once the (slowed) revoke gets there; true
+ * once none runs (the quiesce, counted once). */
+static bool nd_revoke_progress_locked(ncclComm_t c) {
+    if (!c->aborted && cltest_now_ns() >= c->revoke_stop_ns) {
+        c->aborted = true;
+        if (c->cq && !c->cq->rank_aborted[c->rank]) c->cq->rank_aborted[c->rank] = ND_REVOKED;
+        if (c->deferred) { /* an op never enqueued: dropped */
+            free(c->deferred);
+            c->deferred = NULL;
+            c->call_inprogress = false;
+            c->refs--;
+        }
+        pthread_cond_broadcast(&nd_cv);
+    }
+    if (!c->aborted || c->executing > 0) return false;
+    if (!c->quiesce_counted) {
+        c->quiesce_counted = true;
+        nd_aborts_done++;
+        if (c->rank < ND_MAX_RANKS) nd_abort_done_ns[c->rank] = cltest_now_ns();
+    }
+    return true;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
     if (!c || !state) return ncclInvalidArgument;
     nd_lock();
+    if (c->revoked) { /* in progress until quiescent, then success */
+        *state = nd_revoke_progress_locked(c) ? ncclSuccess : ncclInProgress;
+        nd_unlock();
+        return ncclSuccess;
+    }
     if (!c->initialized && c->cq && c->cq->joined == c->nranks &&
         !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
         c->initialized = true;
     if (!c->initialized && c->rm && nd_remote_ready_locked(c) &&
         !cltest_env_int("CLTEST_NCCL_INIT_HANG", 0))
         c->initialized = true;
-    if (!c->cq && c->split_of && c->error == ncclSuccess)
+    if (!c->cq && c->split_of && c->error == ncclSuccess) /* a revoked rank may still call */
         for (int i = 0; i < c->split_of->nranks; i++)
-            if (c->split_of->rank_aborted[i])
-                nd_set_error_locked(c, ncclRemoteError,
-                                    "cltest double: ncclCommSplit: parent rank %s%d aborted", "",
-                                    i);
+            if (c->split_of->rank_aborted[i] && c->split_of->rank_aborted[i] != ND_REVOKED &&
+                !(c->excluded_of && c->excluded_of[i]))
+                nd_set_error_locked(c, ncclRemoteError, "cltest double: %s: parent rank %d aborted",
+                                    c->excluded_of ? "ncclCommShrink" : "ncclCommSplit", i);
     if (c->deferred && cltest_now_ns() >= c->deferred_until) {
         dbl_op *op = c->deferred;
         c->deferred = NULL;
@@ -696,9 +766,11 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (!c) return ncclSuccess;
     long slow = cltest_env_int("CLTEST_NCCL_ABORT_SLOW_MS", 0);
     nd_lock();
-    nd_aborts_started++;
+    bool quiet = c->revoked && c->aborted && c->executing == 0; /* a release */
+    if (!c->abort_counted) nd_aborts_started++;
+    c->abort_counted = true;
     nd_unlock();
-    if (slow > 0) usleep((useconds_t)slow * 1000); /* the kernels keep running meanwhile */
+    if (slow > 0 && !quiet) usleep((useconds_t)slow * 1000); /* the kernels keep running */
     nd_lock();
     c->aborted = true;
     if (c->cq) c->cq->rank_aborted[c->rank] = ND_ABORTED;
@@ -715,8 +787,10 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
         nd_remote_close(c);
         nd_lock();
     }
-    nd_aborts_done++;
-    if (c->rank < ND_MAX_RANKS) nd_abort_done_ns[c->rank] = cltest_now_ns(); /* returning now */
+    if (!c->quiesce_counted) {
+        nd_aborts_done++;
+        if (c->rank < ND_MAX_RANKS) nd_abort_done_ns[c->rank] = cltest_now_ns(); /* returning now */
+    }
     nd_comm_unref_locked(c);
     nd_unlock();
     return ncclSuccess;
@@ -732,6 +806,7 @@ static void nd_split_free_locked(dbl_split *sp, int n) {
     free(sp->color);
     free(sp->key);
     free(sp->child);
+    free(sp->out);
     free(sp);
 }
 
@@ -795,6 +870,11 @@ static void nd_split_complete_locked(dbl_clique *q, dbl_split *sp) {
     free(order);
     for (int i = 0; i < n; i++)
         if (q->members[i]) q->members[i]->split_pending = false;
+    for (int r = 0; r < n; r++) /* placed: what the parent's ranks do is no concern now */
+        if (sp->child[r]) {
+            free(sp->child[r]->excluded_of);
+            sp->child[r]->excluded_of = NULL;
+        }
     for (dbl_split **pp = &q->splits; *pp; pp = &(*pp)->next)
         if (*pp == sp) {
             *pp = sp->next;
@@ -852,6 +932,121 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     *newcomm = child;
     return pending ? ncclInProgress : ncclSuccess;
 }
+#ifndef CLTEST_NCCL_OLD
+/* ---- ncclCommRevoke, ncclCommShrink ------------------------------------------------------ */
+
+ncclResult_t ncclCommRevoke(ncclComm_t c, int flags) {
+    if (!c) return ncclSuccess;
+    if (flags != NCCL_REVOKE_DEFAULT) return ncclInvalidArgument;
+    nd_lock();
+    ncclResult_t res = ncclSuccess;
+    if (c->revoked || c->aborted) {
+        snprintf(c->last_error, sizeof c->last_error,
+                 "cltest double: ncclCommRevoke: the communicator is %s already",
+                 c->revoked ? "revoked" : "aborted");
+        res = ncclInvalidArgument;
+    } else if (cltest_env_int("CLTEST_NCCL_REVOKE_FAIL", -1) == c->rank) {
+        snprintf(c->last_error, sizeof c->last_error,
+                 "cltest double: ncclCommRevoke fails on rank %d (CLTEST_NCCL_REVOKE_FAIL)",
+                 c->rank);
+        res = ncclInternalError;
+    } else if (c->rm || c->proxy || (c->cq && c->cq->proxies > 0)) {
+        snprintf(c->last_error, sizeof c->last_error,
+                 "cltest double: ncclCommRevoke of a communicator whose ranks live in several "
+                 "processes is not supported");
+        res = ncclInvalidUsage;
+    } else {
+        nd_revokes++;
+        nd_aborts_started++;
+        c->abort_counted = true;
+        c->revoked = true;
+        long slow = cltest_env_int("CLTEST_NCCL_ABORT_SLOW_MS", 0); /* the kernels run on */
+        c->revoke_stop_ns = cltest_now_ns() + (slow > 0 ? slow : 0) * 1000000;
+        nd_revoke_progress_locked(c);
+    }
+    nd_unlock();
+    return res;
+}
+
+static int nd_cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The survivors' ncclCommSplit: colour 0, key = parent rank, complete once
+ * every rank not in `excl` has called. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excl, int nexcl, ncclComm_t *newcomm,
+                            ncclConfig_t *config, int flags) {
+    if (!comm || !newcomm || !excl || nexcl < 1 ||
+        (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT))
+        return ncclInvalidArgument;
+    *newcomm = NULL;
+    if (config && config->magic != 0xcafebeef) return ncclInvalidArgument;
+    bool blocking = !config || config->blocking != 0;
+    qsort(excl, (size_t)nexcl, sizeof *excl, nd_cmp_int); /* as NCCL does, in place */
+    nd_lock();
+    int n = comm->nranks;
+    bool bad = false;
+    for (int i = 0; i < nexcl; i++)
+        bad |=
+            excl[i] < 0 || excl[i] >= n || excl[i] == comm->rank || (i && excl[i] == excl[i - 1]);
+    const char *why = bad                                            ? "a bad excluded list"
+                      : !comm->initialized                           ? "not initialized"
+                      : comm->aborted && !comm->revoked              ? "aborted"
+                      : comm->rm || comm->cq->proxies > 0            ? "spread over processes"
+                      : comm->call_inprogress || comm->split_pending ? "still in progress"
+                      : comm->error != ncclSuccess && !comm->revoked && !(flags & NCCL_SHRINK_ABORT)
+                          ? "failed"
+                          : NULL;
+    if (why) {
+        snprintf(comm->last_error, sizeof comm->last_error,
+                 "cltest double: ncclCommShrink on a communicator: %s", why);
+        nd_unlock();
+        return bad ? ncclInvalidArgument : ncclInvalidUsage;
+    }
+    nd_shrinks++;
+    if (comm->rank < ND_MAX_RANKS) {
+        nd_last_shrink[comm->rank].n = nexcl + 1;
+        nd_last_shrink[comm->rank].flags = flags;
+        for (int i = 0; i < nexcl && i < ND_MAX_RANKS; i++)
+            nd_last_shrink[comm->rank].excl[i] = excl[i];
+    }
+    dbl_clique *q = comm->cq;
+    dbl_split *sp = nd_split_get_locked(q, comm->split_seq++);
+    unsigned char *out = calloc((size_t)n, 1);
+    ncclComm_t child = calloc(1, sizeof *child);
+    if (!out || !child) abort();
+    for (int i = 0; i < nexcl; i++)
+        out[excl[i]] = 1;
+    if (!sp->out) { /* the first survivor to call: what the others must say too */
+        if (!(sp->out = malloc((size_t)n))) abort();
+        memcpy(sp->out, out, (size_t)n);
+        sp->need = n - nexcl;
+    } else if (memcmp(sp->out, out, (size_t)n) != 0) {
+        nd_set_error_locked(child, ncclInvalidUsage,
+                            "cltest double: ncclCommShrink: the ranks excluded different sets");
+    }
+    child->rank = -1;
+    child->dev = comm->dev;
+    child->refs = 2; /* the caller's and the split record's */
+    child->split_of = q;
+    child->excluded_of = out;
+    nd_live_comms++;
+    sp->color[comm->rank] = 0;
+    sp->key[comm->rank] = comm->rank;
+    sp->child[comm->rank] = child;
+    comm->split_pending = true;
+    if (++sp->arrived == sp->need) nd_split_complete_locked(q, sp);
+    while (blocking && comm->split_pending && child->error == ncclSuccess)
+        nd_wait_until(0);
+    if (child->cq) child->initialized = blocking;
+    bool pending = comm->split_pending;
+    nd_unlock();
+    *newcomm = child;
+    return pending ? ncclInProgress : ncclSuccess;
+}
+#endif
+
 ncclResult_t ncclCommFinalize(ncclComm_t c) { return c ? ncclSuccess : ncclInvalidArgument; }
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int *count) {

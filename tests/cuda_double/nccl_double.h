@@ -14,6 +14,7 @@
 
 #define ND_ABORTED 1 /* dbl_clique.rank_aborted: the rank called ncclCommAbort */
 #define ND_DIED    2 /* its process went away without (a remote rank's EOF) */
+#define ND_REVOKED 3 /* it called ncclCommRevoke (its comm may still shrink) */
 
 enum {
     K_ALLREDUCE,
@@ -54,7 +55,12 @@ struct ncclComm {
     bool split_pending;   /* one of them waits for the other ranks */
     dbl_clique *split_of; /* a child not yet placed: its parent's clique */
     bool proxy;           /* the hub's stand-in for a rank of another process */
-    struct nd_remote *rm; /* a rank whose clique lives in another process */
+    /* ncclCommRevoke: called; when its ops are stopped (CLTEST_NCCL_ABORT_SLOW_MS
+     * later); the stop and the quiesce counted once with the aborts */
+    bool revoked, abort_counted, quiesce_counted;
+    int64_t revoke_stop_ns;
+    unsigned char *excluded_of; /* a shrink child not yet placed: its parent's ranks left out */
+    struct nd_remote *rm;       /* a rank whose clique lives in another process */
     char last_error[256];
 };
 
@@ -103,11 +109,14 @@ struct dbl_clique {
 };
 
 /* One ncclCommSplit of a clique: each rank's colour, key and child (NULL
- * for NCCL_SPLIT_NOCOLOR). The record holds a reference on each child. */
+ * for NCCL_SPLIT_NOCOLOR). The record holds a reference on each child. An
+ * ncclCommShrink is one too (colour 0, key the parent rank), which only
+ * `need` ranks make, the others being `out` (by parent rank). */
 typedef struct dbl_split {
     struct dbl_split *next;
     uint64_t seq;
-    int arrived;
+    int arrived, need; /* need: 0 for a split (every rank) */
+    unsigned char *out;
     int *color, *key;
     ncclComm_t *child;
 } dbl_split;
