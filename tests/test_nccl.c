@@ -22,6 +22,9 @@
  *    scenario needing it skips; "plugin missing" runs everywhere.
  *  - Every wait is bounded; each scenario ends by checking that the double
  *    holds no communicator and runs no op.
+ *  - A scenario may name another build of the double (test_shrink_old_nccl:
+ *    tests/cuda_double/old, an NCCL without ncclCommShrink and
+ *    ncclCommRevoke), put first on LD_LIBRARY_PATH.
  *  - test_procs_faults runs the ranks as separate processes instead:
  *    collie-run + collie-bench (spawn.h), the double bridging them through
  *    the hub in rank 0's process.
@@ -82,6 +85,11 @@ static struct {
     int64_t (*abort_done_ns)(int rank); /* when rank's last ncclCommAbort returned */
     int (*comm_device)(int rank);       /* the device rank's last NCCL comm is on */
     int (*splits)(void);                /* ncclCommSplit calls so far */
+    int (*shrinks)(void);               /* ncclCommShrink calls so far */
+    int (*revokes)(void);               /* ncclCommRevoke calls so far */
+    /* rank's last ncclCommShrink: excluded count (-1: none), flags, list */
+    int (*last_shrink)(int rank, int *flags, int *excl, int max);
+    bool has_shrink; /* the double exports ncclCommShrink (not the "old" build) */
 } dbl;
 
 #define CU_MEMCPY_DEFAULT 4 /* cudaMemcpyDefault */
@@ -122,6 +130,10 @@ static bool cuda_load(void) {
     *(void **)&dbl.abort_done_ns = sym(n, "cltest_nccl_abort_done_ns");
     *(void **)&dbl.comm_device = sym(n, "cltest_nccl_comm_device");
     *(void **)&dbl.splits = sym(n, "cltest_nccl_splits");
+    *(void **)&dbl.shrinks = sym(n, "cltest_nccl_shrinks");
+    *(void **)&dbl.revokes = sym(n, "cltest_nccl_revokes");
+    *(void **)&dbl.last_shrink = sym(n, "cltest_nccl_last_shrink");
+    dbl.has_shrink = dlsym(n, "ncclCommShrink") != NULL;
     return true;
 }
 
@@ -621,7 +633,7 @@ static void sc_abort_overrun(void **state) {
     assert_int_equal(collie_comm_abort(g.w.c[0], "test abort"), COLLIE_OK);
     for (int i = 0; i < k; i++)
         expect_status(wk[i], COLLIE_EABORTED, COLLIE_EABORTED,
-                      "ncclCommAbort did not finish within the abort bound");
+                      "did not finish within the abort bound");
     int64_t took = now_ms() - t0;
     if (took < 250 || took > 1200) fail_msg("failed after %lld ms (bound 300 ms)", (long long)took);
     assert_int_equal(dbl.aborts_done(), 0); /* still "running" (CLTEST_NCCL_ABORT_SLOW_MS) */
@@ -1087,6 +1099,83 @@ static void sc_split(void **state) {
     if (!real) expect_double_idle();
 }
 
+/* collie_comm_shrink on the nccl backend (4 ranks, "cpu:tcp,cuda:nccl"; rank
+ * 3 leaves, the others shrink): with an NCCL that has ncclCommShrink and
+ * ncclCommRevoke, the aborts revoke the old communicators and each
+ * survivor makes the new one with ncclCommShrink of its old one (flag
+ * NCCL_SHRINK_ABORT, rank 3 left out); with the "old" double (neither
+ * symbol), and when one survivor's revoke fails (it aborts instead, so it
+ * cannot shrink: the vote), a fresh init on every rank. Either way the
+ * shrunk comm's collectives, CUDA and CPU, give the right bytes. */
+static bool wait_left(collie_comm *c, int r, int ms) {
+    collie_peer_health h[WORLD_MAX];
+    int64_t until = now_ms() + ms;
+    do {
+        if (collie_comm_health(c, h, WORLD_MAX) > r && h[r].state == COLLIE_PEER_LEFT) return true;
+        sleep_ms(1);
+    } while (now_ms() < until);
+    return false;
+}
+
+static void sc_shrink(void **state) {
+    (void)state;
+    need_double();
+    gworld g;
+    gworld_create(&g, 4, "gshr", "cpu:tcp,cuda:nccl", WAIT_MS, COLLIE_POLICY_DEFAULT);
+    world_link(&g.w);
+    cuda_check(&g, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 37, 0);
+    /* the double this scenario asked for (test_shrink_old_nccl: the "old" one) */
+    assert_int_equal(dbl.has_shrink, getenv("CLTEST_DOUBLE_DIR") == NULL);
+    int shrinks0 = dbl.shrinks(), revokes0 = dbl.revokes();
+    assert_int_equal(collie_comm_destroy(g.w.c[3]), COLLIE_OK);
+    g.w.c[3] = NULL;
+    for (int r = 0; r < 3; r++)
+        assert_true(wait_left(g.w.c[r], 3, WAIT_MS));
+    collie_work *sw[3];
+    gworld ng = {.w = {.n = 3}};
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(collie_comm_shrink_post(g.w.c[r], NULL, NULL, &sw[r]), COLLIE_OK);
+    for (int r = 0; r < 3; r++) {
+        int rc = collie_work_wait(sw[r], 2 * WAIT_MS);
+        if (rc != COLLIE_OK) fail_msg("rank %d: shrink: %s", r, collie_work_error_message(sw[r]));
+        assert_int_equal(collie_comm_work_comm(sw[r], &ng.w.c[r]), COLLIE_OK);
+        collie_work_release(sw[r]);
+        assert_int_equal(collie_comm_rank(ng.w.c[r]), r);
+        assert_int_equal(collie_comm_size(ng.w.c[r]), 3);
+        ng.s[r] = g.s[r];
+    }
+    if (getenv("CLTEST_NCCL_REVOKE_FAIL")) { /* rank 1 cannot: every rank inits afresh */
+        assert_int_equal(dbl.shrinks() - shrinks0, 0);
+        assert_int_equal(dbl.revokes() - revokes0, 3); /* ranks 0, 2, 3 */
+    } else if (dbl.has_shrink) { /* one ncclCommShrink per survivor, leaving rank 3 out */
+        assert_int_equal(dbl.shrinks() - shrinks0, 3);
+        assert_true(dbl.revokes() - revokes0 >= 3); /* each survivor's old communicator */
+        for (int r = 0; r < 3; r++) {
+            int flags = -1, excl[4] = {-1};
+            assert_int_equal(dbl.last_shrink(r, &flags, excl, 4), 1);
+            assert_int_equal(excl[0], 3);
+            assert_int_equal(flags, 1); /* NCCL_SHRINK_ABORT */
+        }
+    } else { /* NCCL before 2.27: aborted, then a fresh init */
+        assert_int_equal(dbl.shrinks(), 0);
+        assert_int_equal(dbl.revokes(), 0);
+    }
+    cuda_check(&ng, COLLIE_COLL_ALLREDUCE, COLLIE_FP32, COLLIE_SUM, 37, 0);
+    cuda_check(&ng, COLLIE_COLL_ALLREDUCE, COLLIE_BF16, COLLIE_SUM, 19, 0);
+    cuda_check(&ng, COLLIE_COLL_BROADCAST, COLLIE_INT8, COLLIE_SUM, 29, 2);
+    cuda_check(&ng, COLLIE_COLL_ALLGATHER, COLLIE_FP64, COLLIE_SUM, 13, 0);
+    cuda_check(&ng, COLLIE_COLL_REDUCE_SCATTER, COLLIE_FP32, COLLIE_SUM, 9, 0);
+    cuda_check(&ng, COLLIE_COLL_ALLTOALLV, COLLIE_BF16, COLLIE_SUM, 8, 0);
+    world_link(&ng.w); /* the CPU side too */
+    for (int r = 0; r < 3; r++) {
+        collie_work *w;
+        assert_int_equal(collie_cuda_barrier(g.w.c[r], g.s[r], NULL, &w), COLLIE_EABORTED);
+        assert_int_equal(collie_comm_destroy(ng.w.c[r]), COLLIE_OK);
+    }
+    gworld_destroy(&g, true);
+    expect_double_idle();
+}
+
 /* The real libraries only: skip without `want` CUDA devices. */
 static void need_gpus(int want) {
     if (cuda_load()) fail_msg("the double was loaded: GPU tests must not run against it");
@@ -1536,8 +1625,17 @@ static void run_scenario(const char *name, bool with_double, const char *plugin_
                          const char *const *extra) {
     if (plugin_dir && !plugin_built())
         skip_because("the NCCL plugin was not built (WITH_NCCL=0 or no CUDA)");
-    char ld[PATH_MAX + 64], pp[PATH_MAX + 64];
+    char ld[2 * PATH_MAX + 96], pp[PATH_MAX + 64];
     snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%s/tests/cuda_double", build_dir);
+    /* CLTEST_DOUBLE_DIR=D: tests/cuda_double/D (another build of it) first */
+    for (const char *const *e = extra; e && *e; e++) {
+        if (strncmp(*e, "CLTEST_DOUBLE_DIR=", 18) != 0) continue;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%.3900s/tests/cuda_double/%.64s", build_dir, *e + 18);
+        if (!file_exists(dir, "libnccl.so.2")) fail_msg("%s/libnccl.so.2 is missing", dir);
+        snprintf(ld, sizeof ld, "LD_LIBRARY_PATH=%.4000s:%.4000s/tests/cuda_double", dir,
+                 build_dir);
+    }
     snprintf(pp, sizeof pp, "COLLIE_PLUGIN_PATH=%s", plugin_dir ? plugin_dir : "/nonexistent");
     const char *env[SPAWN_MAX_ENV + 1];
     size_t ne = 0;
@@ -1656,6 +1754,9 @@ static const scenario scenarios[] = {
     {"test_gpu_split", sc_gpu_split, false, true, {NULL}},
     {"test_poll_latency", sc_poll_latency, true, true, {"CLTEST_CUDA_SLOW_MS=40", NULL}},
     {"test_procs_double", sc_procs_double, true, true, {NULL}},
+    {"test_shrink", sc_shrink, true, true, {NULL}},
+    {"test_shrink_old_nccl", sc_shrink, true, true, {"CLTEST_DOUBLE_DIR=old", NULL}},
+    {"test_shrink_mixed", sc_shrink, true, true, {"CLTEST_NCCL_REVOKE_FAIL=1", NULL}},
 };
 enum { NSCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 

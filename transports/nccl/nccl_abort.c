@@ -9,16 +9,22 @@
  *    good), claims every other pending work the core has started
  *    (work_claim: nobody else can finish it now) into the batch, after the
  *    root of a fault if there is one, and starts a helper thread. The
- *    helper runs ncclCommAbort on the non-blocking communicator (the GPU
- *    kernels stop) and waits, bounded, for the internal stream to drain;
- *    then it publishes the batch: the root with its own status, the others
- *    with the abort's status and reason. The user may free the buffers once
- *    a completion is visible.
+ *    helper stops the GPU kernels and waits, bounded, for the internal
+ *    stream to drain; then it publishes the batch: the root with its own
+ *    status, the others with the abort's status and reason. The user may
+ *    free the buffers once a completion is visible.
+ *  - How the kernels stop: a communicator that was ready is revoked
+ *    (ncclCommRevoke, NCCL 2.28+, looked up at run time: nccl_shrink.c) and
+ *    polled until quiescent; it is kept (`revoked`) so that a shrink of the
+ *    comm can build from it (ncclCommShrink), and released when the comm's
+ *    last reference goes. Without the symbol, a communicator still in init,
+ *    a revoke NCCL refuses or one not quiescent within the bound:
+ *    ncclCommAbort, as before 2.28 (the comm then shrinks by a fresh init).
  *  - The bound (COLLIE_NCCL_ABORT_TIMEOUT_MS, 10 s): the poll hook stays on
  *    while the batch waits; past the bound it logs an error and publishes
  *    the batch itself, each message saying the GPU may still use the
- *    buffers, so no wait ever hangs on a wedged ncclCommAbort. The helper
- *    then only logs when (if) ncclCommAbort returns.
+ *    buffers, so no wait ever hangs on a wedged abort. The helper then
+ *    only logs when (if) the abort returns.
  *  - Works the core has not started yet when the abort comes ("late": a
  *    post racing with the abort) are claimed by the poll hook once started,
  *    into the batch, or published at once if the batch is already out.
@@ -50,10 +56,11 @@ typedef struct nccl_abort_arg {
     cl_nccl_comm *nc;
     ncclComm_t comm;
     bool publish; /* false: only release the communicator (destroy when idle) */
+    bool revoke;  /* ncclCommRevoke it (kept for a shrink), not ncclCommAbort */
 } nccl_abort_arg;
 
 static const char *const nccl_overrun_note =
-    " (ncclCommAbort did not finish within the abort bound: the GPU may still be using this "
+    " (the NCCL abort did not finish within the abort bound: the GPU may still be using this "
     "work's buffers)";
 
 /* Publish a batch taken under mu (emptying it). `root` (the fault's root,
@@ -103,6 +110,25 @@ static void nccl_sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* ncclCommRevoke, then poll until quiescent (bounded): true if it is, the
+ * communicator kept; false: it still needs ncclCommAbort (said why). */
+static bool nccl_revoke(cl_nccl_comm *nc, ncclComm_t comm, int64_t bound) {
+    cl_nccl_revoke_fn revoke = cl_nccl_sym_revoke(nc->core);
+    ncclResult_t r = revoke ? revoke(comm, NCCL_REVOKE_DEFAULT) : ncclInvalidUsage;
+    ncclResult_t st = r;
+    if (r == ncclSuccess || r == ncclInProgress)
+        while ((r = ncclCommGetAsyncError(comm, &st)) == ncclSuccess && st == ncclInProgress &&
+               cl_nccl_now_ns() < bound)
+            nccl_sleep_ms(1);
+    if (r == ncclSuccess && st == ncclSuccess) return true;
+    char err[300];
+    nc->core->log(2, NCCL_MOD, "rank %d: ncclCommRevoke: %s; ncclCommAbort instead", nc->rank,
+                  r != ncclSuccess       ? cl_nccl_strerror(r, comm, err, sizeof err)
+                  : st == ncclInProgress ? "not quiescent within the abort bound"
+                                         : cl_nccl_strerror(st, comm, err, sizeof err));
+    return false;
+}
+
 static void *nccl_abort_main(void *arg) {
     nccl_abort_arg *aa = arg;
     cl_nccl_comm *nc = aa->nc;
@@ -114,7 +140,8 @@ static void *nccl_abort_main(void *arg) {
     pthread_mutex_unlock(&nc->mu);
     int64_t bound = start + (int64_t)nc->abort_timeout_ms * 1000000;
     cudaSetDevice(dev);
-    if (aa->comm) {
+    bool kept = aa->comm && aa->revoke && nccl_revoke(nc, aa->comm, bound);
+    if (aa->comm && !kept) {
         ncclResult_t r = ncclCommAbort(aa->comm);
         if (r != ncclSuccess && r != ncclInProgress)
             core->log(1, NCCL_MOD, "rank %d: ncclCommAbort: %s", nc->rank, ncclGetErrorString(r));
@@ -132,6 +159,7 @@ static void *nccl_abort_main(void *arg) {
                   (long long)took_ms);
     if (aa->publish) {
         pthread_mutex_lock(&nc->mu);
+        if (kept) nc->revoked = aa->comm; /* a shrink may build from it */
         nc->abort_done = true;
         pthread_cond_broadcast(&nc->cv);
         bool mine = !nc->batch_taken && !nc->destroying; /* destroy publishes on the loop */
@@ -150,12 +178,13 @@ static void *nccl_abort_main(void *arg) {
     return NULL;
 }
 
-static int nccl_helper_start(cl_nccl_comm *nc, ncclComm_t comm, bool publish) {
+static int nccl_helper_start(cl_nccl_comm *nc, ncclComm_t comm, bool publish, bool revoke) {
     nccl_abort_arg *aa = malloc(sizeof *aa);
     if (!aa) return ENOMEM;
     aa->nc = nc;
     aa->comm = comm;
     aa->publish = publish;
+    aa->revoke = revoke;
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -172,11 +201,14 @@ static int nccl_helper_start(cl_nccl_comm *nc, ncclComm_t comm, bool publish) {
 
 void cl_nccl_abort(void *state, int status, const char *reason) {
     cl_nccl_comm *nc = state;
+    bool can_revoke = cl_nccl_sym_revoke(nc->core) != NULL; /* resolved outside the lock */
     pthread_mutex_lock(&nc->mu);
     if (nc->aborting || nc->destroyed) {
         pthread_mutex_unlock(&nc->mu);
         return;
     }
+    /* a communicator that was ready is revoked (kept for a shrink) */
+    bool revoke = can_revoke && nc->phase == NCCL_READY && nc->comm;
     nc->aborting = true;
     nc->abort_status = status;
     snprintf(nc->abort_reason, sizeof nc->abort_reason, "%s", reason ? reason : "aborted");
@@ -225,7 +257,7 @@ void cl_nccl_abort(void *state, int status, const char *reason) {
     /* an idle comm being destroyed is routine; failing works are not */
     NCCL_LOG(nc, failing ? 1 : 3, "aborting the NCCL communicator (%zu works): %s", failing,
              nc->abort_reason);
-    int e = nccl_helper_start(nc, comm, true);
+    int e = nccl_helper_start(nc, comm, true, revoke);
     if (e != 0) { /* cannot quiesce without blocking the loop: leak the comm, say so */
         nc->core->log(0, NCCL_MOD, "rank %d: cannot start the NCCL abort thread: %s", nc->rank,
                       strerror(e));
@@ -321,7 +353,7 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc) {
         nc->core->work_finish(done[i], COLLIE_OK, NULL);
     if (overran) {
         NCCL_LOG(nc, 0,
-                 "ncclCommAbort has not finished after %d ms; failing "
+                 "the NCCL abort has not finished after %d ms; failing "
                  "the works anyway (their buffers may still be in use by the GPU)",
                  (int)nc->abort_timeout_ms);
         nccl_publish(nc, &overrun, root, true);
@@ -353,13 +385,47 @@ void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc) {
     nccl_take_batch_locked(nc, &batch, &root);
     pthread_mutex_unlock(&nc->mu);
     if (!mine) return;
-    if (overran) NCCL_LOG(nc, 0, "destroyed while ncclCommAbort is still running");
+    if (overran) NCCL_LOG(nc, 0, "destroyed while the NCCL abort is still running");
     nccl_publish(nc, &batch, root, overran);
     nccl_published(nc);
 }
 
 void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm) {
-    if (nccl_helper_start(nc, comm, false) == 0) return;
+    if (nccl_helper_start(nc, comm, false, false) == 0) return;
     cudaSetDevice(nc->dev); /* no thread: release it here (idle, so quick) */
+    ncclCommAbort(comm);
+}
+
+typedef struct nccl_release_arg {
+    int dev;
+    ncclComm_t comm;
+} nccl_release_arg;
+
+static void *nccl_release_main(void *arg) {
+    nccl_release_arg *ra = arg;
+    cudaSetDevice(ra->dev);
+    ncclCommAbort(ra->comm); /* quiesced already: a release */
+    free(ra);
+    return NULL;
+}
+
+void cl_nccl_comm_release_detached(const collie_core_services *core, int dev, ncclComm_t comm) {
+    nccl_release_arg *ra = malloc(sizeof *ra);
+    pthread_attr_t at;
+    pthread_t t;
+    int e = ENOMEM;
+    if (ra) {
+        ra->dev = dev;
+        ra->comm = comm;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        e = pthread_create(&t, &at, nccl_release_main, ra);
+        pthread_attr_destroy(&at);
+    }
+    if (e == 0) return;
+    free(ra);
+    core->log(2, NCCL_MOD, "no thread to release a revoked NCCL communicator (%s): here",
+              strerror(e));
+    cudaSetDevice(dev);
     ncclCommAbort(comm);
 }

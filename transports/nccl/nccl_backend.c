@@ -28,7 +28,11 @@
  *  - A child of collie_comm_split/new_group (ops->split) skips the unique
  *    id: on its parent's device, nccl_split.c calls ncclCommSplit on the
  *    parent's communicator and init polls the child as above; it then
- *    checks that NCCL numbered the ranks as collie did.
+ *    checks that NCCL numbered the ranks as collie did. A comm of
+ *    collie_comm_shrink (ops->shrink) stays on the old comm's device and
+ *    waits for the old comm's abort to be over, then nccl_shrink.c has the
+ *    members agree on ncclCommShrink of the old communicator or a fresh
+ *    init (the unique id travels with the decision); checked the same way.
  *  - Lifetime: cl_nccl_comm is referenced by the backend (dropped by
  *    destroy) and by each helper thread; the last reference frees the
  *    stream, the events and the scratch buffer. After destroy nothing
@@ -46,11 +50,6 @@
 #define NCCL_UID_KEY          "nccl/uid"
 #define NCCL_POLL_US_DEFAULT  200
 #define NCCL_ABORT_MS_DEFAULT 10000
-
-typedef struct cl_nccl_store_ctx {
-    cl_nccl_comm *nc; /* NULL once destroy ran */
-    const collie_core_services *core;
-} cl_nccl_store_ctx;
 
 int64_t cl_nccl_now_ns(void) {
     struct timespec ts;
@@ -79,11 +78,15 @@ void cl_nccl_release(cl_nccl_comm *nc) {
     free(nc->pool);
     if (nc->scratch) cudaFree(nc->scratch);
     if (nc->stream) cudaStreamDestroy(nc->stream);
+    /* kept for a shrink: nothing can build from it any more */
+    if (nc->revoked) cl_nccl_comm_release_detached(nc->core, nc->dev, nc->revoked);
     pthread_cond_destroy(&nc->cv);
     pthread_mutex_destroy(&nc->mu);
-    cl_nccl_comm *parent = nc->parent;
+    cl_nccl_comm *parent = nc->parent, *from = nc->shrink_from;
+    free(nc->shrink_excl);
     free(nc);
     if (parent) cl_nccl_release(parent);
+    if (from) cl_nccl_release(from);
 }
 
 /* ---- polling ------------------------------------------------------------------ */
@@ -99,7 +102,8 @@ bool cl_nccl_poll_needed_locked(const cl_nccl_comm *nc) {
     switch (nc->phase) {
     case NCCL_SETUP:
     case NCCL_INIT: return true;
-    case NCCL_UID: return nc->parent != NULL; /* a split waits for its parent */
+    /* a split waits for its parent, a shrunk comm for the old one's quiesce */
+    case NCCL_UID: return nc->parent != NULL || (nc->shrink_from && !nc->shrink_voted);
     case NCCL_READY: return !cl_list_empty(&nc->pending) || nc->nccl_inprogress;
     default: return false;
     }
@@ -158,7 +162,10 @@ static void *nccl_setup_main(void *arg) {
         snprintf(msg, sizeof msg, "the comm's device option is %d but CUDA reports %d device%s",
                  nc->dev_opt, ndev, ndev == 1 ? "" : "s");
     } else {
-        dev = nc->parent ? nc->parent->dev : nc->dev_opt >= 0 ? nc->dev_opt : nc->rank % ndev;
+        dev = nc->parent         ? nc->parent->dev
+              : nc->shrink_from  ? nc->shrink_dev /* the process keeps its GPU */
+              : nc->dev_opt >= 0 ? nc->dev_opt
+                                 : nc->rank % ndev;
         if ((ce = cudaSetDevice(dev)) != cudaSuccess ||
             (ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
             (ce = cudaMalloc(&scratch, 4)) != cudaSuccess) {
@@ -172,6 +179,7 @@ static void *nccl_setup_main(void *arg) {
     if (status == COLLIE_OK)
         NCCL_LOG(nc, 2, "CUDA device %d of %d (%s)", dev, ndev,
                  nc->parent         ? "the parent comm's"
+                 : nc->shrink_from  ? "the old comm's"
                  : nc->dev_opt >= 0 ? "the device option"
                                     : "rank % devices");
     pthread_mutex_lock(&nc->mu);
@@ -196,7 +204,7 @@ void cl_nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg) {
     nc->core->init_done(nc->bc, status, "%s", msg);
 }
 
-static void nccl_comm_init(cl_nccl_comm *nc) {
+void cl_nccl_comm_init(cl_nccl_comm *nc) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* init, collectives and abort never wedge the caller */
     cfg.commName = nc->core->name(nc->bc);
@@ -224,24 +232,79 @@ static void nccl_comm_init(cl_nccl_comm *nc) {
     cl_nccl_poll_set(nc, true);
 }
 
-static void nccl_on_store(collie_work *w, void *arg) {
+/* What is left of init's bound, in ms (COLLIE_TIMEOUT_INFINITE: none). */
+static int32_t nccl_init_left_ms(const cl_nccl_comm *nc) {
+    if (nc->create_timeout_ms <= 0) return COLLIE_TIMEOUT_INFINITE;
+    int64_t left = nc->create_timeout_ms - (cl_nccl_now_ns() - nc->init_start_ns) / 1000000;
+    return left < 1 ? 1 : (int32_t)left;
+}
+
+bool cl_nccl_store_post(cl_nccl_comm *nc, int kind, const char *key, const void *val, size_t len,
+                        collie_work_cb cb) {
+    cl_nccl_store_ctx *ctx = malloc(sizeof *ctx);
+    if (!ctx) {
+        cl_nccl_init_fail(nc, COLLIE_ENOMEM, "no memory for a store request of NCCL init");
+        return false;
+    }
+    ctx->nc = nc;
+    ctx->core = nc->core;
+    nc->store_ctx = ctx;
+    int r;
+    if (kind == 's')
+        r = nc->core->store_set(nc->bc, key, val, len, cb, ctx, &nc->store_req);
+    else /* what is left of init's bound (the comm's creation timeout) */
+        r = nc->core->store_get(nc->bc, key, nccl_init_left_ms(nc), cb, ctx, &nc->store_req);
+    if (r != COLLIE_OK) {
+        nc->store_ctx = NULL;
+        free(ctx);
+        char why[200];
+        snprintf(why, sizeof why, "posting a store request of NCCL init (%s) failed", key);
+        cl_nccl_init_fail(nc, r, why);
+        return false;
+    }
+    return true;
+}
+
+cl_nccl_comm *cl_nccl_store_done(collie_work *w, void *arg, int *status) {
     cl_nccl_store_ctx *ctx = arg;
     cl_nccl_comm *nc = ctx->nc;
     const collie_core_services *core = ctx->core;
     free(ctx);
-    int st = core->work_result(w);
+    *status = core->work_result(w);
     if (!nc) { /* destroyed meanwhile */
         core->work_release(w);
-        return;
+        return NULL;
     }
     nc->store_req = NULL;
     nc->store_ctx = NULL;
-    char why[600];
-    if (st == COLLIE_OK && nc->rank != 0) {
+    return nc;
+}
+
+void cl_nccl_store_failed(cl_nccl_comm *nc, collie_work *w, int st, const char *what) {
+    char bound[80] = "", why[600];
+    if (st == COLLIE_ETIMEDOUT && nc->create_timeout_ms > 0)
+        snprintf(bound, sizeof bound,
+                 "NCCL init did not complete within %d ms: ", (int)nc->create_timeout_ms);
+    snprintf(why, sizeof why, "%s%s through the store: %s", bound, what,
+             nc->core->work_error_message(w));
+    nc->core->work_release(w);
+    if (st != COLLIE_ECANCELED) cl_nccl_init_fail(nc, st, why);
+}
+
+static void nccl_on_store(collie_work *w, void *arg) {
+    int st;
+    cl_nccl_comm *nc = cl_nccl_store_done(w, arg, &st);
+    if (!nc) return;
+    if (st != COLLIE_OK) {
+        cl_nccl_store_failed(nc, w, st, "exchanging the NCCL unique id");
+        return;
+    }
+    if (nc->rank != 0) {
         const void *val = NULL;
         size_t len = 0;
         nc->core->store_value(w, &val, &len);
         if (len != sizeof(ncclUniqueId)) {
+            char why[200];
             snprintf(why, sizeof why, "the NCCL unique id in the store has %zu bytes, not %zu", len,
                      sizeof(ncclUniqueId));
             nc->core->work_release(w);
@@ -252,26 +315,8 @@ static void nccl_on_store(collie_work *w, void *arg) {
         memcpy(&nc->uid, val, len);
         pthread_mutex_unlock(&nc->mu);
     }
-    if (st != COLLIE_OK) {
-        char bound[80] = "";
-        if (st == COLLIE_ETIMEDOUT && nc->create_timeout_ms > 0)
-            snprintf(bound, sizeof bound,
-                     "NCCL init did not complete within %d ms: ", (int)nc->create_timeout_ms);
-        snprintf(why, sizeof why, "%sexchanging the NCCL unique id through the store: %s", bound,
-                 nc->core->work_error_message(w));
-        nc->core->work_release(w);
-        if (st != COLLIE_ECANCELED) cl_nccl_init_fail(nc, st, why);
-        return;
-    }
     nc->core->work_release(w);
-    nccl_comm_init(nc);
-}
-
-/* What is left of init's bound, in ms (COLLIE_TIMEOUT_INFINITE: none). */
-static int32_t nccl_init_left_ms(const cl_nccl_comm *nc) {
-    if (nc->create_timeout_ms <= 0) return COLLIE_TIMEOUT_INFINITE;
-    int64_t left = nc->create_timeout_ms - (cl_nccl_now_ns() - nc->init_start_ns) / 1000000;
-    return left < 1 ? 1 : (int32_t)left;
+    cl_nccl_comm_init(nc);
 }
 
 /* Setup finished (loop, from the poll hook): move the unique id. */
@@ -284,92 +329,100 @@ static void nccl_setup_finished(cl_nccl_comm *nc, int status, const char *msg) {
         cl_nccl_split_poll(nc);
         return;
     }
-    cl_nccl_store_ctx *ctx = malloc(sizeof *ctx);
-    if (!ctx) {
-        cl_nccl_init_fail(nc, COLLIE_ENOMEM, "no memory for the unique id exchange");
+    if (nc->shrink_from) { /* ncclCommShrink of the old comm's, or a fresh init */
+        cl_nccl_shrink_poll(nc);
         return;
     }
-    ctx->nc = nc;
-    ctx->core = nc->core;
-    nc->store_ctx = ctx;
-    int r;
     if (nc->rank == 0)
-        r = nc->core->store_set(nc->bc, NCCL_UID_KEY, &nc->uid, sizeof nc->uid, nccl_on_store, ctx,
-                                &nc->store_req);
-    else /* what is left of init's bound (the comm's creation timeout) */
-        r = nc->core->store_get(nc->bc, NCCL_UID_KEY, nccl_init_left_ms(nc), nccl_on_store, ctx,
-                                &nc->store_req);
-    if (r != COLLIE_OK) {
-        nc->store_ctx = NULL;
-        free(ctx);
-        cl_nccl_init_fail(nc, r, "posting the NCCL unique id exchange to the store failed");
+        cl_nccl_store_post(nc, 's', NCCL_UID_KEY, &nc->uid, sizeof nc->uid, nccl_on_store);
+    else
+        cl_nccl_store_post(nc, 'g', NCCL_UID_KEY, NULL, 0, nccl_on_store);
+}
+
+/* Phase NCCL_INIT (mu): has NCCL's init left ncclInProgress? READY (the
+ * phase set), FAILED (status and msg set) or NOTHING yet. */
+enum { P_NOTHING, P_SETUP_DONE, P_SPLIT, P_SHRINK, P_READY, P_FAILED };
+static int nccl_init_state_locked(cl_nccl_comm *nc, int *status, char *msg, size_t len) {
+    char err[300];
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
+    if (r != ncclSuccess) st = r;
+    int ur = -1;
+    if (st == ncclSuccess && (nc->parent || nc->shrunk) &&
+        (ncclCommUserRank(nc->comm, &ur) != ncclSuccess || ur != nc->rank)) {
+        *status = COLLIE_EPROTO; /* collie and NCCL must agree on the new comm's ranks */
+        snprintf(msg, len, "%s made this rank %d of the %s, collie expects %d",
+                 nc->parent ? "ncclCommSplit" : "ncclCommShrink", ur,
+                 nc->parent ? "child" : "shrunk comm", nc->rank);
+        return P_FAILED;
     }
+    if (st == ncclSuccess) {
+        nc->phase = NCCL_READY;
+        return P_READY;
+    }
+    if (st == ncclInProgress) return P_NOTHING;
+    snprintf(msg, len, "NCCL communicator init failed: %s",
+             cl_nccl_strerror(st, nc->comm, err, sizeof err));
+    return P_FAILED;
 }
 
 /* The init part of the poll hook (loop). Returns false once init is over. */
 static bool nccl_poll_init(cl_nccl_comm *nc) {
-    enum { NOTHING, SETUP_DONE, SPLIT, READY, FAILED } what = NOTHING;
+    int what = P_NOTHING;
     int status = COLLIE_EBACKEND;
-    char msg[400] = "", err[300];
+    char msg[400] = "";
     pthread_mutex_lock(&nc->mu);
     bool split_wait = nc->phase == NCCL_UID && nc->parent;
-    if (nc->aborting || (nc->phase != NCCL_SETUP && nc->phase != NCCL_INIT && !split_wait)) {
+    bool shrink_wait = nc->phase == NCCL_UID && nc->shrink_from && !nc->shrink_voted;
+    if (nc->aborting ||
+        (nc->phase != NCCL_SETUP && nc->phase != NCCL_INIT && !split_wait && !shrink_wait)) {
         pthread_mutex_unlock(&nc->mu);
         return false;
     }
-    if (split_wait) {
-        what = SPLIT;
+    if (split_wait || shrink_wait) {
+        what = split_wait ? P_SPLIT : P_SHRINK;
     } else if (nc->phase == NCCL_SETUP) {
         if (nc->setup_done) {
             nc->phase = NCCL_UID;
-            what = SETUP_DONE;
+            what = P_SETUP_DONE;
             status = nc->setup_status;
             snprintf(msg, sizeof msg, "%s", nc->setup_msg);
         }
     } else {
-        ncclResult_t st = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
-        if (r != ncclSuccess) st = r;
-        int ur = -1;
-        if (st == ncclSuccess && nc->parent &&
-            (ncclCommUserRank(nc->comm, &ur) != ncclSuccess || ur != nc->rank)) {
-            what = FAILED; /* collie and NCCL must agree on the child's ranks */
-            status = COLLIE_EPROTO;
-            snprintf(msg, sizeof msg,
-                     "ncclCommSplit made this rank %d of the child, collie expects %d", ur,
-                     nc->rank);
-        } else if (st == ncclSuccess) {
-            nc->phase = NCCL_READY;
-            what = READY;
-        } else if (st != ncclInProgress) {
-            what = FAILED;
-            snprintf(msg, sizeof msg, "NCCL communicator init failed: %s",
-                     cl_nccl_strerror(st, nc->comm, err, sizeof err));
-        }
+        what = nccl_init_state_locked(nc, &status, msg, sizeof msg);
     }
-    if ((what == NOTHING || what == SPLIT) && nc->create_timeout_ms > 0 &&
+    if ((what == P_NOTHING || what == P_SPLIT || what == P_SHRINK) && nc->create_timeout_ms > 0 &&
         cl_nccl_now_ns() - nc->init_start_ns > (int64_t)nc->create_timeout_ms * 1000000) {
-        what = FAILED; /* the core then aborts the communicator being built */
+        what = P_FAILED; /* the core then aborts the communicator being built */
         status = COLLIE_ETIMEDOUT;
         snprintf(msg, sizeof msg, "NCCL init did not complete within %d ms (%s)",
                  (int)nc->create_timeout_ms,
                  nc->phase == NCCL_SETUP ? "the CUDA setup is still running"
                  : split_wait            ? "the parent comm never became free for ncclCommSplit"
-                 : nc->parent            ? "ncclCommSplit is still in progress"
-                                         : "ncclCommInitRankConfig is still in progress");
+                 : shrink_wait
+                     ? "the old comm's NCCL communicator never quiesced for ncclCommShrink"
+                 : nc->parent ? "ncclCommSplit is still in progress"
+                 : nc->shrunk ? "ncclCommShrink is still in progress"
+                              : "ncclCommInitRankConfig is still in progress");
     }
     pthread_mutex_unlock(&nc->mu);
     switch (what) {
-    case SETUP_DONE:
-        if (!nc->parent) cl_nccl_poll_set(nc, false); /* nothing to poll while the store works */
+    case P_SETUP_DONE:
+        /* nothing to poll while the store works (a split or shrink waits first) */
+        if (!nc->parent && !nc->shrink_from) cl_nccl_poll_set(nc, false);
         nccl_setup_finished(nc, status, msg);
         break;
-    case SPLIT: cl_nccl_split_poll(nc); break;
-    case READY:
+    case P_SPLIT: cl_nccl_split_poll(nc); break;
+    case P_SHRINK: cl_nccl_shrink_poll(nc); break;
+    case P_READY:
         NCCL_LOG(nc, 2, "NCCL communicator ready");
+        cl_nccl_shrink_let_go(nc);
         nc->core->init_done(nc->bc, COLLIE_OK, NULL);
         break;
-    case FAILED: cl_nccl_init_fail(nc, status, msg); break;
+    case P_FAILED:
+        cl_nccl_shrink_let_go(nc);
+        cl_nccl_init_fail(nc, status, msg);
+        break;
     default: break;
     }
     return true;
@@ -377,16 +430,32 @@ static bool nccl_poll_init(cl_nccl_comm *nc) {
 
 /* ---- ops -------------------------------------------------------------------------- */
 
-int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nccl_comm *parent,
-                       int color, int key, void **state) {
+int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, const cl_nccl_origin *o,
+                       void **state) {
     if (!COLLIE_CORE_USABLE(core)) return COLLIE_ENOTSUP; /* a core of another ABI */
     cl_nccl_comm *nc = calloc(1, sizeof *nc);
-    if (!nc) return COLLIE_ENOMEM;
-    if (parent) {
-        cl_nccl_hold(parent);
-        nc->parent = parent;
-        nc->split_color = color;
-        nc->split_key = key;
+    int *excl = o && o->shrink_from ? calloc((size_t)o->nexcluded + 1, sizeof *excl) : NULL;
+    if (!nc || (o && o->shrink_from && !excl)) {
+        free(nc);
+        free(excl);
+        return COLLIE_ENOMEM;
+    }
+    if (o && o->parent) {
+        cl_nccl_hold(o->parent);
+        nc->parent = o->parent;
+        nc->split_color = o->color;
+        nc->split_key = o->key;
+    }
+    if (o && o->shrink_from) { /* held until its NCCL init is over */
+        cl_nccl_comm *from = o->shrink_from;
+        cl_nccl_hold(from);
+        nc->shrink_from = from;
+        memcpy(excl, o->excluded, (size_t)o->nexcluded * sizeof *excl);
+        nc->shrink_excl = excl;
+        nc->shrink_nexcl = o->nexcluded;
+        pthread_mutex_lock(&from->mu);
+        nc->shrink_dev = from->dev;
+        pthread_mutex_unlock(&from->mu);
     }
     nc->bc = bc;
     nc->core = core;
@@ -432,7 +501,7 @@ int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nc
 }
 
 static int nccl_init(collie_bcomm *bc, const collie_core_services *core, void **state) {
-    return cl_nccl_comm_start(bc, core, NULL, 0, 0, state);
+    return cl_nccl_comm_start(bc, core, NULL, state);
 }
 
 /* The poll hook: init steps, then (nccl_progress.c) completions. */
@@ -489,6 +558,7 @@ static const collie_backend_ops nccl_ops = {
     .cancel = cl_nccl_cancel,
     .split = cl_nccl_split,
     .split_skip = cl_nccl_split_skip,
+    .shrink = cl_nccl_shrink,
 };
 
 /* collie_backend_plugin_v3: the one symbol collie looks up in the plugin. */

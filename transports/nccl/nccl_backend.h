@@ -11,6 +11,8 @@
  *   nccl_abort.c     abort and cancel: claim, ncclCommAbort off the loop,
  *                    publish
  *   nccl_split.c     children of collie_comm_split/new_group by ncclCommSplit
+ *   nccl_shrink.c    comms of collie_comm_shrink by ncclCommShrink (or a
+ *                    fresh init), the run-time NCCL symbols (revoke, shrink)
  *
  * Lock: one mutex per comm (mu) guards everything below marked "mu". It is
  * taken on the posting thread (inside the core's comm lock: order core comm
@@ -40,7 +42,8 @@
 enum nccl_phase {
     NCCL_SETUP = 0, /* the setup thread picks the device, makes the stream */
     NCCL_UID,       /* the unique id travels through the store (a split
-                       child: ncclCommSplit waits for the parent to be free) */
+                       child: ncclCommSplit waits for the parent to be free;
+                       a shrunk comm: the old one's quiesce, then the vote) */
     NCCL_INIT,      /* ncclCommInitRankConfig returned; polling its state */
     NCCL_READY,     /* collectives may run */
     NCCL_DEAD,      /* init failed or the comm was aborted: no NCCL call any more */
@@ -84,6 +87,14 @@ struct cl_nccl_comm {
      * parent's communicator (held until this one is freed) */
     cl_nccl_comm *parent;
     int split_color, split_key;
+    /* a comm of collie_comm_shrink: the old comm's state (held until this
+     * one's NCCL init is over), its ranks left out, the old comm's device;
+     * voted: this rank said whether it can shrink (loop) */
+    cl_nccl_comm *shrink_from;
+    int *shrink_excl, shrink_nexcl, shrink_dev;
+    bool shrink_voted, shrunk; /* shrunk: nc->comm came from ncclCommShrink */
+    int vote_step, vote_next;  /* the vote's store request; rank 0: whose vote next */
+    char vote_no[200];         /* why not (the first "no"), or "" */
     int32_t poll_us, abort_timeout_ms;
     int32_t create_timeout_ms; /* the bound of init (<= 0: none) */
     int64_t init_start_ns;
@@ -95,6 +106,8 @@ struct cl_nccl_comm {
     int phase;
     bool poll_hint, destroyed;
     ncclComm_t comm;
+    ncclComm_t revoked;   /* aborted by ncclCommRevoke and quiesced: kept for a
+                             shrink, released at the last reference */
     cudaStream_t stream;  /* the internal stream every NCCL call runs on */
     void *scratch;        /* 4 device bytes for barriers */
     bool nccl_inprogress; /* a call returned ncclInProgress: no other NCCL call yet */
@@ -123,6 +136,12 @@ struct cl_nccl_comm {
     char root_msg[512];
 };
 
+/* the store request in flight during init (nc NULL once destroy ran) */
+typedef struct cl_nccl_store_ctx {
+    cl_nccl_comm *nc;
+    const collie_core_services *core;
+} cl_nccl_store_ctx;
+
 /* nccl_backend.c */
 void cl_nccl_hold(cl_nccl_comm *nc);
 void cl_nccl_release(cl_nccl_comm *nc);
@@ -141,11 +160,44 @@ int cl_nccl_split_skip(void *parent, int key);
  * parent is free (loop) */
 void cl_nccl_split_poll(cl_nccl_comm *nc);
 
-/* nccl_backend.c: a new comm (init; a split child when parent is set) */
-int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, cl_nccl_comm *parent,
-                       int color, int key, void **state);
+/* nccl_backend.c: a new comm; o: where it comes from (NULL: a fresh init) */
+typedef struct cl_nccl_origin {
+    cl_nccl_comm *parent; /* a split child: ncclCommSplit of parent's */
+    int color, key;
+    cl_nccl_comm *shrink_from; /* a shrunk comm: ncclCommShrink of shrink_from's */
+    const int *excluded;
+    int nexcluded;
+} cl_nccl_origin;
+int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, const cl_nccl_origin *o,
+                       void **state);
 /* init failed: no NCCL call any more; tell the core (loop) */
 void cl_nccl_init_fail(cl_nccl_comm *nc, int status, const char *msg);
+/* the unique id is known: ncclCommInitRankConfig (loop, phase NCCL_UID) */
+void cl_nccl_comm_init(cl_nccl_comm *nc);
+/* post a store request of init (kind 's' set, 'g' get, under the comm's
+ * namespace) whose callback is cb with a cl_nccl_store_ctx; false (init
+ * failed, said why) if it could not be posted (loop) */
+bool cl_nccl_store_post(cl_nccl_comm *nc, int kind, const char *key, const void *val, size_t len,
+                        collie_work_cb cb);
+/* the start of a store callback: the request's comm (NULL: destroyed
+ * meanwhile, w released) and its status; the ctx is freed */
+cl_nccl_comm *cl_nccl_store_done(collie_work *w, void *arg, int *status);
+/* a store request of init failed (status st): init fails saying `what`,
+ * unless it was cancelled (an abort); w is released */
+void cl_nccl_store_failed(cl_nccl_comm *nc, collie_work *w, int st, const char *what);
+
+/* nccl_shrink.c */
+int cl_nccl_shrink(collie_bcomm *bc, const collie_core_services *core, void *old,
+                   const int *excluded, int nexcluded, void **state);
+/* poll hook, phase NCCL_UID of a shrunk comm before its vote: wait for the
+ * old comm's quiesce, then vote (loop) */
+void cl_nccl_shrink_poll(cl_nccl_comm *nc);
+/* the shrunk comm's NCCL init is over: let go of the old comm (loop) */
+void cl_nccl_shrink_let_go(cl_nccl_comm *nc);
+/* NCCL functions resolved at run time, from the libnccl the plugin's NCCL
+ * calls bind to (NULL: that NCCL lacks them) */
+typedef ncclResult_t (*cl_nccl_revoke_fn)(ncclComm_t comm, int flags);
+cl_nccl_revoke_fn cl_nccl_sym_revoke(const collie_core_services *core);
 
 /* nccl_post.c */
 int cl_nccl_start(void *state, collie_work *w, const collie_coll_args *a);
@@ -170,5 +222,8 @@ void cl_nccl_abort_poll(cl_nccl_comm *nc);
 void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc);
 /* release a NCCL communicator off the loop (destroy without abort) */
 void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm);
+/* the same for one that no cl_nccl_comm holds any more (a revoked one at
+ * its comm's last reference): a thread of its own, any thread */
+void cl_nccl_comm_release_detached(const collie_core_services *core, int dev, ncclComm_t comm);
 
 #endif

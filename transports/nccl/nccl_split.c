@@ -29,7 +29,8 @@
 
 int cl_nccl_split(collie_bcomm *bc, const collie_core_services *core, void *parent, int color,
                   int key, void **state) {
-    return cl_nccl_comm_start(bc, core, parent, color, key, state);
+    cl_nccl_origin o = {.parent = parent, .color = color, .key = key};
+    return cl_nccl_comm_start(bc, core, &o, state);
 }
 
 /* May a split be issued on parent p now? (p->mu) A call in progress is
