@@ -16,8 +16,10 @@
  *  - How the kernels stop: a communicator that was ready is revoked
  *    (ncclCommRevoke, NCCL 2.28+, looked up at run time: nccl_shrink.c) and
  *    polled until quiescent; it is kept (`revoked`) so that a shrink of the
- *    comm can build from it (ncclCommShrink), and released when the comm's
- *    last reference goes. Without the symbol, a communicator still in init,
+ *    comm can build from it (ncclCommShrink), and released (ncclCommAbort
+ *    off the loop) by destroy, or once the last shrunk comm still building
+ *    from it lets go (shrink_users), or by the helper itself when destroy
+ *    came before the quiesce. Without the symbol, a communicator still in init,
  *    a revoke NCCL refuses or one not quiescent within the bound:
  *    ncclCommAbort, as before 2.28 (the comm then shrinks by a fresh init).
  *  - The bound (COLLIE_NCCL_ABORT_TIMEOUT_MS, 10 s): the poll hook stays on
@@ -157,9 +159,11 @@ static void *nccl_abort_main(void *arg) {
     else
         core->log(3, NCCL_MOD, "rank %d: NCCL communicator aborted in %lld ms", nc->rank,
                   (long long)took_ms);
+    bool late = false; /* kept, but destroy has been: nobody takes it now */
     if (aa->publish) {
         pthread_mutex_lock(&nc->mu);
-        if (kept) nc->revoked = aa->comm; /* a shrink may build from it */
+        late = kept && nc->destroyed;
+        if (kept && !late) nc->revoked = aa->comm; /* a shrink may build from it */
         nc->abort_done = true;
         pthread_cond_broadcast(&nc->cv);
         bool mine = !nc->batch_taken && !nc->destroying; /* destroy publishes on the loop */
@@ -173,6 +177,7 @@ static void *nccl_abort_main(void *arg) {
             nccl_published(nc);
         }
     }
+    if (late) ncclCommAbort(aa->comm);
     free(aa);
     cl_nccl_release(nc);
     return NULL;
@@ -393,39 +398,5 @@ void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc) {
 void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm) {
     if (nccl_helper_start(nc, comm, false, false) == 0) return;
     cudaSetDevice(nc->dev); /* no thread: release it here (idle, so quick) */
-    ncclCommAbort(comm);
-}
-
-typedef struct nccl_release_arg {
-    int dev;
-    ncclComm_t comm;
-} nccl_release_arg;
-
-static void *nccl_release_main(void *arg) {
-    nccl_release_arg *ra = arg;
-    cudaSetDevice(ra->dev);
-    ncclCommAbort(ra->comm); /* quiesced already: a release */
-    free(ra);
-    return NULL;
-}
-
-void cl_nccl_comm_release_detached(const collie_core_services *core, int dev, ncclComm_t comm) {
-    nccl_release_arg *ra = malloc(sizeof *ra);
-    pthread_attr_t at;
-    pthread_t t;
-    int e = ENOMEM;
-    if (ra) {
-        ra->dev = dev;
-        ra->comm = comm;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        e = pthread_create(&t, &at, nccl_release_main, ra);
-        pthread_attr_destroy(&at);
-    }
-    if (e == 0) return;
-    free(ra);
-    core->log(2, NCCL_MOD, "no thread to release a revoked NCCL communicator (%s): here",
-              strerror(e));
-    cudaSetDevice(dev);
     ncclCommAbort(comm);
 }

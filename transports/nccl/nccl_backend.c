@@ -78,15 +78,14 @@ void cl_nccl_release(cl_nccl_comm *nc) {
     free(nc->pool);
     if (nc->scratch) cudaFree(nc->scratch);
     if (nc->stream) cudaStreamDestroy(nc->stream);
-    /* kept for a shrink: nothing can build from it any more */
-    if (nc->revoked) cl_nccl_comm_release_detached(nc->core, nc->dev, nc->revoked);
+    if (nc->revoked) ncclCommAbort(nc->revoked); /* (destroy or the last shrink took it) */
     pthread_cond_destroy(&nc->cv);
     pthread_mutex_destroy(&nc->mu);
     cl_nccl_comm *parent = nc->parent, *from = nc->shrink_from;
     free(nc->shrink_excl);
     free(nc);
     if (parent) cl_nccl_release(parent);
-    if (from) cl_nccl_release(from);
+    if (from) cl_nccl_shrink_unuse(from);
 }
 
 /* ---- polling ------------------------------------------------------------------ */
@@ -455,6 +454,7 @@ int cl_nccl_comm_start(collie_bcomm *bc, const collie_core_services *core, const
         nc->shrink_nexcl = o->nexcluded;
         pthread_mutex_lock(&from->mu);
         nc->shrink_dev = from->dev;
+        from->shrink_users++;
         pthread_mutex_unlock(&from->mu);
     }
     nc->bc = bc;
@@ -519,6 +519,8 @@ static void nccl_destroy(void *state) {
     nc->destroyed = true;
     ncclComm_t comm = nc->comm; /* never aborted: an idle destroy */
     nc->comm = NULL;
+    ncclComm_t revoked = nc->shrink_users ? NULL : nc->revoked; /* else the last one's */
+    if (revoked) nc->revoked = NULL;
     /* works finished here (the abort's batch) retire after us: the core calls
      * their detach with a NULL state, so let go of them now */
     cl_nccl_work *nw;
@@ -538,6 +540,7 @@ static void nccl_destroy(void *state) {
         nc->core->work_cancel(req);
     }
     if (comm) cl_nccl_comm_release_async(nc, comm);
+    if (revoked) cl_nccl_comm_release_async(nc, revoked);
     cl_nccl_release(nc);
 }
 

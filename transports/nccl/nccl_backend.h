@@ -107,7 +107,8 @@ struct cl_nccl_comm {
     bool poll_hint, destroyed;
     ncclComm_t comm;
     ncclComm_t revoked;   /* aborted by ncclCommRevoke and quiesced: kept for a
-                             shrink, released at the last reference */
+                             shrink until destroy and shrink_users allow */
+    int shrink_users;     /* shrunk comms that may still build from it */
     cudaStream_t stream;  /* the internal stream every NCCL call runs on */
     void *scratch;        /* 4 device bytes for barriers */
     bool nccl_inprogress; /* a call returned ncclInProgress: no other NCCL call yet */
@@ -194,6 +195,9 @@ int cl_nccl_shrink(collie_bcomm *bc, const collie_core_services *core, void *old
 void cl_nccl_shrink_poll(cl_nccl_comm *nc);
 /* the shrunk comm's NCCL init is over: let go of the old comm (loop) */
 void cl_nccl_shrink_let_go(cl_nccl_comm *nc);
+/* one shrunk comm less may build from `from`: its revoked communicator
+ * goes if it was destroyed meanwhile; drops the reference (any thread) */
+void cl_nccl_shrink_unuse(cl_nccl_comm *from);
 /* NCCL functions resolved at run time, from the libnccl the plugin's NCCL
  * calls bind to (NULL: that NCCL lacks them) */
 typedef ncclResult_t (*cl_nccl_revoke_fn)(ncclComm_t comm, int flags);
@@ -220,10 +224,8 @@ void cl_nccl_cancel(void *state, collie_work *w, int status, const char *msg);
 void cl_nccl_abort_poll(cl_nccl_comm *nc);
 /* destroy: wait (bounded) for the abort; publish what is left */
 void cl_nccl_abort_finish_for_destroy(cl_nccl_comm *nc);
-/* release a NCCL communicator off the loop (destroy without abort) */
+/* release a NCCL communicator off the loop (destroy without abort; a
+ * revoked one) */
 void cl_nccl_comm_release_async(cl_nccl_comm *nc, ncclComm_t comm);
-/* the same for one that no cl_nccl_comm holds any more (a revoked one at
- * its comm's last reference): a thread of its own, any thread */
-void cl_nccl_comm_release_detached(const collie_core_services *core, int dev, ncclComm_t comm);
 
 #endif

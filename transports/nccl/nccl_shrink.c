@@ -32,8 +32,10 @@
  *    NCCL renumbers the survivors in old rank order, as collie does
  *    (checked once ready: nccl_backend.c).
  *  - The new comm holds the old comm's state until its own NCCL init is
- *    over (ready, failed, or the fresh init chosen): the old comm may be
- *    destroyed meanwhile, its revoked communicator stays until then.
+ *    over (ready, failed, or the fresh init chosen), and counts as one of
+ *    its shrink_users: the old comm may be destroyed meanwhile, its revoked
+ *    communicator stays until the last of them lets go (then released off
+ *    the loop, as destroy would have).
  *  - NCCL refuses two ranks on one GPU, so a real shrink needs a GPU per
  *    rank: it is tested on the CPU double only (tests/test_nccl.c).
  */
@@ -91,12 +93,21 @@ int cl_nccl_shrink(collie_bcomm *bc, const collie_core_services *core, void *old
     return cl_nccl_comm_start(bc, core, &o, state);
 }
 
+void cl_nccl_shrink_unuse(cl_nccl_comm *from) {
+    pthread_mutex_lock(&from->mu);
+    ncclComm_t revoked = --from->shrink_users == 0 && from->destroyed ? from->revoked : NULL;
+    if (revoked) from->revoked = NULL;
+    pthread_mutex_unlock(&from->mu);
+    if (revoked) cl_nccl_comm_release_async(from, revoked);
+    cl_nccl_release(from);
+}
+
 void cl_nccl_shrink_let_go(cl_nccl_comm *nc) {
     pthread_mutex_lock(&nc->mu);
     cl_nccl_comm *from = nc->shrink_from;
     nc->shrink_from = NULL;
     pthread_mutex_unlock(&nc->mu);
-    if (from) cl_nccl_release(from);
+    if (from) cl_nccl_shrink_unuse(from);
 }
 
 /* ---- the vote ------------------------------------------------------------------------ */
