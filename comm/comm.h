@@ -512,6 +512,9 @@ typedef struct cl_successor_work {
     _Atomic bool taken;
 } cl_successor_work;
 void cl_successor_fini(cl_successor_work *s);
+/* the blocking forms: wait for w (it ends itself by its deadline), take its
+ * comm, release w; on failure the last error is the work's message */
+int cl_successor_wait(collie_work *w, collie_comm **out);
 /* init a work that bounds itself (destroy, shrink, grow, join): it
  * completes as o asks (cb, cb_arg, cq, tag) and has no deadline of its own
  * (o->timeout_ms is ignored) */

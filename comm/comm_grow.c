@@ -573,16 +573,6 @@ int collie_comm_join_post(collie_engine *e, collie_store *store, const char *nam
     return r;
 }
 
-/* post + wait (bounded by the work's own deadline) + take */
-static int grow_blocking(collie_work *w, int r, collie_comm **out) {
-    if (r != COLLIE_OK) return r;
-    r = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
-    if (r == COLLIE_OK) r = collie_comm_work_comm(w, out);
-    if (r != COLLIE_OK) cl_set_last_error(r, "%s", collie_work_error_message(w));
-    collie_work_release(w);
-    return r;
-}
-
 int collie_comm_grow(collie_comm *c, const collie_grow_opts *go, collie_comm **out) {
     if (out) *out = NULL;
     if (c && cl_engine_on_loop(c->engine))
@@ -590,7 +580,7 @@ int collie_comm_grow(collie_comm *c, const collie_grow_opts *go, collie_comm **o
                                                 "(collie_comm_grow_post does not block)");
     collie_work *w = NULL;
     int r = collie_comm_grow_post(c, go, NULL, &w);
-    return grow_blocking(w, r, out);
+    return r == COLLIE_OK ? cl_successor_wait(w, out) : r;
 }
 
 int collie_comm_join(collie_engine *e, collie_store *store, const char *name,
@@ -601,7 +591,7 @@ int collie_comm_join(collie_engine *e, collie_store *store, const char *name,
                                                 "(collie_comm_join_post does not block)");
     collie_work *w = NULL;
     int r = collie_comm_join_post(e, store, name, go, NULL, &w);
-    return grow_blocking(w, r, out);
+    return r == COLLIE_OK ? cl_successor_wait(w, out) : r;
 }
 
 int collie_comm_join_from_env(collie_engine *e, const collie_grow_opts *go, collie_comm **out) {

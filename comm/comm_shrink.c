@@ -676,11 +676,5 @@ int collie_comm_shrink(collie_comm *c, const collie_shrink_opts *so, collie_comm
                                                 "(collie_comm_shrink_post does not block)");
     collie_work *w;
     int r = collie_comm_shrink_post(c, so, NULL, &w);
-    if (r != COLLIE_OK) return r;
-    /* bounded by its deadline (the work ends itself there) */
-    r = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
-    if (r == COLLIE_OK) r = collie_comm_work_comm(w, out);
-    if (r != COLLIE_OK) cl_set_last_error(r, "%s", collie_work_error_message(w));
-    collie_work_release(w);
-    return r;
+    return r == COLLIE_OK ? cl_successor_wait(w, out) : r;
 }

@@ -46,6 +46,18 @@ void cl_comm_note_successor(collie_comm *c, const char *name) {
     pthread_mutex_unlock(&c->mu);
 }
 
+int cl_successor_wait(collie_work *w, collie_comm **out) {
+    int r = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE); /* the work ends itself */
+    if (r == COLLIE_OK) r = collie_comm_work_comm(w, out);
+    char why[1024] = "";
+    if (r != COLLIE_OK) snprintf(why, sizeof why, "%s", collie_work_error_message(w));
+    /* the release may destroy a comm the work made (cl_successor_fini),
+     * which clears this thread's last error: set it after */
+    collie_work_release(w);
+    if (r != COLLIE_OK) cl_set_last_error(r, "%s", why);
+    return r;
+}
+
 int collie_comm_work_comm(collie_work *w, collie_comm **out) {
     if (out) *out = NULL;
     if (!w || !out || !(cl_comm_is_shrink_work(w) || cl_comm_is_grow_work(w)))

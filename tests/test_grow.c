@@ -18,8 +18,11 @@
  *              waits for a live joiner (ETIMEDOUT: "0 of 1 joiners came");
  *              a later grow with a joiner works (the attempt's name).
  *   slow:      a member that never calls grow: the others' grow fails at
- *              its deadline naming it, and so does the joiner's.
+ *              its deadline naming it, and so does the joiner's; the
+ *              blocking form's last error names it too (the comm the grow
+ *              had made is destroyed with its work without wiping it).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,11 +282,59 @@ static void test_grow_member_slow(void **state) {
     world_destroy(&w);
 }
 
+/* The blocking grow's error names its cause even when the work it waited
+ * for had made a comm (destroyed with the work: that destroy must not wipe
+ * this thread's last error). Rank 2 never calls grow. */
+typedef struct blocking_grow {
+    collie_comm *c;
+    int rc;
+    char err[512];
+} blocking_grow;
+
+static void *grow_thread(void *arg) {
+    blocking_grow *b = arg;
+    collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
+    go.timeout_ms = 400;
+    collie_comm *out = NULL;
+    b->rc = collie_comm_grow(b->c, &go, &out);
+    snprintf(b->err, sizeof b->err, "%s", collie_last_error());
+    return NULL;
+}
+
+static void test_grow_blocking_error_names_the_cause(void **state) {
+    (void)state;
+    world w;
+    world_create(&w, 3, "gb", NULL);
+    world_link(&w);
+    collie_store *js = new_store(&w);
+    blocking_grow b = {.c = w.c[0]};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, grow_thread, &b), 0);
+    collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
+    go.timeout_ms = 400;
+    grow_round g;
+    post_members(&g, &w.c[1], 1, &go);
+    post_joiner(&g, 0, &w, js, "gb", -1, 400);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    wait_all(g.m, g.mc, g.ms, 1);
+    wait_all(g.j, g.jc, g.js, 1);
+    assert_int_equal(b.rc, COLLIE_ETIMEDOUT);
+    print_message("blocking grow: %s\n", b.err);
+    assert_non_null(strstr(b.err, "never arrived: rank 2"));
+    release_all(g.m, 1);
+    release_all(g.j, 1);
+    collie_store_destroy(js);
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grow_one_joiner),  cmocka_unit_test(test_grow_after_shrink),
-        cmocka_unit_test(test_grow_refused),     cmocka_unit_test(test_grow_withdrawn_joiner),
+        cmocka_unit_test(test_grow_one_joiner),
+        cmocka_unit_test(test_grow_after_shrink),
+        cmocka_unit_test(test_grow_refused),
+        cmocka_unit_test(test_grow_withdrawn_joiner),
         cmocka_unit_test(test_grow_member_slow),
+        cmocka_unit_test(test_grow_blocking_error_names_the_cause),
     };
     return cltest_main(tests, NULL, NULL);
 }

@@ -248,6 +248,16 @@ static bool el_take_shrink(ch_run *run, int r, collie_comm *nw, int *out, int *n
     return true;
 }
 
+/* A failed shrink, grow or join must say why: its last error names the
+ * call's work (a lost message was found once: the release of the work
+ * cleared it). */
+static void el_check_reason(ch_report *rep, int r, const char *call, int rc) {
+    const char *why = collie_last_error();
+    if (rc != COLLIE_OK && (!why[0] || !strstr(why, call)))
+        ch_violation(rep, "silent_error", r, -1, "collie_comm_%s returned %s with the reason '%s'",
+                     call, collie_status_name(rc), why);
+}
+
 static int el_shrink(ch_run *run, int r, char *why, size_t cap) {
     ch_report *rep = &run->rep;
     if (el_healthy(run->w)) { /* a refused post, say: the others must shrink too */
@@ -272,6 +282,7 @@ static int el_shrink(ch_run *run, int r, char *why, size_t cap) {
         collie_comm *nw = NULL;
         rc = collie_comm_shrink(run->w, &so, &nw);
         int64_t t1 = ch_now_ns();
+        el_check_reason(rep, r, "shrink", rc);
         char clock[160];
         snprintf(clock, sizeof clock, "start_us=%lld end_us=%lld ms=%lld paused_ms=%lld",
                  (long long)(t0 / 1000), (long long)(t1 / 1000), (long long)((t1 - t0) / 1000000),
@@ -371,6 +382,7 @@ static bool el_maybe_grow(ch_run *run, int r, int last, bool *lost, char *why, s
     collie_comm *nw = NULL;
     int rc = collie_comm_grow(run->w, &go, &nw);
     int64_t t1 = ch_now_ns();
+    el_check_reason(rep, r, "grow", rc);
     ch_report_line(rep, rc == COLLIE_OK ? NULL : collie_last_error(),
                    "grow r=%d status=%s comm=%s new=%s count=%d size=%d new_size=%d new_rank=%d "
                    "start_us=%lld end_us=%lld ms=%lld",
@@ -413,6 +425,7 @@ static const char *el_join(ch_run *run, int *r0, char *why, size_t cap) {
     int64_t t0 = ch_now_ns();
     int rc = collie_comm_join(run->e, run->st, family, &go, &c);
     int64_t t1 = ch_now_ns();
+    el_check_reason(&run->rep, -1, "join", rc);
     ch_report_line(&run->rep, rc == COLLIE_OK ? NULL : collie_last_error(),
                    "join status=%s family=%s comm=%s rank=%d size=%d start_us=%lld end_us=%lld "
                    "ms=%lld",
