@@ -464,6 +464,21 @@ class Comm(Closable, Health, Shrink):
     def close(self):
         self.destroy()  # after the engine closed this only frees memory (collie.h)
 
+    def __del__(self):
+        """The last reference dropped (`comm = comm.shrink()` drops the old
+        one): never block, wherever the collector runs (an event loop too):
+        the destroy is posted (collie_comm_destroy_post) and finishes on
+        collie's thread; the comm keeps its own store handle meanwhile."""
+        try:
+            if getattr(self, "_h", None):
+                self._events_stop()
+            h, self._h = getattr(self, "_h", None), None
+            if h:
+                self._post_destroy(h)  # the Work is dropped: the destroy goes on
+                self._close_own_store()
+        except Exception:
+            pass
+
     def _child(self, st, h, what):
         if st == -8:  # COLLIE_ENOTMEMBER: this rank joins no group
             return None

@@ -25,11 +25,11 @@ def _wait_left(comm, rank, bound_s=5.0):
     raise AssertionError(f"rank {rank} never seen left")
 
 
-def _world(b, n, name):
-    comms = [None] * n
-
+def _world(b, n, name, timeout=None):
     async def make():
-        return await asyncio.gather(*(collie.Comm.create_async(b.engine, b.stores[r], r, n, name=name) for r in range(n)))
+        return await asyncio.gather(
+            *(collie.Comm.create_async(b.engine, b.stores[r], r, n, name=name, timeout=timeout) for r in range(n))
+        )
 
     comms = asyncio.run(asyncio.wait_for(make(), 30))
     works = [c.allreduce(np.ones(1, np.int32)) for c in comms]
@@ -185,5 +185,28 @@ def test_join_from_the_environment(monkeypatch):
             collie.Comm.join(b.engine, None, "pyjoinenv")
         for c in grown + comms:
             c.destroy()
+    finally:
+        b.close()
+
+
+def test_dropping_a_comm_never_blocks():
+    """The last reference to a comm dropped (as `comm = comm.shrink()` does
+    to the old one) posts its destroy and returns: here the store is gone,
+    so the destroy's store steps wait out their bounds (the blocking form
+    takes over a second) on collie's thread, not in the collector."""
+    b = Bench(2)
+    try:
+        comms = _world(b, 2, "pydrop")
+        b.server.close()
+        c0 = comms[0]
+        comms[0] = None
+        t0 = time.monotonic()
+        del c0
+        dropped = time.monotonic() - t0
+        t0 = time.monotonic()
+        comms[1].destroy()
+        blocking = time.monotonic() - t0
+        print(f"dropping the comm took {dropped * 1000:.2f} ms, destroy() {blocking * 1000:.0f} ms")
+        assert dropped < 0.5
     finally:
         b.close()
