@@ -198,8 +198,11 @@ struct collie_comm {
     _Atomic int groups_made;     /* split/new_group calls so far (names the children) */
     /* shrink (comm_shrink.c): attempts so far (name their keys and the new
      * comm); this rank was left out by the survivors (posts: ENOTMEMBER) */
-    _Atomic int shrinks_made;
-    _Atomic int grows_made; /* grow calls so far (name the grown comms) */
+    struct cl_change_slot {
+        bool running;         /* one shrink (grow) of a comm at a time */
+        bool done;            /* it succeeded: the comm is superseded */
+        int attempt;          /* the next one's number (names its keys and comm) */
+    } shrink_slot, grow_slot; /* under mu (comm_successor.c) */
     _Atomic bool excluded;
     /* made by a shrink: old rank -> new rank (-1: left out), owned */
     int *rank_map;
@@ -529,6 +532,14 @@ int cl_comm_successor_opts(const collie_comm *c, const collie_comm_opts *o, coll
                            cl_backend_spec *spec);
 /* comm_create.c: a comm name's rules (1 to 64 of [A-Za-z0-9_.-]) */
 int cl_comm_check_name(const char *name);
+/* A shrink's or grow's turn on a comm (under c->mu): begin refuses a second
+ * one while one runs (ESTATE) or once one succeeded (the comm is
+ * superseded: ESTATE naming its successor) and gives the attempt's number;
+ * end frees the slot: `spent` (the attempt's new comm was being made, so
+ * every member sees it fail) moves the number on, so members retry in step
+ * (a call refused, cancelled or failed before that keeps it). */
+int cl_change_begin(collie_comm *c, struct cl_change_slot *s, const char *what, int *attempt);
+void cl_change_end(collie_comm *c, struct cl_change_slot *s, int attempt, bool ok, bool spent);
 /* comm_grow.c: is w a shrink's, a grow's or a join's work? */
 bool cl_comm_is_grow_work(const collie_work *w);
 /* comm_split.c: a child's name "<parent>.<suffix>" (hashed past 64

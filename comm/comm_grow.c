@@ -45,6 +45,9 @@
 
 enum grow_step { G_CLAIM, G_TICKET, G_ANSWER, G_PLAN, G_ASK, G_WAIT, G_CREATE, G_LINK, G_DONE };
 
+/* the largest comm a grow makes, or a joiner believes an answer about */
+#define GROW_MAX_SIZE (1 << 20)
+
 /* a joiner waits at least this past its deadline for a last answer */
 #define GROW_GRACE_MS 1000
 
@@ -56,11 +59,15 @@ typedef struct grow_work {
     bool joiner;
     int step, count, taken, asked_rank, n, rank, size, attempt;
     uint32_t line_shrinks, line_grows; /* a joiner's, from its answer */
-    int64_t ticket;                    /* the ticket being answered (rank 0), or this joiner's */
-    int64_t until_ns;                  /* the deadline */
-    bool *held;                        /* rank 0: ranks given so far, by new rank */
-    collie_work *req;                  /* the store request in flight (loop) */
-    int32_t link_in, link_out;         /* LINK's allreduce */
+    int64_t ticket;
+    _Atomic int64_t waiting_ticket; /* a joiner's ticket while it waits for its answer */
+    _Atomic bool creating;
+    /* the new comm's rendezvous was posted */ /* the ticket being answered (rank 0), or this
+                                                  joiner's */
+    int64_t until_ns;                          /* the deadline */
+    bool *held;                                /* rank 0: ranks given so far, by new rank */
+    collie_work *req;                          /* the store request in flight (loop) */
+    int32_t link_in, link_out;                 /* LINK's allreduce */
     collie_work *link;
     collie_comm_opts copts;
     cl_backend_spec spec;
@@ -76,6 +83,33 @@ static void grow_run(grow_work *g);
 static void grow_fail(grow_work *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The one end of a grow or join (any thread: the loop's steps, the cancel
+ * hook): a member's grow slot is freed before the result shows; a joiner
+ * that ends waiting for its answer withdraws its ticket (not awaited), so
+ * the next grow does not take a joiner that is gone. */
+static bool grow_end(grow_work *g, int status, const char *why) {
+    if (!cl_work_claim(&g->s.base)) return false;
+    if (g->comm)
+        cl_change_end(g->comm, &g->comm->grow_slot, g->attempt, status == COLLIE_OK,
+                      atomic_load(&g->creating));
+    int64_t t = atomic_exchange(&g->waiting_ticket, 0);
+    if (g->joiner && t > 0 && status != COLLIE_OK) {
+        char key[160];
+        snprintf(key, sizeof key, "%sgrow/%lld", g->family, (long long)t);
+        collie_post_opts o = COLLIE_POST_OPTS_INIT;
+        o.timeout_ms = GROW_GRACE_MS;
+        collie_work *w = NULL;
+        if (collie_store_post_compare_set(g->store, key, "", 0, "withdrawn", 9, &o, &w) ==
+            COLLIE_OK)
+            collie_work_release(w);
+    }
+    if (status == COLLIE_OK)
+        cl_work_publish(&g->s.base, COLLIE_OK, NULL);
+    else
+        cl_work_publish(&g->s.base, status, "%s: %s", g->what, why);
+    return true;
+}
+
 static void grow_fail(grow_work *g, int status, const char *fmt, ...) {
     char why[1024];
     va_list ap;
@@ -83,7 +117,7 @@ static void grow_fail(grow_work *g, int status, const char *fmt, ...) {
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     g->step = G_DONE;
-    cl_work_finish(&g->s.base, status, "%s: %s", g->what, why);
+    grow_end(g, status, why);
 }
 
 static int32_t grow_left_ms(const grow_work *g, int32_t at_least) {
@@ -236,7 +270,7 @@ static void grow_on_link(collie_work *w, void *arg) {
         else if (g->link_out != g->size)
             grow_fail(g, COLLIE_EPROTO, "the new comm's first allreduce summed %d ones to %d",
                       g->size, (int)g->link_out);
-        else if (cl_work_finish(&g->s.base, COLLIE_OK, NULL)) {
+        else if (grow_end(g, COLLIE_OK, NULL)) {
             g->step = G_DONE;
             if (g->comm) cl_comm_note_successor(g->comm, g->name);
         }
@@ -296,6 +330,7 @@ static void grow_create(grow_work *g) {
     snprintf(fam, sizeof fam, "%.*s", (int)(strlen(g->family) - strlen("collie//")), a.family);
     a.family = fam;
     g->step = G_CREATE;
+    atomic_store(&g->creating, true);
     collie_work_hold(&g->s.base);
     int r = cl_comm_create_successor(&a, &g->s.made, &g->s.create);
     if (r != COLLIE_OK) {
@@ -306,11 +341,17 @@ static void grow_create(grow_work *g) {
 
 /* a joiner's answer: "ok <name> <rank> <size>" or a refusal */
 static void grow_joiner_answer(grow_work *g, const char *ans) {
+    atomic_store(&g->waiting_ticket, 0); /* answered (or withdrawn): nothing to withdraw */
     char name[72];
     int rank, size;
-    if (sscanf(ans, "ok %71s %d %d %u %u", name, &rank, &size, &g->line_shrinks, &g->line_grows) >=
-            3 &&
-        size > 0 && rank >= 0 && rank < size) {
+    int got =
+        sscanf(ans, "ok %71s %d %d %u %u", name, &rank, &size, &g->line_shrinks, &g->line_grows);
+    if (got >= 3 && !(size >= 2 && size <= GROW_MAX_SIZE && rank >= 1 && rank < size &&
+                      cl_comm_check_name(name) == COLLIE_OK)) {
+        /* no grow writes that (a joiner's rank is after a member's, the size
+         * at least 2): the store was written by someone else */
+        grow_fail(g, COLLIE_EPROTO, "a malformed answer '%.100s' (rank %d of %d)", ans, rank, size);
+    } else if (got >= 3) {
         snprintf(g->name, sizeof g->name, "%s", name);
         g->rank = rank;
         g->size = size;
@@ -355,6 +396,7 @@ static void grow_run(grow_work *g) {
             snprintf(me, sizeof me, "%d pid %d on host %s", g->asked_rank, (int)getpid(), host);
             snprintf(t, sizeof t, "joiner/%lld", (long long)g->ticket);
             g->step = G_WAIT;
+            atomic_store(&g->waiting_ticket, g->ticket);
             if (!grow_post(g, g->family, t, 's', me, 0)) return;
             g->req = NULL; /* the set's callback is not awaited: the answer is */
             snprintf(t, sizeof t, "grow/%lld", (long long)g->ticket);
@@ -434,14 +476,22 @@ static void grow_describe(const collie_work *w, char *buf, size_t len) {
     snprintf(buf, len, " (%s)", ((const grow_work *)w)->what);
 }
 
+/* A cancel, a waiter's deadline, the engine's shutdown: ended at once (its
+ * detach cancels what is in flight) */
+static bool grow_cancel(collie_work *w, int status, const char *msg) {
+    return grow_end((grow_work *)w, status, msg ? msg : collie_status_name(status));
+}
+
 static const cl_work_ops grow_ops = {.name = "comm.grow",
                                      .start = grow_start,
                                      .detach = grow_detach,
+                                     .cancel = grow_cancel,
                                      .free = grow_free,
                                      .describe = grow_describe};
 static const cl_work_ops join_ops = {.name = "comm.join",
                                      .start = grow_start,
                                      .detach = grow_detach,
+                                     .cancel = grow_cancel,
                                      .free = grow_free,
                                      .describe = grow_describe};
 
@@ -515,9 +565,18 @@ int collie_comm_grow_post(collie_comm *c, const collie_grow_opts *go, const coll
     g.n = c->size;
     g.count = go && go->count ? go->count : 1;
     g.size = c->size + g.count;
-    g.attempt = atomic_fetch_add(&c->grows_made, 1);
+    if (g.size > GROW_MAX_SIZE)
+        return cl_set_last_error(COLLIE_EINVAL, "collie_comm_grow: %d + %d ranks is over %d",
+                                 c->size, g.count, GROW_MAX_SIZE);
+    const collie_comm_opts *uo = go ? go->comm : NULL;
+    if ((r = cl_comm_successor_opts(c, uo, &g.copts, &g.spec)) != COLLIE_OK) return r;
+    g.has_spec = true;
     g.held = calloc((size_t)g.size, sizeof *g.held);
     if (!g.held) return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_grow: out of memory");
+    if ((r = cl_change_begin(c, &c->grow_slot, "grow", &g.attempt)) != COLLIE_OK) {
+        free(g.held);
+        return r;
+    }
     char suffix[48];
     if (g.attempt)
         snprintf(suffix, sizeof suffix, "gr%llue%d", (unsigned long long)c->generation, g.attempt);
@@ -527,14 +586,11 @@ int collie_comm_grow_post(collie_comm *c, const collie_grow_opts *go, const coll
     snprintf(g.family, sizeof g.family, "collie/%s/", c->family);
     snprintf(g.plan_key, sizeof g.plan_key, "%sgrow%d", c->prefix, g.attempt);
     snprintf(g.what, sizeof g.what, "grow of comm '%s'", c->name);
-    const collie_comm_opts *uo = go ? go->comm : NULL;
-    if ((r = cl_comm_successor_opts(c, uo, &g.copts, &g.spec)) != COLLIE_OK) {
-        free(g.held);
-        return r;
-    }
-    g.has_spec = true;
     int32_t t = go && go->timeout_ms ? go->timeout_ms : c->create_timeout_ms;
-    if ((r = grow_submit(&g, &grow_ops, o, t, out)) != COLLIE_OK) free(g.held);
+    if ((r = grow_submit(&g, &grow_ops, o, t, out)) != COLLIE_OK) {
+        cl_change_end(c, &c->grow_slot, g.attempt, false, false);
+        free(g.held);
+    }
     return r;
 }
 

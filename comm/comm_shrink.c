@@ -15,7 +15,8 @@
  *    "decided"), so all members agree on one set, whatever their views.
  *  - Failures while it runs: every millisecond (a timer; shrink is rare)
  *    the rank looks at its peers' health again; a rank that died, left or
- *    became suspected meanwhile is no longer waited for. A rank that has
+ *    became suspected meanwhile is no longer waited for, and what it knows
+ *    when it decides joins the set (a rank read before it died). A rank that has
  *    not proposed by the deadline is left out as suspected. A rank that
  *    took part but that anyone reported failed is left out too (slow ranks
  *    are excluded, not waited for): the set is a union, never a vote.
@@ -28,6 +29,12 @@
  *    ncclCommRevoke: the others' works fail and they shrink too); once
  *    decided, the agreed set becomes its fault (view AGREED), and the new
  *    comm is made only after every work of the old one has ended (DRAIN).
+ *  - One shrink of a comm at a time, and none once one succeeded (the comm
+ *    is superseded: ESTATE naming its successor). Attempts are numbered in
+ *    step across the members: the number moves on only when an attempt's
+ *    new comm was being made and failed, which every member sees (the
+ *    rendezvous's poisoned generation); a call refused, cancelled, or
+ *    failed before that keeps it, so a retry meets the others' attempt.
  *  - The new comm ("<name>.shr<generation>", "e<attempt>" after a first
  *    attempt) goes through the usual rendezvous under its own name, so its
  *    generations never mix with the old name's: a later create of the old
@@ -80,6 +87,8 @@ typedef struct shrink_work {
     collie_work **gets;             /* proposal reads in flight, by old rank (loop) */
     collie_work *decided_get, *req; /* the decision's read; the proposal or compare_set */
     collie_work *decided_get_was;   /* the decision's read, to tell its callback apart */
+    _Atomic bool creating;          /* the new comm's rendezvous was posted: the attempt is
+                                       spent for every member if it fails */
     bool proposed;                  /* own proposal written */
     int *map;                       /* old rank -> new rank (handed to the new comm) */
     int new_size, new_rank;
@@ -95,6 +104,20 @@ typedef struct shrink_work {
 static void shrink_fail(shrink_work *sw, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The one end of a shrink (any thread: the loop's steps, the cancel hook):
+ * the comm's shrink slot is freed before the result shows, so a caller
+ * that saw it fail may shrink again at once. False if it had ended. */
+static bool shrink_end(shrink_work *sw, int status, const char *why) {
+    if (!cl_work_claim(&sw->s.base)) return false;
+    cl_change_end(sw->comm, &sw->comm->shrink_slot, sw->attempt, status == COLLIE_OK,
+                  atomic_load(&sw->creating));
+    if (status == COLLIE_OK)
+        cl_work_publish(&sw->s.base, COLLIE_OK, NULL);
+    else
+        cl_work_publish(&sw->s.base, status, "%s", why);
+    return true;
+}
+
 static void shrink_fail(shrink_work *sw, int status, const char *fmt, ...) {
     char why[1024];
     va_list ap;
@@ -102,7 +125,7 @@ static void shrink_fail(shrink_work *sw, int status, const char *fmt, ...) {
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     sw->step = SH_DONE;
-    cl_work_finish(&sw->s.base, status, "%s", why);
+    shrink_end(sw, status, why);
 }
 
 static void shrink_fail_store_gone(shrink_work *sw, const char *why) {
@@ -330,6 +353,15 @@ static bool shrink_agreed(shrink_work *sw) {
 }
 
 static void shrink_decide(shrink_work *sw) {
+    /* what this rank knows now joins the set too: a rank whose proposal
+     * was read may have died since */
+    uint8_t *now = calloc((size_t)sw->n, 1);
+    if (now) {
+        cl_shrink_view(sw->comm, now);
+        for (int r = 0; r < sw->n; r++)
+            sw->out[r] |= now[r];
+        free(now);
+    }
     char *text = malloc(cl_shrink_set_text_max(sw->n));
     if (!text) {
         shrink_fail(sw, COLLIE_ENOMEM, "shrink of comm '%s': out of memory", sw->name);
@@ -406,7 +438,7 @@ static void shrink_on_created(collie_work *w, void *arg) {
         if (collie_work_result(w) == COLLIE_OK) {
             cl_comm_note_successor(sw->comm, sw->s.made->name);
             sw->step = SH_DONE;
-            cl_work_finish(&sw->s.base, COLLIE_OK, NULL);
+            shrink_end(sw, COLLIE_OK, NULL);
         } else {
             shrink_fail(sw, COLLIE_EABORTED,
                         "shrink of comm '%s': the new comm could not be made (shrink the old comm "
@@ -468,6 +500,7 @@ static void shrink_create(shrink_work *sw) {
                            .shrunk_from = c, /* its backends may build ours (ops->shrink) */
                            .excluded = excluded,
                            .nexcluded = nexcluded};
+    atomic_store(&sw->creating, true);
     int r = cl_comm_create_successor(&a, &sw->s.made, &sw->s.create);
     free(excluded);
     if (r != COLLIE_OK) {
@@ -575,9 +608,16 @@ static void shrink_describe(const collie_work *w, char *buf, size_t len) {
     snprintf(buf, len, " (comm '%s')", ((const shrink_work *)w)->name);
 }
 
+/* A cancel, a waiter's deadline, the engine's shutdown: ended at once (its
+ * detach cancels what is in flight) */
+static bool shrink_cancel(collie_work *w, int status, const char *msg) {
+    return shrink_end((shrink_work *)w, status, msg ? msg : collie_status_name(status));
+}
+
 static const cl_work_ops shrink_ops = {.name = "comm.shrink",
                                        .start = shrink_start,
                                        .detach = shrink_detach,
+                                       .cancel = shrink_cancel,
                                        .free = shrink_free,
                                        .describe = shrink_describe};
 
@@ -644,7 +684,8 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so, const 
         return cl_set_last_error(COLLIE_ENOMEM, "collie_comm_shrink: out of memory");
     }
     if ((r = cl_comm_successor_opts(c, so ? so->comm : NULL, &sw->copts, &sw->spec)) != COLLIE_OK ||
-        (r = cl_comm_work_init(&sw->s.base, c->engine, &shrink_ops, o)) != COLLIE_OK) {
+        (r = cl_comm_work_init(&sw->s.base, c->engine, &shrink_ops, o)) != COLLIE_OK ||
+        (r = cl_change_begin(c, &c->shrink_slot, "shrink", &sw->attempt)) != COLLIE_OK) {
         shrink_parts_free(sw);
         return r;
     }
@@ -653,12 +694,12 @@ int collie_comm_shrink_post(collie_comm *c, const collie_shrink_opts *so, const 
     sw->comm = c;
     sw->n = n;
     sw->me = c->rank;
-    sw->attempt = atomic_fetch_add(&c->shrinks_made, 1);
     sw->until_ns = cl_deadline_ns(cl_now_ns(), t);
     snprintf(sw->name, sizeof sw->name, "%s", c->name);
     snprintf(sw->keys, sizeof sw->keys, "%sshrink%d/", c->prefix, sw->attempt);
     cl_comm_hold(c);
     if ((r = cl_work_post(&sw->s.base)) != COLLIE_OK) {
+        cl_change_end(c, &c->shrink_slot, sw->attempt, false, false);
         shrink_free(&sw->s.base);
         return cl_set_last_error(r, "collie_comm_shrink: comm '%s': the engine is closing",
                                  c->name);

@@ -40,6 +40,31 @@ void cl_successor_fini(cl_successor_work *s) {
     s->made = NULL;
 }
 
+int cl_change_begin(collie_comm *c, struct cl_change_slot *s, const char *what, int *attempt) {
+    pthread_mutex_lock(&c->mu);
+    int r = COLLIE_OK;
+    if (s->running)
+        r = cl_set_last_error(COLLIE_ESTATE, "collie_comm_%s: a %s of comm '%s' is in progress",
+                              what, what, c->name);
+    else if (s->done || c->shrink_slot.done)
+        r = cl_set_last_error(
+            COLLIE_ESTATE, "collie_comm_%s: comm '%s' was %s already (into '%s'): use that one",
+            what, c->name, c->shrink_slot.done ? "shrunk" : "grown", c->line.successor);
+    else
+        s->running = true;
+    *attempt = s->attempt;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+void cl_change_end(collie_comm *c, struct cl_change_slot *s, int attempt, bool ok, bool spent) {
+    pthread_mutex_lock(&c->mu);
+    s->running = false;
+    s->done |= ok;
+    if (!ok && spent && s->attempt <= attempt) s->attempt = attempt + 1;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void cl_comm_note_successor(collie_comm *c, const char *name) {
     pthread_mutex_lock(&c->mu);
     snprintf(c->line.successor, sizeof c->line.successor, "%s", name);

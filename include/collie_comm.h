@@ -175,6 +175,9 @@ typedef struct collie_shrink_opts {
  * The old comm is aborted first if it had not failed (a revoke: the
  * others' works fail and they shrink too), and its works have all ended
  * before the new comm is returned; destroy it afterwards as usual.
+ * One shrink of a comm at a time, none once one succeeded (ESTATE naming
+ * the comm it made); after a failed one, shrink again (the attempt number,
+ * which names the new comm, moves on only when a new comm was being made).
  * A rank the others left out (slow, stopped) gets COLLIE_ENOTMEMBER from
  * shrink, a COLLIE_EVENT_EXCLUDED event and COLLIE_ENOTMEMBER on its next
  * post of the old comm. The store must outlive the ranks (collie-run's or

@@ -34,10 +34,10 @@ def _shrink_opts(timeout, opts, child_opts):
 
 
 def _grow_opts(count, rank, timeout, opts, child_opts):
-    if count is not None and (not isinstance(count, int) or count < 1):
-        raise ValueError(f"count: {count!r} (joiners to take: 1 or more)")
-    if rank is not None and (not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank: {rank!r} (a rank >= 0, or None: any)")
+    if count is not None and (not isinstance(count, int) or not 1 <= count <= 4096):
+        raise ValueError(f"count: {count!r} (joiners to take: 1 to 4096)")
+    if rank is not None and (not isinstance(rank, int) or not 0 <= rank < 2**31):
+        raise ValueError(f"rank: {rank!r} (a rank from 0 to 2**31-1, or None: any)")
     go = _lib.GrowOpts(sizeof(_lib.GrowOpts), count or 1, timeout_ms(timeout, "timeout"), None,
                        -1 if rank is None else rank)
     co = None
