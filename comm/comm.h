@@ -560,6 +560,11 @@ size_t cl_shrink_set_text_max(int n);
 void cl_shrink_set_format(const uint8_t *set, int n, char *buf, size_t len);
 bool cl_shrink_set_parse(const char *s, size_t len, int n, uint8_t *set);
 void cl_comm_shrink_excluded(collie_comm *c, int by);
+/* the fault kind that describes set `out` (peer_dead, peer_left, else
+ * peer_stuck); abort c naming `out` if it had not failed (a shrink's
+ * revoke: its notice names them) */
+int cl_shrink_set_kind(collie_comm *c, const uint8_t *out);
+void cl_shrink_revoke(collie_comm *c, const uint8_t *out);
 void cl_comm_shrink_notice(collie_comm *c, int from, const char *set, size_t len);
 bool cl_comm_is_shrink_work(const collie_work *w);
 

@@ -379,22 +379,6 @@ static void shrink_cancel_reads(shrink_work *sw) {
     if (sw->decided_get) collie_work_cancel(sw->decided_get);
 }
 
-/* The kind that describes the agreed set: peer_dead or peer_left when this
- * rank knows every rank of it so, else peer_stuck (suspected, silent, or
- * only named by another survivor). */
-static int shrink_agreed_kind(shrink_work *sw) {
-    bool all_dead = true, all_left = true;
-    for (int r = 0; r < sw->n; r++) {
-        if (!sw->out[r]) continue;
-        int s = cl_health_state(sw->comm, r);
-        all_dead &= s == COLLIE_PEER_DEAD;
-        all_left &= s == COLLIE_PEER_LEFT;
-    }
-    return all_dead   ? COLLIE_FAULT_PEER_DEAD
-           : all_left ? COLLIE_FAULT_PEER_LEFT
-                      : COLLIE_FAULT_PEER_STUCK;
-}
-
 /* Decided (loop): out of it, or this rank's new rank and the map; the old
  * comm's fault becomes the agreed set; rank 0 tells the left-out ranks. */
 static bool shrink_take_decision(shrink_work *sw) {
@@ -413,7 +397,7 @@ static bool shrink_take_decision(shrink_work *sw) {
         sw->map[r] = sw->out[r] ? -1 : sw->new_size++;
     sw->new_rank = sw->map[sw->me];
     cl_fault f;
-    cl_fault_init(&f, shrink_agreed_kind(sw), COLLIE_FAULT_VIEW_AGREED, sw->me);
+    cl_fault_init(&f, cl_shrink_set_kind(sw->comm, sw->out), COLLIE_FAULT_VIEW_AGREED, sw->me);
     for (int r = 0; r < sw->n; r++)
         if (sw->out[r]) cl_fault_add(&f, r);
     pthread_mutex_lock(&c->mu);
@@ -552,28 +536,6 @@ static void shrink_run(shrink_work *sw) {
     if (sw->tick) event_add(sw->tick, &tv);
 }
 
-/* The old comm had not failed (only suspects): abort it, its notice naming
- * them, so the others' works fail and they shrink too, knowing whom. */
-static void shrink_revoke(shrink_work *sw) {
-    collie_comm *c = sw->comm;
-    if (atomic_load(&c->err_status) != COLLIE_OK) return;
-    cl_fault f;
-    bool dead = false, stuck = false;
-    for (int r = 0; r < sw->n; r++) {
-        int s = cl_health_state(c, r);
-        dead |= sw->out[r] && s == COLLIE_PEER_DEAD;
-        stuck |= sw->out[r] && s != COLLIE_PEER_DEAD && s != COLLIE_PEER_LEFT;
-    }
-    cl_fault_init(&f,
-                  dead    ? COLLIE_FAULT_PEER_DEAD
-                  : stuck ? COLLIE_FAULT_PEER_STUCK
-                          : COLLIE_FAULT_PEER_LEFT,
-                  COLLIE_FAULT_VIEW_LOCAL, sw->me);
-    for (int r = 0; r < sw->n; r++)
-        if (sw->out[r]) cl_fault_add(&f, r);
-    cl_comm_abort_with(c, &f, "revoked: the comm is being shrunk to its survivors");
-}
-
 static void shrink_start(collie_work *w) {
     shrink_work *sw = (shrink_work *)w;
     sw->tick = event_new(cl_engine_base(w->engine), -1, 0, shrink_on_tick, sw);
@@ -582,7 +544,7 @@ static void shrink_start(collie_work *w) {
         return;
     }
     shrink_propose(sw);
-    if (!cl_work_done(w)) shrink_revoke(sw);
+    if (!cl_work_done(w)) cl_shrink_revoke(sw->comm, sw->out);
     shrink_run(sw);
 }
 

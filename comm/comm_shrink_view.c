@@ -1,7 +1,8 @@
 /*
  * comm_shrink_view.c — what a shrink knows and tells (comm_shrink.c runs
- * the agreement): this rank's view of the failed set, the set as text,
- * and a rank left out by the survivors.
+ * the agreement): this rank's view of the failed set, the set as text and
+ * its fault kind, the revoke of a comm that had not failed, and a rank left
+ * out by the survivors.
  *
  * Design notes
  *  - The view is the comm's fault's suspects (the kinds that name failed
@@ -10,6 +11,8 @@
  *  - The set's text is what the store holds (proposals, the decision) and
  *    what the "shrunk" control message carries: parsed strictly, so a
  *    value no collie rank writes is refused, never half-read.
+ *  - A set's kind: peer_dead or peer_left when this rank knows every rank
+ *    of it so, else peer_stuck (the revoke's notice and the agreed fault).
  *  - Being left out is final: an EXCLUDED event once, ENOTMEMBER on every
  *    later post (coll.c) and shrink, and the comm's fault if it had none.
  *    A "shrunk" notice is believed only from a rank that is not in its own
@@ -102,4 +105,26 @@ void cl_comm_shrink_notice(collie_comm *c, int from, const char *set, size_t len
     if (out && cl_shrink_set_parse(set, len, c->size, out) && out[c->rank] && !out[from])
         cl_comm_shrink_excluded(c, from);
     free(out);
+}
+
+int cl_shrink_set_kind(collie_comm *c, const uint8_t *out) {
+    bool all_dead = true, all_left = true;
+    for (int r = 0; r < c->size; r++) {
+        if (!out[r]) continue;
+        int s = cl_health_state(c, r);
+        all_dead &= s == COLLIE_PEER_DEAD;
+        all_left &= s == COLLIE_PEER_LEFT;
+    }
+    return all_dead   ? COLLIE_FAULT_PEER_DEAD
+           : all_left ? COLLIE_FAULT_PEER_LEFT
+                      : COLLIE_FAULT_PEER_STUCK;
+}
+
+void cl_shrink_revoke(collie_comm *c, const uint8_t *out) {
+    if (atomic_load(&c->err_status) != COLLIE_OK) return;
+    cl_fault f;
+    cl_fault_init(&f, cl_shrink_set_kind(c, out), COLLIE_FAULT_VIEW_LOCAL, c->rank);
+    for (int r = 0; r < c->size; r++)
+        if (out[r]) cl_fault_add(&f, r);
+    cl_comm_abort_with(c, &f, "revoked: the comm is being shrunk to its survivors");
 }
