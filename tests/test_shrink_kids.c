@@ -224,7 +224,11 @@ static void run_kids(const kid_plan *p, const char *transport) {
         assert_int_equal(codes[r], 0);
         const char *t = strstr(k.buf[r], "shrunk ");
         if (t) print_message("%s", t);
-        if (p->replace) assert_non_null(strstr(k.buf[r], r == KN ? "joined " : "grown "));
+        if (p->replace) {
+            t = strstr(k.buf[r], r == KN ? "joined " : "grown ");
+            assert_non_null(t);
+            print_message("%s", t);
+        }
     }
 }
 
