@@ -126,7 +126,8 @@ static const cl_setting cl_settings[] = {
     {"COLLIE_NCCL_POLL_US", CL_SET_INT, CL_OFF(nccl_poll_us), 1, "200",
      "NCCL backend: microseconds between polls of pending GPU works"},
     {"COLLIE_NCCL_ABORT_TIMEOUT_MS", CL_SET_MS, CL_OFF(nccl_abort_ms), 1, "10000",
-     "NCCL backend: bound of ncclCommAbort before the works fail anyway (logged)"},
+     "NCCL backend: bound of the NCCL abort (ncclCommRevoke's quiesce, or ncclCommAbort) "
+     "before the works fail anyway (logged)"},
     {"COLLIE_TRACE_BUFFER", CL_SET_INT, CL_OFF(trace_buffer), 0, "2048",
      "flight-recorder entries kept per communicator (0: off)"},
     {"COLLIE_CHECK_ARGS", CL_SET_INT, CL_OFF(check_args), 0, "0",
