@@ -3,7 +3,11 @@
  * the test process: each child's stdout and stdin are pipes (lines both
  * ways), every read is bounded, and kids_end reaps them all (SIGKILL past
  * its bound). Used where a rank's process must be its own (peer health:
- * pidfds, kills, stops): tests/test_health.c, tests/test_health_edges.c.
+ * pidfds, kills, stops): tests/test_health.c, tests/test_health_edges.c,
+ * the shrink tests. The children are forked before the test process makes
+ * its engine and store server (a child of a threaded process may inherit a
+ * lock held by another thread and hang: seen under ASan); each reads the
+ * store's address as its first line on stdin.
  */
 #ifndef CL_TEST_KIDS_H
 #define CL_TEST_KIDS_H
