@@ -28,11 +28,12 @@ if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
                 allow_module_level=True)
 
 
-def run_world(backend, world=2, timeout=120, scenario="basic", env=None):
+def run_world(backend, world=2, timeout=120, scenario="basic", env=None, exits=None):
     return run_ranks(
         lambda r, port: [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r),
                          str(world), port, scenario],
-        world, backend, timeout, env=None if env is None else {**os.environ, **env})
+        world, backend, timeout, env=None if env is None else {**os.environ, **env},
+        exits=exits)
 
 
 # a GPU on this machine (the lent GPU machines): the device node, without
@@ -390,3 +391,29 @@ def test_profiler_events():
         assert ev["collie:all_gather"] == [1, True, [[3]]], (r, ev)
         p2p = "collie:send" if r == 0 else "collie:recv"
         assert ev[p2p] == [1, True, [[5]]], (r, ev)
+
+
+# A rank lost without a new init_process_group (issue 33): 4 ranks on a
+# TCPStore rank 0 hosts, an allreduce, rank 3 SIGKILLed (it kills itself
+# after a store sync, so no collective is in flight); each survivor's next
+# allreduce fails naming the death; new_group(use_local_synchronization=True)
+# of the survivors makes a collie group among them alone, whose allreduce
+# and broadcast are right, and so is a group of two of them; a group that
+# names the dead rank is refused at once, naming it (torch2_worker.py,
+# survivors_new_group).
+def test_survivors_new_group_after_kill():
+    world = 4
+    res = run_world("cpu:collie", world, scenario="survivors_new_group", exits={3: -9})
+    for r, out in enumerate(res):
+        assert out["first"] == [float(sum(range(1, world + 1)))] * 4, (r, out)
+    for r, out in enumerate(res[:3]):
+        msg, secs = out["failed"]
+        assert msg != "ok" and "rank 3" in msg, (r, out)
+        assert secs < 20, (r, out)
+        msg, secs = out["with_dead"]
+        assert "rank 3" in msg and "dead" in msg, (r, out)
+        assert secs < 3, (r, out)
+        assert out["group"] == [[6.0] * 4, 3, r, "collie"], (r, out)
+        assert out["broadcast"] == [2.0, 2.0], (r, out)
+        if r < 2:
+            assert out["subset"] == [[30.0] * 3, 2], (r, out)

@@ -604,6 +604,68 @@ def profiler():
     return res
 
 
+def _lose_last():
+    """A world group over a TCPStore rank 0 hosts (it outlives the lost
+    rank), an allreduce (checked), a store sync so that no collective is in
+    flight, then the last rank prints what it saw and SIGKILLs itself; each
+    survivor's next allreduce fails (bounded: the peer's death is seen at
+    once, else the group's 30 s deadline). Returns the store and what was seen."""
+    import signal
+
+    store = tcp_store()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    res = {"pid": os.getpid()}
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    res["first"] = t.tolist()
+    _sync(store, "first")
+    if rank == world - 1:
+        print(json.dumps(res), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    res["failed"] = _err(lambda: dist.all_reduce(torch.ones(4)))
+    return store, res
+
+
+def survivors_new_group():
+    """After the last rank died: new_group(use_local_synchronization=True)
+    of the survivors (no new init_process_group), an allreduce on it
+    (values checked), a group of a subset of them, and a group naming the
+    dead rank (refused: timed out today, at once when the world's comm knows
+    the rank is dead)."""
+    import time
+
+    store, res = _lose_last()
+    cpu = torch.device("cpu")
+    alive = list(range(world - 1))
+    t0 = time.monotonic()
+    res["with_dead"] = _err(lambda: dist.new_group(list(range(world)), use_local_synchronization=True,
+                                                   timeout=timedelta(seconds=5)))
+    g = dist.new_group(alive, use_local_synchronization=True, timeout=timedelta(seconds=30))
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    res["group"] = [t.tolist(), g.size(), g.rank(), g._get_backend(cpu).name()]
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=alive[-1], group=g)
+    res["broadcast"] = b.tolist()
+    if rank in alive[:2]:
+        sub = dist.new_group(alive[:2], use_local_synchronization=True,
+                             timeout=timedelta(seconds=30))
+        t = torch.full((3,), float(10 * (rank + 1)))
+        dist.all_reduce(t, group=sub)
+        res["subset"] = [t.tolist(), sub.size()]
+    res["seconds"] = time.monotonic() - t0
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def _sync_alive(store, what):
+    """_sync among the survivors of _lose_last."""
+    store.set(f"{what}{rank}", "1")
+    store.wait([f"{what}{r}" for r in range(world - 1)], timedelta(seconds=60))
+
+
 SCENARIOS = {
     "spellings": spellings,
     "lazy_cuda": lazy_cuda,
@@ -620,6 +682,7 @@ SCENARIOS = {
     "barrier_timeout": barrier_timeout,
     "anysource": anysource,
     "extras": extras,
+    "survivors_new_group": survivors_new_group,
 }
 
 if scenario == "basic":
