@@ -240,10 +240,46 @@ def _advertised_host(global_ranks):
         return "127.0.0.1"
 
 
+def _default_collie():
+    """The default (world) group's collie backend, or None (no default
+    group yet, or its CPU backend is not collie's)."""
+    if not dist.is_initialized():
+        return None
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        be = pg._get_backend(torch.device("cpu")) if TORCH2 else pg
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    return be if isinstance(be, ProcessGroupCollie) else None
+
+
+def refuse_lost(ranks, what="new group"):
+    """Raise at once when a group to be made names a rank the default
+    group's collie comm knows is dead or has left: its rendezvous would wait
+    its whole timeout for that rank (ranks: global ranks)."""
+    world = _default_collie()
+    if world is None or not ranks:
+        return
+    lost, why = world._lost_ranks()
+    gone = [r for r in ranks if r in lost]
+    if gone:
+        alive = [r for r in ranks if r not in lost]
+        raise RuntimeError(
+            f"collie: {what} of ranks {list(ranks)}: rank{'s' if len(gone) > 1 else ''} "
+            f"{', '.join(map(str, gone))} {'are' if len(gone) > 1 else 'is'} dead or "
+            f"{'have' if len(gone) > 1 else 'has'} left (the default group's collie comm: "
+            f"{why or 'peer health'}); make the group of the survivors (new_group({alive}, "
+            "use_local_synchronization=True), or collie.torch.shrink())"
+        )
+
+
 def create_process_group(dist_opts, pg_options=None):
     """torch's creator function (extended_api=True)."""
     opts = Options.of(pg_options)
     policy = resolve_policy(opts)
+    # a subgroup (torch's new_group; the default group is made with no
+    # list, before is_initialized) that names a rank known lost
+    refuse_lost(list(dist_opts.global_ranks_in_group))
     store = dist_opts.store
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = comm_seconds(dist_opts.timeout)
@@ -358,6 +394,53 @@ def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_optio
     opts.group_id = ""
     opts.global_ranks_in_group = list(range(size))
     return create_process_group(opts, pg_options)
+
+
+def shrink(group=None, timeout=None):
+    """The survivors of a fault in `group` (None: the default group) as a
+    new ProcessGroup, ranks renumbered in their old order, without a new
+    init_process_group: collie's agreement (collie_comm_shrink: every
+    survivor calls this; connections reused) names the ranks left out, then
+    torch's dist.shrink_group(those ranks, group) installs the group that
+    agreement made (Backend::shrink), as for NCCL: a shrunk default group
+    becomes the default group and torch destroys the other groups; the old
+    group is destroyed. `timeout` (timedelta or seconds; None: the comm's
+    creation timeout) bounds the agreement and is the new group's op
+    timeout. rank_map(new) maps the old ranks to new ones. Raises
+    RuntimeError naming why: this rank was left out by the survivors, the
+    group is healthy, a store that died; NotImplementedError where torch has
+    no shrink_group (torch 1.13, 2.x before about 2.10): there,
+    new_group(survivors, use_local_synchronization=True) makes a collie
+    group of the survivors (docs/torch2.md)."""
+    if not TORCH2 or not hasattr(dist, "shrink_group") or not ProcessGroupCollie._torch_has_shrink:
+        raise NotImplementedError(
+            f"collie.torch.shrink: torch {torch.__version__} has no dist.shrink_group / "
+            "Backend::shrink to install a shrunk group with; make the survivors' group with "
+            "new_group(ranks, use_local_synchronization=True) (docs/torch2.md)"
+        )
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = pg._get_backend(torch.device("cpu"))
+    if not isinstance(be, ProcessGroupCollie):
+        raise TypeError(
+            f"collie.torch.shrink: the group's CPU backend is {type(be).__name__}, not collie's"
+        )
+    if timeout is not None and not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=timeout)
+    left = be._shrink_agree(timeout) if timeout is not None else be._shrink_agree()
+    # shrink_group's pg_options reach Backend::shrink: the new group's timeout
+    opts = None if timeout is None else dist.distributed_c10d.C10DBackend.Options("collie", timeout)
+    return dist.shrink_group(list(left), group=pg, pg_options=opts)
+
+
+def rank_map(group):
+    """For a group made by shrink (collie.torch.shrink, dist.shrink_group of
+    a collie group): each rank of the group it came from, with its rank in
+    `group` or None (left out); None for any other group."""
+    be = group._get_backend(torch.device("cpu")) if TORCH2 else group
+    if not isinstance(be, ProcessGroupCollie):
+        raise TypeError(f"collie.torch.rank_map: the group's CPU backend is {type(be).__name__}")
+    m = be.rank_map()
+    return [None if r < 0 else r for r in m] if m else None
 
 
 def _first_plugin():
