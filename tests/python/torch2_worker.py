@@ -666,6 +666,146 @@ def _sync_alive(store, what):
     store.wait([f"{what}{r}" for r in range(world - 1)], timedelta(seconds=60))
 
 
+def _world_after_shrink(new):
+    """What a survivor sees of the group collie.torch.shrink / shrink_group
+    gave it, and an allreduce and a broadcast on it (the default group)."""
+    cpu = torch.device("cpu")
+    res = {"size": new.size(), "rank": new.rank(), "map": collie.torch.rank_map(new),
+           "name": new._get_backend(cpu).name(), "is_default": new is dist.group.WORLD,
+           "world": [dist.get_rank(), dist.get_world_size()]}
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    res["allreduce"] = t.tolist()
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=new.size() - 1)
+    res["broadcast"] = b.tolist()
+    return res
+
+
+def survivors_shrink():
+    """After the last rank died: collie.torch.shrink() (collie's agreement,
+    then torch's shrink_group) gives the survivors a default group of 3,
+    ranks kept in order, whose allreduce and broadcast are right; the old
+    group's rank map says who was left out."""
+    import time
+
+    store, res = _lose_last()
+    t0 = time.monotonic()
+    new = collie.torch.shrink(timeout=30)
+    res["shrink_s"] = time.monotonic() - t0
+    res.update(_world_after_shrink(new))
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def survivors_shrink_group():
+    """After the last rank died, torch's own dist.shrink_group on the
+    collie group: a list that is not what the survivors agree on is refused
+    naming both sets (the agreed group is kept), then the agreed list gets
+    it; the same checks as survivors_shrink."""
+    store, res = _lose_last()
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    res["supports"] = be.supports_shrinking
+    res["wrong"] = _err(lambda: be.shrink([world - 2, world - 1]))[0]
+    new = dist.shrink_group([world - 1])
+    res.update(_world_after_shrink(new))
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_stopped():
+    """The last rank dies; rank 2 stops itself (SIGSTOP) before it can take
+    part; ranks 0 and 1 shrink with a 4 s bound, which leaves out 3 (dead)
+    and 2 (silent): a group of 2, allreduce checked; then rank 0 resumes
+    rank 2 (SIGCONT), whose shrink is refused: it was left out."""
+    import signal
+    import time
+
+    store, res = _lose_last()
+    store.set(f"pid{rank}", str(os.getpid()))
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # resumed by rank 0 once 0 and 1 hold their group
+        res["shrink"] = _err(lambda: collie.torch.shrink(timeout=10))
+        res["post"] = _err(lambda: dist.all_reduce(torch.ones(2)))[0]
+        store.set("done2", "1")
+    else:
+        t0 = time.monotonic()
+        new = collie.torch.shrink(timeout=4)
+        res["shrink_s"] = time.monotonic() - t0
+        res.update(_world_after_shrink(new))
+        store.set(f"held{rank}", "1")
+        store.wait(["held0", "held1"], timedelta(seconds=60))
+        if rank == 0:
+            os.kill(int(store.get("pid2")), signal.SIGCONT)
+        store.wait(["done2"], timedelta(seconds=60))
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_healthy():
+    """collie.torch.shrink on a healthy group is refused naming why; the
+    group goes on working."""
+    store = tcp_store()
+    init(backend, store, "h")
+    res = {"shrink": _err(lambda: collie.torch.shrink(timeout=5))}
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_abort():
+    """World of 3, healthy; rank 2 stops itself (SIGSTOP) after an
+    allreduce; ranks 0 and 1 call torch's shrink_group([2]) with
+    SHRINK_ABORT and a 3 s timeout: the group is aborted, the agreement
+    leaves rank 2 out at its deadline, a group of 2 (allreduce checked);
+    rank 0 then resumes rank 2, whose next post is refused (left out)."""
+    import signal
+    import time
+
+    store = tcp_store()
+    init(backend, store, "a")
+    res = {}
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    res["first"] = t.tolist()
+    store.set(f"pid{rank}", str(os.getpid()))
+    _sync(store, "first")
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # the old group learns it was left out from the survivors' notice
+        # on its control channel (after their abort notice): its posts fail
+        # EABORTED until then, ENOTMEMBER after (polled, bounded)
+        t0 = time.monotonic()
+        res["posts"] = []
+        while time.monotonic() - t0 < 10:
+            msg = _err(lambda: dist.all_reduce(torch.ones(2)))[0]
+            if not res["posts"] or res["posts"][-1] != msg:
+                res["posts"].append(msg)
+            if "COLLIE_ENOTMEMBER" in msg or msg == "ok":
+                break
+            time.sleep(0.05)
+        res["told_s"] = time.monotonic() - t0
+        store.set("done2", "1")
+    else:
+        t0 = time.monotonic()
+        opts = c10d.C10DBackend.Options("collie", timedelta(seconds=3))
+        new = dist.shrink_group([2], shrink_flags=c10d.SHRINK_ABORT, pg_options=opts)
+        res["shrink_s"] = time.monotonic() - t0
+        res.update(_world_after_shrink(new))
+        store.set(f"held{rank}", "1")
+        store.wait(["held0", "held1"], timedelta(seconds=60))
+        if rank == 0:
+            os.kill(int(store.get("pid2")), signal.SIGCONT)
+        store.wait(["done2"], timedelta(seconds=60))
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
     "spellings": spellings,
     "lazy_cuda": lazy_cuda,
@@ -683,6 +823,11 @@ SCENARIOS = {
     "anysource": anysource,
     "extras": extras,
     "survivors_new_group": survivors_new_group,
+    "survivors_shrink": survivors_shrink,
+    "survivors_shrink_group": survivors_shrink_group,
+    "shrink_stopped": shrink_stopped,
+    "shrink_healthy": shrink_healthy,
+    "shrink_abort": shrink_abort,
 }
 
 if scenario == "basic":
