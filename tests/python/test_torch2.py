@@ -432,7 +432,10 @@ def _check_shrunk(r, out, world, left):
     assert out["broadcast"] == [float(keep[-1])] * 2, (r, out)
 
 
-# The same loss, the survivors shrinking (issue 33): collie.torch.shrink()
+# The same loss, the survivors shrinking (issue 33): first a group of every
+# rank other than the default one (collie.torch.shrink(group): a group of
+# 3, its allreduce right, the world's size still 4), then the default
+# group: collie.torch.shrink()
 # runs collie's agreement (collie_comm_shrink of the world's comm) and hands
 # the comm it made to torch's shrink_group, which installs it as the default
 # group: ranks 0-2 in order, rank map [0, 1, 2, None], allreduce and
@@ -443,6 +446,7 @@ def test_survivors_shrink_after_kill():
     for r, out in enumerate(res[:3]):
         assert out["first"] == [10.0] * 4, (r, out)
         assert "rank 3" in out["failed"][0], (r, out)
+        assert out["sub"] == [3, r, [0, 1, 2, None], [60.0, 60.0], 4, False], (r, out)
         assert out["shrink_s"] < 10, (r, out)
         _check_shrunk(r, out, world, [3])
 

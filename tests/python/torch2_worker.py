@@ -604,12 +604,14 @@ def profiler():
     return res
 
 
-def _lose_last():
+def _lose_last(sub=None):
     """A world group over a TCPStore rank 0 hosts (it outlives the lost
     rank), an allreduce (checked), a store sync so that no collective is in
     flight, then the last rank prints what it saw and SIGKILLs itself; each
     survivor's next allreduce fails (bounded: the peer's death is seen at
-    once, else the group's 30 s deadline). Returns the store and what was seen."""
+    once, else the group's 30 s deadline). With `sub` (a list), a group of
+    every rank is made first and has one allreduce too; it is put there.
+    Returns the store and what was seen."""
     import signal
 
     store = tcp_store()
@@ -619,6 +621,9 @@ def _lose_last():
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     res["first"] = t.tolist()
+    if sub is not None:
+        sub.append(dist.new_group(list(range(world))))
+        dist.all_reduce(torch.ones(1), group=sub[0])
     _sync(store, "first")
     if rank == world - 1:
         print(json.dumps(res), flush=True)
@@ -683,13 +688,22 @@ def _world_after_shrink(new):
 
 
 def survivors_shrink():
-    """After the last rank died: collie.torch.shrink() (collie's agreement,
-    then torch's shrink_group) gives the survivors a default group of 3,
-    ranks kept in order, whose allreduce and broadcast are right; the old
-    group's rank map says who was left out."""
+    """After the last rank died: collie.torch.shrink(sub) of a group of
+    every rank (not the default one), an allreduce on it; then
+    collie.torch.shrink() (collie's agreement, then torch's shrink_group)
+    gives the survivors a default group of 3, ranks kept in order, whose
+    allreduce and broadcast are right; the rank map says who was left out."""
     import time
 
-    store, res = _lose_last()
+    sub = []
+    store, res = _lose_last(sub)
+    # a group other than the default one first (shrinking the default group
+    # destroys the others: torch's rule)
+    g = collie.torch.shrink(sub[0], timeout=30)
+    t = torch.full((2,), float(10 * (rank + 1)))
+    dist.all_reduce(t, group=g)
+    res["sub"] = [g.size(), g.rank(), collie.torch.rank_map(g), t.tolist(),
+                  dist.get_world_size(), g is dist.group.WORLD]
     t0 = time.monotonic()
     new = collie.torch.shrink(timeout=30)
     res["shrink_s"] = time.monotonic() - t0
