@@ -3,6 +3,7 @@
     import collie.torch               # registers the backend "collie"
     dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
     pg = collie.torch.new_process_group(store, rank, size)   # or directly
+    pg = collie.torch.shrink()        # torch 2.x: the survivors of a lost rank
 
 Design notes
 - Rendezvous: torch hands each process group a store (a PrefixStore of the
@@ -39,6 +40,20 @@ Design notes
   on the backend "nccl", on the tensor's device. It is made after torch
   loaded libnccl.so.2, so the plugin binds torch's copy; the factory checks
   that one libnccl.so.2 is mapped (nccl_libraries()).
+- A rank lost (docs/torch2.md, "Losing a rank"): new_group (also with
+  use_local_synchronization=True) makes a fresh collie comm among its
+  members over the group's store, as for any group, not a collie shrink of
+  the default group's comm: the members may be any subset of the survivors
+  (a shrink would wait for the survivors that are not members until its
+  deadline and then leave them out), and survivors whose views of the
+  failed set differ at that moment would take different paths (one
+  shrinking, one making a comm) and meet only at a timeout. The cost is
+  one rendezvous (milliseconds on one host) instead of reused links. A
+  group that names a rank the default group's comm knows dead or left is
+  refused at once (refuse_lost) instead of waiting out its rendezvous.
+  collie_comm_shrink itself is reached through torch's shrink_group
+  (Backend::shrink) and shrink() below, which asks collie for the agreed
+  set first (torch wants the list up front; collie agrees on it).
 - The host published for rank 0's server: $COLLIE_TORCH_HOST, else
   MASTER_ADDR when this process is global rank 0, else this host's
   resolved name.

@@ -47,6 +47,16 @@
 //   starts over and an op collie refuses ends its region. split is one
 //   collie_comm_split for every new group; teardown aborts the comm before
 //   taking comm_mu_ when a split is in flight, which ends the split.
+// - Shrink (torch 2.x where torch declares Backend::shrink: compat.h's
+//   ShrinkBase): torch's shrink_group names the ranks to exclude, collie's
+//   survivors agree on them (collie_comm_shrink). shrink_agree runs the
+//   agreement once and keeps the comm it made (shrunk_, under shrink_mu_,
+//   which is taken before comm_mu_); shrink_to hands it to a new
+//   ProcessGroupCollie when torch's list is the agreed set, else refuses
+//   naming both and keeps it, so a call with the agreed list (what
+//   collie.torch.shrink makes) still gets it. A comm nobody took goes with
+//   the teardown. lost_ranks() (peer health and the comm's fault) lets
+//   collie.torch refuse a new group that names a rank known gone.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
