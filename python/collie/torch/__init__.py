@@ -47,8 +47,9 @@ Design notes
   (a shrink would wait for the survivors that are not members until its
   deadline and then leave them out), and survivors whose views of the
   failed set differ at that moment would take different paths (one
-  shrinking, one making a comm) and meet only at a timeout. The cost is
-  one rendezvous (milliseconds on one host) instead of reused links. A
+  shrinking, one making a comm) and meet only at a timeout. A shrink's
+  comm is made by a rendezvous too; what it adds is the agreement on the
+  failed set, which a group with a given member list does not need. A
   group that names a rank the default group's comm knows dead or left is
   refused at once (refuse_lost) instead of waiting out its rendezvous.
   collie_comm_shrink itself is reached through torch's shrink_group
@@ -415,7 +416,7 @@ def shrink(group=None, timeout=None):
     """The survivors of a fault in `group` (None: the default group) as a
     new ProcessGroup, ranks renumbered in their old order, without a new
     init_process_group: collie's agreement (collie_comm_shrink: every
-    survivor calls this; connections reused) names the ranks left out, then
+    survivor calls this) names the ranks left out, then
     torch's dist.shrink_group(those ranks, group) installs the group that
     agreement made (Backend::shrink), as for NCCL: a shrunk default group
     becomes the default group and torch destroys the other groups; the old

@@ -646,19 +646,19 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
     }
 
     // Shrinking (torch's dist.shrink_group -> Backend::shrink where torch
-    // declares it: compat.h's ShrinkBase; collie.torch.shrink): the survivors
-    // of a fault agree on the ranks that failed (collie_comm_shrink of this
-    // group's comm: connections to the survivors reused, every work of this
-    // comm ended first) and get a group of the others, renumbered in order.
+    // declares it: compat.h's ShrinkBase; collie.torch.shrink): the
+    // survivors of a fault agree on the ranks that failed
+    // (collie_comm_shrink of this group's comm: every work of this comm has
+    // ended first) and get a group of the others, renumbered in order.
     // torch names the ranks to exclude up front, collie agrees on them: so
     // shrink_agree runs the agreement once and keeps its comm (shrunk_),
     // returning the ranks it left out, and shrink_to hands that comm over
     // when torch's list is that set, else fails naming both and keeps it
     // for a call with the agreed list. Bounded by `t` (opts' timeout, also
-    // the new group's op timeout), else the comm's creation timeout.
-    // A healthy comm (no rank dead, left or suspected) is refused
-    // (ESTATE) unless shrink_flags has SHRINK_ABORT, which aborts it first.
-    // A teardown from another thread waits for a shrink in flight (bounded
+    // the new group's op timeout), else the comm's creation timeout. A
+    // healthy comm (no rank dead, left or suspected) is refused (ESTATE)
+    // unless shrink_flags has SHRINK_ABORT, which aborts it first. A
+    // teardown from another thread waits for a shrink in flight (bounded
     // by its timeout: the comm is failed already, an abort would not end it).
     std::vector<int> shrink_agree(std::chrono::milliseconds t, bool abort_first) {
         std::lock_guard<std::mutex> sg(shrink_mu_);
