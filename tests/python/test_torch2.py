@@ -2,8 +2,9 @@
 (make torch2-venv) with the extension built against it (make torch2) runs
 init_process_group with collie named as a backend or in a device map,
 allreduce, broadcast, barrier and destroy_process_group at world size 2;
-torch 2.x's shutdown/abort of a collie group, init/destroy cycles,
-each rank a process (tests/python/torch2_worker.py). The test itself runs
+torch 2.x's shutdown/abort of a collie group, init/destroy cycles, a
+rank lost and the survivors' groups (new_group, shrink_group,
+collie.torch.shrink), each rank a process (tests/python/torch2_worker.py). The test itself runs
 under any Python (Debian's in make test-python); it skips, saying what to
 build, where the venv or the extension is missing. make test-torch2 runs it."""
 
