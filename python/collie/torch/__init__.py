@@ -420,7 +420,9 @@ def shrink(group=None, timeout=None):
     torch's dist.shrink_group(those ranks, group) installs the group that
     agreement made (Backend::shrink), as for NCCL: a shrunk default group
     becomes the default group and torch destroys the other groups; the old
-    group is destroyed. `timeout` (timedelta or seconds; None: the comm's
+    group is destroyed. A group that has not noticed a death the default
+    group's comm saw is aborted first (a revoke). `timeout` (timedelta or
+    seconds; None: the comm's
     creation timeout) bounds the agreement and is the new group's op
     timeout. rank_map(new) maps the old ranks to new ones. Raises
     RuntimeError naming why: this rank was left out by the survivors, the
@@ -442,7 +444,21 @@ def shrink(group=None, timeout=None):
         )
     if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=timeout)
-    left = be._shrink_agree(timeout) if timeout is not None else be._shrink_agree()
+    # A group other than the default one may not have noticed yet a death
+    # the default group's comm saw (an idle group learns it a moment later,
+    # or, across hosts, at its next collective): collie would call it
+    # healthy. Its comm is aborted first then (a revoke: the other members'
+    # works fail and they shrink too), and the agreement sees the death
+    # through peer health, or leaves the silent rank out at its deadline.
+    world = _default_collie()
+    revoke = False
+    if world is not None and pg is not dist.distributed_c10d._get_default_group():
+        lost, _ = world._lost_ranks()
+        revoke = bool(set(lost) & set(dist.get_process_group_ranks(pg)))
+    kw = {"abort_first": revoke}
+    if timeout is not None:
+        kw["timeout"] = timeout
+    left = be._shrink_agree(**kw)
     # shrink_group's pg_options reach Backend::shrink: the new group's timeout
     opts = None if timeout is None else dist.distributed_c10d.C10DBackend.Options("collie", timeout)
     return dist.shrink_group(list(left), group=pg, pg_options=opts)

@@ -660,7 +660,8 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
     // unless shrink_flags has SHRINK_ABORT, which aborts it first. A
     // teardown from another thread waits for a shrink in flight (bounded
     // by its timeout: the comm is failed already, an abort would not end it).
-    std::vector<int> shrink_agree(std::chrono::milliseconds t, bool abort_first) {
+    // abort_first: 1 torch's SHRINK_ABORT, 2 collie.torch.shrink's revoke
+    std::vector<int> shrink_agree(std::chrono::milliseconds t, int abort_first) {
         std::lock_guard<std::mutex> sg(shrink_mu_);
         if (!shrunk_) {
             collie_shrink_opts so{};
@@ -675,7 +676,11 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
             {
                 std::shared_lock<std::shared_mutex> g(comm_mu_);
                 TORCH_CHECK(comm_, "collie: shrink: ", closed_);
-                if (abort_first) collie_comm_abort(comm_, "torch's shrink_group (SHRINK_ABORT)");
+                if (abort_first)
+                    collie_comm_abort(comm_, abort_first == 1
+                                                 ? "torch's shrink_group (SHRINK_ABORT)"
+                                                 : "collie.torch.shrink: a member is known lost "
+                                                   "(the default group's comm saw it)");
                 st = collie_comm_shrink(comm_, &so, &child);
             }
             TORCH_CHECK(st != COLLIE_ENOTMEMBER, collie_error(st, "shrink"),
@@ -683,8 +688,8 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
                         "new init_process_group)");
             TORCH_CHECK(st != COLLIE_ESTATE, collie_error(st, "shrink"),
                         ": collie shrinks a group to the survivors of a fault (a rank dead, left "
-                        "or suspected; torch's shrink_group with SHRINK_ABORT aborts the group "
-                        "first)");
+                        "or suspected; a group that has not noticed it yet is healthy too: "
+                        "torch's shrink_group with SHRINK_ABORT aborts it first)");
             TORCH_CHECK(st == COLLIE_OK, collie_error(st, "shrink"));
             shrunk_ = child;
         }
@@ -699,7 +704,7 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
     c10::intrusive_ptr<c10d::Backend> shrink_to(const std::vector<int64_t> &exclude, int flags,
                                                 const c10::intrusive_ptr<Options> &opts) {
         auto t = opts ? opts->timeout : c10d::kUnsetTimeout;
-        auto left = shrink_agree(t, flags & 1 /* torch's SHRINK_ABORT */);
+        auto left = shrink_agree(t, (flags & 1) ? 1 : 0 /* torch's SHRINK_ABORT */);
         std::vector<int> want(exclude.begin(), exclude.end());
         std::sort(want.begin(), want.end());
         TORCH_CHECK(left == want, "collie: shrink: the survivors agreed to leave out ranks ",
@@ -1701,10 +1706,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // collie.torch.shrink's first step: the agreement (the ranks left out)
     pg_class.def(
         "_shrink_agree",
-        [](ProcessGroupCollie &pg, std::chrono::milliseconds t) {
-            return pg.shrink_agree(t, false);
+        [](ProcessGroupCollie &pg, std::chrono::milliseconds t, bool abort_first) {
+            return pg.shrink_agree(t, abort_first ? 2 : 0);
         },
-        py::arg("timeout") = c10d::kUnsetTimeout, py::call_guard<py::gil_scoped_release>());
+        py::arg("timeout") = c10d::kUnsetTimeout, py::arg("abort_first") = false,
+        py::call_guard<py::gil_scoped_release>());
     pg_class.attr("_torch_has_shrink") = collie_torch::has_shrink<collie_torch::BackendBase>::value;
 #else
     (void)pg_class;
