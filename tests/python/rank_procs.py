@@ -15,10 +15,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(argv, world, what, timeout=120, env=None):
+def run_ranks(argv, world, what, timeout=120, env=None, exits=None):
     """argv(rank, port) -> the command of that rank; returns each rank's
     last stdout line, parsed as JSON, by rank. `what` names the run in a
-    failure's message."""
+    failure's message. `exits`: {rank: exit status} for ranks expected not
+    to exit 0 (e.g. -9: killed by SIGKILL, after printing its line)."""
     port = str(free_port())
     procs = [subprocess.Popen(argv(r, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env)
@@ -27,7 +28,9 @@ def run_ranks(argv, world, what, timeout=120, env=None):
     try:
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{what} rank {r} exit {p.returncode}:\n{err[-3000:]}"
+            want = (exits or {}).get(r, 0)
+            assert p.returncode == want, (
+                f"{what} rank {r} exit {p.returncode} (expected {want}):\n{err[-3000:]}")
             results.append(json.loads(out.strip().splitlines()[-1]))
     finally:
         for p in procs:

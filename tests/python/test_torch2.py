@@ -2,8 +2,9 @@
 (make torch2-venv) with the extension built against it (make torch2) runs
 init_process_group with collie named as a backend or in a device map,
 allreduce, broadcast, barrier and destroy_process_group at world size 2;
-torch 2.x's shutdown/abort of a collie group, init/destroy cycles,
-each rank a process (tests/python/torch2_worker.py). The test itself runs
+torch 2.x's shutdown/abort of a collie group, init/destroy cycles, a
+rank lost and the survivors' groups (new_group, shrink_group,
+collie.torch.shrink), each rank a process (tests/python/torch2_worker.py). The test itself runs
 under any Python (Debian's in make test-python); it skips, saying what to
 build, where the venv or the extension is missing. make test-torch2 runs it."""
 
@@ -28,11 +29,12 @@ if not os.path.exists(EXT) and not os.environ.get("COLLIE_TORCH_EXT"):
                 allow_module_level=True)
 
 
-def run_world(backend, world=2, timeout=120, scenario="basic", env=None):
+def run_world(backend, world=2, timeout=120, scenario="basic", env=None, exits=None):
     return run_ranks(
         lambda r, port: [PYTHON, os.path.join(HERE, "torch2_worker.py"), backend, str(r),
                          str(world), port, scenario],
-        world, backend, timeout, env=None if env is None else {**os.environ, **env})
+        world, backend, timeout, env=None if env is None else {**os.environ, **env},
+        exits=exits)
 
 
 # a GPU on this machine (the lent GPU machines): the device node, without
@@ -390,3 +392,120 @@ def test_profiler_events():
         assert ev["collie:all_gather"] == [1, True, [[3]]], (r, ev)
         p2p = "collie:send" if r == 0 else "collie:recv"
         assert ev[p2p] == [1, True, [[5]]], (r, ev)
+
+
+# A rank lost without a new init_process_group (issue 33): 4 ranks on a
+# TCPStore rank 0 hosts, an allreduce, rank 3 SIGKILLed (it kills itself
+# after a store sync, so no collective is in flight); each survivor's next
+# allreduce fails naming the death; new_group(use_local_synchronization=True)
+# of the survivors makes a collie group among them alone, whose allreduce
+# and broadcast are right, and so is a group of two of them; a group that
+# names the dead rank is refused at once, naming it (torch2_worker.py,
+# survivors_new_group).
+def test_survivors_new_group_after_kill():
+    world = 4
+    res = run_world("cpu:collie", world, scenario="survivors_new_group", exits={3: -9})
+    for r, out in enumerate(res):
+        assert out["first"] == [float(sum(range(1, world + 1)))] * 4, (r, out)
+    for r, out in enumerate(res[:3]):
+        msg, secs = out["failed"]
+        assert msg != "ok" and "rank 3" in msg, (r, out)
+        assert secs < 20, (r, out)
+        msg, secs = out["with_dead"]
+        assert "rank 3" in msg and "dead" in msg, (r, out)
+        assert secs < 3, (r, out)
+        assert out["group"] == [[6.0] * 4, 3, r, "collie"], (r, out)
+        assert out["broadcast"] == [2.0, 2.0], (r, out)
+        if r < 2:
+            assert out["subset"] == [[30.0] * 3, 2], (r, out)
+
+
+def _check_shrunk(r, out, world, left):
+    """A survivor's view of the group a shrink gave it (torch2_worker.py,
+    _world_after_shrink): ranks kept in order, the rank map, the default
+    group replaced, an allreduce and a broadcast right."""
+    keep = [x for x in range(world) if x not in left]
+    assert out["size"] == len(keep) and out["rank"] == keep.index(r), (r, out)
+    assert out["map"] == [None if x in left else keep.index(x) for x in range(world)], (r, out)
+    assert out["name"] == "collie" and out["is_default"] is True, (r, out)
+    assert out["world"] == [keep.index(r), len(keep)], (r, out)
+    assert out["allreduce"] == [float(sum(x + 1 for x in keep))] * 4, (r, out)
+    assert out["broadcast"] == [float(keep[-1])] * 2, (r, out)
+
+
+# The same loss, the survivors shrinking (issue 33): first a group of every
+# rank other than the default one (collie.torch.shrink(group): a group of
+# 3, its allreduce right, the world's size still 4), then the default
+# group: collie.torch.shrink()
+# runs collie's agreement (collie_comm_shrink of the world's comm) and hands
+# the comm it made to torch's shrink_group, which installs it as the default
+# group: ranks 0-2 in order, rank map [0, 1, 2, None], allreduce and
+# broadcast right, well under the 30 s bound.
+def test_survivors_shrink_after_kill():
+    world = 4
+    res = run_world("cpu:collie", world, scenario="survivors_shrink", exits={3: -9})
+    for r, out in enumerate(res[:3]):
+        assert out["first"] == [10.0] * 4, (r, out)
+        assert "rank 3" in out["failed"][0], (r, out)
+        assert out["sub"] == [3, r, [0, 1, 2, None], [60.0, 60.0], 4, False], (r, out)
+        assert out["shrink_s"] < 10, (r, out)
+        _check_shrunk(r, out, world, [3])
+
+
+# torch's own dist.shrink_group on a collie group: supports_shrinking; a
+# ranks_to_exclude that is not the agreed set is refused naming both (the
+# agreed group is kept), the agreed one gets the group.
+def test_survivors_torch_shrink_group():
+    world = 4
+    res = run_world("cpu:collie", world, scenario="survivors_shrink_group", exits={3: -9})
+    for r, out in enumerate(res[:3]):
+        assert out["supports"] is True
+        assert "agreed to leave out ranks [3], not [2, 3]" in out["wrong"], (r, out)
+        _check_shrunk(r, out, world, [3])
+
+
+# A rank that is not a survivor is refused: rank 3 dies, rank 2 is stopped
+# (SIGSTOP) while ranks 0 and 1 shrink with a 4 s bound: they leave out 2
+# and 3 at the deadline and hold a group of 2 (checked); rank 2, resumed,
+# is refused by shrink (COLLIE_ENOTMEMBER: left out by the survivors) and
+# so are its posts on the old group.
+def test_shrink_leaves_out_stopped_rank():
+    world = 4
+    res = run_world("cpu:collie", world, scenario="shrink_stopped", exits={3: -9})
+    for r, out in enumerate(res[:2]):
+        assert 3.5 < out["shrink_s"] < 15, (r, out)
+        _check_shrunk(r, out, world, [2, 3])
+    msg, secs = res[2]["shrink"]
+    # "left out by the survivors" from the agreement, or "left out of comm
+    # ... by the survivors' shrink" once their notice had reached it
+    assert "left out" in msg and "survivors" in msg and "COLLIE_ENOTMEMBER" in msg, res[2]
+    assert "no group of the survivors" in msg and secs < 5, res[2]
+    assert "COLLIE_ENOTMEMBER" in res[2]["post"], res[2]
+
+
+# torch's shrink_group with SHRINK_ABORT on a healthy group whose rank 2
+# has stopped: the group is aborted, the agreement leaves rank 2 out at its
+# 3 s deadline (pg_options' timeout), ranks 0 and 1 hold a group of 2;
+# rank 2, resumed, fails EABORTED until the survivors' notice reaches it,
+# then COLLIE_ENOTMEMBER (within 10 s).
+def test_shrink_abort_flag_healthy_group():
+    world = 3
+    res = run_world("cpu:collie", world, scenario="shrink_abort")
+    for r, out in enumerate(res):
+        assert out["first"] == [6.0, 6.0], (r, out)
+    for r, out in enumerate(res[:2]):
+        assert 2.5 < out["shrink_s"] < 15, (r, out)
+        _check_shrunk(r, out, world, [2])
+    posts = res[2]["posts"]
+    assert "COLLIE_ENOTMEMBER" in posts[-1] and "left out" in posts[-1], res[2]
+    assert all("COLLIE_EABORTED" in p for p in posts[:-1]), res[2]
+
+
+# collie.torch.shrink on a healthy group (no rank dead, left or suspected)
+# is refused at once naming why; the group goes on working.
+def test_shrink_healthy_refused():
+    world = 2
+    for r, out in enumerate(run_world("cpu:collie", world, scenario="shrink_healthy")):
+        msg, secs = out["shrink"]
+        assert "COLLIE_ESTATE" in msg and "healthy" in msg and secs < 2, (r, out)
+        assert out["after"] == [3.0, 3.0], (r, out)

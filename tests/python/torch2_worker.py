@@ -604,6 +604,222 @@ def profiler():
     return res
 
 
+def _lose_last(sub=None):
+    """A world group over a TCPStore rank 0 hosts (it outlives the lost
+    rank), an allreduce (checked), a store sync so that no collective is in
+    flight, then the last rank prints what it saw and SIGKILLs itself; each
+    survivor's next allreduce fails (bounded: the peer's death is seen at
+    once, else the group's 30 s deadline). With `sub` (a list), a group of
+    every rank is made first and has one allreduce too; it is put there.
+    Returns the store and what was seen."""
+    import signal
+
+    store = tcp_store()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    res = {"pid": os.getpid()}
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    res["first"] = t.tolist()
+    if sub is not None:
+        sub.append(dist.new_group(list(range(world))))
+        dist.all_reduce(torch.ones(1), group=sub[0])
+    _sync(store, "first")
+    if rank == world - 1:
+        print(json.dumps(res), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    res["failed"] = _err(lambda: dist.all_reduce(torch.ones(4)))
+    return store, res
+
+
+def survivors_new_group():
+    """After the last rank died: new_group(use_local_synchronization=True)
+    of the survivors (no new init_process_group), an allreduce on it
+    (values checked), a group of a subset of them, and a group naming the
+    dead rank (refused: timed out today, at once when the world's comm knows
+    the rank is dead)."""
+    import time
+
+    store, res = _lose_last()
+    cpu = torch.device("cpu")
+    alive = list(range(world - 1))
+    t0 = time.monotonic()
+    res["with_dead"] = _err(lambda: dist.new_group(list(range(world)), use_local_synchronization=True,
+                                                   timeout=timedelta(seconds=5)))
+    g = dist.new_group(alive, use_local_synchronization=True, timeout=timedelta(seconds=30))
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    res["group"] = [t.tolist(), g.size(), g.rank(), g._get_backend(cpu).name()]
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=alive[-1], group=g)
+    res["broadcast"] = b.tolist()
+    if rank in alive[:2]:
+        sub = dist.new_group(alive[:2], use_local_synchronization=True,
+                             timeout=timedelta(seconds=30))
+        t = torch.full((3,), float(10 * (rank + 1)))
+        dist.all_reduce(t, group=sub)
+        res["subset"] = [t.tolist(), sub.size()]
+    res["seconds"] = time.monotonic() - t0
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def _sync_alive(store, what):
+    """_sync among the survivors of _lose_last."""
+    store.set(f"{what}{rank}", "1")
+    store.wait([f"{what}{r}" for r in range(world - 1)], timedelta(seconds=60))
+
+
+def _world_after_shrink(new):
+    """What a survivor sees of the group collie.torch.shrink / shrink_group
+    gave it, and an allreduce and a broadcast on it (the default group)."""
+    cpu = torch.device("cpu")
+    res = {"size": new.size(), "rank": new.rank(), "map": collie.torch.rank_map(new),
+           "name": new._get_backend(cpu).name(), "is_default": new is dist.group.WORLD,
+           "world": [dist.get_rank(), dist.get_world_size()]}
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    res["allreduce"] = t.tolist()
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=new.size() - 1)
+    res["broadcast"] = b.tolist()
+    return res
+
+
+def survivors_shrink():
+    """After the last rank died: collie.torch.shrink(sub) of a group of
+    every rank (not the default one), an allreduce on it; then
+    collie.torch.shrink() (collie's agreement, then torch's shrink_group)
+    gives the survivors a default group of 3, ranks kept in order, whose
+    allreduce and broadcast are right; the rank map says who was left out."""
+    import time
+
+    sub = []
+    store, res = _lose_last(sub)
+    # a group other than the default one first (shrinking the default group
+    # destroys the others: torch's rule)
+    g = collie.torch.shrink(sub[0], timeout=30)
+    t = torch.full((2,), float(10 * (rank + 1)))
+    dist.all_reduce(t, group=g)
+    res["sub"] = [g.size(), g.rank(), collie.torch.rank_map(g), t.tolist(),
+                  dist.get_world_size(), g is dist.group.WORLD]
+    t0 = time.monotonic()
+    new = collie.torch.shrink(timeout=30)
+    res["shrink_s"] = time.monotonic() - t0
+    res.update(_world_after_shrink(new))
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def survivors_shrink_group():
+    """After the last rank died, torch's own dist.shrink_group on the
+    collie group: a list that is not what the survivors agree on is refused
+    naming both sets (the agreed group is kept), then the agreed list gets
+    it; the same checks as survivors_shrink."""
+    store, res = _lose_last()
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    res["supports"] = be.supports_shrinking
+    res["wrong"] = _err(lambda: be.shrink([world - 2, world - 1]))[0]
+    new = dist.shrink_group([world - 1])
+    res.update(_world_after_shrink(new))
+    _sync_alive(store, "end")
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_stopped():
+    """The last rank dies; rank 2 stops itself (SIGSTOP) before it can take
+    part; ranks 0 and 1 shrink with a 4 s bound, which leaves out 3 (dead)
+    and 2 (silent): a group of 2, allreduce checked; then rank 0 resumes
+    rank 2 (SIGCONT), whose shrink is refused: it was left out."""
+    import signal
+    import time
+
+    store, res = _lose_last()
+    store.set(f"pid{rank}", str(os.getpid()))
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # resumed by rank 0 once 0 and 1 hold their group
+        res["shrink"] = _err(lambda: collie.torch.shrink(timeout=10))
+        res["post"] = _err(lambda: dist.all_reduce(torch.ones(2)))[0]
+        store.set("done2", "1")
+    else:
+        t0 = time.monotonic()
+        new = collie.torch.shrink(timeout=4)
+        res["shrink_s"] = time.monotonic() - t0
+        res.update(_world_after_shrink(new))
+        store.set(f"held{rank}", "1")
+        store.wait(["held0", "held1"], timedelta(seconds=60))
+        if rank == 0:
+            os.kill(int(store.get("pid2")), signal.SIGCONT)
+        store.wait(["done2"], timedelta(seconds=60))
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_healthy():
+    """collie.torch.shrink on a healthy group is refused naming why; the
+    group goes on working."""
+    store = tcp_store()
+    init(backend, store, "h")
+    res = {"shrink": _err(lambda: collie.torch.shrink(timeout=5))}
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    dist.destroy_process_group()
+    return res
+
+
+def shrink_abort():
+    """World of 3, healthy; rank 2 stops itself (SIGSTOP) after an
+    allreduce; ranks 0 and 1 call torch's shrink_group([2]) with
+    SHRINK_ABORT and a 3 s timeout: the group is aborted, the agreement
+    leaves rank 2 out at its deadline, a group of 2 (allreduce checked);
+    rank 0 then resumes rank 2, whose next post is refused (left out)."""
+    import signal
+    import time
+
+    store = tcp_store()
+    init(backend, store, "a")
+    res = {}
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)
+    res["first"] = t.tolist()
+    store.set(f"pid{rank}", str(os.getpid()))
+    _sync(store, "first")
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # the old group learns it was left out from the survivors' notice
+        # on its control channel (after their abort notice): its posts fail
+        # EABORTED until then, ENOTMEMBER after (polled, bounded)
+        t0 = time.monotonic()
+        res["posts"] = []
+        while time.monotonic() - t0 < 10:
+            msg = _err(lambda: dist.all_reduce(torch.ones(2)))[0]
+            if not res["posts"] or res["posts"][-1] != msg:
+                res["posts"].append(msg)
+            if "COLLIE_ENOTMEMBER" in msg or msg == "ok":
+                break
+            time.sleep(0.05)
+        res["told_s"] = time.monotonic() - t0
+        store.set("done2", "1")
+    else:
+        t0 = time.monotonic()
+        opts = c10d.C10DBackend.Options("collie", timedelta(seconds=3))
+        new = dist.shrink_group([2], shrink_flags=c10d.SHRINK_ABORT, pg_options=opts)
+        res["shrink_s"] = time.monotonic() - t0
+        res.update(_world_after_shrink(new))
+        store.set(f"held{rank}", "1")
+        store.wait(["held0", "held1"], timedelta(seconds=60))
+        if rank == 0:
+            os.kill(int(store.get("pid2")), signal.SIGCONT)
+        store.wait(["done2"], timedelta(seconds=60))
+    dist.destroy_process_group()
+    return res
+
+
 SCENARIOS = {
     "spellings": spellings,
     "lazy_cuda": lazy_cuda,
@@ -620,6 +836,12 @@ SCENARIOS = {
     "barrier_timeout": barrier_timeout,
     "anysource": anysource,
     "extras": extras,
+    "survivors_new_group": survivors_new_group,
+    "survivors_shrink": survivors_shrink,
+    "survivors_shrink_group": survivors_shrink_group,
+    "shrink_stopped": shrink_stopped,
+    "shrink_healthy": shrink_healthy,
+    "shrink_abort": shrink_abort,
 }
 
 if scenario == "basic":

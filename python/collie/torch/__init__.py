@@ -3,6 +3,7 @@
     import collie.torch               # registers the backend "collie"
     dist.init_process_group("collie", rank=r, world_size=n, init_method=...)
     pg = collie.torch.new_process_group(store, rank, size)   # or directly
+    pg = collie.torch.shrink()        # torch 2.x: the survivors of a lost rank
 
 Design notes
 - Rendezvous: torch hands each process group a store (a PrefixStore of the
@@ -39,6 +40,21 @@ Design notes
   on the backend "nccl", on the tensor's device. It is made after torch
   loaded libnccl.so.2, so the plugin binds torch's copy; the factory checks
   that one libnccl.so.2 is mapped (nccl_libraries()).
+- A rank lost (docs/torch2.md, "Losing a rank"): new_group (also with
+  use_local_synchronization=True) makes a fresh collie comm among its
+  members over the group's store, as for any group, not a collie shrink of
+  the default group's comm: the members may be any subset of the survivors
+  (a shrink would wait for the survivors that are not members until its
+  deadline and then leave them out), and survivors whose views of the
+  failed set differ at that moment would take different paths (one
+  shrinking, one making a comm) and meet only at a timeout. A shrink's
+  comm is made by a rendezvous too; what it adds is the agreement on the
+  failed set, which a group with a given member list does not need. A
+  group that names a rank the default group's comm knows dead or left is
+  refused at once (refuse_lost) instead of waiting out its rendezvous.
+  collie_comm_shrink itself is reached through torch's shrink_group
+  (Backend::shrink) and shrink() below, which asks collie for the agreed
+  set first (torch wants the list up front; collie agrees on it).
 - The host published for rank 0's server: $COLLIE_TORCH_HOST, else
   MASTER_ADDR when this process is global rank 0, else this host's
   resolved name.
@@ -240,10 +256,46 @@ def _advertised_host(global_ranks):
         return "127.0.0.1"
 
 
+def _default_collie():
+    """The default (world) group's collie backend, or None (no default
+    group yet, or its CPU backend is not collie's)."""
+    if not dist.is_initialized():
+        return None
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        be = pg._get_backend(torch.device("cpu")) if TORCH2 else pg
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    return be if isinstance(be, ProcessGroupCollie) else None
+
+
+def refuse_lost(ranks, what="new group"):
+    """Raise at once when a group to be made names a rank the default
+    group's collie comm knows is dead or has left: its rendezvous would wait
+    its whole timeout for that rank (ranks: global ranks)."""
+    world = _default_collie()
+    if world is None or not ranks:
+        return
+    lost, why = world._lost_ranks()
+    gone = [r for r in ranks if r in lost]
+    if gone:
+        alive = [r for r in ranks if r not in lost]
+        raise RuntimeError(
+            f"collie: {what} of ranks {list(ranks)}: rank{'s' if len(gone) > 1 else ''} "
+            f"{', '.join(map(str, gone))} {'are' if len(gone) > 1 else 'is'} dead or "
+            f"{'have' if len(gone) > 1 else 'has'} left (the default group's collie comm: "
+            f"{why or 'peer health'}); make the group of the survivors (new_group({alive}, "
+            "use_local_synchronization=True), or collie.torch.shrink())"
+        )
+
+
 def create_process_group(dist_opts, pg_options=None):
     """torch's creator function (extended_api=True)."""
     opts = Options.of(pg_options)
     policy = resolve_policy(opts)
+    # a subgroup (torch's new_group; the default group is made with no
+    # list, before is_initialized) that names a rank known lost
+    refuse_lost(list(dist_opts.global_ranks_in_group))
     store = dist_opts.store
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = comm_seconds(dist_opts.timeout)
@@ -358,6 +410,69 @@ def new_process_group(store, rank, size, timeout=timedelta(minutes=30), pg_optio
     opts.group_id = ""
     opts.global_ranks_in_group = list(range(size))
     return create_process_group(opts, pg_options)
+
+
+def shrink(group=None, timeout=None):
+    """The survivors of a fault in `group` (None: the default group) as a
+    new ProcessGroup, ranks renumbered in their old order, without a new
+    init_process_group: collie's agreement (collie_comm_shrink: every
+    survivor calls this) names the ranks left out, then
+    torch's dist.shrink_group(those ranks, group) installs the group that
+    agreement made (Backend::shrink), as for NCCL: a shrunk default group
+    becomes the default group and torch destroys the other groups; the old
+    group is destroyed. A group that has not noticed a death the default
+    group's comm saw is aborted first (a revoke). `timeout` (timedelta or
+    seconds; None: the comm's
+    creation timeout) bounds the agreement and is the new group's op
+    timeout. rank_map(new) maps the old ranks to new ones. Raises
+    RuntimeError naming why: this rank was left out by the survivors, the
+    group is healthy, a store that died; NotImplementedError where torch has
+    no shrink_group (torch 1.13, 2.x before about 2.10): there,
+    new_group(survivors, use_local_synchronization=True) makes a collie
+    group of the survivors (docs/torch2.md)."""
+    if not TORCH2 or not hasattr(dist, "shrink_group") or not ProcessGroupCollie._torch_has_shrink:
+        raise NotImplementedError(
+            f"collie.torch.shrink: torch {torch.__version__} has no dist.shrink_group / "
+            "Backend::shrink to install a shrunk group with; make the survivors' group with "
+            "new_group(ranks, use_local_synchronization=True) (docs/torch2.md)"
+        )
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = pg._get_backend(torch.device("cpu"))
+    if not isinstance(be, ProcessGroupCollie):
+        raise TypeError(
+            f"collie.torch.shrink: the group's CPU backend is {type(be).__name__}, not collie's"
+        )
+    if timeout is not None and not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=timeout)
+    # A group other than the default one may not have noticed yet a death
+    # the default group's comm saw (an idle group learns it a moment later,
+    # or, across hosts, at its next collective): collie would call it
+    # healthy. Its comm is aborted first then (a revoke: the other members'
+    # works fail and they shrink too), and the agreement sees the death
+    # through peer health, or leaves the silent rank out at its deadline.
+    world = _default_collie()
+    revoke = False
+    if world is not None and pg is not dist.distributed_c10d._get_default_group():
+        lost, _ = world._lost_ranks()
+        revoke = bool(set(lost) & set(dist.get_process_group_ranks(pg)))
+    kw = {"abort_first": revoke}
+    if timeout is not None:
+        kw["timeout"] = timeout
+    left = be._shrink_agree(**kw)
+    # shrink_group's pg_options reach Backend::shrink: the new group's timeout
+    opts = None if timeout is None else dist.distributed_c10d.C10DBackend.Options("collie", timeout)
+    return dist.shrink_group(list(left), group=pg, pg_options=opts)
+
+
+def rank_map(group):
+    """For a group made by shrink (collie.torch.shrink, dist.shrink_group of
+    a collie group): each rank of the group it came from, with its rank in
+    `group` or None (left out); None for any other group."""
+    be = group._get_backend(torch.device("cpu")) if TORCH2 else group
+    if not isinstance(be, ProcessGroupCollie):
+        raise TypeError(f"collie.torch.rank_map: the group's CPU backend is {type(be).__name__}")
+    m = be.rank_map()
+    return [None if r < 0 else r for r in m] if m else None
 
 
 def _first_plugin():

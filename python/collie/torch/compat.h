@@ -20,7 +20,15 @@
 //   backend takes CPU tensors only, so the CUDA side never runs there.
 // - barrier_device(opts): BarrierOptions::device exists from torch 2.4 on
 //   (by version, not checked on each minor).
+// - ShrinkBase: torch's Backend::supportsShrinking/shrink (dist.shrink_group;
+//   torch 2.10 on, by the date of pytorch#164518, not checked on each minor)
+//   is detected on the base class, not assumed from the version: where torch
+//   declares it, ShrinkBase<..., true> overrides both (with `override`, so a
+//   signature torch changes breaks the build there) and forwards shrink to
+//   the backend's shrink_to; elsewhere (1.13, older 2.x) it adds nothing.
 #pragma once
+
+#include <type_traits>
 
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -44,6 +52,32 @@ using OptionalTensors = std::optional<std::vector<at::Tensor>>;
 #else
 using BackendBase = c10d::ProcessGroup;
 using OptionalTensors = c10::optional<std::vector<at::Tensor>>;
+#endif
+
+// Whether torch's base class declares supportsShrinking (and shrink).
+template <class B, class = void> struct has_shrink : std::false_type {};
+template <class B>
+struct has_shrink<B, std::void_t<decltype(&B::supportsShrinking)>> : std::true_type {};
+
+// The backend's base: BackendBase, plus torch's shrink where it has one
+// (Derived::shrink_to does the work).
+template <class Derived, bool = has_shrink<BackendBase>::value>
+class ShrinkBase : public BackendBase {
+  public:
+    using BackendBase::BackendBase;
+};
+
+#if COLLIE_TORCH2
+template <class Derived> class ShrinkBase<Derived, true> : public BackendBase {
+  public:
+    using BackendBase::BackendBase;
+    bool supportsShrinking() const override { return true; }
+    c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t> &ranks_to_exclude,
+                                             int shrink_flags,
+                                             const c10::intrusive_ptr<Options> &opts) override {
+        return static_cast<Derived *>(this)->shrink_to(ranks_to_exclude, shrink_flags, opts);
+    }
+};
 #endif
 
 // torch's current stream on CUDA device `d` (the caller's thread)

@@ -47,6 +47,16 @@
 //   starts over and an op collie refuses ends its region. split is one
 //   collie_comm_split for every new group; teardown aborts the comm before
 //   taking comm_mu_ when a split is in flight, which ends the split.
+// - Shrink (torch 2.x where torch declares Backend::shrink: compat.h's
+//   ShrinkBase): torch's shrink_group names the ranks to exclude, collie's
+//   survivors agree on them (collie_comm_shrink). shrink_agree runs the
+//   agreement once and keeps the comm it made (shrunk_, under shrink_mu_,
+//   which is taken before comm_mu_); shrink_to hands it to a new
+//   ProcessGroupCollie when torch's list is the agreed set, else refuses
+//   naming both and keeps it, so a call with the agreed list (what
+//   collie.torch.shrink makes) still gets it. A comm nobody took goes with
+//   the teardown. lost_ranks() (peer health and the comm's fault) lets
+//   collie.torch refuse a new group that names a rank known gone.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
@@ -508,19 +518,62 @@ std::function<void()> unpack(at::Tensor flat, Tensors outs) {
 
 namespace collie_torch {
 
-class ProcessGroupCollie : public BackendBase {
+class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
   public:
     // Takes ownership of `comm` (made by collie.torch from the torch store).
     // `timeout`: the comm's default op timeout, for getBackendOptions (unset:
     // learned from the first post that takes the default).
     ProcessGroupCollie(int rank, int size, uintptr_t comm,
                        std::chrono::milliseconds timeout = c10d::kUnsetTimeout)
-        : BackendBase(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
+        : ShrinkBase(rank, size), comm_(reinterpret_cast<collie_comm *>(comm)),
           completer_(Completer::acquire()),
           default_timeout_ms_(timeout == c10d::kUnsetTimeout ? -2 : timeout.count()) {
         TORCH_CHECK(comm_ != nullptr, "collie: no communicator");
     }
     ~ProcessGroupCollie() override { teardown("the process group was destroyed", false); }
+
+    // The ranks this group's comm knows are gone - dead or left (peer
+    // health), or in its fault's set when that fault is a death, a
+    // departure, or the survivors' agreement - and the comm's error ("" while
+    // healthy). collie.torch refuses a new group naming one of them at once
+    // (it would wait out its rendezvous). Never blocks.
+    std::pair<std::vector<int>, std::string> lost_ranks() {
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        if (!comm_) return {{}, closed_};
+        std::vector<collie_peer_health> h(size_);
+        std::vector<bool> lost(size_, false);
+        int n = collie_comm_health(comm_, h.data(), size_);
+        for (int r = 0; r < n; r++)
+            lost[r] = h[r].state == COLLIE_PEER_DEAD || h[r].state == COLLIE_PEER_LEFT;
+        collie_fault f{};
+        f.size = sizeof f;
+        if (collie_comm_fault(comm_, &f) == COLLIE_OK && f.status != COLLIE_OK &&
+            (f.kind == COLLIE_FAULT_PEER_DEAD || f.kind == COLLIE_FAULT_PEER_LEFT ||
+             f.view == COLLIE_FAULT_VIEW_AGREED))
+            for (int i = 0; i < std::min(f.nranks, COLLIE_FAULT_RANKS); i++)
+                if (f.ranks[i] >= 0 && f.ranks[i] < size_) lost[f.ranks[i]] = true;
+        std::vector<int> out;
+        for (int r = 0; r < size_; r++)
+            if (lost[r]) out.push_back(r);
+        int st = COLLIE_OK;
+        const char *msg = nullptr;
+        collie_comm_error(comm_, &st, &msg);
+        return {out, msg ? msg : ""};
+    }
+
+    // For a group made by a shrink: each rank of the group it came from,
+    // with its rank here or -1 (left out). Empty for any other group.
+    std::vector<int> rank_map() {
+        std::shared_lock<std::shared_mutex> g(comm_mu_);
+        TORCH_CHECK(comm_, "collie: rank_map: ", closed_);
+        int n = collie_comm_rank_map(comm_, nullptr, 0);
+        if (n == COLLIE_ESTATE) return {};
+        TORCH_CHECK(n >= 0, collie_error(n, "rank_map"));
+        std::vector<int> map(n);
+        int got = collie_comm_rank_map(comm_, map.data(), n);
+        TORCH_CHECK(got >= 0, collie_error(got, "rank_map"));
+        return map;
+    }
 
 #if COLLIE_TORCH2
     // torch 2.x's destroy_process_group: the comm goes now, not when torch
@@ -587,6 +640,86 @@ class ProcessGroupCollie : public BackendBase {
         }
         if (st == COLLIE_ENOTMEMBER) return nullptr;
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "split"));
+        return c10::make_intrusive<ProcessGroupCollie>(collie_comm_rank(child),
+                                                       collie_comm_size(child),
+                                                       reinterpret_cast<uintptr_t>(child), t);
+    }
+
+    // Shrinking (torch's dist.shrink_group -> Backend::shrink where torch
+    // declares it: compat.h's ShrinkBase; collie.torch.shrink): the
+    // survivors of a fault agree on the ranks that failed
+    // (collie_comm_shrink of this group's comm: every work of this comm has
+    // ended first) and get a group of the others, renumbered in order.
+    // torch names the ranks to exclude up front, collie agrees on them: so
+    // shrink_agree runs the agreement once and keeps its comm (shrunk_),
+    // returning the ranks it left out, and shrink_to hands that comm over
+    // when torch's list is that set, else fails naming both and keeps it
+    // for a call with the agreed list. Bounded by `t` (opts' timeout, also
+    // the new group's op timeout), else the comm's creation timeout. A
+    // healthy comm (no rank dead, left or suspected) is refused (ESTATE)
+    // unless shrink_flags has SHRINK_ABORT, which aborts it first. A
+    // teardown from another thread waits for a shrink in flight (bounded
+    // by its timeout: the comm is failed already, an abort would not end it).
+    // abort_first: 1 torch's SHRINK_ABORT, 2 collie.torch.shrink's revoke
+    std::vector<int> shrink_agree(std::chrono::milliseconds t, int abort_first) {
+        std::lock_guard<std::mutex> sg(shrink_mu_);
+        if (!shrunk_) {
+            collie_shrink_opts so{};
+            so.size = sizeof so;
+            collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+            if (t != c10d::kUnsetTimeout) {
+                so.timeout_ms = o.timeout_ms = o.create_timeout_ms = timeout_ms(t);
+                so.comm = &o;
+            }
+            collie_comm *child = nullptr;
+            int st;
+            {
+                std::shared_lock<std::shared_mutex> g(comm_mu_);
+                TORCH_CHECK(comm_, "collie: shrink: ", closed_);
+                if (abort_first)
+                    collie_comm_abort(comm_, abort_first == 1
+                                                 ? "torch's shrink_group (SHRINK_ABORT)"
+                                                 : "collie.torch.shrink: a member is known lost "
+                                                   "(the default group's comm saw it)");
+                st = collie_comm_shrink(comm_, &so, &child);
+            }
+            TORCH_CHECK(st != COLLIE_ENOTMEMBER, collie_error(st, "shrink"),
+                        ": this process is in no group of the survivors (it rejoins through a "
+                        "new init_process_group)");
+            TORCH_CHECK(st != COLLIE_ESTATE, collie_error(st, "shrink"),
+                        ": collie shrinks a group to the survivors of a fault (a rank dead, left "
+                        "or suspected; a group that has not noticed it yet is healthy too: "
+                        "torch's shrink_group with SHRINK_ABORT aborts it first)");
+            TORCH_CHECK(st == COLLIE_OK, collie_error(st, "shrink"));
+            shrunk_ = child;
+        }
+        std::vector<int> map(size_, -1), left;
+        int n = collie_comm_rank_map(shrunk_, map.data(), size_);
+        TORCH_CHECK(n >= 0, collie_error(n, "shrink: rank map"));
+        for (int r = 0; r < size_; r++)
+            if (map[r] < 0) left.push_back(r);
+        return left;
+    }
+
+    c10::intrusive_ptr<c10d::Backend> shrink_to(const std::vector<int64_t> &exclude, int flags,
+                                                const c10::intrusive_ptr<Options> &opts) {
+        auto t = opts ? opts->timeout : c10d::kUnsetTimeout;
+        auto left = shrink_agree(t, (flags & 1) ? 1 : 0 /* torch's SHRINK_ABORT */);
+        std::vector<int> want(exclude.begin(), exclude.end());
+        std::sort(want.begin(), want.end());
+        TORCH_CHECK(left == want, "collie: shrink: the survivors agreed to leave out ranks ",
+                    c10::ArrayRef<int>(left), ", not ", c10::ArrayRef<int>(want),
+                    " (ranks_to_exclude): call shrink_group with the agreed ranks, or "
+                    "collie.torch.shrink(group), which asks collie for them first");
+        collie_comm *child;
+        {
+            std::lock_guard<std::mutex> sg(shrink_mu_);
+            child = shrunk_;
+            shrunk_ = nullptr;
+        }
+        TORCH_CHECK(child, "collie: shrink: another thread took the survivors' group");
+        if (t == c10d::kUnsetTimeout && default_timeout_ms_.load() >= 0)
+            t = std::chrono::milliseconds(default_timeout_ms_.load());
         return c10::make_intrusive<ProcessGroupCollie>(collie_comm_rank(child),
                                                        collie_comm_size(child),
                                                        reinterpret_cast<uintptr_t>(child), t);
@@ -1518,6 +1651,10 @@ class ProcessGroupCollie : public BackendBase {
         comm_ = nullptr;
         closed_ = reason;
         cuda_.teardown(reason, always_abort);
+        g.unlock(); // shrink_mu_ is taken before comm_mu_ (shrink_agree)
+        std::lock_guard<std::mutex> sg(shrink_mu_); // a shrink's comm nobody took
+        if (shrunk_) collie_comm_destroy(shrunk_);
+        shrunk_ = nullptr;
     }
 
     std::shared_mutex comm_mu_; // comm_'s lifetime: shared by posts, exclusive by teardown
@@ -1530,6 +1667,8 @@ class ProcessGroupCollie : public BackendBase {
     std::atomic<uint64_t> monitored_{0}; // monitoredBarrier calls (their tags)
     std::atomic<int> splitting_{0};      // splits in flight (split)
     std::atomic<bool> tearing_{false};   // teardown has begun
+    std::mutex shrink_mu_;               // one shrink at a time; guards shrunk_
+    collie_comm *shrunk_ = nullptr;      // the survivors' comm until shrink_to takes it
     // the comm's default op timeout in ms (-1: none; -2: not known yet)
     std::atomic<int64_t> default_timeout_ms_;
     // between startCoalescing and endCoalescing (torch 2.x): the works posted
@@ -1549,6 +1688,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             .def(py::init<int, int, uintptr_t, std::chrono::milliseconds>(), py::arg("rank"),
                  py::arg("size"), py::arg("comm"), py::arg("timeout") = c10d::kUnsetTimeout)
             .def("comm_handle", &ProcessGroupCollie::comm_handle)
+            .def("_lost_ranks", &ProcessGroupCollie::lost_ranks)
+            .def("rank_map", &ProcessGroupCollie::rank_map)
             .def("_set_cuda_factory", &ProcessGroupCollie::set_cuda_factory)
             .def("cuda_comm_handle", &ProcessGroupCollie::cuda_comm_handle)
             .def("_cuda_start", &ProcessGroupCollie::start_cuda, py::arg("device"),
@@ -1562,6 +1703,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pg_class.def(
         "abort", [](ProcessGroupCollie &pg) { pg.abort(); },
         py::call_guard<py::gil_scoped_release>());
+    // collie.torch.shrink's first step: the agreement (the ranks left out)
+    pg_class.def(
+        "_shrink_agree",
+        [](ProcessGroupCollie &pg, std::chrono::milliseconds t, bool abort_first) {
+            return pg.shrink_agree(t, abort_first ? 2 : 0);
+        },
+        py::arg("timeout") = c10d::kUnsetTimeout, py::arg("abort_first") = false,
+        py::call_guard<py::gil_scoped_release>());
+    pg_class.attr("_torch_has_shrink") = collie_torch::has_shrink<collie_torch::BackendBase>::value;
 #else
     (void)pg_class;
 #endif
