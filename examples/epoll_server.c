@@ -145,7 +145,10 @@ static void step_post(evutil_socket_t fd, short what, void *arg) {
 
 /* A step failed (its work, or the post itself once the comm had failed):
  * give this generation up and post the creation of the next. */
+static void drain_events(server *s);
+
 static void recover(server *s, const char *why) {
+    drain_events(s); /* what the fd holds already: before the comm (and its fd) go */
     collie_fault f = COLLIE_FAULT_INIT;
     collie_comm_fault(s->comm, &f);
     char ranks[64] = "";
@@ -196,9 +199,8 @@ static void step_done(server *s, collie_work *w) {
 /* The comm's event fd is readable: log every event; a dead peer or a
  * failed comm ends this generation now (a step in flight fails by the
  * abort, and its completion recovers; else recover here). */
-static void comm_events(evutil_socket_t fd, short what, void *arg) {
-    (void)fd, (void)what;
-    server *s = arg;
+/* log every pending event; true if one ends this generation */
+static bool pop_events(server *s) {
     collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
     bool fatal = false;
     while (s->comm && collie_comm_event_pop(s->comm, &ev) == COLLIE_OK) {
@@ -206,6 +208,15 @@ static void comm_events(evutil_socket_t fd, short what, void *arg) {
         fatal = fatal || ev.kind == COLLIE_EVENT_PEER_DEAD || ev.kind == COLLIE_EVENT_COMM_FAULTED;
     }
     fflush(stdout);
+    return fatal;
+}
+
+static void drain_events(server *s) { (void)pop_events(s); }
+
+static void comm_events(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    server *s = arg;
+    bool fatal = pop_events(s);
     if (!fatal || !s->comm) return;
     if (s->step_posted >= 0)
         collie_comm_abort(s->comm, "a peer died");
