@@ -143,8 +143,12 @@ static void test_destroy_post_refusals(void **state) {
     assert_int_equal(collie_comm_destroy_post(w.c[0], NULL, NULL), COLLIE_EINVAL);
     int32_t x = 1;
     collie_work *pending;
-    assert_int_equal(collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, NULL, &pending),
-                     COLLIE_OK);
+    collie_post_opts long_po = COLLIE_POST_OPTS_INIT;
+    long_po.timeout_ms = 60000; /* still pending when the destroy stops waiting (300 ms): it
+                                   must be aborted, never end by its own deadline first */
+    assert_int_equal(
+        collie_allreduce(w.c[0], &x, &x, 1, COLLIE_INT32, COLLIE_SUM, &long_po, &pending),
+        COLLIE_OK);
     assert_int_equal(collie_comm_destroy_post(w.c[0], NULL, &d), COLLIE_OK);
     collie_work *d2 = (collie_work *)0x1;
     /* the comm is still alive here (the destroy waits for `pending`) */
