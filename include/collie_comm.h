@@ -179,8 +179,8 @@ typedef struct collie_shrink_opts {
  * the comm it made); after a failed one, shrink again (the attempt number,
  * which names the new comm, moves on only when a new comm was being made).
  * A rank the others left out (slow, stopped) gets COLLIE_ENOTMEMBER from
- * shrink, a COLLIE_EVENT_EXCLUDED event and COLLIE_ENOTMEMBER on its next
- * post of the old comm. The store must outlive the ranks (collie-run's or
+ * shrink, a COLLIE_EVENT_EXCLUDED event and COLLIE_ENOTMEMBER on its posts
+ * of the old comm once told (before that, the survivors' abort: EABORTED). The store must outlive the ranks (collie-run's or
  * collie-store): one that dies with a rank fails the shrink with
  * COLLIE_EPEER saying so. Errors: EINVAL (NULL, bad opts), ESTATE (the
  * comm is healthy: no fault and no peer dead, left or suspected; or not
