@@ -180,8 +180,8 @@ typedef struct collie_shrink_opts {
  * which names the new comm, moves on only when a new comm was being made).
  * A rank the others left out (slow, stopped) gets COLLIE_ENOTMEMBER from
  * shrink, a COLLIE_EVENT_EXCLUDED event and COLLIE_ENOTMEMBER on its posts
- * of the old comm once told (before that, the survivors' abort: EABORTED). The store must outlive the ranks (collie-run's or
- * collie-store): one that dies with a rank fails the shrink with
+ * of the old comm once told (before that, the survivors' abort: EABORTED). The store must outlive
+ * the ranks (collie-run's or collie-store): one that dies with a rank fails the shrink with
  * COLLIE_EPEER saying so. Errors: EINVAL (NULL, bad opts), ESTATE (the
  * comm is healthy: no fault and no peer dead, left or suspected; or not
  * yet created), ENOTMEMBER (this rank was left out), ETIMEDOUT, EPEER,

@@ -96,6 +96,25 @@ void world_create_one_left(world *w, int n, const char *name) {
     }
 }
 
+collie_store *world_store(world *w) {
+    collie_store *st;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w->srv));
+    assert_int_equal(collie_store_connect(w->e, addr, NULL, &st), COLLIE_OK);
+    return st;
+}
+
+bool pop_event_kind(collie_comm *c, int kind, int ms) {
+    int64_t until = cl_now_ns() + (int64_t)ms * CL_NS_PER_MS;
+    do {
+        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+        while (collie_comm_event_pop(c, &ev) == COLLIE_OK)
+            if (ev.kind == kind) return true;
+        usleep(1000);
+    } while (cl_now_ns() < until);
+    return false;
+}
+
 int32_t one_allreduce(collie_comm *c, int label, int *status) {
     int32_t v = label + 1, out = -1;
     collie_work *w;

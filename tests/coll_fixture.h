@@ -39,6 +39,11 @@ void world_link(world *w);
  * destroys its comm (w->c[n-1] NULL) and every other rank has seen it
  * "left" (bounded): the start of a shrink test */
 void world_create_one_left(world *w, int n, const char *name);
+/* world_store: a store handle of its own on the world's server (a joiner's,
+ * or a hostile writer's), asserted */
+collie_store *world_store(world *w);
+/* pop c's events (bounded by ms) until one of `kind`: true if it came */
+bool pop_event_kind(collie_comm *c, int kind, int ms);
 /* one_allreduce: a one-element int32 allreduce of (label + 1) on c,
  * waited for (bounded); its result, *status its status */
 int32_t one_allreduce(collie_comm *c, int label, int *status);

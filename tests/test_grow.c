@@ -91,14 +91,6 @@ static void check_grown(collie_comm **cs, int n, const int *want_rank) {
     }
 }
 
-static collie_store *new_store(world *w) {
-    collie_store *st;
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w->srv));
-    assert_int_equal(collie_store_connect(w->e, addr, NULL, &st), COLLIE_OK);
-    return st;
-}
-
 static void destroy_comms(collie_comm **cs, int n) {
     for (int i = 0; i < n; i++)
         if (cs[i]) assert_int_equal(collie_comm_destroy(cs[i]), COLLIE_OK);
@@ -109,7 +101,7 @@ static void test_grow_one_joiner(void **state) {
     world w;
     world_create(&w, 3, "gw", NULL);
     world_link(&w);
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     grow_round g;
     post_members(&g, w.c, 3, NULL);
     post_joiner(&g, 0, &w, js, "gw", -1, 0);
@@ -143,7 +135,7 @@ static void test_grow_after_shrink(void **state) {
     for (int r = 0; r < 3; r++)
         assert_int_equal(st[r], COLLIE_OK);
     release_all(sw, 3);
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     grow_round g;
     post_joiner(&g, 0, &w, js, "gs", 3, 0); /* by the family name, its old rank */
     post_members(&g, small, 3, NULL);
@@ -174,7 +166,7 @@ static void test_grow_refused(void **state) {
     world w;
     world_create(&w, 2, "gr", NULL);
     world_link(&w);
-    collie_store *js[2] = {new_store(&w), new_store(&w)};
+    collie_store *js[2] = {world_store(&w), world_store(&w)};
     collie_work *x = (collie_work *)1;
     collie_comm *c = (collie_comm *)1;
     collie_grow_opts bad = COLLIE_GROW_OPTS_INIT;
@@ -226,7 +218,7 @@ static void test_grow_withdrawn_joiner(void **state) {
     world w;
     world_create(&w, 2, "gx", NULL);
     world_link(&w);
-    collie_store *js[2] = {new_store(&w), new_store(&w)};
+    collie_store *js[2] = {world_store(&w), world_store(&w)};
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 300;
     collie_comm *c = (collie_comm *)1;
@@ -264,7 +256,7 @@ static void test_grow_member_slow(void **state) {
     world w;
     world_create(&w, 3, "gl", NULL);
     world_link(&w);
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 400;
     grow_round g;
@@ -308,7 +300,7 @@ static void test_grow_blocking_error_names_the_cause(void **state) {
     world w;
     world_create(&w, 3, "gb", NULL);
     world_link(&w);
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     blocking_grow b = {.c = w.c[0]};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, grow_thread, &b), 0);

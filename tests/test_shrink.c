@@ -221,17 +221,6 @@ static void test_shrink_refused(void **state) {
     fx_stop(&fx);
 }
 
-static bool pop_kind(collie_comm *c, int kind, int ms) {
-    int64_t until = now_ms() + ms;
-    do {
-        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
-        while (collie_comm_event_pop(c, &ev) == COLLIE_OK)
-            if (ev.kind == kind) return true;
-        usleep(1000);
-    } while (now_ms() < until);
-    return false;
-}
-
 static void test_shrink_absent_rank(void **state) {
     (void)state;
     world w;
@@ -248,7 +237,7 @@ static void test_shrink_absent_rank(void **state) {
     check_shrunk(nc, alone, 1, 3);
     check_agreed(w.c[0], out, 2, COLLIE_FAULT_PEER_STUCK);
     /* rank 1 is told */
-    assert_true(pop_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 5000));
+    assert_true(pop_event_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 5000));
     int s;
     one_allreduce(w.c[1], 1, &s);
     assert_int_equal(s, COLLIE_ENOTMEMBER);
@@ -405,7 +394,7 @@ static void test_shrink_members_call_different_things(void **state) {
     assert_int_equal(collie_work_wait(gw, 10000), COLLIE_ETIMEDOUT);
     print_message("%s\n", collie_work_error_message(gw));
     collie_work_release(gw);
-    assert_true(pop_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 5000));
+    assert_true(pop_event_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 5000));
     int s;
     one_allreduce(w.c[2], 2, &s);
     assert_int_equal(s, COLLIE_ENOTMEMBER);

@@ -59,17 +59,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static bool pop_kind(collie_comm *c, int kind, int ms) {
-    int64_t until = now_ms() + ms;
-    do {
-        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
-        while (collie_comm_event_pop(c, &ev) == COLLIE_OK)
-            if (ev.kind == kind) return true;
-        usleep(1000);
-    } while (now_ms() < until);
-    return false;
-}
-
 /* wait (bounded) for a posted shrink/grow/join work; its comm or NULL */
 static collie_comm *take(collie_work *w, int *st, const char *who) {
     *st = collie_work_wait(w, 20000);
@@ -91,14 +80,6 @@ static void describe(const char *who, collie_comm *c) {
         k += snprintf(m + k, sizeof m - (size_t)k, "%d ", map[i]);
     print_message("%s: comm '%s' rank %d of %d, map [%s]\n", who, collie_comm_name(c),
                   collie_comm_rank(c), collie_comm_size(c), m);
-}
-
-static collie_store *new_store(world *w) {
-    collie_store *st;
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", collie_store_server_port(w->srv));
-    assert_int_equal(collie_store_connect(w->e, addr, NULL, &st), COLLIE_OK);
-    return st;
 }
 
 /* ---- findings -------------------------------------------------------------------------------- */
@@ -128,8 +109,8 @@ static void test_break_shrink_twice(void **state) {
     describe("second shrink", again);
     /* the other survivors must not be told they were left out of the old
      * comm: they were not */
-    bool told1 = pop_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 500);
-    bool told2 = pop_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 10);
+    bool told1 = pop_event_kind(w.c[1], COLLIE_EVENT_EXCLUDED, 500);
+    bool told2 = pop_event_kind(w.c[2], COLLIE_EVENT_EXCLUDED, 10);
     print_message("ranks 1 / 2 got an EXCLUDED event on the old comm: %d / %d\n", told1, told2);
     if (again) collie_comm_destroy(again);
     for (int r = 0; r < 3; r++)
@@ -223,7 +204,7 @@ static void test_break_grow_refused_opts_desync(void **state) {
     assert_int_not_equal(rx, COLLIE_OK);
     if (rx == COLLIE_OK) collie_work_release(x);
     /* then everyone grows properly, with a joiner */
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 1500;
     collie_work *m[2], *j;
@@ -246,7 +227,7 @@ static void test_break_grow_refused_opts_desync(void **state) {
 /* a store handle of the test's own, playing a hostile process that can
  * write the store: set key to val */
 static void hostile_set(world *w, const char *key, const char *val) {
-    collie_store *h = new_store(w);
+    collie_store *h = world_store(w);
     assert_int_equal(collie_store_set(h, key, val, strlen(val), 5000), COLLIE_OK);
     collie_store_destroy(h);
 }
@@ -260,7 +241,7 @@ static void test_break_join_hostile_answer_alone(void **state) {
     world_create(&w, 2, "bkh", NULL);
     world_link(&w);
     hostile_set(&w, "collie/bkh/grow/1", "ok bkh.evil 0 1");
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 1000;
     collie_work *j;
@@ -287,7 +268,7 @@ static void test_break_join_hostile_answer_huge(void **state) {
     world_create(&w, 2, "bkz", NULL);
     world_link(&w);
     hostile_set(&w, "collie/bkz/grow/1", "ok bkz.evil 2 2000000000");
-    collie_store *js = new_store(&w);
+    collie_store *js = world_store(&w);
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 1000;
     collie_work *j;
@@ -314,7 +295,7 @@ static void test_break_join_cancel_leaves_ticket(void **state) {
     world w;
     world_create(&w, 2, "bkj", NULL);
     world_link(&w);
-    collie_store *js[2] = {new_store(&w), new_store(&w)};
+    collie_store *js[2] = {world_store(&w), world_store(&w)};
     collie_grow_opts go = COLLIE_GROW_OPTS_INIT;
     go.timeout_ms = 5000;
     collie_work *a;
