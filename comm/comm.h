@@ -573,6 +573,18 @@ bool cl_comm_is_shrink_work(const collie_work *w);
  * On an error the caller's reference on c is gone (released) and
  * collie_last_error says why. Caller's thread; never waits for the loop. */
 int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work);
+/* comm_rendezvous.c: give up a create in flight (loop) without a split
+ * outcome: unless every member already passed its barrier (the comm is
+ * made: the create then succeeds, as the others' do), poison its
+ * generation with "<why>" so every member's create fails with `status`;
+ * one that has not joined is cancelled (it took no slot). Once per create. */
+void cl_comm_create_withdraw(collie_work *create, int status, const char *why);
+/* comm_rendezvous_text.c: a poison's status and why ("<status>|<why>");
+ * the message of a barrier timeout naming who never arrived (`list`: the
+ * "arrived" value, NULL: unknown) */
+int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen);
+void cl_rendezvous_timeout_text(const collie_comm *c, const char *list, size_t len, char *out,
+                                size_t outlen);
 
 /* comm_rendezvous.c: a backend instance finished its init (loop) */
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);

@@ -29,12 +29,20 @@
  *      BARRIER  append("<prefix>arrived", "<rank> ") and this process to
  *               "<prefix>host/<host>" (health.c) (pipelined, unawaited),
  *               then barrier("collie/<name>/<gen>/created", size);
- *      VERIFY   check("<prefix>conflict"): another rank found a conflict.
+ *      VERIFY   compare_set("<prefix>conflict", "" -> "0|made"): the
+ *               generation is made, unless a poison came first.
  *    Each step is a store request; its result goes to that step's handler
  *    (create_step_fns, one small function per step).
  *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
  *    2^30 to the barrier's counter, so every rank waiting there wakes at
  *    once, reads it and fails with it; it fails itself with EINVAL.
+ *  - "<prefix>conflict" is the generation's one outcome: its first value
+ *    wins, "0|made" (written by the first member past the barrier) or a
+ *    poison "<status>|<why>". So a member that gives up late (a timeout
+ *    at the moment the barrier opened, a shrink's member dying while its
+ *    new comm is made: cl_comm_create_withdraw) either fails every member
+ *    with its poison or finds the comm made and succeeds with the others:
+ *    never one member failed and the rest made.
  *  - A failed create poisons its generation; it never withdraws its join.
  *    The rule: a join takes one of its generation's `size` slots for good
  *    (withdrawing it would shift the generation of every rank that joined
@@ -111,7 +119,12 @@ typedef struct create_state {
     char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
     int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
     bool late;           /* it had failed when this rank joined (POISONED) */
+    int withdraw_status; /* cl_comm_create_withdraw's, posted once joined */
+    char withdraw[320];  /* and why */
 } create_state;
+
+/* the outcome "<prefix>conflict" holds once the generation is made */
+#define CREATE_MADE "0|made"
 
 static void create_fail(create_state *cs, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -194,13 +207,17 @@ static int create_post_step(create_state *cs) {
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
         break;
-    case STEP_POISONED:
-    case STEP_VERIFY: {
+    case STEP_POISONED: {
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         const char *keys[] = {key};
         r = collie_store_post_check(c->store, keys, 1, &o, &cs->req);
         break;
     }
+    case STEP_VERIFY: /* the first value wins: made, or another's poison */
+        snprintf(key, sizeof key, "%sconflict", c->prefix);
+        r = collie_store_post_compare_set(c->store, key, "", 0, CREATE_MADE, strlen(CREATE_MADE),
+                                          &o, &cs->req);
+        break;
     case STEP_CONFLICT:
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         r = collie_store_post_get(c->store, key, &o, &cs->req);
@@ -322,66 +339,10 @@ static void create_on_step(collie_work *w, void *arg) {
     collie_work_release(&cs->base);
 }
 
-/* A poison's value "<status>|<why>" (an older value without the status
- * counts as a conflict). */
-static int poison_parse(const char *val, size_t len, char *why, size_t wlen) {
-    char buf[sizeof((create_state *)0)->conflict + 16];
-    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
-    char *end;
-    long st = strtol(buf, &end, 10);
-    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
-    const char *src = coded ? end + 1 : buf;
-    size_t n = strlen(src);
-    if (n >= wlen) n = wlen - 1;
-    memcpy(why, src, n);
-    why[n] = '\0';
-    return coded ? (int)st : COLLIE_EINVAL;
-}
-
 /* The barrier timed out; `list` ("r r ... ") names the ranks that arrived
  * (NULL: unknown). Say who did not, and poison the generation with it. */
 static void create_timed_out(create_state *cs, const char *list, size_t len) {
-    collie_comm *c = cs->comm;
-    int n =
-        snprintf(cs->conflict, sizeof cs->conflict, "rank %d: not every rank arrived within %d ms",
-                 c->rank, (int)c->create_timeout_ms);
-    bool *seen = list ? calloc((size_t)c->size, sizeof *seen) : NULL;
-    if (seen) {
-        int arrived = 0;
-        for (size_t i = 0; i < len;) {
-            while (i < len && list[i] == ' ')
-                i++;
-            long r = 0;
-            bool digits = false;
-            for (; i < len && list[i] >= '0' && list[i] <= '9' && r < c->size; i++, digits = true)
-                r = r * 10 + (list[i] - '0');
-            while (i < len && list[i] != ' ') /* anything else: skipped */
-                i++;
-            if (digits && r < c->size && !seen[r]) {
-                seen[r] = true;
-                arrived++;
-            }
-        }
-        n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
-                      ": %d of %d did (comm '%s' generation %llu); never arrived:", arrived,
-                      c->size, c->name, (unsigned long long)c->generation);
-        int named = 0;
-        for (int r = 0; r < c->size && (size_t)n < sizeof cs->conflict; r++) {
-            if (seen[r]) continue;
-            if (named++ == 32) { /* the message stays readable */
-                n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, " and %d more",
-                              c->size - arrived - 32);
-                break;
-            }
-            n += snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n, "%s rank %d",
-                          named > 1 ? "," : "", r);
-        }
-        free(seen);
-    } else {
-        snprintf(cs->conflict + n, sizeof cs->conflict - (size_t)n,
-                 " (comm '%s' generation %llu; who did is unknown: the store did not say)", c->name,
-                 (unsigned long long)c->generation);
-    }
+    cl_rendezvous_timeout_text(cs->comm, list, len, cs->conflict, sizeof cs->conflict);
     cs->fail_status = COLLIE_ETIMEDOUT;
     create_next(cs, STEP_POISON);
 }
@@ -402,6 +363,16 @@ static void step_value_text(collie_work *w, char *buf, size_t len) {
     snprintf(buf, len, "%.*s", (int)n, (const char *)val);
 }
 
+/* does the compare_set's (or get's) value say the generation is made? */
+static bool step_value_made(collie_work *w) {
+    const void *val = NULL;
+    size_t n = 0;
+    collie_store_work_value(w, &val, &n);
+    return n == strlen(CREATE_MADE) && memcmp(val, CREATE_MADE, n) == 0;
+}
+
+static void create_post_poison(create_state *cs, int status, const char *why);
+
 static void step_join_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
     int64_t v = 0;
@@ -411,6 +382,7 @@ static void step_join_done(create_state *cs, collie_work *w) {
              (unsigned long long)c->generation);
     /* FNV-1a of the prefix: the comm id carried in transport handshakes */
     c->id = cl_fnv1a_str(CL_FNV1A_OFFSET, c->prefix);
+    if (cs->withdraw_status) create_post_poison(cs, cs->withdraw_status, cs->withdraw);
     create_next(cs, STEP_POISONED);
 }
 
@@ -469,13 +441,13 @@ static void step_barrier_done(create_state *cs, collie_work *w) {
     create_next(cs, STEP_VERIFY);
 }
 
+static void step_conflict_done(create_state *cs, collie_work *w);
+
 static void step_verify_done(create_state *cs, collie_work *w) {
-    int64_t found = 0;
-    collie_store_work_int(w, &found);
-    if (found)
-        create_next(cs, STEP_CONFLICT);
-    else
+    if (step_value_made(w))
         create_succeed(cs);
+    else
+        step_conflict_done(cs, w); /* the value is the poison */
 }
 
 static void step_conflict_done(create_state *cs, collie_work *w) {
@@ -483,8 +455,13 @@ static void step_conflict_done(create_state *cs, collie_work *w) {
     const void *val = NULL;
     size_t len = 0;
     collie_store_work_value(w, &val, &len);
-    int status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
-    if (cs->late) /* it failed before this rank came: say so, never wait */
+    int status = cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict);
+    if (step_value_made(w)) /* made without this rank: it computed this generation alone */
+        create_fail(cs, COLLIE_EINVAL,
+                    "rank %d: comm '%s' generation %llu was made by other ranks without this one "
+                    "(do the ranks agree on the world size?)",
+                    c->rank, c->name, (unsigned long long)c->generation);
+    else if (cs->late) /* it failed before this rank came: say so, never wait */
         create_fail(cs, status,
                     "rank %d: comm '%s' generation %llu had already failed when this rank "
                     "joined it (every rank must create again for the next generation): %s",
@@ -494,13 +471,19 @@ static void step_conflict_done(create_state *cs, collie_work *w) {
 }
 
 static void step_poison_done(create_state *cs, collie_work *w) {
+    /* a timeout that came as the barrier opened: every rank had arrived
+     * and one found the generation made, so it is (never one rank out) */
+    if (cs->fail_status == COLLIE_ETIMEDOUT && step_value_made(w)) {
+        create_succeed(cs);
+        return;
+    }
     /* a timeout ends with the generation's first cause (another rank's
      * may have come first); a conflict with its own */
     const void *val = NULL;
     size_t len = 0;
     collie_store_work_value(w, &val, &len);
     if (cs->fail_status == COLLIE_ETIMEDOUT && len > 0)
-        cs->fail_status = poison_parse(val, len, cs->conflict, sizeof cs->conflict);
+        cs->fail_status = cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict);
     create_next(cs, STEP_RELEASE);
 }
 
@@ -592,20 +575,13 @@ static void create_start(collie_work *w) {
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
 }
 
-/* The create was ended from outside (collie_work_cancel, collie_comm_abort)
- * after this rank joined its generation: poison the generation, as a
- * timeout does, so the ranks waiting in the barrier fail at once naming
- * this rank instead of waiting out their timeout (unawaited, pipelined in
- * order: the cause is there before the barrier opens). */
-static void create_poison_on_giving_up(create_state *cs, int status) {
+/* Poison this rank's generation with "<status>|<why>" and open its
+ * barrier (unawaited, pipelined in order: the cause is there before the
+ * barrier opens); the first outcome wins (made, or the first poison). */
+static void create_post_poison(create_state *cs, int status, const char *why) {
     collie_comm *c = cs->comm;
-    if (c->prefix[0] == '\0' || !c->store) return; /* not joined: no slot taken */
     char key[160], val[sizeof cs->conflict + 16];
-    int n = snprintf(val, sizeof val,
-                     "%d|rank %d of %d gave up its creation of comm '%s' "
-                     "(generation %llu): %.600s",
-                     status, c->rank, c->size, c->name, (unsigned long long)c->generation,
-                     collie_work_error_message(&cs->base));
+    int n = snprintf(val, sizeof val, "%d|%s", status, why);
     if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.timeout_ms = 1000;
@@ -616,6 +592,32 @@ static void create_poison_on_giving_up(create_state *cs, int status) {
         return;
     snprintf(key, sizeof key, "%screated", c->prefix);
     (void)collie_store_post_add(c->store, key, 1 << 30, &o, &pw);
+}
+
+/* The create was ended from outside (collie_work_cancel, collie_comm_abort)
+ * after this rank joined its generation: poison the generation, as a
+ * timeout does, so the ranks waiting in the barrier fail at once naming
+ * this rank instead of waiting out their timeout. */
+static void create_poison_on_giving_up(create_state *cs, int status) {
+    collie_comm *c = cs->comm;
+    if (c->prefix[0] == '\0' || !c->store) return; /* not joined: no slot taken */
+    char why[sizeof cs->conflict];
+    snprintf(why, sizeof why, "rank %d of %d gave up its creation of comm '%s' (generation %llu): %.600s",
+             c->rank, c->size, c->name, (unsigned long long)c->generation,
+             collie_work_error_message(&cs->base));
+    create_post_poison(cs, status, why);
+}
+
+void cl_comm_create_withdraw(collie_work *w, int status, const char *why) {
+    create_state *cs = (create_state *)w;
+    if (cl_work_done(w) || cs->withdraw_status) return;
+    cs->withdraw_status = status;
+    snprintf(cs->withdraw, sizeof cs->withdraw, "%s", why);
+    if (cs->comm->prefix[0])
+        create_post_poison(cs, status, cs->withdraw); /* its own steps read the outcome */
+    else if (cs->step != STEP_JOIN || !cs->req)
+        collie_work_cancel(w); /* it took no slot */
+    /* else its join is in flight: step_join_done posts the poison */
 }
 
 static void create_detach(collie_work *w) {

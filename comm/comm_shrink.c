@@ -45,8 +45,12 @@
  *    rendezvous as its member list (STEP_SIZE compares them), so members
  *    that disagree could never form a comm. While it
  *    runs, a member found dead or left (the old comm's health) cancels the
- *    rendezvous, which poisons its generation: every member fails at once
- *    with EABORTED, and shrinking the old comm again starts attempt + 1.
+ *    rendezvous (cl_comm_create_withdraw), which poisons its generation:
+ *    every member fails at once with EABORTED, and shrinking the old comm
+ *    again starts attempt + 1. Unless every member had passed the
+ *    rendezvous already: then the new comm stands for all of them (the
+ *    generation's outcome is one compare_set), and the death is the new
+ *    comm's fault, to shrink in turn.
  *  - A store whose connection is lost (its server died, with a rank that
  *    hosted it, say) fails the shrink at once with EPEER saying it needs a
  *    store that outlives the ranks: the client would only retry until the
@@ -90,6 +94,7 @@ typedef struct shrink_work {
     _Atomic bool creating;          /* the new comm's rendezvous was posted: the attempt is
                                        spent for every member if it fails */
     bool proposed;                  /* own proposal written */
+    bool withdrawn;                 /* a member died while the new comm was made (CREATE) */
     int *map;                       /* old rank -> new rank (handed to the new comm) */
     int new_size, new_rank;
     collie_comm_opts copts;
@@ -495,16 +500,21 @@ static void shrink_create(shrink_work *sw) {
 }
 
 /* CREATE, each look: a member that died or left meanwhile ends the
- * rendezvous (its generation poisoned: every member fails at once) */
+ * rendezvous for every member (its generation poisoned), unless every
+ * member had passed it already: then the new comm stands, and its fault
+ * is the new comm's to shrink (never one member out and the rest in) */
 static void shrink_watch_members(shrink_work *sw) {
+    if (sw->withdrawn) return;
     for (int r = 0; r < sw->n; r++) {
         int s = sw->out[r] || r == sw->me ? COLLIE_PEER_ALIVE : cl_health_state(sw->comm, r);
         if (s != COLLIE_PEER_DEAD && s != COLLIE_PEER_LEFT) continue;
-        if (sw->s.create) collie_work_cancel(sw->s.create);
-        shrink_fail(sw, COLLIE_EABORTED,
-                    "shrink of comm '%s': rank %d %s while the new comm was being made (shrink "
-                    "the old comm again)",
-                    sw->name, r, s == COLLIE_PEER_DEAD ? "died" : "left");
+        char why[256];
+        snprintf(why, sizeof why,
+                 "shrink of comm '%s': rank %d %s while the new comm was being made (shrink the "
+                 "old comm again)",
+                 sw->name, r, s == COLLIE_PEER_DEAD ? "died" : "left");
+        sw->withdrawn = true;
+        cl_comm_create_withdraw(sw->s.create, COLLIE_EABORTED, why);
         return;
     }
 }

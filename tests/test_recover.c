@@ -14,6 +14,7 @@
 
 #include "coll_fixture.h"
 #include "comm/comm.h"
+#include "engine/engine.h"
 #include "harness.h"
 #include "runner.h"
 
@@ -464,6 +465,120 @@ static void test_cancel_before_start_then_engine_goes(void **state) {
     assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
 }
 
+
+/* A member withdrawing from a create (a shrink whose member died while the
+ * new comm was being made) never splits its generation. Before everyone
+ * arrived, every member fails with its reason (and one coming later fails
+ * fast); after everyone passed the barrier, the comm is made for all of
+ * them, the withdrawing rank included. (The chaos run of seed 48 found the
+ * split: rank 0, stopped after its barrier join, cancelled its create when
+ * it resumed and saw a member dead, while rank 3 had the new comm; rank 0
+ * shrank the old comm again, alone.) Rank 0 has an engine of its own (the
+ * world's rank 1's; the store server runs on the other), so its loop can
+ * be held while the others pass the barrier. */
+typedef struct withdraw_cmd {
+    cl_cmd cmd;
+    collie_work *create;
+    _Atomic bool hold, in, go; /* hold: wait for go first (the loop held) */
+} withdraw_cmd;
+
+/* on rank 0's loop: (held until go, at most 10 s) withdraw, before the loop
+ * reads anything that came meanwhile */
+static void withdraw_run(cl_cmd *c) {
+    withdraw_cmd *wc = (withdraw_cmd *)c;
+    atomic_store(&wc->in, true);
+    for (int64_t until = now_ms() + 10000; atomic_load(&wc->hold) && !atomic_load(&wc->go) &&
+                                           now_ms() < until;)
+        usleep(1000);
+    cl_comm_create_withdraw(wc->create, COLLIE_EABORTED, "test: rank 0 withdraws");
+}
+
+static void wait_arrived(collie_store *st, const char *name, size_t len) {
+    char key[96];
+    snprintf(key, sizeof key, "collie/%s/0/arrived", name);
+    void *v = NULL;
+    size_t n = 0;
+    for (int k = 0; k < 400 && (!v || strlen(v) < len); k++) {
+        free(v);
+        v = NULL;
+        if (collie_store_get(st, key, 2000, &v, &n) != COLLIE_OK) v = NULL;
+        if (!v || strlen(v) < len) usleep(5000);
+    }
+    assert_non_null(v);
+    assert_true(strlen(v) >= len);
+    free(v);
+}
+
+static void test_withdraw_never_splits(void **state) {
+    (void)state;
+    world w;
+    world_create_apart(&w, 2, "wbase", NULL);
+    collie_store *st2 = world_store(&w);
+    for (int made = 0; made < 2; made++) {
+        char name[32];
+        snprintf(name, sizeof name, "withdrawn%d", made);
+        collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+        o.name = name;
+        o.create_timeout_ms = 20000;
+        collie_comm *c[3];
+        collie_work *cw[3];
+        assert_int_equal(collie_comm_create_post(w.re[1], w.st[1], 0, 3, &o, &c[0], &cw[0]),
+                         COLLIE_OK);
+        assert_int_equal(collie_comm_create_post(w.re[0], w.st[0], 1, 3, &o, &c[1], &cw[1]),
+                         COLLIE_OK);
+        wait_arrived(w.st[0], name, 4); /* ranks 0 and 1 wait in the barrier */
+        withdraw_cmd wc = {.create = cw[0]};
+        wc.cmd.fn = withdraw_run;
+        int64_t t0 = now_ms();
+        if (!made) {
+            assert_int_equal(cl_engine_post_cmd(w.re[1], &wc.cmd), COLLIE_OK);
+            for (int r = 0; r < 2; r++) {
+                assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_EABORTED);
+                assert_non_null(strstr(collie_work_error_message(cw[r]), "rank 0 withdraws"));
+            }
+            assert_true(now_ms() - t0 < 5000); /* told, not left to its 20 s */
+            assert_int_equal(collie_comm_create_post(w.re[0], st2, 2, 3, &o, &c[2], &cw[2]),
+                             COLLIE_OK);
+            assert_int_equal(collie_work_wait(cw[2], 5000), COLLIE_EABORTED);
+            assert_non_null(strstr(collie_work_error_message(cw[2]), "had already failed"));
+        } else {
+            /* rank 0 joined the barrier, then its loop stops; the others
+             * pass it; rank 0 withdraws before it reads the barrier's end */
+            atomic_store(&wc.hold, true);
+            assert_int_equal(cl_engine_post_cmd(w.re[1], &wc.cmd), COLLIE_OK);
+            for (int64_t until = now_ms() + 10000; !atomic_load(&wc.in) && now_ms() < until;)
+                usleep(1000);
+            assert_true(atomic_load(&wc.in));
+            assert_int_equal(collie_comm_create_post(w.re[0], st2, 2, 3, &o, &c[2], &cw[2]),
+                             COLLIE_OK);
+            for (int r = 1; r < 3; r++)
+                assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_OK);
+            atomic_store(&wc.go, true);
+            assert_int_equal(collie_work_wait(cw[0], 5000), COLLIE_OK);
+            int32_t in[3], out[3];
+            collie_work *ar[3];
+            for (int r = 0; r < 3; r++) {
+                in[r] = r + 1;
+                out[r] = -1;
+                assert_int_equal(collie_allreduce(c[r], &in[r], &out[r], 1, COLLIE_INT32,
+                                                  COLLIE_SUM, NULL, &ar[r]),
+                                 COLLIE_OK);
+            }
+            for (int r = 0; r < 3; r++) {
+                assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+                assert_int_equal(out[r], 6); /* 1 + 2 + 3 */
+                collie_work_release(ar[r]);
+            }
+        }
+        for (int r = 0; r < 3; r++) {
+            collie_work_release(cw[r]);
+            (void)collie_comm_destroy(c[r]);
+        }
+    }
+    collie_store_destroy(st2);
+    world_destroy(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_destroy_post_returns_at_once),
@@ -477,6 +592,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_create),
         cmocka_unit_test(test_posts_never_wait_for_the_loop),
         cmocka_unit_test(test_cancel_before_start_then_engine_goes),
+        cmocka_unit_test(test_withdraw_never_splits),
     };
     return cltest_main(tests, NULL, NULL);
 }

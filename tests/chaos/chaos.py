@@ -83,7 +83,8 @@ SELFTEST = [("clean", (), "kill,stop", 10, 5), ("wrong_ok", ("wrong_ok",), "none
             ("unexplained", ("unexplained_failure",), "none", 10, 5),
             ("vacuous", ("vacuous",), "none", 10, 5),
             ("spurious", ("unexplained_failure",), "none", 10, 5),
-            ("shrink_healthy", ("shrink_set",), "none", 10, 5)]
+            ("shrink_healthy", ("shrink_set",), "none", 10, 5),
+            ("shrink_split", ("shrink_split",), "none", 10, 5)]
 MAX_VIOLATION_LINES = 20
 
 

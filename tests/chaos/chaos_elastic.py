@@ -20,6 +20,9 @@ Design notes
                       its own shrink of that comm before the decision's
                       deadline (first start + timeout_ms; one that comes
                       later is left out by contract: counted `late`).
+     shrink_split     two members of one old comm took different new comms
+                      from it (a comm has one successor: an attempt whose
+                      new comm was made for some member is made for all).
  - A grow: its `grow` lines (OK) of one old comm name one new comm of one
    size (`grow_disagree` otherwise); a replacement's `join` OK names a comm
    some member's grow made (`join_unknown` otherwise).
@@ -82,6 +85,13 @@ def check(reports, killed_us, stops_us, link_down_us):
         for f in rep.joins:
             stats.inc("join_" + f.get("status", "?").replace("COLLIE_", "").lower())
 
+    successors = {}  # old comm -> {new comm: a rank that took it}
+    for (old, new), lines in decisions.items():
+        successors.setdefault(old, {})[new] = lines[0][0]
+    for old, news in sorted(successors.items()):
+        if len(news) > 1:
+            out.append(("shrink_split", min(news.values()), "comm %s has %d successors: %s" % (
+                old, len(news), ", ".join("%s (rank %d)" % kv for kv in sorted(news.items())))))
     kept = {}  # old comm -> ranks some decision of it kept
     for (old, new), lines in sorted(decisions.items()):
         stats.inc("decisions")

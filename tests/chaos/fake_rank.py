@@ -18,7 +18,8 @@ Design notes
    work ends OK), spurious (rank 0 fails a work for nothing first, the
    others' works then run into their deadlines), shrink_healthy (the
    ranks write a shrink decision that leaves out the last rank, which was
-   never killed or stopped and began its shrink in time). Empty: it
+   never killed or stopped and began its shrink in time), shrink_split
+   (rank 0 takes another new comm from the same shrink). Empty: it
    behaves (its failed works ran into their deadline: a slow machine).
  - It keeps the SIGCONT contract: a work line that spans a SIGCONT has
    stopped=1.
@@ -81,6 +82,14 @@ def main():
                   "index=3 expected=7 got=8 (planted by fake_rank)")
             if bug == "garbled" and rank == 0 and r == 0 and q == 3:
                 w("work this line is not key=value")
+        if bug == "shrink_split" and r == 0:  # rank 0 alone takes a second successor
+            t = int(time.monotonic() * 1e6)
+            w("shrink_enter r=0 comm=fakew attempt=0 size=%d rank=%d timeout_ms=1000 "
+              "start_us=%d" % (world, rank, t))
+            w("shrink r=0 status=COLLIE_OK comm=fakew new=fakew.shr0%s attempt=0 size=%d "
+              "new_size=%d new_rank=%d members=%s out=- timeout_ms=1000 start_us=%d "
+              "end_us=%d ms=1 paused_ms=0" % ("e1" if rank == 0 else "", world, world, rank,
+                                              ",".join(map(str, range(world))), t, t + 1000))
         if bug == "shrink_healthy" and r == 0:  # the survivors leave out a rank that came
             t = int(time.monotonic() * 1e6)
             w("shrink_enter r=0 comm=fakew attempt=0 size=%d rank=%d timeout_ms=1000 "

@@ -1,0 +1,81 @@
+/*
+ * comm_rendezvous_text.c — the rendezvous's texts in the store: a poisoned
+ * generation's value, and the message of a barrier that timed out.
+ *
+ * Design notes
+ *  - A poison is "<status>|<why>" in "<prefix>conflict" (comm_rendezvous.c);
+ *    an older value without the status counts as a conflict (EINVAL), and
+ *    a status outside collie's range is text, not a code.
+ *  - The timeout's message names the ranks that never arrived, from the
+ *    "<prefix>arrived" list ("r r ... ", appended by each rank before its
+ *    barrier); what is not a rank number below the size is skipped, a
+ *    rank named twice counts once, and past 32 absent ranks it says how
+ *    many more, so a hostile or garbled list cannot make it unreadable.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+
+int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen) {
+    char buf[1040];
+    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
+    char *end;
+    long st = strtol(buf, &end, 10);
+    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
+    const char *src = coded ? end + 1 : buf;
+    size_t n = strlen(src);
+    if (n >= wlen) n = wlen - 1;
+    memcpy(why, src, n);
+    why[n] = '\0';
+    return coded ? (int)st : COLLIE_EINVAL;
+}
+
+/* "arrived" as a set of ranks (seen[r]); returns how many */
+static int arrived_parse(const char *list, size_t len, int size, bool *seen) {
+    int arrived = 0;
+    for (size_t i = 0; i < len;) {
+        while (i < len && list[i] == ' ')
+            i++;
+        long r = 0;
+        bool digits = false;
+        for (; i < len && list[i] >= '0' && list[i] <= '9' && r < size; i++, digits = true)
+            r = r * 10 + (list[i] - '0');
+        while (i < len && list[i] != ' ') /* anything else: skipped */
+            i++;
+        if (digits && r < size && !seen[r]) {
+            seen[r] = true;
+            arrived++;
+        }
+    }
+    return arrived;
+}
+
+void cl_rendezvous_timeout_text(const collie_comm *c, const char *list, size_t len, char *out,
+                                size_t outlen) {
+    int n = snprintf(out, outlen, "rank %d: not every rank arrived within %d ms", c->rank,
+                     (int)c->create_timeout_ms);
+    bool *seen = list ? calloc((size_t)c->size, sizeof *seen) : NULL;
+    if (!seen) {
+        snprintf(out + n, outlen - (size_t)n,
+                 " (comm '%s' generation %llu; who did is unknown: the store did not say)", c->name,
+                 (unsigned long long)c->generation);
+        return;
+    }
+    int arrived = arrived_parse(list, len, c->size, seen);
+    n += snprintf(out + n, outlen - (size_t)n,
+                  ": %d of %d did (comm '%s' generation %llu); never arrived:", arrived, c->size,
+                  c->name, (unsigned long long)c->generation);
+    int named = 0;
+    for (int r = 0; r < c->size && (size_t)n < outlen; r++) {
+        if (seen[r]) continue;
+        if (named++ == 32) { /* the message stays readable */
+            n += snprintf(out + n, outlen - (size_t)n, " and %d more", c->size - arrived - 32);
+            break;
+        }
+        n += snprintf(out + n, outlen - (size_t)n, "%s rank %d", named > 1 ? "," : "", r);
+    }
+    free(seen);
+}
