@@ -48,6 +48,16 @@ for t in "$@"; do
       tail -n 12 "$log" | sed 's/^/    /'
       [ "$rc" -eq 124 ] && echo "    (the binary timed out after ${binary_timeout}s)"
     } | tee -a "$results/failures.log"
+    # the digest test-summary.sh prints last: each failed test and the two
+    # lines before its first error (the check's own message)
+    awk -v where="[$suite] $name" \
+        '/^\[ RUN      \]/ { a = b = ""; told = 0 }
+         /\[  ERROR   \]|\[   LINE   \]/ && !told { told = 1
+           print where ": " substr(a, 1, 200); print "    " substr(b, 1, 200)
+           print "    " substr($0, 1, 200); next }
+         { a = b; b = $0 }
+         /^\[  FAILED  \] [^0-9]/ && / \([0-9]+ ms\)$/ && !told { print where ": " $0 " (no error line)" }' \
+        "$log" >> "$results/digest.log" || true
   fi
 done
 exit $fail

@@ -7,6 +7,10 @@ if [ -s "$dir/failures.log" ] || [ -s "$dir/failed-stages" ]; then
   echo "==== what failed ===="
   cat "$dir/failed-stages" 2>/dev/null || true
   tail -n 150 "$dir/failures.log" 2>/dev/null || true
+  if [ -s "$dir/digest.log" ]; then
+    echo "==== in short: each failed test and its check's message ===="
+    tail -n 40 "$dir/digest.log"
+  fi
 fi
 # a stage that failed without a failed test (format-check, say) counts as one
 stages=0
