@@ -602,8 +602,9 @@ static void create_poison_on_giving_up(create_state *cs, int status) {
     collie_comm *c = cs->comm;
     if (c->prefix[0] == '\0' || !c->store) return; /* not joined: no slot taken */
     char why[sizeof cs->conflict];
-    snprintf(why, sizeof why, "rank %d of %d gave up its creation of comm '%s' (generation %llu): %.600s",
-             c->rank, c->size, c->name, (unsigned long long)c->generation,
+    snprintf(why, sizeof why,
+             "rank %d of %d gave up its creation of comm '%s' (generation %llu): %.600s", c->rank,
+             c->size, c->name, (unsigned long long)c->generation,
              collie_work_error_message(&cs->base));
     create_post_poison(cs, status, why);
 }

@@ -465,7 +465,6 @@ static void test_cancel_before_start_then_engine_goes(void **state) {
     assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
 }
 
-
 /* A member withdrawing from a create (a shrink whose member died while the
  * new comm was being made) never splits its generation. Before everyone
  * arrived, every member fails with its reason (and one coming later fails
@@ -487,8 +486,8 @@ typedef struct withdraw_cmd {
 static void withdraw_run(cl_cmd *c) {
     withdraw_cmd *wc = (withdraw_cmd *)c;
     atomic_store(&wc->in, true);
-    for (int64_t until = now_ms() + 10000; atomic_load(&wc->hold) && !atomic_load(&wc->go) &&
-                                           now_ms() < until;)
+    for (int64_t until = now_ms() + 10000;
+         atomic_load(&wc->hold) && !atomic_load(&wc->go) && now_ms() < until;)
         usleep(1000);
     cl_comm_create_withdraw(wc->create, COLLIE_EABORTED, "test: rank 0 withdraws");
 }
