@@ -4,14 +4,20 @@
  *
  * Design notes
  *  - Everything is checked on the caller's thread before anything happens:
- *    a rejected call returns COLLIE_EINVAL (collie_last_error says which
- *    argument) and leaves no trace.
+ *    a rejected call returns its error (COLLIE_EINVAL for an argument,
+ *    ENOTSUP for what the backend cannot do, EABORTED on a failed comm,
+ *    ENOTMEMBER on a rank a shrink left out; collie_last_error says which)
+ *    and leaves no trace but the note in c->refused (below).
  *  - Collectives and point-to-point operations have separate sequence
  *    counters: every rank must agree on collective sequence numbers even
  *    when only some ranks exchange point-to-point messages.
  *  - The sequence number is taken and the work queued under the comm's
  *    mutex, so the loop starts works in sequence order even when several
- *    threads post on one comm.
+ *    threads post on one comm. A POST_ON_CALLER backend (NCCL) is started
+ *    on the posting thread under that mutex instead (coll_start_on_caller);
+ *    the others may be started by the posting thread itself, while the
+ *    loop is between two turns (cl_engine_assist, engine/assist.c), in
+ *    the command queue's order.
  *  - The end of a collective, every step of it, is in coll_end.c; its
  *    cancel (anyone but its backend ending it) in coll_cancel.c.
  *  - A refused collective post (bad arguments, a backend that refused it)

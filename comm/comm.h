@@ -1,6 +1,6 @@
 /*
- * comm.h — communicators: internal state shared by engine/comm*.c,
- * engine/coll.c and engine/backend.c.
+ * comm.h — communicators: internal state shared by the files of comm/
+ * (and read by the tests through it).
  */
 #ifndef CL_COMM_H
 #define CL_COMM_H

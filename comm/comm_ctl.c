@@ -23,17 +23,21 @@
  *    there: fail everything here with that root cause and its data, the
  *    fault as fault.c writes it; the reason travels whole, up to
  *    the comm's message bound CL_COMM_MSG_MAX, so every rank reads the
- *    same words — a desync report is kilobytes) "left <rank>" (that rank destroyed its comm: peer
- * health) and "query <rank> <seq>" (a desync query, see desync.c: answer with this rank's progress
- * under
- *    "<prefix>ctl/<k>/ans/<rank>", k being the message's index).
+ *    same words — a desync report is kilobytes), "left <rank>" (that
+ *    rank destroyed its comm: peer health; not believed about a rank
+ *    linked to this one, which says goodbye on its link), "shrunk <rank>
+ *    <set>" (the survivors' shrink left <set> out: comm_shrink_view.c)
+ *    and "query <rank> <seq>" (a desync query, see desync.c: answer with
+ *    this rank's progress under "<prefix>ctl/<k>/ans/<rank>", k being the
+ *    message's index).
  *  - A notice of a death (fault kind peer_dead) is that rank's view of
  *    it, and news here: its ranks become dead in peer health too (a
  *    peer_dead event each, before the comm_faulted one), so a rank with
  *    no link to the dead one and no pidfd on it (another host) hears of
  *    the death as the others do.
  *  - Only comms with an async policy (ABORT_COMM, ABORT_PROCESS) watch;
- *    BLOCKING_WAIT and NONE do nothing in the background.
+ *    BLOCKING_WAIT and NONE do nothing in the background (so they hear no
+ *    abort, "left" or "shrunk" notice either).
  *  - Every store request here holds a comm reference until its callback.
  */
 #include <event2/event.h>

@@ -65,7 +65,7 @@
  *  - Keys of old generations go (cl_comm_forget_generation): once
  *    generation g is created, rank 0 deletes "collie/<name>/<g-1>/" (every
  *    member has moved on), and the last member to destroy a comm deletes
- *    its own (comm.c), so a server that re-creates its comm after every
+ *    its own (comm_destroy.c, OUT), so a server that re-creates its comm after every
  *    fault keeps a flat store.
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the

@@ -5,7 +5,7 @@
  * Design notes
  *  - Whoever sees a fault and knows who caused it says so (cl_fault on the
  *    work before it ends, or given to cl_comm_fault_data): a peer's
- *    connection closed (the transport's peer_lost service), a desync
+ *    connection closed (the transport's peer_gone service), a desync
  *    report's suspects, a mismatch's two ranks, an application's abort, a
  *    peer's abort notice. Where nobody said, the status stands for a kind
  *    (cl_fault_classify), and the ranks come from peer health: the peers
