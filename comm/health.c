@@ -20,11 +20,12 @@
  *    costs nothing while idle.
  *  - An exit is "left" if the rank destroyed its comm first: a graceful
  *    destroy sets "<prefix>gone/<rank>" and posts "left <rank>" on the
- *    control channel before its connections close (comm.c). On an exit the
- *    loop checks that key (one store round trip) and reports left or dead;
- *    no answer (the store lived in the dead process, say) counts as dead. Transports report what
- * they see on links (cl_health_peer_gone: a connection closed without goodbye is dead, a BYE is
- * left).
+ *    control channel before its connections close (comm_destroy.c, LEFT).
+ *    On an exit the loop checks that key (one store round trip) and
+ *    reports left or dead; no answer (the store lived in the dead process,
+ *    say) counts as dead. Transports report what they see on links
+ *    (cl_health_peer_gone: a connection closed without goodbye is dead, a
+ *    BYE is left).
  *  - Silence (COLLIE_HEARTBEAT_MS > 0): the transports send a heartbeat
  *    over every link that carried nothing for a while, so a linked peer
  *    is heard at least about once per period however idle the comm is.
@@ -47,8 +48,8 @@
  *    found it returns (an active libevent event): by then the fault it
  *    causes is recorded, so whoever pops the event reads that fault.
  *  - Events: a bounded queue (8 per peer + 16, at most EVENTS_MAX: dead
- *    and left come once per peer, suspected/back may repeat) under a
- *    mutex, and an eventfd
+ *    and left come once per peer, comm_faulted and excluded once per comm,
+ *    suspected/back may repeat) under a mutex, and an eventfd
  *    that is readable exactly while the queue is not empty (written when it
  *    becomes non-empty, drained when the last is popped). A full queue
  *    drops the oldest event and counts it in the next one popped.
