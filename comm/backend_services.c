@@ -3,6 +3,24 @@
  * backend (collie_backend.h, ABI 3). Thin adapters over the core's
  * internals, so that a plugin links no symbol of the core; the loop's
  * events are in backend_events.c.
+ *
+ * Design notes
+ *  - A collective's end goes through comm/coll_end.c (work_finish,
+ *    work_claim + work_publish): the unlend, stats and fault record come
+ *    before the result is visible, whichever thread the backend ends it on.
+ *  - A fault the backend reports (fault) is recorded on the comm before
+ *    its work is visible as failed. The work that saw the comm's first
+ *    fault gets that status; one that meets its consequences later gets
+ *    EABORTED naming the root cause (under NONE each work keeps its own).
+ *  - The fault's data comes from what the backend said just before, on the
+ *    loop: peer_gone ALIVE (a peer's ABORT frame, or a connection closed
+ *    by a process its pidfd says lives) makes the next fault that peer's
+ *    abort; peer_disagrees makes the next EPROTO a mismatch naming both
+ *    ranks. Otherwise fault.c classifies the status.
+ *  - work_test never runs a step of the loop (unlike collie_work_test): the
+ *    backend may hold the lock its poll hook takes.
+ *  - Store requests go under the comm's key prefix; settings are read from
+ *    the one config snapshot (numbers as text in a thread-local buffer).
  */
 #include <openssl/evp.h>
 #include <openssl/hmac.h>

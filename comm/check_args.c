@@ -7,9 +7,10 @@
  *
  * Design notes
  *  - Off the launch path: a post only appends the collective's fingerprint
- *    (seq, kind, count, dtype, op, root; the pair-check fields below) to a queue under the comm's
- * mutex, which it holds already, and queues one command when the queue was empty. Everything else
- * runs on the loop, asynchronously.
+ *    (seq, kind, count, dtype, op, root; the pair-check fields below) to
+ *    a queue under the comm's mutex, which it holds already, and queues
+ *    one command unless one is queued already. Everything else runs on the
+ *    loop, asynchronously.
  *  - Windows of CHK_WINDOW sequence numbers: rank 0 publishes its
  *    fingerprints of window w under "<prefix>chk/<w>" — complete once it has
  *    posted past the window, partial (re-published as it grows) after

@@ -1,6 +1,9 @@
 /*
- * comm.c — communicator lifetime: create/destroy/abort, faults and error
- * policy, starting collective works on their backend, the name registry.
+ * comm.c — communicator lifetime: references, the end of its creation
+ * (cl_comm_created) and of its backends (on the loop), abort, faults and
+ * error policy, starting collective works on their backend, the name
+ * registry. The create and destroy works are comm_create.c,
+ * comm_rendezvous.c and comm_destroy.c.
  *
  * Design notes
  *  - Threads: posts happen on any thread (under `mu`, which makes the
@@ -9,7 +12,8 @@
  *  - States: CREATING → READY → FAILED. Works started while CREATING wait
  *    in the comm's queue (their deadlines keep running) and start in post
  *    order when the rendezvous completes. In FAILED, new works fail fast
- *    with COLLIE_EABORTED naming the root cause.
+ *    with COLLIE_EABORTED naming the root cause; on a rank a shrink left
+ *    out (`excluded`, comm_shrink_view.c) with COLLIE_ENOTMEMBER (coll.c).
  *  - The root cause is recorded once (err_status, err_msg); err_msg is
  *    written before err_status is published, and never changes after.
  *  - A fault fails the comm's works at once — in slices of CL_LOOP_SLICE
