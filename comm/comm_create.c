@@ -1,14 +1,17 @@
 /*
  * comm_create.c — creating a communicator: the options checked, the comm
  * allocated, its rendezvous posted (comm_rendezvous.c runs it); blocking,
- * non-blocking, from the environment, and a split's child.
+ * non-blocking, from the environment, a split's child, and the successor a
+ * shrink or grow makes (cl_comm_create_successor: its lineage and the old
+ * comm its backends may build from).
  *
  * Design notes
  *  - Everything the caller got wrong is found here, on its thread, before
  *    anything is allocated or sent: a bad option is COLLIE_EINVAL naming
  *    it, and no comm.
  *  - The blocking create is post + wait; the wait is bounded by the create
- *    work's deadline (the create timeout plus a grace).
+ *    work's deadline (the create timeout plus a grace). A split's child
+ *    waits watching its parent: a parent that fails ends the wait at once.
  *  - A failed post leaves nothing: the comm is released before the error
  *    returns. Nothing here waits for the loop (the comm becomes a resident
  *    of its engine in the create work's start), so create_post is safe on
