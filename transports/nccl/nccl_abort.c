@@ -19,8 +19,8 @@
  *    comm can build from it (ncclCommShrink), and released (ncclCommAbort
  *    off the loop) by destroy, or once the last shrunk comm still building
  *    from it lets go (shrink_users), or by the helper itself when destroy
- *    came before the quiesce. Without the symbol, a communicator still in init,
- *    a revoke NCCL refuses or one not quiescent within the bound:
+ *    came before the quiesce. Without the symbol, a communicator still in
+ *    init, a revoke NCCL refuses or one not quiescent within the bound:
  *    ncclCommAbort, as before 2.28 (the comm then shrinks by a fresh init).
  *  - The bound (COLLIE_NCCL_ABORT_TIMEOUT_MS, 10 s): the poll hook stays on
  *    while the batch waits; past the bound it logs an error and publishes
@@ -41,10 +41,11 @@
  *    (batch_taken, under mu): it moves the list (cl_list, batch_node) out
  *    of nc->batch under mu and then owns it, unlinking each work before it
  *    publishes it (a published work may retire at once); batch_published
- *    is set once its works are published. Once destroy has begun (it may come right after abort,
- *    when the engine shuts down) the helper leaves the batch to it: destroy
- *    waits, bounded, for the quiesce and publishes on the loop, so no core
- *    call is made from a helper after destroy returns.
+ *    is set once its works are published. Once destroy has begun (it may
+ *    come right after abort, when the engine shuts down) the helper leaves
+ *    the batch to it: destroy waits, bounded, for the quiesce and
+ *    publishes on the loop, so no core call is made from a helper after
+ *    destroy returns.
  */
 #include <errno.h>
 #include <stdio.h>

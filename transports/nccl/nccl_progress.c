@@ -16,11 +16,12 @@
  *    NCCL refused while launching a queued work. The async error is read
  *    before the end events are queried, so a work whose event completed
  *    before the error appeared is finished, not blamed. The oldest work the
- *    GPU has not finished is the root: it is claimed here (status COLLIE_EBACKEND, the NCCL or CUDA
- *    error in its message; if the core has not started it yet, as soon as
- *    it has) and published by the abort once the GPU work is quiesced. core->fault then applies the
- * comm's policy, which aborts us; under policy NONE we abort the NCCL communicator ourselves, since
- * its works can never complete.
+ *    GPU has not finished is the root: it is claimed here (status
+ *    COLLIE_EBACKEND, the NCCL or CUDA error in its message; if the core
+ *    has not started it yet, as soon as it has) and published by the abort
+ *    once the GPU work is quiesced. core->fault then applies the comm's
+ *    policy, which aborts us; under policy NONE we abort the NCCL
+ *    communicator ourselves, since its works can never complete.
  *  - Completions are collected under the lock and finished after it.
  */
 #include <stdio.h>
