@@ -32,8 +32,8 @@
  *    have rewritten. Nothing waits for the peer: a stopped peer cannot
  *    hold up a deadline. The stream stays whole (the frame was complete).
  *  - Collective frames are lent only once the receive is posted: a frame
- *    that may be lent is announced first (RTS, tcp_conn_write.c), lent after the
- *    CTS. So a receiver never copies a lent payload into its park of early
+ *    that may be lent is announced first (RTS, tcp_conn_write.c), lent
+ *    after the CTS. So a receiver never copies a lent payload into its park of early
  *    frames, never reads one before checking the arguments, and a root
  *    whose peer has not posted yet still holds its buffer (and withdraws
  *    nothing read). Point-to-point sends are lent at once, as before.
@@ -42,8 +42,8 @@
  *    destination (or the staging buffer for receive-and-reduce, or an
  *    unexpected message's buffer) in pieces of at most LOAN_PULL bytes,
  *    each MiB counted as one of the 64 reads a connection gets per turn of
- *    the loop, so one message cannot hold it for long. A work that is gone skips
- *    the pulls. The claim at the end decides: read, withdrawn (the work
+ *    the loop, so one message cannot hold it for long. A work that is
+ *    gone skips the pulls. The claim at the end decides: read, withdrawn (the work
  *    fails), or the peer exited (the work fails; its socket's end follows).
  *    Every loan is returned, in order, whatever happened, so the lender's
  *    other messages complete. The connection's loan state (lent, withdrawn,
