@@ -1,12 +1,16 @@
 /*
  * cpu.h — the CPU backend's internal state, shared by the files of transports/cpu.
  *
- * Objects, all owned by the progress thread:
- *   tcp_comm   one per communicator: listener, connections by peer rank,
- *              the works it runs in sequence order.
- *   tcp_conn   one socket to one peer: handshake, a send queue of
- *              messages, the receive side (header, then payload straight
- *              into the matched receive slot).
+ * Objects, all owned by the loop (the progress thread, or a thread that
+ * holds its role for a step: engine/assist.c), but for the loans a work
+ * withdraws from whichever thread ends it (tcp_loan.c):
+ *   tcp_comm   one per communicator: listeners (TCP, and the abstract Unix
+ *              socket of same-host peers), connections by peer rank, the
+ *              works it runs in sequence order.
+ *   tcp_conn   one link to one peer, a TCP socket or shared-memory rings
+ *              with a Unix socket as doorbell (tcp_local.c): handshake, a
+ *              send queue of messages, the receive side (header, then
+ *              payload straight into the matched receive slot).
  *   tcp_work   the per-work state living in the core's work (backend_data):
  *              its schedule, current step, and the messages and receive
  *              slots of that step.
