@@ -8,8 +8,9 @@ Design notes
   ABI the declarations below are written for.
 - Every function the package calls is declared once in SIGNATURES, as
   collie.h spells it; tests/python/test_signatures.py parses collie.h (with
-  the parts it includes) and collie_cuda.h and checks each entry (argument count and C types), so a
-  header change cannot leave a stale declaration here.
+  the parts it includes) and collie_cuda.h and checks each entry (argument
+  count and C types), so a header change cannot leave a stale declaration
+  here.
 - ctypes.CDLL releases the GIL around every call: a blocking wait in C
   never holds up the interpreter's other threads.
 """

@@ -23,16 +23,17 @@ Design notes
   aborts the comm naming itself and raises CollieNoMemory, so the peers see
   CollieAborted/ColliePeerError at once instead of a mismatched collective.
 - send_object/recv_object: a 24-byte header message (magic, flags, length,
-  sequence number) on tag HDR | tag, then the payload on a tag made unique by
-  the sender's sequence number (PAYLOAD | seq << 32 | tag). The receiver
+  sequence number) on tag OBJ_TAG | tag, then the payload on a tag made
+  unique by the sender's sequence number (OBJ_TAG | PAYLOAD_TAG | seq << 32
+  | tag). The receiver
   posts the payload's receive from the header's actual sender (never from
   any source) and that exact tag, so concurrent recv_object calls (threads,
   asyncio, any source) can never take each other's payload, whatever order
   they post in, nor another sender's payload with the same sequence number.
   src None or -1 (COLLIE_ANY_SOURCE, as Comm.recv takes peer=-1) is any
-  source; dst/src are checked (type, range) before anything is posted. Object tags live
-  above bit 62 (user tags are < 2^32): a plain recv with a tag below 2^62
-  never takes an object message.
+  source; dst/src are checked (type, range) before anything is posted.
+  Object tags have bit 63 set (user tags are < 2^32): a plain recv with a
+  tag below 2^62 never takes an object message.
 - An object is returned only once every message of it arrived whole: a
   failure of any of them (peer died, timeout, abort) raises that collie
   error, never a partial object.

@@ -3,8 +3,11 @@
 //
 // Design notes
 // - The only C++ in collie's torch backend: what torch demands (a
-//   ProcessGroup or Backend subclass and its Work). Rendezvous, options and
-//   policy are Python (collie/torch/__init__.py), collectives are libcollie.
+//   ProcessGroup or Backend subclass and its Work), with its headers:
+//   compat.h (the torch versions), scratch.h (flat buffers) and
+//   cuda_side.h (CUDA tensors on torch 2.x: a second comm on the NCCL
+//   plugin). Rendezvous, options and policy are Python
+//   (collie/torch/__init__.py), collectives are libcollie.
 // - One source for both torch versions: what differs is in compat.h
 //   (the base class, COLLIE_TORCH2 for the members only 2.x declares).
 // - Each torch call posts one collie collective on the caller's thread and
@@ -18,9 +21,9 @@
 //   completion queue. torch's future callbacks (DDP's among them) therefore
 //   run on the waiter or the completer, never on collie's progress thread.
 // - The completer's in-flight map (keyed by the post's tag, recorded before
-//   the post) holds each CollieWork (and so its tensors)
-//   until collie has completed it: a Work dropped in flight cannot free
-//   memory collie still writes.
+//   the post) holds each CollieWork (and so its tensors) until collie has
+//   completed it: a Work dropped in flight cannot free memory collie still
+//   writes.
 // - Python exit: the completer thread must not take the GIL once Python
 //   finalizes (it would be ended by pthread_exit inside a noexcept
 //   destructor: std::terminate). collie.torch's atexit hook stops it first;
