@@ -8,8 +8,11 @@ Design notes
   works and comms carry it as .fault, with .kind and .ranks as shortcuts.
 - Health is a mixin of Comm: health(), fault(), event_fd(), pop_event() and
   `async for ev in comm.events()`, which watches the fd with the running
-  loop's add_reader and never blocks it: the reader callback only pops
-  (collie_comm_event_pop never blocks) into an asyncio.Queue.
+  loop's add_reader and never blocks it: one reader per loop, whose
+  callback only wakes the iterators waiting on it (an asyncio.Event each);
+  each iterator then pops (collie_comm_event_pop never blocks), so an
+  event goes to one iterator. Destroy ends them first (_events_stop)
+  before it closes the fd.
 """
 
 import asyncio
