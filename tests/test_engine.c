@@ -374,25 +374,6 @@ static void test_config_values_parsed(void **state) {
     assert_true(c->stall_ms > 0);
 }
 
-/* The README's settings table is the settings table. */
-static void test_readme_documents_every_setting(void **state) {
-    (void)state;
-    char *table = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&table, &len);
-    cl_config_print_table(mem);
-    fclose(mem);
-    FILE *f = fopen("README.md", "r");
-    assert_non_null(f); /* tests run from the repository root */
-    char *readme = calloc(1, 1 << 20);
-    size_t n = fread(readme, 1, (1 << 20) - 1, f);
-    fclose(f);
-    assert_true(n > 0);
-    if (!strstr(readme, table)) fail_msg("README.md lacks the settings table:\n%s", table);
-    free(readme);
-    free(table);
-}
-
 static void test_strerror_covers_every_code(void **state) {
     (void)state;
     for (int s = COLLIE_ENOENT; s <= COLLIE_INPROGRESS; s++) {
@@ -639,7 +620,6 @@ int main(void) {
         cmocka_unit_test(test_stall_monitor_reports_blocked_loop),
         cmocka_unit_test(test_config_rejects_bad_values),
         cmocka_unit_test(test_config_values_parsed),
-        cmocka_unit_test(test_readme_documents_every_setting),
         cmocka_unit_test(test_strerror_covers_every_code),
         cmocka_unit_test(test_list),
         cmocka_unit_test(test_log_queue_rejects_bad_args),
