@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# check-layers.sh — enforce the README's "Layers" table on every #include.
+# check-layers.sh — enforce the "Layers" table of docs/hacking.md on every #include.
 #
-# The rule lives in one place, the README: its Layers section holds a table,
+# The rule lives in one place, docs/hacking.md: its Layers section holds a table,
 # one row per library folder from top to bottom, whose last column lists what
 # a file of that folder may include from outside its own folder: a header
 # (`engine/engine.h`) or a whole folder (`include/`, `base/`). This script
@@ -39,9 +39,9 @@ while IFS= read -r row; do
     folder=${folder%/}
     folders+=("$folder")
     allowed[$folder]=$(grep -oE '`[a-z_]+/[^`]*`' <<<"$col_allowed" | tr -d '`' | tr '\n' ' ' || true)
-done < <(awk '/^## Layers/ {on = 1; next} on && /^## / {exit} on && /^\|/' README.md)
+done < <(awk '/^## Layers/ {on = 1; next} on && /^## / {exit} on && /^\|/' docs/hacking.md)
 if [ "${#folders[@]}" -lt 2 ]; then
-    echo "check-layers: README.md has no Layers table (| \`folder/\` | holds | may include |)"
+    echo "check-layers: docs/hacking.md has no Layers table (| \`folder/\` | holds | may include |)"
     exit 1
 fi
 
@@ -57,7 +57,7 @@ for i in "${!folders[@]}"; do
     for a in ${allowed[${folders[$i]}]}; do
         j=$(position "${a%%/*}")
         if [ "$j" -le "$i" ]; then
-            echo "README.md Layers: ${folders[$i]}/ may include $a, which is not a folder below it"
+            echo "docs/hacking.md Layers: ${folders[$i]}/ may include $a, which is not a folder below it"
             bad=1
         fi
     done
@@ -123,7 +123,7 @@ directives() {
 
 checked=0
 for folder in "${folders[@]}"; do
-    [ -d "$folder" ] || { echo "README.md Layers: $folder/ is not a folder"; bad=1; continue; }
+    [ -d "$folder" ] || { echo "docs/hacking.md Layers: $folder/ is not a folder"; bad=1; continue; }
     # every file, whatever its name: any of them may be #included
     while IFS= read -r -d '' file; do
         checked=$((checked + 1))
@@ -149,7 +149,7 @@ for folder in "${folders[@]}"; do
             fi
             [[ "$path" == "$folder/"* ]] && continue # its own folder
             if ! permitted "$folder" "$path"; then
-                echo "$file:$n: includes $path: $folder/ may include only ${allowed[$folder]:-nothing} from outside itself (README.md, Layers)"
+                echo "$file:$n: includes $path: $folder/ may include only ${allowed[$folder]:-nothing} from outside itself (docs/hacking.md, Layers)"
                 bad=1
             fi
         done < <(directives "$file")

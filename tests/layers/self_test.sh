@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # self_test.sh — tools/check-layers.sh must refuse each way of breaking the
-# README's Layers table, at any depth, and accept a tree that keeps it. Each
+# Layers table of docs/hacking.md, at any depth, and accept a tree that keeps it. Each
 # case builds a small tree under a temporary folder; exits non-zero naming
 # the case that was not caught. Run by `make check-layers` (and `make test`).
 set -euo pipefail
@@ -10,10 +10,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "check-layers self-test: FAILED: $*" >&2; exit 1; }
 
-# a tree: README with a table, and one file per folder
+# a tree: docs/hacking.md with a table, and one file per folder
 tree() {
-    rm -rf "$tmp/t" && mkdir -p "$tmp/t"/{include,base,engine,comm,transports/cpu/deep}
-    cat >"$tmp/t/README.md" <<'MD'
+    rm -rf "$tmp/t" && mkdir -p "$tmp/t"/{docs,include,base,engine,comm,transports/cpu/deep}
+    cat >"$tmp/t/docs/hacking.md" <<'MD'
 # x
 ## Layers
 | folder | holds | may include from outside itself |
@@ -107,11 +107,11 @@ echo '#include "engine/nowhere.h"' >>"$tmp/t/comm/comm.h"
 expect_refused "missing header" "includes engine/nowhere.h, which does not exist"
 
 tree # the table itself pointing upwards
-sed -i 's/| `engine\/` | engine | `include\/`, `base\/` |/| `engine\/` | engine | `comm\/comm.h`, `include\/` |/' "$tmp/t/README.md"
+sed -i 's/| `engine\/` | engine | `include\/`, `base\/` |/| `engine\/` | engine | `comm\/comm.h`, `include\/` |/' "$tmp/t/docs/hacking.md"
 expect_refused "table points up" "engine/ may include comm/comm.h, which is not a folder below it"
 
 tree # no table
-printf '# x\n## Layers\nprose only\n' >"$tmp/t/README.md"
+printf '# x\n## Layers\nprose only\n' >"$tmp/t/docs/hacking.md"
 expect_refused "no table" "has no Layers table"
 
 echo "check-layers self-test: ok (17 cases)"
