@@ -270,6 +270,9 @@ static bool has_anchor(const char *path, const char *anchor) {
     return found;
 }
 
+/* Broken links found so far: every one is reported, then the test fails. */
+static int links_bad;
+
 static bool exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -290,9 +293,13 @@ static void check_link(const char *page, const char *target, size_t n) {
         snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(page, '/') - page), page, t);
     else
         snprintf(path, sizeof path, "%s", t);
-    if (!exists(path)) fail_msg("%s links to %s: no such file (%s)", page, t, path);
-    if (hash && *hash && strstr(path, ".md") && !has_anchor(path, hash))
-        fail_msg("%s links to %s#%s: no such heading there", page, t, hash);
+    if (!exists(path)) {
+        print_error("%s links to %s: no such file (%s)\n", page, t, path);
+        links_bad++;
+    } else if (hash && *hash && strstr(path, ".md") && !has_anchor(path, hash)) {
+        print_error("%s links to %s#%s: no such heading there\n", page, t, hash);
+        links_bad++;
+    }
 }
 
 /* The folders of the source tree whose paths the docs name in backquotes. */
@@ -309,7 +316,10 @@ static void check_quoted_path(const char *page, const char *q, size_t n) {
         snprintf(path, sizeof path, "%.*s", (int)n, q);
         char *colon = strchr(path, ':'); /* tests/x.py::Class */
         if (colon) *colon = '\0';
-        if (!exists(path)) fail_msg("%s names `%s`: no such file or folder", page, path);
+        if (!exists(path)) {
+            print_error("%s names `%s`: no such file or folder\n", page, path);
+            links_bad++;
+        }
         return;
     }
 }
@@ -340,6 +350,7 @@ static void test_links_resolve(void **state) {
         free(t);
     }
     free_pages(pages);
+    if (links_bad) fail_msg("%d broken links or paths in README.md and docs/ (above)", links_bad);
 }
 
 /* ---- the README --------------------------------------------------------------- */
