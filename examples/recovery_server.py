@@ -49,6 +49,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 try:
     import collie
@@ -66,6 +67,10 @@ SHRINK_S = 10.0
 REQUEST_S = 5.0  # a request waiting longer than this is refused
 AFTER = 20  # answered on the latest comm before the client stops
 RUN_S = 50.0
+
+
+class Failed(Exception):
+    """What this example checks went wrong: the process exits 1."""
 
 
 def env_num(name, dflt):
@@ -164,7 +169,7 @@ class Server:
             os.kill(os.getpid(), signal.SIGKILL)
         out = await work
         if not np.array_equal(out, expected(self.comm.size, rid)):
-            raise SystemExit(f"rank {self.me}: request {rid}: wrong sum on {self.comm.size} ranks")
+            raise Failed(f"rank {self.me}: request {rid}: wrong sum on {self.comm.size} ranks")
         self.verified += 1
         return op, rid, int(out[-1])
 
@@ -180,10 +185,10 @@ class Server:
         try:
             self.comm = await asyncio.wait_for(old.shrink_async(timeout=SHRINK_S), SHRINK_S + 5)
         except collie.CollieNotMember as e:
-            raise SystemExit(f"rank {self.me}: the others left me out: {e}")
+            raise Failed(f"rank {self.me}: the others left me out: {e}")
         self.retire(old)  # its destroy runs on collie's thread; nothing waits for it
         if self.comm.rank_map()[0] != 0:
-            raise SystemExit(f"rank {self.me}: the front end (rank 0) is gone: nobody to serve")
+            raise Failed(f"rank {self.me}: the front end (rank 0) is gone: nobody to serve")
         self.shrinks += 1
         self.since_change = 0
         self.watch(self.comm)
@@ -204,9 +209,11 @@ class Server:
         self.grows += 1
         self.since_change = 0
         self.watch(big)
+        after = ""
         if self.fault_ns is not None:
             self.regrow_ms = (time.monotonic_ns() - self.fault_ns) / 1e6
-        self.log(f"grown to rank {big.rank} of {big.size} ('{big.name}')")
+            after = f", {self.regrow_ms:.0f} ms after the fault"
+        self.log(f"grown to rank {big.rank} of {big.size} ('{big.name}'){after}")
 
     async def next_step(self, requests, again):
         """Rank 0: what the next header says, and the request it serves."""
@@ -271,7 +278,7 @@ async def client(server, requests, n, interval_s):
     sent = []
     while len(sent) < n or server.grow is not None or server.since_change < AFTER:
         if len(sent) >= 100 * n:
-            raise SystemExit("client: the server never settled")
+            raise Failed("client: the server never settled")
         req = Request(len(sent) + 1)
         sent.append(req)
         requests.put_nowait(req)
@@ -331,12 +338,18 @@ async def main():
               f"{summary['refused']} refused, {summary['lost']} lost; {server.shrinks} shrinks, "
               f"{server.grows} grows; worst reply {summary['worst_reply_ms']} ms", flush=True)
     print(json.dumps(summary), flush=True)
-    return 1 if summary.get("lost") else 0
+    if summary.get("lost"):
+        raise Failed(f"{summary['lost']} requests lost")
+    return 0
 
 
 if __name__ == "__main__":
     try:
         sys.exit(asyncio.run(asyncio.wait_for(main(), RUN_S)))
-    except asyncio.TimeoutError:
-        print(f"recovery_server: not done after {RUN_S} s", flush=True)
+    except Failed as e:
+        print(f"recovery_server: FAILED: {e}", flush=True)
+        sys.exit(1)
+    except asyncio.TimeoutError:  # a bounded wait ran out (the whole run: RUN_S)
+        traceback.print_exc()
+        print("recovery_server: a deadline passed", flush=True)
         sys.exit(1)
