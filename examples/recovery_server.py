@@ -6,11 +6,12 @@ started it again. The event loop never blocks on any of it.
     build/bin/collie-run -n 4 --restarts 1 --timeout 60 -- python3 examples/recovery_server.py
 
 The server: rank 0 is the front end. A client task there sends requests
-(RECOVERY_REQUESTS, default 200, one every 4 ms) and awaits each reply: every
-request is answered or refused with a reason, none is lost. For each
-request rank 0 broadcasts a header (what to do, the request id) and every
-rank adds its share in an allreduce; every rank checks the sum against the
-value it must have (the oracle: every result that returned OK is checked).
+(RECOVERY_REQUESTS, default 200, one every RECOVERY_INTERVAL_S, default 4 ms)
+and awaits each reply: every request is answered or refused with a reason,
+none is lost. For each request rank 0 broadcasts a header (what to do, the
+request id) and every rank adds its share in an allreduce; every rank checks
+the sum against the value it must have (the oracle: every result that
+returned OK is checked).
 
 The fault: in its first life the last rank SIGKILLs itself with its share of
 request RECOVERY_KILL_AT (default 60) in flight. Then
