@@ -5,7 +5,9 @@
  * Design notes
  *  - A poison is "<status>|<why>" in "<prefix>conflict" (comm_rendezvous.c);
  *    an older value without the status counts as a conflict (EINVAL), and
- *    a status outside collie's range is text, not a code.
+ *    a status that is not one of collie's errors (COLLIE_STATUS_MAP) is
+ *    text, not a code: a create never ends with a status no caller can
+ *    name, whatever another store writer put there.
  *  - The timeout's message names the ranks that never arrived, from the
  *    "<prefix>arrived" list ("r r ... ", appended by each rank before its
  *    barrier); what is not a rank number below the size is skipped, a
@@ -19,12 +21,23 @@
 
 #include "comm/comm.h"
 
+/* one of collie's errors (COLLIE_STATUS_MAP): a code a caller can name */
+static bool poison_status_known(long st) {
+    switch (st) {
+#define CL_POISON_STATUS(name, value, text) case value:
+        COLLIE_STATUS_MAP(CL_POISON_STATUS)
+#undef CL_POISON_STATUS
+        return st < 0;
+    }
+    return false;
+}
+
 int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen) {
     char buf[1040];
-    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
+    snprintf(buf, sizeof buf, "%.*s", (int)len, val ? val : "");
     char *end;
     long st = strtol(buf, &end, 10);
-    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
+    bool coded = end != buf && *end == '|' && poison_status_known(st);
     const char *src = coded ? end + 1 : buf;
     size_t n = strlen(src);
     if (n >= wlen) n = wlen - 1;
