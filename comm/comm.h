@@ -585,6 +585,12 @@ void cl_comm_create_withdraw(collie_work *create, int status, const char *why);
 int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen);
 void cl_rendezvous_timeout_text(const collie_comm *c, const char *list, size_t len, char *out,
                                 size_t outlen);
+/* comm_rendezvous_text.c: before the barrier, "<rank> " to "arrived" and
+ * this process for health (unawaited); a poison "<status>|<why>" of c's
+ * generation (compare_set: the first outcome wins) and +2^30 on its
+ * barrier (unawaited). Loop. */
+void cl_rendezvous_announce(collie_comm *c, int32_t timeout_ms);
+void cl_rendezvous_post_poison(collie_comm *c, int status, const char *why);
 
 /* comm_rendezvous.c: a backend instance finished its init (loop) */
 void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg);

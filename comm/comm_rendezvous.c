@@ -69,7 +69,10 @@
  *    fault keeps a flat store.
  *  - The create work's deadline bounds all of it. When it ends early
  *    (deadline, abort), its detach cancels the store request in flight; the
- *    step callback then sees the cancellation and stops.
+ *    step callback then sees the cancellation and stops. A deadline that
+ *    passes after the join (the loop stopped while the barrier opened)
+ *    gives up like a barrier timeout instead (create_cancel: ARRIVED,
+ *    POISON): the others may have made the comm, and it ends with them.
  *  - The work's start makes the comm a resident of its engine (or its
  *    detach, when it ended before starting), so the post never waits for
  *    the loop. Ended from outside (collie_work_cancel, collie_comm_abort)
@@ -108,6 +111,9 @@ enum create_step {
 /* The create work's own deadline is a backstop behind the steps' (which
  * carry the real bound and produce the precise message). */
 #define CREATE_GRACE_MS 1000
+/* past its deadline, the most its give-up takes (create_cancel: ARRIVED,
+ * POISON, RELEASE, 1 s each) before a waiter ends it itself */
+#define CREATE_GIVE_UP_MS 4000
 
 typedef struct create_state {
     collie_work base; /* the "comm.create" work */
@@ -150,23 +156,6 @@ static int32_t create_remaining_ms(create_state *cs) {
 }
 
 static void create_on_step(collie_work *w, void *arg);
-static void forget_done(collie_work *w, void *arg);
-
-/* Ahead of the barrier on the same connection, so they are there before
- * this rank counts (best effort, unawaited): who arrived, for a timeout's
- * message (a rank missing from it is named as absent), and this process,
- * for same-host peers to watch (health.c). */
-static void create_announce(collie_comm *c, int32_t timeout_ms) {
-    char key[160], mine[16];
-    int n = snprintf(mine, sizeof mine, "%d ", c->rank);
-    collie_post_opts ao = COLLIE_POST_OPTS_INIT;
-    ao.timeout_ms = timeout_ms;
-    ao.cb = forget_done;
-    collie_work *aw;
-    snprintf(key, sizeof key, "%sarrived", c->prefix);
-    (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
-    cl_health_publish(c, timeout_ms);
-}
 
 /* Post the store request of the current step; create_on_step gets its
  * result. The request holds a reference on the create work until then. */
@@ -203,7 +192,7 @@ static int create_post_step(create_state *cs) {
         break;
     }
     case STEP_BARRIER:
-        create_announce(c, o.timeout_ms);
+        cl_rendezvous_announce(c, o.timeout_ms);
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
         break;
@@ -304,23 +293,6 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
 
 static void create_step_done(create_state *cs, collie_work *w);
 
-static void forget_done(collie_work *w, void *arg) {
-    (void)arg;
-    collie_work_release(w);
-}
-
-void cl_comm_forget_generation(collie_comm *c, uint64_t gen) {
-    char prefix[112];
-    snprintf(prefix, sizeof prefix, "collie/%s/%llu/", c->name, (unsigned long long)gen);
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.timeout_ms = 5000;
-    o.cb = forget_done; /* best effort: a failure leaves garbage, nothing else */
-    collie_work *w;
-    if (collie_store_post_delete_prefix(c->store, prefix, &o, &w) != COLLIE_OK)
-        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
-                    "could not delete the keys of generation %llu: %s", (unsigned long long)gen,
-                    collie_last_error());
-}
 static void create_succeed(create_state *cs);
 
 /* Go to `step` and post its request; a post that fails ends the create. */
@@ -371,8 +343,6 @@ static bool step_value_made(collie_work *w) {
     return n == strlen(CREATE_MADE) && memcmp(val, CREATE_MADE, n) == 0;
 }
 
-static void create_post_poison(create_state *cs, int status, const char *why);
-
 static void step_join_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
     int64_t v = 0;
@@ -382,7 +352,7 @@ static void step_join_done(create_state *cs, collie_work *w) {
              (unsigned long long)c->generation);
     /* FNV-1a of the prefix: the comm id carried in transport handshakes */
     c->id = cl_fnv1a_str(CL_FNV1A_OFFSET, c->prefix);
-    if (cs->withdraw_status) create_post_poison(cs, cs->withdraw_status, cs->withdraw);
+    if (cs->withdraw_status) cl_rendezvous_post_poison(c, cs->withdraw_status, cs->withdraw);
     create_next(cs, STEP_POISONED);
 }
 
@@ -528,6 +498,10 @@ static void create_step_failed(create_state *cs, collie_work *w, int st) {
 }
 
 static void create_step_done(create_state *cs, collie_work *w) {
+    if (w != cs->req) { /* given up by create_cancel: the outcome is read anew */
+        collie_work_release(w);
+        return;
+    }
     int st = collie_work_result(w);
     cs->req = NULL;
     if (cs->step == STEP_DONE || cl_work_done(&cs->base)) {
@@ -575,25 +549,6 @@ static void create_start(collie_work *w) {
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
 }
 
-/* Poison this rank's generation with "<status>|<why>" and open its
- * barrier (unawaited, pipelined in order: the cause is there before the
- * barrier opens); the first outcome wins (made, or the first poison). */
-static void create_post_poison(create_state *cs, int status, const char *why) {
-    collie_comm *c = cs->comm;
-    char key[160], val[sizeof cs->conflict + 16];
-    int n = snprintf(val, sizeof val, "%d|%s", status, why);
-    if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.timeout_ms = 1000;
-    o.cb = forget_done; /* best effort: the others' own timeout is the fallback */
-    collie_work *pw;
-    snprintf(key, sizeof key, "%sconflict", c->prefix);
-    if (collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &pw) != COLLIE_OK)
-        return;
-    snprintf(key, sizeof key, "%screated", c->prefix);
-    (void)collie_store_post_add(c->store, key, 1 << 30, &o, &pw);
-}
-
 /* The create was ended from outside (collie_work_cancel, collie_comm_abort)
  * after this rank joined its generation: poison the generation, as a
  * timeout does, so the ranks waiting in the barrier fail at once naming
@@ -606,7 +561,7 @@ static void create_poison_on_giving_up(create_state *cs, int status) {
              "rank %d of %d gave up its creation of comm '%s' (generation %llu): %.600s", c->rank,
              c->size, c->name, (unsigned long long)c->generation,
              collie_work_error_message(&cs->base));
-    create_post_poison(cs, status, why);
+    cl_rendezvous_post_poison(c, status, why);
 }
 
 void cl_comm_create_withdraw(collie_work *w, int status, const char *why) {
@@ -615,10 +570,32 @@ void cl_comm_create_withdraw(collie_work *w, int status, const char *why) {
     cs->withdraw_status = status;
     snprintf(cs->withdraw, sizeof cs->withdraw, "%s", why);
     if (cs->comm->prefix[0])
-        create_post_poison(cs, status, cs->withdraw); /* its own steps read the outcome */
+        cl_rendezvous_post_poison(cs->comm, status,
+                                  cs->withdraw); /* its own steps read the outcome */
     else if (cs->step != STEP_JOIN || !cs->req)
         collie_work_cancel(w); /* it took no slot */
     /* else its join is in flight: step_join_done posts the poison */
+}
+
+/* Its deadline passed (the sweep, on the loop) after this rank joined: the
+ * others may have made the comm meanwhile (this rank stopped while the
+ * barrier opened), so it does not end at once, split from them: it
+ * poisons the generation as a barrier timeout does (ARRIVED, POISON) and
+ * ends with the outcome that won, made or failed, within a few store
+ * bounds (cancel_grace_ms covers them). Any other end, and one off the
+ * loop: at once. */
+static bool create_cancel(collie_work *w, int status, const char *msg) {
+    create_state *cs = (create_state *)w;
+    if (status != COLLIE_ETIMEDOUT || !cl_engine_on_loop(w->engine) || !cs->comm->prefix[0] ||
+        cs->step == STEP_DONE || cl_work_done(w))
+        return cl_work_finish(w, status, "%s", msg);
+    if (cs->step == STEP_ARRIVED || cs->step == STEP_POISON || cs->step == STEP_RELEASE)
+        return true; /* giving up already, each step bounded */
+    collie_work *old = cs->req;
+    cs->req = NULL;
+    if (old) collie_work_cancel(old); /* its callback drops it (not cs->req) */
+    create_next(cs, STEP_ARRIVED);
+    return true;
 }
 
 static void create_detach(collie_work *w) {
@@ -657,7 +634,9 @@ static const cl_work_ops create_ops = {.name = "comm.create",
                                        .start = create_start,
                                        .detach = create_detach,
                                        .free = create_free,
-                                       .describe = create_describe};
+                                       .describe = create_describe,
+                                       .cancel = create_cancel,
+                                       .cancel_grace_ms = CREATE_GIVE_UP_MS};
 
 /* ---- the create work ---------------------------------------------------------------- */
 

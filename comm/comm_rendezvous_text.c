@@ -1,11 +1,16 @@
 /*
  * comm_rendezvous_text.c — the rendezvous's texts in the store: a poisoned
- * generation's value, and the message of a barrier that timed out.
+ * generation's value (written and read), the "arrived" list and the
+ * message of a barrier that timed out; and its best-effort, unawaited
+ * writes (the announce before the barrier, the poison, the deletion of an
+ * old generation's keys).
  *
  * Design notes
  *  - A poison is "<status>|<why>" in "<prefix>conflict" (comm_rendezvous.c);
  *    an older value without the status counts as a conflict (EINVAL), and
- *    a status outside collie's range is text, not a code.
+ *    a status that is not one of collie's errors (COLLIE_STATUS_MAP) is
+ *    text, not a code: a create never ends with a status no caller can
+ *    name, whatever another store writer put there.
  *  - The timeout's message names the ranks that never arrived, from the
  *    "<prefix>arrived" list ("r r ... ", appended by each rank before its
  *    barrier); what is not a rank number below the size is skipped, a
@@ -19,12 +24,23 @@
 
 #include "comm/comm.h"
 
+/* one of collie's errors (COLLIE_STATUS_MAP): a code a caller can name */
+static bool poison_status_known(long st) {
+    switch (st) {
+#define CL_POISON_STATUS(name, value, text) case value:
+        COLLIE_STATUS_MAP(CL_POISON_STATUS)
+#undef CL_POISON_STATUS
+        return st < 0;
+    }
+    return false;
+}
+
 int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen) {
     char buf[1040];
-    snprintf(buf, sizeof buf, "%.*s", (int)len, val);
+    snprintf(buf, sizeof buf, "%.*s", (int)len, val ? val : "");
     char *end;
     long st = strtol(buf, &end, 10);
-    bool coded = end != buf && *end == '|' && st < 0 && st > -1000;
+    bool coded = end != buf && *end == '|' && poison_status_known(st);
     const char *src = coded ? end + 1 : buf;
     size_t n = strlen(src);
     if (n >= wlen) n = wlen - 1;
@@ -78,4 +94,56 @@ void cl_rendezvous_timeout_text(const collie_comm *c, const char *list, size_t l
         n += snprintf(out + n, outlen - (size_t)n, "%s rank %d", named > 1 ? "," : "", r);
     }
     free(seen);
+}
+
+static void forget_done(collie_work *w, void *arg) {
+    (void)arg;
+    collie_work_release(w);
+}
+
+/* Ahead of the barrier on the same connection, so they are there before
+ * this rank counts (best effort, unawaited): who arrived, for a timeout's
+ * message (a rank missing from it is named as absent), and this process,
+ * for same-host peers to watch (health.c). */
+void cl_rendezvous_announce(collie_comm *c, int32_t timeout_ms) {
+    char key[160], mine[16];
+    int n = snprintf(mine, sizeof mine, "%d ", c->rank);
+    collie_post_opts ao = COLLIE_POST_OPTS_INIT;
+    ao.timeout_ms = timeout_ms;
+    ao.cb = forget_done;
+    collie_work *aw;
+    snprintf(key, sizeof key, "%sarrived", c->prefix);
+    (void)collie_store_post_append(c->store, key, mine, (size_t)n, &ao, &aw);
+    cl_health_publish(c, timeout_ms);
+}
+
+/* Poison c's generation with "<status>|<why>" and open its barrier
+ * (unawaited, pipelined in order: the cause is there before the barrier
+ * opens); the first outcome wins (made, or the first poison). */
+void cl_rendezvous_post_poison(collie_comm *c, int status, const char *why) {
+    char key[160], val[1040];
+    int n = snprintf(val, sizeof val, "%d|%s", status, why);
+    if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 1000;
+    o.cb = forget_done; /* best effort: the others' own timeout is the fallback */
+    collie_work *pw;
+    snprintf(key, sizeof key, "%sconflict", c->prefix);
+    if (collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &pw) != COLLIE_OK)
+        return;
+    snprintf(key, sizeof key, "%screated", c->prefix);
+    (void)collie_store_post_add(c->store, key, 1 << 30, &o, &pw);
+}
+
+void cl_comm_forget_generation(collie_comm *c, uint64_t gen) {
+    char prefix[112];
+    snprintf(prefix, sizeof prefix, "collie/%s/%llu/", c->name, (unsigned long long)gen);
+    collie_post_opts o = COLLIE_POST_OPTS_INIT;
+    o.timeout_ms = 5000;
+    o.cb = forget_done; /* best effort: a failure leaves garbage, nothing else */
+    collie_work *w;
+    if (collie_store_post_delete_prefix(c->store, prefix, &o, &w) != COLLIE_OK)
+        cl_log_comm(CL_LOG_INFO, "comm", c->name, -1,
+                    "could not delete the keys of generation %llu: %s", (unsigned long long)gen,
+                    collie_last_error());
 }

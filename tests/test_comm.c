@@ -1401,12 +1401,52 @@ static void test_exit_with_engines_running(void **state) {
     }
 }
 
+/* A poison's text in "<prefix>conflict" comes from any store writer: its
+ * status is a code only if it is one of collie's errors (a create must
+ * never end with a status no caller can name, nor INPROGRESS or OK); what
+ * else is there is text (EINVAL), cut to the buffer. The timeout's text
+ * stays within its buffer whatever the "arrived" list says. */
+static void test_poison_text_is_parsed_safely(void **state) {
+    (void)state;
+    char why[64];
+    assert_int_equal(cl_rendezvous_poison_parse("-3|late", 7, why, sizeof why), COLLIE_ETIMEDOUT);
+    assert_string_equal(why, "late");
+    const char *bad[] = {"-500|evil", "-18|past the last", "1|in progress", "0|made", "-999|x",
+                         "-0|zero"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int st = cl_rendezvous_poison_parse(bad[i], strlen(bad[i]), why, sizeof why);
+        if (st != COLLIE_EINVAL)
+            fail_msg("'%s' gave status %d (%s), not EINVAL", bad[i], st, collie_status_name(st));
+        assert_string_equal(why, bad[i]); /* text, whole */
+    }
+    char big[3000];
+    memset(big, 'x', sizeof big);
+    big[0] = '-', big[1] = '5', big[2] = '|';
+    assert_int_equal(cl_rendezvous_poison_parse(big, sizeof big, why, sizeof why), COLLIE_EABORTED);
+    assert_int_equal(strlen(why), sizeof why - 1);
+    assert_int_equal(cl_rendezvous_poison_parse(NULL, 0, why, sizeof why), COLLIE_EINVAL);
+    collie_comm *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    c->size = 100;
+    c->rank = 3;
+    memset(c->name, 'n', sizeof c->name - 1);
+    const char *list = "0 1 99 100 -1 1x 0000000000000000000000000000000000001 7 7 ";
+    char out[200];
+    out[sizeof out - 1] = 'Z';
+    cl_rendezvous_timeout_text(c, list, strlen(list), out, sizeof out - 1);
+    assert_int_equal(out[sizeof out - 1], 'Z');
+    assert_true(strlen(out) < sizeof out - 1);
+    print_message("%s\n", out);
+    free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_rejects_bad_options),
         cmocka_unit_test(test_nonblocking_create_queues_posts),
         cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
         cmocka_unit_test(test_create_timeout_poisons_its_generation),
+        cmocka_unit_test(test_poison_text_is_parsed_safely),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
         cmocka_unit_test(test_fault_fails_deep_queue_in_slices),

@@ -578,6 +578,75 @@ static void test_withdraw_never_splits(void **state) {
     world_destroy(&w);
 }
 
+/* A member whose loop stalls (a SIGSTOP, a long callback) in the barrier
+ * while the others pass it and make the comm, and that runs again only
+ * after its create's deadline (hold_ms after its post), must not end
+ * failed while they hold the made comm: the generation has one outcome.
+ * Rank 0 (its own engine) has create_timeout_ms 1500, so its work's
+ * deadline is 2.5 s after its post; held until 3.5 s (past it), or 2 s
+ * (past its barrier request's bound, not the work's). */
+static void stalled_create_never_splits(int32_t hold_ms) {
+    world w;
+    world_create_apart(&w, 2, "sbase", NULL);
+    collie_store *st2 = world_store(&w);
+    char name[32];
+    snprintf(name, sizeof name, "stalled%d", (int)hold_ms);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT, o0;
+    o.name = name;
+    o.create_timeout_ms = 20000;
+    o0 = o;
+    o0.create_timeout_ms = 1500;
+    collie_comm *c[3];
+    collie_work *cw[3];
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_comm_create_post(w.re[1], w.st[1], 0, 3, &o0, &c[0], &cw[0]),
+                     COLLIE_OK);
+    assert_int_equal(collie_comm_create_post(w.re[0], w.st[0], 1, 3, &o, &c[1], &cw[1]), COLLIE_OK);
+    wait_arrived(w.st[0], name, 4); /* ranks 0 and 1 wait in the barrier */
+    loop_block b;
+    loop_block_start(&b, w.re[1]);
+    assert_int_equal(collie_comm_create_post(w.re[0], st2, 2, 3, &o, &c[2], &cw[2]), COLLIE_OK);
+    for (int r = 1; r < 3; r++)
+        assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_OK);
+    while (now_ms() - t0 < hold_ms)
+        usleep(1000);
+    loop_unblock(&b);
+    int st0 = collie_work_wait(cw[0], 5000);
+    print_message("rank 0 held %d ms: %s: %s\n", (int)hold_ms, collie_status_name(st0),
+                  collie_work_error_message(cw[0]));
+    assert_int_equal(st0, COLLIE_OK); /* ranks 1 and 2 hold the comm: so does rank 0 */
+    int32_t in[3], out[3];
+    collie_work *ar[3];
+    for (int r = 0; r < 3; r++) {
+        in[r] = r + 1;
+        out[r] = -1;
+        assert_int_equal(
+            collie_allreduce(c[r], &in[r], &out[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+        assert_int_equal(out[r], 6);
+        collie_work_release(ar[r]);
+    }
+    for (int r = 0; r < 3; r++) {
+        collie_work_release(cw[r]);
+        (void)collie_comm_destroy(c[r]);
+    }
+    collie_store_destroy(st2);
+    world_destroy(&w);
+}
+
+static void test_stalled_past_deadline_never_splits(void **state) {
+    (void)state;
+    stalled_create_never_splits(3500);
+}
+
+static void test_stalled_past_barrier_bound_never_splits(void **state) {
+    (void)state;
+    stalled_create_never_splits(2000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_destroy_post_returns_at_once),
@@ -592,6 +661,8 @@ int main(void) {
         cmocka_unit_test(test_posts_never_wait_for_the_loop),
         cmocka_unit_test(test_cancel_before_start_then_engine_goes),
         cmocka_unit_test(test_withdraw_never_splits),
+        cmocka_unit_test(test_stalled_past_deadline_never_splits),
+        cmocka_unit_test(test_stalled_past_barrier_bound_never_splits),
     };
     return cltest_main(tests, NULL, NULL);
 }
