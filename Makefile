@@ -100,12 +100,12 @@ examples: $(EXAMPLES)
 tests: $(TESTS) plugins test-plugins
 
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP): tools/deps.sh
-	@tools/deps.sh build
+$(DEPS_STAMP): scripts/deps.sh
+	@scripts/deps.sh build
 	@mkdir -p $(@D) && touch $@
 deps-test: $(DEPS_TEST_STAMP)
-$(DEPS_TEST_STAMP): tools/deps.sh
-	@tools/deps.sh test
+$(DEPS_TEST_STAMP): scripts/deps.sh
+	@scripts/deps.sh test
 	@mkdir -p $(@D) && touch $@
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
@@ -233,10 +233,10 @@ python:
 endif
 
 $(TORCH_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard include/collie*.h) \
-              tools/torch_flags.py $(LIB_SO)
+              scripts/torch_flags.py $(LIB_SO)
 	@mkdir -p $(@D)
 	@# a failing helper stops the build with its own message
-	flags=$$($(PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed:" \
+	flags=$$($(PYTHON) scripts/torch_flags.py) || { echo "collie: scripts/torch_flags.py failed:" \
 	  "the torch extension cannot be built (see its error above)" >&2; exit 1; }; \
 	$(CXX) -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
 	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
@@ -244,18 +244,18 @@ $(TORCH_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard includ
 # ---- torch 2.x ----------------------------------------------------------------
 # A virtual environment with torch 2.x from PyPI beside Debian's torch 1.13
 # (docs/torch2.md): build/torch2-venv, made with Debian's /usr/bin/python3,
-# every package pinned with its hash in tools/torch2-requirements.txt (a
+# every package pinned with its hash in scripts/torch2-requirements.txt (a
 # CUDA build, about 3 GB of wheels, 5 GB installed; it runs on the CPU).
 # The wheels are kept in ~/.cache/collie/wheels (COLLIE_WHEELS), outside the
 # tree, so another clone or a rebuild installs them without downloading;
 # pip's own cache (~/.cache/pip) stays empty behind a proxy that strips
 # cache headers, as this machine's does.
 TORCH2_VENV := build/torch2-venv
-TORCH2_REQ  := tools/torch2-requirements.txt
+TORCH2_REQ  := scripts/torch2-requirements.txt
 
 torch2-venv: $(TORCH2_VENV)/.ok
-$(TORCH2_VENV)/.ok: $(TORCH2_REQ) tools/torch2-venv.sh | $(DEPS_TEST_STAMP)
-	tools/torch2-venv.sh $(TORCH2_VENV) $(TORCH2_REQ)
+$(TORCH2_VENV)/.ok: $(TORCH2_REQ) scripts/torch2-venv.sh | $(DEPS_TEST_STAMP)
+	scripts/torch2-venv.sh $(TORCH2_VENV) $(TORCH2_REQ)
 
 # collie.torch's extension for that torch: the same source as the 1.13 one
 # (python/collie/torch/compat.h holds the differences), into build/torch2/_C.so;
@@ -266,21 +266,21 @@ TORCH2_PYTHON ?= $(TORCH2_VENV)/bin/python
 TORCH2_EXT    := build/torch2/_C.so
 torch2: $(TORCH2_EXT)
 $(TORCH2_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard include/collie*.h) \
-               tools/torch_flags.py $(LIB_SO) $(if $(filter $(TORCH2_VENV)/%,$(TORCH2_PYTHON)),$(TORCH2_VENV)/.ok)
+               scripts/torch_flags.py $(LIB_SO) $(if $(filter $(TORCH2_VENV)/%,$(TORCH2_PYTHON)),$(TORCH2_VENV)/.ok)
 	@mkdir -p $(@D)
-	flags=$$($(TORCH2_PYTHON) tools/torch_flags.py) || { echo "collie: tools/torch_flags.py failed" \
+	flags=$$($(TORCH2_PYTHON) scripts/torch_flags.py) || { echo "collie: scripts/torch_flags.py failed" \
 	  "under $(TORCH2_PYTHON): the torch 2.x extension cannot be built (see its error above)" >&2; \
 	  exit 1; }; \
 	$(CXX) -std=c++20 -O2 -shared -fPIC -Wall -Wextra -Werror -Wno-unused-parameter -I include \
 	  -o $@ $(TORCH_SRC) -L$(BUILD)/lib -lcollie -Wl,-rpath,'$$ORIGIN/../lib' $$flags
 
-# make test's torch 2.x stage (tools/torch2-stage.sh): the venv and the
+# make test's torch 2.x stage (scripts/torch2-stage.sh): the venv and the
 # extension built when missing (a venv that cannot be had is one skip that
 # says why; COLLIE_TORCH2=0 skips it), tests/python/test_torch2*.py (Debian's
 # pytest, ranks under the venv's Python), then tests/torch_suite/curated2.txt
 # of torch 2.x's own suite under the venv's Python.
 test-torch2: all $(DEPS_TEST_STAMP)
-	@tools/torch2-stage.sh
+	@scripts/torch2-stage.sh
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4
@@ -314,28 +314,28 @@ test:
 	  $(MAKE) --no-print-directory $$stage || { status=1; \
 	    mkdir -p build/test-results; echo "stage $$stage failed" >> build/test-results/failed-stages; }; \
 	done; \
-	tools/test-summary.sh build/test-results || status=1; exit $$status
+	scripts/test-summary.sh build/test-results || status=1; exit $$status
 
 # The default CPU backend puts same-host peers on shared memory, so the
 # suites run the shm link; the collective suites run again forced onto TCP.
 TCP_LEG_TESTS := coll collv p2p
 
 test-normal: all tests
-	@tools/run-tests.sh normal $(BUILD) $(filter-out $(FAULT_TESTS),$(TESTS))
-	@COLLIE_CPU_TRANSPORT=tcp tools/run-tests.sh normal-tcp $(BUILD) \
+	@scripts/run-tests.sh normal $(BUILD) $(filter-out $(FAULT_TESTS),$(TESTS))
+	@COLLIE_CPU_TRANSPORT=tcp scripts/run-tests.sh normal-tcp $(BUILD) \
 	  $(patsubst %,$(BUILD)/tests/test_%,$(TCP_LEG_TESTS))
 
 test-faults: all tests
-	@tools/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
+	@scripts/run-tests.sh faults $(BUILD) $(FAULT_TESTS)
 
 # The chaos harness (docs/chaos.md): tests/chaos/chaos.py drives ranks of
 # $(BUILD)/tests/chaos/chaos_rank under collie-run. test-chaos runs its
-# fixed seeds through tools/run-tests.sh (tests/chaos/test_chaos prints the
+# fixed seeds through scripts/run-tests.sh (tests/chaos/test_chaos prints the
 # runner's lines; at most 2 minutes); `make chaos SECONDS=N` a campaign of
 # random runs (a run started before N s ends, so it may overrun by one run).
 CHAOS_DEPS := all tests $(BUILD)/tests/chaos/chaos_rank
 test-chaos: $(CHAOS_DEPS)
-	@tools/run-tests.sh chaos $(BUILD) tests/chaos/test_chaos
+	@scripts/run-tests.sh chaos $(BUILD) tests/chaos/test_chaos
 
 chaos: $(CHAOS_DEPS)
 	/usr/bin/python3 tests/chaos/chaos.py --build $(BUILD) --seconds $(or $(SECONDS),60)
@@ -345,10 +345,10 @@ chaos: $(CHAOS_DEPS)
 # test_c10d_common.py's plugin tests (fetched from the source package; they
 # skip, saying why, where that cannot be had).
 test-python: all $(DEPS_TEST_STAMP)
-	@tools/run-pytest.sh python tests/python --ignore-glob='tests/python/test_torch2*' -k 'not torch2'
-	@tools/torch-src.sh build/torch-src test/distributed/test_c10d_common.py || true
-	@tools/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
-	@tools/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
+	@scripts/run-pytest.sh python tests/python --ignore-glob='tests/python/test_torch2*' -k 'not torch2'
+	@scripts/torch-src.sh build/torch-src test/distributed/test_c10d_common.py || true
+	@scripts/run-pytest.sh c10d-common tests/torch_suite/c10d_suite.py
+	@scripts/run-pytest.sh torch-suite $(addprefix tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::,\
 	  $(shell grep -v '^\#' tests/torch_suite/curated.txt))
 
 # ---- fuzzing ------------------------------------------------------------------
@@ -356,7 +356,7 @@ test-python: all $(DEPS_TEST_STAMP)
 # (docs/fuzzing.md): every tests/fuzz/fuzz_<t>.c is a target (adding one is
 # adding the file), linked with -fsanitize=fuzzer against the library
 # compiled by clang-14 with -fsanitize=fuzzer-no-link and ASan+UBSan into
-# build/fuzz (libclang-rt-14-dev has the runtime; tools/deps.sh test
+# build/fuzz (libclang-rt-14-dev has the runtime; scripts/deps.sh test
 # installs both). Seeds: tests/fuzz/corpus/<t>; crash inputs, kept as
 # regression inputs: tests/fuzz/crashes/<t>.
 FUZZ_CC      ?= clang-14
@@ -380,14 +380,14 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) | $(DEPS_TEST_STAMP)
 fuzz-build: $(FUZZ_BINS)
 # make test's stage: at most ~60 s for all targets together
 test-fuzz: fuzz-build
-	@tools/run-fuzz.sh short $(FUZZ_DIR) $(FUZZ_RUN)
+	@scripts/run-fuzz.sh short $(FUZZ_DIR) $(FUZZ_RUN)
 # make fuzz SECONDS=N [FUZZ_TARGET=x]: N seconds in all, shared by the targets
 fuzz: fuzz-build
-	@FUZZ_SECONDS=$(or $(SECONDS),600) tools/run-fuzz.sh long $(FUZZ_DIR) $(FUZZ_RUN)
+	@FUZZ_SECONDS=$(or $(SECONDS),600) scripts/run-fuzz.sh long $(FUZZ_DIR) $(FUZZ_RUN)
 fuzz-merge: fuzz-build
-	@tools/run-fuzz.sh merge $(FUZZ_DIR) $(FUZZ_RUN)
+	@scripts/run-fuzz.sh merge $(FUZZ_DIR) $(FUZZ_RUN)
 fuzz-seeds: fuzz-build
-	@tools/run-fuzz.sh seeds $(FUZZ_DIR) $(FUZZ_RUN)
+	@scripts/run-fuzz.sh seeds $(FUZZ_DIR) $(FUZZ_RUN)
 
 # The keyed MACs libcrypto offers, side by side (chose the TCP frame MAC).
 bench-mac: $(BUILD)/bench/mac_bench
@@ -399,28 +399,28 @@ $(BUILD)/bench/mac_bench: bench/mac_bench.c | $(DEPS_STAMP)
 # The README's two commands on a clean clone inside a fresh Debian 12 root
 # (debootstrap minbase; long, root only): what the machines' image hides.
 fresh-root:
-	@tools/fresh-root.sh $(FRESH_ROOT)
+	@scripts/fresh-root.sh $(FRESH_ROOT)
 
 # PyTorch's whole distributed suite, gloo and collie side by side (long):
-# torch 1.13's (tools/torch-suite.sh), then torch 2.x's when the venv is
+# torch 1.13's (scripts/torch-suite.sh), then torch 2.x's when the venv is
 # there (test-torch2-suite: gated and opened, tests/torch_suite/harness.py).
 test-torch: all $(DEPS_TEST_STAMP)
-	@status=0; tools/torch-suite.sh || status=1; \
+	@status=0; scripts/torch-suite.sh || status=1; \
 	if [ -x $(TORCH2_VENV)/bin/python ]; then \
 	  $(MAKE) --no-print-directory test-torch2-suite || status=1; \
 	else echo "collie: no $(TORCH2_VENV) (make torch2-venv): torch 2.x's suite not run"; fi; \
 	exit $$status
 
 test-torch2-suite: all $(TORCH2_EXT) $(DEPS_TEST_STAMP)
-	@tools/torch-suite.sh 2
+	@scripts/torch-suite.sh 2
 
 test-asan:
 	$(MAKE) --no-print-directory ASAN=1 tests tools examples
 	@CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  tools/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
+	  scripts/run-tests.sh asan build/asan $(patsubst %,build/asan/tests/test_%,$(notdir $(TESTS:$(BUILD)/tests/test_%=%)))
 	@COLLIE_CPU_TRANSPORT=tcp CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1 \
-	  tools/run-tests.sh asan-tcp build/asan $(patsubst %,build/asan/tests/test_%,$(TCP_LEG_TESTS))
+	  scripts/run-tests.sh asan-tcp build/asan $(patsubst %,build/asan/tests/test_%,$(TCP_LEG_TESTS))
 
 test-tsan-long:
 	$(MAKE) --no-print-directory TSAN=1 TSAN_TESTS="$(TSAN_LONG_TESTS)" TCP_LEG_TESTS= test-tsan
@@ -434,10 +434,10 @@ test-tsan:
 	@# a process with threads; the child only runs the double's calls.
 	@CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=5 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
-	  tools/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
+	  scripts/run-tests.sh tsan build/tsan $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
 	@COLLIE_CPU_TRANSPORT=tcp CLTEST_WRAP="setarch $$(uname -m) -R" CLTEST_QUICK=1 CLTEST_TIMEOUT_SCALE=5 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0" \
-	  tools/run-tests.sh tsan-tcp build/tsan $(patsubst %,build/tsan/tests/test_%,$(TCP_LEG_TESTS))
+	  scripts/run-tests.sh tsan-tcp build/tsan $(patsubst %,build/tsan/tests/test_%,$(TCP_LEG_TESTS))
 
 valgrind: all tests
 	@for t in $(TESTS); do \
@@ -452,16 +452,16 @@ format:
 # breaking the table must be caught)
 check-layers:
 	@tests/layers/self_test.sh
-	@tools/check-layers.sh
+	@scripts/check-layers.sh
 # the backends (built-in and plugins) leave no symbol of the core undefined:
 # they call it through the services table only
 check-backends: lib plugins
-	@tools/check-backend-symbols.sh $(BUILD) $(filter $(BUILD)/obj/transports/%,$(CORE_OBJ))
-# the size budget: files <= 700 lines, functions <= 80 (tools/size-budget.txt
+	@scripts/check-backend-symbols.sh $(BUILD) $(filter $(BUILD)/obj/transports/%,$(CORE_OBJ))
+# the size budget: files <= 700 lines, functions <= 80 (scripts/size-budget.txt
 # lists today's overruns, which may only shrink)
 check-size: $(DEPS_TEST_STAMP)
 	@tests/size/self_test.sh
-	@tools/check-size.sh
+	@scripts/check-size.sh
 
 format-check: $(DEPS_TEST_STAMP)
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
@@ -539,7 +539,7 @@ $(DOUBLE_DIR)/old/libnccl.so.2: $(BUILD)/obj/tests/cuda_double/nccl_old.o \
 	  -Wl,--version-script=tests/cuda_double/nccl.map -o $@ $(filter %.o,$^) \
 	  $(DOUBLE_DIR)/libcudart.so.13 -Wl,-rpath,'$$ORIGIN/..' -Wl,--enable-new-dtags
 
-# The GPU verification kit (tools/gpu_kit): a folder to carry to a CUDA host
+# The GPU verification kit (gpu-kit): a folder to carry to a CUDA host
 # (run.sh REPORT_DIR there). collie-gpucheck links libcollie, libevent and
 # libcrypto statically (the host may lack them; the tools jansson too); the CUDA runtime travels
 # with it; NCCL is the host's (run.sh finds it). `plugins` builds it, so
@@ -555,7 +555,7 @@ test-plugins: $(GPU_KIT_FILES)
 endif
 
 # collie-gpucheck: main in gpu_check.c, its parts beside it (gpu_check.h lists them)
-GPUCHECK_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/gpu_kit/*.c))
+GPUCHECK_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard gpu-kit/*.c))
 $(GPU_KIT)/bin/collie-gpucheck: $(GPUCHECK_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(GPUCHECK_OBJ) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -Wl,-Bdynamic -ldl
@@ -563,10 +563,10 @@ $(GPU_KIT)/bin/collie-%: $(BUILD)/obj/tools/collie_%.o $(TOOLS_COMMON_OBJ) $(LIB
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) $(LIB_A) -Wl,-Bstatic -levent -lcrypto -ljansson \
 	  -Wl,-Bdynamic -ldl
-$(GPU_KIT)/run.sh: tools/gpu_kit/run.sh
+$(GPU_KIT)/run.sh: gpu-kit/run.sh
 	@mkdir -p $(@D)
 	cp $< $@
-$(GPU_KIT)/README.md: tools/gpu_kit/README.md
+$(GPU_KIT)/README.md: gpu-kit/README.md
 	@mkdir -p $(@D)
 	cp $< $@
 $(GPU_KIT)/lib/libcollie_nccl.so: $(NCCL_PLUGIN)

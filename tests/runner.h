@@ -13,7 +13,7 @@
  *  - The per-test bound is CLTEST_TEST_TIMEOUT_S (default 120 s) times
  *    CLTEST_TIMEOUT_SCALE (default 1; the sanitizer suites raise it). Past
  *    it the child's whole process group is SIGKILLed and the test fails,
- *    saying so. tools/run-tests.sh bounds the whole binary as a backstop.
+ *    saying so. scripts/run-tests.sh bounds the whole binary as a backstop.
  *  - The leftover check (child, after the group teardown): no thread but
  *    the main one (and TSan's own), no file descriptor that was not open before the group
  *    setup, no engine and no posted work still alive (cl_engines_live,
@@ -23,7 +23,7 @@
  *  - The child's output is passed through, each line prefixed with "    | "
  *    (so the child's own cmocka summary is not counted twice); a skipped
  *    test is one whose child says "[  SKIPPED ]". The parent prints
- *    cmocka's summary lines, which tools/run-tests.sh counts.
+ *    cmocka's summary lines, which scripts/run-tests.sh counts.
  *  - CLTEST_FILTER (a glob, as fnmatch) selects the tests to run.
  *  - gcc 12's TSan runtime sometimes cannot map its shadow at start-up: a
  *    child that failed saying so never ran its test and is run again (at

@@ -825,7 +825,7 @@ static void test_plugin_loads_static_and_shared(void **state) {
 }
 
 /* COLLIE_PLUGIN_PATH = <build>/lib:<build>/tests/plugins, where <build> is
- * CLTEST_BUILD_DIR (set by tools/run-tests.sh) or this binary's build dir. */
+ * CLTEST_BUILD_DIR (set by scripts/run-tests.sh) or this binary's build dir. */
 static int setup_plugin_path(void **state) {
     (void)state;
     char dir[PATH_MAX];

@@ -93,7 +93,7 @@ static void test_library_build_needs_no_test_packages(void **state) {
     int rc = run_capture(cmd, out, sizeof out);
     test_tmpdir_remove(dir);
     assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "tools/deps.sh build"));
+    assert_non_null(strstr(out, "scripts/deps.sh build"));
     if (strstr(out, "deps.sh test")) fail_msg("the library build asks for the test packages");
     if (strstr(out, "cmocka")) fail_msg("the library build mentions cmocka");
     if (strstr(out, "tests/")) fail_msg("the library build compiles something of tests/");

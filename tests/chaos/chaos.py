@@ -18,7 +18,7 @@ Design notes
    never warnings. A failing run prints its seed, its violations and one
    command that replays it (same rank program, same fault schedule).
  - --suite prints the cmocka runner's lines (tests/runner.c), so
-   tools/run-tests.sh and tools/test-summary.sh count it like the test
+   scripts/run-tests.sh and scripts/test-summary.sh count it like the test
    binaries; a shape that cannot run here (two hosts without root) is a
    skip that says why.
  - SIGTERM/SIGINT end the driver through its cleanup (sys.exit in the

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# self_test.sh — tools/check-layers.sh must refuse each way of breaking the
+# self_test.sh — scripts/check-layers.sh must refuse each way of breaking the
 # Layers table of docs/hacking.md, at any depth, and accept a tree that keeps it. Each
 # case builds a small tree under a temporary folder; exits non-zero naming
 # the case that was not caught. Run by `make check-layers` (and `make test`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-check=$here/tools/check-layers.sh
+check=$here/scripts/check-layers.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "check-layers self-test: FAILED: $*" >&2; exit 1; }

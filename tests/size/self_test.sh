@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# self_test.sh — tools/check-size.sh must see every function of the library
+# self_test.sh — scripts/check-size.sh must see every function of the library
 # over the budget (80 lines), however it is written, as long as it compiles
 # with the project's flags. Each case is a small git tree holding a copy of
 # the script and one file; exits non-zero naming the case that was not
@@ -15,13 +15,13 @@ command -v ctags >/dev/null || { echo "check-size self-test: skipped (no ctags)"
 # (cc -std=c11 -Wall -Wextra -Werror) and must be refused
 expect_refused() {
     local name=$1
-    rm -rf "$tmp/t" && mkdir -p "$tmp/t/tools" "$tmp/t/comm"
-    cp "$here/tools/check-size.sh" "$tmp/t/tools/"
+    rm -rf "$tmp/t" && mkdir -p "$tmp/t/scripts" "$tmp/t/comm"
+    cp "$here/scripts/check-size.sh" "$tmp/t/scripts/"
     cat >"$tmp/t/comm/big.c"
     cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -c "$tmp/t/comm/big.c" -o "$tmp/big.o" ||
         fail "$name: the case does not compile"
     (cd "$tmp/t" && git init -q . && git add -A) || fail "$name: git"
-    if "$tmp/t/tools/check-size.sh" >"$tmp/out" 2>&1; then
+    if "$tmp/t/scripts/check-size.sh" >"$tmp/out" 2>&1; then
         fail "$name: a function of 150 lines was not caught"
     fi
 }

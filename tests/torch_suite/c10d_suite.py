@@ -1,6 +1,6 @@
 """PyTorch 1.13.1's test/distributed/test_c10d_common.py run with collie as
 the backend. That file is not in Debian's binary packages:
-tools/torch-src.sh extracts it from the source package of the installed
+scripts/torch-src.sh extracts it from the source package of the installed
 python3-torch into build/torch-src (COLLIE_TORCH_SRC overrides); without
 it every test here skips, saying why.
 
@@ -52,7 +52,7 @@ else:
     Dispatched = MultiProcessTestCase
     MISSING = (
         f"{SRC}/test_c10d_common.py is missing (PyTorch 1.13.1's test file, "
-        "from `tools/torch-src.sh build/torch-src test/distributed/test_c10d_common.py`, "
+        "from `scripts/torch-src.sh build/torch-src test/distributed/test_c10d_common.py`, "
         "which needs Debian's source mirror)"
     )
 needs_upstream = unittest.skipIf(MISSING is not None, MISSING or "")

@@ -22,7 +22,7 @@ difference between the two torch versions is in this file:
   venv's pytest) and prints one pytest-style line per test ("dist_suite.py::Class::test
   PASSED|FAILED|ERROR|SKIPPED (reason)") and a pytest-style summary, the
   lines compare.py reads (1.13 runs under Debian's pytest -v -rA);
-- TORCH_SUITE_START=fork (both versions; tools/torch-suite.sh sets it for
+- TORCH_SUITE_START=fork (both versions; scripts/torch-suite.sh sets it for
   2.x): dist_suite.py forks the ranks rather than spawning them (torch's
   MultiProcessTestCase does either); a spawned rank imports torch and the
   suite anew, ~30 s a test on this loaded 2-core machine.
@@ -189,7 +189,7 @@ class _LineResult(unittest.TextTestResult):
 
 def run():
     """Run the calling __main__ module's tests: torch's run_tests on 1.13
-    (under pytest as tools/torch-suite.sh calls it), unittest with
+    (under pytest as scripts/torch-suite.sh calls it), unittest with
     pytest-style lines on 2.x."""
     from torch.testing._internal import common_utils
 

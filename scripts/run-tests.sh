@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-tests.sh SUITE BUILD_DIR TEST_BINARY... — run the test binaries and
 # record passed/failed/skipped counts per binary in
-# build/test-results/SUITE.txt for tools/test-summary.sh. Each binary runs
+# build/test-results/SUITE.txt for scripts/test-summary.sh. Each binary runs
 # every test in a child process of its own with a per-test bound
 # (tests/runner.h: CLTEST_TEST_TIMEOUT_S, scaled by CLTEST_TIMEOUT_SCALE);
 # the bound per binary here is only a backstop. A skipped test says why on

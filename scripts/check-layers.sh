@@ -20,7 +20,8 @@
 #     listed in the folder's row;
 #   - the table itself must point only downwards: a row may list only folders
 #     (or their headers) that stand below it.
-# tests/, tools/, bench/, examples/ and python/ sit on top and are not checked.
+# tests/, tools/, gpu-kit/, bench/, examples/, scripts/ and python/ sit on top and
+# are not checked.
 # Usage: check-layers.sh [ROOT] (default: this source tree; tests/layers/
 # self_test.sh gives it small trees that break each rule). Prints each
 # offending line and exits 1 if there is one.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # torch2-venv.sh VENV REQUIREMENTS — build a virtual environment at VENV with
 # Debian's /usr/bin/python3 and install the pinned torch 2.x of REQUIREMENTS
-# (tools/torch2-requirements.txt: every package at an exact version with
+# (scripts/torch2-requirements.txt: every package at an exact version with
 # its sha256) from PyPI. Never touches the system Python.
 #
 # The wheels are kept in a wheelhouse outside the tree, $COLLIE_WHEELS
@@ -22,7 +22,7 @@ set -euo pipefail
 wheels=${COLLIE_WHEELS:-$HOME/.cache/collie/wheels}
 py=/usr/bin/python3
 if [ ! -x $py ] || ! $py -c 'import venv, ensurepip' 2>/dev/null; then
-  echo "collie: $py with venv and ensurepip is needed (tools/deps.sh test installs python3-venv)" >&2
+  echo "collie: $py with venv and ensurepip is needed (scripts/deps.sh test installs python3-venv)" >&2
   exit 1
 fi
 pipq=(--disable-pip-version-check --no-input -q)
@@ -35,7 +35,7 @@ if [ "${1:-}" = lock ]; then
   log=$($py -m pip download --disable-pip-version-check --no-input --only-binary=:all: \
     -d "$wheels" "torch==$version" "$@") || { echo "$log" >&2; exit 1; }
   echo "# torch 2.x for collie's torch2 backend (make torch2-venv): Python 3.11, Linux x86_64."
-  echo "# Made by: tools/torch2-venv.sh lock $version $*"
+  echo "# Made by: scripts/torch2-venv.sh lock $version $*"
   # the wheels pip saved or found: name-version-....whl -> name==version --hash
   echo "$log" | sed -nE 's/^ *(Saved|File was already downloaded) //p' | sort -f |
     while read -r whl; do

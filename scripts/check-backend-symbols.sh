@@ -4,10 +4,10 @@
 # built-in backends (every transports/ object but the NCCL plugin's),
 # linked together with `ld -r`, and each plugin under <build>/lib
 # (libcollie_<name>.so) may leave no collie_* or cl_* symbol undefined; a
-# call into the core would. Complements tools/check-layers.sh, which looks
+# call into the core would. Complements scripts/check-layers.sh, which looks
 # at #include lines; this looks at what the compiler actually emitted.
 #
-#   tools/check-backend-symbols.sh [BUILD [OBJECTS...]]
+#   scripts/check-backend-symbols.sh [BUILD [OBJECTS...]]
 # (default build, and every transports/ object under it but nccl's; `make
 # check-backends` names the objects the library is linked from, so a stale
 # object of a renamed file cannot count)

@@ -5,7 +5,7 @@
 #   short  each target replays its committed corpus (tests/fuzz/corpus/<t>)
 #          and its crash inputs (tests/fuzz/crashes/<t>: each must now pass),
 #          then fuzzes FUZZ_SHORT_S seconds (default 4); the counts go to
-#          build/test-results/fuzz.txt for tools/test-summary.sh (two tests per
+#          build/test-results/fuzz.txt for scripts/test-summary.sh (two tests per
 #          target: the replay and the fuzzing)
 #   long   fuzzes for FUZZ_SECONDS in all, shared by the targets one after the
 #          other (one process at a time); prints execs and coverage per target

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-pytest.sh SUITE DIR [PYTEST ARGS] — run the Python tests under DIR with
 # Debian's python3 and record their passed/failed/skipped counts in
-# build/test-results/SUITE.txt for tools/test-summary.sh (as run-tests.sh
+# build/test-results/SUITE.txt for scripts/test-summary.sh (as run-tests.sh
 # does for the C tests). Skip reasons are repeated here. Bounded: each
 # scenario bounds its own waits; the whole run is also under a timeout.
 set -uo pipefail

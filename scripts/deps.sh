@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh — make sure the Debian packages collie needs are installed.
 #
-#   tools/deps.sh build   what the library, tools and examples need
-#   tools/deps.sh test    that, and what the tests need besides
+#   scripts/deps.sh build   what the library, tools and examples need
+#   scripts/deps.sh test    that, and what the tests need besides
 #
 # Called by the Makefile before anything is compiled. As root it installs
 # what is missing (apt-get); otherwise it prints the one apt-get line and
@@ -18,7 +18,7 @@ need=(
   "/usr/bin/g++:g++"
 )
 # the torch extension is built with `make` wherever Debian's torch is
-# installed; tools/torch_flags.py needs torch.utils.cpp_extension, which
+# installed; scripts/torch_flags.py needs torch.utils.cpp_extension, which
 # imports setuptools
 torch_ext=("/usr/lib/python3/dist-packages/setuptools/__init__.py:python3-setuptools")
 case "$profile" in

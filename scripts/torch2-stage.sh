@@ -35,11 +35,11 @@ if ! make --no-print-directory torch2 > build/test-logs/torch2-build.log 2>&1; t
   exit 1
 fi
 status=0
-tools/run-pytest.sh torch2 tests/python/test_torch2*.py tests/python/test_torch.py -k torch2 || status=1
+scripts/run-pytest.sh torch2 tests/python/test_torch2*.py tests/python/test_torch.py -k torch2 || status=1
 curated=tests/torch_suite/curated2.txt
 if [ -f "$curated" ]; then
   PYTHON=$venv/bin/python BACKEND=collie WORLD_SIZE=2 TORCH_SUITE_START=fork \
-    tools/run-pytest.sh torch2-suite \
+    scripts/run-pytest.sh torch2-suite \
     $(grep -v '^#' "$curated" | sed 's|^|tests/torch_suite/dist_suite.py::TestDistBackendWithSpawn::|') \
     || status=1
 fi

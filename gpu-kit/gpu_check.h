@@ -3,14 +3,14 @@
  * driver and NCCL entry points (opened at run time), the report, the 1-rank
  * world and the stream gate the checks use, and the checks themselves.
  *
- *   tools/gpu_kit/gpu_check.c     main: the command line, the environment, the checks in order
- *   tools/gpu_kit/kit_cuda.c      dlopen of libcudart.so.13, libcuda.so.1, libnccl.so.2
- *   tools/gpu_kit/kit_report.c    the result lines, report.txt and report.json
- *   tools/gpu_kit/kit_world.c     timing helpers, the 1-rank world, the stream gate
- *   tools/gpu_kit/check_coll.c    every collective, CPU and CUDA interleaved, stream order, waits
- *   tools/gpu_kit/check_perf.c    completion latency, post overhead, time against raw NCCL
- *   tools/gpu_kit/check_fault.c   a hung stream's deadline and abort, destroy cycles, capture
- *   tools/gpu_kit/check_multi.c   more than one GPU: collie-run, a killed rank, comm split
+ *   gpu-kit/gpu_check.c           main: the command line, the environment, the checks in order
+ *   gpu-kit/kit_cuda.c            dlopen of libcudart.so.13, libcuda.so.1, libnccl.so.2
+ *   gpu-kit/kit_report.c          the result lines, report.txt and report.json
+ *   gpu-kit/kit_world.c           timing helpers, the 1-rank world, the stream gate
+ *   gpu-kit/check_coll.c          every collective, CPU and CUDA interleaved, stream order, waits
+ *   gpu-kit/check_perf.c          completion latency, post overhead, time against raw NCCL
+ *   gpu-kit/check_fault.c         a hung stream's deadline and abort, destroy cycles, capture
+ *   gpu-kit/check_multi.c         more than one GPU: collie-run, a killed rank, comm split
  */
 #ifndef COLLIE_GPU_CHECK_H
 #define COLLIE_GPU_CHECK_H
