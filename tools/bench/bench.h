@@ -2,12 +2,19 @@
  * bench.h — what the parts of collie-bench share: the options, the ops and
  * dtypes it knows, one rank's state, and the calls between its files.
  *
- *   tools/collie_bench.c       the rows and their timings, the ranks of a process (main)
+ *   tools/collie_bench.c       the ranks of a process (main)
  *   tools/bench/bench_args.c   the command line (collie's and nccl-tests' flags)
- *   tools/bench/bench_data.c   input values, references, fill and verify
- *   tools/bench/bench_post.c   posting and waiting: one op, a ring in flight, sync, combine
+ *   tools/bench/bench_data.c   input values, references, fill and verify, a call's buffers
+ *   tools/bench/bench_row.c    the rows and their timings, rings in flight, buffers, a run
  *   tools/bench/bench_table.c  the header, the rows, the footer (rank 0), or --csv
+ *   tools/bench/bench_post.c   posting and waiting on collie: one op, sync, combine
  *   tools/bench/bench_rank.c   a rank's setup and teardown; what a process's ranks share
+ *
+ * bench/mpi_bench.c (bench/peers.sh's MPI peer) is the same program on MPI:
+ * it links bench_args, bench_data, bench_row and bench_table, and supplies
+ * the five calls of "what a program supplies" below on MPI where
+ * collie-bench has bench_post.c's, so both parse the same flags, run the
+ * same rows, fill and check the same data and print the same table.
  */
 #ifndef COLLIE_BENCH_H
 #define COLLIE_BENCH_H
@@ -59,6 +66,8 @@ typedef enum bench_op {
 } bench_op;
 
 extern const char *const bench_op_names[BENCH_NUM_OPS];
+/* The program's name in messages ("collie-bench"; "mpi_bench"). */
+extern const char *bench_prog;
 extern const char *const bench_redops[COLLIE_NUM_REDOPS];
 
 /* The dtypes collie-bench knows: collie's short name, NCCL's (the table's
@@ -84,6 +93,9 @@ typedef struct bench_opts {
     bool cuda;  /* the spec has a cuda backend: the timed ops run on CUDA buffers */
     int device; /* --device, or -1 */
     bool ops[BENCH_NUM_OPS];
+    /* the ops timed in place too: bench_has_inplace's, unless the program
+     * lacks an op's in-place form (the table says N/A) */
+    bool inplace[BENCH_NUM_OPS];
     size_t sizes[BENCH_MAX_SIZES];
     size_t nsizes;
     const char *sizes_from; /* "--sizes" or the nccl-tests flags, for the header */
@@ -202,25 +214,54 @@ void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, siz
 size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slot,
                     bool inplace, const char *when);
 
-/* ---- posting and waiting (bench_post.c); each reports its own failure --- */
+/* The buffers of op's call receiving into `slot` of `arena` (host or
+ * device): out of place `send`; in place as collie.h's in-place forms
+ * (allgather, gather: the input at rank*count of the slot; reduce_scatter:
+ * the result there). */
+void bench_call_bufs(const bench *b, bench_op op, const bench_counts *k, unsigned char *send,
+                     unsigned char *arena, size_t slot, bool inplace, void **s, void **r);
+
+/* ---- what a program supplies: collie's in bench_post.c, MPI's in ----------
+ * ---- bench/mpi_bench.c; each reports its own failure ----------------------- */
+
+/* Post op receiving into `slot` as outstanding work i (i < b->nworks). */
+int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, bool inplace, size_t i);
+/* Wait for outstanding work i (bounded) and release it. */
+int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k);
+/* A barrier on the cpu backend, also with CUDA buffers. */
+int bench_sync(bench *b);
+/* An allreduce of `n` values of the statistics (host buffers, cpu backend):
+ * FP64 MAX or AVG, INT64 SUM. */
+int bench_combine(bench *b, void *buf, size_t n, collie_dtype dt, collie_redop op);
+/* Copy the send buffer's first `send` bytes and the first `slots` receive
+ * slots between host and device (kind: BENCH_CUDA_TO_*). */
+int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots);
+
+/* ---- collie's posting (bench_post.c) ------------------------------------- */
 
 /* Say that posting op failed with res. */
 void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int res);
+/* Say that CUDA call `call` failed with e: COLLIE_EBACKEND. */
+int bench_cuda_failed(const bench *b, const char *call, int e);
+
+/* ---- the rows (bench_row.c) ---------------------------------------------- */
+
 /* Run `total` ops with up to `depth` in flight, work i receiving into slot
  * i % depth; *elapsed (if not NULL) gets the seconds taken. */
 int bench_ring(bench *b, bench_op op, const bench_counts *k, size_t total, size_t depth,
                bool inplace, double *elapsed);
 /* One op, posted and waited, receiving into slot 0. */
 int bench_one(bench *b, bench_op op, const bench_counts *k, bool inplace);
-/* A barrier on the cpu backend, also with CUDA buffers. */
-int bench_sync(bench *b);
-/* An allreduce of `n` values of the statistics (host buffers, cpu backend). */
-int bench_combine(bench *b, void *buf, size_t n, collie_dtype dt, collie_redop op);
-/* Say that CUDA call `call` failed with e: COLLIE_EBACKEND. */
-int bench_cuda_failed(const bench *b, const char *call, int e);
-/* Copy the send buffer's first `send` bytes and the first `slots` receive
- * slots between host and device (kind: BENCH_CUDA_TO_*). */
-int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots);
+/* The host buffers for the largest size (b->rank, b->size set): the send
+ * buffer (*send_bytes), the receive arena, the v counts, the latencies;
+ * b->nworks is the deepest loop's depth. COLLIE_OK or COLLIE_ENOMEM, said.
+ * bench_buffers_free frees whatever is there. */
+int bench_buffers_alloc(bench *b, size_t *send_bytes);
+void bench_buffers_free(bench *b);
+/* Every row of every chosen op, between a first and a last barrier; rank 0
+ * prints the table. COLLIE_OK, BENCH_CHECK_FAILED (wrong results, every
+ * rank knows), BENCH_BAD_ROOT (said) or an error (said). */
+int bench_run(bench *b);
 
 /* ---- the table (bench_table.c), printed by rank 0 ------------------------ */
 

@@ -46,6 +46,8 @@ const char *const bench_op_names[BENCH_NUM_OPS] = {
 
 const char *const bench_redops[COLLIE_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
 
+const char *bench_prog = "collie-bench";
+
 const bench_dtype_info bench_dtypes[BENCH_NUM_DTYPES] = {
     {"f32", "float", {"fp32", "float32", NULL}, COLLIE_FP32},
     {"f16", "half", {"fp16", "float16", NULL}, COLLIE_FP16},
@@ -82,9 +84,14 @@ bool bench_has_inplace(bench_op op) {
            op != BENCH_BARRIER;
 }
 
+/* The launcher's rank: collie-run's, Open MPI's, MPICH's (PMI). */
 bool bench_quiet_rank(void) {
-    const char *r = getenv("COLLIE_RANK");
-    return r && *r && strcmp(r, "0") != 0;
+    static const char *const vars[] = {"COLLIE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *r = getenv(vars[i]);
+        if (r && *r) return strcmp(r, "0") != 0;
+    }
+    return false;
 }
 
 int bench_usage_error(const char *fmt, const char *arg) {
@@ -94,9 +101,9 @@ int bench_usage_error(const char *fmt, const char *arg) {
         while (nanosleep(&hold, &hold) != 0 && errno == EINTR)
             continue;
     }
-    fprintf(stderr, "collie-bench: ");
+    fprintf(stderr, "%s: ", bench_prog);
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(collie-bench --help for usage)\n");
+    fprintf(stderr, "\n(%s --help for usage)\n", bench_prog);
     return BENCH_EXIT_USAGE;
 }
 
@@ -648,6 +655,8 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
         if ((res = bench_parse_opt(ch, argc, argv, o, &sz)) != BENCH_EXIT_OK) return res;
     if (optind < argc) return bench_usage_error("unexpected argument '%s'", argv[optind]);
     bench_default_choices(o);
+    for (int i = 0; i < BENCH_NUM_OPS; i++)
+        o->inplace[i] = bench_has_inplace((bench_op)i);
     if ((res = bench_choose_sizes(o, &sz)) != BENCH_EXIT_OK) return res;
     if (o->csv && (res = bench_check_csv(o)) != BENCH_EXIT_OK) return res;
     if (o->inflight > o->iters) o->inflight = o->iters;

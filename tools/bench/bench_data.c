@@ -1,7 +1,8 @@
 /*
- * bench_data.c — collie-bench's --check: the input every rank puts in its
- * buffers, the reference each rank recomputes for its own result, and the
- * count of elements that differ.
+ * bench_data.c — collie-bench's --check (bench/mpi_bench.c's too): the input
+ * every rank puts in its buffers, the reference each rank recomputes for its
+ * own result, and the count of elements that differ; where each call's
+ * buffers are.
  *
  * Design notes
  *  - Inputs are a deterministic function of (row seed, rank, index) and
@@ -292,20 +293,34 @@ size_t bench_v_offset(bench_op op, size_t total, int n, int from, int to) {
 
 /* ---- fill and verify ----------------------------------------------------- */
 
-/* Where op's call reads its input in place (see the notes). */
-static unsigned char *bench_inplace_input(const bench *b, bench_op op, const bench_counts *k,
-                                          size_t slot) {
-    bool at_rank = op == BENCH_ALLGATHER || op == BENCH_GATHER;
-    size_t at = at_rank ? (size_t)b->rank * k->param : 0;
-    if (op == BENCH_ALLGATHERV) at = bench_v_offset(op, k->param, b->size, b->rank, 0);
-    return bench_slot(b, slot) + at * b->es;
+void bench_call_bufs(const bench *b, bench_op op, const bench_counts *k, unsigned char *send,
+                     unsigned char *arena, size_t slot, bool inplace, void **s, void **r) {
+    unsigned char *at = arena + slot * b->slot_bytes;
+    size_t at_rank = (size_t)b->rank * k->param * b->es;
+    *s = send;
+    *r = at;
+    if (!inplace) return;
+    switch (op) {
+    case BENCH_ALLGATHER:
+    case BENCH_GATHER: *s = at + at_rank; break;
+    case BENCH_ALLGATHERV:
+        *s = at + bench_v_offset(op, k->param, b->size, b->rank, 0) * b->es;
+        break;
+    case BENCH_REDUCE_SCATTER:
+        *s = at;
+        *r = at + at_rank;
+        break;
+    default: *s = at; break;
+    }
 }
 
 void bench_fill(bench *b, bench_op op, const bench_counts *k, uint32_t seed, size_t slots,
                 bool inplace) {
     size_t es = b->es;
     int r = b->rank;
-    unsigned char *in = inplace ? bench_inplace_input(b, op, k, 0) : b->sendbuf;
+    void *call_s, *call_r;
+    bench_call_bufs(b, op, k, b->sendbuf, b->arena, 0, inplace, &call_s, &call_r);
+    unsigned char *in = call_s; /* where the call reads its input */
     memset(bench_slot(b, 0), BENCH_POISON, (inplace ? k->bytes / es : k->recv) * es);
     switch (op) {
     case BENCH_ALLREDUCE:
@@ -446,9 +461,10 @@ size_t bench_verify(bench *b, bench_op op, const bench_counts *k, uint32_t seed,
     if (bench_op_rooted(op))
         snprintf(what + strlen(what), sizeof what - strlen(what), ", root %d", b->root);
     fprintf(stderr,
-            "collie-bench: rank %d: check failed for %s of %zu bytes (%s) %s: first bad index "
+            "%s: rank %d: check failed for %s of %zu bytes (%s) %s: first bad index "
             "%zu of the result (receive slot %zu): got %s, expected %s (%zu of %zu elements "
             "wrong)\n",
-            r, bench_op_names[op], k->bytes, what, when, first, slot, got_s, want_s, bad, len);
+            bench_prog, r, bench_op_names[op], k->bytes, what, when, first, slot, got_s, want_s,
+            bad, len);
     return bad;
 }

@@ -1,7 +1,8 @@
 /*
- * bench_post.c — collie-bench's posting and waiting: one op on host or CUDA
- * buffers, a ring of works in flight, the barrier and the statistics'
- * allreduces on the cpu backend, and the copies to and from the device.
+ * bench_post.c — collie-bench's posting and waiting on collie: one op on host
+ * or CUDA buffers, the barrier and the statistics' allreduces on the cpu
+ * backend, and the copies to and from the device (the calls bench_row.c's
+ * rows make; bench/mpi_bench.c has the same calls on MPI).
  *
  * Design notes
  *  - Receive buffers: collie runs a comm's works concurrently, each on its
@@ -28,29 +29,6 @@ void bench_post_failed(bench *b, bench_op op, const bench_counts *k, int res) {
     fprintf(stderr, "collie-bench: rank %d: %s of %zu bytes: post failed: %s (%s)\n", b->rank,
             bench_op_names[op], k->bytes, *why ? why : collie_strerror(res),
             collie_status_name(res));
-}
-
-/* The buffers of the call receiving into `slot` (host or device): out of
- * place the shared send buffer; in place as collie.h's in-place forms. */
-static void bench_bufs(const bench *b, bench_op op, const bench_counts *k, size_t slot,
-                       bool inplace, void **s, void **r) {
-    unsigned char *at = (b->o->cuda ? b->cu.arena : b->arena) + slot * b->slot_bytes;
-    size_t at_rank = (size_t)b->rank * k->param * b->es;
-    *s = b->o->cuda ? b->cu.send : b->sendbuf;
-    *r = at;
-    if (!inplace) return;
-    switch (op) {
-    case BENCH_ALLGATHER:
-    case BENCH_GATHER: *s = at + at_rank; break;
-    case BENCH_ALLGATHERV:
-        *s = at + bench_v_offset(op, k->param, b->size, b->rank, 0) * b->es;
-        break;
-    case BENCH_REDUCE_SCATTER:
-        *s = at;
-        *r = at + at_rank;
-        break;
-    default: *s = at; break;
-    }
 }
 
 /* Post op on the CUDA buffers and stream (collie_cuda.h). */
@@ -103,10 +81,13 @@ static int bench_post_host(bench *b, bench_op op, const bench_counts *k, void *s
     }
 }
 
-static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, bool inplace,
-                      collie_work **w) {
+int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, bool inplace, size_t i) {
     void *s, *r;
-    bench_bufs(b, op, k, slot, inplace, &s, &r);
+    collie_work **w = &b->works[i];
+    if (b->o->cuda)
+        bench_call_bufs(b, op, k, b->cu.send, b->cu.arena, slot, inplace, &s, &r);
+    else
+        bench_call_bufs(b, op, k, b->sendbuf, b->arena, slot, inplace, &s, &r);
     int res = b->o->cuda ? bench_post_cuda(b, op, k, s, r, w) : bench_post_host(b, op, k, s, r, w);
     if (res != COLLIE_OK) {
         bench_post_failed(b, op, k, res);
@@ -120,7 +101,7 @@ static int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot,
 }
 
 /* Wait for b->works[i] (bounded) and release it. */
-static int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
+int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
     collie_work *w = b->works[i];
     int res = collie_work_wait(w, b->o->timeout_ms + BENCH_WAIT_SLACK_MS);
     if (res != COLLIE_OK) {
@@ -140,33 +121,6 @@ static int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
     collie_work_release(w);
     b->works[i] = NULL;
     return COLLIE_OK;
-}
-
-/* Run `total` ops with up to `depth` in flight: post `depth`, then post
- * another each time the oldest completes. Work i receives into slot
- * i % depth, which work i - depth (the oldest, waited for) has left, so
- * works in flight never share a receive buffer. *elapsed (if not NULL)
- * gets the seconds taken. */
-int bench_ring(bench *b, bench_op op, const bench_counts *k, size_t total, size_t depth,
-               bool inplace, double *elapsed) {
-    size_t posted = 0, done = 0;
-    int64_t t0 = bench_now_ns();
-    while (done < total) {
-        while (posted < total && posted - done < depth) {
-            int res = bench_post(b, op, k, posted % depth, inplace, &b->works[posted % depth]);
-            if (res != COLLIE_OK) return res;
-            posted++;
-        }
-        int res = bench_wait(b, done % depth, op, k);
-        if (res != COLLIE_OK) return res;
-        done++;
-    }
-    if (elapsed) *elapsed = (double)(bench_now_ns() - t0) / 1e9;
-    return COLLIE_OK;
-}
-
-int bench_one(bench *b, bench_op op, const bench_counts *k, bool inplace) {
-    return bench_ring(b, op, k, 1, 1, inplace, NULL);
 }
 
 /* A barrier on the CPU backend, also with CUDA buffers. */

@@ -215,35 +215,12 @@ int bench_setup(bench *b) {
     }
     if ((res = bench_comm_create(b)) != COLLIE_OK) return res;
 
-    /* the send buffer holds the largest size; the receive arena a slot of
-     * it for each work in flight, within BENCH_ARENA_BYTES */
-    size_t max_bytes = BENCH_SLOT_ALIGN, depth = (size_t)o->iters;
-    for (size_t i = 0; i < o->nsizes; i++)
-        if (o->sizes[i] > max_bytes) max_bytes = o->sizes[i];
-    max_bytes = (max_bytes + BENCH_SLOT_ALIGN - 1) / BENCH_SLOT_ALIGN * BENCH_SLOT_ALIGN;
-    if ((size_t)o->warmup > depth) depth = (size_t)o->warmup;
-    b->nworks = depth;
-    if (depth > BENCH_ARENA_BYTES / max_bytes) depth = BENCH_ARENA_BYTES / max_bytes;
-    if (depth == 0) depth = 1;
-    b->arena_bytes = depth * max_bytes;
-    void *s = NULL, *r = NULL;
-    if (posix_memalign(&s, 4096, max_bytes) || posix_memalign(&r, 4096, b->arena_bytes) ||
-        !(b->works = calloc(b->nworks, sizeof *b->works)) ||
-        !(b->vsend = calloc((size_t)b->size, sizeof *b->vsend)) ||
-        !(b->vrecv = calloc((size_t)b->size, sizeof *b->vrecv)) ||
-        !(b->lat = calloc((size_t)o->iters + 2, sizeof *b->lat))) {
-        free(s);
-        free(r);
-        fprintf(stderr,
-                "collie-bench: rank %d: cannot allocate a %zu-byte send buffer and %zu bytes of "
-                "receive slots\n",
-                b->rank, max_bytes, b->arena_bytes);
+    size_t max_bytes;
+    if ((res = bench_buffers_alloc(b, &max_bytes)) != COLLIE_OK) return res;
+    if (!(b->works = calloc(b->nworks, sizeof *b->works))) {
+        fprintf(stderr, "collie-bench: rank %d: out of memory\n", b->rank);
         return COLLIE_ENOMEM;
     }
-    b->sendbuf = s;
-    b->arena = r;
-    memset(b->sendbuf, 0, max_bytes); /* fault the pages in before timing */
-    memset(b->arena, 0, b->arena_bytes);
     b->po = (collie_post_opts)COLLIE_POST_OPTS_INIT;
     b->po.timeout_ms = o->timeout_ms;
     return o->cuda ? bench_cuda_setup(b, max_bytes) : COLLIE_OK;
@@ -265,10 +242,6 @@ void bench_teardown(bench *b, bool failed) {
     collie_store_destroy(b->store); /* after the comm, which uses it */
     if (b->engine) collie_engine_destroy(b->engine);
     free(b->works);
-    free(b->vsend);
-    free(b->vrecv);
-    free(b->lat);
-    free(b->sendbuf);
-    free(b->arena);
+    bench_buffers_free(b);
     if (b->cu.lib) dlclose(b->cu.lib);
 }

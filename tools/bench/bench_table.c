@@ -1,7 +1,8 @@
 /*
- * bench_table.c — what collie-bench prints (rank 0 only): the header, the
- * column heads of each collective, one row per (op, dtype, redop, root,
- * size) in nccl-tests' columns plus collie's, the footer; or --csv.
+ * bench_table.c — what collie-bench (and bench/mpi_bench.c) prints, rank 0
+ * only: the header, the column heads of each collective, one row per (op,
+ * dtype, redop, root, size) in nccl-tests' columns plus collie's, the
+ * footer; or --csv.
  *
  * Design notes
  *  - Output: only rank 0 (thread 0 of process 0) prints results, and only
@@ -50,7 +51,7 @@ void bench_print_header(bench *b) {
         lo = bench_min(lo, o->sizes[i]);
         hi = o->sizes[i] > hi ? o->sizes[i] : hi;
     }
-    printf("# collie-bench %s: backend %s, %d ranks%s%s\n", collie_version_string(), o->spec,
+    printf("# %s %s: backend %s, %d ranks%s%s\n", bench_prog, collie_version_string(), o->spec,
            b->size, layout, o->cuda ? ", CUDA buffers" : "");
     printf("# minBytes %zu maxBytes %zu (%zu sizes) warmup iters: %d iters: %d inflight: %s "
            "validation: %d op timeout: %d ms\n",
@@ -115,7 +116,7 @@ void bench_print_row(bench *b, bench_op op, const bench_counts *k, double lat_s,
         return;
     }
     bench_cols out = bench_placement(b, op, k, true, b->avg[0], b->wrong[0]);
-    bench_cols in = bench_placement(b, op, k, bench_has_inplace(op), b->avg[1], b->wrong[1]);
+    bench_cols in = bench_placement(b, op, k, b->o->inplace[op], b->avg[1], b->wrong[1]);
     char lat[16], opss[24] = "-";
     bench_fmt_time(lat, sizeof lat, lat_s * 1e6);
     if (b->o->inflight) snprintf(opss, sizeof opss, "%.0f", ops_s);
