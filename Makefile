@@ -86,8 +86,9 @@ STAMP_DIR       ?= build
 DEPS_STAMP      := $(STAMP_DIR)/.deps-build-ok
 DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
 
-.PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac test-normal test-faults \
-        test-asan test-tsan test-tsan-long format format-check valgrind clean nccl-check deps deps-test \
+.PHONY: all lib tools examples tests plugins test-plugins run test fresh-root bench-mac bench-mpi \
+        test-normal test-faults test-asan test-tsan test-tsan-long format format-check valgrind clean \
+        nccl-check deps deps-test \
         check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
         torch2-venv torch2 test-torch2 test-torch2-suite \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
@@ -388,6 +389,20 @@ fuzz-merge: fuzz-build
 	@scripts/run-fuzz.sh merge $(FUZZ_DIR) $(FUZZ_RUN)
 fuzz-seeds: fuzz-build
 	@scripts/run-fuzz.sh seeds $(FUZZ_DIR) $(FUZZ_RUN)
+
+# bench/mpi_bench.c: collie-bench's rows on MPI, bench/peers.sh's MPI peer,
+# built with mpicc.openmpi or mpicc.mpich (build/bench/mpi_bench_openmpi,
+# build/bench/mpi_bench_mpich; libopenmpi-dev, libmpich-dev). It links
+# collie-bench's parts (tools/bench/) but the two that post on collie, and
+# posts on MPI itself. make bench-mpi builds those whose mpicc is installed.
+MPI_BENCH_OBJ := $(filter-out %/bench_post.o %/bench_rank.o,$(BENCH_OBJ))
+MPI_FLAVOURS  := $(foreach m,openmpi mpich,$(if $(shell command -v mpicc.$(m)),$(m)))
+$(BUILD)/bench/mpi_bench_%: bench/mpi_bench.c $(MPI_BENCH_OBJ) $(LIB_A) | $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	mpicc.$* $(CFLAGS_ALL) -o $@ $< $(MPI_BENCH_OBJ) $(LIB_A) $(LIBS)
+bench-mpi: $(MPI_FLAVOURS:%=$(BUILD)/bench/mpi_bench_%)
+	@$(if $(MPI_FLAVOURS),:,echo "bench-mpi: neither mpicc.openmpi nor mpicc.mpich is installed" \
+	  "(libopenmpi-dev, libmpich-dev)")
 
 # The keyed MACs libcrypto offers, side by side (chose the TCP frame MAC).
 bench-mac: $(BUILD)/bench/mac_bench

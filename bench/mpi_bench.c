@@ -1,482 +1,258 @@
 /*
- * mpi_bench.c — the MPI peer of collie-bench for bench/peers.sh: sweeps
- * message sizes for MPI_Iallreduce, MPI_Ibcast and MPI_Iallgather, driven
- * by MPI_Test polling, and prints collie-bench's CSV. Built twice, against
- * Open MPI and against MPICH:
+ * mpi_bench.c — collie-bench on MPI, the MPI peer of bench/peers.sh: the
+ * same rows, timings, --check data and table (or --csv) as collie-bench,
+ * posting MPI's non-blocking collectives and finding their completion by
+ * polling MPI_Test. Built against Open MPI and against MPICH (make
+ * build/bench/mpi_bench_openmpi, build/bench/mpi_bench_mpich):
  *
- *   mpirun -np N mpi_bench [--op LIST|all] [--sizes LIST] [--iters N]
- *       [--warmup N] [--inflight K] [--check] [--csv]
+ *   mpirun -np N mpi_bench [collie-bench's options]
  *
  * Design notes
- *  - Same rules as tools/collie_bench.c, so one table can hold both: fp32
- *    sum, root 0; sizes follow nccl-tests (a size S is S/4 elements;
- *    allgather sends base = (S/4/N) rounded down to 16 bytes and receives
- *    N*base); "bytes" is the op's largest buffer; busbw factors are
- *    nccl-tests' (allreduce 2(N-1)/N, broadcast 1, allgather (N-1)/N).
- *  - Three timings per size, each after an MPI_Barrier:
- *    batch: `iters` ops posted back to back (up to one receive slot per op
- *    in flight), per-op mean averaged over ranks -> algbw, busbw;
- *    lat: `iters` times post one op and poll MPI_Test until it is done; the
- *    per-iteration times are combined with one MPI_Allreduce(MAX) after the
- *    loop (nothing is exchanged inside it) and the median is lat_us;
- *    inflight (--inflight K): `iters` ops with K in flight (post K, post
- *    another as the oldest completes); ops_per_s = iters / the slowest
- *    rank's elapsed time.
+ *  - Everything but the posting is collie-bench's (tools/bench/: the command
+ *    line, the data of --check, the rows and their timings, the table;
+ *    bench.h's "what a program supplies"): this file gives those rows
+ *    bench_post, bench_wait, bench_sync, bench_combine and bench_cuda_copy
+ *    on MPI. The flags mean what they mean there; those MPI has no use for
+ *    (--backend, --device, --threads, --timeout-ms) are refused by name, as
+ *    are the dtypes (f16, bf16) and the reduction (avg) MPI has no
+ *    standard form of.
+ *  - In place as collie.h's forms, through MPI_IN_PLACE: allreduce,
+ *    allgather, allgatherv at every rank; reduce and gather at the root
+ *    (the others send from where collie's in-place call reads). MPI's
+ *    in-place reduce_scatter leaves the result at the start of the buffer,
+ *    collie's at block rank: its in-place columns say N/A here.
  *  - Completion is always found by polling MPI_Test (never MPI_Wait), the
- *    way a server polls collie's work handles from its own loop.
- *  - Buffers: one send buffer of the largest size, and a receive arena of
- *    max(iters, warmup) slots of the largest size capped at 64 MiB (at least
- *    one slot), exactly as collie-bench, so both run the same depth at every
- *    size. Everything is allocated and touched before timing.
- *  - --check: inputs are small integers (exact in fp32), the reference is
- *    computed locally; results are verified after the first op and, for
- *    every slot used, after the timed loops. A mismatch on any rank makes
- *    every rank exit 1 (the flag travels in the statistics allreduce).
- *  - Only rank 0 prints results. Exit 0 ok, 1 error or check failure,
- *    2 usage. MPI errors abort the job (MPI_ERRORS_ARE_FATAL); the caller
- *    bounds the run with timeout(1).
+ *    way a server polls collie's work handles from its own loop. MPI
+ *    errors abort the job (MPI_ERRORS_ARE_FATAL); the caller bounds the run
+ *    with timeout(1). Counts are ints: a size whose count does not fit is
+ *    refused.
+ *  - allgatherv and alltoallv: collie-bench's uneven blocks (bench_v_count),
+ *    packed, as int counts and displacements made once per row.
  */
-#define _POSIX_C_SOURCE 200809L
-
-#include <errno.h>
+#include <limits.h>
 #include <mpi.h>
-#include <stdbool.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define MB_EXIT_OK        0
-#define MB_EXIT_ERROR     1
-#define MB_EXIT_USAGE     2
-#define MB_MAX_SIZES      64
-#define MB_MAX_BYTES      ((size_t)1 << 34)
-#define MB_MAX_ITERS      1000000
-#define MB_MAX_INFLIGHT   65536
-#define MB_ROOT           0
-#define MB_POISON         0xA5
-#define MB_SLOT_ALIGN     64
-#define MB_ARENA_BYTES    ((size_t)64 << 20)
-#define MB_DEFAULT_SIZES  "4,4096,1048576,16777216"
-#define MB_DEFAULT_ITERS  20
-#define MB_DEFAULT_WARMUP 5
+#include "tools/bench/bench.h"
 
-typedef enum mb_op { MB_ALLREDUCE, MB_BROADCAST, MB_ALLGATHER, MB_NUM_OPS } mb_op;
-
-static const char *const mb_op_names[MB_NUM_OPS] = {"allreduce", "broadcast", "allgather"};
-
-typedef struct mb_opts {
-    bool ops[MB_NUM_OPS];
-    size_t sizes[MB_MAX_SIZES];
-    size_t nsizes;
-    int iters, warmup, inflight; /* inflight 0: off */
-    bool check, csv;
-} mb_opts;
-
-typedef struct mb_counts {
-    size_t param;      /* the count argument of the call */
-    size_t send, recv; /* elements */
-    size_t bytes;      /* the larger buffer, in bytes */
-} mb_counts;
-
-typedef struct mb {
-    mb_opts o;
-    int rank, size;
-    float *sendbuf;
-    unsigned char *arena;
-    size_t arena_bytes, slot_bytes, nslots;
-    MPI_Request *reqs;
-    size_t nreqs;
-    double *lat; /* iters per-op seconds, then inflight elapsed, then the bad flag */
+/* The MPI side of the one rank of this process. */
+static struct mb {
+    MPI_Request *reqs;            /* b->nworks */
+    int *vcounts[2], *vdispls[2]; /* send, receive: the v ops' blocks of the row */
+    bench_op v_op;
+    size_t v_total; /* the row the v arrays were made for */
 } mb;
 
-static double mb_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+static MPI_Datatype mb_type(collie_dtype dt) {
+    switch (dt) {
+    case COLLIE_FP32: return MPI_FLOAT;
+    case COLLIE_FP64: return MPI_DOUBLE;
+    case COLLIE_INT8: return MPI_INT8_T;
+    case COLLIE_UINT8: return MPI_UINT8_T;
+    case COLLIE_INT32: return MPI_INT32_T;
+    case COLLIE_INT64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL; /* refused by mb_check_opts */
+    }
 }
 
-static int mb_cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double mb_busbw_factor(mb_op op, int n) {
+static MPI_Op mb_redop(collie_redop op) {
     switch (op) {
-    case MB_ALLREDUCE: return 2.0 * (n - 1) / n;
-    case MB_BROADCAST: return 1.0;
-    default: return (double)(n - 1) / n;
+    case COLLIE_PROD: return MPI_PROD;
+    case COLLIE_MIN: return MPI_MIN;
+    case COLLIE_MAX: return MPI_MAX;
+    default: return MPI_SUM;
     }
 }
 
-/* nccl-tests' *GetCollByteCount for S bytes of fp32. */
-static mb_counts mb_counts_for(mb_op op, size_t S, int nranks) {
-    size_t n = (size_t)nranks, count = S / sizeof(float);
-    size_t base = (count / n) & ~(16 / sizeof(float) - 1);
-    mb_counts k = {0, 0, 0, 0};
-    if (op == MB_ALLGATHER) {
-        k.param = k.send = base;
-        k.recv = base * n;
-    } else {
-        k.param = k.send = k.recv = count;
-    }
-    k.bytes = (k.send > k.recv ? k.send : k.recv) * sizeof(float);
-    return k;
-}
-
-/* ---- check values -------------------------------------------------------- */
-
-static uint64_t mb_mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
-/* Input of rank q at index j: an integer in [-4, 4] for sums, a 24-bit
- * integer for data movement; both exact in fp32. */
-static float mb_val(mb_op op, uint32_t seed, int q, size_t j) {
-    uint64_t h = mb_mix((uint64_t)j * 0x9e3779b97f4a7c15ULL ^
-                        ((uint64_t)(unsigned)q + 1) * 0xd1b54a32d192ed03ULL ^ seed);
-    if (op == MB_ALLREDUCE) return (float)((int64_t)(h % 9) - 4);
-    return (float)((int64_t)(h % (1u << 24)) - (1 << 23));
-}
-
-static float *mb_slot(const mb *b, size_t slot) {
-    return (float *)(void *)(b->arena + slot * b->slot_bytes);
-}
-
-static void mb_fill(mb *b, mb_op op, const mb_counts *k, uint32_t seed, size_t slots) {
-    memset(mb_slot(b, 0), MB_POISON, k->recv * sizeof(float));
-    if (op == MB_BROADCAST) {
-        if (b->rank == MB_ROOT)
-            for (size_t sl = 0; sl < slots; sl++)
-                for (size_t j = 0; j < k->recv; j++)
-                    mb_slot(b, sl)[j] = mb_val(op, seed, MB_ROOT, j);
-        return;
-    }
-    for (size_t j = 0; j < k->send; j++)
-        b->sendbuf[j] = mb_val(op, seed, b->rank, j);
-}
-
-static bool mb_verify(const mb *b, mb_op op, const mb_counts *k, uint32_t seed, size_t slot,
-                      const char *when) {
-    const float *r = mb_slot(b, slot);
-    for (size_t i = 0; i < k->recv; i++) {
-        float want;
-        if (op == MB_ALLREDUCE) {
-            want = 0;
-            for (int q = 0; q < b->size; q++)
-                want += mb_val(op, seed, q, i);
-        } else if (op == MB_BROADCAST) {
-            want = mb_val(op, seed, MB_ROOT, i);
-        } else {
-            want = mb_val(op, seed, (int)(i / k->param), i % k->param);
-        }
-        if (memcmp(&want, &r[i], sizeof want) != 0) {
-            fprintf(stderr, "mpi_bench: rank %d: %s of %zu bytes, %s: element %zu is %g, want %g\n",
-                    b->rank, mb_op_names[op], k->bytes, when, i, (double)r[i], (double)want);
-            return false;
+/* The v ops' int counts and packed displacements for the row (b->vsend and
+ * b->vrecv hold its counts). */
+static void mb_v_arrays(const bench *b, bench_op op, size_t total) {
+    if (mb.v_op == op && mb.v_total == total) return;
+    mb.v_op = op;
+    mb.v_total = total;
+    int at[2] = {0, 0};
+    for (int p = 0; p < b->size; p++) {
+        mb.vcounts[0][p] = (int)b->vsend[p];
+        mb.vcounts[1][p] = (int)b->vrecv[p];
+        for (int d = 0; d < 2; d++) {
+            mb.vdispls[d][p] = at[d];
+            at[d] += mb.vcounts[d][p];
         }
     }
-    return true;
 }
 
-/* ---- posting and polling ------------------------------------------------- */
-
-static void mb_post(mb *b, mb_op op, const mb_counts *k, size_t slot, MPI_Request *req) {
-    float *r = mb_slot(b, slot);
-    int n = (int)k->param;
+/* Start op on the buffers of collie's call (s, r) as request q. */
+static int mb_start(bench *b, bench_op op, const bench_counts *k, void *s, void *r, bool inplace,
+                    MPI_Request *q) {
+    MPI_Datatype t = mb_type(b->dt);
+    MPI_Op rop = mb_redop(b->redop);
+    MPI_Comm w = MPI_COMM_WORLD;
+    int n = (int)k->param, root = b->root;
+    bool at_root = b->rank == root;
+    void *in = inplace ? MPI_IN_PLACE : s; /* collie's in-place call reads at s */
+    void *rr = at_root ? r : NULL;         /* reduce, gather: not read off the root */
     switch (op) {
-    case MB_ALLREDUCE:
-        MPI_Iallreduce(b->sendbuf, r, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, req);
-        break;
-    case MB_BROADCAST: MPI_Ibcast(r, n, MPI_FLOAT, MB_ROOT, MPI_COMM_WORLD, req); break;
-    default: MPI_Iallgather(b->sendbuf, n, MPI_FLOAT, r, n, MPI_FLOAT, MPI_COMM_WORLD, req); break;
+    case BENCH_ALLREDUCE: return MPI_Iallreduce(in, r, n, t, rop, w, q);
+    case BENCH_BROADCAST: return MPI_Ibcast(r, n, t, root, w, q);
+    case BENCH_REDUCE: return MPI_Ireduce(at_root ? in : s, rr, n, t, rop, root, w, q);
+    case BENCH_ALLGATHER: return MPI_Iallgather(in, n, t, r, n, t, w, q);
+    case BENCH_REDUCE_SCATTER: return MPI_Ireduce_scatter_block(s, r, n, t, rop, w, q);
+    case BENCH_ALLTOALL: return MPI_Ialltoall(s, n, t, r, n, t, w, q);
+    case BENCH_GATHER: return MPI_Igather(at_root ? in : s, n, t, rr, n, t, root, w, q);
+    case BENCH_SCATTER: return MPI_Iscatter(s, n, t, r, n, t, root, w, q);
+    case BENCH_ALLGATHERV:
+        mb_v_arrays(b, op, k->param);
+        return MPI_Iallgatherv(in, mb.vcounts[0][0], t, r, mb.vcounts[1], mb.vdispls[1], t, w, q);
+    case BENCH_ALLTOALLV:
+        mb_v_arrays(b, op, k->param);
+        return MPI_Ialltoallv(s, mb.vcounts[0], mb.vdispls[0], t, r, mb.vcounts[1], mb.vdispls[1],
+                              t, w, q);
+    default: return MPI_Ibarrier(w, q);
     }
 }
 
-static void mb_poll(MPI_Request *req) {
+int bench_post(bench *b, bench_op op, const bench_counts *k, size_t slot, bool inplace, size_t i) {
+    void *s, *r;
+    bench_call_bufs(b, op, k, b->sendbuf, b->arena, slot, inplace, &s, &r);
+    if (mb_start(b, op, k, s, r, inplace, &mb.reqs[i]) != MPI_SUCCESS) {
+        fprintf(stderr, "mpi_bench: rank %d: %s of %zu bytes: post failed\n", b->rank,
+                bench_op_names[op], k->bytes);
+        return COLLIE_EBACKEND;
+    }
+    return COLLIE_OK;
+}
+
+int bench_wait(bench *b, size_t i, bench_op op, const bench_counts *k) {
+    (void)b, (void)op, (void)k;
     int done = 0;
-    while (!done)
-        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    while (!done) /* bounded by the caller's timeout(1): MPI has no deadline */
+        MPI_Test(&mb.reqs[i], &done, MPI_STATUS_IGNORE);
+    return COLLIE_OK;
 }
 
-/* `total` ops with up to `depth` in flight; op i receives into slot
- * i % depth. Returns the elapsed seconds. */
-static double mb_ring(mb *b, mb_op op, const mb_counts *k, size_t total, size_t depth) {
-    size_t posted = 0, done = 0;
-    double t0 = mb_now();
-    while (done < total) {
-        while (posted < total && posted - done < depth) {
-            mb_post(b, op, k, posted % depth, &b->reqs[posted % depth]);
-            posted++;
-        }
-        mb_poll(&b->reqs[done % depth]);
-        done++;
-    }
-    return mb_now() - t0;
-}
-
-/* ---- one size -------------------------------------------------------------- */
-
-static void mb_print_header(const mb *b) {
-    if (b->o.csv) {
-        printf("op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s\n");
-    } else {
-        printf("# mpi_bench: %d ranks, fp32 sum, root %d, iters %d, warmup %d, inflight %d\n",
-               b->size, MB_ROOT, b->o.iters, b->o.warmup, b->o.inflight);
-        printf("# %14s %13s %10s %10s %11s %11s %12s\n", "op", "bytes", "time_us", "lat_us",
-               "algbw_GBps", "busbw_GBps", "ops_per_s");
-    }
-    fflush(stdout);
-}
-
-static void mb_print_row(const mb *b, mb_op op, const mb_counts *k, double time_s, double lat_s,
-                         double ops_s) {
-    double algbw = time_s > 0 ? (double)k->bytes / 1e9 / time_s : 0;
-    double busbw = algbw * mb_busbw_factor(op, b->size);
-    if (b->o.csv) {
-        printf("%s,%zu,%d,%.3f,%.6f,%.6f,", mb_op_names[op], k->bytes, b->size, lat_s * 1e6, algbw,
-               busbw);
-        if (b->o.inflight)
-            printf("%.1f\n", ops_s);
-        else
-            printf("\n");
-    } else {
-        printf("  %14s %13zu %10.2f %10.2f %11.3f %11.3f %12.0f\n", mb_op_names[op], k->bytes,
-               time_s * 1e6, lat_s * 1e6, algbw, busbw, ops_s);
-    }
-    fflush(stdout);
-}
-
-/* Returns false when some rank's check failed (every rank knows). */
-static bool mb_size(mb *b, mb_op op, size_t S, size_t size_idx) {
-    mb_counts k = mb_counts_for(op, S, b->size);
-    uint32_t seed = (uint32_t)(op * 7919 + size_idx * 104729 + 1);
-    size_t iters = (size_t)b->o.iters, warmup = (size_t)b->o.warmup;
-    size_t inflight = (size_t)b->o.inflight;
-    b->slot_bytes = (k.recv * sizeof(float) + MB_SLOT_ALIGN - 1) / MB_SLOT_ALIGN * MB_SLOT_ALIGN;
-    if (b->slot_bytes == 0) b->slot_bytes = MB_SLOT_ALIGN;
-    b->nslots = b->arena_bytes / b->slot_bytes;
-    size_t batch_depth = iters < b->nslots ? iters : b->nslots;
-    size_t warm_depth = warmup < b->nslots ? warmup : b->nslots;
-    size_t infl_depth = inflight < b->nslots ? inflight : b->nslots;
-    size_t used = batch_depth > warm_depth ? batch_depth : warm_depth;
-    if (infl_depth > used) used = infl_depth;
-    bool ok = true;
-    if (b->o.check) {
-        mb_fill(b, op, &k, seed, used);
-        mb_ring(b, op, &k, 1, 1);
-        ok = mb_verify(b, op, &k, seed, 0, "after the first op");
-    }
-    if (warmup) mb_ring(b, op, &k, warmup, warm_depth);
-
+int bench_sync(bench *b) {
+    (void)b;
     MPI_Barrier(MPI_COMM_WORLD);
-    double avg = mb_ring(b, op, &k, iters, batch_depth) / (double)iters;
+    return COLLIE_OK;
+}
 
-    MPI_Barrier(MPI_COMM_WORLD);
-    for (size_t i = 0; i < iters; i++)
-        b->lat[i] = mb_ring(b, op, &k, 1, 1);
+/* FP64 MAX or AVG, INT64 SUM (bench_row.c's statistics). */
+int bench_combine(bench *b, void *buf, size_t n, collie_dtype dt, collie_redop op) {
+    bool fp = dt == COLLIE_FP64;
+    MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, fp ? MPI_DOUBLE : MPI_INT64_T,
+                  op == COLLIE_MAX ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+    for (size_t i = 0; fp && op == COLLIE_AVG && i < n; i++)
+        ((double *)buf)[i] /= b->size;
+    return COLLIE_OK;
+}
 
-    b->lat[iters] = 0;
-    if (inflight) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        b->lat[iters] = mb_ring(b, op, &k, iters, infl_depth);
-    }
-    for (size_t sl = 0; b->o.check && ok && sl < used; sl++)
-        ok = mb_verify(b, op, &k, seed, sl, "after the timed loops");
-    b->lat[iters + 1] = ok ? 0.0 : 1.0;
-
-    MPI_Allreduce(MPI_IN_PLACE, b->lat, (int)iters + 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &avg, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    avg /= b->size;
-    if (b->lat[iters + 1] != 0.0) {
-        if (b->rank == 0)
-            fprintf(stderr, "mpi_bench: %s of %zu bytes: check failed (see the ranks above)\n",
-                    mb_op_names[op], k.bytes);
-        return false;
-    }
-    double inflight_s = b->lat[iters];
-    qsort(b->lat, iters, sizeof(double), mb_cmp_double);
-    double median =
-        iters % 2 ? b->lat[iters / 2] : (b->lat[iters / 2 - 1] + b->lat[iters / 2]) / 2.0;
-    double ops_s = inflight_s > 0 ? (double)iters / inflight_s : 0;
-    if (b->rank == 0) mb_print_row(b, op, &k, avg, median, ops_s);
-    return true;
+int bench_cuda_copy(bench *b, int kind, size_t send, size_t slots) {
+    (void)b, (void)kind, (void)send, (void)slots;
+    return COLLIE_ENOTSUP; /* no CUDA buffers: --backend is refused */
 }
 
 /* ---- options ----------------------------------------------------------------- */
 
-static void mb_usage(FILE *f) {
-    fprintf(f,
-            "usage: mpirun -np N mpi_bench [options]\n"
-            "  --op LIST      comma list of allreduce, broadcast, allgather, or all\n"
-            "  --sizes LIST   sizes in bytes, K/M/G suffixes (default " MB_DEFAULT_SIZES ")\n"
-            "  --iters N      timed ops per measurement (default %d)\n"
-            "  --warmup N     untimed ops before timing, per size (default %d)\n"
-            "  --inflight K   also keep K ops in flight for iters ops; report ops/s\n"
-            "  --check        verify results against a locally computed reference\n"
-            "  --csv          print op,bytes,ranks,lat_us,algbw_GBps,busbw_GBps,ops_per_s\n"
-            "Same sizes, timings and columns as collie-bench (fp32 sum, root 0).\n",
-            MB_DEFAULT_ITERS, MB_DEFAULT_WARMUP);
+static void mb_usage(void) {
+    printf("usage: mpirun -np N mpi_bench [options]\n"
+           "\n"
+           "collie-bench on MPI (bench/peers.sh's MPI peer): the same rows, timings,\n"
+           "--check data and table, and the same options (collie-bench --help) but for\n"
+           "--backend, --device, --threads and --timeout-ms; dtypes f32 f64 i8 u8 i32 i64,\n"
+           "reductions sum prod min max. Exit status: 0 ok, 1 error or wrong results, 2\n"
+           "usage error.\n");
 }
 
-static bool mb_parse_int(const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
-static bool mb_parse_size(const char *s, size_t len, size_t *out) {
-    char tmp[32];
-    if (len == 0 || len >= sizeof tmp || s[0] == '-' || s[0] == '+') return false;
-    memcpy(tmp, s, len);
-    tmp[len] = '\0';
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(tmp, &end, 10);
-    if (errno || end == tmp) return false;
-    unsigned long long mult = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k':
-        case 'K': mult = 1ULL << 10; break;
-        case 'm':
-        case 'M': mult = 1ULL << 20; break;
-        case 'g':
-        case 'G': mult = 1ULL << 30; break;
-        default: return false;
+/* What MPI cannot do of the options collie-bench took. */
+static int mb_check_opts(const bench_opts *o) {
+    if (strcmp(o->backend, "auto") != 0)
+        return bench_usage_error("--backend '%s': mpi_bench runs on MPI (no collie backend)",
+                                 o->backend);
+    if (o->threads != 1)
+        return bench_usage_error("--threads: one rank per MPI process (mpirun -np N)%s", "");
+    if (o->timeout_ms != BENCH_DEFAULT_TMO_MS)
+        return bench_usage_error("--timeout-ms: MPI ops have no deadline (bound the run with "
+                                 "timeout(1))%s",
+                                 "");
+    for (int d = 0; d < BENCH_NUM_DTYPES; d++)
+        if (o->dtypes[d] && mb_type(bench_dtypes[d].dt) == MPI_DATATYPE_NULL)
+            return bench_usage_error("--dtype %s: MPI has no standard type for it",
+                                     bench_dtypes[d].name);
+    if (o->redops[COLLIE_AVG]) return bench_usage_error("--redop avg: MPI has none%s", "");
+    /* no count, block or displacement of a size S exceeds S elements */
+    for (size_t i = 0; i < o->nsizes; i++)
+        if (o->sizes[i] > (size_t)INT_MAX) {
+            char what[96];
+            snprintf(what, sizeof what, "--sizes: %zu B may be more elements than an MPI count",
+                     o->sizes[i]);
+            return bench_usage_error("%s (an int) holds", what);
         }
-        if (end[1]) return false;
-    }
-    if (v > MB_MAX_BYTES / mult) return false;
-    *out = (size_t)(v * mult);
-    return true;
-}
-
-/* Returns MB_EXIT_OK, MB_EXIT_USAGE, or -1 after --help. */
-static int mb_parse_args(int argc, char **argv, mb_opts *o, bool quiet) {
-    const char *ops = "all", *sizes = MB_DEFAULT_SIZES;
-    *o = (mb_opts){.iters = MB_DEFAULT_ITERS, .warmup = MB_DEFAULT_WARMUP};
-    const char *bad = NULL;
-    for (int i = 1; i < argc && !bad; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = true;
-        if (!strcmp(a, "--op") && v)
-            ops = v;
-        else if (!strcmp(a, "--sizes") && v)
-            sizes = v;
-        else if (!strcmp(a, "--iters") && v)
-            bad = mb_parse_int(v, 1, MB_MAX_ITERS, &o->iters) ? NULL : a;
-        else if (!strcmp(a, "--warmup") && v)
-            bad = mb_parse_int(v, 0, MB_MAX_ITERS, &o->warmup) ? NULL : a;
-        else if (!strcmp(a, "--inflight") && v)
-            bad = mb_parse_int(v, 1, MB_MAX_INFLIGHT, &o->inflight) ? NULL : a;
-        else {
-            takes = false;
-            if (!strcmp(a, "--check"))
-                o->check = true;
-            else if (!strcmp(a, "--csv"))
-                o->csv = true;
-            else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-                if (!quiet) mb_usage(stdout);
-                return -1;
-            } else
-                bad = a;
-        }
-        if (takes) i++;
-    }
-    for (const char *p = ops; !bad;) {
-        size_t len = strcspn(p, ",");
-        bool found = false;
-        if (len == 3 && !strncmp(p, "all", 3)) {
-            for (int i = 0; i < MB_NUM_OPS; i++)
-                o->ops[i] = true;
-            found = true;
-        }
-        for (int i = 0; i < MB_NUM_OPS && !found; i++)
-            if (strlen(mb_op_names[i]) == len && !strncmp(p, mb_op_names[i], len))
-                o->ops[i] = found = true;
-        if (!found) bad = ops;
-        if (!p[len]) break;
-        p += len + 1;
-    }
-    for (const char *p = sizes; !bad;) {
-        size_t len = strcspn(p, ",");
-        if (o->nsizes == MB_MAX_SIZES || !mb_parse_size(p, len, &o->sizes[o->nsizes++])) {
-            bad = sizes;
-            break;
-        }
-        if (!p[len]) break;
-        p += len + 1;
-    }
-    if (bad) {
-        if (!quiet) fprintf(stderr, "mpi_bench: bad or incomplete option near '%s'\n", bad);
-        return MB_EXIT_USAGE;
-    }
-    if (o->inflight > o->iters) o->inflight = o->iters;
-    return MB_EXIT_OK;
+    return BENCH_EXIT_OK;
 }
 
 /* ---- main -------------------------------------------------------------------- */
 
-static bool mb_setup(mb *b) {
-    size_t max_bytes = MB_SLOT_ALIGN, depth = (size_t)b->o.iters;
-    for (size_t i = 0; i < b->o.nsizes; i++)
-        if (b->o.sizes[i] > max_bytes) max_bytes = b->o.sizes[i];
-    max_bytes = (max_bytes + MB_SLOT_ALIGN - 1) / MB_SLOT_ALIGN * MB_SLOT_ALIGN;
-    if ((size_t)b->o.warmup > depth) depth = (size_t)b->o.warmup;
-    b->nreqs = depth;
-    if (depth > MB_ARENA_BYTES / max_bytes) depth = MB_ARENA_BYTES / max_bytes;
-    if (depth == 0) depth = 1;
-    b->arena_bytes = depth * max_bytes;
-    void *s = NULL, *r = NULL;
-    if (posix_memalign(&s, 4096, max_bytes) || posix_memalign(&r, 4096, b->arena_bytes) ||
-        !(b->reqs = calloc(b->nreqs, sizeof *b->reqs)) ||
-        !(b->lat = calloc((size_t)b->o.iters + 2, sizeof *b->lat))) {
-        free(s);
-        free(r);
-        fprintf(stderr, "mpi_bench: rank %d: cannot allocate %zu + %zu bytes of buffers\n", b->rank,
-                max_bytes, b->arena_bytes);
-        return false;
+static int mb_setup(bench *b) {
+    size_t send_bytes, n = (size_t)b->size;
+    int res = bench_buffers_alloc(b, &send_bytes);
+    if (res != COLLIE_OK) return res;
+    mb.reqs = calloc(b->nworks, sizeof *mb.reqs);
+    for (int d = 0; d < 2; d++) {
+        mb.vcounts[d] = calloc(n, sizeof(int));
+        mb.vdispls[d] = calloc(n, sizeof(int));
     }
-    b->sendbuf = s;
-    b->arena = r;
-    memset(b->sendbuf, 0, max_bytes); /* fault the pages in before timing */
-    memset(b->arena, 0, b->arena_bytes);
-    return true;
+    mb.v_op = BENCH_NUM_OPS;
+    if (!mb.reqs || !mb.vcounts[0] || !mb.vcounts[1] || !mb.vdispls[0] || !mb.vdispls[1]) {
+        fprintf(stderr, "mpi_bench: rank %d: out of memory\n", b->rank);
+        return COLLIE_ENOMEM;
+    }
+    return COLLIE_OK;
+}
+
+static void mb_teardown(bench *b) {
+    bench_buffers_free(b);
+    free(mb.reqs);
+    for (int d = 0; d < 2; d++) {
+        free(mb.vcounts[d]);
+        free(mb.vdispls[d]);
+    }
 }
 
 int main(int argc, char **argv) {
-    mb b;
-    memset(&b, 0, sizeof b);
+    bench_prog = "mpi_bench";
     MPI_Init(&argc, &argv);
+    bench_opts o;
+    bench b = {.o = &o};
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.size);
-    int rc = mb_parse_args(argc, argv, &b.o, b.rank != 0);
-    if (rc != MB_EXIT_OK) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            if (b.rank == 0) mb_usage();
+            MPI_Finalize();
+            return BENCH_EXIT_OK;
+        }
+    int rc = bench_parse_args(argc, argv, &o);
+    if (rc == BENCH_EXIT_OK) rc = mb_check_opts(&o);
+    if (rc != BENCH_EXIT_OK) {
         MPI_Finalize();
-        return rc < 0 ? MB_EXIT_OK : rc;
+        return rc;
     }
-    int ok = mb_setup(&b), all_ok = 0;
+    o.inplace[BENCH_REDUCE_SCATTER] = false;
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    version[strcspn(version, ",\n")] = '\0'; /* its first phrase: "Open MPI v4.1.4" */
+    for (char *c = version; *c; c++)
+        if (*c == '\t') *c = ' ';
+    o.spec = version;
+
+    int ok = mb_setup(&b) == COLLIE_OK, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all_ok && b.rank == 0) mb_print_header(&b);
-    for (int op = 0; op < MB_NUM_OPS && all_ok; op++) {
-        if (!b.o.ops[op]) continue;
-        for (size_t i = 0; i < b.o.nsizes && all_ok; i++)
-            all_ok = mb_size(&b, (mb_op)op, b.o.sizes[i], i);
-    }
-    free(b.reqs);
-    free(b.lat);
-    free(b.sendbuf);
-    free(b.arena);
+    int res = all_ok ? bench_run(&b) : COLLIE_ENOMEM;
+    mb_teardown(&b);
     MPI_Finalize();
-    return all_ok ? MB_EXIT_OK : MB_EXIT_ERROR;
+    if (res == BENCH_BAD_ROOT) return BENCH_EXIT_USAGE;
+    return res == COLLIE_OK ? BENCH_EXIT_OK : BENCH_EXIT_ERROR;
 }

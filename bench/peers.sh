@@ -20,7 +20,8 @@
 #   ceiling  iperf3 on 127.0.0.1 with 1 and with 2 parallel streams
 # All four benchmarks print collie-bench's CSV (op,bytes,ranks,lat_us,
 # algbw_GBps,busbw_GBps,ops_per_s) and follow its rules (see
-# tools/collie_bench.c and bench/mpi_bench.c); they get identical options.
+# tools/bench/bench_row.c: bench/mpi_bench.c is collie-bench's rows on MPI,
+# built by make); they get identical options.
 #
 # Design notes
 #  - Sizes are run in tiers, each with its own iteration count (many for
@@ -181,10 +182,9 @@ build_all() {
       DISABLED[$m]="mpicc.$m or mpirun.$m not installed"
       continue
     fi
-    log "build: $BB/mpi_bench_$m (mpicc.$m)"
-    if ! "mpicc.$m" -std=c11 -Wall -Wextra -Werror -O2 -o "$BB/mpi_bench_$m" bench/mpi_bench.c \
-      >"$BB/build-$m.log" 2>&1; then
-      DISABLED[$m]="build failed: mpicc.$m (see $BB/build-$m.log)"
+    log "build: $BB/mpi_bench_$m (make, mpicc.$m)"
+    if ! make -s "$BB/mpi_bench_$m" >"$BB/build-$m.log" 2>&1; then
+      DISABLED[$m]="build failed: make $BB/mpi_bench_$m (see $BB/build-$m.log)"
     fi
   done
   if ! "$PY" -c 'import torch.distributed as d; assert d.is_available() and d.is_gloo_available()' \
