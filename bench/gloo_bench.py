@@ -11,8 +11,8 @@ async_op=True and completed with work.wait(), and prints collie-bench's CSV:
         [--timeout S]
 
 Design notes
- - Same rules as tools/collie_bench.c and bench/mpi_bench.c: fp32 sum,
-   root 0; sizes follow nccl-tests (a size S is S/4 elements; all_gather
+ - Same rules as collie-bench (tools/bench/bench_row.c) and
+   bench/mpi_bench.c: fp32 sum, root 0; sizes follow nccl-tests (a size S is S/4 elements; all_gather
    sends base = (S/4/N) rounded down to 16 bytes, receives N*base); "bytes"
    is the op's largest buffer; busbw factors are nccl-tests'.
  - Three timings per size, each after a barrier: batch (iters ops back to
