@@ -396,7 +396,7 @@ fuzz-seeds: fuzz-build
 # collie-bench's parts (tools/bench/) but the two that post on collie, and
 # posts on MPI itself. make bench-mpi builds those whose mpicc is installed.
 MPI_BENCH_OBJ := $(filter-out %/bench_post.o %/bench_rank.o,$(BENCH_OBJ))
-MPI_FLAVOURS  := $(foreach m,openmpi mpich,$(if $(shell command -v mpicc.$(m)),$(m)))
+MPI_FLAVOURS  := $(strip $(foreach m,openmpi mpich,$(if $(shell command -v mpicc.$(m)),$(m))))
 $(BUILD)/bench/mpi_bench_%: bench/mpi_bench.c $(MPI_BENCH_OBJ) $(LIB_A) | $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	mpicc.$* $(CFLAGS_ALL) -o $@ $< $(MPI_BENCH_OBJ) $(LIB_A) $(LIBS)
