@@ -7,9 +7,8 @@
  * struct but is remembered as an error; cl_config_check() (called by every create
  * function) turns it into COLLIE_EINVAL naming the variable, the value and
  * what is allowed. Unknown COLLIE_* variables are warned about (typos).
- * The table below is the single source of truth: test_engine checks that
- * the documented settings table is exactly what cl_config_print_table
- * prints.
+ * The table below is the single source of truth: tests/test_docs.c checks
+ * that docs/settings.md holds exactly what cl_config_print_table prints.
  */
 #include "engine/config.h"
 

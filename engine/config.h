@@ -1,8 +1,8 @@
 /*
  * config.h — the one table of COLLIE_* environment settings, parsed once.
  * Every setting is declared in engine/config.c with its type, default,
- * allowed values and documentation (the documented settings table must
- * match it; a test checks). A value that does not parse is an error
+ * allowed values and documentation (docs/settings.md's table must match
+ * it; tests/test_docs.c checks). A value that does not parse is an error
  * reported by cl_config_check(), never silently replaced by a default.
  */
 #ifndef CL_CONFIG_H

@@ -24,7 +24,8 @@ extern "C" {
 typedef struct collie_comm collie_comm;
 
 /* collie_error_policy: what a fault (deadline, dead peer, backend error)
- * does to the communicator. See the README, "When things go wrong". */
+ * does to the communicator. See docs/operations.md, "When things go
+ * wrong". */
 typedef enum collie_error_policy {
     COLLIE_POLICY_DEFAULT = 0,   /* from COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING,
                                     else ABORT_COMM */
