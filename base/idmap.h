@@ -1,8 +1,9 @@
 /*
  * idmap.h — an intrusive chained hash map from 64-bit keys to nodes
  * embedded in the caller's structs, header-only like list.h and open to
- * every layer: the store's in-flight requests by id and its key table by
- * the SipHash of each key, the TCP transport's expected messages and
+ * every layer: the store client's in-flight requests and the server's
+ * waiting requests by id, the server's key table by the SipHash of each
+ * key, the TCP transport's expected messages, early (parked) frames and
  * running collectives by seq.
  *
  * Design notes
@@ -13,8 +14,10 @@
  *    shrinks (a map's peak is a good guess for its future); a failed
  *    doubling of a non-empty map only costs speed.
  *  - Keys may repeat (several expected messages of one seq, told apart by
- *    step; two byte strings with one hash): get returns the newest node
- *    with the key, next walks the rest.
+ *    step; two byte strings with one hash): get returns one node with the
+ *    key, next walks the rest. Their order is not kept: a put goes to the
+ *    front of its chain, but a doubling reverses the chains it moves, so a
+ *    caller tells equal keys apart itself (step, bytes).
  *  - first/after walk every node in table order; removing the node just
  *    visited (after taking its successor) keeps the walk valid, a put
  *    during the walk does not (it may double the table).
@@ -84,7 +87,8 @@ static inline cl_idnode *cl_idmap_next(const cl_idnode *n) {
     return NULL;
 }
 
-/* cl_idmap_get: the newest node with `key`, or NULL. */
+/* cl_idmap_get: a node with `key` (the first of its chain: see the design
+ * notes on repeated keys), or NULL. */
 static inline cl_idnode *cl_idmap_get(const cl_idmap *m, uint64_t key) {
     if (m->bits == 0) return NULL;
     for (cl_idnode *n = m->buckets[cl_idmap_slot(key, m->bits)]; n; n = n->next)
@@ -106,7 +110,7 @@ static inline bool cl_idmap_remove(cl_idmap *m, cl_idnode *n) {
     return false;
 }
 
-/* cl_idmap_del: unlink and return the newest node with `key`, or NULL. */
+/* cl_idmap_del: unlink and return the node cl_idmap_get finds, or NULL. */
 static inline cl_idnode *cl_idmap_del(cl_idmap *m, uint64_t key) {
     cl_idnode *n = cl_idmap_get(m, key);
     if (n) cl_idmap_remove(m, n);

@@ -10,13 +10,14 @@
  *    loop": the loop's role has a lock, progress_mu. The progress thread
  *    holds it whenever it runs the loop - while it sleeps in epoll too -
  *    and lets go only between two turns of a spinning loop (around its
- *    sched_yield). A helper takes it with a try-lock only, never waits for
- *    it (a busy lock means the progress thread is doing the work), and only
- *    while the loop spins (works in flight) and is not waiting to take it
- *    back (loop_wants: a mutex is not fair, and helpers that try-lock in
- *    a tight loop must not starve the progress thread). So the event base
- *    and every loop-owned object still have one user at a time, with the
- *    mutex's ordering between them; libevent needs no locking of its own.
+ *    sched_yield, or its short sleep while a waiter polls). A helper takes
+ *    it with a try-lock only, never waits for it (a busy lock means the
+ *    progress thread is doing the work), and only while the loop spins
+ *    (works in flight) and is not waiting to take it back (loop_wants: a
+ *    mutex is not fair, and helpers that try-lock in a tight loop must not
+ *    starve the progress thread). So the event base and every loop-owned
+ *    object still have one user at a time, with the mutex's ordering
+ *    between them; libevent needs no locking of its own.
  *  - What a helper runs: the queued commands that allow it (work starts,
  *    cl_cmd.assist_ok), in queue order and stopping at the first other
  *    command, then one step of every poller (a transport reads its
@@ -32,9 +33,10 @@
  *    the progress thread only, and a backend's own work_test service never
  *    helps (it may hold the lock that hook takes). cl_engine_on_loop is
  *    true on a helper for the step; cl_engine_on_progress_thread is not.
- *  - While a waiter polls and all its comms' links are rings, the spinning
- *    progress thread steps back (engine.c), so on a busy machine the
- *    waiter, which runs the step itself, has the core.
+ *  - While a waiter polls and no poller reports socket links (every link
+ *    of the engine's comms is a ring), the spinning progress thread steps
+ *    back (engine.c), so on a busy machine the waiter, which runs the step
+ *    itself, has the core.
  *  - Invariants kept: a work still ends exactly once (its state word's
  *    claim), its deadline is still swept by the loop's timer and enforced
  *    by its waiter, faults are still seen by the loop (a helper only adds

@@ -1,13 +1,14 @@
 /*
  * config.c — the one table of COLLIE_* environment settings.
  *
- * Design notes: the environment is read once (pthread_once) into a static
- * cl_config. A value that does not parse keeps the default in the struct
- * but is remembered as an error; cl_config_check() (called by every create
+ * Design notes: the environment is parsed on first use into a static
+ * cl_config (under a mutex, published by an atomic flag; cl_config_reload
+ * parses it again). A value that does not parse keeps the default in the
+ * struct but is remembered as an error; cl_config_check() (called by every create
  * function) turns it into COLLIE_EINVAL naming the variable, the value and
  * what is allowed. Unknown COLLIE_* variables are warned about (typos).
- * The table below is the single source of truth: test_engine checks that
- * the README's settings table is exactly what cl_config_print_table prints.
+ * The table below is the single source of truth: tests/test_docs.c checks
+ * that docs/settings.md holds exactly what cl_config_print_table prints.
  */
 #include "engine/config.h"
 

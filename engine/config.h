@@ -1,9 +1,9 @@
 /*
  * config.h — the one table of COLLIE_* environment settings, parsed once.
  * Every setting is declared in engine/config.c with its type, default,
- * allowed values and documentation (the README's table must match it; a
- * test checks). A value that does not parse is an error reported by
- * cl_config_check(), never silently replaced by a default.
+ * allowed values and documentation (docs/settings.md's table must match
+ * it; tests/test_docs.c checks). A value that does not parse is an error
+ * reported by cl_config_check(), never silently replaced by a default.
  */
 #ifndef CL_CONFIG_H
 #define CL_CONFIG_H
@@ -51,9 +51,11 @@ typedef struct cl_config {
 enum { CL_SPIN_AUTO = 0, CL_SPIN_OFF = 1, CL_SPIN_ON = 2 };
 
 /* cl_spin_enabled: should progress threads and waiters poll briefly
- * instead of sleeping? Every poll yields the core between turns
- * (sched_yield), so ranks that outnumber the cores still share them.
- * (COLLIE_SPIN; auto: on any machine with more than one core) */
+ * instead of sleeping? A polling progress loop yields the core (or steps
+ * back while a waiter helps it) every turn, a polling waiter every 16th
+ * turn, or every turn when cl_cores_oversubscribed, so ranks that
+ * outnumber the cores still share them. (COLLIE_SPIN; auto: on any machine
+ * with more than one core) */
 bool cl_spin_enabled(void);
 
 /* cl_cores_oversubscribed: this host's ranks (COLLIE_LOCAL_WORLD_SIZE, else

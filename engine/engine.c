@@ -5,11 +5,13 @@
  *  - The event_base and every libevent object on it belong to the progress
  *    thread ("loop thread"). Other threads reach it through the command
  *    queue: a mutex-protected intrusive FIFO plus one eventfd. The eventfd
- *    is written only on the empty→non-empty edge (wake_pending), so a burst
- *    of posts costs one wake-up, and under qmu: a poster's last touch of
- *    the engine is its unlock, before the loop can take its command, so
- *    once the loop ran a foreign thread's command (a work's retire, which
- *    destroy waits for), the fd can be closed and the engine freed.
+ *    is written at most once between two drains of the queue (wake_pending),
+ *    so a burst of posts costs one wake-up, and not at all while the loop
+ *    spins (it polls `queued` every turn); the write is made under qmu: a
+ *    poster's last touch of the engine is its unlock, before the loop can
+ *    take its command, so once the loop ran a foreign thread's command (a
+ *    work's retire, which destroy waits for), the fd can be closed and the
+ *    engine freed.
  *    The one exception to the loop owning its objects is caller-driven
  *    progress (assist.c): the loop's role has a lock, progress_mu, which
  *    the progress thread holds except between two turns of a spinning
@@ -25,17 +27,22 @@
  *    refused), the loop is broken, then on the loop thread: drain commands,
  *    shut residents down (they close their sockets), fail every tracked work
  *    with COLLIE_ECLOSED, keep draining until every work is retired (a
- *    foreign finisher may still be posting its retire command), mark the
- *    queue stopped, free every libevent object, free the base. Only then is
- *    the thread joined.
+ *    foreign finisher may still be posting its retire command; at most
+ *    2 s, then logged), mark the queue stopped and run what was posted
+ *    meanwhile, free every libevent object, free the base. The destroying
+ *    thread joins the progress thread, bounded by CL_ENGINE_CALL_TIMEOUT_MS
+ *    (10 s: a callback that never returns leaks the engine and destroy
+ *    returns COLLIE_ETIMEDOUT), stops the monitor, waits (bounded) for
+ *    helpers to leave, and only then frees the engine.
  *  - Commands run in slices of CL_LOOP_SLICE: a burst of a million posts
  *    is moved to the loop's backlog and run a slice per loop step, with the
  *    sockets polled between slices (more_ev, a zero timeout), so a deep
  *    queue never hides a dead peer or an abort notice. Retirement and the
  *    deadline sweep (work/registry.c) and a comm's failing of its works
  *    (comm/comm.c) are sliced the same way.
- *  - Lock order: qmu is a leaf lock; no callback runs while it is held
- *    (the wake-up write, a non-blocking eventfd, is the one system call).
+ *  - Lock order: progress_mu (the loop's role) before qmu; qmu is a leaf
+ *    lock: no callback runs while it is held (the wake-up write, a
+ *    non-blocking eventfd, is the one system call).
  *  - SIGPIPE and the other asynchronous signals are blocked in the progress
  *    and monitor threads so the application's handlers run on its threads
  *    and a dead socket gives EPIPE, not a signal.

@@ -5,7 +5,9 @@
  *
  * The engine owns one libevent event_base and the progress thread that runs
  * it. Only that thread may touch the base or any libevent object created on
- * it ("loop thread" below). Other threads hand work to it as commands.
+ * it ("loop thread" below), except a thread that takes the loop's role for
+ * one step (caller-driven progress, below). Other threads hand work to it
+ * as commands.
  */
 #ifndef CL_ENGINE_H
 #define CL_ENGINE_H
@@ -111,7 +113,8 @@ bool cl_engine_on_progress_thread(const collie_engine *e);
 /* cl_engine_base: the event base (loop thread only). */
 struct event_base *cl_engine_base(collie_engine *e);
 
-/* cl_engine_on_loop: true on e's progress thread. */
+/* cl_engine_on_loop: true on the thread in e's loop role: its progress
+ * thread, or a thread helping it for one step (cl_engine_assist). */
 bool cl_engine_on_loop(const collie_engine *e);
 
 /* cl_engine_closing: true once destroy has begun (new posts are refused). */
@@ -152,7 +155,9 @@ void cl_engine_remove_resident(collie_engine *e, cl_resident *r);
  * link-time reference upward like the backend registry's
  * cl_builtin_backends (docs/design.md §1). `create` runs on the creating
  * thread before the loop starts, `destroy` after the loop has ended (or
- * never started); every other hook runs on the loop thread. */
+ * never started); every other hook runs in the loop's role, which may be
+ * a helping thread (cl_engine_assist) for run_completions: it leaves user
+ * code to the progress thread. */
 typedef struct cl_engine_hooks {
     /* make the per-engine state (libevent objects on cl_engine_base(e)) */
     int (*create)(collie_engine *e, void **state);
@@ -172,11 +177,11 @@ typedef struct cl_engine_hooks {
 /* work/registry.c: the works' hooks every engine runs with */
 extern const cl_engine_hooks cl_work_engine_hooks;
 
-/* cl_engine_create: collie_engine_create with the given hooks (tests may
- * pass their own). */
 /* engines created and not yet destroyed in this process (a leak check) */
 size_t cl_engines_live(void);
 
+/* cl_engine_create: collie_engine_create with the given hooks (tests may
+ * pass their own). */
 int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
                      collie_engine **out);
 

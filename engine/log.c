@@ -11,10 +11,12 @@
  *  - The handler and its context are swapped under the write side of a
  *    rwlock and called under its read side: lines from several threads
  *    reach the handler at once (no lock serialises them), and a handler
- *    never runs after collie_set_log_handler(NULL) has returned. The level is an atomic read
- *    on every log call (set by collie_set_log_level, else from COLLIE_LOG
- *    through the parsed config); log calls made while the config is being
- *    parsed use the default level (no recursion into the parser).
+ *    never runs after collie_set_log_handler(NULL) has returned. The level
+ *    is an atomic read on every log call (set by collie_set_log_level, else
+ *    from COLLIE_LOG through the parsed config, which the first log call may
+ *    parse). Parsing the config logs nothing itself (a log call there would
+ *    re-enter cl_config_get's mutex); its errors are logged by
+ *    cl_config_check.
  *  - COLLIE_LOG_FILE is opened once, appending, line-buffered ("%p" in the
  *    name becomes the pid, so ranks of one job do not share a file); if it
  *    cannot be opened the lines go to stderr, the first saying why.

@@ -1,13 +1,15 @@
 /*
  * monitor.c — the engine-stall monitor thread.
  *
- * Design notes: the progress loop refreshes `heartbeat_ns` from a periodic
- * timer (period = stall threshold / 4, clamped to 5..1000 ms), so the
- * heartbeat ages only when the loop is stuck inside a callback. The monitor
- * wakes every period, and when the heartbeat is older than the threshold it
- * reports the stall once — with the loop's current `activity` string — to
- * the log and to the engine's on_stall callback, and again when the loop
- * resumes. It never touches the event base.
+ * Design notes: the progress thread refreshes `heartbeat_ns` from a
+ * periodic timer (period = stall threshold / 4, clamped to 5..1000 ms) and
+ * on every turn while it spins; a helper thread never does (engine/assist.c),
+ * so the heartbeat ages only when the progress thread is stuck inside a
+ * callback. The monitor wakes every period, and when the heartbeat is older
+ * than the threshold it reports the stall once — with the loop's current
+ * `activity` string — to the log and to the engine's on_stall callback;
+ * when the loop resumes it logs that (the callback is not called again).
+ * It never touches the event base.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -170,7 +170,8 @@ typedef struct collie_store_server collie_store_server;
 
 /* collie_stall_cb: called on the engine's monitor thread (not the progress
  * thread) when the progress loop has not turned for `stalled_ms`; `activity`
- * names what the loop was doing ("store server: read", "user callback").
+ * names what the loop was doing ("store server: read", "user completion
+ * callback").
  * Called once per stall. Must not block. */
 typedef void (*collie_stall_cb)(collie_engine *e, int64_t stalled_ms, const char *activity,
                                 void *arg);
@@ -192,12 +193,15 @@ typedef struct collie_engine_opts {
  * the reason logged. Errors: EINVAL, ENOMEM, ESYSTEM. */
 COLLIE_API int collie_engine_create(const collie_engine_opts *o, collie_engine **out);
 
-/* collie_engine_destroy: stop the engine. Every work still pending fails
- * with COLLIE_ECLOSED (callbacks run), every object living on the engine
- * (store servers, store clients) is closed, then the threads are joined.
- * Objects must still be destroyed by their owners afterwards (their destroy
- * calls then only free memory). Must not be called on the progress thread
- * (returns COLLIE_ESTATE). NULL is a no-op. */
+/* collie_engine_destroy: stop the engine. Every object living on the
+ * engine (store servers, store clients, communicators: they fail with
+ * COLLIE_ECLOSED) is closed, every work still pending fails with
+ * COLLIE_ECLOSED (callbacks run), then the threads are joined. Objects
+ * must still be destroyed by their owners afterwards (their destroy calls
+ * then only free memory). Must not be called on the progress thread
+ * (returns COLLIE_ESTATE). Returns COLLIE_ETIMEDOUT if the progress thread
+ * did not stop within 10 s (stuck in a callback; the engine is then
+ * leaked). NULL is a no-op. */
 COLLIE_API int collie_engine_destroy(collie_engine *e);
 
 /* collie_engine_on_progress_thread: true when the caller runs on e's

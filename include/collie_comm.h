@@ -24,7 +24,8 @@ extern "C" {
 typedef struct collie_comm collie_comm;
 
 /* collie_error_policy: what a fault (deadline, dead peer, backend error)
- * does to the communicator. See the README, "When things go wrong". */
+ * does to the communicator. See docs/operations.md, "When things go
+ * wrong". */
 typedef enum collie_error_policy {
     COLLIE_POLICY_DEFAULT = 0,   /* from COLLIE_BLOCKING_WAIT / COLLIE_ASYNC_ERROR_HANDLING,
                                     else ABORT_COMM */
@@ -289,7 +290,7 @@ COLLIE_API uint64_t collie_comm_generation(const collie_comm *c);
  * COLLIE_TRACE_BUFFER works: seq, op, dtype, count, peer/root, state,
  * post/start/end times, error) and its state as JSON, one entry per line.
  * Any thread. Written automatically to COLLIE_DUMP_DIR on abort.
- * `tools/collie-trace` reads the dumps of all ranks. */
+ * The collie-trace program reads the dumps of all ranks. */
 COLLIE_API int collie_comm_dump(collie_comm *c, FILE *f);
 
 /* collie_comm_register: make the comm findable by its name in this process.

@@ -42,7 +42,7 @@ typedef struct collie_store_server_opts {
  * loopback unless o->insecure or COLLIE_INSECURE=1 (docs/security.md).
  * Errors: EINVAL (bad address; no token beyond loopback), ESYSTEM
  * (bind/listen failed; the message is logged), ENOMEM, ECLOSED (engine
- * closing). */
+ * closing), ETIMEDOUT (its progress loop did not respond within 10 s). */
 COLLIE_API int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t port,
                                           const collie_store_server_opts *o,
                                           collie_store_server **out);
@@ -71,7 +71,8 @@ typedef struct collie_store_opts {
 /* collie_store_connect: a client of the store server at addr ("host:port",
  * "[::1]:port"; NULL: COLLIE_STORE_ADDR). Returns at once: the connection
  * is made (and remade, with exponential backoff and jitter) by the engine
- * when requests need it. Errors: EINVAL (bad address), ENOMEM, ECLOSED. */
+ * when requests need it. Errors: EINVAL (bad address), ENOMEM, ECLOSED,
+ * ETIMEDOUT (the engine's progress loop did not respond within 10 s). */
 COLLIE_API int collie_store_connect(collie_engine *e, const char *addr, const collie_store_opts *o,
                                     collie_store **out);
 
@@ -157,7 +158,8 @@ COLLIE_API int collie_store_work_value(const collie_work *w, const void **val, s
 /* collie_store_work_value_at: the i-th value of a finished multi_get. */
 COLLIE_API int collie_store_work_value_at(const collie_work *w, size_t i, const void **val,
                                           size_t *len);
-/* collie_store_work_int: the integer result of add/check/delete/num_keys. */
+/* collie_store_work_int: the integer result of
+ * add/check/delete/delete_prefix/num_keys. */
 COLLIE_API int collie_store_work_int(const collie_work *w, int64_t *out);
 
 /* Synchronous wrappers: post, wait (bounded by timeout_ms, with

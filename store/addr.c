@@ -1,6 +1,8 @@
 /*
- * addr.c — see addr.h. Called on application threads (resolution may
- * block on DNS), never on the loop thread.
+ * addr.c — see addr.h. Resolution (cl_store_addr_resolve) may block on
+ * DNS, so it runs on application threads only (the client's and the
+ * server's create), never on the loop thread; parsing and formatting are
+ * pure and run on any thread (the loop formats peers for log lines).
  */
 #include "store/addr.h"
 

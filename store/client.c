@@ -7,7 +7,8 @@
  *  - Everything below runs on the engine's loop thread, except create,
  *    hold/release, close (which hands over to the loop) and describe (which
  *    reads the connection summary under `mu`, a leaf lock).
- *  - States: IDLE → CONNECTING → HELLO → (AUTH →) READY; a failure before
+ *  - States: IDLE → CONNECTING → HELLO → (AUTH →) READY, and CLOSED once
+ *    the handle is destroyed or the engine shuts down; a failure before
  *    READY goes to BACKOFF (retry after an exponentially growing, jittered
  *    delay, capped by max_backoff_ms) while requests are queued, else IDLE.
  *    Nothing reconnects without a request wanting it.
@@ -18,15 +19,17 @@
  *    that worked keeps its address for the next attempt. The requests'
  *    deadlines bound it all.
  *  - A request is QUEUED until the connection is READY, then SENT with a
- *    fresh request id (in `sent`, looked up when its reply arrives). Queued
- *    requests survive connection failures and wait, bounded by their own
- *    deadlines. When a READY connection is lost, every SENT request fails
- *    with COLLIE_EPEER (COLLIE_EPROTO for a protocol violation): none is
- *    replayed, because set/add/append/barrier are not idempotent and the
- *    server may or may not have executed them.
- *  - Authentication failures and protocol-version refusals are not retried
- *    (conn_lost with fatal = true, from client_hs.c): the queued requests
- *    fail with the cause (a new request tries again).
+ *    fresh request id (in the `sent` list and the `sent_ids` map, where its
+ *    reply looks it up). Queued requests survive connection failures and
+ *    wait, bounded by their own deadlines. When a READY connection is lost,
+ *    every SENT request fails with COLLIE_EPEER (COLLIE_EPROTO for a
+ *    protocol violation): none is replayed, because set/add/append/barrier
+ *    are not idempotent and the server may or may not have executed them.
+ *  - Authentication failures, protocol-version refusals and protocol
+ *    errors before READY are not retried (conn_lost with fatal = true, from
+ *    client_hs.c and the read callback): the queued requests fail with the
+ *    cause (a new request tries again). After READY, fatal changes nothing:
+ *    the sent requests fail, the queued ones get a new connection.
  *  - A request finished by someone else (deadline, cancel) is detached here:
  *    removed from the queue or the sent table, and if the server is holding
  *    it (get, wait, multi_get, barrier) a CANCEL frame tells it to drop the

@@ -131,14 +131,16 @@ void cl_store_core_close(cl_store_core *c);
 void cl_store_core_start(cl_store_req *r);
 void cl_store_core_detach(cl_store_req *r);
 
-/* any thread: ", store 1.2.3.4:5 (not connected: <last error>)" */
+/* any thread: "store 1.2.3.4:5", or "store 1.2.3.4:5, not connected: <last
+ * error>" while the connection is down */
 void cl_store_core_describe(cl_store_core *c, char *buf, size_t len);
 
 /* ---- between client.c and client_hs.c (loop thread only) --------------------- */
 
 /* cl_store_cli_conn_lost (client.c): the connection or the attempt is
- * over; c->bev is freed. fatal: do not retry; fail the queued requests with
- * `status` too. */
+ * over; c->bev is freed. The sent requests fail (COLLIE_EPEER, or
+ * COLLIE_EPROTO). fatal, before READY: do not retry; fail the queued
+ * requests with `status` too. */
 void cl_store_cli_conn_lost(cl_store_core *c, int status, bool fatal, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* cl_store_cli_ready (client.c): the handshake is done; send what is queued. */

@@ -28,8 +28,9 @@ struct event;
 
 /* Waiting requests one connection may hold at once. */
 #define CL_STORE_SRV_MAX_WAITS 65536
-/* Stop reading a connection whose unsent replies exceed this; resume below
- * half of it (a client that pipelines gets but never reads). */
+/* Stop reading a connection whose unsent replies exceed this; resume once
+ * every queued reply has been sent (a client that pipelines gets but never
+ * reads). */
 #define CL_STORE_SRV_OUT_HIGH (64u * 1024u * 1024u)
 /* Frames before authentication are tiny. */
 #define CL_STORE_SRV_HELLO_MAX_BODY 256u

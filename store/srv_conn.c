@@ -10,7 +10,9 @@
  *    version, op, body_len against the limit for the connection's state)
  *    as soon as its 16 bytes are in, before its body is waited for.
  *  - Malformed input closes that connection only (logged at warn with the
- *    peer's address); nothing a client sends can take the server down.
+ *    peer's address: an authenticated client's every time, an outsider's
+ *    as a rate-limited refusal); nothing a client sends can take the
+ *    server down.
  *  - Before authentication a connection costs a bounded amount
  *    (docs/security.md): it must authenticate within
  *    COLLIE_HANDSHAKE_TIMEOUT_MS (s->handshake_ms), and at most
@@ -23,18 +25,19 @@
  *    descriptors (collie-run starts ranks with them). Refusals of
  *    unauthenticated connections (wrong token, garbage, timeout, the cap) are
  *    logged at most once per CL_STORE_SRV_REFUSED_LOG_MS with a count.
- *  - A connection is freed from exactly three places: the read callback
- *    (protocol violation, then it returns at once), the event callback (EOF,
- *    error, handshake timeout) and the write callback (`closing`: a final
- *    reply such as an EAUTH refusal has been flushed). Server teardown frees
- *    the rest.
+ *  - A connection is freed (cl_store_srv_conn_free) by: reading (a
+ *    protocol violation, EOF or a recv error; the caller then returns at
+ *    once), the handshake timer, writing (`closing`: a final reply such as
+ *    an EAUTH refusal has been flushed; or a send error), accept (the
+ *    oldest unauthenticated one makes room; out of memory) and server
+ *    teardown (the rest).
  *  - Replies are written straight to the socket once per loop pass
  *    (store_srv_flush, for every conn that queued some): the write event
  *    is added only while a socket does not take everything, so a request
  *    costs one recv and one writev — no epoll_ctl, no ioctl.
  *  - Back-pressure: a client that pipelines requests without reading the
  *    replies stops being read once CL_STORE_SRV_OUT_HIGH bytes of replies
- *    are queued, and is resumed when half of them have been sent.
+ *    are queued, and is resumed once all of them have been sent.
  */
 #include <errno.h>
 #include <stdarg.h>

@@ -3,14 +3,21 @@
  * queues with their one timer, and retirement.
  *
  * Design notes
- *  - Everything here runs on the loop thread and needs no lock.
+ *  - Everything here runs in the loop's role and needs no lock: on the
+ *    progress thread, or for one step on a thread helping it
+ *    (engine/assist.c), which may start works and sweep deadlines but
+ *    leaves retirement (callbacks, queue pushes) to the progress thread.
  *  - A posted work is tracked from its start command until it is retired;
  *    shutdown fails whatever is still tracked.
  *  - Deadlines live in a few FIFO lists, one per timeout value (works of
  *    one timeout arrive in deadline order), armed on one libevent timer: no
  *    event per work, and adding or removing a work is O(1) — a heap was
  *    O(log n) cache misses per work, a large part of a deep queue's cost.
- *    The timer is re-armed only when the earliest deadline moves earlier.
+ *    There are CL_DEADLINE_QUEUES (16) lists; further timeout values share
+ *    the last one, kept in deadline order by an insert that walks from its
+ *    back. The earliest deadline is the first of the lists' heads. The
+ *    timer is re-armed when a new deadline comes before the armed one, and
+ *    after each sweep.
  *  - Retire = untrack, producer's detach hook, completion queue push, user
  *    callback, drop the engine's reference — exactly once, in that order.
  *    A finish on the loop thread queues the work on the retire list and

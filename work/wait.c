@@ -9,12 +9,16 @@
  *    finisher sees the waiter or the waiter sees DONE).
  *  - A waiter is bounded by each work's own deadline, not by the progress
  *    thread: when a deadline (plus the work's cancel_grace_ms) passes and
- *    the work is still pending (the loop is stuck), the waiter cancels it
- *    itself (cl_work_cancel); a provider that must first quiet a device
- *    publishes it later, and the waiter waits for that at most 15 s more.
- *  - While it polls, a waiter runs the loop's step itself when the loop is
- *    between two turns (cl_engine_assist: a try-lock, never a wait), so a
- *    small operation completes without handing off between threads.
+ *    the work is still pending (the loop is stuck), collie_work_wait(_any)
+ *    cancels it itself (cl_work_cancel, once per work); a provider that must
+ *    first quiet a device publishes it later, and the waiter waits for that
+ *    at most 15 s more (CL_CANCEL_WAIT_NS). cl_work_wait_until (the tests')
+ *    never ends a work.
+ *  - Before it sleeps, a waiter polls for up to CL_WAIT_SPIN_NS (100 us;
+ *    only where spinning is on, COLLIE_SPIN) and meanwhile runs the loop's
+ *    step itself when the loop is between two turns (cl_engine_assist: a
+ *    try-lock, never a wait), so a small operation completes without
+ *    handing off between threads.
  *  - On the progress thread a pending work cannot complete while we block,
  *    so waiting there returns COLLIE_ESTATE.
  */
@@ -85,8 +89,6 @@ static collie_engine *first_engine(collie_work *const *ws, size_t n) {
     return NULL;
 }
 
-/* The core: wait until one of ws is done or until_ns. `expire`: finish works
- * whose deadline passed ourselves. Returns the index of a done work or n. */
 /* Poll briefly before sleeping: a sleeping thread takes tens of
  * microseconds to wake on these machines. Returns the index of a done
  * work, or n. */
@@ -184,6 +186,9 @@ static size_t wait_block(collie_work *const *ws, size_t n, int64_t until_ns, boo
     return idx;
 }
 
+/* The core: wait until one of ws is done or until_ns, polling first, then
+ * blocking. `expire`: end works whose deadline passed ourselves. Returns
+ * the index of a done work or n. */
 static size_t wait_core(collie_work *const *ws, size_t n, int64_t until_ns, bool expire) {
     size_t idx = first_done(ws, n);
     if (idx < n || cl_now_ns() >= until_ns) return idx;

@@ -9,10 +9,13 @@
  *    FINISHING that exactly one caller wins. The winner writes status and
  *    message, then publishes DONE with release order; readers load with
  *    acquire, so a visible DONE implies a visible result.
- *  - BUSY bit: the loop sets it (cl_work_busy_enter) around access to the
- *    work's user buffers. A foreign thread cannot claim while BUSY is set;
- *    it yields until the loop leaves the (short, non-blocking) section, so
- *    once any completion is visible the buffers are no longer touched.
+ *  - BUSY bit: the loop (or a thread helping it, engine/assist.c) sets it
+ *    (cl_work_busy_enter) around access to the work's user buffers. A
+ *    foreign thread cannot claim while BUSY is set; it yields until the
+ *    loop leaves the (short, non-blocking) section, so once any completion
+ *    is visible the buffers are no longer touched. It yields at most 2 s
+ *    (CL_BUSY_WAIT_NS): past that its claim fails, logged, and the work is
+ *    left to end another way.
  *  - After DONE, the work is retired on the loop thread (registry.c): the
  *    producer's detach hook, the completion queue, the user callback, in that
  *    order, exactly once. The detach hook is the one call work/ makes into

@@ -15,6 +15,7 @@
  *   FINISHING  cl_work_claim (one CAS winner)    DONE: the claimer only
  *   DONE       cl_work_show (cl_work_publish)    never changes again
  *   + BUSY     cl_work_busy_enter (loop)         a foreign claim waits for exit
+ *                                                (at most 2 s, then fails)
  *
  *   - The producer ends its own work with cl_work_finish (or claim, fill in
  *     results, publish). Everyone else — deadline sweep, collie_work_cancel,
@@ -178,7 +179,7 @@ static inline bool cl_work_is(const collie_work *w, const cl_work_ops *ops) {
 }
 
 /* cl_work_wait_until: wait until DONE or until the absolute monotonic time
- * `until_ns`, without expiring the work (used by sync wrappers and tests). */
+ * `until_ns`, without expiring the work (used by the tests). */
 bool cl_work_wait_until(collie_work *w, int64_t until_ns);
 
 /* run the engine's retire list now, at most `budget` works (loop; the
