@@ -463,7 +463,7 @@ valgrind: all tests
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build/*')
 format:
 	clang-format -i $(FORMAT_SRC)
-# the README's Layers table, enforced (its self-test first: each way of
+# docs/hacking.md's Layers table, enforced (its self-test first: each way of
 # breaking the table must be caught)
 check-layers:
 	@tests/layers/self_test.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # check-backend-symbols.sh — a backend reaches the core only through the
-# services table of collie_backend.h (README, Layers): the objects of the
+# services table of collie_backend.h (docs/hacking.md, Layers): the objects of the
 # built-in backends (every transports/ object but the NCCL plugin's),
 # linked together with `ld -r`, and each plugin under <build>/lib
 # (libcollie_<name>.so) may leave no collie_* or cl_* symbol undefined; a

@@ -998,7 +998,7 @@ static void test_comm_stats(void **state) {
     assert_int_equal(collie_comm_get_stats(w.c[1], &st), COLLIE_OK);
     assert_int_equal(st.posted, N + 1);
     /* a receive nobody answers: its deadline fails it (not the comm: no
-     * message was matched to it, README "Works") */
+     * message was matched to it, docs/api.md "Work handles") */
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
     po.timeout_ms = 50;
     assert_int_equal(collie_recv(w.c[1], buf, 4, COLLIE_INT32, 0, 9, &po, &wk), COLLIE_OK);

@@ -542,7 +542,7 @@ static void test_cancel_unmatched_recv(void **state) {
 }
 
 /* A receive whose deadline passes before the loop even starts it is an
- * unmatched receive too: its ETIMEDOUT is clean (README, "Cancel and
+ * unmatched receive too: its ETIMEDOUT is clean (docs/api.md, "Cancel and
  * deadlines on a comm"). Found by the chaos harness (seed 2, 4 ranks: a
  * receive with a 2 ms deadline posted behind a busy loop failed the comm
  * on every rank: "deadline of 2 ms passed before it started"); the start

@@ -20,7 +20,7 @@
  *    rank's key. A rank missing there (killed) ends the run: `end
  *    reason=peer_gone`, exit 0.
  *  - A fault ends the round for this rank: a failed work that is not the
- *    cancel or deadline of a receive no message matched (README, "Cancel
+ *    cancel or deadline of a receive no message matched (docs/api.md, "Cancel
  *    and deadlines on a comm": the comm stays healthy then; this rank asks
  *    collie_comm_error), a refused post, or a fault this rank injected. It
  *    stops posting, drains what is in flight (the oracle still checks every
@@ -356,7 +356,7 @@ static void on_done(ch_work *rec, void *arg) {
         checked = ch_work_check(rec, rep);
         rep->bytes_checked += checked;
         /* A receive's cancel from outside the loop is a request the loop
-         * decides (README, "Cancel and deadlines on a comm"): one whose
+         * decides (docs/api.md, "Cancel and deadlines on a comm"): one whose
          * message completed before that turn ends OK, its bytes checked
          * above. Anything else cancelled must not end OK. */
         if (rec->cancelled && rec->role != CH_ROLE_RECV)
@@ -960,7 +960,7 @@ static void storm_set(int period_us) {
     setitimer(ITIMER_REAL, &it, NULL); /* a zero period disarms it */
 }
 
-/* A create timeout another rank found and published (README: the first
+/* A create timeout another rank found and published (docs/api.md: the first
  * rank whose deadline passes says so for all; "rendezvous: rank N: not every
  * rank arrived ..."): it reaches a rank that called create later a little
  * before its own deadline. One this rank found itself names this rank. */

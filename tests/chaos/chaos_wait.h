@@ -29,7 +29,7 @@
 
 #include "tests/chaos/chaos_ops.h"
 
-#define CH_GRACE_MS 1500 /* README: the waiter's grace for a collective */
+#define CH_GRACE_MS 1500 /* docs/api.md: the waiter's grace for a collective */
 #define CH_HANG_MS  5000 /* beyond the deadline bound: stop waiting, call it a hang */
 
 typedef void (*ch_done_fn)(ch_work *rec, void *arg);
