@@ -282,8 +282,7 @@ static void config_warn_unknown(void) {
              i++)
             known = config_name_is(*e, len, cl_python_settings[i]);
         if (!known)
-            CL_WARN("config", "unknown setting %.*s ignored (see docs/settings.md)",
-                    (int)len, *e);
+            CL_WARN("config", "unknown setting %.*s ignored (see docs/settings.md)", (int)len, *e);
     }
 }
 
