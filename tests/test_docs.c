@@ -379,6 +379,15 @@ static void readme_holds(const char *file, const char *from) {
     free(readme);
 }
 
+/* every rank of 3 printed the example's line with the sum `sum` */
+static void assert_each_rank_printed(spawn_proc *l, const char *sum) {
+    for (int r = 0; r < 3; r++) {
+        char want[80];
+        snprintf(want, sizeof want, "[%d] rank %d: x[0] = %s (the sum over 3 ranks)\n", r, r, sum);
+        assert_spawn(l, strstr(l->text[0], want));
+    }
+}
+
 static void test_readme_c_example_runs(void **state) {
     (void)state;
     readme_holds("examples/hello.c", "#include <collie.h>");
@@ -388,11 +397,7 @@ static void test_readme_c_example_runs(void **state) {
         JOB_TIMEOUT_MS);
     spawn_finish(l);
     assert_spawn(l, l->status == 0);
-    for (int r = 0; r < 3; r++) {
-        char want[80];
-        snprintf(want, sizeof want, "[%d] rank %d: x[0] = 3 (the sum over 3 ranks)\n", r, r);
-        assert_spawn(l, strstr(l->text[0], want));
-    }
+    assert_each_rank_printed(l, "3");
 }
 
 static void test_readme_python_example_runs(void **state) {
@@ -409,11 +414,7 @@ static void test_readme_python_example_runs(void **state) {
         (const char *const[]){pypath, NULL}, JOB_TIMEOUT_MS);
     spawn_finish(l);
     assert_spawn(l, l->status == 0);
-    for (int r = 0; r < 3; r++) {
-        char want[80];
-        snprintf(want, sizeof want, "[%d] rank %d: x[0] = 6.0 (the sum over 3 ranks)\n", r, r);
-        assert_spawn(l, strstr(l->text[0], want));
-    }
+    assert_each_rank_printed(l, "6.0");
 }
 
 int main(void) {

@@ -508,6 +508,32 @@ static void wait_arrived(collie_store *st, const char *name, size_t len) {
     free(v);
 }
 
+/* the three ranks' comms all hold one comm: an allreduce of r + 1 on
+ * each, every result checked; then their creates and comms go */
+static void three_allreduce(collie_comm **c) {
+    int32_t in[3], out[3];
+    collie_work *ar[3];
+    for (int r = 0; r < 3; r++) {
+        in[r] = r + 1;
+        out[r] = -1;
+        assert_int_equal(
+            collie_allreduce(c[r], &in[r], &out[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]),
+            COLLIE_OK);
+    }
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
+        assert_int_equal(out[r], 6); /* 1 + 2 + 3 */
+        collie_work_release(ar[r]);
+    }
+}
+
+static void three_release(collie_comm **c, collie_work **cw) {
+    for (int r = 0; r < 3; r++) {
+        collie_work_release(cw[r]);
+        (void)collie_comm_destroy(c[r]);
+    }
+}
+
 static void test_withdraw_never_splits(void **state) {
     (void)state;
     world w;
@@ -554,25 +580,9 @@ static void test_withdraw_never_splits(void **state) {
                 assert_int_equal(collie_work_wait(cw[r], 5000), COLLIE_OK);
             atomic_store(&wc.go, true);
             assert_int_equal(collie_work_wait(cw[0], 5000), COLLIE_OK);
-            int32_t in[3], out[3];
-            collie_work *ar[3];
-            for (int r = 0; r < 3; r++) {
-                in[r] = r + 1;
-                out[r] = -1;
-                assert_int_equal(collie_allreduce(c[r], &in[r], &out[r], 1, COLLIE_INT32,
-                                                  COLLIE_SUM, NULL, &ar[r]),
-                                 COLLIE_OK);
-            }
-            for (int r = 0; r < 3; r++) {
-                assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
-                assert_int_equal(out[r], 6); /* 1 + 2 + 3 */
-                collie_work_release(ar[r]);
-            }
+            three_allreduce(c);
         }
-        for (int r = 0; r < 3; r++) {
-            collie_work_release(cw[r]);
-            (void)collie_comm_destroy(c[r]);
-        }
+        three_release(c, cw);
     }
     collie_store_destroy(st2);
     world_destroy(&w);
@@ -615,24 +625,8 @@ static void stalled_create_never_splits(int32_t hold_ms) {
     print_message("rank 0 held %d ms: %s: %s\n", (int)hold_ms, collie_status_name(st0),
                   collie_work_error_message(cw[0]));
     assert_int_equal(st0, COLLIE_OK); /* ranks 1 and 2 hold the comm: so does rank 0 */
-    int32_t in[3], out[3];
-    collie_work *ar[3];
-    for (int r = 0; r < 3; r++) {
-        in[r] = r + 1;
-        out[r] = -1;
-        assert_int_equal(
-            collie_allreduce(c[r], &in[r], &out[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]),
-            COLLIE_OK);
-    }
-    for (int r = 0; r < 3; r++) {
-        assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
-        assert_int_equal(out[r], 6);
-        collie_work_release(ar[r]);
-    }
-    for (int r = 0; r < 3; r++) {
-        collie_work_release(cw[r]);
-        (void)collie_comm_destroy(c[r]);
-    }
+    three_allreduce(c);
+    three_release(c, cw);
     collie_store_destroy(st2);
     world_destroy(&w);
 }
