@@ -1,8 +1,10 @@
 /*
- * coll_fixture.h — a world of N ranks inside one test process: one engine,
- * one store server, N store clients and N comms (docs/design.md §2: several ranks
- * of one comm may live in one process), plus the reference computations
- * the collective tests compare against.
+ * coll_fixture.h — a world of N ranks inside one test process: one engine
+ * (or one per rank: world_create_apart), one store server, N store clients
+ * and N comms (docs/design.md §2: several ranks of one comm may live in one
+ * process), the reference computations the collective tests compare
+ * against, and the first steps of the shrink and grow tests (a rank that
+ * left, a store of its own for a joiner, events popped).
  */
 #ifndef CL_TEST_COLL_FIXTURE_H
 #define CL_TEST_COLL_FIXTURE_H
