@@ -19,7 +19,8 @@
 # Times come from CLOCK_MONOTONIC stamps, which all processes of the host
 # share (the work's completion time, collie_work_info().end_ns).
 #
-# Design notes: the build must exist (`make`); every run is bounded by
+# Design notes: the build must exist (`make` and `make tests`: it runs
+# build/tests/test_faults and build/bin/collie-store); every run is bounded by
 # timeout(1); a failed run stops the script (a scenario that fails is a
 # bug, not a data point). The report is rewritten between the markers only,
 # so other sections of RESULTS.md (bench/peers.sh) are left alone.
@@ -43,7 +44,7 @@ case "$RUNS" in ''|*[!0-9]*|0) echo "faults.sh: --runs needs a count > 0" >&2; e
 BUILD=${BUILD:-build}
 T=$BUILD/tests/test_faults
 for f in "$T" "$BUILD/bin/collie-store"; do
-  [ -x "$f" ] || { echo "faults.sh: $f is missing: run 'make' first" >&2; exit 1; }
+  [ -x "$f" ] || { echo "faults.sh: $f is missing: run 'make && make tests' first" >&2; exit 1; }
 done
 
 cmd="bench/faults.sh --runs $RUNS"

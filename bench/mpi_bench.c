@@ -2,8 +2,9 @@
  * mpi_bench.c — collie-bench on MPI, the MPI peer of bench/peers.sh: the
  * same rows, timings, --check data and table (or --csv) as collie-bench,
  * posting MPI's non-blocking collectives and finding their completion by
- * polling MPI_Test. Built against Open MPI and against MPICH (make
- * build/bench/mpi_bench_openmpi, build/bench/mpi_bench_mpich):
+ * polling MPI_Test. Built against Open MPI and against MPICH, whichever
+ * mpicc is installed (make bench-mpi: build/bench/mpi_bench_openmpi,
+ * build/bench/mpi_bench_mpich):
  *
  *   mpirun -np N mpi_bench [collie-bench's options]
  *

@@ -7,7 +7,8 @@
  *    figures ("name=value" pairs) after " | "; report.json holds every
  *    result with its figures as an object, then the counts.
  *  - Lines go out as they come (stdout is flushed), so a check that hangs
- *    past run.sh's bound still leaves the earlier ones.
+ *    past the caller's bound (run.sh sets none: every check bounds its own
+ *    waits) still leaves the earlier ones.
  */
 #include <errno.h>
 #include <stdarg.h>

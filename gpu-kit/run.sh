@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh REPORT_DIR [--quick] — the GPU verification kit: finds the host's
-# NCCL, says which one, runs collie-gpucheck and leaves report.txt and
-# report.json in REPORT_DIR. Runs from any directory; needs only the CUDA
+# NCCL, says which one, runs collie-gpucheck and leaves host.txt,
+# report.txt and report.json in REPORT_DIR. Runs from any directory; needs only the CUDA
 # driver (and NCCL) on the host. CLKIT_NCCL_DIR=DIR forces NCCL's folder.
 set -u
 kit=$(cd "$(dirname "$0")" && pwd)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run-pytest.sh SUITE DIR [PYTEST ARGS] — run the Python tests under DIR with
-# Debian's python3 and record their passed/failed/skipped counts in
-# build/test-results/SUITE.txt for scripts/test-summary.sh (as run-tests.sh
-# does for the C tests). Skip reasons are repeated here. Bounded: each
-# scenario bounds its own waits; the whole run is also under a timeout.
+# Debian's python3 (PYTHON=... another: the torch 2.x venv's) and record
+# their passed/failed/skipped counts in build/test-results/SUITE.txt for
+# scripts/test-summary.sh (as run-tests.sh does for the C tests). Skip reasons are repeated here. Bounded: each
+# scenario bounds its own waits; the whole run is also under a timeout
+# (CLTEST_PYTEST_TIMEOUT, default 1500 s).
 set -uo pipefail
 suite=$1; dir=$2; shift 2
 python=${PYTHON:-/usr/bin/python3}

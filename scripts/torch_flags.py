@@ -1,6 +1,8 @@
 """Print the compiler and linker flags for collie's torch extension
 (python/collie/torch/process_group_collie.cpp), as torch.utils.cpp_extension
-would use them, for the Makefile. Run with Debian's /usr/bin/python3."""
+would use them, for the Makefile. Run with the Python of the torch it builds
+against: Debian's /usr/bin/python3 for torch 1.13 (make python), the venv's
+for torch 2.x (make torch2)."""
 
 import sys
 import sysconfig

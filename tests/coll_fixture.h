@@ -1,8 +1,24 @@
 /*
- * coll_fixture.h — a world of N ranks inside one test process: one engine,
- * one store server, N store clients and N comms (docs/design.md §2: several ranks
- * of one comm may live in one process), plus the reference computations
- * the collective tests compare against.
+ * coll_fixture.h — a world of N ranks inside one test process: one engine
+ * (or one per rank: world_create_apart), one store server, N store clients
+ * and N comms (docs/design.md §2: several ranks of one comm may live in one
+ * process), the reference computations the collective tests compare
+ * against, and the first steps of the shrink and grow tests (a rank that
+ * left, a store of its own for a joiner, events popped).
+ *
+ * Design notes
+ *  - Every rank is driven by the test's one thread, so nothing that needs
+ *    the other ranks may block: the comms are made with
+ *    collie_comm_create_post on every rank before any is waited for, and
+ *    run_and_check posts on every rank before it waits; every wait is
+ *    bounded (collie_work_wait with a deadline) and fails the test.
+ *  - References fold every rank's input in rank order with the library's
+ *    own cl_reduce (the kernels are tested on their own in test_reduce.c);
+ *    fill_input's small integers make every float sum and product exact,
+ *    so outputs compare bytewise whatever order the transport reduced in.
+ *  - world_create_apart gives each rank its own engine (the store served on
+ *    rank 0's), so loop_block (harness.h) can hold one rank's progress
+ *    while the others run.
  */
 #ifndef CL_TEST_COLL_FIXTURE_H
 #define CL_TEST_COLL_FIXTURE_H

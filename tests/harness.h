@@ -1,6 +1,12 @@
 /*
  * harness.h — helpers shared by the cmocka tests: a hand-driven work
- * producer ("manual works") and process resource counters.
+ * producer ("manual works"), process resource counters (fds, threads,
+ * /dev/shm files), the engine's loop driven and watched from a test (sync,
+ * probe, block), a rank under collie-run joining its comm, temporary
+ * directories, bounded reaping, settings changed at run time, and
+ * skip_because. The runner (runner.h), tools as children (spawn.h), ranks
+ * as forked children (kids.h) and a world in one process (coll_fixture.h)
+ * have headers of their own.
  */
 #ifndef CL_TEST_HARNESS_H
 #define CL_TEST_HARNESS_H

@@ -1,6 +1,7 @@
 /*
- * spawn.h — run one of the built tools (build/bin/...) as a child process
- * from a cmocka test: its stdout and stderr on pipes, read by a bounded
+ * spawn.h — run one of the built programs (a tool of build/bin/, or any
+ * path under the build directory: an example, a test binary) as a child
+ * process from a cmocka test: its stdout and stderr on pipes, read by a bounded
  * poll loop, its exit awaited with a deadline, and the child SIGKILLed by
  * the teardown when a failed assertion left it running.
  *

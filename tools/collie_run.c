@@ -1,7 +1,11 @@
 /*
  * collie_run.c — collie-run, the local launcher: hosts the key/value store,
  * starts N ranks, prefixes their output with the rank, and stops the job when
- * a rank fails.
+ * a rank fails (as mpirun does) unless a server mode says otherwise:
+ * --keep-going lets the others run on, --restarts K starts a failed rank
+ * again with the same rank (K restarts for the whole job; the rank's own
+ * count is in COLLIE_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT); once
+ * they are used up a failure stops the job, unless --keep-going.
  *
  *   collie-run -n N | -np N | --nproc-per-node M [--nnodes K --node-rank R]
  *              [--timeout S] [--grace S] [--keep-going] [--restarts K]
@@ -34,9 +38,12 @@
  *    live rank; SIGKILL at the grace deadline; give up RUN_REAP_MS after
  *    SIGKILL) → done when every rank is reaped. The first cause of a stop
  *    fixes the exit status: the failing rank's code (128+signal if killed),
- *    124 for --timeout, 128+signal for SIGINT/SIGTERM. Failures of ranks
- *    that are being stopped are not reported. Exit 2 is a usage error, 1 a
- *    launcher error (the store could not start, fork failed).
+ *    124 for --timeout, 128+signal for SIGINT/SIGTERM. With --keep-going a
+ *    failure stops nothing: the first failed rank's code is the status
+ *    unless a --timeout or a signal stops the job later (then 124 or
+ *    128+signal). Failures of ranks that are being stopped are not
+ *    reported. Exit 2 is a usage error, 1 a launcher error (the store could
+ *    not start, fork or a restart failed).
  *  - The parts live in tools/run/ (run.h lists them): the command line, the
  *    ranks' environment, starting ranks, their output, setup and teardown,
  *    --stats. This file has what the loop does: stopping, events, deadlines.

@@ -10,8 +10,10 @@
  * number not completed by every rank, which ranks never posted it and
  * where the others stand on it; ranks without a dump; and any mismatch
  * (different op, dtype, reduction, count or root at the same sequence
- * number on two ranks). Exit 0 when the dumps could be read, 2 for a usage
- * error or input that is not a dump (with the file, line and reason).
+ * number on two ranks). Exit 0 when the dumps could be read; 2 for a usage
+ * error, input that is not a dump (with the file, the place and the
+ * reason) or dumps that disagree (two sizes for one comm and generation,
+ * one rank twice); 1 when out of memory.
  *
  * Design notes
  *  - The input is the JSON object comm/flight.c writes (a header with an

@@ -5,6 +5,7 @@
   chaos.py --seconds N              a time-boxed campaign of random runs
   chaos.py --suite                  the fixed-seed set of `make test`
   chaos.py --replay S [shape] [--count K] [--expect KINDS]
+  chaos.py --self-test              the oracle catches planted faults (fake_rank.py)
 
 Design notes
  - Python 3 standard library only, run by /usr/bin/python3 from the

@@ -5,10 +5,15 @@
  * The driver (tests/chaos/chaos.py) starts it under collie-run, adds the
  * process and link faults and reads the report. The contract between the
  * two (arguments, report lines, exit codes, the round-end protocol) is
- * docs/chaos.md.
+ * docs/chaos.md's; the report's line format is chaos_report.h's.
  *
- *   chaos_rank --seed S --report DIR [--rounds R] [--ops K]
- *              [--inflight-max M] [--faults abort,destroy,cancel,deadline,stall|all|none]
+ *   chaos_rank --seed S --report DIR [--rounds R] [--ops K] [--inflight-max M]
+ *              [--faults abort,destroy,cancel,deadline,stall,signals,disagree,
+ *                        shrink,grow|all|none]
+ *              [--join ID --world N]   (an elastic run's replacement)
+ *
+ * (`all` is the first seven; shrink and grow make an elastic run:
+ * chaos_elastic.c.)
  *
  * Design notes
  *  - Round r: create the world comm under a name of its own
@@ -30,6 +35,9 @@
  *    completion callback (the progress thread); destroy of a comm with
  *    works in flight; cancel of an in-flight collective; a short deadline.
  *    Receives are also cancelled at random (no fault unless matched).
+ *    `signals` is no fault but a condition: in about one round in three an
+ *    interval timer sends this rank SIGALRM every 20..200 us, and nothing
+ *    may fail for it (everything must go on through EINTR).
  *  - The stall fault (a burst of three slots on a pair's comm, planned in
  *    chaos_prog.h): the victim's progress thread blocks 50..500 ms in a
  *    barrier's completion callback while the sender lends it a large send

@@ -1,6 +1,7 @@
 /*
  * chaos_report.h — the chaos rank's report: DIR/rank-<R>.log, one record a
- * line (the format is the contract in docs/chaos.md / CHAOS_SPEC).
+ * line (the format is these notes'; tests/chaos/chaos_report.py reads it,
+ * docs/chaos.md says what the driver makes of the records).
  *
  * Design notes
  *  - One write() per line, with O_APPEND: a rank killed at any moment

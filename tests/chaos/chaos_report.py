@@ -1,9 +1,10 @@
 """chaos_report.py - read the ranks' reports (DIR/rank-<R>.log).
 
 Design notes
- - The format is /work/wt/CHAOS_SPEC.md's "The report" (docs/chaos.md):
-   one record per line, `key=value` fields, the last field `msg=` runs to
-   the end of the line. A rank killed mid-write leaves whole lines (one
+ - The format is the rank's (tests/chaos/chaos_report.h; docs/chaos.md
+   says what the driver makes of the records): one record per line, the
+   record's name first, then `key=value` fields; the last field `msg=` runs
+   to the end of the line. A rank killed mid-write leaves whole lines (one
    write() per line); a last line without its newline is ignored.
  - RankReport.feed() takes bytes as they arrive (the driver tails the files
    to fire its faults at a rank's progress) and keeps counts, not lines, so

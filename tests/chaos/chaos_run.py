@@ -25,7 +25,7 @@ Design notes
    stuck job from a slow one (two cores shared with other work, the
    sanitizers), so the overall bound can be generous. Nothing of a rank's
    program is silent that long: a work ends within its deadline (at most
-   12 s) plus the bounds, a round wait is 8 s.
+   12 s) plus the bounds, a round wait is 8 s (5 s in the suite).
  - A run without faults (none allowed to the ranks, none injected):
    every failure (a failed work, a refused post, a failed create or split,
    a round barrier given up) is `unexplained_failure` unless some work of

@@ -9,9 +9,12 @@ Design notes
    Only the real moments drift: a fault fires when a rank's report reaches
    a given number of lines (its progress), not at a wall-clock time, so a
    replay hits about the same point of the program.
- - Fault kinds: the rank's own (abort, destroy, cancel, deadline) are passed
-   to the rank program's --faults; the driver's (kill, stop, link) never
-   are. `link` needs two hosts.
+ - Fault kinds: the rank's own (RANK_FAULTS: abort, destroy, cancel,
+   deadline, stall, signals, disagree) are passed to the rank program's
+   --faults; the driver's (kill, stop, link) never are. `link` needs two
+   hosts. The elastic kinds (shrink, grow) are passed to the rank and also
+   change what the driver does (a kill or stop when a rank enters a
+   shrink, the replacements it starts for a grow); `all` leaves them out.
  - Bounds: a SIGSTOP lasts STOP_MIN_MS..STOP_MAX_MS, always shorter than
    the rank's round wait (CHAOS_ROUND_WAIT_MS, DEFAULT_ROUND_WAIT_MS), so a stopped rank is
    never mistaken for a gone one; a link comes back after

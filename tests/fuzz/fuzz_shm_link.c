@@ -8,10 +8,11 @@
  *    ring size from the input), then the peer's edits of its header page
  *    (any field, or any bytes anywhere in the memory), and in one mode a
  *    file made by hand instead: any size near the valid ones, sealed or
- *    not, handed over read-only or not, with the peer's header. This side checks it twice: with the
- *    pure cl_shm_link_check on an exact-size heap copy (ASan sees any read
- *    outside it) and with the real cl_shm_link_attach on the memfd (the
- *    size and seals, the mapping, fd ownership). An accepted link then
+ *    not, handed over read-only or not, with the peer's header. This side
+ *    checks it twice: with the pure cl_shm_link_check on an exact-size heap
+ *    copy (ASan sees any read outside it) and with the real
+ *    cl_shm_link_attach on the memfd (the size and seals, the mapping, fd
+ *    ownership). An accepted link then
  *    runs a program: the peer pokes bytes anywhere in the memory (rings'
  *    counters and data, loans, header), writes honestly through its own
  *    view, rings the doorbell or hangs up, and this side receives (parked
@@ -20,12 +21,14 @@
  *    names the expected comm, generation and ranks with the layout of its
  *    ring size in a file of exactly that size (and attach: sealed against
  *    shrinking, mappable for writing); attach refuses with EPROTO, closes
- *    the fd either way and maps nothing when it refuses; the views lie inside the memory. recv
- * returns at most what was asked and never more than the ring held; EPROTO exactly when the ring's
- * counters are corrupt (and from then on), EAGAIN only when the ring is empty, 0 only at the
- * doorbell's end with the ring empty; writev likewise (EPIPE after the end); readable is true for a
- *    corrupt ring. With an honest peer the bytes are the peer's stream.
- *    Every step is bounded (no loop waits for the peer).
+ *    the fd either way and maps nothing when it refuses; the views lie
+ *    inside the memory. recv returns at most what was asked and never more
+ *    than the ring held; EPROTO exactly when the ring's counters are
+ *    corrupt (and from then on), EAGAIN only when the ring is empty, 0 only
+ *    at the doorbell's end with the ring empty; writev likewise (EPIPE
+ *    after the end); readable is true for a corrupt ring. With an honest
+ *    peer the bytes are the peer's stream. Every step is bounded (no loop
+ *    waits for the peer).
  *  - The header layout is mirrored here (fz_header): a change in link.c
  *    shows as a disagreement, not as a silent loss of coverage.
  *  - Seeds (fuzz_seeds, make fuzz-seeds): honest links of 4 and 32 KiB

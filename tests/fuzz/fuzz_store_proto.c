@@ -5,8 +5,8 @@
  * Design notes
  *  - Input: byte 0 picks the side (bit 0: 0 the server reading requests,
  *    1 the client reading replies) and, for the server, the limit on a
- *    body (bit 1: the handshake's CL_STORE_SRV_HELLO_MAX_BODY, or a ready
- *    connection's); the rest is the stream, cut into frames as
+ *    body (bit 1 clear: the handshake's CL_STORE_SRV_HELLO_MAX_BODY; set: a
+ *    ready connection's); the rest is the stream, cut into frames as
  *    srv_conn.c / client.c cut it (header, body_len bytes of body, next).
  *  - Invariants asserted beyond "no crash, no leak, no UB":
  *    a header that decodes re-encodes to the same 16 bytes, names an op and

@@ -8,12 +8,12 @@
  *    (thread 0 on the main thread); rank = process rank * T + thread, world
  *    size = processes * T. A rank in a thread is a rank in a process minus
  *    the address space: its own engine (progress thread), store connection,
- *    comm, buffers, work array, CUDA stream and device (rank % devices), so
- *    -n 4 and -n 2 -t 2 time the same thing, and memory per process grows T
- *    times. Only the parsed options and where the process sits in the world
- *    (bench_proc) are shared, read-only. Ranks in threads are what lets the
- *    CPU double of CUDA and NCCL, whose ranks meet only inside one process,
- *    run a multi-rank --backend nccl.
+ *    comm, buffers, work array, CUDA stream and device (--device, else
+ *    rank % devices), so -n 4 and -n 2 -t 2 time the same thing, and memory
+ *    per process grows T times. Only the parsed options and where the
+ *    process sits in the world (bench_proc) are shared, read-only. Ranks in
+ *    threads are what lets the CPU double of CUDA and NCCL, whose ranks
+ *    meet only inside one process, run a multi-rank --backend nccl.
  *  - Errors: a failed post prints collie_last_error(), a failed work its
  *    collie_work_error_message(); the comm is aborted and the rank exits 1
  *    (a process of several ranks exits 1 if any of them failed). A rank that

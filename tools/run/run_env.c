@@ -7,8 +7,9 @@
  *    without COLLIE_STORE_TOKEN), then those names: collie's COLLIE_* and
  *    torchrun's (RUN_ENV_MAP in run.h), then the job's secret if there is
  *    one. MASTER_ADDR/MASTER_PORT are torch's rendezvous (run_master.c),
- *    not collie's store: that is COLLIE_STORE_ADDR. It is built before fork (the child only calls
- * execvpe) and rewritten before a restart, whose count it carries.
+ *    not collie's store: that is COLLIE_STORE_ADDR. It is built before fork
+ *    (the child only calls execvpe) and rewritten before a restart, whose
+ *    count it carries.
  *  - NCCL's and PyTorch's settings that collie reads under a name of its
  *    own are named on stderr at start, once each, with collie's name: the
  *    job runs anyway.

@@ -3,15 +3,16 @@
  * files the ranks wrote.
  *
  * Design notes
- *  - --stats: the ranks write each comm's stats into a private directory
- *    when they destroy it (COLLIE_STATS_DIR); after the job the launcher
- *    prints one line per comm and rank from those files.
+ *  - --stats: the ranks write each comm's stats into a directory when they
+ *    destroy it (COLLIE_STATS_DIR: the caller's if set, and kept; else a
+ *    private one under /tmp, removed after the job); after the job the
+ *    launcher prints one line per comm and rank from those files.
  *  - A file that does not parse is named and skipped; the latency columns
  *    are bucket bounds (the histogram's), not exact quantiles.
  *  - A comm that failed says so after its status with the same fault data
  *    collie_comm_fault and the flight recorder give: the root fault's kind,
  *    the failed works by kind, and its peers dead, suspected and left then
- *    (stats.c writes them; only what is not zero is shown, the peers only
+ *    (comm/stats.c writes them; only what is not zero is shown, the peers only
  *    when one is dead or suspected: peers that left first are how every
  *    job ends).
  */
