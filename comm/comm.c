@@ -499,6 +499,7 @@ static void comm_backends_destroy(collie_comm *c) {
 
 static void comm_on_engine_shutdown(cl_resident *r) {
     collie_comm *c = cl_container_of(r, collie_comm, resident);
+    cl_comm_hold(c); /* what its abort ends (a destroy's work) may drop the last other one */
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->err_status) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "the engine was destroyed");
@@ -514,6 +515,7 @@ static void comm_on_engine_shutdown(cl_resident *r) {
     comm_backends_destroy(c);
     c->engine_gone = true;
     c->resident_added = false;
+    cl_comm_release(c);
 }
 
 bool cl_comm_attach_on_loop(collie_comm *c) {

@@ -34,7 +34,10 @@
  *  - The work has no deadline of its own (its steps are bounded) and
  *    cannot be cancelled (a destroy is not undone: collie_work_cancel
  *    does nothing). Engine shutdown ends it: the comm's resident hook has
- *    closed the comm by then; the work frees what is left and completes.
+ *    closed the comm by then, or (the engine closing as the work started,
+ *    before the residents' turn) the end closes it first; the work frees
+ *    what is left and completes. A comm is never freed while its engine
+ *    holds it.
  *  - Store requests hold a reference on the work until their callback;
  *    a callback that finds the work done drops the result.
  */
@@ -174,6 +177,10 @@ static void destroy_end(destroy_work *d) {
     d->step = D_END;
     if (d->req) collie_work_cancel(d->req); /* its callback drops it */
     if (c) {
+        /* ended before CLOSE (the engine closing as its start ran): close
+         * the comm here, so it is never freed while the engine still
+         * holds it (its resident, its backends' pollers) */
+        if (!c->destroyed && !c->engine_gone) cl_comm_destroy_on_loop(c);
         d->comm = NULL;
         cl_stats_write_on_destroy(c);
         collie_store_destroy(c->store); /* its own handle; inline on the loop */

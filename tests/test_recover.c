@@ -207,6 +207,37 @@ static void test_engine_destroy_ends_destroy_work(void **state) {
     assert_int_equal(collie_comm_destroy(c1), COLLIE_OK);
 }
 
+/* The engine goes while a failed comm's destroy is in its later steps (the
+ * delayed close, the "left" notice): the comm's shutdown hook must not
+ * find the comm freed under it. (test_processes.py's rank 0, at
+ * interpreter exit: Comm.__del__ posted the destroy of a comm its peer's
+ * death had failed, then Engine.__del__ destroyed the engine; the
+ * progress thread crashed, SIGSEGV, in comm_backends_destroy 1 run in 4:
+ * the shutdown's abort ended the destroy work, which released the comm's
+ * last reference.) Each round waits a little longer before the engine
+ * goes, to meet each step. */
+static void test_engine_destroy_during_failed_comm_destroy(void **state) {
+    (void)state;
+    for (int round = 0; round < 16; round++) {
+        world w; /* rank 1 on an engine of its own; the store on rank 0's */
+        world_create_apart(&w, 2, "dfail", NULL);
+        world_link(&w);
+        collie_comm_abort(w.c[1], "test: failed before its destroy");
+        collie_work *d;
+        assert_int_equal(collie_comm_destroy_post(w.c[1], NULL, &d), COLLIE_OK);
+        collie_store_destroy(w.st[1]); /* as Comm.__del__: its store right after */
+        w.st[1] = NULL;
+        usleep((useconds_t)round * 2000);
+        assert_int_equal(collie_engine_destroy(w.re[1]), COLLIE_OK);
+        assert_true(collie_work_test(d));
+        collie_work_release(d);
+        assert_int_equal(collie_comm_destroy(w.c[0]), COLLIE_OK);
+        collie_store_destroy(w.st[0]);
+        collie_store_server_destroy(w.srv);
+        assert_int_equal(collie_engine_destroy(w.re[0]), COLLIE_OK);
+    }
+}
+
 /* The caller's store handle may go right after the post (or any time): the
  * comm talks to the store through a handle of its own until it is gone
  * (the destroy still leaves its "gone" notice after the handle went). */
@@ -647,6 +678,7 @@ int main(void) {
         cmocka_unit_test(test_destroy_post_from_callback),
         cmocka_unit_test(test_destroy_post_refusals),
         cmocka_unit_test(test_engine_destroy_ends_destroy_work),
+        cmocka_unit_test(test_engine_destroy_during_failed_comm_destroy),
         cmocka_unit_test(test_store_handle_may_go_first),
         cmocka_unit_test(test_destroy_appends_left),
         cmocka_unit_test(test_failed_create_leaves_no_notice),
