@@ -81,6 +81,9 @@ void cl_comm_progress(collie_comm *c, char *buf, size_t len) {
                  (unsigned long long)oldest->base.seq, what);
     } else if (!cl_list_empty(&c->waiting))
         snprintf(buf, len, "posted %llu, completed %llu, waiting for creation", posted, done);
+    else if (atomic_load_explicit(&c->err_status, memory_order_acquire) != COLLIE_OK)
+        snprintf(buf, len, "posted %llu, completed %llu, idle since its comm failed", posted,
+                 done); /* not a suspect: it stopped for a fault of its own (desync.c) */
     else
         snprintf(buf, len, "posted %llu, completed %llu, idle", posted, done);
     /* this rank's last refused post, while no collective completed since */

@@ -12,8 +12,10 @@
  *  - The report names a first suspect when the answers allow it (this
  *    rank if it saw the deadline over a second late; else a rank that did
  *    not answer; else the idle rank behind the oldest collective anyone is
- *    blocked in) and marks the ranks blocked behind it as waiting on it: a
- *    rank held up by the suspect is not blamed beside it.
+ *    blocked in, but never one idle since its own comm failed: its
+ *    deadline came first, it is a victim) and marks the ranks blocked
+ *    behind it as waiting on it: a rank held up by the suspect is not
+ *    blamed beside it.
  *  - Bounded: each answer is awaited at most DESYNC_MS; a timer of the same
  *    length is the backstop. A rank that does not answer is named as such
  *    (stopped, dead, or its progress loop stuck). When the query or an
@@ -78,6 +80,7 @@ static void desync_release(desync *d) {
  * by ", refused: <op>: <why>" (its last refused post: cl_comm_progress). */
 typedef struct rank_state {
     bool answered, in_flight;
+    bool failed; /* idle since its comm failed: stopped by a fault of its own */
     unsigned long long posted, seq;
     char what[128]; /* "allreduce of 4 x int32 (sum)" of seq, or "" */
 } rank_state;
@@ -90,6 +93,8 @@ static rank_state rank_state_of(const char *a) {
     const char *in = strstr(a, " seq ");
     if (refused && in > refused) in = NULL;
     st.in_flight = strstr(a, ", in ") && in && sscanf(in, " seq %llu", &st.seq) == 1;
+    const char *failed = strstr(a, ", idle since its comm failed");
+    st.failed = failed && (!refused || failed < refused);
     const char *what = in ? strstr(in, ": ") : NULL;
     if (st.in_flight && what) { /* up to the refusal, if any */
         what += 2;
@@ -103,7 +108,8 @@ static rank_state rank_state_of(const char *a) {
  * second after it passed (it was stopped or starved: what the others say
  * now comes after the fact); else a rank that did not answer; else the
  * idle rank furthest behind the oldest collective anyone is blocked in
- * (every rank in that collective waits for it). -1: the answers name
+ * (every rank in that collective waits for it), unless it is idle because
+ * its comm failed (a victim whose deadline came first). -1: the answers name
  * nobody (every rank is inside the collective: the transport or the
  * device is stuck). */
 static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) {
@@ -117,8 +123,10 @@ static int desync_suspect(const desync *d, const rank_state *st, int *n_silent) 
     unsigned long long oldest = ULLONG_MAX;
     for (int r = 0; r < c->size; r++)
         if (st[r].in_flight && st[r].seq < oldest) oldest = st[r].seq;
+    /* a rank idle since its own comm failed (its deadline came first, on a
+     * slower clock) is blocked like the others, not their cause */
     for (int r = 0; r < c->size; r++)
-        if (!st[r].in_flight && st[r].posted < oldest &&
+        if (!st[r].in_flight && !st[r].failed && st[r].posted < oldest &&
             (suspect < 0 || st[r].posted < st[suspect].posted))
             suspect = r;
     return suspect;
