@@ -3,7 +3,7 @@ its ranks is SIGKILLed: the survivors shrink to a comm of themselves and
 serve on at once, then take the replacement back (grow) when collie-run has
 started it again. The event loop never blocks on any of it.
 
-    build/bin/collie-run -n 4 --restarts 1 --timeout 60 -- python3 examples/recovery_server.py
+    PYTHONPATH=python build/bin/collie-run -n 4 --restarts 1 --timeout 60 -- /usr/bin/python3 examples/recovery_server.py
 
 The server: rank 0 is the front end. A client task there sends requests
 (RECOVERY_REQUESTS, default 200, one every RECOVERY_INTERVAL_S, default 4 ms)

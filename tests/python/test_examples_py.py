@@ -16,17 +16,23 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXAMPLE = "examples/recovery_server.py"
 # the command as docs/python.md and the example's docstring give it
-COMMAND = "build/bin/collie-run -n 4 --restarts 1 --timeout 60 -- python3 examples/recovery_server.py"
+COMMAND = ("PYTHONPATH=python build/bin/collie-run -n 4 --restarts 1 --timeout 60 -- "
+           "/usr/bin/python3 examples/recovery_server.py")
 # "never blocks the loop" on a loaded 2-core machine: the example measures a
 # few ms; a blocking shrink, grow or destroy would stall it for 100s of ms
 STALL_BOUND_MS = 200
 
 
 def _run(command, env_extra=None):
-    """Run `command` (python3 -> this interpreter) in the source tree; the
-    output and every rank's JSON summary (its last line), by rank."""
-    argv = [sys.executable if a == "python3" else a for a in shlex.split(command)]
+    """Run `command` (leading VAR=value words set the environment;
+    /usr/bin/python3 -> this interpreter) in the source tree; the output and
+    every rank's JSON summary (its last line), by rank."""
+    words = shlex.split(command)
     env = dict(os.environ, **(env_extra or {}))
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    argv = [sys.executable if a in ("python3", "/usr/bin/python3") else a for a in words]
     for k in ("COLLIE_STORE_ADDR", "COLLIE_RANK", "COLLIE_WORLD_SIZE", "COLLIE_RESTART_COUNT"):
         env.pop(k, None)
     p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=90, env=env)
