@@ -150,9 +150,25 @@ def test_exit_without_destroy_is_clean():
             assert out == {"done": True}
 
 
+def gloo_reference(name, world):
+    """The Gloo run a collie result is compared with: the reference, not
+    what is tested. torch 2.x's Gloo rank sometimes dies at its exit
+    (std::terminate: "terminate called without an active exception", about
+    1 run in 5 on a loaded 2-core machine) after its results were right; such
+    a run is made again, at most twice. collie's runs are never retried."""
+    for attempt in range(3):
+        try:
+            return scenario(name, backend="gloo", world=world)
+        except AssertionError as e:
+            if attempt == 2 or "exit -" not in str(e):
+                raise
+            print(f"gloo reference {name} at {world} ranks died by a signal; again: {e}")
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ddp_matches_gloo(world):
-    gloo = scenario("ddp", backend="gloo", world=world)
+    gloo = gloo_reference("ddp", world)
     ours = scenario("ddp", world=world)
     for g, c in zip(gloo, ours):
         if world == 2:
