@@ -24,23 +24,12 @@
 
 #include "comm/comm.h"
 
-/* one of collie's errors (COLLIE_STATUS_MAP): a code a caller can name */
-static bool poison_status_known(long st) {
-    switch (st) {
-#define CL_POISON_STATUS(name, value, text) case value:
-        COLLIE_STATUS_MAP(CL_POISON_STATUS)
-#undef CL_POISON_STATUS
-        return st < 0;
-    }
-    return false;
-}
-
 int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen) {
     char buf[1040];
     snprintf(buf, sizeof buf, "%.*s", (int)len, val ? val : "");
     char *end;
     long st = strtol(buf, &end, 10);
-    bool coded = end != buf && *end == '|' && poison_status_known(st);
+    bool coded = end != buf && *end == '|' && cl_status_is_error(st);
     const char *src = coded ? end + 1 : buf;
     size_t n = strlen(src);
     if (n >= wlen) n = wlen - 1;

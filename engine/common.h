@@ -6,6 +6,7 @@
 #ifndef CL_COMMON_H
 #define CL_COMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,11 @@ int cl_set_last_error(int status, const char *fmt, ...) __attribute__((format(pr
 /* cl_clear_last_error: reset this thread's slot (at the start of API calls
  * that report details). */
 void cl_clear_last_error(void);
+
+/* cl_status_is_error: is `status` one of collie's errors (COLLIE_STATUS_MAP,
+ * below 0)? A status read from outside (a store reply, a poison) that is
+ * not, is no code a caller can name (status.c). */
+bool cl_status_is_error(long status);
 
 /* cl_errno_status: map an errno value to a collie status. */
 int cl_errno_status(int err);

@@ -1,11 +1,13 @@
 /*
  * status.c — the library's identity and its status codes: collie_version,
- * and collie_strerror and collie_status_name, generated from the one table
- * of status codes (COLLIE_STATUS_MAP in collie.h).
+ * and collie_strerror, collie_status_name and cl_status_is_error,
+ * generated from the one table of status codes (COLLIE_STATUS_MAP in
+ * collie.h).
  */
 #include <stddef.h>
 
 #include "collie.h"
+#include "engine/common.h"
 
 #define CL_STR_(x) #x
 #define CL_STR(x)  CL_STR_(x)
@@ -35,4 +37,14 @@ const char *collie_status_name(int status) {
 #undef CL_STATUS_NAME
     }
     return "COLLIE_UNKNOWN";
+}
+
+bool cl_status_is_error(long status) {
+    switch (status) {
+#define CL_STATUS_KNOWN(name, value, text) case value:
+        COLLIE_STATUS_MAP(CL_STATUS_KNOWN)
+#undef CL_STATUS_KNOWN
+        return status < 0;
+    }
+    return false;
 }

@@ -148,7 +148,7 @@ int cl_store_req_reply(cl_store_req *r, const cl_store_hdr *h, const uint8_t *bo
     int status = h->status;
     if (status < 0) {
         const cl_store_bytes *msg = &m.vals[0];
-        if (strcmp(collie_status_name(status), "COLLIE_UNKNOWN") == 0) status = COLLIE_EPROTO;
+        if (!cl_status_is_error(status)) status = COLLIE_EPROTO;
         cl_work_publish(&r->work, status, "the server refused it: %.*s", (int)msg->len,
                         (const char *)msg->p);
     } else if (status != COLLIE_OK) {
