@@ -94,7 +94,6 @@ typedef struct shrink_work {
     _Atomic bool creating;          /* the new comm's rendezvous was posted: the attempt is
                                        spent for every member if it fails */
     bool proposed;                  /* own proposal written */
-    bool withdrawn;                 /* a member died while the new comm was made (CREATE) */
     int *map;                       /* old rank -> new rank (handed to the new comm) */
     int new_size, new_rank;
     collie_comm_opts copts;
@@ -502,9 +501,10 @@ static void shrink_create(shrink_work *sw) {
 /* CREATE, each look: a member that died or left meanwhile ends the
  * rendezvous for every member (its generation poisoned), unless every
  * member had passed it already: then the new comm stands, and its fault
- * is the new comm's to shrink (never one member out and the rest in) */
+ * is the new comm's to shrink (never one member out and the rest in). The
+ * create is withdrawn once (cl_comm_create_withdraw): later looks change
+ * nothing. */
 static void shrink_watch_members(shrink_work *sw) {
-    if (sw->withdrawn) return;
     for (int r = 0; r < sw->n; r++) {
         int s = sw->out[r] || r == sw->me ? COLLIE_PEER_ALIVE : cl_health_state(sw->comm, r);
         if (s != COLLIE_PEER_DEAD && s != COLLIE_PEER_LEFT) continue;
@@ -513,7 +513,6 @@ static void shrink_watch_members(shrink_work *sw) {
                  "shrink of comm '%s': rank %d %s while the new comm was being made (shrink the "
                  "old comm again)",
                  sw->name, r, s == COLLIE_PEER_DEAD ? "died" : "left");
-        sw->withdrawn = true;
         cl_comm_create_withdraw(sw->s.create, COLLIE_EABORTED, why);
         return;
     }
