@@ -735,7 +735,6 @@ def shrink_stopped():
     and 2 (silent): a group of 2, allreduce checked; then rank 0 resumes
     rank 2 (SIGCONT), whose shrink is refused: it was left out."""
     import signal
-    import time
 
     store, res = _lose_last()
     store.set(f"pid{rank}", str(os.getpid()))
@@ -746,17 +745,27 @@ def shrink_stopped():
         res["post"] = _err(lambda: dist.all_reduce(torch.ones(2)))[0]
         store.set("done2", "1")
     else:
-        t0 = time.monotonic()
-        new = collie.torch.shrink(timeout=4)
-        res["shrink_s"] = time.monotonic() - t0
-        res.update(_world_after_shrink(new))
-        store.set(f"held{rank}", "1")
-        store.wait(["held0", "held1"], timedelta(seconds=60))
-        if rank == 0:
-            os.kill(int(store.get("pid2")), signal.SIGCONT)
-        store.wait(["done2"], timedelta(seconds=60))
+        _survivor_shrinks_then_resumes(store, res, lambda: collie.torch.shrink(timeout=4))
     dist.destroy_process_group()
     return res
+
+
+def _survivor_shrinks_then_resumes(store, res, shrink):
+    """Ranks 0 and 1 of a world of 3 whose rank 2 stopped itself: shrink()
+    (timed, the group of 2 checked), then rank 0 resumes rank 2 once both
+    hold their group, and both wait for rank 2's "done2"."""
+    import signal
+    import time
+
+    t0 = time.monotonic()
+    new = shrink()
+    res["shrink_s"] = time.monotonic() - t0
+    res.update(_world_after_shrink(new))
+    store.set(f"held{rank}", "1")
+    store.wait(["held0", "held1"], timedelta(seconds=60))
+    if rank == 0:
+        os.kill(int(store.get("pid2")), signal.SIGCONT)
+    store.wait(["done2"], timedelta(seconds=60))
 
 
 def shrink_healthy():
@@ -806,16 +815,9 @@ def shrink_abort():
         res["told_s"] = time.monotonic() - t0
         store.set("done2", "1")
     else:
-        t0 = time.monotonic()
         opts = c10d.C10DBackend.Options("collie", timedelta(seconds=3))
-        new = dist.shrink_group([2], shrink_flags=c10d.SHRINK_ABORT, pg_options=opts)
-        res["shrink_s"] = time.monotonic() - t0
-        res.update(_world_after_shrink(new))
-        store.set(f"held{rank}", "1")
-        store.wait(["held0", "held1"], timedelta(seconds=60))
-        if rank == 0:
-            os.kill(int(store.get("pid2")), signal.SIGCONT)
-        store.wait(["done2"], timedelta(seconds=60))
+        _survivor_shrinks_then_resumes(store, res, lambda: dist.shrink_group(
+            [2], shrink_flags=c10d.SHRINK_ABORT, pg_options=opts))
     dist.destroy_process_group()
     return res
 
