@@ -259,10 +259,12 @@ static int create_blocking(collie_engine *e, collie_store *store, int rank, int 
     if (!child) {
         res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
     } else if (!cl_comm_wait_watching(child->parent, w, &res)) {
-        char why[CL_COMM_MSG_MAX];
-        snprintf(why, sizeof why, "its parent '%.80s' failed: %.3900s", child->parent->name,
-                 child->parent->err_msg);
-        collie_comm_abort(*out, why);
+        /* its rendezvous ends (the others' too: its generation poisoned),
+         * unless it was made as the parent failed: then the child stands,
+         * a comm of its own, not aborted by this rank (an abort here was
+         * an app_abort no one asked for, on a comm returned OK: chaos) */
+        cl_work_cancel(w, COLLIE_EABORTED, "its parent '%.80s' failed: %.150s",
+                       child->parent->name, child->parent->err_msg);
         res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
     }
     if (res != COLLIE_OK) {
