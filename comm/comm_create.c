@@ -263,8 +263,8 @@ static int create_blocking(collie_engine *e, collie_store *store, int rank, int 
          * unless it was made as the parent failed: then the child stands,
          * a comm of its own, not aborted by this rank (an abort here was
          * an app_abort no one asked for, on a comm returned OK: chaos) */
-        cl_work_cancel(w, COLLIE_EABORTED, "its parent '%.80s' failed: %.150s",
-                       child->parent->name, child->parent->err_msg);
+        cl_work_cancel(w, COLLIE_EABORTED, "its parent '%.80s' failed: %.150s", child->parent->name,
+                       child->parent->err_msg);
         res = collie_work_wait(w, COLLIE_TIMEOUT_INFINITE);
     }
     if (res != COLLIE_OK) {
