@@ -413,10 +413,14 @@ static int read_payload_step(tcp_conn *c, int *iter) {
             cl_tcp_conn_lost(c, COLLIE_EPROTO, "rank %d sent a malformed loan", c->peer);
         else if (n == -EPROTO)
             cl_tcp_conn_link_failed(c, EPROTO, "receive from");
-        else
+        else {
+            /* reading a lent payload out of a process that is gone: ESRCH
+             * is its death, said with the rank (fault data), not text only */
+            if (n == -ESRCH) cl_tcp_conn_peer_gone(c, COLLIE_PEER_DEAD);
             cl_tcp_conn_lost(c, COLLIE_EPEER, "receive from rank %d failed: %s%s", c->peer,
                              strerror((int)-n),
                              c->loan_frame ? " (reading its memory: single copy)" : "");
+        }
         return READ_STOP;
     }
     if (c->loan_frame) *iter += (int)(n >> 20); /* a MiB pulled counts as a read */
