@@ -8,11 +8,14 @@ Design notes
   works and comms carry it as .fault, with .kind and .ranks as shortcuts.
 - Health is a mixin of Comm: health(), fault(), event_fd(), pop_event() and
   `async for ev in comm.events()`, which watches the fd with the running
-  loop's add_reader and never blocks it: one reader per loop, whose
-  callback only wakes the iterators waiting on it (an asyncio.Event each);
-  each iterator then pops (collie_comm_event_pop never blocks), so an
-  event goes to one iterator. Destroy ends them first (_events_stop)
-  before it closes the fd.
+  loop's add_reader and never blocks it: one reader per loop
+  (_LoopReader), armed only while an iterator waits and removed as it
+  fires, whose callback only wakes the iterators waiting on it (an
+  asyncio.Event each); each iterator then pops (collie_comm_event_pop never
+  blocks), so an event goes to one iterator, and a body that awaits with
+  events pending leaves the loop idle. Destroy ends them first
+  (_events_stop) before it closes the fd; a stopped reader never touches
+  the fd number again.
 """
 
 import asyncio
@@ -110,6 +113,41 @@ class Event:
     dropped: int
 
 
+class _LoopReader:
+    """The comm's event fd watched on one loop for the events() iterators
+    waiting there. Armed only while one waits and removed as it fires: the
+    fd stays readable until someone pops, and a reader left on it would
+    wake the loop on every turn while an iterator's body awaits. stop()
+    (destroy) ends it for good, so an ending iterator never touches the fd
+    number again (a new comm may hold it by then)."""
+
+    def __init__(self, loop, fd):
+        self.loop, self.fd = loop, fd
+        self.waiting = set()
+        self.armed = self.stopped = False
+
+    def arm(self):
+        if not self.armed and not self.stopped:
+            self.loop.add_reader(self.fd, self._fire)
+            self.armed = True
+
+    def disarm(self):
+        if self.armed:
+            self.loop.remove_reader(self.fd)
+            self.armed = False
+
+    def _fire(self):
+        self.disarm()
+        for r in list(self.waiting):
+            r.set()
+
+    def stop(self):
+        self.disarm()
+        self.stopped = True
+        for r in list(self.waiting):
+            r.set()
+
+
 class Health:
     """Comm's failure-as-data methods (mixed into Comm)."""
 
@@ -166,47 +204,39 @@ class Health:
         Several iterators share the comm's one queue: each
         event goes to one of them."""
         loop = asyncio.get_running_loop()
-        fd = self.event_fd()
-        ready = asyncio.Event()
-        # one reader per loop for the fd, waking every iterator on it
         readers = self.__dict__.setdefault("_event_readers", {})
-        if loop not in readers:
-            waiting = set()
-            readers[loop] = (fd, waiting)
-            loop.add_reader(fd, lambda: [r.set() for r in list(waiting)])
-        waiting = readers[loop][1]
-        waiting.add(ready)
+        reader = readers.get(loop)
+        if reader is None:
+            reader = readers[loop] = _LoopReader(loop, self.event_fd())
+        ready = asyncio.Event()
+        reader.waiting.add(ready)
         try:
             while True:
                 ev = self.pop_event() if self._h else None
                 if ev is not None:
                     yield ev
                     continue
-                if not self._h or self._engine._closed:  # nothing more can come
-                    return
+                if not self._h or self._engine._closed or reader.stopped:
+                    return  # nothing more can come
                 ready.clear()
+                reader.arm()
                 await ready.wait()
         finally:
-            waiting.discard(ready)
-            if not waiting and readers.get(loop, (None, None))[1] is waiting:
-                del readers[loop]
-                loop.remove_reader(fd)
+            reader.waiting.discard(ready)
+            if not reader.waiting and not reader.stopped:
+                reader.disarm()
+                if readers.get(loop) is reader:
+                    del readers[loop]
 
     def _events_stop(self):
         """Before destroy closes the fd: every events() iterator lets go of
         it (on its loop) and ends."""
-        for loop, (fd, waiting) in self.__dict__.pop("_event_readers", {}).items():
+        for loop, reader in self.__dict__.pop("_event_readers", {}).items():
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
-            wake = list(waiting)
-            waiting.clear()
             if running is loop:
-                loop.remove_reader(fd)
-                for r in wake:
-                    r.set()
+                reader.stop()
             elif not loop.is_closed():
-                loop.call_soon_threadsafe(loop.remove_reader, fd)
-                for r in wake:
-                    loop.call_soon_threadsafe(r.set)
+                loop.call_soon_threadsafe(reader.stop)

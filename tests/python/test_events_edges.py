@@ -28,3 +28,24 @@ def test_iterators_end_with_the_engine_and_with_destroy():
     out = run("py_events_end.py")
     assert "destroy vs abort: 0/10 iterators did not end" in out, out
     assert "engine close: ended" in out and "'comm_faulted'" in out, out
+
+
+def test_iterator_body_awaiting_leaves_the_loop_idle():
+    """An `async for` body that awaits (a shrink, a checkpoint) while one
+    more event is pending: the loop thread stays idle (an outside breaker's
+    find: the level-triggered reader woke the loop on every turn, 0.6-1.4 s
+    of CPU in a 2 s await)."""
+    out = run("py_events_spin.py")
+    cpu = float(out.split("cpu ")[1].split()[0])
+    assert cpu < 0.2, f"the loop thread spent {cpu:.3f} s of CPU in a 2 s await: {out}"
+
+
+def test_ended_iterator_of_a_destroyed_comm_keeps_off_a_new_comms_fd():
+    """Recovery inside `async for ev in a.events()`: destroy a, create b
+    (its event fd may reuse a's number), watch b.events(), break out of a's
+    loop: b's watcher still wakes (before, a's ending iterator removed the
+    reader of the fd number, b's by then)."""
+    for _ in range(2):
+        out = run("py_events_fd_reuse.py")
+        assert "-> HELD" in out, out
+
