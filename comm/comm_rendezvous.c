@@ -12,7 +12,9 @@
  *               without further messages, and a later incarnation of the
  *               same name gets a fresh key space "collie/<name>/<gen>/";
  *      POISONED check("<prefix>conflict"): the generation failed already
- *               (see below): fail at once, saying so;
+ *               (see below): a create by name joins again, for the
+ *               next generation; a split's, new_group's, shrink's or
+ *               grow's comm fails at once, saying so;
  *      INIT     each backend's init (the TCP transport publishes its
  *               listening address), reported through init_done; a split's
  *               child whose parent runs the same backend calls its split
@@ -51,16 +53,22 @@
  *    "<prefix>conflict" = "<status>|<why>" (compare_set: the first cause
  *    wins; ETIMEDOUT naming the ranks that never arrived), then +2^30 on
  *    the barrier. So every rank of that generation fails at once with that
- *    cause: those waiting in the barrier wake, and one that joins it later
+ *    cause: those waiting in the barrier wake. One that joins it later
  *    (the missing rank arriving late, or a retry taking a slot left free)
- *    finds the poison right after joining (POISONED) and fails fast,
- *    naming the generation and why it failed — it never waits, and never
- *    "creates" the comm alone. Each such fast failure fills one free slot
- *    of the poisoned generation, so the counter realigns by itself: once
- *    its `size` slots are taken (at most size-1 fast failures), the next
- *    joins start the next generation at its boundary, and a round in which
- *    every rank creates again lands in one generation and succeeds. An
- *    application retries a failed create (as after any fault); it never
+ *    finds the poison right after joining (POISONED); it never waits
+ *    there, and never "creates" the comm alone:
+ *     - a create by name (collie_comm_create) joins again: its slot in the
+ *       failed generation is burnt, and its new one is in the next. The
+ *       counter realigns by itself: a round in which every rank creates
+ *       again burns the failed generation's free slots and lands whole in
+ *       the next one, whoever comes first, so a retry never fails for
+ *       another rank's failure and a late rank waits for the others'
+ *       retry. At most CREATE_REJOINS_MAX failed generations are passed
+ *       (a store writer poisoning every one), then it fails as below;
+ *     - a split's, new_group's, shrink's or grow's comm (named once per
+ *       attempt: nobody comes to a later generation of that name) fails
+ *       fast instead, naming the generation and why it failed.
+ *    An application retries a failed create (as after any fault); it never
  *    has to reset the counter.
  *  - Keys of old generations go (cl_comm_forget_generation): once
  *    generation g is created, rank 0 deletes "collie/<name>/<g-1>/" (every
@@ -114,6 +122,8 @@ enum create_step {
 /* past its deadline, the most its give-up takes (create_cancel: ARRIVED,
  * POISON, RELEASE, 1 s each) before a waiter ends it itself */
 #define CREATE_GIVE_UP_MS 4000
+/* a create by name passes at most this many failed generations (POISONED) */
+#define CREATE_REJOINS_MAX 4
 
 typedef struct create_state {
     collie_work base; /* the "comm.create" work */
@@ -125,6 +135,7 @@ typedef struct create_state {
     char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
     int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
     bool late;           /* it had failed when this rank joined (POISONED) */
+    int rejoins;         /* failed generations joined and passed (POISONED) */
     int withdraw_status; /* cl_comm_create_withdraw's, posted once joined */
     char withdraw[320];  /* and why */
 } create_state;
@@ -357,8 +368,17 @@ static void step_join_done(create_state *cs, collie_work *w) {
 }
 
 static void step_poisoned_done(create_state *cs, collie_work *w) {
+    collie_comm *c = cs->comm;
     int64_t found = 0;
     collie_store_work_int(w, &found);
+    /* a create by name passes a failed generation: its slot there is
+     * burnt, and it joins again for the next (see the notes) */
+    bool by_name = !c->line.how && !c->split.parent;
+    if (found && by_name && cs->rejoins < CREATE_REJOINS_MAX) {
+        cs->rejoins++;
+        create_next(cs, STEP_JOIN);
+        return;
+    }
     cs->late = found != 0;
     create_next(cs, found ? STEP_CONFLICT : STEP_CLAIM);
 }

@@ -49,3 +49,12 @@ def test_ended_iterator_of_a_destroyed_comm_keeps_off_a_new_comms_fd():
         out = run("py_events_fd_reuse.py")
         assert "-> HELD" in out, out
 
+
+
+def test_create_again_after_a_lone_cancelled_create():
+    """Rank 0's create is cancelled (asyncio.wait_for) before anyone came;
+    then both ranks create the name once more: created (before, rank 0's
+    retry landed back in the generation its cancel had poisoned and failed,
+    and rank 1 waited out its timeout in the next one)."""
+    out = run("py_create_after_cancel.py")
+    assert "-> OK" in out, out
