@@ -411,7 +411,7 @@ int cl_comm_abort_with(collie_comm *c, const cl_fault *f, const char *reason) {
 
 /* ---- rendezvous done ---------------------------------------------------------------- */
 
-void cl_comm_created(collie_comm *c, int status, const char *msg) {
+void cl_comm_created(collie_comm *c, int status, const char *msg, const cl_fault *fault) {
     if (status == COLLIE_OK) {
         int expect = CL_COMM_CREATING;
         if (!atomic_compare_exchange_strong(&c->state, &expect, CL_COMM_READY)) return;
@@ -432,7 +432,10 @@ void cl_comm_created(collie_comm *c, int status, const char *msg) {
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->err_status) == COLLIE_OK) {
         snprintf(c->err_msg, sizeof c->err_msg, "creation failed: %s", msg);
-        cl_fault_classify(c, status, &c->fault);
+        if (fault)
+            c->fault = *fault;
+        else
+            cl_fault_classify(c, status, &c->fault);
         atomic_store_explicit(&c->err_status, status, memory_order_release);
         pthread_mutex_unlock(&c->mu);
         cl_health_comm_faulted(c, status, &c->fault);

@@ -416,8 +416,9 @@ bool cl_comm_record_fault(collie_comm *c, int status, const cl_fault *f, const c
  * `propagate` false for faults learnt from the control channel */
 void cl_comm_fault_data(collie_comm *c, int status, const cl_fault *f, bool propagate,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* the rendezvous finished (loop): start queued works or fail them */
-void cl_comm_created(collie_comm *c, int status, const char *msg);
+/* the rendezvous finished (loop): start queued works or fail them; a
+ * failure's fault data (NULL: from the status, cl_fault_classify) */
+void cl_comm_created(collie_comm *c, int status, const char *msg, const cl_fault *fault);
 /* start a work on its backend, or queue it (loop) */
 void cl_comm_start_work(cl_coll_work *cw);
 
@@ -579,14 +580,17 @@ int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_wo
  * generation with "<why>" so every member's create fails with `status`;
  * one that has not joined is cancelled (it took no slot). Once per create. */
 void cl_comm_create_withdraw(collie_work *create, int status, const char *why);
-/* comm_rendezvous_text.c: a poison's status and why ("<status>|<why>");
+/* the comm a "comm.create" work makes; NULL for any other work */
+collie_comm *cl_comm_create_work_comm(const collie_work *w);
+/* comm_rendezvous_text.c: a poison's status, why and origin (the rank
+ * that wrote it, -1: unknown) ("<status>@<origin>|<why>");
  * the message of a barrier timeout naming who never arrived (`list`: the
  * "arrived" value, NULL: unknown) */
-int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen);
+int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen, int *origin);
 void cl_rendezvous_timeout_text(const collie_comm *c, const char *list, size_t len, char *out,
                                 size_t outlen);
 /* comm_rendezvous_text.c: before the barrier, "<rank> " to "arrived" and
- * this process for health (unawaited); a poison "<status>|<why>" of c's
+ * this process for health (unawaited); a poison "<status>@<rank>|<why>" of c's
  * generation (compare_set: the first outcome wins) and +2^30 on its
  * barrier (unawaited). Loop. */
 void cl_rendezvous_announce(collie_comm *c, int32_t timeout_ms);

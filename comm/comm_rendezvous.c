@@ -136,6 +136,7 @@ typedef struct create_state {
     int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
     bool late;           /* it had failed when this rank joined (POISONED) */
     int rejoins;         /* failed generations joined and passed (POISONED) */
+    int origin;          /* the rank whose poison failed it (-1: none) */
     int withdraw_status; /* cl_comm_create_withdraw's, posted once joined */
     char withdraw[320];  /* and why */
 } create_state;
@@ -146,6 +147,20 @@ typedef struct create_state {
 static void create_fail(create_state *cs, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A generation's outcome as fault data: a conflict is a mismatch of the
+ * ranks' arguments; a give-up (cancel, abort, withdraw) is an abort, this
+ * rank's own or a peer's (origin: who poisoned it); view peer when another
+ * rank's poison failed this one. */
+static void create_fault(const create_state *cs, int status, cl_fault *f) {
+    bool peer = cs->origin >= 0 && cs->origin != cs->comm->rank;
+    int kind = status == COLLIE_EINVAL      ? COLLIE_FAULT_MISMATCH
+               : status == COLLIE_ETIMEDOUT ? COLLIE_FAULT_DEADLINE
+               : status == COLLIE_ECANCELED || status == COLLIE_EABORTED
+                   ? (peer ? COLLIE_FAULT_PEER_ABORT : COLLIE_FAULT_APP_ABORT)
+                   : COLLIE_FAULT_LOCAL;
+    cl_fault_init(f, kind, peer ? COLLIE_FAULT_VIEW_PEER : COLLIE_FAULT_VIEW_LOCAL, cs->origin);
+}
+
 static void create_fail(create_state *cs, int status, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -155,7 +170,9 @@ static void create_fail(create_state *cs, int status, const char *fmt, ...) {
     cs->step = STEP_DONE;
     /* the comm's state before the completion is visible (as on success) */
     if (cl_work_claim(&cs->base)) {
-        cl_comm_created(cs->comm, status, msg);
+        cl_fault f;
+        create_fault(cs, status, &f);
+        cl_comm_created(cs->comm, status, msg, cs->origin >= 0 ? &f : NULL);
         cl_work_publish(&cs->base, status, "%s", msg);
     }
 }
@@ -223,8 +240,8 @@ static int create_post_step(create_state *cs) {
         r = collie_store_post_get(c->store, key, &o, &cs->req);
         break;
     case STEP_POISON: { /* the first cause wins: every rank reads the same */
-        char val[sizeof cs->conflict + 16];
-        int n = snprintf(val, sizeof val, "%d|%s", cs->fail_status, cs->conflict);
+        char val[sizeof cs->conflict + 32];
+        int n = snprintf(val, sizeof val, "%d@%d|%s", cs->fail_status, c->rank, cs->conflict);
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
         break;
@@ -445,13 +462,15 @@ static void step_conflict_done(create_state *cs, collie_work *w) {
     const void *val = NULL;
     size_t len = 0;
     collie_store_work_value(w, &val, &len);
-    int status = cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict);
-    if (step_value_made(w)) /* made without this rank: it computed this generation alone */
+    int status =
+        cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict, &cs->origin);
+    if (step_value_made(w)) { /* made without this rank: it computed this generation alone */
+        cs->origin = c->rank;
         create_fail(cs, COLLIE_EINVAL,
                     "rank %d: comm '%s' generation %llu was made by other ranks without this one "
                     "(do the ranks agree on the world size?)",
                     c->rank, c->name, (unsigned long long)c->generation);
-    else if (cs->late) /* it failed before this rank came: say so, never wait */
+    } else if (cs->late) /* it failed before this rank came: say so, never wait */
         create_fail(cs, status,
                     "rank %d: comm '%s' generation %llu had already failed when this rank "
                     "joined it (every rank must create again for the next generation): %s",
@@ -472,8 +491,10 @@ static void step_poison_done(create_state *cs, collie_work *w) {
     const void *val = NULL;
     size_t len = 0;
     collie_store_work_value(w, &val, &len);
+    cs->origin = cs->comm->rank;
     if (cs->fail_status == COLLIE_ETIMEDOUT && len > 0)
-        cs->fail_status = cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict);
+        cs->fail_status =
+            cl_rendezvous_poison_parse(val, len, cs->conflict, sizeof cs->conflict, &cs->origin);
     create_next(cs, STEP_RELEASE);
 }
 
@@ -546,7 +567,7 @@ static void create_succeed(create_state *cs) {
          * into this generation: the previous one's keys can go. Not before:
          * a rank with a wrong world size computes another generation. */
         if (c->rank == 0 && c->generation > 0) cl_comm_forget_generation(c, c->generation - 1);
-        cl_comm_created(c, COLLIE_OK, NULL);
+        cl_comm_created(c, COLLIE_OK, NULL, NULL);
         cl_work_publish(&cs->base, COLLIE_OK, NULL);
     }
 }
@@ -636,7 +657,7 @@ static void create_detach(collie_work *w) {
      * engine shutdown): a resident now, so an engine shutdown before the
      * comm's destroy still marks it gone; an engine closing already has */
     if (!c->resident_added && !c->destroyed && !cl_comm_attach_on_loop(c)) c->engine_gone = true;
-    if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w));
+    if (w->status != COLLIE_OK) cl_comm_created(c, w->status, collie_work_error_message(w), NULL);
 }
 
 static void create_free(collie_work *w) {
@@ -660,6 +681,10 @@ static const cl_work_ops create_ops = {.name = "comm.create",
 
 /* ---- the create work ---------------------------------------------------------------- */
 
+collie_comm *cl_comm_create_work_comm(const collie_work *w) {
+    return w && w->ops == &create_ops ? ((const create_state *)w)->comm : NULL;
+}
+
 int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_work **work) {
     collie_engine *e = c->engine;
     int res;
@@ -668,6 +693,7 @@ int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_wo
         cl_comm_release(c);
         return COLLIE_ENOMEM;
     }
+    cs->origin = -1;
     collie_post_opts po = COLLIE_POST_OPTS_INIT;
     po.cb = cl_opt(post, cb, NULL); /* the caller's completion: callback, queue, tag */
     po.cb_arg = cl_opt(post, cb_arg, NULL);

@@ -6,8 +6,11 @@
  * old generation's keys).
  *
  * Design notes
- *  - A poison is "<status>|<why>" in "<prefix>conflict" (comm_rendezvous.c);
- *    an older value without the status counts as a conflict (EINVAL), and
+ *  - A poison is "<status>@<origin>|<why>" in "<prefix>conflict"
+ *    (comm_rendezvous.c): <origin> is the rank that wrote it, so a rank
+ *    failed by another's poison names it in its fault (view peer); a value
+ *    without the origin has none (-1), one without the status counts as a
+ *    conflict (EINVAL), and
  *    a status that is not one of collie's errors (COLLIE_STATUS_MAP) is
  *    text, not a code: a create never ends with a status no caller can
  *    name, whatever another store writer put there.
@@ -24,12 +27,21 @@
 
 #include "comm/comm.h"
 
-int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen) {
+int cl_rendezvous_poison_parse(const char *val, size_t len, char *why, size_t wlen, int *origin) {
     char buf[1040];
     snprintf(buf, sizeof buf, "%.*s", (int)len, val ? val : "");
     char *end;
     long st = strtol(buf, &end, 10);
-    bool coded = end != buf && *end == '|' && cl_status_is_error(st);
+    long from = -1;
+    if (end != buf && *end == '@') { /* "@<rank>": digits only, below 2^24 */
+        char *p = end + 1;
+        for (from = 0; *p >= '0' && *p <= '9' && from < (1L << 24); p++)
+            from = from * 10 + (*p - '0');
+        if (p == end + 1 || from >= (1L << 24)) from = -2; /* malformed: not coded */
+        end = p;
+    }
+    bool coded = end != buf && *end == '|' && cl_status_is_error(st) && from != -2;
+    if (origin) *origin = coded ? (int)from : -1;
     const char *src = coded ? end + 1 : buf;
     size_t n = strlen(src);
     if (n >= wlen) n = wlen - 1;
@@ -106,12 +118,12 @@ void cl_rendezvous_announce(collie_comm *c, int32_t timeout_ms) {
     cl_health_publish(c, timeout_ms);
 }
 
-/* Poison c's generation with "<status>|<why>" and open its barrier
+/* Poison c's generation with "<status>@<rank>|<why>" and open its barrier
  * (unawaited, pipelined in order: the cause is there before the barrier
  * opens); the first outcome wins (made, or the first poison). */
 void cl_rendezvous_post_poison(collie_comm *c, int status, const char *why) {
     char key[160], val[1040];
-    int n = snprintf(val, sizeof val, "%d|%s", status, why);
+    int n = snprintf(val, sizeof val, "%d@%d|%s", status, c->rank, why);
     if (n < 0 || (size_t)n >= sizeof val) n = (int)strlen(val);
     collie_post_opts o = COLLIE_POST_OPTS_INIT;
     o.timeout_ms = 1000;

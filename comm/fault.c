@@ -188,8 +188,13 @@ int collie_work_fault(const collie_work *w, collie_fault *f) {
         return cl_set_last_error(COLLIE_EINVAL, "collie_work_fault: %s", fault_arg_error(w, f));
     }
     if (!cl_work_done(w)) return COLLIE_INPROGRESS;
+    collie_comm *made = w->status != COLLIE_OK ? cl_comm_create_work_comm(w) : NULL;
+    if (made) { /* a failed creation: its comm's fault (written before the work ended) */
+        cl_fault_export(&made->fault, w->status, f);
+        return COLLIE_OK;
+    }
     if (w->status == COLLIE_OK || !cl_coll_is_work(w)) {
-        /* not a collective (store requests, creations): the status alone */
+        /* not a collective (store requests): the status alone */
         cl_fault none;
         cl_fault_init(&none,
                       w->status == COLLIE_OK ? COLLIE_FAULT_NONE

@@ -268,6 +268,54 @@ static void test_create_again_after_own_failure_joins_next(void **state) {
     mini_down(&m);
 }
 
+/* A creation failed by a peer that gave up (its create cancelled): the
+ * fault says a peer aborted (peer_abort, view peer, origin that rank), on
+ * the comm and on the create work, and each rank's comm_faulted event
+ * comes; the canceller's own is app_abort (an outside breaker's find: rank
+ * 0 said app_abort, origin itself). */
+static void test_create_failed_by_a_peer_names_it(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 2);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "peergaveup";
+    o.create_timeout_ms = 10000;
+    collie_comm *c[2];
+    collie_work *cw[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 3, &o, &c[r], &cw[r]), 0);
+    usleep(300 * 1000); /* both wait in the barrier for rank 2 */
+    int64_t t0 = now_ms();
+    assert_int_equal(collie_work_cancel(cw[1]), COLLIE_OK);
+    assert_int_equal(collie_work_wait(cw[0], 12000), COLLIE_ECANCELED);
+    assert_true(now_ms() - t0 < 3000);
+    assert_int_equal(collie_work_wait(cw[1], 1000), COLLIE_ECANCELED);
+    static const int kind[2] = {COLLIE_FAULT_PEER_ABORT, COLLIE_FAULT_APP_ABORT},
+                     view[2] = {COLLIE_FAULT_VIEW_PEER, COLLIE_FAULT_VIEW_LOCAL};
+    for (int r = 0; r < 2; r++) {
+        collie_fault f = COLLIE_FAULT_INIT, wf = COLLIE_FAULT_INIT;
+        assert_int_equal(collie_comm_fault(c[r], &f), COLLIE_OK);
+        assert_int_equal(collie_work_fault(cw[r], &wf), COLLIE_OK);
+        print_message("rank %d: %s view %d origin %d\n", r, collie_fault_kind_name(f.kind), f.view,
+                      f.origin);
+        assert_int_equal(f.kind, kind[r]);
+        assert_int_equal(f.view, view[r]);
+        assert_int_equal(f.origin, 1);
+        assert_int_equal(wf.kind, f.kind);
+        assert_int_equal(wf.origin, f.origin);
+        bool faulted = false;
+        collie_comm_event ev = COLLIE_COMM_EVENT_INIT;
+        for (int64_t until = now_ms() + 2000; !faulted && now_ms() < until; usleep(1000))
+            while (collie_comm_event_pop(c[r], &ev) == COLLIE_OK)
+                faulted = faulted ||
+                          (ev.kind == COLLIE_EVENT_COMM_FAULTED && ev.fault_kind == (int)kind[r]);
+        assert_true(faulted);
+        collie_work_release(cw[r]);
+        (void)collie_comm_destroy(c[r]);
+    }
+    mini_down(&m);
+}
+
 /* Re-creating a comm of the same name gives a new generation and works. */
 /* base/hash.h is the FNV-1a the comm id, split names and group lists were
  * hashed with before it (its own offset basis: the values below come from
@@ -1309,6 +1357,11 @@ static void test_rendezvous_conflicts_fail_fast(void **state) {
             if (scenario == 0 && (!strstr(msg, "rank 0") || !strstr(msg, "rank 1") ||
                                   !strstr(msg, "2") || !strstr(msg, "3")))
                 fail_msg("sizes: %s", msg);
+            collie_fault f = COLLIE_FAULT_INIT; /* the creation's fault data: a mismatch */
+            assert_int_equal(collie_work_fault(cw[i], &f), COLLIE_OK);
+            if (f.kind != COLLIE_FAULT_MISMATCH)
+                fail_msg("scenario %d, handle %d: fault kind %s, not mismatch", scenario, i,
+                         collie_fault_kind_name(f.kind));
         }
         int64_t took = now_ms() - t0;
         if (took > 5000)
@@ -1454,22 +1507,35 @@ static void test_exit_with_engines_running(void **state) {
 static void test_poison_text_is_parsed_safely(void **state) {
     (void)state;
     char why[64];
-    assert_int_equal(cl_rendezvous_poison_parse("-3|late", 7, why, sizeof why), COLLIE_ETIMEDOUT);
+    int origin = 7;
+    assert_int_equal(cl_rendezvous_poison_parse("-3|late", 7, why, sizeof why, &origin),
+                     COLLIE_ETIMEDOUT);
     assert_string_equal(why, "late");
-    const char *bad[] = {"-500|evil", "-18|past the last", "1|in progress", "0|made", "-999|x",
-                         "-0|zero"};
+    assert_int_equal(origin, -1); /* no origin written */
+    char coded[32];
+    snprintf(coded, sizeof coded, "%d@12|gave up", COLLIE_ECANCELED);
+    assert_int_equal(cl_rendezvous_poison_parse(coded, strlen(coded), why, sizeof why, &origin),
+                     COLLIE_ECANCELED);
+    assert_string_equal(why, "gave up");
+    assert_int_equal(origin, 12);
+    const char *bad[] = {"-500|evil", "-18|past the last", "1|in progress", "0|made",
+                         "-999|x",    "-0|zero",           "-7@|x",         "-7@-1|x",
+                         "-7@1x|x",   "-7@99999999999|x",  "-7@ 1|x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        int st = cl_rendezvous_poison_parse(bad[i], strlen(bad[i]), why, sizeof why);
-        if (st != COLLIE_EINVAL)
-            fail_msg("'%s' gave status %d (%s), not EINVAL", bad[i], st, collie_status_name(st));
+        origin = 7;
+        int st = cl_rendezvous_poison_parse(bad[i], strlen(bad[i]), why, sizeof why, &origin);
+        if (st != COLLIE_EINVAL || origin != -1)
+            fail_msg("'%s' gave status %d (%s) origin %d, not EINVAL and -1", bad[i], st,
+                     collie_status_name(st), origin);
         assert_string_equal(why, bad[i]); /* text, whole */
     }
     char big[3000];
     memset(big, 'x', sizeof big);
     big[0] = '-', big[1] = '5', big[2] = '|';
-    assert_int_equal(cl_rendezvous_poison_parse(big, sizeof big, why, sizeof why), COLLIE_EABORTED);
+    assert_int_equal(cl_rendezvous_poison_parse(big, sizeof big, why, sizeof why, NULL),
+                     COLLIE_EABORTED);
     assert_int_equal(strlen(why), sizeof why - 1);
-    assert_int_equal(cl_rendezvous_poison_parse(NULL, 0, why, sizeof why), COLLIE_EINVAL);
+    assert_int_equal(cl_rendezvous_poison_parse(NULL, 0, why, sizeof why, NULL), COLLIE_EINVAL);
     collie_comm *c = calloc(1, sizeof *c);
     assert_non_null(c);
     c->size = 100;
@@ -1492,6 +1558,7 @@ int main(void) {
         cmocka_unit_test(test_create_times_out_when_a_rank_is_missing),
         cmocka_unit_test(test_create_timeout_poisons_its_generation),
         cmocka_unit_test(test_create_again_after_own_failure_joins_next),
+        cmocka_unit_test(test_create_failed_by_a_peer_names_it),
         cmocka_unit_test(test_poison_text_is_parsed_safely),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
