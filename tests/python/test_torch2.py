@@ -254,6 +254,18 @@ def test_split_group():
         assert out["split"] == [[float(r + 1)] * 2, 1, "collie"], out
 
 
+def test_split_group_disagreeing_lists_never_ok_wrong():
+    """Ranks given different split_ranks: a rank whose listed group did not
+    form gets an error naming its list; none gets a sum of other ranks."""
+    out = run_world("cpu:collie", 3, scenario="split_disagree")
+    if not out[0]["has"]:
+        pytest.skip("this torch has no split_group")
+    for r in (0, 1):
+        assert isinstance(out[r]["split"], str), out[r]
+        assert "different split_ranks" in out[r]["split"], out[r]
+    assert out[2]["split"] == [[3.0, 3.0], 1], out[2]  # its own group, [2]
+
+
 # torch 2.x's plugin tests (test_c10d_common.py's PythonProcessGroupExtensionTest
 # and registration tests, test_c10d_pypg.py's), not in the wheel, re-created
 # for collie on torch's MultiProcessTestCase: tests/torch_suite/c10d_plugin2.py

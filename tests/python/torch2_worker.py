@@ -573,6 +573,27 @@ def split():
     return res
 
 
+def split_disagree():
+    """split_group given different split_ranks on different ranks (an
+    outside breaker's find: the group formed anyway and summed the wrong
+    ranks, OK): rank 0 asks for [[0, 1, 2]], ranks 1 and 2 for
+    [[0, 1], [2]]; each allreduces rank + 1 on what it got."""
+    store = tcp_store()
+    init(backend, store, "sd")
+    res = {"has": hasattr(dist, "split_group")}
+    wanted = [[0, 1, 2]] if rank == 0 else [[0, 1], [2]]
+    try:
+        g = dist.split_group(split_ranks=wanted, timeout=timedelta(seconds=10))
+        t = torch.full((2,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        res["split"] = [t.tolist(), g.size()]
+    except Exception as e:  # noqa: BLE001
+        res["split"] = first_line(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 def profiler():
     """torch's profiler sees collie's operations as gloo's are seen:
     "collie:all_reduce", "collie:broadcast", "collie:send"/"collie:recv"
@@ -828,6 +849,7 @@ SCENARIOS = {
     "nccl_map": nccl_map,
     "groups": groups,
     "split": split,
+    "split_disagree": split_disagree,
     "profiler": profiler,
     "coalesced": coalesced,
     "basic": basic,

@@ -602,7 +602,12 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
     // split_group: every rank of the group calls it with the ranks of its
     // own new group in the new group's order (a rank in none: some other
     // group's); one collie_comm_split makes every new group at once, the
-    // colour being the group's lowest rank, the key a rank's position.
+    // colour being a hash of the list (split_colour), the key a rank's
+    // position. Ranks given different lists so get different colours, and
+    // a comm smaller than the list a rank named is refused, naming it:
+    // those of one colour named one list that holds each of them, so a
+    // comm of the list's size is that list (only a 31-bit hash collision
+    // between two disagreeing lists of one size could fool it).
     // Blocks, bounded by torch's timeout of the new group (split_group's
     // timeout=, which torch passes in `opts`), else the comm's creation
     // timeout; nullptr for a rank in no group. comm_mu_ is held shared
@@ -610,13 +615,22 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
     // thread) first aborts the comm, which ends the split at once (collie
     // watches the parent in each wait of a split), then takes comm_mu_.
     bool supportsSplitting() const override { return true; }
+    // FNV-1a of the ordered list, as a colour (not negative, never
+    // COLLIE_UNDEFINED)
+    static int split_colour(const std::vector<int> &ranks) {
+        uint64_t h = 1469598103934665603ULL;
+        for (int r : ranks)
+            for (int b = 0; b < 4; b++)
+                h = (h ^ (uint8_t)((uint32_t)r >> (8 * b))) * 1099511628211ULL;
+        return (int)((h ^ (h >> 31) ^ (h >> 62)) & 0x7fffffff);
+    }
     c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,
                                             const std::vector<int> &ranks,
                                             const c10::intrusive_ptr<Options> &opts) override {
         auto me = std::find(ranks.begin(), ranks.end(), rank_);
         int color = COLLIE_UNDEFINED, key = 0;
         if (me != ranks.end()) {
-            color = *std::min_element(ranks.begin(), ranks.end());
+            color = split_colour(ranks);
             key = (int)(me - ranks.begin());
         }
         for (int r : ranks)
@@ -643,6 +657,17 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
         }
         if (st == COLLIE_ENOTMEMBER) return nullptr;
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "split"));
+        if (collie_comm_size(child) != (int)ranks.size()) {
+            int got = collie_comm_size(child);
+            collie_work *dw = nullptr;
+            if (collie_comm_destroy_post(child, nullptr, &dw) == COLLIE_OK) collie_work_release(dw);
+            std::string list;
+            for (int r : ranks)
+                list += (list.empty() ? "" : ", ") + std::to_string(r);
+            TORCH_CHECK(false, "collie: split: this rank (", rank_, ") was given the group [", list,
+                        "] but ", got, " of its ranks named that list: the ranks were given "
+                        "different split_ranks");
+        }
         return c10::make_intrusive<ProcessGroupCollie>(collie_comm_rank(child),
                                                        collie_comm_size(child),
                                                        reinterpret_cast<uintptr_t>(child), t);
