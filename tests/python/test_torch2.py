@@ -8,6 +8,7 @@ collie.torch.shrink), each rank a process (tests/python/torch2_worker.py). The t
 under any Python (Debian's in make test-python); it skips, saying what to
 build, where the venv or the extension is missing. make test-torch2 runs it."""
 
+import json
 import os
 import re
 
@@ -521,3 +522,19 @@ def test_shrink_healthy_refused():
         msg, secs = out["shrink"]
         assert "COLLIE_ESTATE" in msg and "healthy" in msg and secs < 2, (r, out)
         assert out["after"] == [3.0, 3.0], (r, out)
+
+
+def test_options_infinite_create_timeout_is_no_deadline():
+    """Options(create_timeout=math.inf), the plainest "no deadline", raised
+    OverflowError (an outside breaker's find); NaN is refused, named."""
+    import subprocess
+    code = ("import sys, math, json; sys.path.insert(0, %r); import collie.torch as ct\n"
+            "out = [str(ct.Options(create_timeout=v).create_timeout) for v in (math.inf, 1e300, 5)]\n"
+            "try: ct.Options(create_timeout=math.nan); out.append('accepted')\n"
+            "except ValueError as e: out.append(str(e))\n"
+            "print(json.dumps(out))\n") % os.path.join(ROOT, "python")
+    p = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out[:3] == ["inf", "inf", "5.0"], out
+    assert "create_timeout nan must be > 0" in out[3], out

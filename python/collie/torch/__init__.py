@@ -126,7 +126,11 @@ def comm_seconds(timeout):
     over collie's limit (LIMIT_MS, about 24.8 days) is no deadline (math.inf),
     as the extension makes a per-op timeout over it."""
     t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return math.inf if round(t * 1000) > LIMIT_MS else t
+    if math.isnan(t):
+        raise ValueError("collie.torch: a timeout of NaN seconds")
+    return math.inf if t * 1000 > LIMIT_MS else t
+
+
 _ENV_ASYNC = {
     "0": "none",
     "none": "none",
