@@ -40,8 +40,15 @@ Design notes
 - Each operation is a generator yielding the works it waits for; _run waits
   for them on this thread (Work.wait: bounded by each work's deadline) and
   _arun awaits them on the running asyncio loop.
+- A cancelled recv_object_async (asyncio.wait_for polling for a request)
+  never loses an object: the await ends at once, its header receive is
+  cancelled (a receive cancel is clean: it either ends unmatched or had
+  matched first), and the operation runs on in the background; an object
+  it still receives whole is parked on the comm, and the next recv_object
+  that matches its sender and tag returns it first (arecv, recv).
 """
 
+import asyncio
 import itertools
 import operator
 import pickle
@@ -230,6 +237,61 @@ def run(gen):
             works = gen.send(None)
     except StopIteration as stop:
         return stop.value
+
+
+def _parked_take(comm, src, tag):
+    """An object a cancelled recv_object_async received, if one matches."""
+    parked = comm.__dict__.get("_parked_objects")
+    for i, (ptag, obj, sender) in enumerate(parked or ()):
+        if ptag == tag and src in (None, -1, sender):
+            del parked[i]
+            return obj, sender
+    return None
+
+
+def recv(comm, src, tag, timeout):
+    """recv_object on this thread."""
+    got = _parked_take(comm, src, tag)
+    return got if got is not None else run(recv_steps(comm, src, tag, timeout))
+
+
+async def arecv(comm, src, tag, timeout):
+    """recv_object on the running loop; cancelling the await loses nothing
+    (the design notes)."""
+    got = _parked_take(comm, src, tag)
+    if got is not None:
+        return got
+    gen = recv_steps(comm, src, tag, timeout)
+    stage = {}
+
+    async def drive():
+        try:
+            works = next(gen)
+            while True:
+                stage["works"] = works
+                for w in works:
+                    await w
+                stage["payload"] = True
+                works = gen.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+    inner = asyncio.ensure_future(drive())
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        if not stage.get("payload"):
+            for w in stage.get("works", ()):
+                w.cancel()
+
+        def park(t):
+            if t.cancelled() or t.exception() is not None:
+                return  # cancelled unmatched, or failed: nothing was taken whole
+            obj, sender = t.result()
+            comm.__dict__.setdefault("_parked_objects", []).append((tag, obj, sender))
+
+        inner.add_done_callback(park)
+        raise
 
 
 async def arun(gen):

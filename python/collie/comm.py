@@ -758,10 +758,10 @@ class Comm(Closable, Health, Shrink):
     def recv_object(self, src=None, tag=0, timeout=None):
         """Receive an object sent with send_object: returns (obj, sender).
         src=None takes it from any rank (COLLIE_ANY_SOURCE)."""
-        return _objects.run(_objects.recv_steps(self, src, tag, timeout))
+        return _objects.recv(self, src, tag, timeout)
 
     async def recv_object_async(self, src=None, tag=0, timeout=None):
-        return await _objects.arun(_objects.recv_steps(self, src, tag, timeout))
+        return await _objects.arecv(self, src, tag, timeout)
 
     # ---- CUDA collectives (collie_cuda.h): device buffers on a stream -----------
     # A buffer is a CUDA array object or an int device pointer with count= and

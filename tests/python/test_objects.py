@@ -318,3 +318,49 @@ def test_peer_dies_between_header_and_payload():
     assert lines[1].startswith(("error ColliePeerError", "error CollieAborted")), outs
     assert "rank 1" in lines[1], outs
     assert "header sent" in outs[1]
+
+
+def test_cancelled_recv_object_async_loses_nothing(world2):
+    """asyncio.wait_for(recv_object_async(...), t) timing out (a server
+    polling for a request) left its header receive posted, which swallowed
+    the sender's next object (an outside breaker's find). Now the next
+    recv_object gets it; and a cancel that races a match (the sender waits
+    already) parks the object for the next call instead of dropping it."""
+    import asyncio
+    import threading
+    c0, c1 = world2.comms
+    go = [threading.Event(), threading.Event()]
+    sent = []
+
+    def sender():
+        for i in range(2):
+            go[i].wait(10)
+            c1.send_object({"req": 7 + i}, dst=0, tag=5, timeout=5)
+            sent.append(i)
+
+    async def receiver():
+        got = []
+        for i in range(2):
+            if i == 0:  # cancelled while nothing was sent
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(c0.recv_object_async(src=1, tag=5), 0.3)
+                go[i].set()
+            else:  # cancelled as it matches the sender waiting for it
+                go[i].set()
+                await asyncio.sleep(0.3)
+                try:
+                    got.append(await asyncio.wait_for(c0.recv_object_async(src=1, tag=5), 0.0002))
+                    continue
+                except asyncio.TimeoutError:
+                    await asyncio.sleep(0.2)
+            got.append(await asyncio.wait_for(c0.recv_object_async(src=1, tag=5, timeout=3), 5))
+        return got
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    try:
+        got = asyncio.run(receiver())
+    finally:
+        t.join(10)
+    assert got == [({"req": 7}, 1), ({"req": 8}, 1)], got
+    assert sent == [0, 1]
