@@ -255,6 +255,13 @@ def test_split_group():
         assert out["split"] == [[float(r + 1)] * 2, 1, "collie"], out
 
 
+def test_future_callbacks_waiting_on_other_futures():
+    """Two callbacks blocked at once on a third work's future complete (the
+    completer starts another thread while every one is in a callback)."""
+    out = run_world("cpu:collie", 2, scenario="future_chain")[0]
+    assert out["done"] is True and out["values"] == [8.0, 8.0], out
+
+
 def test_split_group_disagreeing_lists_never_ok_wrong():
     """Ranks given different split_ranks: a rank whose listed group did not
     form gets an error naming its list; none gets a sum of other ranks."""

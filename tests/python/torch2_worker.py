@@ -13,6 +13,7 @@ with torch 2.11's, restated in torch211_default_type below (pytorch#178756)."""
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -573,6 +574,46 @@ def split():
     return res
 
 
+def future_chain():
+    """Future callbacks that wait for other works' futures (an outside
+    breaker's find: collie completed every future on one thread, where the
+    callback ran, so the future it waited for never completed): on rank 0,
+    w1's and w2's callbacks both wait for w3's future (two callbacks blocked
+    at once); rank 1 posts 1 s later, so the callbacks are attached first."""
+    import threading
+
+    store = tcp_store()
+    init(backend, store, "fc")
+    if rank == 1:
+        time.sleep(1.0)
+    a, b, c = torch.ones(4), torch.ones(4), torch.ones(4)
+    w1 = dist.all_reduce(a, async_op=True)
+    w2 = dist.all_reduce(b, async_op=True)
+    w3 = dist.all_reduce(c, async_op=True)
+    chained = [w.get_future().then(lambda f: float(w3.get_future().wait()[0].sum()))
+               for w in (w1, w2)]
+    res = {}
+    done = threading.Event()
+
+    def waiter():
+        try:
+            res["values"] = [ch.wait() for ch in chained]
+        except Exception as e:  # noqa: BLE001
+            res["values"] = first_line(e)
+        done.set()
+
+    t0 = time.time()
+    threading.Thread(target=waiter, daemon=True).start()
+    res["done"] = done.wait(15)
+    res["waited_s"] = round(time.time() - t0, 1)
+    for w in (w1, w2, w3):
+        w.wait()  # completes them here if the completer did not: the test then fails
+    done.wait(10)
+    dist.barrier()
+    dist.destroy_process_group()
+    return res
+
+
 def split_disagree():
     """split_group given different split_ranks on different ranks (an
     outside breaker's find: the group formed anyway and summed the wrong
@@ -850,6 +891,7 @@ SCENARIOS = {
     "groups": groups,
     "split": split,
     "split_disagree": split_disagree,
+    "future_chain": future_chain,
     "profiler": profiler,
     "coalesced": coalesced,
     "basic": basic,

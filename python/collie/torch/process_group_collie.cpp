@@ -17,9 +17,14 @@
 //   has completed ("finalize"); large CPU ones are reused (scratch.h).
 // - Completion is taken in exactly one place per work (std::call_once): by
 //   the caller in wait()/isCompleted() when it sees the work done, else by
-//   the process's one completer thread, which pops every work from a collie
+//   the process's completer thread, which pops every work from a collie
 //   completion queue. torch's future callbacks (DDP's among them) therefore
 //   run on the waiter or the completer, never on collie's progress thread.
+//   A callback may block (it waits for another work's future, which only
+//   a completer completes): so two threads pop the queue, and while every
+//   one is inside a completion, the next one to start a completion first
+//   starts another (at most kCompleters in all; past two, one idle for a
+//   second leaves), so a chain of futures never waits on itself.
 // - The completer's in-flight map (keyed by the post's tag, recorded before
 //   the post) holds each CollieWork (and so its tensors) until collie has
 //   completed it: a Work dropped in flight cannot free memory collie still
@@ -189,9 +194,15 @@ struct StreamCopies; // cuda_side.h
 // The thread owns the queue and the in-flight map (CompleterState), so the
 // last process group may let go of the Completer from anywhere, even from
 // a future callback running on the completer's own thread.
-struct CompleterState {
+struct CompleterState : std::enable_shared_from_this<CompleterState> {
+    static constexpr int kCompleters = 16;
     collie_cq *cq = nullptr;
     std::atomic<bool> stop{false};
+    std::atomic<int> threads{0}; // popping the queue: the first and its helpers
+    std::atomic<int> busy{0};    // of them, inside a completion (its callbacks)
+    std::mutex live_mu;          // helpers' count, for shutdown's bounded wait
+    std::condition_variable live_cv;
+    int helpers = 0;
     std::mutex mu; // guards inflight only (never held while calling collie)
     uint64_t next_key = 0;
     // post tag -> the work, recorded before the post so the completer finds it
@@ -238,11 +249,39 @@ class Completer {
     Completer() : state_(std::make_shared<CompleterState>()) {
         int st = collie_cq_create(&state_->cq);
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "completion queue"));
+        state_->threads = 1;
         thread_ = std::thread([s = state_] {
             pthread_setname_np(pthread_self(), "collie-futures");
             while (!s->stop.load())
                 pop_one(*s, 50);
         });
+        add_helper(*state_); // the standby
+    }
+    // Another thread popping the queue: the standby, and more while every
+    // one is in a completion (the notes); past two, one leaves after a
+    // second without work; all at stop.
+    static void add_helper(CompleterState &s) {
+        int n = s.threads.load();
+        do {
+            if (n >= CompleterState::kCompleters || s.stop.load()) return;
+        } while (!s.threads.compare_exchange_weak(n, n + 1));
+        {
+            std::lock_guard<std::mutex> g(s.live_mu);
+            s.helpers++;
+        }
+        std::thread([sp = s.shared_from_this()] {
+            pthread_setname_np(pthread_self(), "collie-futures");
+            bool left = false;
+            for (int idle_ms = 0; !left && !sp->stop.load();) {
+                idle_ms = pop_one(*sp, 50) ? 0 : idle_ms + 50;
+                int n = sp->threads.load();
+                left = idle_ms >= 1000 && n > 2 && sp->threads.compare_exchange_strong(n, n - 1);
+            }
+            if (!left) sp->threads--;
+            std::lock_guard<std::mutex> g(sp->live_mu);
+            sp->helpers--;
+            sp->live_cv.notify_all();
+        }).detach();
     }
     static std::mutex &registry_mu() {
         static std::mutex mu;
@@ -262,10 +301,19 @@ class Completer {
             } else if (Py_IsInitialized() && PyGILState_Check()) {
                 py::gil_scoped_release nogil;
                 thread_.join();
+                wait_helpers();
             } else {
                 thread_.join();
+                wait_helpers();
             }
         });
+    }
+    // helpers see stop within a pop (50 ms); one inside a callback that
+    // never returns is left after 5 s
+    void wait_helpers() {
+        std::unique_lock<std::mutex> g(state_->live_mu);
+        state_->live_cv.wait_for(g, std::chrono::seconds(5),
+                                 [this] { return state_->helpers == 0; });
     }
     static bool pop_one(CompleterState &s, int32_t ms);
     static void drain(CompleterState &s) {
@@ -432,7 +480,12 @@ bool Completer::pop_one(CompleterState &s, int32_t ms) {
             s.inflight.erase(it);
         }
     }
-    if (cw) cw->complete(w);
+    if (cw) {
+        // the last idle popper starts a completion: keep one popping
+        if (s.busy.fetch_add(1) + 1 >= s.threads.load()) add_helper(s);
+        cw->complete(w);
+        s.busy.fetch_sub(1);
+    }
     collie_work_release(w);
     return true;
 }
