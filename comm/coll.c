@@ -234,6 +234,9 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
         if (c && out) coll_note_refused(c, a, false);
         return r;
     }
+    /* a comm a forked child inherited: its links and shared memory are the
+     * parent's (a post on the caller would write into them) */
+    if (cl_engine_forked(c->engine)) return cl_engine_forked_error(c->engine, "collective");
     collie_coll_args va;
     size_t *vown = NULL;
     if (collie_coll_is_v(a->kind)) { /* the counts checked and copied */

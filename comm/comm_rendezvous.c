@@ -713,6 +713,7 @@ int cl_comm_create_start(collie_comm *c, const collie_post_opts *post, collie_wo
         free(cs);
         cl_comm_release(c);
         cl_comm_release(c);
+        if (res == COLLIE_ESTATE) return res; /* a forked child: its message */
         return cl_set_last_error(res, "collie_comm_create: engine is shutting down");
     }
     *work = &cs->base;

@@ -142,9 +142,29 @@ const char *cl_engine_set_activity(collie_engine *e, const char *what) {
     return atomic_exchange_explicit(&e->activity, what, memory_order_relaxed);
 }
 
+/* fork() children of this process, counted in the child (pthread_atfork):
+ * an engine made before a fork has no progress thread in the child */
+static _Atomic unsigned engine_forks;
+static void engine_on_fork_child(void) {
+    atomic_fetch_add_explicit(&engine_forks, 1, memory_order_relaxed);
+}
+
+bool cl_engine_forked(const collie_engine *e) {
+    return e->forks != atomic_load_explicit(&engine_forks, memory_order_relaxed);
+}
+
+int cl_engine_forked_error(const collie_engine *e, const char *what) {
+    return cl_set_last_error(COLLIE_ESTATE,
+                             "%s: engine '%s' was made by process %d, and this process (%d) is a "
+                             "fork of it: its progress thread does not run here. Make a new "
+                             "engine in the child (the parent's is left alone)",
+                             what, e->name, (int)e->pid, (int)getpid());
+}
+
 /* ---- command queue ------------------------------------------------------ */
 
 int cl_engine_post_cmd(collie_engine *e, cl_cmd *c) {
+    if (cl_engine_forked(e)) return cl_engine_forked_error(e, "collie");
     pthread_mutex_lock(&e->qmu);
     if (e->stopped) {
         pthread_mutex_unlock(&e->qmu);
@@ -264,10 +284,11 @@ int cl_engine_call(collie_engine *e, void (*fn)(void *), void *arg, int32_t time
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&c->mu, NULL);
-    if (cl_engine_post_cmd(e, &c->cmd) != COLLIE_OK) {
+    int posted = cl_engine_post_cmd(e, &c->cmd);
+    if (posted != COLLIE_OK) {
         atomic_store(&c->refs, 1);
         engine_call_release(c);
-        return COLLIE_ECLOSED;
+        return posted; /* ECLOSED, or ESTATE (a forked child) with its message */
     }
     int64_t until = cl_deadline_ns(cl_now_ns(), timeout_ms);
     struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
@@ -468,6 +489,7 @@ static pthread_once_t engine_crypto_once = PTHREAD_ONCE_INIT;
 static void engine_crypto_init(void) {
     if (OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL) != 1)
         CL_WARN("engine", "OPENSSL_init_crypto failed: libcrypto keeps its exit handler");
+    pthread_atfork(NULL, NULL, engine_on_fork_child);
 }
 
 /* engines created and not destroyed (the tests' leftover check) */
@@ -547,6 +569,8 @@ int cl_engine_create(const collie_engine_opts *o, const cl_engine_hooks *hooks,
     if (res != COLLIE_OK) return res;
     pthread_once(&engine_crypto_once, engine_crypto_init);
     CL_CHECK_GOTO(engine_alloc(o, &e), res, fail);
+    e->forks = atomic_load_explicit(&engine_forks, memory_order_relaxed);
+    e->pid = getpid();
     CL_CHECK_GOTO(engine_base_new(e), res, fail);
     e->hooks = hooks;
     CL_CHECK_GOTO(hooks->create(e, &e->hooks_state), res, fail_events);
@@ -595,6 +619,9 @@ int collie_engine_destroy(collie_engine *e) {
     if (cl_engine_on_loop(e))
         return cl_set_last_error(COLLIE_ESTATE,
                                  "collie_engine_destroy called on its own progress thread");
+    /* nothing of it can be joined or freed here (its threads, and the
+     * locks they may have held, are the parent's): left as it is */
+    if (cl_engine_forked(e)) return cl_engine_forked_error(e, "collie_engine_destroy");
     atomic_store_explicit(&e->closing, true, memory_order_release);
     atomic_store_explicit(&e->stop_requested, true, memory_order_release);
     uint64_t one = 1; /* wake the loop; engine_on_wake sees stop_requested */

@@ -116,6 +116,12 @@ struct event_base *cl_engine_base(collie_engine *e);
 /* cl_engine_on_loop: true on the thread in e's loop role: its progress
  * thread, or a thread helping it for one step (cl_engine_assist). */
 bool cl_engine_on_loop(const collie_engine *e);
+/* cl_engine_forked: e was made before this process forked from its maker
+ * (pthread_atfork counts the forks): its threads do not exist here, so
+ * posting to it (ESTATE) and destroying it (ESTATE, left as is) refuse. */
+bool cl_engine_forked(const collie_engine *e);
+/* ESTATE, its message naming the fork and `what` refused */
+int cl_engine_forked_error(const collie_engine *e, const char *what);
 
 /* cl_engine_closing: true once destroy has begun (new posts are refused). */
 bool cl_engine_closing(const collie_engine *e);

@@ -27,6 +27,8 @@ typedef struct cl_monitor {
 
 struct collie_engine {
     char name[32];
+    pid_t pid;      /* the process that made it */
+    unsigned forks; /* engine.c's fork count then: another in a forked child */
     pthread_t thread;
     struct event_base *base;
 

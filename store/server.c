@@ -301,6 +301,7 @@ int collie_store_server_create(collie_engine *e, const char *bind_addr, uint16_t
         return cl_set_last_error(res, "store server %s: engine %s did not respond", s->name,
                                  cl_engine_name(e));
     }
+    if (res != COLLIE_OK && res != COLLIE_ECLOSED) goto fail; /* the call's own error (ESTATE) */
     if (res == COLLIE_OK) res = s->start_status;
     if (res != COLLIE_OK) {
         if (s->start_err[0]) CL_ERROR("store", "%s", s->start_err);

@@ -88,10 +88,12 @@ int cl_work_post(collie_work *w) {
     atomic_fetch_add_explicit(&w->refs, 1, memory_order_relaxed); /* the engine's */
     w->start_cmd.fn = cl_work_start_cmd;
     cl_works_count_post(e, 1); /* before the loop can retire it */
-    if (cl_engine_post_cmd(e, &w->start_cmd) != COLLIE_OK) {
+    int posted = cl_engine_post_cmd(e, &w->start_cmd);
+    if (posted != COLLIE_OK) {
         cl_works_count_post(e, -1);
         atomic_fetch_sub_explicit(&w->refs, 1, memory_order_relaxed);
-        w->start_cmd.fn = NULL; /* never posted: not counted live */
+        w->start_cmd.fn = NULL;                     /* never posted: not counted live */
+        if (posted == COLLIE_ESTATE) return posted; /* a forked child: its message */
         return cl_set_last_error(COLLIE_ECLOSED, "%s: engine %s is stopped", w->ops->name,
                                  cl_engine_name(e));
     }

@@ -17,9 +17,13 @@ Design notes
 - A Work owns one collie reference (released by __del__); the queue holds
   another until the reap. Work.wait gives up the GIL (ctypes does) and is
   bounded: by its timeout and always by the work's own deadline.
+- fork(): an Engine (and what was made from it) that a child inherited is
+  the parent's; collie refuses it in the child (ESTATE, naming the fork),
+  and closing or collecting it there does nothing. The child makes its own.
 """
 
 import asyncio
+import os
 import threading
 import weakref
 from ctypes import byref, c_void_p, sizeof
@@ -88,6 +92,11 @@ class Closable:
         self.close()
 
     def __del__(self):
+        # an object a forked child inherited is its parent's: left alone
+        # (its engine's thread is not in this process; collie refuses it)
+        eng = self if isinstance(self, Engine) else getattr(self, "_engine", None)
+        if eng is not None and getattr(eng, "_pid", None) != os.getpid():
+            return
         try:
             self.close()
         except Exception:
@@ -114,6 +123,7 @@ class Engine(Closable):
         self._next_key = 0
         self._loops = weakref.WeakSet()
         self._closed = False
+        self._pid = os.getpid()  # a forked child's copy is left alone (close)
 
     @property
     def handle(self):
@@ -130,6 +140,9 @@ class Engine(Closable):
     def close(self):
         """Stop the engine: pending works fail with CollieClosed."""
         if self._closed:
+            return
+        if self._pid != os.getpid():  # a forked child's copy: the parent's to stop
+            self._closed = True
             return
         for loop in list(self._loops):
             if not loop.is_closed():

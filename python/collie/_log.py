@@ -33,6 +33,7 @@ Design notes
 
 import atexit
 import logging
+import os
 import threading
 from ctypes import byref, c_void_p, cast, sizeof
 
@@ -146,3 +147,17 @@ def log_to_python(on=True, level=None, capacity=4096):
 @atexit.register
 def _at_exit():
     log_to_python(False)
+
+
+def _after_fork_in_child():
+    """The routing's reader thread is the parent's: a child that inherited
+    the routing gets lines on stderr again (collie's own handler) and may
+    route them anew with log_to_python (its ring is left to the parent)."""
+    global _state, _lock
+    _lock = threading.Lock()  # another parent thread may have held it at the fork
+    if _state is not None:
+        _state = None
+        lib.collie_set_log_handler(None, None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

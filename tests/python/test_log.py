@@ -204,3 +204,56 @@ def test_exit_with_routing_on_and_lines_in_flight():
                            env=dict(os.environ, COLLIE_LOG="debug"))
         assert p.returncode == 0, p.stderr[-3000:]
         assert "exiting" in p.stdout and "collie engine: pytest: started" in p.stdout, p.stdout[-2000:]
+
+
+# log_to_python(True), then fork (a pre-fork server, a worker pool): the
+# child's lines went into the parent's ring, whose reader thread is not in
+# the child, and log_to_python(True) there was a no-op (an outside
+# breaker's find). Now the child's lines reach stderr at once, and its
+# logger once it routes again.
+LOG_FORK = r"""
+import json, logging, os, sys, time
+sys.path.insert(0, os.path.join(sys.argv[1], "python"))
+import collie
+got = []
+class H(logging.Handler):
+    def emit(self, r):
+        got.append(r.getMessage())
+logging.getLogger("collie").addHandler(H())
+logging.getLogger("collie").setLevel(logging.DEBUG)
+def make_line(name):  # an engine's start is an INFO line naming it
+    collie.Engine(name=name).close()
+def lines(name):
+    return [m for m in got if name in m and "started" in m]
+collie.log_to_python(True, level="INFO")
+make_line("parentengine")
+time.sleep(0.5)
+parent = lines("parentengine")
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    make_line("childstderr")  # routing was the parent's: stderr
+    collie.log_to_python(True)  # routed again, in the child
+    make_line("childrouted")
+    time.sleep(0.5)
+    os.write(w, json.dumps([lines("childstderr"), lines("childrouted")]).encode())
+    collie.log_to_python(False)
+    os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+child = json.loads(os.read(r, 1 << 20).decode())
+print(json.dumps({"parent": parent, "child": child}))
+collie.log_to_python(False)
+"""
+
+
+def test_log_routing_in_a_forked_child():
+    import json
+    env = {k: v for k, v in os.environ.items() if k != "COLLIE_LOG"}
+    p = subprocess.run([sys.executable, "-c", LOG_FORK, ROOT], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["parent"]) == 1, out
+    assert out["child"][0] == [] and "childstderr" in p.stderr, (out, p.stderr[-2000:])
+    assert len(out["child"][1]) == 1, out

@@ -545,3 +545,17 @@ def test_options_infinite_create_timeout_is_no_deadline():
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out[:3] == ["inf", "inf", "5.0"], out
     assert "create_timeout nan must be > 0" in out[3], out
+
+
+def test_forked_child_makes_its_own_group():
+    """A process that made a collie group forks; the child's own group
+    works (an outside breaker's find: it hung in the parent's engine, whose
+    thread the child does not have; gloo's child worked)."""
+    import subprocess
+    for backend in ("gloo", "collie"):
+        p = subprocess.run([PYTHON, os.path.join(HERE, "torch2_fork.py"), backend],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+        assert res["parent"] == [1.0, 1.0, 1.0] and res["child"] == [1.0, 1.0, 1.0], (backend, res)
+        assert res["child_s"] < 15, (backend, res)

@@ -81,6 +81,15 @@ _lock = threading.Lock()
 _state = {"engine": None, "server": None, "token": None, "clients": {}, "ext": None, "count": 0}
 
 
+def _after_fork_in_child():
+    """A forked child makes its own engine, server and store clients: the
+    parent's have no threads here (collie refuses them, naming the fork)."""
+    _state.update(engine=None, server=None, token=None, clients={}, count=0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _load_ext():
     import importlib.machinery
     import importlib.util

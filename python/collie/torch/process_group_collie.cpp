@@ -221,7 +221,7 @@ class Completer {
     static std::shared_ptr<Completer> acquire() {
         std::lock_guard<std::mutex> g(registry_mu());
         auto c = current().lock();
-        if (!c || c->state_->stop.load()) {
+        if (!c || c->state_->stop.load() || c->forks_ != forks().load()) {
             c = std::shared_ptr<Completer>(new Completer());
             current() = c;
         }
@@ -241,11 +241,22 @@ class Completer {
     }
     ~Completer() {
         shutdown();
-        drain(*state_); // what completed since, on this (the last group's) thread
+        if (forks_ == forks().load())
+            drain(*state_); // what completed since, on this (the last group's) thread
     }
     CompleterState &state() { return *state_; }
 
   private:
+    // fork() children of this process: a Completer made before the fork
+    // has no threads in the child, which makes its own (acquire) and
+    // leaves the old one as it is (its threads cannot be joined there)
+    static std::atomic<unsigned> &forks() {
+        static std::atomic<unsigned> n{0};
+        static std::once_flag once;
+        std::call_once(once, [] { pthread_atfork(nullptr, nullptr, [] { forks()++; }); });
+        return n;
+    }
+    const unsigned forks_ = forks().load();
     Completer() : state_(std::make_shared<CompleterState>()) {
         int st = collie_cq_create(&state_->cq);
         TORCH_CHECK(st == COLLIE_OK, collie_error(st, "completion queue"));
@@ -296,7 +307,9 @@ class Completer {
     void shutdown() {
         std::call_once(shutdown_once_, [this] {
             state_->stop.store(true);
-            if (thread_.get_id() == std::this_thread::get_id()) {
+            if (forks_ != forks().load()) {
+                new std::thread(std::move(thread_)); // the parent's: left, never joined
+            } else if (thread_.get_id() == std::this_thread::get_id()) {
                 thread_.detach(); // the last group let go from a callback
             } else if (Py_IsInitialized() && PyGILState_Check()) {
                 py::gil_scoped_release nogil;
