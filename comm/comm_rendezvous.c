@@ -196,7 +196,8 @@ static int create_post_step(create_state *cs) {
     /* after the create failed (a timeout, a conflict), the steps that tell
      * the others (poison, release, who arrived) get a bound of their own:
      * what is left of a timed-out create is nothing */
-    if (cs->fail_status && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
+    bool telling = cs->step == STEP_POISON || cs->step == STEP_RELEASE;
+    if (telling && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
         o.timeout_ms = 1000;
     char key[160];
     int r;
