@@ -152,13 +152,15 @@ static void create_fail(create_state *cs, int status, const char *fmt, ...)
  * rank's own or a peer's (origin: who poisoned it); view peer when another
  * rank's poison failed this one. */
 static void create_fault(const create_state *cs, int status, cl_fault *f) {
-    bool peer = cs->origin >= 0 && cs->origin != cs->comm->rank;
+    /* a store writer's text: an origin past the comm's ranks is none */
+    int origin = cs->origin < cs->comm->size ? cs->origin : -1;
+    bool peer = origin >= 0 && origin != cs->comm->rank;
     int kind = status == COLLIE_EINVAL      ? COLLIE_FAULT_MISMATCH
                : status == COLLIE_ETIMEDOUT ? COLLIE_FAULT_DEADLINE
                : status == COLLIE_ECANCELED || status == COLLIE_EABORTED
                    ? (peer ? COLLIE_FAULT_PEER_ABORT : COLLIE_FAULT_APP_ABORT)
                    : COLLIE_FAULT_LOCAL;
-    cl_fault_init(f, kind, peer ? COLLIE_FAULT_VIEW_PEER : COLLIE_FAULT_VIEW_LOCAL, cs->origin);
+    cl_fault_init(f, kind, peer ? COLLIE_FAULT_VIEW_PEER : COLLIE_FAULT_VIEW_LOCAL, origin);
 }
 
 static void create_fail(create_state *cs, int status, const char *fmt, ...) {

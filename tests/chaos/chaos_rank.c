@@ -16,7 +16,8 @@
  * chaos_elastic.c.)
  *
  * Design notes
- *  - Round r: create the world comm under a name of its own
+ *  - Round r: (a hasty create first in some rounds: hasty_create) create
+ *    the world comm under a name of its own
  *    ("chaos<seed>r<r>": a fresh namespace, so re-creation after a fault is
  *    exercised by every round that follows one), maybe split it and build
  *    a new_group, post the round's slots through a window of works in

@@ -1,7 +1,9 @@
 /*
  * fuzz_fault_text.c — the fault data of an abort notice as a rank reads it
  * from the store's control channel (comm/fault.c cl_fault_parse, called by
- * comm_ctl.c for every "abort" message): text another process wrote.
+ * comm_ctl.c for every "abort" message), and a rendezvous poison as a
+ * creating rank reads it from "<prefix>conflict" (cl_rendezvous_poison_parse,
+ * with the rank that wrote it): text another process wrote.
  *
  * Design notes
  *  - Input: byte 0 = the comm's size (1..256), then the text (not
@@ -28,6 +30,29 @@ static void check_fault(const cl_fault *f, int size) {
     for (int i = 0; i < n; i++) {
         FUZZ_CHECK(f->ranks[i] >= 0 && f->ranks[i] < size, "rank %d of %d", (int)f->ranks[i], size);
         FUZZ_CHECK(i == 0 || f->ranks[i] > f->ranks[i - 1], "ranks not ascending");
+    }
+}
+
+/* The same bytes as a rendezvous poison ("<status>@<origin>|<why>",
+ * comm_rendezvous_text.c): a status collie names (EINVAL when uncoded), an
+ * origin in [-1, 2^24) (-1 when uncoded), a why that is a C string within
+ * its buffer, and a coded text re-read the same. */
+static void check_poison(const uint8_t *val, size_t len) {
+    char why[64];
+    memset(why, 'Z', sizeof why);
+    int origin = 7;
+    int st = cl_rendezvous_poison_parse((const char *)val, len, why, sizeof why, &origin);
+    FUZZ_CHECK(cl_status_is_error(st), "status %d is not one of collie's errors", st);
+    FUZZ_CHECK(origin >= -1 && origin < (1 << 24), "origin %d", origin);
+    FUZZ_CHECK(memchr(why, '\0', sizeof why) != NULL, "why not terminated");
+    if (origin >= 0) {
+        char again[128], why2[64];
+        int n = snprintf(again, sizeof again, "%d@%d|%s", st, origin, why);
+        int origin2 = -5;
+        FUZZ_CHECK(cl_rendezvous_poison_parse(again, (size_t)n, why2, sizeof why2, &origin2) ==
+                           st &&
+                       origin2 == origin && strcmp(why2, why) == 0,
+                   "'%.80s' re-read differently", again);
     }
 }
 
@@ -62,6 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
         FUZZ_CHECK(g.nranks == n && memcmp(g.ranks, f.ranks, (size_t)n * sizeof f.ranks[0]) == 0,
                    "ranks changed");
     }
+    check_poison(data + 1, len - 1);
     free(text);
     return 0;
 }
