@@ -90,7 +90,7 @@ DEPS_TEST_STAMP := $(STAMP_DIR)/.deps-test-ok
         test-normal test-faults test-asan test-tsan test-tsan-long format format-check valgrind clean \
         nccl-check deps deps-test \
         check-layers check-size check-backends gpu-kit install uninstall python test-python test-torch \
-        torch2-venv torch2 test-torch2 test-torch2-suite \
+        torch2-venv torch2 test-torch2 test-torch2-suite test-torch211 \
         fuzz-build test-fuzz fuzz fuzz-merge fuzz-seeds test-chaos chaos
 
 all: lib tools examples plugins python
@@ -282,6 +282,19 @@ $(TORCH2_EXT): $(TORCH_SRC) $(wildcard python/collie/torch/*.h) $(wildcard inclu
 # of torch 2.x's own suite under the venv's Python.
 test-torch2: all $(DEPS_TEST_STAMP)
 	@scripts/torch2-stage.sh
+
+# torch 2.11 (the lent GPU machines' version, which has no registry) on the
+# CPU here: a venv of its own (scripts/torch211-requirements.txt, another
+# 3 GB of wheels), the extension built against it into build/torch211, and
+# collie.torch's torch 2.x tests run under it. Not in make test.
+TORCH211_VENV := build/torch211-venv
+test-torch211: all $(DEPS_TEST_STAMP)
+	@$(MAKE) --no-print-directory torch2-venv TORCH2_VENV=$(TORCH211_VENV) \
+	  TORCH2_REQ=scripts/torch211-requirements.txt
+	@$(MAKE) --no-print-directory torch2 TORCH2_VENV=$(TORCH211_VENV) \
+	  TORCH2_PYTHON=$(TORCH211_VENV)/bin/python TORCH2_EXT=build/torch211/_C.so
+	@COLLIE_TORCH2_PYTHON=$(TORCH211_VENV)/bin/python COLLIE_TORCH_EXT=$(CURDIR)/build/torch211/_C.so \
+	  scripts/run-pytest.sh torch211 tests/python/test_torch2*.py
 
 # ---- running ----------------------------------------------------------------
 DEMO_RANKS ?= 4

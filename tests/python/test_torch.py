@@ -187,7 +187,7 @@ def test_monitored_barrier():
     for r, out in enumerate(res):
         assert out["pass"] == "ok" and out["pass_all"] == "ok", (r, out)
         assert out["after"] == [6.0] * 3, (r, out)
-        # torch 1.13's gate is opened by importing collie.torch (_torch113); 2.x has none
+        # torch 1.13's gate is opened by importing collie.torch (_torch_gaps); 2.x has none
         assert out["gate"] == "ok", (r, out)
         assert out["dist"] == "ok", (r, out)
     r0, r1, r2 = res

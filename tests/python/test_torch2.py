@@ -199,7 +199,8 @@ def test_collie_cpu_nccl_cuda_refused_without_gpu():
     world = 2
     for out in run_world("cpu:collie,cuda:nccl", world, scenario="nccl_map"):
         assert out["gpu"] is False
-        assert re.fullmatch(r"RuntimeError: (nccl2 requires at least one CUDA device"
+        # torch 2.15 raises RuntimeError, 2.11 ValueError
+        assert re.fullmatch(r"(RuntimeError|ValueError): (nccl2 requires at least one CUDA device"
                             r"|ProcessGroupNCCL is only supported with GPUs, no GPUs found!)",
                             out["init"]), out
         assert out["after"] == [float(world)] * 2
@@ -247,11 +248,23 @@ def test_groups_mesh_functional():
 
 # torch's split_group on a collie group: torch asks the parent's backend to
 # split (c10d::Backend::split, one collie_comm_split), into groups of one
+# torch 2.11's split_group refuses a default group without a bound device
+# (init_process_group(device_id=...), which takes accelerators only): a CPU
+# group cannot be split there, gloo's neither; torch 2.15 can
+NO_DEVICE = "No device associated with the default pg, not safe to split any process groups"
+
+
+def skip_unsplittable(out):
+    if isinstance(out["split"], str) and NO_DEVICE in out["split"]:
+        pytest.skip(f"torch {out.get('torch', '2.x')}: {NO_DEVICE} (torch's own refusal)")
+
+
 def test_split_group():
     world = 2
     for r, out in enumerate(run_world("cpu:collie", world, scenario="split")):
         if not out["has"]:
             pytest.skip("this torch has no split_group")
+        skip_unsplittable(out)
         assert out["split"] == [[float(r + 1)] * 2, 1, "collie"], out
 
 
@@ -268,6 +281,7 @@ def test_split_group_disagreeing_lists_never_ok_wrong():
     out = run_world("cpu:collie", 3, scenario="split_disagree")
     if not out[0]["has"]:
         pytest.skip("this torch has no split_group")
+    skip_unsplittable(out[0])
     for r in (0, 1):
         assert isinstance(out[r]["split"], str), out[r]
         assert "different split_ranks" in out[r]["split"], out[r]
@@ -370,9 +384,14 @@ def test_backend_extras():
     world = 3
     res = run_world("cpu:collie", world, scenario="extras")
     for r, out in enumerate(res):
-        assert out["options"] == ["collie", 30.0], (r, out)
+        # what this torch lacks ("absent: ..."; torch 2.11) is not checked
+        absent = {k for k, v in out.items() if isinstance(v, str) and v.startswith("absent: ")}
+        assert absent <= {"options", "split_rank", "gather_single"}, out
+        assert "options" in absent or out["options"] == ["collie", 30.0], (r, out)
         assert out["supports"] == [True, True], (r, out)
-        if r == 1:
+        if "split_rank" in absent:
+            assert "No device associated with the default pg" in out["split_rank"], out
+        elif r == 1:
             assert out["split_rank"] == [0, 0, 1, "collie"], out
             assert out["split_allreduce"] == [2.0, 2.0]
             assert out["split_broadcast"] == [1.0, 1.0]
@@ -380,8 +399,11 @@ def test_backend_extras():
             assert out["split_rank"] == [1 - r // 2, 1 - r // 2, 2, "collie"], (r, out)
             assert out["split_allreduce"] == [4.0, 4.0], (r, out)
             assert out["split_broadcast"] == [2.0, 2.0], (r, out)
-        assert out["split_options"] == 20.0, (r, out)
-        if r == 1:
+        if "split_rank" not in absent:
+            assert out["split_options"] == 20.0, (r, out)
+        if "gather_single" in absent:
+            pass
+        elif r == 1:
             assert out["gather_single"] == [v for p in range(world) for v in (p, 10.0 * p)]
         else:
             assert out["gather_single"] is None

@@ -93,8 +93,11 @@ def test_abort_from_another_thread_during_split_is_prompt():
 
 def test_allreduce_after_an_abandoned_coalescing_region_reduces():
     for r, out in enumerate(run("mixed_coalescing_then_allreduce")):
-        assert out["mixed"].startswith("RuntimeError: Coalescing manager requires all "
-                                       "collectives to be the same type"), out
+        if out["mixed"] == "ok":  # torch 2.11 takes a mixed region: then it must be right
+            assert out["mixed_values"] == [[2.0] * 2, [1.0] * 4], (r, out)  # world size 2
+        else:  # torch 2.15 refuses the mix after the body
+            assert out["mixed"].startswith("RuntimeError: Coalescing manager requires all "
+                                           "collectives to be the same type"), out
         # observed: allreduce "ok" with sum [1.0, 1.0, 1.0]: a wrong result
         # that says OK
         assert out["allreduce"] != "ok" or out["sum"] == [2.0] * 3, (r, out)

@@ -171,6 +171,7 @@ def mixed_coalescing_then_allreduce():
             dist.all_gather_into_tensor(o, i)
 
     res["mixed"] = err(mixed)
+    res["mixed_values"] = [a.tolist(), o.tolist()]  # checked where torch took the mix (2.11)
     sync(store, "a")
     b = torch.full((2,), float(rank))
 

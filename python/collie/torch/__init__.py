@@ -473,7 +473,7 @@ def shrink(group=None, timeout=None):
         kw["timeout"] = timeout
     left = be._shrink_agree(**kw)
     # shrink_group's pg_options reach Backend::shrink: the new group's timeout
-    opts = None if timeout is None else dist.distributed_c10d.C10DBackend.Options("collie", timeout)
+    opts = None if timeout is None else torch._C._distributed_c10d.Backend.Options("collie", timeout)
     return dist.shrink_group(list(left), group=pg, pg_options=opts)
 
 
@@ -525,11 +525,13 @@ def _register():
             dist.Backend.register_backend("collie", create_process_group, extended_api=True)
     if TORCH2:
         _first_plugin()
-    else:
-        # torch 1.13's dist.monitored_barrier admits only gloo by name
-        from collie.torch._torch113 import allow_monitored_barrier
+    # torch 1.13's dist.monitored_barrier (and 2.11's) admits only gloo by name
+    from collie.torch import _torch_gaps as gaps
 
-        allow_monitored_barrier()
+    if gaps.gated():
+        gaps.allow_monitored_barrier()
+    if gaps.mixed_coalescing_gap():  # torch 2.11's, a wrong OK (_torch_gaps.py)
+        gaps.guard_coalescing_manager()
 
 
 _register()

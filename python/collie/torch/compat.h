@@ -20,6 +20,10 @@
 //   backend takes CPU tensors only, so the CUDA side never runs there.
 // - barrier_device(opts): BarrierOptions::device exists from torch 2.4 on
 //   (by version, not checked on each minor).
+// - GatherBase: torch's Backend::gather_into_tensor (in 2.15, not in 2.11:
+//   the build against 2.11 failed on its `override`) is detected on the
+//   base class the same way: where torch declares it, GatherBase overrides
+//   it and forwards to the backend's gather_into_tensor_impl.
 // - ShrinkBase: torch's Backend::supportsShrinking/shrink (dist.shrink_group;
 //   torch 2.10 on, by the date of pytorch#164518, not checked on each minor)
 //   is detected on the base class, not assumed from the version: where torch
@@ -54,27 +58,50 @@ using BackendBase = c10d::ProcessGroup;
 using OptionalTensors = c10::optional<std::vector<at::Tensor>>;
 #endif
 
-// Whether torch's base class declares supportsShrinking (and shrink).
+// Whether torch's base class declares supportsShrinking (and shrink), and
+// gather_into_tensor (in 2.15's Backend, not in 2.11's).
 template <class B, class = void> struct has_shrink : std::false_type {};
 template <class B>
 struct has_shrink<B, std::void_t<decltype(&B::supportsShrinking)>> : std::true_type {};
+template <class B, class = void> struct has_gather_into_tensor : std::false_type {};
+template <class B>
+struct has_gather_into_tensor<B, std::void_t<decltype(&B::gather_into_tensor)>> : std::true_type {};
 
-// The backend's base: BackendBase, plus torch's shrink where it has one
-// (Derived::shrink_to does the work).
-template <class Derived, bool = has_shrink<BackendBase>::value>
-class ShrinkBase : public BackendBase {
+// BackendBase, plus torch's gather_into_tensor where it declares one
+// (Derived::gather_into_tensor_impl does the work).
+template <class Derived, bool = has_gather_into_tensor<BackendBase>::value>
+class GatherBase : public BackendBase {
   public:
     using BackendBase::BackendBase;
 };
 
 #if COLLIE_TORCH2
-template <class Derived> class ShrinkBase<Derived, true> : public BackendBase {
+template <class Derived> class GatherBase<Derived, true> : public BackendBase {
   public:
     using BackendBase::BackendBase;
+    c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor &out, at::Tensor &in,
+                                                      const c10d::GatherOptions &opts) override {
+        return static_cast<Derived *>(this)->gather_into_tensor_impl(out, in, opts);
+    }
+};
+#endif
+
+// The backend's base: GatherBase, plus torch's shrink where it has one
+// (Derived::shrink_to does the work).
+template <class Derived, bool = has_shrink<BackendBase>::value>
+class ShrinkBase : public GatherBase<Derived> {
+  public:
+    using GatherBase<Derived>::GatherBase;
+};
+
+#if COLLIE_TORCH2
+template <class Derived> class ShrinkBase<Derived, true> : public GatherBase<Derived> {
+  public:
+    using GatherBase<Derived>::GatherBase;
     bool supportsShrinking() const override { return true; }
-    c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t> &ranks_to_exclude,
-                                             int shrink_flags,
-                                             const c10::intrusive_ptr<Options> &opts) override {
+    c10::intrusive_ptr<c10d::Backend>
+    shrink(const std::vector<int64_t> &ranks_to_exclude, int shrink_flags,
+           const c10::intrusive_ptr<c10d::Backend::Options> &opts) override {
         return static_cast<Derived *>(this)->shrink_to(ranks_to_exclude, shrink_flags, opts);
     }
 };

@@ -856,8 +856,9 @@ class ProcessGroupCollie : public ShrinkBase<ProcessGroupCollie> {
 
     // gather_single / gather_into_tensor: rank r's input lands at block r of
     // the root's one output tensor (other ranks pass an empty one).
-    c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor &out, at::Tensor &in,
-                                                      const c10d::GatherOptions &opts) override {
+    // (compat.h's GatherBase: where torch declares gather_into_tensor)
+    c10::intrusive_ptr<c10d::Work> gather_into_tensor_impl(at::Tensor &out, at::Tensor &in,
+                                                           const c10d::GatherOptions &opts) {
         RefusalGuard refusal(*this, "gather_into_tensor");
         const char *op = "gather_into_tensor";
         check_tensor(in, op);
