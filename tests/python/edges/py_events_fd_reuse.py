@@ -6,16 +6,12 @@ but did not empty) and calls loop.remove_reader(<that number>): it removes
 b's reader, and b's monitor never wakes though b's events are pending.
 Prints "-> HELD" or "-> HANG" (bounded)."""
 import asyncio, os, select, sys
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
-import collie
+from edges_world import World
 
 
 async def main():
-    eng = collie.Engine()
-    srv = collie.StoreServer(eng)
-    st = [collie.Store(eng, srv.address) for _ in range(3)]
-    a = await asyncio.gather(*[collie.Comm.create_async(eng, st[r], r, 3, name="fda", timeout=10)
-                               for r in range(3)])
+    w = World()
+    a = await w.comms("fda")
     fda = a[0].event_fd()
     state = {}
 
@@ -27,8 +23,7 @@ async def main():
         async for ev in a[0].events():
             # recover: a new comm for everyone, then a monitor on it
             await asyncio.gather(*[c.destroy_async() for c in a])
-            b = await asyncio.gather(*[collie.Comm.create_async(eng, st[r], r, 3, name="fdb", timeout=10)
-                                       for r in range(3)])
+            b = await w.comms("fdb")
             state["b"] = b
             state["fdb"] = b[0].event_fd()
             state["mon"] = asyncio.ensure_future(monitor(b[0]))
@@ -56,10 +51,7 @@ async def main():
         rc = 1
     for c in b[:2]:
         await c.destroy_async()
-    for s in st:
-        s.close()
-    srv.close()
-    eng.close()
+    w.close()
     return rc
 
 

@@ -5,16 +5,12 @@ reader callback sets the iterator's asyncio.Event on every loop turn, and
 nothing pops. Measures the loop thread's CPU time while the body sleeps 2 s
 with one event (peer_left 1) pending. Prints "cpu <s>"."""
 import asyncio, os, sys, time
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
-import collie
+from edges_world import World
 
 
 async def main():
-    eng = collie.Engine()
-    srv = collie.StoreServer(eng)
-    st = [collie.Store(eng, srv.address) for _ in range(3)]
-    comms = await asyncio.gather(*[collie.Comm.create_async(eng, st[r], r, 3, name="spin", timeout=10)
-                                   for r in range(3)])
+    w = World()
+    comms = await w.comms("spin")
     c0 = comms[0]
     res = {}
 
@@ -34,10 +30,7 @@ async def main():
     await asyncio.wait_for(t, 20)
     print("cpu %.3f" % res["cpu"], flush=True)
     await c0.destroy_async()
-    for s in st:
-        s.close()
-    srv.close()
-    eng.close()
+    w.close()
 
 
 asyncio.run(main())

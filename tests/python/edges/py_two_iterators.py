@@ -5,15 +5,11 @@ add_reader replaced the first one's callback, and the second iterator's end
 removed the reader: the first never woke again while events were pending).
 Prints "-> HELD" or "-> HANG" (bounded by wait_for)."""
 import asyncio, os, sys
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
-import collie
+from edges_world import World
 
 async def main():
-    eng = collie.Engine()
-    srv = collie.StoreServer(eng)
-    st = [collie.Store(eng, srv.address) for _ in range(3)]
-    comms = await asyncio.gather(*[collie.Comm.create_async(eng, st[r], r, 3, name="two_it", timeout=10)
-                                   for r in range(3)])
+    w = World()
+    comms = await w.comms("two_it")
     c0 = comms[0]
     got_a = []
 
@@ -52,10 +48,7 @@ async def main():
         print("the other never woke though events were pending -> HANG")
         rc = 1
     await c0.destroy_async()
-    for s in st:
-        s.close()
-    srv.close()
-    eng.close()
+    w.close()
     return rc
 
 sys.exit(asyncio.run(main()))
