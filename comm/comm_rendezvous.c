@@ -11,10 +11,11 @@
  *               — every member of one incarnation computes the same number
  *               without further messages, and a later incarnation of the
  *               same name gets a fresh key space "collie/<name>/<gen>/";
- *      POISONED check("<prefix>conflict"): the generation failed already
- *               (see below): a create by name joins again, for the
- *               next generation; a split's, new_group's, shrink's or
- *               grow's comm fails at once, saying so;
+ *      POISONED read "<prefix>conflict" (not waiting): a generation
+ *               made without this rank is a disagreement (EINVAL, at
+ *               once); one that failed already (see below): a create by
+ *               name joins again, for the next generation; a split's,
+ *               new_group's, shrink's or grow's comm fails at once;
  *      INIT     each backend's init (the TCP transport publishes its
  *               listening address), reported through init_done; a split's
  *               child whose parent runs the same backend calls its split
@@ -34,7 +35,15 @@
  *      VERIFY   compare_set("<prefix>conflict", "" -> "0|made"): the
  *               generation is made, unless a poison came first.
  *    Each step is a store request; its result goes to that step's handler
- *    (create_step_fns, one small function per step).
+ *    (create_step_fns, one small function per step). Only the barrier
+ *    waits for the others and gets what is left of create_timeout_ms;
+ *    every other step is one round trip with a bound of at least a second
+ *    (within the work's grace), so none ends half done. A step or a
+ *    backend init that fails once this rank has joined poisons the
+ *    generation with why (POISON, RELEASE) and ends with the outcome that
+ *    won, as a barrier timeout does: a taken slot is never left unmarked
+ *    (but for a join whose answer is lost: cancelled or timed out in
+ *    flight, its generation unknown here).
  *    The rank that finds a conflict writes it to "<prefix>conflict" and adds
  *    2^30 to the barrier's counter, so every rank waiting there wakes at
  *    once, reads it and fails with it; it fails itself with EINVAL.
@@ -195,11 +204,13 @@ static int create_post_step(create_state *cs) {
     o.cb = create_on_step;
     o.cb_arg = cs;
     o.timeout_ms = create_remaining_ms(cs);
-    /* after the create failed (a timeout, a conflict), the steps that tell
-     * the others (poison, release, who arrived) get a bound of their own:
-     * what is left of a timed-out create is nothing */
-    bool telling = cs->step == STEP_POISON || cs->step == STEP_RELEASE;
-    if (telling && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
+    /* only the barrier waits for the others: it gets what is left of the
+     * create's time. Every other step is one store round trip, bounded by
+     * at least a second of its own (the work's grace covers it), so a
+     * short create_timeout_ms or a loaded store never ends one half done:
+     * a join applied but unanswered, a VERIFY that made the comm for the
+     * others but timed out here, a poison that never reached them */
+    if (cs->step != STEP_BARRIER && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
         o.timeout_ms = 1000;
     char key[160];
     int r;
@@ -227,12 +238,10 @@ static int create_post_step(create_state *cs) {
         snprintf(key, sizeof key, "%screated", c->prefix);
         r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
         break;
-    case STEP_POISONED: {
+    case STEP_POISONED: /* its value, read without waiting: a compare_set that sets nothing */
         snprintf(key, sizeof key, "%sconflict", c->prefix);
-        const char *keys[] = {key};
-        r = collie_store_post_check(c->store, keys, 1, &o, &cs->req);
+        r = collie_store_post_compare_set(c->store, key, "\x01", 1, "\x01", 1, &o, &cs->req);
         break;
-    }
     case STEP_VERIFY: /* the first value wins: made, or another's poison */
         snprintf(key, sizeof key, "%sconflict", c->prefix);
         r = collie_store_post_compare_set(c->store, key, "", 0, CREATE_MADE, strlen(CREATE_MADE),
@@ -265,6 +274,8 @@ static int create_post_step(create_state *cs) {
     return r;
 }
 
+static void create_next(create_state *cs, int step);
+
 static void create_init_backends(create_state *cs) {
     collie_comm *c = cs->comm;
     cs->step = STEP_INIT;
@@ -296,8 +307,12 @@ static void create_init_backends(create_state *cs) {
             /* the backend says why through set_error; if it did not, at
              * least the status does */
             const char *why = collie_last_error();
-            create_fail(cs, r, "backend %s failed to initialise: %s", bc->ops->name,
-                        why && why[0] ? why : collie_strerror(r));
+            snprintf(cs->conflict, sizeof cs->conflict,
+                     "rank %d: backend %s failed to initialise: %.600s", c->rank, bc->ops->name,
+                     why && why[0] ? why : collie_strerror(r));
+            /* its slot is taken: the others are told (POISON) */
+            cs->fail_status = cl_status_is_error(r) ? r : COLLIE_ESYSTEM;
+            create_next(cs, STEP_POISON);
             return;
         }
         /* publishing threads may call its unlend hook from now on (coll.c) */
@@ -311,8 +326,12 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
     collie_comm *c = bc->comm;
     create_state *cs = c->create_state;
     if (!cs || cs->step != STEP_INIT) return;
-    if (status != COLLIE_OK) {
-        create_fail(cs, status, "backend %s failed to initialise: %s", bc->ops->name, msg);
+    if (status != COLLIE_OK) { /* joined: the others are told (POISON) */
+        snprintf(cs->conflict, sizeof cs->conflict,
+                 "rank %d: backend %s failed to initialise: %.600s", c->rank, bc->ops->name,
+                 msg ? msg : collie_strerror(status));
+        cs->fail_status = cl_status_is_error(status) ? status : COLLIE_ESYSTEM;
+        create_next(cs, STEP_POISON);
         return;
     }
     bc->ready = true;
@@ -374,6 +393,8 @@ static bool step_value_made(collie_work *w) {
     return n == strlen(CREATE_MADE) && memcmp(val, CREATE_MADE, n) == 0;
 }
 
+static void step_conflict_done(create_state *cs, collie_work *w);
+
 static void step_join_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
     int64_t v = 0;
@@ -389,18 +410,25 @@ static void step_join_done(create_state *cs, collie_work *w) {
 
 static void step_poisoned_done(create_state *cs, collie_work *w) {
     collie_comm *c = cs->comm;
-    int64_t found = 0;
-    collie_store_work_int(w, &found);
+    const void *val = NULL;
+    size_t len = 0;
+    collie_store_work_value(w, &val, &len);
+    if (len == 0) { /* the generation has no outcome yet */
+        create_next(cs, STEP_CLAIM);
+        return;
+    }
     /* a create by name passes a failed generation: its slot there is
-     * burnt, and it joins again for the next (see the notes) */
+     * burnt, and it joins again for the next (see the notes); one made
+     * without this rank is a disagreement on the world size (CONFLICT) */
     bool by_name = !c->line.how && !c->split.parent;
-    if (found && by_name && cs->rejoins < CREATE_REJOINS_MAX) {
+    if (!step_value_made(w) && by_name && cs->rejoins < CREATE_REJOINS_MAX) {
         cs->rejoins++;
+        c->prefix[0] = '\0'; /* none joined until the new join is answered */
         create_next(cs, STEP_JOIN);
         return;
     }
-    cs->late = found != 0;
-    create_next(cs, found ? STEP_CONFLICT : STEP_CLAIM);
+    cs->late = true;
+    step_conflict_done(cs, w); /* the value is the outcome */
 }
 
 static void step_claim_done(create_state *cs, collie_work *w) {
@@ -450,8 +478,6 @@ static void step_barrier_done(create_state *cs, collie_work *w) {
     (void)w;
     create_next(cs, STEP_VERIFY);
 }
-
-static void step_conflict_done(create_state *cs, collie_work *w);
 
 static void step_verify_done(create_state *cs, collie_work *w) {
     if (step_value_made(w))
@@ -532,6 +558,17 @@ static void create_step_failed(create_state *cs, collie_work *w, int st) {
         return;
     }
     const char *what = cs->step == STEP_JOIN ? "joining" : "waiting for every rank";
+    /* joined, and not telling the others already: its slot is taken, so it
+     * poisons the generation with why (as a barrier timeout does) and ends
+     * with the outcome that won; the others never wait for it */
+    bool telling = cs->step == STEP_POISON || cs->step == STEP_RELEASE;
+    if (c->prefix[0] && !telling) {
+        snprintf(cs->conflict, sizeof cs->conflict, "rank %d of %d: %s: %.600s", c->rank, c->size,
+                 what, collie_work_error_message(w));
+        cs->fail_status = st;
+        create_next(cs, STEP_POISON);
+        return;
+    }
     if (st == COLLIE_ETIMEDOUT)
         create_fail(cs, COLLIE_ETIMEDOUT,
                     "rank %d of %d: not every rank arrived within %d ms (%s: %s)", c->rank, c->size,

@@ -188,8 +188,12 @@ int collie_work_fault(const collie_work *w, collie_fault *f) {
         return cl_set_last_error(COLLIE_EINVAL, "collie_work_fault: %s", fault_arg_error(w, f));
     }
     if (!cl_work_done(w)) return COLLIE_INPROGRESS;
+    /* a failed creation: its comm's fault, once the comm has recorded it
+     * (err_status is published after the fault is written; a create ended
+     * from outside publishes the work first, and the comm's record follows
+     * on the loop: until then, the status alone, below) */
     collie_comm *made = w->status != COLLIE_OK ? cl_comm_create_work_comm(w) : NULL;
-    if (made) { /* a failed creation: its comm's fault (written before the work ended) */
+    if (made && atomic_load_explicit(&made->err_status, memory_order_acquire) != COLLIE_OK) {
         cl_fault_export(&made->fault, w->status, f);
         return COLLIE_OK;
     }

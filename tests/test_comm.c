@@ -322,6 +322,51 @@ static void test_create_failed_by_a_peer_names_it(void **state) {
     mini_down(&m);
 }
 
+/* A rank that says another world size, joining a generation the others
+ * made already, fails at once naming the disagreement (it is not a failed
+ * generation to pass: an outside review found the rejoin taking it for
+ * one and waiting out its timeout); and a create cancelled from outside
+ * has fault data at once (kind app_abort, never none). */
+static void test_made_generation_is_not_passed(void **state) {
+    (void)state;
+    mini m;
+    mini_up(&m, 3);
+    collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
+    o.name = "madeby2";
+    o.create_timeout_ms = 5000;
+    collie_comm *c[3];
+    collie_work *cw[3];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, 2, &o, &c[r], &cw[r]), 0);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(collie_work_wait(cw[r], 10000), COLLIE_OK);
+    int64_t t0 = now_ms();
+    int rc = collie_comm_create(m.e, m.st[2], 2, 3, &o, &c[2]);
+    assert_int_equal(rc, COLLIE_EINVAL);
+    assert_non_null(strstr(collie_last_error(), "agree on the world size"));
+    assert_true(now_ms() - t0 < 2000);
+    for (int r = 0; r < 2; r++) {
+        collie_work_release(cw[r]);
+        assert_int_equal(collie_comm_destroy(c[r]), COLLIE_OK);
+    }
+    o.name = "cancelledfault";
+    for (int i = 0; i < 20; i++) {
+        collie_comm *cc;
+        collie_work *w;
+        assert_int_equal(collie_comm_create_post(m.e, m.st[0], 0, 2, &o, &cc, &w), 0);
+        (void)collie_work_cancel(w);
+        assert_int_equal(collie_work_wait(w, 5000), COLLIE_ECANCELED);
+        collie_fault f = COLLIE_FAULT_INIT;
+        assert_int_equal(collie_work_fault(w, &f), COLLIE_OK);
+        if (f.kind != COLLIE_FAULT_APP_ABORT)
+            fail_msg("iteration %d: a cancelled create's fault kind is %s", i,
+                     collie_fault_kind_name(f.kind));
+        collie_work_release(w);
+        (void)collie_comm_destroy(cc);
+    }
+    mini_down(&m);
+}
+
 /* Re-creating a comm of the same name gives a new generation and works. */
 /* base/hash.h is the FNV-1a the comm id, split names and group lists were
  * hashed with before it (its own offset basis: the values below come from
@@ -1565,6 +1610,7 @@ int main(void) {
         cmocka_unit_test(test_create_timeout_poisons_its_generation),
         cmocka_unit_test(test_create_again_after_own_failure_joins_next),
         cmocka_unit_test(test_create_failed_by_a_peer_names_it),
+        cmocka_unit_test(test_made_generation_is_not_passed),
         cmocka_unit_test(test_poison_text_is_parsed_safely),
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_abort_then_destroy),
