@@ -98,6 +98,10 @@ def test_allreduce_after_an_abandoned_coalescing_region_reduces():
         else:  # torch 2.15 refuses the mix after the body
             assert out["mixed"].startswith("RuntimeError: Coalescing manager requires all "
                                            "collectives to be the same type"), out
+        # all_reduce SUM then MAX in one region: torch runs both with SUM
+        # (a wrong OK on 2.11 and 2.15); collie refuses it before posting
+        assert "different reduce ops" in out["mixed_ops"], (r, out)
+        assert out["mixed_ops_values"] == [[1.0] * 2, [float(r)] * 2], (r, out)
         # observed: allreduce "ok" with sum [1.0, 1.0, 1.0]: a wrong result
         # that says OK
         assert out["allreduce"] != "ok" or out["sum"] == [2.0] * 3, (r, out)

@@ -172,6 +172,15 @@ def mixed_coalescing_then_allreduce():
 
     res["mixed"] = err(mixed)
     res["mixed_values"] = [a.tolist(), o.tolist()]  # checked where torch took the mix (2.11)
+    s, m = torch.ones(2), torch.full((2,), float(rank))
+
+    def mixed_ops():  # SUM then MAX: torch would run both with SUM
+        with _coalescing_manager(device=cpu):
+            dist.all_reduce(s)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+
+    res["mixed_ops"] = err(mixed_ops)
+    res["mixed_ops_values"] = [s.tolist(), m.tolist()]
     sync(store, "a")
     b = torch.full((2,), float(rank))
 

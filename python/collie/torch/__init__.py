@@ -530,7 +530,7 @@ def _register():
 
     if gaps.gated():
         gaps.allow_monitored_barrier()
-    if gaps.mixed_coalescing_gap():  # torch 2.11's, a wrong OK (_torch_gaps.py)
+    if gaps.coalescing_state():  # mixed regions, a wrong OK (_torch_gaps.py)
         gaps.guard_coalescing_manager()
 
 

@@ -23,10 +23,12 @@ Design notes
   all_gather_into_tensor became one allreduce_coalesced of both tensors,
   and the gather's output was never written, returned OK (with any
   backend; torch 2.15 refuses the mix: "Coalescing manager requires all
-  collectives to be the same type"). guard_coalescing_manager() wraps it so
-  that a collie group's mixed region is refused the same way, before
-  anything is posted (the region is ended, empty). mixed_coalescing_gap()
-  says whether this torch has the gap (2.15's check is not in its source).
+  collectives to be the same type"). And every torch 2.x runs a region of
+  all_reduce with different reduce ops (SUM, MAX) with the first one's op.
+  guard_coalescing_manager() wraps it so that a collie group's region of
+  mixed types or reduce ops is refused, before anything is posted (the
+  region is ended, empty). coalescing_state() says whether this torch's
+  manager has the op list it reads.
   Like the gate, it replaces the module's name: a caller that imported
   the function before collie.torch keeps torch's."""
 
@@ -78,13 +80,14 @@ def gated():
         return False
 
 
-def mixed_coalescing_gap():
-    """Whether this torch's _coalescing_manager runs mixed ops unchecked."""
+def coalescing_state():
+    """Whether this torch's _coalescing_manager keeps its op list in
+    _world.pg_coalesce_state (torch 2.x), which the guard reads."""
     try:
         src = inspect.getsource(c10d._coalescing_manager)
     except (OSError, TypeError, AttributeError):
         return False
-    return "pg_coalesce_state" in src and "same type" not in src
+    return "pg_coalesce_state" in src
 
 
 def guard_coalescing_manager():
@@ -105,14 +108,20 @@ def guard_coalescing_manager():
             return
         pg = group or c10d._get_default_group()
         ops = c10d._world.pg_coalesce_state.get(pg, [])
-        if _cpu_is_collie(pg) and len({op.op for op in ops}) > 1:
+        kinds = {op.op for op in ops}
+        redops = {str(getattr(op, "redop", None)) for op in ops}
+        if _cpu_is_collie(pg) and (len(kinds) > 1 or len(redops) > 1):
             c10d._world.pg_coalesce_state.pop(pg, None)
             if device:
                 pg._end_coalescing(device)  # the region, empty: nothing was posted
+            first = getattr(ops[0].op, "__name__", ops[0].op)
+            if len(kinds) > 1:
+                raise RuntimeError(
+                    "Coalescing manager requires all collectives to be the same type (collie: "
+                    f"this torch would run them all as {first}; torch 2.15 refuses the mix too)")
             raise RuntimeError(
-                "Coalescing manager requires all collectives to be the same type (collie: "
-                "this torch would run them all as "
-                f"{getattr(ops[0].op, '__name__', ops[0].op)}; torch 2.15 refuses the mix too)")
+                f"collie: a coalescing region of {first} with different reduce ops "
+                f"({', '.join(sorted(redops))}): torch would run them all with the first one's")
         ctx.__exit__(None, None, None)
 
     _coalescing_manager._collie = True
