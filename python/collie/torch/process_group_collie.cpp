@@ -203,6 +203,7 @@ struct CompleterState : std::enable_shared_from_this<CompleterState> {
     std::mutex live_mu;          // helpers' count, for shutdown's bounded wait
     std::condition_variable live_cv;
     int helpers = 0;
+    bool first_done = false; // the first thread has left its loop
     std::mutex mu; // guards inflight only (never held while calling collie)
     uint64_t next_key = 0;
     // post tag -> the work, recorded before the post so the completer finds it
@@ -263,8 +264,12 @@ class Completer {
         state_->threads = 1;
         thread_ = std::thread([s = state_] {
             pthread_setname_np(pthread_self(), "collie-futures");
+            in_completer() = true;
             while (!s->stop.load())
                 pop_one(*s, 50);
+            std::lock_guard<std::mutex> g(s->live_mu);
+            s->first_done = true;
+            s->live_cv.notify_all();
         });
         add_helper(*state_); // the standby
     }
@@ -282,11 +287,19 @@ class Completer {
         }
         std::thread([sp = s.shared_from_this()] {
             pthread_setname_np(pthread_self(), "collie-futures");
+            in_completer() = true;
             bool left = false;
             for (int idle_ms = 0; !left && !sp->stop.load();) {
                 idle_ms = pop_one(*sp, 50) ? 0 : idle_ms + 50;
                 int n = sp->threads.load();
                 left = idle_ms >= 1000 && n > 2 && sp->threads.compare_exchange_strong(n, n - 1);
+                // a completion that counted this thread as a popper as it
+                // left (busy then threads, seq_cst): stay instead
+                if (left && sp->busy.load() >= sp->threads.load()) {
+                    sp->threads++;
+                    left = false;
+                    idle_ms = 0;
+                }
             }
             if (!left) sp->threads--;
             std::lock_guard<std::mutex> g(sp->live_mu);
@@ -309,24 +322,35 @@ class Completer {
             state_->stop.store(true);
             if (forks_ != forks().load()) {
                 new std::thread(std::move(thread_)); // the parent's: left, never joined
-            } else if (thread_.get_id() == std::this_thread::get_id()) {
-                thread_.detach(); // the last group let go from a callback
+            } else if (in_completer()) {
+                thread_.detach(); // the last group let go from a callback: no waiting on itself
             } else if (Py_IsInitialized() && PyGILState_Check()) {
                 py::gil_scoped_release nogil;
-                thread_.join();
-                wait_helpers();
+                join_bounded();
             } else {
-                thread_.join();
-                wait_helpers();
+                join_bounded();
             }
         });
     }
-    // helpers see stop within a pop (50 ms); one inside a callback that
-    // never returns is left after 5 s
-    void wait_helpers() {
+    // every completer thread sees stop within a pop (50 ms); one inside a
+    // callback that does not return within 5 s is left (detached), never
+    // waited for without end
+    void join_bounded() {
         std::unique_lock<std::mutex> g(state_->live_mu);
-        state_->live_cv.wait_for(g, std::chrono::seconds(5),
-                                 [this] { return state_->helpers == 0; });
+        state_->live_cv.wait_for(g, std::chrono::seconds(5), [this] {
+            return state_->first_done && state_->helpers == 0;
+        });
+        bool left_loop = state_->first_done;
+        g.unlock();
+        if (left_loop)
+            thread_.join(); // it has left its loop: at once
+        else
+            thread_.detach();
+    }
+    // true on the completer's threads (a callback may drop the last group)
+    static bool &in_completer() {
+        thread_local bool on = false;
+        return on;
     }
     static bool pop_one(CompleterState &s, int32_t ms);
     static void drain(CompleterState &s) {
