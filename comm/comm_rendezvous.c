@@ -73,7 +73,9 @@
  *       the next one, whoever comes first, so a retry never fails for
  *       another rank's failure and a late rank waits for the others'
  *       retry. At most CREATE_REJOINS_MAX failed generations are passed
- *       (a store writer poisoning every one), then it fails as below;
+ *       (a store writer poisoning every one), then it fails as below; a
+ *       rank alone may take several slots of one before the next (a
+ *       generation of 6 with one slot taken: 5 joins), counted once;
  *     - a split's, new_group's, shrink's or grow's comm (named once per
  *       attempt: nobody comes to a later generation of that name) fails
  *       fast instead, naming the generation and why it failed.
@@ -131,7 +133,8 @@ enum create_step {
 /* past its deadline, the most its give-up takes (create_cancel: ARRIVED,
  * POISON, RELEASE, 1 s each) before a waiter ends it itself */
 #define CREATE_GIVE_UP_MS 4000
-/* a create by name passes at most this many failed generations (POISONED) */
+/* a create by name passes at most this many failed generations (POISONED);
+ * it may take several slots of one (a lone retry burns its free slots) */
 #define CREATE_REJOINS_MAX 4
 
 typedef struct create_state {
@@ -144,7 +147,8 @@ typedef struct create_state {
     char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
     int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
     bool late;           /* it had failed when this rank joined (POISONED) */
-    int rejoins;         /* failed generations joined and passed (POISONED) */
+    int rejoins;         /* failed generations passed (POISONED), each counted once */
+    uint64_t passed_gen; /* the last one passed (a second slot there is not counted) */
     int origin;          /* the rank whose poison failed it (-1: none) */
     int withdraw_status; /* cl_comm_create_withdraw's, posted once joined */
     char withdraw[320];  /* and why */
@@ -421,8 +425,10 @@ static void step_poisoned_done(create_state *cs, collie_work *w) {
      * burnt, and it joins again for the next (see the notes); one made
      * without this rank is a disagreement on the world size (CONFLICT) */
     bool by_name = !c->line.how && !c->split.parent;
-    if (!step_value_made(w) && by_name && cs->rejoins < CREATE_REJOINS_MAX) {
-        cs->rejoins++;
+    bool again = cs->rejoins > 0 && c->generation == cs->passed_gen;
+    if (!step_value_made(w) && by_name && (again || cs->rejoins < CREATE_REJOINS_MAX)) {
+        if (!again) cs->rejoins++; /* a generation's free slots are burnt one by one */
+        cs->passed_gen = c->generation;
         c->prefix[0] = '\0'; /* none joined until the new join is answered */
         create_next(cs, STEP_JOIN);
         return;

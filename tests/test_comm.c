@@ -231,12 +231,16 @@ static void test_create_again_after_own_failure_joins_next(void **state) {
     (void)state;
     mini m;
     mini_up(&m, 3);
-    for (int timed_out = 0; timed_out < 2; timed_out++) {
-        int n = 2 + timed_out;
-        collie_comm *c[3];
-        collie_work *cw[3];
+    /* {size, timed out (else cancelled), the failed rank's retry comes first alone} */
+    static const int cases[3][3] = {{2, 0, 0}, {3, 1, 0}, {6, 1, 1}};
+    for (int k = 0; k < 3; k++) {
+        int n = cases[k][0], timed_out = cases[k][1];
+        collie_comm *c[6];
+        collie_work *cw[6];
         collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
-        o.name = timed_out ? "againT" : "againC";
+        char name[16];
+        snprintf(name, sizeof name, "again%d", k);
+        o.name = name;
         o.create_timeout_ms = timed_out ? 300 : 20000;
         assert_int_equal(collie_comm_create_post(m.e, m.st[0], 0, n, &o, &c[0], &cw[0]), 0);
         if (!timed_out) {
@@ -248,8 +252,12 @@ static void test_create_again_after_own_failure_joins_next(void **state) {
         collie_work_release(cw[0]);
         (void)collie_comm_destroy(c[0]);
         o.create_timeout_ms = 10000;
-        for (int r = 0; r < n; r++)
-            assert_int_equal(collie_comm_create_post(m.e, m.st[r], r, n, &o, &c[r], &cw[r]), 0);
+        for (int r = 0; r < n; r++) {
+            /* a lone retry first: it burns the failed generation's free
+             * slots one by one (5 of 6 here) before the next one */
+            if (r == 1 && cases[k][2]) usleep(200 * 1000);
+            assert_int_equal(collie_comm_create_post(m.e, m.st[r % 3], r, n, &o, &c[r], &cw[r]), 0);
+        }
         for (int r = 0; r < n; r++) {
             rc = collie_work_wait(cw[r], 15000);
             if (rc != COLLIE_OK)
@@ -258,14 +266,16 @@ static void test_create_again_after_own_failure_joins_next(void **state) {
             assert_int_equal(collie_comm_generation(c[r]), 1);
             collie_work_release(cw[r]);
         }
-        int32_t v[3] = {1, 20, 300};
-        collie_work *ar[3];
-        for (int r = 0; r < n; r++)
+        int32_t v[6];
+        collie_work *ar[6];
+        for (int r = 0; r < n; r++) {
+            v[r] = r + 1;
             assert_int_equal(
                 collie_allreduce(c[r], &v[r], &v[r], 1, COLLIE_INT32, COLLIE_SUM, NULL, &ar[r]), 0);
+        }
         for (int r = 0; r < n; r++) {
             assert_int_equal(collie_work_wait(ar[r], 10000), COLLIE_OK);
-            assert_int_equal(v[r], timed_out ? 321 : 21);
+            assert_int_equal(v[r], n * (n + 1) / 2);
             collie_work_release(ar[r]);
         }
         for (int r = 0; r < n; r++)
