@@ -44,8 +44,12 @@ Design notes
   never loses an object: the await ends at once, its header receive is
   cancelled (a receive cancel is clean: it either ends unmatched or had
   matched first), and the operation runs on in the background; an object
-  it still receives whole is parked on the comm, and the next recv_object
-  that matches its sender and tag returns it first (arecv, recv).
+  it still receives whole (or the error that ended it once its payload
+  was coming) is parked on the comm, and the next recv_object that
+  matches its sender and tag returns it (or raises it) first (arecv,
+  recv). A recv_object_async of that tag first waits for such background
+  receives to end (their works' deadlines bound it), so objects keep
+  their order; a blocking recv_object does not wait for them.
 """
 
 import asyncio
@@ -53,6 +57,7 @@ import itertools
 import operator
 import pickle
 import struct
+import threading
 from ctypes import c_char_p, c_void_p, cast
 
 from . import _lib
@@ -239,14 +244,24 @@ def run(gen):
         return stop.value
 
 
+_park_lock = threading.Lock()  # guards every comm's parked list
+
+
 def _parked_take(comm, src, tag):
-    """An object a cancelled recv_object_async received, if one matches."""
-    parked = comm.__dict__.get("_parked_objects")
-    for i, (ptag, obj, sender) in enumerate(parked or ()):
-        if ptag == tag and src in (None, -1, sender):
-            del parked[i]
-            return obj, sender
-    return None
+    """What a cancelled recv_object_async received, if it matches: the
+    object and its sender, or the error that ended it once its payload was
+    coming (raised here)."""
+    with _park_lock:
+        parked = comm.__dict__.get("_parked_objects") or []
+        for i, (ptag, sender, got) in enumerate(parked):
+            if ptag == tag and src in (None, -1, sender):
+                del parked[i]
+                break
+        else:
+            return None
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def recv(comm, src, tag, timeout):
@@ -258,15 +273,20 @@ def recv(comm, src, tag, timeout):
 async def arecv(comm, src, tag, timeout):
     """recv_object on the running loop; cancelling the await loses nothing
     (the design notes)."""
+    # a cancelled receive of this tag still running in the background comes
+    # first (bounded by its works' deadlines): objects keep their order
+    behind = [t for t in comm.__dict__.get("_recv_behind", ()) if t[0] == tag and not t[1].done()]
+    if behind:
+        await asyncio.wait([t[1] for t in behind])
     got = _parked_take(comm, src, tag)
     if got is not None:
         return got
     gen = recv_steps(comm, src, tag, timeout)
-    stage = {}
+    works = next(gen)  # the header's receive, posted before a cancel can land
+    stage = {"works": works}
 
-    async def drive():
+    async def drive(works):
         try:
-            works = next(gen)
             while True:
                 stage["works"] = works
                 for w in works:
@@ -276,21 +296,29 @@ async def arecv(comm, src, tag, timeout):
         except StopIteration as stop:
             return stop.value
 
-    inner = asyncio.ensure_future(drive())
+    inner = asyncio.ensure_future(drive(works))
     try:
         return await asyncio.shield(inner)
     except asyncio.CancelledError:
         if not stage.get("payload"):
-            for w in stage.get("works", ()):
+            for w in stage["works"]:
                 w.cancel()
 
         def park(t):
-            if t.cancelled() or t.exception() is not None:
-                return  # cancelled unmatched, or failed: nothing was taken whole
-            obj, sender = t.result()
-            comm.__dict__.setdefault("_parked_objects", []).append((tag, obj, sender))
+            if t.cancelled():
+                return
+            exc = t.exception()
+            if exc is not None and not stage.get("payload"):
+                return  # cancelled unmatched, or failed before anything was taken
+            got = exc if exc is not None else t.result()
+            sender = got[1] if exc is None else src
+            with _park_lock:
+                comm.__dict__.setdefault("_parked_objects", []).append((tag, sender, got))
 
         inner.add_done_callback(park)
+        with _park_lock:
+            live = [t for t in comm.__dict__.get("_recv_behind", ()) if not t[1].done()]
+            comm.__dict__["_recv_behind"] = live + [(tag, inner)]
         raise
 
 
