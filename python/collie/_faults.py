@@ -14,11 +14,14 @@ Design notes
   asyncio.Event each); each iterator then pops (collie_comm_event_pop never
   blocks), so an event goes to one iterator, and a body that awaits with
   events pending leaves the loop idle. Destroy ends them first
-  (_events_stop) before it closes the fd; a stopped reader never touches
-  the fd number again.
+  (_events_stop) before it closes the fd. Each reader watches its own dup
+  of the fd, closed when it stops: a destroy from another thread closes
+  the comm's fd before the loop runs stop(), and a new comm may hold that
+  number by then.
 """
 
 import asyncio
+import os
 from ctypes import byref, sizeof
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -122,7 +125,10 @@ class _LoopReader:
     number again (a new comm may hold it by then)."""
 
     def __init__(self, loop, fd):
-        self.loop, self.fd = loop, fd
+        # its own duplicate of the comm's fd: destroy closes the comm's,
+        # possibly before stop() runs on this loop, and the number may be a
+        # new comm's by then; this one stays ours until stop or release
+        self.loop, self.fd = loop, os.dup(fd)
         self.waiting = set()
         self.armed = self.stopped = False
 
@@ -141,9 +147,14 @@ class _LoopReader:
         for r in list(self.waiting):
             r.set()
 
-    def stop(self):
+    def release(self):
         self.disarm()
-        self.stopped = True
+        if not self.stopped:
+            self.stopped = True
+            os.close(self.fd)
+
+    def stop(self):
+        self.release()
         for r in list(self.waiting):
             r.set()
 
@@ -224,9 +235,9 @@ class Health:
         finally:
             reader.waiting.discard(ready)
             if not reader.waiting and not reader.stopped:
-                reader.disarm()
                 if readers.get(loop) is reader:
                     del readers[loop]
+                reader.release()
 
     def _events_stop(self):
         """Before destroy closes the fd: every events() iterator lets go of
