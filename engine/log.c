@@ -20,6 +20,9 @@
  *  - COLLIE_LOG_FILE is opened once, appending, line-buffered ("%p" in the
  *    name becomes the pid, so ranks of one job do not share a file); if it
  *    cannot be opened the lines go to stderr, the first saying why.
+ *  - fork(): the child gets a fresh lock (log_on_fork_child), since a
+ *    parent thread may have held it at the fork; the Python package then
+ *    puts its routing back to stderr (_log.py).
  *  - libevent's log callback is process-wide, so routing libevent's
  *    warnings through here is the program's choice
  *    (collie_log_route_libevent), never collie's.
@@ -62,6 +65,19 @@ void collie_set_log_level(collie_log_level level) {
 }
 
 collie_log_level collie_log_level_get(void) { return (collie_log_level)log_level(); }
+
+/* fork(): a thread of the parent may hold the lock (a line being written)
+ * at the fork; in the child that thread does not exist, so the child
+ * starts with a fresh, unheld lock (its handler kept). Registered when the
+ * library is loaded, before any thread of its own runs. */
+static void log_on_fork_child(void) {
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+    memcpy(&cl_log_lock, &fresh, sizeof fresh);
+}
+
+__attribute__((constructor)) static void log_at_load(void) {
+    pthread_atfork(NULL, NULL, log_on_fork_child);
+}
 
 void collie_set_log_handler(collie_log_fn fn, void *ctx) {
     pthread_rwlock_wrlock(&cl_log_lock);

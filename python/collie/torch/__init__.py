@@ -84,6 +84,8 @@ _state = {"engine": None, "server": None, "token": None, "clients": {}, "ext": N
 def _after_fork_in_child():
     """A forked child makes its own engine, server and store clients: the
     parent's have no threads here (collie refuses them, naming the fork)."""
+    global _lock
+    _lock = threading.Lock()  # another parent thread may have held it at the fork
     _state.update(engine=None, server=None, token=None, clients={}, count=0)
 
 
