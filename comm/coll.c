@@ -226,6 +226,21 @@ static void coll_note_refused(collie_comm *c, const collie_coll_args *a, bool lo
     if (!locked) pthread_mutex_unlock(&c->mu);
 }
 
+/* A post refused after it took its sequence number (under c->mu): the
+ * number is given back and the refusal recorded. */
+static void coll_unpost(collie_comm *c, cl_coll_work *cw, const collie_coll_args *a, bool p2p,
+                        int r) {
+    cl_flight_refused(c, cw, r, collie_last_error());
+    if (p2p) {
+        c->next_p2p_seq--;
+    } else {
+        c->next_seq--;
+        atomic_store(&c->last_posted, c->next_seq);
+        coll_note_refused(c, a, true);
+    }
+    atomic_fetch_sub(&c->nactive, 1);
+}
+
 int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const collie_post_opts *o,
                  collie_work **out) {
     cl_clear_last_error();
@@ -285,17 +300,7 @@ int cl_coll_post(collie_comm *c, const collie_coll_args *a, int dev, const colli
         if (r != COLLIE_OK) cl_stats_posted(c, -1);
     }
     if (r == COLLIE_OK && dev == CL_DEV_CUDA) cl_check_args_note(c, a, cw->base.seq);
-    if (r != COLLIE_OK) {
-        cl_flight_refused(c, cw, r, collie_last_error());
-        if (p2p) {
-            c->next_p2p_seq--;
-        } else {
-            c->next_seq--;
-            atomic_store(&c->last_posted, c->next_seq);
-            coll_note_refused(c, a, true);
-        }
-        atomic_fetch_sub(&c->nactive, 1);
-    }
+    if (r != COLLIE_OK) coll_unpost(c, cw, a, p2p, r);
     pthread_mutex_unlock(&c->mu);
     if (r != COLLIE_OK) {
         cl_comm_release(c);

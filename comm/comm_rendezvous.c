@@ -110,52 +110,8 @@
 
 #include "base/hash.h"
 #include "comm/comm.h"
+#include "comm/rendezvous_state.h"
 #include "engine/engine.h"
-
-enum create_step {
-    STEP_JOIN,
-    STEP_POISONED, /* check <prefix>conflict: the generation failed already? */
-    STEP_CLAIM,    /* compare_set <prefix>rank/<r>: this process holds rank r */
-    STEP_SIZE,     /* compare_set <prefix>size: every rank says the same size */
-    STEP_INIT,
-    STEP_BARRIER,
-    STEP_VERIFY,   /* check <prefix>conflict: did another rank find one? */
-    STEP_CONFLICT, /* get <prefix>conflict: what it found */
-    STEP_POISON,   /* compare_set <prefix>conflict "" -> "<status>|why" (this rank found one) */
-    STEP_RELEASE,  /* add 2^30 to <prefix>created: the waiting ranks' barrier ends */
-    STEP_ARRIVED,  /* after a barrier timeout: get <prefix>arrived (who did arrive?) */
-    STEP_DONE
-};
-
-/* The create work's own deadline is a backstop behind the steps' (which
- * carry the real bound and produce the precise message). */
-#define CREATE_GRACE_MS 1000
-/* past its deadline, the most its give-up takes (create_cancel: ARRIVED,
- * POISON, RELEASE, 1 s each) before a waiter ends it itself */
-#define CREATE_GIVE_UP_MS 4000
-/* a create by name passes at most this many failed generations (POISONED);
- * it may take several slots of one (a lone retry burns its free slots) */
-#define CREATE_REJOINS_MAX 4
-
-typedef struct create_state {
-    collie_work base; /* the "comm.create" work */
-    collie_comm *comm;
-    int step;
-    collie_work *req; /* store request in flight (loop) */
-    int inits_pending;
-    char me[112];        /* "pid P on host H (handle N)": this comm's claim */
-    char conflict[1024]; /* why the generation failed (a conflict or a timeout) */
-    int fail_status;     /* with what: COLLIE_EINVAL (a conflict) or COLLIE_ETIMEDOUT */
-    bool late;           /* it had failed when this rank joined (POISONED) */
-    int rejoins;         /* failed generations passed (POISONED), each counted once */
-    uint64_t passed_gen; /* the last one passed (a second slot there is not counted) */
-    int origin;          /* the rank whose poison failed it (-1: none) */
-    int withdraw_status; /* cl_comm_create_withdraw's, posted once joined */
-    char withdraw[320];  /* and why */
-} create_state;
-
-/* the outcome "<prefix>conflict" holds once the generation is made */
-#define CREATE_MADE "0|made"
 
 static void create_fail(create_state *cs, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -190,92 +146,6 @@ static void create_fail(create_state *cs, int status, const char *fmt, ...) {
         cl_comm_created(cs->comm, status, msg, cs->origin >= 0 ? &f : NULL);
         cl_work_publish(&cs->base, status, "%s", msg);
     }
-}
-
-static int32_t create_remaining_ms(create_state *cs) {
-    if (cs->base.deadline_ns == INT64_MAX) return COLLIE_TIMEOUT_INFINITE;
-    int64_t left = (cs->base.deadline_ns - cl_now_ns()) / CL_NS_PER_MS - CREATE_GRACE_MS;
-    return left < 1 ? 1 : (int32_t)left;
-}
-
-static void create_on_step(collie_work *w, void *arg);
-
-/* Post the store request of the current step; create_on_step gets its
- * result. The request holds a reference on the create work until then. */
-static int create_post_step(create_state *cs) {
-    collie_comm *c = cs->comm;
-    collie_post_opts o = COLLIE_POST_OPTS_INIT;
-    o.cb = create_on_step;
-    o.cb_arg = cs;
-    o.timeout_ms = create_remaining_ms(cs);
-    /* only the barrier waits for the others: it gets what is left of the
-     * create's time. Every other step is one store round trip, bounded by
-     * at least a second of its own (the work's grace covers it), so a
-     * short create_timeout_ms or a loaded store never ends one half done:
-     * a join applied but unanswered, a VERIFY that made the comm for the
-     * others but timed out here, a poison that never reached them */
-    if (cs->step != STEP_BARRIER && o.timeout_ms != COLLIE_TIMEOUT_INFINITE && o.timeout_ms < 1000)
-        o.timeout_ms = 1000;
-    char key[160];
-    int r;
-    collie_work_hold(&cs->base);
-    switch (cs->step) {
-    case STEP_JOIN:
-        snprintf(key, sizeof key, "collie/%s/joins", c->name);
-        r = collie_store_post_add(c->store, key, 1, &o, &cs->req);
-        break;
-    case STEP_CLAIM:
-        snprintf(key, sizeof key, "%srank/%d", c->prefix, c->rank);
-        r = collie_store_post_compare_set(c->store, key, "", 0, cs->me, strlen(cs->me), &o,
-                                          &cs->req);
-        break;
-    case STEP_SIZE: {
-        char val[sizeof c->split.members + 160];
-        int n = snprintf(val, sizeof val, "%d|%s|rank %d (%s)", c->size, c->split.members, c->rank,
-                         cs->me);
-        snprintf(key, sizeof key, "%ssize", c->prefix);
-        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
-        break;
-    }
-    case STEP_BARRIER:
-        cl_rendezvous_announce(c, o.timeout_ms);
-        snprintf(key, sizeof key, "%screated", c->prefix);
-        r = collie_store_post_barrier(c->store, key, (uint32_t)c->size, &o, &cs->req);
-        break;
-    case STEP_POISONED: /* its value, read without waiting: a compare_set that sets nothing */
-        snprintf(key, sizeof key, "%sconflict", c->prefix);
-        r = collie_store_post_compare_set(c->store, key, "\x01", 1, "\x01", 1, &o, &cs->req);
-        break;
-    case STEP_VERIFY: /* the first value wins: made, or another's poison */
-        snprintf(key, sizeof key, "%sconflict", c->prefix);
-        r = collie_store_post_compare_set(c->store, key, "", 0, CREATE_MADE, strlen(CREATE_MADE),
-                                          &o, &cs->req);
-        break;
-    case STEP_CONFLICT:
-        snprintf(key, sizeof key, "%sconflict", c->prefix);
-        r = collie_store_post_get(c->store, key, &o, &cs->req);
-        break;
-    case STEP_POISON: { /* the first cause wins: every rank reads the same */
-        char val[sizeof cs->conflict + 32];
-        int n = snprintf(val, sizeof val, "%d@%d|%s", cs->fail_status, c->rank, cs->conflict);
-        snprintf(key, sizeof key, "%sconflict", c->prefix);
-        r = collie_store_post_compare_set(c->store, key, "", 0, val, (size_t)n, &o, &cs->req);
-        break;
-    }
-    case STEP_RELEASE:
-        snprintf(key, sizeof key, "%screated", c->prefix);
-        /* far past any round's count: every waiting rank's barrier ends */
-        r = collie_store_post_add(c->store, key, 1 << 30, &o, &cs->req);
-        break;
-    case STEP_ARRIVED: /* after a barrier timeout: who did arrive? */
-        snprintf(key, sizeof key, "%sarrived", c->prefix);
-        o.timeout_ms = 1000;
-        r = collie_store_post_get(c->store, key, &o, &cs->req);
-        break;
-    default: r = COLLIE_EINVAL; break;
-    }
-    if (r != COLLIE_OK) collie_work_release(&cs->base); /* no callback will run */
-    return r;
 }
 
 static void create_next(create_state *cs, int step);
@@ -341,7 +211,7 @@ void cl_comm_backend_init_done(collie_bcomm *bc, int status, const char *msg) {
     bc->ready = true;
     if (--cs->inits_pending > 0) return;
     cs->step = STEP_BARRIER;
-    int r = create_post_step(cs);
+    int r = cl_rendezvous_post_step(cs);
     if (r != COLLIE_OK) create_fail(cs, r, "store barrier: %s", collie_last_error());
 }
 
@@ -352,14 +222,14 @@ static void create_succeed(create_state *cs);
 /* Go to `step` and post its request; a post that fails ends the create. */
 static void create_next(create_state *cs, int step) {
     cs->step = step;
-    int r = create_post_step(cs);
+    int r = cl_rendezvous_post_step(cs);
     if (r != COLLIE_OK)
         create_fail(cs, r, "store request of the rendezvous: %s", collie_last_error());
 }
 
 /* The store request's callback: take the step's result, then drop the
  * request's reference on the create work (last: it may free cs). */
-static void create_on_step(collie_work *w, void *arg) {
+void cl_rendezvous_on_step(collie_work *w, void *arg) {
     create_state *cs = arg;
     create_step_done(cs, w);
     collie_work_release(&cs->base);
@@ -632,7 +502,7 @@ static void create_start(collie_work *w) {
     snprintf(cs->me, sizeof cs->me, "pid %d on host %s (handle %u)", (int)getpid(), host,
              atomic_fetch_add(&handles, 1) + 1);
     cs->step = STEP_JOIN;
-    int r = create_post_step(cs);
+    int r = cl_rendezvous_post_step(cs);
     if (r != COLLIE_OK) create_fail(cs, r, "store add: %s", collie_last_error());
 }
 
