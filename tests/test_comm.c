@@ -238,7 +238,7 @@ static void test_create_again_after_own_failure_joins_next(void **state) {
         collie_comm *c[6];
         collie_work *cw[6];
         collie_comm_opts o = COLLIE_COMM_OPTS_INIT;
-        char name[16];
+        char name[24];
         snprintf(name, sizeof name, "again%d", k);
         o.name = name;
         o.create_timeout_ms = timed_out ? 300 : 20000;
